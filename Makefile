@@ -1,0 +1,34 @@
+# Every target creates .venv from nothing when it is missing; nothing relies on what is installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-test
+ZOO_STAMP := $(VENV)/.installed-zoo
+
+.PHONY: demo test bench zoo clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+$(ZOO_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,zoo]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/tpu-pipeline inspect examples/randwire_small_int8.tflite
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+zoo: $(ZOO_STAMP)
+	$(PY) tools/build_zoo.py --out models
+
+bench: $(ZOO_STAMP)
+	$(PY) tools/build_zoo.py --out models
+	$(PY) tools/bench.py --models models --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

@@ -1,0 +1,1 @@
+"""tpu-pipeline's runtime harness: runs what the toolchain wrote and measures it."""

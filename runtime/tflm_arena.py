@@ -1,0 +1,70 @@
+"""Ask the real TFLite Micro interpreter how much arena a model takes.
+
+`tflite_micro.runtime.Interpreter` has no getter for the arena: `print_allocations()` writes
+`[RecordingMicroAllocator] Arena allocation head N bytes` (and tail, total) to C stderr. Reading
+file descriptor 2 from inside the same process is fragile, so the measurement runs in a child
+Python process that prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolchain.errors import DeviceError
+
+_FIGURE = re.compile(r"Arena allocation (head|tail|total) (\d+) bytes")
+
+
+@dataclass(frozen=True)
+class TflmArena:
+    head: int
+    tail: int
+    total: int
+
+
+def _child(path: str, arena_size: int, invoke: bool) -> None:
+    """Runs in the child: allocate (and optionally invoke), then print the allocation report."""
+    import numpy as np
+    from tflite_micro.python.tflite_micro import runtime
+
+    data = Path(path).read_bytes()
+    interp = runtime.Interpreter.from_bytes(data, arena_size=arena_size)
+    if invoke:
+        for i, d in enumerate(interp.get_input_details()):
+            interp.set_input(np.zeros(d["shape"], dtype=d["dtype"]), i)
+        interp.invoke()
+    sys.stdout.flush()
+    interp.print_allocations()
+
+
+def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 1024,
+                       invoke: bool = False, timeout: float = 300.0) -> TflmArena:
+    """Head, tail and total arena bytes that real TFLite Micro allocates for `model`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if isinstance(model, (bytes, bytearray)):
+            path = Path(tmp) / "model.tflite"
+            path.write_bytes(model)
+        else:
+            path = Path(model).resolve()
+        code = ("import sys; from runtime.tflm_arena import _child; "
+                "_child(sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1')")
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(path), str(arena_size), "1" if invoke else "0"],
+            capture_output=True, text=True, timeout=timeout,
+            cwd=str(Path(__file__).resolve().parent.parent),
+        )
+    figures = dict((k, int(v)) for k, v in _FIGURE.findall(proc.stderr + proc.stdout))
+    if proc.returncode != 0 or "head" not in figures:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise DeviceError(f"TFLite Micro could not allocate the model: {last}")
+    return TflmArena(figures["head"], figures.get("tail", 0), figures.get("total", 0))
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    print(json.dumps(measure_tflm_arena(sys.argv[1]).__dict__))

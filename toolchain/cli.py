@@ -1,0 +1,70 @@
+"""Command-line entry: argument parsing, error printing and exit codes. No computation here.
+
+Exit codes: 0 success, 1 verification mismatch, 2 bad input or usage, 3 infeasible,
+4 device or I/O failure, 70 internal error (a bug: rerun with --debug for the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from toolchain import __version__
+from toolchain.errors import EXIT_CODES, ToolchainError
+
+# (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
+COMMANDS = (
+    ("inspect", "inspect"),
+)
+
+INTERNAL_ERROR = 70
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other bad input
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    epilog = "exit codes: " + "; ".join(f"{k} {v}" for k, v in EXIT_CODES.items()) + f"; {INTERNAL_ERROR} internal error"
+    parser = _Parser(prog="tpu-pipeline", description="Memory-optimal TFLite compilation for Edge TPU pipelines and MCUs.",
+                     epilog=epilog)
+    parser.add_argument("--version", action="version", version=f"tpu-pipeline {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, module_name in COMMANDS:
+        module = importlib.import_module(f"toolchain.commands.{module_name}")
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        return int(args._run(args) or 0)
+    except ToolchainError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug, not a user error
+        if debug:
+            raise
+        print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""`tpu-pipeline inspect model.tflite [--json] [--plot memory.png]`."""
+
+from __future__ import annotations
+
+from toolchain import report
+from toolchain.inspect import summarize
+from toolchain.ir import load
+
+HELP = "op histogram, parameter bytes, activation peak and arena predictions"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="a .tflite file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="PNG", help="plot live bytes per step, peak marked")
+
+
+def run(args) -> int:
+    model, graph = load(args.model)
+    summary = summarize(graph, path=args.model, subgraphs=len(model.subgraphs))
+    if args.plot:
+        report.plot_live_bytes({"stored order": list(summary.live_bytes)}, args.plot,
+                               f"{args.model}: live activation bytes (TFLite Micro semantics)")
+    if args.json:
+        report.print_json(summary.to_json())
+    else:
+        report.print_summary(summary, report.console())
+        if args.plot:
+            report.console().print(f"plot written to {args.plot}")
+    return 0

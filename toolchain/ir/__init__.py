@@ -1,0 +1,8 @@
+"""The graph IR and its conversion to and from the flatbuffer object API."""
+
+from toolchain.ir.graph import DTYPE_SIZES, Graph, Op, Quantization, Tensor
+from toolchain.ir.convert import BUILTIN_CODES, from_model, load, to_model
+from toolchain.ir.semantics import macs, param_bytes, total_param_bytes
+
+__all__ = ["DTYPE_SIZES", "Graph", "Op", "Quantization", "Tensor", "BUILTIN_CODES",
+           "from_model", "load", "to_model", "macs", "param_bytes", "total_param_bytes"]

@@ -1,0 +1,202 @@
+"""Conversion between the flatbuffer object API (ModelT) and the Graph IR, both directions."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from toolchain.errors import ModelError
+from toolchain.ir.graph import Graph, Op, Quantization, Tensor
+
+BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+BUILTIN_CODES = {k: v for v, k in BUILTIN_NAMES.items()}
+DTYPE_NAMES = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
+DTYPE_CODES = {k: v for v, k in DTYPE_NAMES.items()}
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _ints(values) -> tuple[int, ...]:
+    return () if values is None else tuple(int(v) for v in values)
+
+
+def opcode_name(model: schema.ModelT, opcode_index: int) -> tuple[str, int, int]:
+    """(name, builtin code, version) of an operator code entry."""
+    code = model.operatorCodes[opcode_index]
+    builtin = max(int(code.builtinCode or 0), int(code.deprecatedBuiltinCode or 0))
+    if builtin == schema.BuiltinOperator.CUSTOM:
+        return f"CUSTOM:{_text(code.customCode)}", builtin, int(code.version or 1)
+    return BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}"), builtin, int(code.version or 1)
+
+
+def _quantization(q) -> Quantization | None:
+    if q is None or q.scale is None or len(q.scale) == 0:
+        return None
+    zp = q.zeroPoint if q.zeroPoint is not None else [0] * len(q.scale)
+    return Quantization(tuple(float(s) for s in q.scale), tuple(int(z) for z in zp), int(q.quantizedDimension or 0))
+
+
+def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
+    """The IR of one subgraph (the main one by default); other subgraphs are left to `to_model`."""
+    if subgraph >= len(model.subgraphs):
+        raise ModelError(f"the model has no subgraph {subgraph}")
+    sg = model.subgraphs[subgraph]
+    tensors = []
+    for i, t in enumerate(sg.tensors or []):
+        buf = model.buffers[t.buffer] if t.buffer and t.buffer < len(model.buffers) else None
+        data = None
+        if buf is not None and buf.data is not None and len(buf.data) > 0:
+            data = np.asarray(buf.data, dtype=np.uint8)
+            data.flags.writeable = False
+        if t.type not in DTYPE_NAMES:
+            raise ModelError(f"tensor '{_text(t.name)}' has unknown type code {t.type}")
+        tensors.append(Tensor(
+            index=i,
+            name=_text(t.name),
+            dtype=DTYPE_NAMES[t.type],
+            shape=_ints(t.shape),
+            buffer=int(t.buffer or 0),
+            is_variable=bool(t.isVariable),
+            quant=_quantization(t.quantization),
+            signature=_ints(t.shapeSignature) if t.shapeSignature is not None else None,
+            data=data,
+            source=i,
+        ))
+    ops = []
+    for i, o in enumerate(sg.operators or []):
+        if o.opcodeIndex >= len(model.operatorCodes or []):
+            raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
+        name, builtin, version = opcode_name(model, o.opcodeIndex)
+        for t in (*_ints(o.inputs), *_ints(o.outputs)):
+            if t >= len(tensors):
+                raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
+        ops.append(Op(
+            opcode=name,
+            inputs=_ints(o.inputs),
+            outputs=_ints(o.outputs),
+            source=i,
+            options=o.builtinOptions,
+            options_type=int(o.builtinOptionsType or 0),
+            builtin_code=builtin,
+            version=version,
+            intermediates=_ints(o.intermediates),
+        ))
+    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name))
+
+
+def _new_tensor(t: Tensor, model: schema.ModelT) -> schema.TensorT:
+    tt = schema.TensorT()
+    tt.name = t.name
+    tt.type = DTYPE_CODES[t.dtype]
+    tt.shape = list(t.shape)
+    tt.isVariable = t.is_variable
+    if t.signature is not None:
+        tt.shapeSignature = list(t.signature)
+    if t.quant is not None:
+        q = schema.QuantizationParametersT()
+        q.scale = list(t.quant.scale)
+        q.zeroPoint = list(t.quant.zero_point)
+        q.quantizedDimension = t.quant.axis
+        tt.quantization = q
+    tt.buffer = 0
+    if t.data is not None:
+        buf = schema.BufferT()
+        buf.data = np.array(t.data, dtype=np.uint8)
+        tt.buffer = len(model.buffers)
+        model.buffers.append(buf)
+    return tt
+
+
+def _opcode_index(model: schema.ModelT, op: Op) -> int:
+    for i, code in enumerate(model.operatorCodes):
+        builtin = max(int(code.builtinCode or 0), int(code.deprecatedBuiltinCode or 0))
+        if builtin == op.builtin_code and int(code.version or 1) == op.version and builtin != schema.BuiltinOperator.CUSTOM:
+            return i
+    code = schema.OperatorCodeT()
+    code.builtinCode = op.builtin_code
+    code.deprecatedBuiltinCode = min(op.builtin_code, 127)
+    code.version = op.version
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
+
+
+def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.ModelT:
+    """A new ModelT: `model` with subgraph `subgraph` replaced by `graph`.
+
+    Tensors and ops that came from the model keep every field they had (only what the IR
+    changed is overwritten); new ones are built from the IR. `model` itself is not modified.
+    """
+    out = copy.copy(model)
+    out.buffers = list(model.buffers or [])
+    out.operatorCodes = list(model.operatorCodes or [])
+    out.subgraphs = list(model.subgraphs)
+    src = model.subgraphs[subgraph]
+    sg = copy.copy(src)
+
+    old_to_new: dict[int, int] = {}
+    tensors = []
+    for k, t in enumerate(graph.tensors):
+        if t.index != k:
+            raise ValueError(f"graph tensor at position {k} has index {t.index}")
+        if t.source is not None:
+            tt = copy.copy(src.tensors[t.source])
+            old_to_new[t.source] = k
+        else:
+            tt = _new_tensor(t, out)
+        tensors.append(tt)
+    sg.tensors = tensors
+
+    operators = []
+    for op in graph.ops:
+        if op.source is not None:
+            ot = copy.copy(src.operators[op.source])
+            template_name = opcode_name(model, ot.opcodeIndex)[0]
+            if template_name != op.opcode:
+                ot.opcodeIndex = _opcode_index(out, op)
+        else:
+            ot = schema.OperatorT()
+            ot.opcodeIndex = _opcode_index(out, op)
+        ot.inputs = list(op.inputs)
+        ot.outputs = list(op.outputs)
+        if op.intermediates:
+            ot.intermediates = list(op.intermediates)
+        ot.builtinOptionsType = op.options_type
+        ot.builtinOptions = op.options
+        operators.append(ot)
+    sg.operators = operators
+    sg.inputs = list(graph.inputs)
+    sg.outputs = list(graph.outputs)
+    out.subgraphs[subgraph] = sg
+
+    if out.signatureDefs:
+        out.signatureDefs = [_remap_signature(s, subgraph, old_to_new) for s in out.signatureDefs]
+    return out
+
+
+def _remap_signature(sig, subgraph: int, old_to_new: dict[int, int]):
+    if sig.subgraphIndex != subgraph:
+        return sig
+    sig = copy.copy(sig)
+    for field_name in ("inputs", "outputs"):
+        maps = []
+        for m in getattr(sig, field_name) or []:
+            m = copy.copy(m)
+            if m.tensorIndex in old_to_new:
+                m.tensorIndex = old_to_new[m.tensorIndex]
+            maps.append(m)
+        setattr(sig, field_name, maps)
+    return sig
+
+
+def load(path) -> tuple[schema.ModelT, Graph]:
+    """Read a .tflite file and build the IR of its main subgraph."""
+    from toolchain.tflite import read_model
+
+    model = read_model(path)
+    return model, from_model(model)

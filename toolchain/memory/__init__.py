@@ -1,0 +1,14 @@
+"""Lifetimes under a runtime's semantics, arena planners, and lower bounds."""
+
+from toolchain.memory.semantics import SEMANTICS, TFLITE, TFLM, Semantics, align, get_semantics
+from toolchain.memory.lifetimes import Buffer, Lifetimes, lifetimes, peak_memory
+from toolchain.memory.plan import ArenaPlan, arena_size, check_plan
+from toolchain.memory.runtime_planners import tflite_arena, tflm_greedy
+from toolchain.memory.bounds import op_footprints, order_free_lower_bound
+
+__all__ = [
+    "SEMANTICS", "TFLITE", "TFLM", "Semantics", "align", "get_semantics",
+    "Buffer", "Lifetimes", "lifetimes", "peak_memory",
+    "ArenaPlan", "arena_size", "check_plan", "tflite_arena", "tflm_greedy",
+    "op_footprints", "order_free_lower_bound",
+]

@@ -1,0 +1,41 @@
+"""How a runtime turns an op order into buffer lifetimes: one definition, used everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolchain.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Semantics:
+    name: str
+    alignment: int  # every buffer size is rounded up to this
+    inputs_live_whole_run: bool  # TFLite keeps graph inputs allocated for the whole invocation
+    in_place_ops: frozenset[str]  # ops whose output shares its first input's buffer when that dies there
+    planner: str  # the runtime's own placement strategy: "first_fit" or "best_fit"
+
+
+# TFLite Micro: inputs freed after their last use, 16-byte rounding, GreedyMemoryPlanner.
+TFLM = Semantics("tflm", 16, False, frozenset(), "first_fit")
+# TFLite / LiteRT: ArenaPlanner, 64-byte alignment, reshape-like ops share their input's buffer.
+TFLITE = Semantics(
+    "tflite", 64, True,
+    frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}),
+    "best_fit",
+)
+
+SEMANTICS = {s.name: s for s in (TFLM, TFLITE)}
+
+
+def get_semantics(name: str | Semantics) -> Semantics:
+    if isinstance(name, Semantics):
+        return name
+    try:
+        return SEMANTICS[name]
+    except KeyError:
+        raise UsageError(f"unknown semantics '{name}' (choose from {', '.join(SEMANTICS)})") from None
+
+
+def align(size: int, alignment: int) -> int:
+    return (size + alignment - 1) // alignment * alignment
