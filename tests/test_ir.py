@@ -1,0 +1,104 @@
+"""The graph IR: structure, costs, lifetimes semantics, and conversion back to the flatbuffer."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from ai_edge_litert import schema_py_generated as schema
+
+from conftest import FIXTURES, fixture_models, run_litert
+from toolchain.errors import ModelError
+from toolchain.ir import Graph, Op, Tensor, from_model, load, macs, param_bytes, to_model
+from toolchain.memory import lifetimes, peak_memory
+from toolchain.tflite import model_to_bytes, read_model
+
+
+def _act(i, n, name=None):
+    return Tensor(i, name or f"t{i}", "int8", (1, n))
+
+
+def test_lifetimes_follow_tflm_steps():
+    # in -> a -> b ; in -> c ; (b, c) -> out, plus a dead-end output d of op 1
+    t = [_act(0, 16), _act(1, 32), _act(2, 48), _act(3, 64), _act(4, 16), _act(5, 80)]
+    ops = (Op("A", (0,), (1,)), Op("B", (1,), (2, 5)), Op("C", (0,), (3,)), Op("D", (2, 3), (4,)))
+    g = Graph(tuple(t), ops, (0,), (4,))
+    lt = {b.tensor: (b.first, b.last) for b in lifetimes(g).buffers}
+    assert lt[0] == (0, 3)  # graph input: from step 0 to its last reader (op 2 at step 3)
+    assert lt[1] == (1, 2)
+    assert lt[5] == (2, 2)  # written, never read: lives for its producer's step only
+    assert lt[4] == (4, 4)  # graph output: to the last step
+    assert peak_memory(g) == max(lifetimes(g).live_bytes())
+    # Running C first frees the input earlier.
+    assert peak_memory(g, [2, 0, 1, 3]) != peak_memory(g, [0, 1, 2, 3])
+    # TFLite keeps graph inputs for the whole run and rounds to 64 bytes.
+    lt2 = {b.tensor: (b.first, b.last, b.size) for b in lifetimes(g, semantics="tflite").buffers}
+    assert lt2[0] == (0, 4, 64)
+
+
+def test_reordered_rejects_non_topological_orders():
+    t = [_act(0, 16), _act(1, 16), _act(2, 16)]
+    g = Graph(tuple(t), (Op("A", (0,), (1,)), Op("B", (1,), (2,))), (0,), (2,))
+    with pytest.raises(ValueError):
+        g.reordered([1, 0])
+    assert g.reordered([0, 1]).ops == g.ops
+
+
+def test_dynamic_shapes_refused_where_a_size_is_needed():
+    t = Tensor(0, "x", "float32", (1, 8, 8, 3), signature=(-1, -1, -1, 3))
+    with pytest.raises(ModelError, match="dynamic shape"):
+        _ = t.nbytes
+    # A -1 batch alone is the converter's default and allocates as batch 1.
+    assert Tensor(0, "x", "float32", (1, 8, 8, 3), signature=(-1, 8, 8, 3)).nbytes == 768
+
+
+@pytest.mark.parametrize("path", fixture_models(), ids=lambda p: p.name)
+def test_ir_structure_and_costs(path):
+    model, g = load(path)
+    assert g.is_topological(range(len(g.ops)))
+    for i, op in enumerate(g.ops):
+        for t in g.activation_outputs(i):
+            assert g.producer[t] == i
+        assert param_bytes(g, i) >= 0
+        if op.opcode == "CONV_2D":
+            w = g.tensors[op.inputs[1]].shape
+            out = g.tensors[op.outputs[0]]
+            assert macs(g, i) == out.num_elements * w[1] * w[2] * w[3] > 0
+
+
+@pytest.mark.parametrize("path", fixture_models(), ids=lambda p: p.name)
+def test_to_model_of_unchanged_graph_is_identical(path):
+    model = read_model(path)
+    assert model_to_bytes(to_model(from_model(model), model)) == model_to_bytes(model)
+
+
+def test_other_subgraphs_pass_through():
+    path = FIXTURES / "control_flow_float32.tflite"
+    model = read_model(path)
+    assert len(model.subgraphs) > 1
+    g = from_model(model)
+    out = to_model(g, model)
+    assert out.subgraphs[1:] == model.subgraphs[1:]
+    for a, b in zip(run_litert(path), run_litert(model_to_bytes(out))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_custom_op_is_opaque_not_an_error(tmp_path):
+    model = read_model(FIXTURES / "tiny_irregular_int8.tflite")
+    model = copy.copy(model)
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = "MyAccelOp"
+    model.operatorCodes = list(model.operatorCodes) + [code]
+    sg = copy.copy(model.subgraphs[0])
+    op = copy.copy(sg.operators[1])
+    op.opcodeIndex = len(model.operatorCodes) - 1
+    op.builtinOptionsType, op.builtinOptions, op.customOptions = 0, None, [1, 2, 3]
+    sg.operators = [sg.operators[0], op, *sg.operators[2:]]
+    model.subgraphs = [sg]
+    path = tmp_path / "custom.tflite"
+    path.write_bytes(model_to_bytes(model))
+    _, g = load(path)
+    assert g.ops[1].opcode == "CUSTOM:MyAccelOp" and macs(g, 1) is None
+    assert lifetimes(g).peak > 0
