@@ -1,0 +1,140 @@
+"""MCU latency and energy model from a device descriptor (devices/<name>.toml, kind = "mcu").
+
+Each op costs `cycles_per_mac[class] x work` cycles, where work is its multiply-accumulates
+(`toolchain.ir.macs`) or, for ops that only move or touch data, its output elements; classes are
+`conv`, `depthwise`, `fully_connected`, `elementwise` and `other`. Latency = cycles / clock_hz;
+energy = latency x active_w. The constants are per device in its TOML; they are calibrated against
+TFLite Micro reference kernels on a Cortex-M4F and are an estimate, not a measurement.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolchain.errors import UsageError
+from toolchain.ir import Graph, macs
+
+_CONV = {"CONV_2D", "CONV_3D", "TRANSPOSE_CONV"}
+_DEPTHWISE = {"DEPTHWISE_CONV_2D"}
+_FC = {"FULLY_CONNECTED", "BATCH_MATMUL"}
+_ELEMENTWISE = {
+    "ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "RELU", "RELU6",
+    "RELU_N1_TO_1", "LEAKY_RELU", "PRELU", "LOGISTIC", "TANH", "HARD_SWISH", "QUANTIZE",
+    "DEQUANTIZE", "SOFTMAX", "LOG_SOFTMAX", "ABS", "NEG", "EXP", "SQRT", "RSQRT", "ELU", "GELU",
+    "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN",
+}
+OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
+
+# Used only when neither toolchain.cost.devices nor devices/<name>.toml is available.
+_BUILTIN = {
+    "sparkfun-edge": {
+        "name": "sparkfun-edge", "kind": "mcu",
+        "memory": {"sram_bytes": 393216, "flash_bytes": 983040},
+        "compute": {"clock_hz": 48_000_000,
+                    "cycles_per_mac": {"conv": 2.0, "depthwise": 3.0, "fully_connected": 1.6,
+                                       "elementwise": 6.0, "other": 4.0}},
+        "link": {"baud": 921600},
+        "power": {"active_w": 0.0066, "idle_w": 0.0008},
+    },
+}
+
+
+def op_class(opcode: str) -> str:
+    if opcode in _CONV:
+        return "conv"
+    if opcode in _DEPTHWISE:
+        return "depthwise"
+    if opcode in _FC:
+        return "fully_connected"
+    if opcode in _ELEMENTWISE:
+        return "elementwise"
+    return "other"
+
+
+def device_dict(device: Any) -> dict:
+    """The parsed descriptor of a Device (its `.raw`), a dict, or a name/path to load."""
+    if isinstance(device, dict):
+        return device
+    if hasattr(device, "raw"):
+        return dict(device.raw)
+    return load_descriptor(str(device))
+
+
+def load_descriptor(name_or_path: str) -> dict:
+    """A device descriptor as a dict: through toolchain.cost.devices when it exists, else the TOML."""
+    try:
+        from toolchain.cost.devices import load_device  # the partition engineer's validated loader
+    except ImportError:
+        load_device = None
+    if load_device is not None:
+        return dict(load_device(name_or_path).raw)
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = Path(__file__).resolve().parents[2] / "devices" / f"{name_or_path}.toml"
+    if path.is_file():
+        try:
+            return tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    if name_or_path in _BUILTIN:
+        return _BUILTIN[name_or_path]
+    raise UsageError(f"unknown device '{name_or_path}' (no {path})")
+
+
+@dataclass(frozen=True)
+class McuOpCost:
+    index: int  # position in graph.ops
+    opcode: str
+    op_class: str
+    work: int  # MACs, or output elements for ops without MACs
+    cycles: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class McuEstimate:
+    device: str
+    clock_hz: float
+    ops: tuple[McuOpCost, ...]
+    cycles: float
+    latency_s: float
+    energy_j: float
+    active_w: float
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "clock_hz": self.clock_hz, "cycles": self.cycles,
+                "latency_s": self.latency_s, "energy_j": self.energy_j, "active_w": self.active_w,
+                "ops": [o.__dict__ for o in self.ops]}
+
+
+def mcu_params(device: Any) -> tuple[str, float, dict[str, float], float]:
+    d = device_dict(device)
+    try:
+        clock = float(d["compute"]["clock_hz"])
+        cpm = {k: float(v) for k, v in d["compute"]["cycles_per_mac"].items()}
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"device '{d.get('name', '?')}' has no [compute] clock_hz and cycles_per_mac "
+                         "(is it an MCU descriptor?)") from None
+    for c in OP_CLASSES:
+        cpm.setdefault(c, cpm.get("other", 4.0))
+    active = float(d.get("power", {}).get("active_w", 0.0))
+    return str(d.get("name", "mcu")), clock, cpm, active
+
+
+def estimate_mcu(graph: Graph, device: Any) -> McuEstimate:
+    """Predicted cycles, latency and energy of one inference of `graph` on an MCU."""
+    name, clock, cpm, active = mcu_params(device)
+    ops = []
+    for i, op in enumerate(graph.ops):
+        cls = op_class(op.opcode)
+        m = macs(graph, i)
+        if not m:
+            m = sum(graph.tensors[t].num_elements for t in op.outputs if t >= 0)
+        cycles = cpm[cls] * m
+        ops.append(McuOpCost(i, op.opcode, cls, int(m), cycles, cycles / clock))
+    total = sum(o.cycles for o in ops)
+    latency = total / clock
+    return McuEstimate(name, clock, tuple(ops), total, latency, latency * active, active)
