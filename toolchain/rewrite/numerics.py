@@ -1,0 +1,153 @@
+"""Running graphs for calibration and verification: LiteRT and TFLite Micro on random inputs.
+
+Every run uses LiteRT's builtin kernels without default delegates (deterministic, one thread), and
+TFLite Micro's reference kernels; outputs of one runtime are only ever compared with outputs of
+the same runtime (FACTS.md: the two can differ by 1 LSB on int8 models).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+from ai_edge_litert import schema_py_generated as schema
+
+from toolchain.errors import ModelError
+from toolchain.ir import Graph, to_model
+from toolchain.tflite import model_to_bytes
+
+_NP = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32,
+       "int64": np.int64, "bool": np.bool_, "float16": np.float16}
+
+
+def conv2d_nhwc(x, w, stride_h=1, stride_w=1, dil_h=1, dil_w=1, same=True):
+    """Reference CONV_2D in float64: x [N,H,W,C], w [O,kh,kw,C] -> [N,OH,OW,O] (TFLite padding)."""
+    x = np.asarray(x, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    n, h, wd, _ = x.shape
+    o, kh, kw, _ = w.shape
+    ekh, ekw = (kh - 1) * dil_h + 1, (kw - 1) * dil_w + 1
+    if same:
+        oh, ow = -(-h // stride_h), -(-wd // stride_w)
+        ph = max((oh - 1) * stride_h + ekh - h, 0)
+        pw = max((ow - 1) * stride_w + ekw - wd, 0)
+        pt, pl = ph // 2, pw // 2
+        x = np.pad(x, ((0, 0), (pt, ph - pt), (pl, pw - pl), (0, 0)))
+    else:
+        oh, ow = (h - ekh) // stride_h + 1, (wd - ekw) // stride_w + 1
+    out = np.zeros((n, oh, ow, o))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i * dil_h: i * dil_h + (oh - 1) * stride_h + 1: stride_h,
+                      j * dil_w: j * dil_w + (ow - 1) * stride_w + 1: stride_w, :]
+            out += patch @ w[:, i, j, :].T
+    return out
+
+
+def standalone_model(graph: Graph, model: schema.ModelT | None = None) -> schema.ModelT:
+    """A ModelT for `graph`: `to_model(graph, model)` when the source model is known, else one
+    built from the IR alone (builtin ops only; enough for calibration and tests)."""
+    if model is not None:
+        return prune_buffers(to_model(graph, model))
+    base = schema.ModelT()
+    base.version = 3
+    base.description = b"tpu-pipeline rewrite"
+    base.buffers = [schema.BufferT()]
+    base.operatorCodes = []
+    sg = schema.SubGraphT()
+    sg.tensors, sg.operators, sg.inputs, sg.outputs = [], [], [], []
+    base.subgraphs = [sg]
+    if any(op.is_custom for op in graph.ops):
+        raise ModelError(f"graph '{graph.name}' has custom ops; it cannot be run without its source model")
+    bare = Graph(tuple(dataclasses.replace(t, source=None) for t in graph.tensors),
+                 tuple(dataclasses.replace(op, source=None) for op in graph.ops),
+                 graph.inputs, graph.outputs, graph.name)
+    return to_model(bare, base)
+
+
+def prune_buffers(model: schema.ModelT) -> schema.ModelT:
+    """Empty the buffers no tensor and no metadata entry refers to any more (a rewrite's sliced
+    filters replace the originals); indices stay, so nothing else needs renumbering."""
+    used = {0}
+    for sg in model.subgraphs or []:
+        used.update(int(t.buffer or 0) for t in sg.tensors or [])
+    used.update(int(m.buffer) for m in model.metadata or [])
+    if all(i in used or not (b.data is not None and len(b.data)) for i, b in enumerate(model.buffers or [])):
+        return model
+    out = copy.copy(model)
+    out.buffers = [b if i in used else schema.BufferT() for i, b in enumerate(model.buffers)]
+    return out
+
+
+def random_inputs(details, rng: np.random.Generator) -> list[np.ndarray]:
+    """One random input per runtime input detail: the full range for int8/uint8, N(0,1) floats."""
+    out = []
+    for d in details:
+        shape = [max(int(s), 1) for s in d["shape"]]
+        dt = np.dtype(d["dtype"])
+        if dt.kind == "f":
+            out.append(rng.standard_normal(shape).astype(dt))
+        elif dt == np.bool_:
+            out.append(rng.integers(0, 2, shape).astype(dt))
+        elif dt.kind in "iu":
+            info = np.iinfo(dt)
+            lo, hi = (info.min, info.max) if dt.itemsize == 1 else (0, 8)
+            out.append(rng.integers(lo, hi, shape, endpoint=True).astype(dt))
+        else:
+            out.append(np.zeros(shape, dtype=dt))
+    return out
+
+
+def litert_interpreter(data: bytes, preserve: bool = False):
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    try:
+        it = Interpreter(model_content=bytes(data), num_threads=1,
+                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+                         experimental_preserve_all_tensors=preserve)
+        it.allocate_tensors()
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"LiteRT cannot load the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    return it
+
+
+def run_litert(data: bytes, inputs: list[np.ndarray], tensors=()) -> tuple[list[np.ndarray], dict]:
+    """Outputs (in the model's output order) and the values of `tensors` (indices) after one run."""
+    it = litert_interpreter(data, preserve=bool(tensors))
+    for d, x in zip(it.get_input_details(), inputs):
+        it.set_tensor(d["index"], x)
+    it.invoke()
+    outs = [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
+    return outs, {t: it.get_tensor(t).copy() for t in tensors}
+
+
+def run_tflm(data: bytes, inputs: list[np.ndarray], arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
+    from tflite_micro.python.tflite_micro import runtime
+
+    try:
+        it = runtime.Interpreter.from_bytes(bytes(data), arena_size=arena_size)
+        for i, x in enumerate(inputs):
+            it.set_input(x, i)
+        it.invoke()
+        n_out = schema.Model.GetRootAs(bytes(data), 0).Subgraphs(0).OutputsLength()
+        return [np.array(it.get_output(i)) for i in range(n_out)]
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+
+def input_details(data: bytes):
+    return litert_interpreter(data).get_input_details()
+
+
+def calibration_values(graph: Graph, tensors, runs: int = 4, seed: int = 0, model=None) -> dict[int, list]:
+    """Values of activation `tensors` (indices of `graph`) over `runs` random inputs (LiteRT)."""
+    data = model_to_bytes(standalone_model(graph, model))
+    rng = np.random.default_rng(seed)
+    details = input_details(data)
+    acc: dict[int, list] = {t: [] for t in tensors}
+    for _ in range(runs):
+        _, vals = run_litert(data, random_inputs(details, rng), tensors)
+        for t, v in vals.items():
+            acc[t].append(v)
+    return acc
