@@ -1,0 +1,103 @@
+"""`tpu-pipeline compile model.tflite [more.tflite ...] -n N [-o DIR] [--device D] [--strategy S]
+[--time-limit S] [--verify] [--json]`."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.table import Table
+
+from toolchain import report
+from toolchain.partition import STRATEGY_NAMES
+
+HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("models", nargs="+", metavar="model.tflite",
+                   help="a .tflite file; give several to co-deploy them in one pipeline")
+    p.add_argument("-n", "--num-segments", type=int, required=True, dest="n", help="number of pipeline segments (Edge TPUs)")
+    p.add_argument("-o", "--out", metavar="DIR", help="output directory (default: out/<stem>)")
+    p.add_argument("--device", default="coral-usb", help="device descriptor name or .toml path (default coral-usb)")
+    p.add_argument("--strategy", default="latency", choices=STRATEGY_NAMES,
+                   help="latency: minimise the slowest predicted stage (default); 1-3, 1-2-3, 2-1-3: the "
+                        "paper's lexicographic objectives (1 max stage parameters, 2 off-chip bytes, "
+                        "3 max stage communication); coral: libcoral's heuristic only")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit in seconds (default 10)")
+    p.add_argument("--colocate", action="store_true",
+                   help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
+    p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")
+    p.add_argument("--no-rewrite", action="store_true", help="skip the graph-rewrite pass")
+    p.add_argument("--verify", action="store_true",
+                   help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
+    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+
+
+def run(args) -> int:
+    from toolchain.compile import compile_models
+
+    out = report.console(stderr=True)
+    interactive = sys.stderr.isatty() and not args.json
+    passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule)) if not off)
+    if interactive:
+        with out.status("compiling") as status:
+            res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
+                                 time_limit=args.time_limit, verify=args.verify, colocate=args.colocate,
+                                 passes=passes, progress=lambda m: status.update(m))
+    else:
+        res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
+                             time_limit=args.time_limit, verify=args.verify, colocate=args.colocate, passes=passes)
+    if args.json:
+        report.print_json(res.report)
+        return 0
+    print_report(res, report.console())
+    return 0
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.3f}"
+
+
+def print_report(res, con) -> None:
+    r = res.report
+    hb = report.human_bytes
+    con.print(f"[bold]{r['model']}[/bold] -> {res.out_dir}/  ({r['num_segments']} segment(s), device {r['device']}, "
+              f"strategy {r['strategy']})")
+    t = Table(title="segments (predicted)", show_header=True)
+    for col, just in (("#", "right"), ("ops", "right"), ("params", "right"), ("SRAM", "right"),
+                      ("off-chip", "right"), ("in", "right"), ("out", "right"), ("act. peak", "right"),
+                      ("latency ms", "right"), ("file", "left")):
+        t.add_column(col, justify=just)
+    for s in r["segments"]:
+        t.add_row(str(s["index"]), str(s["ops"]), hb(s["parameter_bytes"]), hb(s["sram_bytes"]), hb(s["offchip_bytes"]),
+                  hb(s["in_bytes"]), hb(s["out_bytes"]), hb(s["activation_peak_bytes"]), _ms(s["predicted_latency_s"]),
+                  s["file"])
+    con.print(t)
+    p = r["predicted"]
+    s = Table(title="pipeline (predicted)", show_header=True)
+    s.add_column("")
+    s.add_column("latency ms", justify="right")
+    s.add_column("throughput /s", justify="right")
+    s.add_column("energy mJ", justify="right")
+    s.add_column("slowest stage", justify="right")
+    s.add_row(f"ours ({r['strategy']})", _ms(p["latency_s"]), f"{p['throughput_per_s']:,.1f}",
+              f"{p['energy_j'] * 1e3:,.3f}", str(p["bottleneck_stage"]))
+    if r.get("baseline"):
+        b = r["baseline"]["predicted"]
+        s.add_row("Coral heuristic", _ms(b["latency_s"]), f"{b['throughput_per_s']:,.1f}",
+                  f"{b['energy_j'] * 1e3:,.3f}", str(b["bottleneck_stage"]))
+    con.print(s)
+    sol = r["solver"]
+    if r.get("gain_throughput") is not None:
+        con.print(f"throughput gain over Coral's heuristic: x{r['gain_throughput']:.3f}")
+    con.print(f"solver: {'proven optimal' if sol['proven_optimal'] else 'not proven optimal (time limit)'} "
+              f"in {sol['seconds']:.2f} s")
+    v = r.get("verification")
+    if v:
+        con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "
+                  f"({v['runtime']})")
+    for pr in r["passes"]:
+        if pr["status"] == "unavailable":
+            con.print(f"pass {pr['name']}: not available in this build")
+    for note in r["notes"]:
+        con.print(f"note: {note}")

@@ -1,0 +1,188 @@
+"""Device descriptors: `devices/<name>.toml`, validated on load, units in the key names.
+
+    load_device("coral-usb")            # a name in devices/
+    load_device("path/to/board.toml")   # or a path
+
+Edge TPU descriptors (`kind = "edgetpu"`) need `[memory] param_sram_bytes`,
+`[link] host_bandwidth_bytes_per_s`, `[timing] invoke_overhead_s`, `[compute] peak_ops_per_s`,
+`[compute.efficiency]` (one fraction of peak per op class) and `[power] active_w, idle_w`.
+MCU descriptors (`kind = "mcu"`) need `[memory] sram_bytes, flash_bytes`, `[compute] clock_hz`,
+`[compute.cycles_per_mac]` per op class, `[link] baud` and `[power] active_w, idle_w`.
+Op classes: conv, depthwise, fully_connected, elementwise, other.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolchain.errors import UsageError
+
+DEVICES_DIR = Path(__file__).resolve().parents[2] / "devices"
+OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
+KINDS = ("edgetpu", "mcu")
+
+# (section path, key) -> (type, must be > 0)
+_EDGETPU_KEYS = {
+    ("memory", "param_sram_bytes"): (int, True),
+    ("link", "host_bandwidth_bytes_per_s"): (float, True),
+    ("timing", "invoke_overhead_s"): (float, False),
+    ("compute", "peak_ops_per_s"): (float, True),
+    ("power", "active_w"): (float, False),
+    ("power", "idle_w"): (float, False),
+}
+_MCU_KEYS = {
+    ("memory", "sram_bytes"): (int, True),
+    ("memory", "flash_bytes"): (int, True),
+    ("compute", "clock_hz"): (float, True),
+    ("link", "baud"): (int, True),
+    ("power", "active_w"): (float, False),
+    ("power", "idle_w"): (float, False),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    kind: str
+    raw: dict = field(compare=False, repr=False)
+    path: str = ""
+
+    def get(self, section: str, key: str, default: Any = None) -> Any:
+        return self.raw.get(section, {}).get(key, default)
+
+    @property
+    def description(self) -> str:
+        return str(self.raw.get("description", self.name))
+
+    # ---- Edge TPU ---------------------------------------------------------------------------
+    @property
+    def param_sram_bytes(self) -> int:
+        return int(self.get("memory", "param_sram_bytes"))
+
+    @property
+    def host_bandwidth_bytes_per_s(self) -> float:
+        return float(self.get("link", "host_bandwidth_bytes_per_s"))
+
+    @property
+    def invoke_overhead_s(self) -> float:
+        return float(self.get("timing", "invoke_overhead_s"))
+
+    @property
+    def peak_ops_per_s(self) -> float:
+        return float(self.get("compute", "peak_ops_per_s"))
+
+    @property
+    def efficiency(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.raw["compute"]["efficiency"].items()}
+
+    # ---- MCU --------------------------------------------------------------------------------
+    @property
+    def sram_bytes(self) -> int:
+        return int(self.get("memory", "sram_bytes"))
+
+    @property
+    def flash_bytes(self) -> int:
+        return int(self.get("memory", "flash_bytes"))
+
+    @property
+    def clock_hz(self) -> float:
+        return float(self.get("compute", "clock_hz"))
+
+    @property
+    def cycles_per_mac(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.raw["compute"]["cycles_per_mac"].items()}
+
+    @property
+    def baud(self) -> int:
+        return int(self.get("link", "baud"))
+
+    # ---- both -------------------------------------------------------------------------------
+    @property
+    def active_w(self) -> float:
+        return float(self.get("power", "active_w"))
+
+    @property
+    def idle_w(self) -> float:
+        return float(self.get("power", "idle_w"))
+
+
+def available_devices() -> list[str]:
+    return sorted(p.stem for p in DEVICES_DIR.glob("*.toml"))
+
+
+def _resolve(name_or_path: str | Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise UsageError(f"{p}: no such device descriptor")
+        return p
+    candidate = DEVICES_DIR / f"{name_or_path}.toml"
+    if not candidate.is_file():
+        known = ", ".join(available_devices()) or "none"
+        raise UsageError(f"unknown device '{name_or_path}' (known: {known}; or give a .toml path)")
+    return candidate
+
+
+def _number(label: str, value: Any, typ: type, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{label} must be a number, got {value!r}")
+    if typ is int and not (isinstance(value, int) or float(value).is_integer()):
+        raise UsageError(f"{label} must be a whole number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UsageError(f"{label} must be finite, got {value!r}")
+    if positive and value <= 0:
+        raise UsageError(f"{label} must be > 0, got {value!r}")
+    if value < 0:
+        raise UsageError(f"{label} must be >= 0, got {value!r}")
+
+
+def validate(raw: dict, label: str) -> None:
+    """Raise UsageError naming the file and the first problem found."""
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{label}: missing 'name'")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise UsageError(f"{label}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
+    keys = _EDGETPU_KEYS if kind == "edgetpu" else _MCU_KEYS
+    for (section, key), (typ, positive) in keys.items():
+        sec = raw.get(section)
+        if not isinstance(sec, dict) or key not in sec:
+            raise UsageError(f"{label}: missing [{section}] {key}")
+        _number(f"{label}: [{section}] {key}", sec[key], typ, positive)
+    table = "efficiency" if kind == "edgetpu" else "cycles_per_mac"
+    per_class = raw.get("compute", {}).get(table)
+    if not isinstance(per_class, dict):
+        raise UsageError(f"{label}: missing [compute.{table}]")
+    for cls in OP_CLASSES:
+        if cls not in per_class:
+            raise UsageError(f"{label}: [compute.{table}] has no '{cls}' entry")
+    for cls, v in per_class.items():
+        if cls not in OP_CLASSES:
+            raise UsageError(f"{label}: [compute.{table}] unknown op class '{cls}' "
+                             f"(known: {', '.join(OP_CLASSES)})")
+        _number(f"{label}: [compute.{table}] {cls}", v, float, True)
+        if kind == "edgetpu" and v > 1:
+            raise UsageError(f"{label}: [compute.efficiency] {cls} is a fraction of peak, must be <= 1, got {v}")
+    if kind == "edgetpu":
+        for opt in ("per_op_s",):
+            if opt in raw.get("timing", {}):
+                _number(f"{label}: [timing] {opt}", raw["timing"][opt], float, False)
+
+
+def load_device(name_or_path: str | Path) -> Device:
+    """Load and validate a descriptor by name (devices/<name>.toml) or path."""
+    if isinstance(name_or_path, Device):
+        return name_or_path
+    path = _resolve(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read ({exc})") from None
+    validate(raw, str(path))
+    return Device(name=raw["name"], kind=raw["kind"], raw=raw, path=str(path))

@@ -1,0 +1,223 @@
+"""The exact partitioner: the paper's SDC + ILP model in CP-SAT, solved lexicographically.
+
+Variables (n stages): y[v][k] = (stage(v) <= k) for k < n-1, monotone in k; x[v][k] = (stage(v) == k)
+= y[v][k] - y[v][k-1]. Precedence u -> v: y[v][k] <= y[u][k] (the SDC s_u - s_v <= 0 in unary
+form). Every stage non-empty. Sinks, graph outputs' producers and all that follows them are in the
+last stage (Coral's runner returns the last segment's outputs).
+
+Per stage k: parameter bytes m_k = sum p_v x[v][k]; off-chip bytes o_k >= m_k - SRAM, o_k >= 0;
+traffic: a boundary tensor t enters stage k iff a consumer is in k and its producer is not,
+z[t][k] >= x[c][k] - x[p][k] (graph inputs: z >= x[c][k]); it leaves its producer's stage k iff a
+consumer is not in k, w[t][k] >= x[p][k] - x[c][k]. Only lower bounds are needed: every objective
+is minimised and increasing in o, z, w.
+
+Objectives: (1) max_k m_k, (2) sum_k o_k, (3) max_k (in_k + out_k) -- the paper's three --
+and `latency`: max_k stage latency (the pipeline period = 1 / throughput) under the cost model,
+then the sum of stage latencies. Lexicographic strategies solve one objective, bound it by the
+value found, hint the solution and solve the next.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from toolchain.errors import InfeasibleError
+from toolchain.partition.problem import PartitionProblem
+
+STRATEGIES = {
+    "latency": ("max_stage_ps", "sum_stage_ps"),
+    "1-3": ("max_param_bytes", "max_comm_bytes"),
+    "1-2-3": ("max_param_bytes", "offchip_bytes", "max_comm_bytes"),
+    "2-1-3": ("offchip_bytes", "max_param_bytes", "max_comm_bytes"),
+}
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    stages: tuple[int, ...]
+    objectives: dict            # name -> value of the solution
+    bounds: dict                # name -> proven lower bound at that step
+    proven_optimal: bool
+    seconds: float
+    status: str
+
+
+def _build(problem: PartitionProblem, n: int, colocate: bool):
+    m = cp_model.CpModel()
+    N = problem.n_ops
+    fixed_last = problem.last_stage_ops
+    y = [[None] * (n - 1) for _ in range(N)]
+    for v in range(N):
+        for k in range(n - 1):
+            if v in fixed_last:
+                y[v][k] = 0
+            else:
+                y[v][k] = m.NewBoolVar(f"y{v}_{k}")
+        for k in range(n - 2):
+            if not isinstance(y[v][k], int):
+                m.AddImplication(y[v][k], y[v][k + 1])
+
+    def Y(v, k):  # stage(v) <= k
+        if k < 0:
+            return 0
+        if k >= n - 1:
+            return 1
+        return y[v][k]
+
+    x = [[None] * n for _ in range(N)]
+    for v in range(N):
+        for k in range(n):
+            a, b = Y(v, k), Y(v, k - 1)
+            if isinstance(a, int) and isinstance(b, int):
+                x[v][k] = a - b
+            else:
+                xv = m.NewBoolVar(f"x{v}_{k}")
+                m.Add(xv == a - b)
+                x[v][k] = xv
+    for v in range(N):
+        for u in problem.preds[v]:
+            for k in range(n - 1):
+                a, b = Y(v, k), Y(u, k)
+                if isinstance(a, int) or isinstance(b, int):
+                    m.Add(a <= b)
+                else:
+                    m.AddImplication(a, b)
+    for k in range(n):
+        m.Add(sum(x[v][k] for v in range(N)) >= 1)
+    if colocate:
+        for bt in problem.tensors:
+            cons = sorted(set(bt.consumers))
+            for c in cons[1:]:
+                for k in range(n - 1):
+                    m.Add(Y(c, k) == Y(cons[0], k))
+
+    cost = problem.model
+    ppb = cost.ps_per_byte
+    par = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"m{k}") for k in range(n)]
+    off = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"o{k}") for k in range(n)]
+    for k in range(n):
+        m.Add(par[k] == sum(problem.op_costs[v].param_bytes * x[v][k] for v in range(N)
+                            if problem.op_costs[v].param_bytes))
+        m.Add(off[k] >= par[k] - cost.sram_bytes)
+    in_terms = [[] for _ in range(n)]
+    out_terms = [[] for _ in range(n)]
+    for bt in problem.tensors:
+        p = bt.producer
+        cons = sorted(set(bt.consumers))
+        for k in range(n):
+            if p is None:
+                if not cons:
+                    continue
+                lits = [x[c][k] for c in cons]
+                if all(isinstance(l, int) for l in lits):
+                    if max(lits):
+                        in_terms[k].append(bt.nbytes)
+                    continue
+                z = m.NewBoolVar(f"zi{bt.tensor}_{k}")
+                for l in lits:
+                    m.Add(z >= l)
+                in_terms[k].append(bt.nbytes * z)
+                continue
+            if k > 0 and cons:
+                z = m.NewBoolVar(f"z{bt.tensor}_{k}")
+                for c in cons:
+                    m.Add(z >= x[c][k] - x[p][k])
+                in_terms[k].append(bt.nbytes * z)
+            if bt.graph_output and k == n - 1:
+                out_terms[k].append(bt.nbytes)
+            elif k < n - 1 and cons:
+                w = m.NewBoolVar(f"w{bt.tensor}_{k}")
+                for c in cons:
+                    m.Add(w >= x[p][k] - x[c][k])
+                out_terms[k].append(bt.nbytes * w)
+    total_bytes = sum(bt.nbytes for bt in problem.tensors) * max(1, n)
+    comm = []
+    for k in range(n):
+        c = m.NewIntVar(0, total_bytes, f"comm{k}")
+        m.Add(c == sum(in_terms[k]) + sum(out_terms[k]))
+        comm.append(c)
+    max_comp = sum(oc.compute_ps for oc in problem.op_costs)
+    ub_stage = cost.overhead_ps + max_comp + ppb * (sum(oc.param_bytes for oc in problem.op_costs) + total_bytes)
+    lat = []
+    for k in range(n):
+        lk = m.NewIntVar(0, ub_stage, f"lat{k}")
+        m.Add(lk == cost.overhead_ps + sum(problem.op_costs[v].compute_ps * x[v][k] for v in range(N)
+                                           if problem.op_costs[v].compute_ps)
+              + ppb * off[k] + ppb * comm[k])
+        lat.append(lk)
+    objs = {}
+    objs["max_stage_ps"] = m.NewIntVar(0, ub_stage, "T")
+    m.AddMaxEquality(objs["max_stage_ps"], lat)
+    objs["sum_stage_ps"] = m.NewIntVar(0, ub_stage * n, "S")
+    m.Add(objs["sum_stage_ps"] == sum(lat))
+    objs["max_param_bytes"] = m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), "M")
+    m.AddMaxEquality(objs["max_param_bytes"], par)
+    objs["offchip_bytes"] = m.NewIntVar(0, n * sum(oc.param_bytes for oc in problem.op_costs), "D")
+    m.Add(objs["offchip_bytes"] == sum(off))
+    objs["max_comm_bytes"] = m.NewIntVar(0, total_bytes, "C")
+    m.AddMaxEquality(objs["max_comm_bytes"], comm)
+    return m, y, x, objs
+
+
+def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
+          hint=None, upper_bounds: dict | None = None, colocate: bool = False, workers: int = 2,
+          seed: int = 0) -> SolveResult:
+    """Solve the strategy's objectives in turn; `hint` is a stage tuple, `upper_bounds` caps
+    objectives (e.g. the heuristic's values). Raises InfeasibleError if no assignment exists."""
+    t0 = time.perf_counter()
+    N = problem.n_ops
+    if n == 1:
+        stages = tuple([0] * N)
+        obj = problem.objectives(stages, 1)
+        return SolveResult(stages, obj, dict(obj), True, time.perf_counter() - t0, "OPTIMAL")
+    model, y, x, objs = _build(problem, n, colocate)
+    for name, ub in (upper_bounds or {}).items():
+        model.Add(objs[name] <= ub)
+    steps = STRATEGIES[strategy]
+    best = None
+    bounds = {}
+    proven = True
+    status_name = "OPTIMAL"
+
+    def set_hint(stages):
+        model.ClearHints()
+        for v in range(N):
+            for k in range(n - 1):
+                if not isinstance(y[v][k], int):
+                    model.AddHint(y[v][k], 1 if stages[v] <= k else 0)
+
+    if hint is not None:
+        set_hint(hint)
+    for i, name in enumerate(steps):
+        remaining = time_limit - (time.perf_counter() - t0)
+        share = max(0.05, remaining / (len(steps) - i))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = share
+        solver.parameters.num_workers = max(1, workers)
+        solver.parameters.random_seed = seed
+        model.Minimize(objs[name])
+        st = solver.Solve(model)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if best is None:
+                if st == cp_model.INFEASIBLE:
+                    raise InfeasibleError(f"no partition into {n} segments satisfies the constraints"
+                                          + (" (consumers co-located)" if colocate else ""))
+                raise InfeasibleError(f"no partition into {n} segments found within {time_limit:g} s")
+            proven = False
+            status_name = "FEASIBLE"
+            break
+        stages = tuple(sum(1 for k in range(n - 1) if not (int(solver.Value(y[v][k])) if not isinstance(y[v][k], int) else y[v][k]))
+                       for v in range(N))
+        val = int(solver.Value(objs[name]))
+        bounds[name] = int(solver.BestObjectiveBound())
+        if st != cp_model.OPTIMAL:
+            proven = False
+            status_name = "FEASIBLE"
+        best = stages
+        model.Add(objs[name] <= val)
+        set_hint(stages)
+    obj = problem.objectives(best, n)
+    return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name)

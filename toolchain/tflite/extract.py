@@ -1,0 +1,165 @@
+"""A segment of a model as its own standalone .tflite, and several models merged into one.
+
+`extract_segment` keeps only the segment's operators (in their order), the tensors they use, the
+buffers those tensors need (every other buffer is dropped), the operator codes they use and the
+model's other subgraphs (control-flow bodies) unchanged; its inputs and outputs are the given
+tensors, names kept, so segments chain by tensor name (Coral's PipelinedModelRunner rule).
+Signature defs and the offline memory plan are dropped (they describe the whole model).
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ai_edge_litert import schema_py_generated as schema
+
+from toolchain.errors import ModelError
+from toolchain.tflite.metadata import OFFLINE_PLAN_NAME
+
+_KEEP_METADATA = ("min_runtime_version", "CONVERSION_METADATA")
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else (v or "")
+
+
+class _Buffers:
+    def __init__(self, model: schema.ModelT):
+        self.src = model.buffers or []
+        self.out = [schema.BufferT()]
+        self.map: dict[int, int] = {0: 0}
+
+    def get(self, index: int) -> int:
+        if index not in self.map:
+            if index >= len(self.src):
+                raise ModelError(f"a tensor refers to buffer {index}, which does not exist")
+            self.map[index] = len(self.out)
+            self.out.append(self.src[index])
+        return self.map[index]
+
+
+def _copy_tensor(t: schema.TensorT, bufs: _Buffers) -> schema.TensorT:
+    tt = copy.copy(t)
+    tt.buffer = bufs.get(int(t.buffer or 0))
+    return tt
+
+
+def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inputs, outputs,
+                    subgraph: int = 0, name: str | None = None) -> schema.ModelT:
+    """A new ModelT holding operators `ops` (positions in subgraph `subgraph`, kept in the given
+    order) with graph inputs `inputs` and outputs `outputs` (tensor indices of that subgraph)."""
+    src = model.subgraphs[subgraph]
+    bufs = _Buffers(model)
+    used = set(int(t) for t in inputs) | set(int(t) for t in outputs)
+    for i in ops:
+        o = src.operators[i]
+        for field in (o.inputs, o.outputs, o.intermediates):
+            for t in field if field is not None else ():
+                if t >= 0:
+                    used.add(int(t))
+    order = sorted(used)
+    remap = {old: new for new, old in enumerate(order)}
+    opcode_map: dict[int, int] = {}
+    codes = []
+
+    def code(idx: int) -> int:
+        if idx not in opcode_map:
+            opcode_map[idx] = len(codes)
+            codes.append(model.operatorCodes[idx])
+        return opcode_map[idx]
+
+    sg = schema.SubGraphT()
+    sg.name = name if name is not None else src.name
+    sg.tensors = [_copy_tensor(src.tensors[t], bufs) for t in order]
+    sg.operators = []
+    for i in ops:
+        o = copy.copy(src.operators[i])
+        o.inputs = [remap[t] if t >= 0 else -1 for t in (o.inputs if o.inputs is not None else [])]
+        o.outputs = [remap[t] if t >= 0 else -1 for t in (o.outputs if o.outputs is not None else [])]
+        if o.intermediates is not None and len(o.intermediates):
+            o.intermediates = [remap[t] if t >= 0 else -1 for t in o.intermediates]
+        o.opcodeIndex = code(int(o.opcodeIndex))
+        sg.operators.append(o)
+    sg.inputs = [remap[int(t)] for t in inputs]
+    sg.outputs = [remap[int(t)] for t in outputs]
+
+    out = schema.ModelT()
+    out.version = model.version
+    out.description = model.description
+    subgraphs = []
+    for k, other in enumerate(model.subgraphs):
+        if k == subgraph:
+            subgraphs.append(sg)
+            continue
+        o2 = copy.copy(other)
+        o2.tensors = [_copy_tensor(t, bufs) for t in (other.tensors or [])]
+        for op in other.operators or []:
+            code(int(op.opcodeIndex))
+        o2.operators = []
+        for op in other.operators or []:
+            op2 = copy.copy(op)
+            op2.opcodeIndex = opcode_map[int(op.opcodeIndex)]
+            o2.operators.append(op2)
+        subgraphs.append(o2)
+    if subgraph != 0:
+        raise ModelError("only the main subgraph (0) can be partitioned")
+    out.subgraphs = subgraphs
+    out.operatorCodes = codes
+    out.metadata = []
+    for entry in model.metadata or []:
+        if _text(entry.name) in _KEEP_METADATA and _text(entry.name) != OFFLINE_PLAN_NAME:
+            e = copy.copy(entry)
+            e.buffer = bufs.get(int(entry.buffer))
+            out.metadata.append(e)
+    out.buffers = bufs.out
+    out.signatureDefs = []
+    return out
+
+
+def merge_models(models: list[schema.ModelT], prefixes: list[str], name: str = "merged") -> schema.ModelT:
+    """One model whose main subgraph runs the main subgraphs of `models` side by side.
+
+    Tensor names get `prefixes[i]` in front so that names stay unique; graph inputs and outputs
+    are those of each model in turn. Models with more than one subgraph are refused."""
+    out = schema.ModelT()
+    out.version = models[0].version
+    out.description = f"{name}: " + " + ".join(prefixes)
+    out.buffers = [schema.BufferT()]
+    out.operatorCodes = []
+    sg = schema.SubGraphT()
+    sg.name = name
+    sg.tensors, sg.operators, sg.inputs, sg.outputs = [], [], [], []
+    code_key: dict[tuple, int] = {}
+    for m, prefix in zip(models, prefixes):
+        if len(m.subgraphs) != 1:
+            raise ModelError(f"{prefix}: models with control flow (several subgraphs) cannot be co-deployed")
+        src = m.subgraphs[0]
+        bufs = _Buffers(m)
+        bufs.out = out.buffers
+        base = len(sg.tensors)
+        for t in src.tensors or []:
+            tt = copy.copy(t)
+            tt.buffer = bufs.get(int(t.buffer or 0))
+            tt.name = f"{prefix}{_text(t.name)}"
+            sg.tensors.append(tt)
+        local_codes = {}
+        for idx, c in enumerate(m.operatorCodes or []):
+            key = (int(c.builtinCode or 0), int(c.deprecatedBuiltinCode or 0), _text(c.customCode), int(c.version or 1))
+            if key not in code_key:
+                code_key[key] = len(out.operatorCodes)
+                out.operatorCodes.append(c)
+            local_codes[idx] = code_key[key]
+        for o in src.operators or []:
+            o2 = copy.copy(o)
+            o2.inputs = [t + base if t >= 0 else -1 for t in (o.inputs if o.inputs is not None else [])]
+            o2.outputs = [t + base if t >= 0 else -1 for t in (o.outputs if o.outputs is not None else [])]
+            if o.intermediates is not None and len(o.intermediates):
+                o2.intermediates = [t + base if t >= 0 else -1 for t in o.intermediates]
+            o2.opcodeIndex = local_codes[int(o.opcodeIndex)]
+            sg.operators.append(o2)
+        sg.inputs += [int(t) + base for t in src.inputs]
+        sg.outputs += [int(t) + base for t in src.outputs]
+    out.subgraphs = [sg]
+    out.metadata = []
+    out.signatureDefs = []
+    return out
