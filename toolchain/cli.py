@@ -16,6 +16,7 @@ from toolchain.errors import EXIT_CODES, ToolchainError
 # (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (
     ("inspect", "inspect"),
+    ("rewrite", "rewrite"),
     ("compile", "compile"),
 )
 

@@ -37,6 +37,7 @@ class AppliedRewrite:
     peak_before: int
     peak_after: int
     ops_added: int
+    enabling: bool = False  # a step of a chain that pays only with the rewrites after it
 
     def to_json(self):
         return dict(self.__dict__)
@@ -158,7 +159,8 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
                 last = k == len(chain) - 1
                 after = g2 if last else chain[k + 1][1]
                 applied.append(AppliedRewrite(c.kind, c.target, c.branches, c.numerics, peak,
-                                              s2.peak if last else peak, len(after.ops) - len(before.ops)))
+                                              s2.peak if last else peak, len(after.ops) - len(before.ops),
+                                              enabling=not last))
             current, peak, sched, kept = g2, s2.peak, s2, True
             break
         if not kept:

@@ -49,7 +49,7 @@ def standalone_model(graph: Graph, model: schema.ModelT | None = None) -> schema
     """A ModelT for `graph`: `to_model(graph, model)` when the source model is known, else one
     built from the IR alone (builtin ops only; enough for calibration and tests)."""
     if model is not None:
-        return prune_buffers(to_model(graph, model))
+        return rewritten_model(graph, model)
     base = schema.ModelT()
     base.version = 3
     base.description = b"tpu-pipeline rewrite"
@@ -151,3 +151,19 @@ def calibration_values(graph: Graph, tensors, runs: int = 4, seed: int = 0, mode
         for t, v in vals.items():
             acc[t].append(v)
     return acc
+
+
+def rewritten_model(graph: Graph, model: schema.ModelT) -> schema.ModelT:
+    """The ModelT to write for a rewritten graph: `to_model`, without a stale offline memory plan
+    (its offsets were for the old tensors) and without the buffers nothing refers to any more."""
+    from toolchain.tflite import OFFLINE_PLAN_NAME
+
+    out = to_model(graph, model)
+    if out.metadata:
+        def name(m):
+            return m.name.decode() if isinstance(m.name, bytes) else (m.name or "")
+        kept = [m for m in out.metadata if name(m) != OFFLINE_PLAN_NAME]
+        if len(kept) != len(out.metadata):
+            out = copy.copy(out)
+            out.metadata = kept
+    return prune_buffers(out)
