@@ -16,8 +16,12 @@ from toolchain.errors import EXIT_CODES, ToolchainError
 # (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (
     ("inspect", "inspect"),
+    ("schedule", "schedule"),
     ("rewrite", "rewrite"),
     ("compile", "compile"),
+    ("run", "run"),
+    ("profile", "profile"),
+    ("export-mcu", "export_mcu"),
 )
 
 INTERNAL_ERROR = 70

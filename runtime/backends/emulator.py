@@ -1,0 +1,131 @@
+"""Emulation on the host.
+
+Edge TPU pipelines: one LiteRT interpreter per segment, run sequentially (per-stage and end-to-end
+host latency) and pipelined (host throughput), outputs checked bit-exactly against the whole
+model; the Edge TPU cost model's predicted latency, throughput and energy are reported beside the
+host figures (from report.json when the compiler wrote one, else computed from the segment files).
+
+MCUs: TFLite Micro with the device's SRAM as the arena: whether the model fits, the arena head
+and tail TFLM really allocates, host time per inference, and the MCU cost model's prediction.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from runtime.backends.common import litert_interpreter, litert_stage, measure_stages
+from runtime.deployment import Deployment
+from runtime.measure import LatencyStats, RunReport
+from toolchain.errors import DeviceError, InfeasibleError
+
+
+def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
+    """Predicted per-stage latency and pipeline latency/throughput/energy for the Edge TPU."""
+    rep = dep.report or {}
+    pred = rep.get("predicted") or {}
+    stage_pred = [s.predicted_latency_s for s in dep.segments]
+    if pred.get("latency_s") is not None and all(p is not None for p in stage_pred):
+        out = {k: pred.get(k) for k in ("latency_s", "throughput_per_s", "energy_j")}
+        out["stages_s"] = stage_pred
+        out["source"] = "report.json"
+        return out
+    try:
+        from toolchain.cost.edgetpu import EdgeTpuCostModel
+        from toolchain.ir import from_model, total_param_bytes
+        from toolchain.tflite import read_model
+    except ImportError:
+        return {"source": "unavailable (no toolchain.cost.edgetpu)"}
+    model = EdgeTpuCostModel(device)
+    stages = []
+    for seg in dep.segments:
+        g = from_model(read_model(seg.path))
+        compute = sum(c.compute_ps for c in model.op_costs(g))
+        in_b = sum(g.tensors[t].nbytes for t in g.inputs)
+        out_b = sum(g.tensors[t].nbytes for t in g.outputs)
+        stages.append(model.stage(len(g.ops), compute, total_param_bytes(g), in_b, out_b))
+    pc = model.pipeline(stages)
+    return {"latency_s": pc.latency_s, "throughput_per_s": pc.throughput_per_s, "energy_j": pc.energy_j,
+            "stages_s": [s.latency_s for s in stages], "source": f"cost model ({device})"}
+
+
+def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2, seed: int = 0,
+                          device: str | None = None, progress=None) -> RunReport:
+    device = device or dep.device or "coral-usb"
+    interps = [litert_interpreter(s.path) for s in dep.segments]
+    stages = [litert_stage(s.path.name, it, s.inputs, s.outputs) for s, it in zip(dep.segments, interps)]
+    ref = litert_interpreter(dep.whole) if dep.whole is not None and len(dep.segments) > 1 else None
+    report = measure_stages(dep, stages, interps, "emulator", f"host CPU (LiteRT) for {device}",
+                            iterations, warmup, seed, reference_interp=ref, progress=progress)
+    if len(dep.segments) == 1 and dep.whole is not None and dep.segments[0].path == dep.whole:
+        report.verified = True  # the segment is the whole model itself
+        report.max_abs_diff = 0.0
+        report.notes = [n for n in report.notes if not n.startswith("no whole model")]
+    pred = predict_edgetpu(dep, device)
+    report.predicted = pred
+    for st, p in zip(report.stages, pred.get("stages_s") or []):
+        if st.predicted_latency_s is None:
+            object.__setattr__(st, "predicted_latency_s", p)
+    return report
+
+
+def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iterations: int = 10, warmup: int = 1,
+                      seed: int = 0, progress=None) -> RunReport:
+    """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
+    from runtime.inputs import input_stream
+    from runtime.tflm import TflmModel
+    from runtime.tflm_arena import measure_tflm_arena
+    from toolchain.cost.mcu import device_dict, estimate_mcu
+    from toolchain.ir import from_model, total_param_bytes
+    from toolchain.memory import lifetimes, tflm_greedy
+    from toolchain.tflite import read_model
+
+    data = Path(model_path).read_bytes()
+    d = device_dict(device)
+    sram = int(d["memory"]["sram_bytes"])
+    flash = int(d["memory"].get("flash_bytes", 0))
+    graph = from_model(read_model(data, name=str(model_path)))
+    est = estimate_mcu(graph, d)
+    report = RunReport("emulator", f"{d.get('name', device)} (TFLite Micro on the host)", str(model_path), iterations)
+    predicted_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+    arena = {"configured": sram, "fits": False, "head": None, "tail": None, "total": None,
+             "predicted_head": predicted_head, "model_bytes": len(data), "flash_bytes": flash,
+             "fits_flash": (len(data) <= flash) if flash else None, "parameter_bytes": total_param_bytes(graph)}
+    report.arena = arena
+    report.predicted = {"latency_s": est.latency_s, "throughput_per_s": 1.0 / est.latency_s if est.latency_s else None,
+                        "energy_j": est.energy_j, "cycles": est.cycles, "source": f"MCU cost model ({est.device})"}
+    report.ops = [{"index": o.index, "opcode": o.opcode, "class": o.op_class, "work": o.work,
+                   "predicted_s": o.seconds} for o in est.ops]
+    try:
+        a = measure_tflm_arena(data, arena_size=sram)
+        arena.update(fits=True, head=a.head, tail=a.tail, total=a.total)
+    except DeviceError:
+        try:
+            a = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
+            arena.update(head=a.head, tail=a.tail, total=a.total)
+        except DeviceError as exc:
+            report.error = f"TFLite Micro cannot allocate the model at all: {exc}"
+            return report
+        report.error = (f"does not fit: TFLite Micro needs {a.total:,} arena bytes (head {a.head:,} + tail {a.tail:,}), "
+                        f"the device has {sram:,} bytes of SRAM")
+        return report
+    try:
+        interp = TflmModel(data, sram, str(model_path))
+    except InfeasibleError as exc:
+        arena["fits"] = False
+        report.error = str(exc)
+        return report
+    specs = [(n, shape, dt) for n, (dt, shape) in zip(interp.input_names, interp.inputs)]
+    inputs = input_stream(specs, iterations + warmup, seed)
+    times = []
+    for k, x in enumerate(inputs):
+        t0 = time.perf_counter()
+        interp.run([x[n] for n in interp.input_names])
+        if k >= warmup:
+            times.append(time.perf_counter() - t0)
+            if progress:
+                progress(k + 1 - warmup)
+    report.latency = LatencyStats.of(times)
+    report.throughput_per_s = 1.0 / report.latency.median_s if report.latency and report.latency.median_s else None
+    report.notes.append("latency is TFLite Micro's host time; the device figure is the prediction")
+    return report

@@ -1,0 +1,98 @@
+"""Tables for run and profile reports, and a progress bar that only shows on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+
+from rich.console import Console
+from rich.table import Table
+
+from runtime.measure import RunReport
+from toolchain.report import human_bytes
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:,.3f}"
+
+
+def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
+    out.print(f"[bold]{r.model}[/bold] on [bold]{r.device}[/bold] (backend {r.backend}, {r.iterations} inferences)")
+    t = Table(title="latency and throughput")
+    for c in ("figure", "measured", "predicted"):
+        t.add_column(c, justify="right" if c != "figure" else "left")
+    lat = r.latency
+    p = r.predicted or {}
+    t.add_row("latency min (ms)", ms(lat.min_s if lat else None), "")
+    t.add_row("latency median (ms)", ms(lat.median_s if lat else None), ms(p.get("latency_s")))
+    t.add_row("latency p90 (ms)", ms(lat.p90_s if lat else None), "")
+    thr = p.get("throughput_per_s")
+    t.add_row("throughput (inferences/s)", f"{r.throughput_per_s:,.1f}" if r.throughput_per_s else "-",
+              f"{thr:,.1f}" if thr else "-")
+    energy_meas = (r.energy or {}).get("energy_per_inference_j")
+    t.add_row("energy per inference (mJ)", f"{energy_meas * 1e3:,.4f}" if energy_meas is not None else "-",
+              f"{p['energy_j'] * 1e3:,.4f}" if p.get("energy_j") is not None else "-")
+    out.print(t)
+    if p.get("source"):
+        out.print(f"predicted by: {p['source']}")
+    if r.stages and len(r.stages) >= 1 and r.backend != "mcu":
+        st = Table(title="per segment")
+        for c in ("#", "file", "in", "out", "median (ms)", "p90 (ms)", "predicted (ms)"):
+            st.add_column(c, justify="right" if c not in ("file",) else "left")
+        for s in r.stages:
+            st.add_row(str(s.index), s.file, str(len(s.inputs)), str(len(s.outputs)),
+                       ms(s.latency.median_s if s.latency else None), ms(s.latency.p90_s if s.latency else None),
+                       ms(s.predicted_latency_s))
+        out.print(st)
+    if r.arena:
+        a = r.arena
+        at = Table(title="arena")
+        at.add_column("figure")
+        at.add_column("bytes", justify="right")
+        at.add_column("")
+        for key, label in (("configured", "configured (device SRAM)"), ("head", "head (TFLite Micro, measured)"),
+                           ("predicted_head", "head (our prediction)"), ("tail", "tail (measured)"),
+                           ("total", "total needed"), ("used", "used (reported by the device)"),
+                           ("model_bytes", "model (flash)"), ("flash_bytes", "flash available")):
+            if a.get(key) is not None:
+                at.add_row(label, f"{a[key]:,}", human_bytes(a[key]))
+        at.add_row("fits", "yes" if a.get("fits") else "NO", "")
+        out.print(at)
+    if r.ops:
+        key = "seconds" if "seconds" in r.ops[0] else "predicted_s"
+        ranked = sorted(r.ops, key=lambda o: -o.get(key, 0))[:top_ops]
+        ot = Table(title=f"slowest ops ({'device PROF lines' if key == 'seconds' else 'MCU cost model'}, top {len(ranked)} of {len(r.ops)})")
+        for c in ("op", "opcode", "ms"):
+            ot.add_column(c, justify="right" if c != "opcode" else "left")
+        if any("host_s" in o for o in ranked):
+            ot.add_column("host ms", justify="right")
+        for o in ranked:
+            row = [str(o["index"]), o["opcode"], ms(o.get(key))]
+            if any("host_s" in x for x in ranked):
+                row.append(ms(o.get("host_s")))
+            ot.add_row(*row)
+        out.print(ot)
+    if r.energy:
+        e = r.energy
+        out.print(f"power meter {e.get('meter')}: {e.get('samples')} samples, average "
+                  f"{(e.get('avg_power_w') or 0):.3f} W" + (f"; {e['error']}" if e.get("error") else ""))
+    if r.verified is not None:
+        out.print("outputs: " + ("[green]identical to the whole model (bit-exact)[/green]" if r.verified else
+                                 f"[red]DIFFER from the whole model (max |diff| {r.max_abs_diff})[/red]"))
+    for n in r.notes:
+        if n:
+            out.print(f"note: {n}")
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, label: str, enabled: bool):
+    """Yields a callback(done) that advances a rich progress bar on stderr, if it is a terminal."""
+    err = Console(stderr=True)
+    if not enabled or not err.is_terminal or total <= 0:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as prog:
+        task = prog.add_task(label, total=total)
+        yield lambda done: prog.update(task, completed=done)

@@ -1,0 +1,42 @@
+"""`tpu-pipeline profile model.tflite --device sparkfun-edge|coral-usb [...]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolchain.commands import run as run_cmd
+from toolchain.errors import UsageError
+
+HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
+    p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
+    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu"))
+    p.add_argument("--iterations", "-N", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--port", help="serial port of the MCU harness (real device)")
+    p.add_argument("--baud", type=int)
+    p.add_argument("--power-meter", metavar="PORT", help="serial port of a UM24C/UM25C/UM34C USB power meter")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--top", type=int, default=10, help="slowest ops to list (default 10)")
+    p.add_argument("--host-ops", action="store_true",
+                   help="MCU: also time every op alone in TFLite Micro on the host (slow on big models)")
+    p.add_argument("--json", action="store_true")
+
+
+def run(args) -> int:
+    target = Path(args.model)
+    kind = run_cmd.device_kind(args.device)
+    if kind == "mcu" and target.is_dir():
+        raise UsageError(f"{target}: profile an MCU with one .tflite, not a directory")
+    rep, choice = run_cmd.execute(args, target, args.device, kind)
+    if kind == "mcu" and args.host_ops and choice.backend == "emulator" and not rep.error:
+        from runtime.op_timing import tflm_op_times
+
+        times = tflm_op_times(target.read_bytes(), iterations=max(1, min(args.iterations, 5)))
+        for o in rep.ops:
+            o["host_s"] = times.get(o["index"])
+    return run_cmd.finish(rep, args)
