@@ -1,0 +1,187 @@
+// TFLite Micro harness firmware: speaks the line protocol of ../PROTOCOL.md.
+// Built with the files `tpu-pipeline export-mcu` writes next to it: model_data.cc/.h (the model,
+// with our offline arena plan inside), op_resolver.h (only the ops used) and harness_config.h.
+// Not built by this repository: add it to a TFLM board project (see ../sparkfun-edge/README.md).
+
+#include <cstdio>
+#include <cstring>
+
+#include "harness_config.h"
+#include "harness_platform.h"
+#include "model_data.h"
+#include "op_resolver.h"
+#include "tensorflow/lite/micro/micro_interpreter.h"
+#include "tensorflow/lite/micro/micro_profiler_interface.h"
+#include "tensorflow/lite/schema/schema_generated.h"
+
+namespace {
+
+alignas(16) uint8_t g_arena[HARNESS_ARENA_SIZE];
+constexpr int kMaxEvents = 1024;
+constexpr int kLineMax = 320;  // "SET i off " + 256 hex digits + checksum
+
+// MicroProfiler-style recorder: one event per op invocation, tag = the op's name.
+class HarnessProfiler : public tflite::MicroProfilerInterface {
+ public:
+  uint32_t BeginEvent(const char* tag) override {
+    if (n_ >= kMaxEvents) return kMaxEvents - 1;
+    tags_[n_] = tag;
+    start_[n_] = harness_platform_ticks();
+    return n_++;
+  }
+  void EndEvent(uint32_t h) override { end_[h] = harness_platform_ticks(); }
+  void Reset() { n_ = 0; }
+  int n_ = 0;
+  const char* tags_[kMaxEvents];
+  uint32_t start_[kMaxEvents], end_[kMaxEvents];
+};
+
+HarnessProfiler g_profiler;
+tflite::MicroInterpreter* g_interp = nullptr;
+
+void send_line(const char* body) {
+  uint8_t cc = 0;
+  for (const char* p = body; *p; ++p) cc ^= static_cast<uint8_t>(*p);
+  char tail[6];
+  snprintf(tail, sizeof tail, "*%02X\n", cc);
+  harness_platform_write(body, strlen(body));
+  harness_platform_write(tail, strlen(tail));
+}
+
+void send_ready() {
+  char line[kLineMax];
+  snprintf(line, sizeof line, "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s",
+           HARNESS_ARENA_SIZE, static_cast<unsigned>(g_interp->arena_used_bytes()),
+           static_cast<int>(g_interp->inputs_size()), static_cast<int>(g_interp->outputs_size()),
+           static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC);
+  send_line(line);
+}
+
+int hexval(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// Checks and strips "*CC"; false if the line is garbled.
+bool check_line(char* line) {
+  char* star = strrchr(line, '*');
+  if (!star || strlen(star) != 3) return false;
+  uint8_t cc = 0;
+  for (char* p = line; p < star; ++p) cc ^= static_cast<uint8_t>(*p);
+  int hi = hexval(star[1]), lo = hexval(star[2]);
+  if (hi < 0 || lo < 0 || cc != (hi << 4 | lo)) return false;
+  *star = '\0';
+  return true;
+}
+
+void handle_set(char* args) {
+  int index = 0, offset = 0, consumed = 0;
+  if (sscanf(args, "%d %d %n", &index, &offset, &consumed) < 2 || index < 0 ||
+      index >= static_cast<int>(g_interp->inputs_size())) {
+    send_line("ERR bad SET");
+    return;
+  }
+  TfLiteTensor* t = g_interp->input(index);
+  const char* hex = args + consumed;
+  size_t n = strlen(hex) / 2;
+  if (offset < 0 || offset + n > t->bytes) {
+    send_line("ERR SET out of range");
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) { send_line("ERR bad hex"); return; }
+    t->data.uint8[offset + i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  char line[64];
+  snprintf(line, sizeof line, "OK SET %d %d", index, static_cast<int>(offset + n));
+  send_line(line);
+}
+
+void handle_run(const char* seq) {
+  char line[kLineMax];
+  g_profiler.Reset();
+  uint32_t t0 = harness_platform_ticks();
+  TfLiteStatus status = g_interp->Invoke();
+  uint32_t ticks = harness_platform_ticks() - t0;
+  if (status != kTfLiteOk) {
+    send_line("ERR invoke failed");
+    return;
+  }
+  for (int i = 0; i < g_profiler.n_; ++i) {
+    snprintf(line, sizeof line, "PROF %s %d %s %lu", seq, i, g_profiler.tags_[i],
+             static_cast<unsigned long>(g_profiler.end_[i] - g_profiler.start_[i]));
+    send_line(line);
+  }
+  for (size_t j = 0; j < g_interp->outputs_size(); ++j) {
+    const TfLiteTensor* t = g_interp->output(j);
+    for (size_t off = 0; off < t->bytes; off += 128) {
+      size_t n = t->bytes - off < 128 ? t->bytes - off : 128;
+      int k = snprintf(line, sizeof line, "OUT %s %d %d ", seq, static_cast<int>(j), static_cast<int>(off));
+      for (size_t i = 0; i < n; ++i) k += snprintf(line + k, sizeof line - k, "%02X", t->data.uint8[off + i]);
+      send_line(line);
+    }
+  }
+  snprintf(line, sizeof line, "DONE %s ticks=%lu arena_used=%u", seq, static_cast<unsigned long>(ticks),
+           static_cast<unsigned>(g_interp->arena_used_bytes()));
+  send_line(line);
+}
+
+void handle(char* line) {
+  if (!check_line(line)) {
+    send_line("ERR bad line");
+    return;
+  }
+  if (strcmp(line, "HELLO") == 0) {
+    send_ready();
+  } else if (strncmp(line, "SET ", 4) == 0) {
+    handle_set(line + 4);
+  } else if (strncmp(line, "RUN ", 4) == 0) {
+    handle_run(line + 4);
+  } else if (strcmp(line, "RESET") == 0) {
+    harness_platform_reset();  // BOOT and READY follow from main()
+  } else {
+    send_line("ERR unknown command");
+  }
+}
+
+}  // namespace
+
+int main() {
+  harness_platform_init(HARNESS_BAUD);
+  char line[kLineMax];
+  snprintf(line, sizeof line, "BOOT tpu-pipeline-harness 1 %s", HARNESS_BOARD);
+  send_line(line);
+
+  static HarnessOpResolver resolver;
+  if (RegisterHarnessOps(resolver) != kTfLiteOk) {
+    send_line("ERR op registration failed");
+    for (;;) {}
+  }
+  const tflite::Model* model = tflite::GetModel(g_model_data);
+  static tflite::MicroInterpreter interp(model, resolver, g_arena, HARNESS_ARENA_SIZE, nullptr, &g_profiler);
+  g_interp = &interp;
+  if (interp.AllocateTensors() != kTfLiteOk) {
+    send_line("ERR AllocateTensors failed: arena too small");
+    for (;;) {}
+  }
+  send_ready();
+
+  size_t n = 0;
+  for (;;) {
+    int c = harness_platform_getc();
+    if (c < 0) continue;
+    if (c == '\r') continue;
+    if (c == '\n') {
+      line[n] = '\0';
+      if (n) handle(line);
+      n = 0;
+    } else if (n + 1 < sizeof line) {
+      line[n++] = static_cast<char>(c);
+    } else {
+      n = 0;  // overlong: drop it; the checksum of the remainder will not match
+    }
+  }
+}
