@@ -141,7 +141,8 @@ class PipelinedRunner:
 
     # ---- caller side ----------------------------------------------------------------------
     def _raise(self):
-        assert self._error is not None
+        if self._error is None:
+            raise PipelineError("the pipeline was closed")
         raise self._error
 
     def push(self, tensors: Mapping[str, np.ndarray] | None) -> None:
@@ -220,19 +221,20 @@ def run_pipeline(stages: Sequence[Stage], inputs: Iterable[Mapping[str, np.ndarr
     came out before it. `timeout` bounds the wait for each result.
     """
     runner = PipelinedRunner(stages, final_outputs)
+    feed_error: list[BaseException] = []
 
     def feed():
         try:
             for x in inputs:
                 runner.push(x)
+        except PipelineError:
+            return  # the popping side reports it
+        except BaseException as exc:  # noqa: BLE001 - a bad input iterator ends the stream early
+            feed_error.append(exc)
+        try:
             runner.push({})
         except PipelineError:
-            pass  # the popping side reports it
-        except BaseException as exc:  # noqa: BLE001 - a bad input iterator stops the run too
-            with runner._lock:
-                if runner._error is None:
-                    runner._error = PipelineError(f"feeding inputs failed: {type(exc).__name__}: {exc}", None, exc)
-            runner._stop.set()
+            pass
 
     outputs: list[dict[str, np.ndarray]] = []
     t0 = time.perf_counter()
@@ -249,6 +251,9 @@ def run_pipeline(stages: Sequence[Stage], inputs: Iterable[Mapping[str, np.ndarr
                 on_result(len(outputs))
     except PipelineError as exc:
         error = exc
+    if error is None and feed_error:
+        exc = feed_error[0]
+        error = PipelineError(f"feeding inputs failed: {type(exc).__name__}: {exc}", None, exc)
     wall = time.perf_counter() - t0
     runner.close()
     feeder.join(1.0)
