@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     problem.check_n(n, label or graph.name or "model")
     base = baseline_partition(graph, n, device, problem)
     if strategy == "coral":
-        return base
+        return dataclasses.replace(base, baseline=base)
     hint = base.stages if problem.is_valid(base.stages, n) else None
     ub = None
     if hint is not None and strategy == "latency":

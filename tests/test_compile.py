@@ -1,0 +1,160 @@
+"""`tpu-pipeline compile`: segment files, report.json, LiteRT chaining, errors, co-deployment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+from toolchain.cli import main
+from toolchain.ir import load
+from toolchain.tflite import read_model
+from tests.conftest import EXAMPLE, FIXTURES
+
+
+def _interp(path):
+    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    it.allocate_tensors()
+    return it
+
+
+def _feed(details, rng):
+    out = {}
+    for d in details:
+        if d["dtype"] == np.int8:
+            out[d["name"]] = rng.integers(-128, 128, size=d["shape"], dtype=np.int8)
+        else:
+            out[d["name"]] = rng.standard_normal(size=d["shape"]).astype(d["dtype"])
+    return out
+
+
+def chain(seg_paths, feeds):
+    env = dict(feeds)
+    for p in seg_paths:
+        it = _interp(p)
+        for d in it.get_input_details():
+            it.set_tensor(d["index"], env[d["name"]])
+        it.invoke()
+        for d in it.get_output_details():
+            env[d["name"]] = it.get_tensor(d["index"]).copy()
+    return env
+
+
+@pytest.mark.parametrize("name, n", [("tiny_irregular_int8", 3), ("multi_output_int8", 2), ("concat_conv_int8", 4)])
+def test_compile_writes_coral_named_segments_that_chain_bit_exactly(tmp_path, name, n, capsys):
+    src = FIXTURES / f"{name}.tflite"
+    out = tmp_path / "out"
+    assert main(["compile", str(src), "-n", str(n), "-o", str(out), "--verify", "--time-limit", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "segments (predicted)" in text and "Coral heuristic" in text
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["model"] == f"{name}.tflite" and rep["num_segments"] == n and rep["device"] == "coral-usb"
+    assert rep["source"] == str(src)
+    assert rep["verification"]["bit_identical"] is True
+    segs = [out / f"{name}_segment_{i}_of_{n}.tflite" for i in range(n)]
+    assert [s["file"] for s in rep["segments"]] == [p.name for p in segs]
+    assert (out / f"{name}.tflite").exists()
+    for key in ("latency_s", "throughput_per_s", "energy_j"):
+        assert rep["predicted"][key] > 0
+    assert rep["predicted"]["throughput_per_s"] >= rep["baseline"]["predicted"]["throughput_per_s"]
+    _, whole_graph = load(out / f"{name}.tflite")
+    assert sum(s["ops"] for s in rep["segments"]) == len(whole_graph.ops)
+    # every segment is a standalone model whose interface is what report.json says
+    for s, p in zip(rep["segments"], segs):
+        it = _interp(p)
+        assert [d["name"] for d in it.get_input_details()] == s["inputs"]
+        assert [d["name"] for d in it.get_output_details()] == s["outputs"]
+        assert s["ops"] >= 1 and s["predicted_latency_s"] > 0
+    assert rep["segments"][-1]["outputs"] == rep["outputs"]
+    # chain ourselves, by name, against the ORIGINAL model
+    ref = _interp(src)
+    rng = np.random.default_rng(1)
+    feeds = _feed(ref.get_input_details(), rng)
+    for d in ref.get_input_details():
+        ref.set_tensor(d["index"], feeds[d["name"]])
+    ref.invoke()
+    env = chain(segs, feeds)
+    for d in ref.get_output_details():
+        assert np.array_equal(env[d["name"]], ref.get_tensor(d["index"]))
+
+
+def test_segments_keep_only_the_buffers_they_need(tmp_path):
+    src = FIXTURES / "tiny_irregular_int8.tflite"
+    assert main(["compile", str(src), "-n", "3", "-o", str(tmp_path), "--no-rewrite", "--no-schedule"]) == 0
+    whole = read_model(tmp_path / "tiny_irregular_int8.tflite")
+    used = lambda m: sum(len(b.data) for b in m.buffers if b.data is not None and len(b.data))  # noqa: E731
+    seg = [read_model(tmp_path / f"tiny_irregular_int8_segment_{i}_of_3.tflite") for i in range(3)]
+    meta = lambda m: sum(len(m.buffers[e.buffer].data) for e in (m.metadata or []) if m.buffers[e.buffer].data is not None)  # noqa: E731
+    assert sum(used(s) - meta(s) for s in seg) == used(whole) - meta(whole)  # each constant in exactly one segment
+    for s in seg:
+        sg = s.subgraphs[0]
+        referenced = {t for o in sg.operators for t in (*o.inputs, *o.outputs) if t >= 0} | set(sg.inputs) | set(sg.outputs)
+        assert referenced == set(range(len(sg.tensors)))
+
+
+@pytest.mark.parametrize("n, code, message", [("0", 2, "between 1 and the number of ops"),
+                                               ("1000", 2, "between 1 and the number of ops")])
+def test_bad_n_is_a_usage_error_and_writes_nothing(tmp_path, capsys, n, code, message):
+    out = tmp_path / "never"
+    assert main(["compile", str(FIXTURES / "chain_int8.tflite"), "-n", n, "-o", str(out)]) == code
+    err = capsys.readouterr().err
+    assert message in err and "chain_int8.tflite" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_infeasible_n_exits_3(tmp_path, capsys):
+    _, g = load(FIXTURES / "multi_output_int8.tflite")
+    from toolchain.partition import PartitionProblem
+    from toolchain.cost import EdgeTpuCostModel
+    limit = PartitionProblem(g, EdgeTpuCostModel()).max_stages()
+    if limit >= len(g.ops):
+        pytest.skip("every op can have its own segment in this fixture")
+    out = tmp_path / "never"
+    assert main(["compile", str(FIXTURES / "multi_output_int8.tflite"), "-n", str(limit + 1), "-o", str(out)]) == 3
+    assert "at most" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_inputs(tmp_path, capsys):
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"not a model at all")
+    assert main(["compile", str(bad), "-n", "2", "-o", str(tmp_path / "o")]) == 2
+    assert main(["compile", str(tmp_path / "missing.tflite"), "-n", "2", "-o", str(tmp_path / "o")]) == 2
+    assert main(["compile", str(FIXTURES / "chain_int8.tflite"), "-n", "2", "--time-limit", "0", "-o", str(tmp_path / "o")]) == 2
+    assert main(["compile", str(FIXTURES / "chain_int8.tflite"), "-n", "2", "--device", "sparkfun-edge",
+                 "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "not a TFLite model" in err and "no such file" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_json_and_strategies(tmp_path, capsys):
+    src = FIXTURES / "concat_conv_int8.tflite"
+    for strategy in ("1-3", "1-2-3", "2-1-3", "coral", "latency"):
+        assert main(["compile", str(src), "-n", "3", "-o", str(tmp_path / strategy), "--strategy", strategy, "--json"]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        assert rep["strategy"] == strategy and len(rep["segments"]) == 3
+    # the coral strategy reproduces the baseline exactly
+    coral = json.loads((tmp_path / "coral" / "report.json").read_text())
+    assert coral["predicted"] == coral["baseline"]["predicted"]
+
+
+def test_co_deployment_of_two_models(tmp_path, capsys):
+    a, b = FIXTURES / "tiny_irregular_int8.tflite", FIXTURES / "concat_conv_int8.tflite"
+    out = tmp_path / "co"
+    assert main(["compile", str(a), str(b), "-n", "3", "-o", str(out), "--verify", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    stem = "tiny_irregular_int8+concat_conv_int8"
+    assert rep["model"] == f"{stem}.tflite" and len(rep["models"]) == 2
+    assert rep["verification"]["whole_vs_source"]["bit_identical"] is True
+    assert all((out / f"{stem}_segment_{i}_of_3.tflite").exists() for i in range(3))
+    assert rep["models"][0]["inputs"] == ["tiny_irregular_int8/" + n for n in
+                                          [d["name"] for d in _interp(a).get_input_details()]]
+
+
+@pytest.mark.skipif(not EXAMPLE.exists(), reason="example model not built")
+def test_example_model_n4_verifies(tmp_path):
+    assert main(["compile", str(EXAMPLE), "-n", "4", "-o", str(tmp_path), "--verify", "--time-limit", "10"]) == 0

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Fit the Edge TPU cost model to Coral's published single-TPU latencies.
+
+    python tools/calibrate_edgetpu.py [--models models] [--csv ../shared/data/coral_published_latency.csv]
+                                      [--write] [--out docs/bench/calibration.md]
+
+For every zoo model whose MANIFEST.json `coral_name` appears in the CSV, the model's features are
+taken from the .tflite (MACs per op class, parameter bytes, input/output bytes, ops) and a
+one-segment latency is fitted:
+
+    latency = invoke overhead + MACs_dense * k_dense + MACs_depthwise * k_dw
+              + (max(0, parameter bytes - SRAM) + in/out bytes) * k_byte
+
+by non-negative least squares on the RELATIVE error (each row divided by the published latency),
+for each usable SRAM size on a grid (6.5 .. 8 MiB); the best fit wins. k_dense sets the efficiency of
+conv, fully_connected, elementwise and other (efficiency = 2 / (k * peak)), k_dw that of depthwise,
+k_byte the host bandwidth. `--write` stores the fitted values in devices/coral-usb.toml (usb3_ms)
+and devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe
+figures and the Dev Board's Edge TPU sits on PCIe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
+from toolchain.ir import load, macs, total_param_bytes  # noqa: E402
+from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+
+DEFAULT_CSV = REPO.parent / "shared" / "data" / "coral_published_latency.csv"
+MiB = 1 << 20
+
+
+def read_csv(path: Path) -> dict[str, dict]:
+    rows = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return {r["model"]: r for r in csv.DictReader(rows)}
+
+
+def zoo_models(dirs: list[Path]) -> dict[str, Path]:
+    """coral_name -> int8 .tflite path, from each directory's MANIFEST.json."""
+    out = {}
+    for d in dirs:
+        mf = d / "MANIFEST.json"
+        if not mf.exists():
+            continue
+        for rec in json.loads(mf.read_text()).get("models", []):
+            if rec.get("coral_name") and rec.get("dtype") == "int8":
+                p = d / Path(rec["file"]).name
+                if p.exists():
+                    out.setdefault(rec["coral_name"], p)
+    return out
+
+
+def features(path: Path) -> dict:
+    _, g = load(path)
+    dense = dw = 0
+    for i, op in enumerate(g.ops):
+        m = macs(g, i) or 0
+        if op_class(op.opcode) == "depthwise":
+            dw += m
+        else:
+            dense += m
+    io = sum(g.tensors[t].nbytes for t in (*g.inputs, *g.outputs))
+    return {"ops": len(g.ops), "macs_dense": dense, "macs_dw": dw, "params": total_param_bytes(g), "io": io}
+
+
+def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact NNLS for a handful of columns: the best least-squares fit over column subsets."""
+    best, best_r = np.zeros(A.shape[1]), float(b @ b)
+    for r in range(1, A.shape[1] + 1):
+        for cols in itertools.combinations(range(A.shape[1]), r):
+            x, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+            if np.all(x >= 0):
+                res = float(np.sum((A[:, cols] @ x - b) ** 2))
+                if res < best_r - 1e-15:
+                    full = np.zeros(A.shape[1])
+                    full[list(cols)] = x
+                    best, best_r = full, res
+    return best
+
+
+def fit(feats: dict[str, dict], target: dict[str, float]):
+    names = sorted(feats)
+    y = np.array([target[n] for n in names])
+    best = None
+    for sram in np.arange(6.5, 8.01, 0.125) * MiB:
+        A = np.array([[1.0, feats[n]["macs_dense"], feats[n]["macs_dw"],
+                       max(0, feats[n]["params"] - sram) + feats[n]["io"]] for n in names])
+        W = A / y[:, None]
+        x = nnls(W, np.ones(len(names)))
+        pred = A @ x
+        rel = pred / y - 1
+        score = float(np.sum(rel ** 2))
+        if best is None or score < best[0] - 1e-12:
+            best = (score, int(sram), x, dict(zip(names, pred)))
+    return best
+
+
+def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, n_models: int, rms: float) -> None:
+    path = REPO / "devices" / f"{name}.toml"
+    text = path.read_text()
+    overhead, k_dense, k_dw, k_byte = x
+    eff_dense = min(1.0, 2 / (k_dense * peak)) if k_dense > 0 else 1.0
+    eff_dw = min(1.0, 2 / (k_dw * peak)) if k_dw > 0 else 1.0
+    bw = 1 / k_byte if k_byte > 0 else 1e12
+    subs = {
+        r"param_sram_bytes = [0-9.e+]+": f"param_sram_bytes = {sram}",
+        r"host_bandwidth_bytes_per_s = [0-9.e+]+": f"host_bandwidth_bytes_per_s = {bw:.6g}",
+        r"invoke_overhead_s = [0-9.e+-]+": f"invoke_overhead_s = {overhead:.6g}",
+        r"\nconv = [0-9.e+-]+": f"\nconv = {eff_dense:.6g}",
+        r"\ndepthwise = [0-9.e+-]+": f"\ndepthwise = {eff_dw:.6g}",
+        r"\nfully_connected = [0-9.e+-]+": f"\nfully_connected = {eff_dense:.6g}",
+        r"\nelementwise = [0-9.e+-]+": f"\nelementwise = {eff_dense:.6g}",
+        r"\nother = [0-9.e+-]+": f"\nother = {eff_dense:.6g}",
+    }
+    for pat, rep in subs.items():
+        text, k = re.subn(pat, rep, text, count=1)
+        if k != 1:
+            raise SystemExit(f"{path}: cannot find '{pat}'")
+    stamp = (f"# FITTED by tools/calibrate_edgetpu.py: non-negative least squares on the relative error of the\n"
+             f"# one-segment prediction against Coral's published `{source}` latencies of {n_models} zoo models\n"
+             f"# (random weights, same architectures); rms relative error {rms:.1%}. See docs/bench/calibration.md.\n")
+    text = re.sub(r"(?m)^# FITTED by.*\n(^#.*\n){0,2}", "", text)
+    text = stamp + text
+    write_bytes_atomic(path, text.encode())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=Path, nargs="+", default=[REPO / "models"])
+    ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    ap.add_argument("--write", action="store_true", help="store the fit in devices/coral-*.toml")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "calibration.md")
+    a = ap.parse_args(argv)
+    table = read_csv(a.csv)
+    zoo = zoo_models(a.models)
+    usable = {n: p for n, p in zoo.items() if n in table}
+    if len(usable) < 4:
+        print(f"only {len(usable)} calibration model(s) found ({', '.join(usable) or 'none'}); need >= 4", file=sys.stderr)
+        return 1
+    feats = {n: features(p) for n, p in usable.items()}
+    lines = ["## Edge TPU cost model calibration", "",
+             "`python tools/calibrate_edgetpu.py --models "
+             + " ".join(str(m.relative_to(REPO)) if m.is_relative_to(REPO) else str(m) for m in a.models)
+             + (" --write" if a.write else "") + "`", "",
+             "One-segment latency fitted to Coral's published figures (`coral_published_latency.csv`) by "
+             "non-negative least squares on the relative error; zoo models have random weights and the "
+             "published architectures. Missing rows: the zoo has no such model.", ""]
+    for column, devices in (("usb3_ms", ["coral-usb"]), ("devboard_ms", ["coral-devboard", "coral-pcie"])):
+        target = {n: float(table[n][column]) / 1e3 for n in usable}
+        score, sram, x, pred = fit(feats, target)
+        rel = {n: pred[n] / target[n] - 1 for n in usable}
+        rms = float(np.sqrt(np.mean([r ** 2 for r in rel.values()])))
+        peak = load_device(devices[0]).peak_ops_per_s
+        if a.write:
+            for d in devices:
+                write_device(d, sram, x, peak, column, len(usable), rms)
+        lines += [f"### {column} -> {', '.join(devices)}", "",
+                  f"usable SRAM {sram / MiB:.3f} MiB; invoke overhead {x[0] * 1e3:.3f} ms; "
+                  f"conv/fc efficiency {min(1, 2 / (x[1] * peak)) if x[1] else 1:.3f}; "
+                  f"depthwise efficiency {min(1, 2 / (x[2] * peak)) if x[2] else 1:.3f}; "
+                  f"host bandwidth {(1 / x[3] / 1e6) if x[3] else float('inf'):.0f} MB/s; rms relative error {rms:.1%}", "",
+                  "| model | ops | params MB | GMACs | published ms | predicted ms | error |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for n in sorted(usable, key=lambda k: target[k]):
+            f = feats[n]
+            lines.append(f"| {n} | {f['ops']} | {f['params'] / 1e6:.1f} | {(f['macs_dense'] + f['macs_dw']) / 1e9:.2f} | "
+                         f"{target[n] * 1e3:.1f} | {pred[n] * 1e3:.1f} | {rel[n]:+.1%} |")
+        missing = sorted(set(table) - set(usable))
+        lines += ["", f"not in the zoo: {', '.join(missing)}", ""]
+        # consistency check: the shipped cost model reproduces the fit when written
+        if a.write:
+            m = EdgeTpuCostModel(devices[0])
+            for n, p in usable.items():
+                _, g = load(p)
+                from toolchain.partition import PartitionProblem
+                prob = PartitionProblem(g, m)
+                got = prob.evaluate(tuple([0] * len(g.ops)), 1).latency_s
+                lines_check = abs(got / pred[n] - 1)
+                if lines_check > 0.05:
+                    print(f"warning: {n}: device file predicts {got * 1e3:.2f} ms, fit {pred[n] * 1e3:.2f} ms",
+                          file=sys.stderr)
+    write_bytes_atomic(a.out, ("\n".join(lines) + "\n").encode())
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
