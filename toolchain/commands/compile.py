@@ -64,22 +64,18 @@ def print_report(res, con) -> None:
     con.print(f"[bold]{r['model']}[/bold] -> {res.out_dir}/  ({r['num_segments']} segment(s), device {r['device']}, "
               f"strategy {r['strategy']})")
     t = Table(title="segments (predicted)", show_header=True)
-    for col, just in (("#", "right"), ("ops", "right"), ("params", "right"), ("SRAM", "right"),
-                      ("off-chip", "right"), ("in", "right"), ("out", "right"), ("act. peak", "right"),
-                      ("latency ms", "right"), ("file", "left")):
-        t.add_column(col, justify=just)
+    for col in ("#", "ops", "params", "off-chip", "in", "out", "act. peak", "ms"):
+        t.add_column(col, justify="right", no_wrap=True)
     for s in r["segments"]:
-        t.add_row(str(s["index"]), str(s["ops"]), hb(s["parameter_bytes"]), hb(s["sram_bytes"]), hb(s["offchip_bytes"]),
-                  hb(s["in_bytes"]), hb(s["out_bytes"]), hb(s["activation_peak_bytes"]), _ms(s["predicted_latency_s"]),
-                  s["file"])
+        t.add_row(str(s["index"]), str(s["ops"]), hb(s["parameter_bytes"]), hb(s["offchip_bytes"]),
+                  hb(s["in_bytes"]), hb(s["out_bytes"]), hb(s["activation_peak_bytes"]), _ms(s["predicted_latency_s"]))
     con.print(t)
+    con.print("files: " + ", ".join([r["model"]] + [s["file"] for s in r["segments"]] + ["report.json"]))
     p = r["predicted"]
     s = Table(title="pipeline (predicted)", show_header=True)
-    s.add_column("")
-    s.add_column("latency ms", justify="right")
-    s.add_column("throughput /s", justify="right")
-    s.add_column("energy mJ", justify="right")
-    s.add_column("slowest stage", justify="right")
+    s.add_column("", no_wrap=True)
+    for col in ("latency ms", "per s", "mJ", "slowest"):
+        s.add_column(col, justify="right", no_wrap=True)
     s.add_row(f"ours ({r['strategy']})", _ms(p["latency_s"]), f"{p['throughput_per_s']:,.1f}",
               f"{p['energy_j'] * 1e3:,.3f}", str(p["bottleneck_stage"]))
     if r.get("baseline"):
