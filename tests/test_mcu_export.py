@@ -1,0 +1,107 @@
+"""export-mcu: what the harness firmware is built from, checked against TFLite Micro itself."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runtime.tflm import TflmModel
+from runtime.tflm_arena import measure_tflm_arena
+from toolchain.cli import main
+from toolchain.cost.mcu import estimate_mcu, op_class
+from toolchain.export_mcu import resolver_method
+from toolchain.ir import from_model
+from toolchain.tflite import read_model, read_offline_plan
+from toolchain.tflite.metadata import total_tensor_count
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="module", params=["tiny_irregular_int8.tflite", "multi_output_int8.tflite"])
+def exported(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fw")
+    assert main(["export-mcu", str(FIX / request.param), "--device", "sparkfun-edge", "-o", str(out), "--json"]) == 0
+    return FIX / request.param, out, json.loads((out / "export.json").read_text())
+
+
+def test_c_array_is_the_model_aligned(exported):
+    src, out, info = exported
+    cc = (out / "model_data.cc").read_text()
+    assert "alignas(16) const unsigned char g_model_data[]" in cc
+    data = bytes(int(h, 16) for h in re.findall(r"0x([0-9a-f]{2})", cc))
+    assert data == (out / "model.tflite").read_bytes()
+    assert f"g_model_data_len = {len(data)};" in cc
+
+
+def test_resolver_lists_exactly_the_ops_used(exported):
+    src, out, info = exported
+    used = list(dict.fromkeys(op.opcode for op in from_model(read_model(src)).ops))
+    h = (out / "op_resolver.h").read_text()
+    assert f"MicroMutableOpResolver<kHarnessNumOps>" in h and f"kHarnessNumOps = {len(used)};" in h
+    assert re.findall(r"resolver\.(Add\w+)\(\)", h) == [resolver_method(o) for o in used]
+
+
+def test_offline_plan_is_honoured_by_tflm_and_the_arena_fits(exported):
+    src, out, info = exported
+    model = read_model(out / "model.tflite")
+    plan = read_offline_plan(model)
+    assert plan is not None and len(plan) == total_tensor_count(model)
+    assert any(o >= 0 for o in plan)
+    real = measure_tflm_arena(out / "model.tflite")
+    assert real.head == info["measured_head"] <= info["planned_head"]
+    assert info["planned_head"] <= info["tflm_own_head"]  # never worse than TFLM's own plan
+    assert f"#define HARNESS_ARENA_SIZE {info['arena_size']}" in (out / "harness_config.h").read_text()
+    # The configured arena is enough for real TFLite Micro, and the outputs do not change.
+    planned = TflmModel((out / "model.tflite").read_bytes(), info["arena_size"], "exported")
+    plain = TflmModel(src.read_bytes(), 1 << 20, "original")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        xs = [rng.integers(-128, 128, size=s).astype(dt) for dt, s in plain.inputs]
+        for a, b in zip(planned.run(xs), plain.run(xs)):
+            assert np.array_equal(a, b)
+
+
+def test_harness_sources_are_copied(exported):
+    _, out, info = exported
+    assert (out / "main.cc").is_file() and (out / "harness_platform.h").is_file()
+    assert set(info["files"]) <= {p.name for p in out.iterdir()}
+
+
+def test_export_to_a_device_that_is_too_small_exits_3(tmp_path, capsys):
+    toml = (Path(__file__).parent.parent / "devices" / "sparkfun-edge.toml").read_text()
+    small = tmp_path / "tiny.toml"
+    small.write_text(toml.replace('name = "sparkfun-edge"', 'name = "tiny"').replace("sram_bytes = 393216", "sram_bytes = 4096"))
+    out = tmp_path / "fw"
+    assert main(["export-mcu", str(FIX / "tiny_irregular_int8.tflite"), "--device", str(small), "-o", str(out)]) == 3
+    assert "SRAM" in capsys.readouterr().err
+    assert not out.exists()  # a failed export leaves nothing behind
+
+
+def test_export_to_an_edgetpu_is_a_usage_error(tmp_path, capsys):
+    assert main(["export-mcu", str(FIX / "chain_int8.tflite"), "--device", "coral-usb", "-o", str(tmp_path / "x")]) == 2
+    assert "not an MCU" in capsys.readouterr().err
+
+
+def test_resolver_method_names():
+    assert [resolver_method(o) for o in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "MAX_POOL_2D",
+                                         "PADV2", "L2_NORMALIZATION", "HARD_SWISH")] == \
+        ["AddConv2D", "AddDepthwiseConv2D", "AddFullyConnected", "AddMaxPool2D", "AddPadV2",
+         "AddL2Normalization", "AddHardSwish"]
+
+
+def test_mcu_cost_model_sums_its_ops():
+    g = from_model(read_model(FIX / "tiny_irregular_int8.tflite"))
+    device = {"name": "m", "kind": "mcu", "memory": {"sram_bytes": 1},
+              "compute": {"clock_hz": 1e6, "cycles_per_mac": {"conv": 2, "depthwise": 3, "fully_connected": 5,
+                                                                "elementwise": 7, "other": 11}},
+              "power": {"active_w": 0.5}}
+    e = estimate_mcu(g, device)
+    assert e.cycles == sum(o.cycles for o in e.ops)
+    assert e.latency_s == pytest.approx(e.cycles / 1e6) and e.energy_j == pytest.approx(e.latency_s * 0.5)
+    for o in e.ops:
+        assert o.cycles == {"conv": 2, "depthwise": 3, "fully_connected": 5, "elementwise": 7, "other": 11}[o.op_class] * o.work
+    assert op_class("CONV_2D") == "conv" and op_class("CONCATENATION") == "other"
