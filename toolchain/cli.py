@@ -16,6 +16,8 @@ from toolchain.errors import EXIT_CODES, ToolchainError
 # (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (
     ("inspect", "inspect"),
+    ("plan", "plan"),
+    ("plan-buffers", "plan_buffers"),
     ("schedule", "schedule"),
     ("rewrite", "rewrite"),
     ("compile", "compile"),

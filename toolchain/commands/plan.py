@@ -1,0 +1,88 @@
+"""`tpu-pipeline plan model.tflite -o out.tflite [--planner P] [--time-limit S] [--onchip BYTES]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from toolchain import report
+from toolchain.errors import UsageError, VerificationError
+from toolchain.ir import load
+from toolchain.memory import lifetimes, tflite_arena, tflm_greedy
+from toolchain.memory.offchip import offchip_traffic
+from toolchain.memory.planners import PLANNERS, plan_for_tflm
+from toolchain.tflite import with_offline_plan, write_model
+
+HELP = "plan arena offsets (down to the live-bytes bound) and write them as TFLite Micro's offline plan"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="a .tflite file")
+    p.add_argument("-o", "--output", required=True, help="the model with the OfflineMemoryAllocation metadata")
+    p.add_argument("--planner", default="auto", choices=[x for x in PLANNERS if x != "tflite"],
+                   help="auto (default) | search | cpsat | greedy-size | greedy-conflicts | tflm")
+    p.add_argument("--time-limit", type=float, default=5.0, metavar="S", help="planner seconds (default 5)")
+    p.add_argument("--onchip", type=int, metavar="BYTES",
+                   help="also report off-chip traffic (Belady) for an on-chip memory of this size")
+    p.add_argument("--verify", action="store_true",
+                   help="load the written model in TFLite Micro and check its arena head equals the plan")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args) -> int:
+    if args.time_limit <= 0:
+        raise UsageError(f"--time-limit must be positive, got {args.time_limit}")
+    if args.onchip is not None and args.onchip < 0:
+        raise UsageError(f"--onchip must be non-negative, got {args.onchip}")
+    if Path(args.output).resolve() == Path(args.model).resolve():
+        raise UsageError(f"{args.output}: refusing to overwrite the input model")
+    model, graph = load(args.model)
+    lt = lifetimes(graph, semantics="tflm")
+    result = plan_for_tflm(model, graph, lt, args.planner, args.time_limit)
+    plan = result.plan
+    out_model = with_offline_plan(model, list(result.tensor_offsets))
+    write_model(out_model, args.output)
+    tflm_own = tflm_greedy(lt).size
+    data = {
+        "model": args.model, "output": args.output, "buffers": len(lt.buffers),
+        "lower_bound": plan.lower_bound, "planned_bytes": result.head,
+        "tflm_planner_bytes": tflm_own, "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
+        "planner": plan.planner, "proven_optimal": result.head <= plan.lower_bound or plan.proven_optimal,
+        "seconds": round(plan.seconds, 3),
+        "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0),
+    }
+    if args.verify:
+        from runtime.tflm_arena import measure_tflm_arena
+        from toolchain.tflite import model_to_bytes
+
+        head = measure_tflm_arena(model_to_bytes(out_model)).head
+        data["tflm_measured_head"] = head
+        if head != result.head:
+            raise VerificationError(f"{args.output}: TFLite Micro allocates {head:,} bytes, the plan says {result.head:,}")
+    if args.onchip is not None:
+        data["offchip"] = {"converter_order": offchip_traffic(graph, None, args.onchip).to_json()}
+    if args.json:
+        report.print_json(data)
+        return 0
+    out = report.console()
+    t = Table(title=f"{args.model}: arena plan (TFLite Micro)")
+    t.add_column("figure")
+    t.add_column("bytes", justify="right")
+    t.add_column("")
+    t.add_row("lower bound (most bytes live at once)", f"{plan.lower_bound:,}", report.human_bytes(plan.lower_bound))
+    t.add_row("TFLite Micro's own planner", f"{tflm_own:,}", report.human_bytes(tflm_own))
+    t.add_row(f"ours ({plan.planner}, {plan.seconds:.2f} s)", f"{result.head:,}", report.human_bytes(result.head))
+    if "tflm_measured_head" in data:
+        t.add_row("TFLite Micro's measured head with our plan", f"{data['tflm_measured_head']:,}", "verified")
+    out.print(t)
+    out.print(("proven optimal" if data["proven_optimal"] else "not proven optimal")
+              + f"; {data['pinned_tensors']} tensors pinned; wrote {args.output}")
+    if args.onchip is not None:
+        tr = data["offchip"]["converter_order"]
+        if tr["feasible"]:
+            out.print(f"off-chip traffic with {args.onchip:,} bytes on chip (stored order, Belady): "
+                      f"{tr['total_bytes']:,} bytes ({tr['spill_bytes']:,} spilled, {tr['reload_bytes']:,} reloaded)")
+        else:
+            out.print(f"{args.onchip:,} bytes on chip cannot run this order: one op needs {tr['min_onchip_bytes']:,}")
+    return 0

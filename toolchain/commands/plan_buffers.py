@@ -1,0 +1,68 @@
+"""`tpu-pipeline plan-buffers in.csv -o out.csv [--capacity BYTES] [--planner P] [--time-limit S]`."""
+
+from __future__ import annotations
+
+from toolchain import report
+from toolchain.errors import InfeasibleError, UsageError
+from toolchain.memory.minimalloc import read_csv, write_csv
+from toolchain.memory.planners import PLANNERS, live_lower_bound, plan_buffers, search_plan
+from toolchain.memory.plan import arena_size, check_plan
+
+HELP = "place buffers of a MiniMalloc CSV (id,lower,upper,size) at offsets; writes the CSV with offset"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("csv", help="allocation problem: id,lower,upper,size (half-open [lower, upper))")
+    p.add_argument("-o", "--output", required=True, help="where to write the CSV with an offset column")
+    p.add_argument("--capacity", type=int, metavar="BYTES",
+                   help="answer feasibility at this size (exit 3 if proven impossible or not found in time)")
+    p.add_argument("--planner", default="auto", choices=[x for x in PLANNERS if x != "tflite"],
+                   help="planner (default auto: greedy, then exact search and CP-SAT)")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds (default 10)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args) -> int:
+    if args.time_limit <= 0:
+        raise UsageError(f"--time-limit must be positive, got {args.time_limit}")
+    problem = read_csv(args.csv)
+    bufs = problem.buffers
+    lb = live_lower_bound(bufs)
+    if args.capacity is not None:
+        if args.capacity < 0:
+            raise UsageError(f"--capacity must be non-negative, got {args.capacity}")
+        if lb > args.capacity:
+            raise InfeasibleError(f"{args.csv}: infeasible at {args.capacity:,} bytes: "
+                                  f"{lb:,} bytes are live at once")
+        plan = plan_buffers(bufs, "greedy-size", args.time_limit)
+        if plan.size > args.capacity:
+            found = search_plan(bufs, args.capacity, args.time_limit)
+            if found is None:
+                raise InfeasibleError(f"{args.csv}: proven infeasible at {args.capacity:,} bytes")
+            if not isinstance(found, list):
+                raise InfeasibleError(f"{args.csv}: no placement within {args.capacity:,} bytes found in "
+                                      f"{args.time_limit:g} s (not proven impossible)")
+            offsets, planner, size = found, "search", arena_size(bufs, found)
+        else:
+            offsets, planner, size = list(plan.offsets), plan.planner, plan.size
+        proven = size <= lb
+        bound = lb
+    else:
+        plan = plan_buffers(bufs, args.planner, args.time_limit)
+        offsets, planner, size, proven, bound = list(plan.offsets), plan.planner, plan.size, plan.proven_optimal, plan.lower_bound
+    problems = check_plan(bufs, offsets)
+    if problems:  # pragma: no cover - planners check their own plans
+        raise AssertionError(problems[0])
+    write_csv(problem, offsets, args.output)
+    result = {"input": args.csv, "output": args.output, "buffers": len(bufs), "size": size,
+              "lower_bound": bound, "capacity": args.capacity, "feasible": True if args.capacity is not None else None,
+              "planner": planner, "proven_optimal": proven}
+    if args.json:
+        report.print_json(result)
+    else:
+        out = report.console()
+        cap = f" (capacity {args.capacity:,})" if args.capacity is not None else ""
+        out.print(f"{args.csv}: {len(bufs)} buffers packed into {size:,} bytes{cap}; lower bound {bound:,}; "
+                  f"planner {planner}; {'proven optimal' if proven else 'not proven optimal'}")
+        out.print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,103 @@
+"""The C version of the canonical placement search, compiled on first use and cached.
+
+`toolchain/memory/_canonical_search.c` is compiled with the system C compiler (`cc`, or $CC) into
+a per-user cache directory ($TPU_PIPELINE_CACHE, else $XDG_CACHE_HOME/tpu-pipeline, else
+~/.cache/tpu-pipeline), keyed by a hash of the source. Without a compiler `load()` returns None
+and callers fall back to the pure-Python search (same algorithm, far fewer nodes per second).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("_canonical_search.c")
+_lib = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("TPU_PIPELINE_CACHE")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "tpu-pipeline" if xdg else Path.home() / ".cache" / "tpu-pipeline"
+
+
+def _compile(target: Path) -> bool:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            return False
+        os.replace(tmp, target)  # atomic: concurrent first uses never see a partial library
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load():
+    """The compiled library, or None when it cannot be built here (or TPU_PIPELINE_NO_NATIVE=1)."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    if os.environ.get("TPU_PIPELINE_NO_NATIVE") == "1":
+        return None
+    try:
+        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+        target = _cache_dir() / f"canonical_search_{digest}.so"
+        if not target.exists() and not _compile(target):
+            return None
+        lib = ctypes.CDLL(str(target))
+    except OSError:
+        return None
+    i64p = ctypes.POINTER(ctypes.c_longlong)
+    ip = ctypes.POINTER(ctypes.c_int)
+    lib.canonical_search.restype = ctypes.c_int
+    lib.canonical_search.argtypes = [ctypes.c_int, ctypes.c_int, ip, ip, i64p, i64p, ip, ip, ip, ip,
+                                     ctypes.c_longlong, ctypes.c_double, i64p, i64p]
+    _lib = lib
+    return _lib
+
+
+def canonical_search(lo, hi, sizes, widths, sections, overlaps, capacity: int, time_limit: float):
+    """(status, offsets, nodes): status 1 found, 0 proven infeasible, -1 out of time."""
+    lib = load()
+    assert lib is not None
+    n, n_sec = len(sizes), len(sections)
+
+    def ints(values):
+        return (ctypes.c_int * max(len(values), 1))(*values)
+
+    def longs(values):
+        return (ctypes.c_longlong * max(len(values), 1))(*values)
+
+    sec_start, sec_members = [0], []
+    for members in sections:
+        sec_members.extend(members)
+        sec_start.append(len(sec_members))
+    ov_start, ov_list = [0], []
+    for ov in overlaps:
+        ov_list.extend(ov)
+        ov_start.append(len(ov_list))
+    out = (ctypes.c_longlong * max(n, 1))()
+    nodes = ctypes.c_longlong(0)
+    status = lib.canonical_search(n, n_sec, ints(lo), ints(hi), longs(sizes), longs(widths), ints(sec_start),
+                                  ints(sec_members), ints(ov_start), ints(ov_list), int(capacity),
+                                  float(max(time_limit, 0.0)), out, ctypes.byref(nodes))
+    return status, [int(out[i]) for i in range(n)] if status == 1 else None, int(nodes.value)
