@@ -1,0 +1,200 @@
+"""The scheduler against brute force on random small DAGs, and its invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolchain.ir import Graph, Op, Tensor
+from toolchain.memory import lifetimes, order_free_lower_bound
+from toolchain.schedule import build_model, schedule
+from toolchain.schedule import heuristics
+from toolchain.schedule.cpsat import cpsat_piece
+from toolchain.schedule.dp import Piece, best_first, bisect_budget
+from toolchain.schedule.fusion import fuse
+from toolchain.schedule.divide import pieces
+
+
+def random_graph(draw, max_ops=8, reshape=False) -> Graph:
+    """A random single-subgraph DAG: multi-output ops, dead outputs, scratch, graph inputs read
+    late, graph outputs written early."""
+    n = draw(st.integers(2, max_ops))
+    tensors: list[Tensor] = []
+
+    def new_tensor(size):
+        tensors.append(Tensor(len(tensors), f"t{len(tensors)}", "int8", (size,)))
+        return len(tensors) - 1
+
+    sizes = st.sampled_from([16, 32, 48, 64, 100, 128, 256, 512])
+    inputs = [new_tensor(draw(sizes)) for _ in range(draw(st.integers(1, 2)))]
+    available = list(inputs)
+    ops = []
+    for i in range(n):
+        k = draw(st.integers(1, min(3, len(available))))
+        ins = draw(st.lists(st.sampled_from(available), min_size=1, max_size=k, unique=True))
+        opcode = draw(st.sampled_from(["ADD", "CONV_2D", "TRANSPOSE_CONV"] + (["RESHAPE"] * 2 if reshape else [])))
+        n_out = 1 if opcode == "RESHAPE" else draw(st.integers(1, 2))
+        outs = tuple(new_tensor(draw(sizes)) for _ in range(n_out))
+        ops.append(Op(opcode, tuple(ins), outs, source=i))
+        available.extend(outs)
+    consumed = {t for op in ops for t in op.inputs}
+    produced = [t for op in ops for t in op.outputs]
+    outputs = [t for t in produced if t not in consumed and draw(st.booleans())]
+    if not outputs:
+        outputs = [produced[-1]]
+    extra = draw(st.lists(st.sampled_from(produced), max_size=2, unique=True))
+    outputs = list(dict.fromkeys(outputs + extra))
+    return Graph(tuple(tensors), tuple(ops), tuple(inputs), tuple(outputs), "random")
+
+
+@st.composite
+def graphs(draw, max_ops=7, reshape=False):
+    return random_graph(draw, max_ops, reshape)
+
+
+def topological_orders(graph: Graph):
+    n = len(graph.ops)
+    preds = [set(p) for p in graph.preds]
+
+    def rec(done, order):
+        if len(order) == n:
+            yield list(order)
+            return
+        for v in range(n):
+            if v not in done and preds[v] <= done:
+                done.add(v)
+                order.append(v)
+                yield from rec(done, order)
+                order.pop()
+                done.discard(v)
+
+    yield from rec(set(), [])
+
+
+def brute_force(graph: Graph, semantics="tflm") -> int:
+    model = build_model(graph, semantics)
+    return min(model.peak(o) for o in topological_orders(graph))
+
+
+FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(graphs(), st.sampled_from(["tflm", "tflite"]), st.randoms(use_true_random=False))
+def test_model_equals_lifetimes(graph, semantics, rnd):
+    model = build_model(graph, semantics)
+    orders = list(itertools.islice(topological_orders(graph), 50))
+    for order in rnd.sample(orders, min(5, len(orders))):
+        lt = lifetimes(graph, order, semantics)
+        assert model.profile(order) == lt.live_bytes()
+        assert model.peak(order) == lt.peak
+
+
+@FAST
+@given(graphs())
+def test_dp_equals_brute_force(graph):
+    best = brute_force(graph)
+    res = schedule(graph, method="dp", time_limit=20)
+    assert graph.is_topological(res.order)
+    assert res.peak == lifetimes(graph, res.order).peak == best
+    assert res.proven_optimal and res.lower_bound == best
+    assert res.peak <= lifetimes(graph).peak
+
+
+@FAST
+@given(graphs())
+def test_raw_dp_and_budget_bisection_equal_brute_force(graph):
+    """Without fusion or cuts: the plain DP over all ops, and the paper's bisection."""
+    best = brute_force(graph)
+    model = build_model(graph)
+    piece = Piece(model, [(v,) for v in range(model.n)])
+    ub = model.peak(heuristics.stored(model))
+    r = best_first(piece, ub + 1)
+    assert r.complete and r.order is not None and r.peak == best
+    assert model.peak(r.order) == best
+    b = bisect_budget(piece, model.lower_bound(), heuristics.stored(model), ub)
+    assert b.complete and b.peak == best and model.peak(b.order) == best
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graphs(max_ops=7))
+def test_cpsat_equals_brute_force(graph):
+    best = brute_force(graph)
+    model = build_model(graph)
+    piece = Piece(model, [(v,) for v in range(model.n)])
+    ub_order = heuristics.stored(model)
+    r = cpsat_piece(piece, ub_order, model.peak(ub_order) + 1, 0, time_limit=20)
+    assert r.complete and r.order is not None
+    assert graph.is_topological(r.order)
+    assert r.peak == best == lifetimes(graph, r.order).peak
+    res = schedule(graph, method="cpsat", time_limit=20)
+    assert res.peak == best and res.proven_optimal
+
+
+@FAST
+@given(graphs(max_ops=8))
+def test_fusion_and_cuts_keep_the_optimum(graph):
+    model = build_model(graph)
+    units = fuse(model)
+    assert sorted(v for u in units for v in u) == list(range(model.n))
+    plist = pieces(model, units)
+    assert sorted(k for p in plist for k in p) == list(range(len(units)))
+    best = brute_force(graph)
+    # the best order that keeps every unit contiguous is still optimal
+    unit_orders = []
+    for order in topological_orders(graph):
+        pos = {v: i for i, v in enumerate(order)}
+        if all(pos[u[r]] == pos[u[0]] + r for u in units for r in range(len(u))):
+            unit_orders.append(order)
+    assert unit_orders
+    assert min(model.peak(o) for o in unit_orders) == best
+
+
+@FAST
+@given(graphs(reshape=True))
+def test_tflite_semantics(graph):
+    res = schedule(graph, time_limit=20, semantics="tflite")
+    assert res.peak == lifetimes(graph, res.order, "tflite").peak
+    assert res.peak <= lifetimes(graph, None, "tflite").peak
+    assert res.lower_bound <= res.peak
+    if res.proven_optimal:
+        assert res.peak == brute_force(graph, "tflite")
+
+
+@FAST
+@given(graphs())
+def test_deterministic_and_bounds(graph):
+    a = schedule(graph, time_limit=20)
+    b = schedule(graph, time_limit=20)
+    assert a.order == b.order and a.peak == b.peak and a.lower_bound == b.lower_bound
+    assert order_free_lower_bound(graph) <= a.lower_bound <= a.peak
+
+
+def test_baselines_are_topological():
+    from conftest import EXAMPLE
+    from toolchain.ir import load
+
+    if not EXAMPLE.exists():
+        pytest.skip("example model missing")
+    _, graph = load(EXAMPLE)
+    model = build_model(graph)
+    for name, fn in heuristics.BASELINES.items():
+        order = fn(model)
+        assert graph.is_topological(order), name
+
+
+def test_errors():
+    from toolchain.errors import UsageError
+
+    g = Graph((Tensor(0, "a", "int8", (4,)), Tensor(1, "b", "int8", (4,))),
+              (Op("RELU", (0,), (1,)),), (0,), (1,))
+    with pytest.raises(UsageError):
+        schedule(g, method="nope")
+    with pytest.raises(UsageError):
+        schedule(g, semantics="nope")
+    r = schedule(g)
+    assert r.order == (0,) and r.proven_optimal

@@ -1,0 +1,57 @@
+"""`tpu-pipeline schedule model.tflite -o out.tflite [--method] [--time-limit] [--semantics]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolchain import report
+from toolchain.errors import UsageError
+from toolchain.ir import load, to_model
+from toolchain.memory import lifetimes, tflm_greedy
+from toolchain.schedule import METHODS, schedule
+
+HELP = "reorder ops for the smallest peak activation memory, with a proof of optimality"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", help="a .tflite file")
+    p.add_argument("-o", "--output", help="write the reordered model here")
+    p.add_argument("--method", choices=METHODS, default="auto", help="search method (default auto)")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds (default 10)")
+    p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm",
+                   help="memory model of the target runtime (default tflm)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args) -> int:
+    if args.output and Path(args.output).resolve() == Path(args.model).resolve():
+        raise UsageError(f"{args.output}: refusing to overwrite the input model")
+    model, graph = load(args.model)
+    result = schedule(graph, method=args.method, time_limit=args.time_limit, semantics=args.semantics)
+    new_graph = graph.reordered(result.order)
+    head_before = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+    head_after = tflm_greedy(lifetimes(new_graph, semantics="tflm")).size
+    if args.output:
+        from toolchain.tflite import write_model
+
+        write_model(to_model(new_graph, model), args.output)
+    if args.json:
+        d = result.to_json()
+        d.update(model=args.model, output=args.output, tflm_head_before=head_before, tflm_head_after=head_after)
+        report.print_json(d)
+        return 0
+    out = report.console()
+    hb = report.human_bytes
+    status = "proven optimal" if result.proven_optimal else f"not proven (gap {result.peak - result.lower_bound:,} B)"
+    out.print(f"[bold]{args.model}[/bold]: {result.ops} ops -> {result.units} units after fusion, "
+              f"{result.pieces} pieces (largest {result.largest_piece} units)")
+    out.print(f"peak ({result.semantics}): {result.stored_peak:,} B ({hb(result.stored_peak)}) stored order -> "
+              f"{result.peak:,} B ({hb(result.peak)})")
+    out.print(f"lower bound: {result.lower_bound:,} B ({hb(result.lower_bound)}); {status}; "
+              f"method {result.method}; {result.seconds:.2f} s")
+    out.print(f"TFLite Micro arena head (its greedy planner): {head_before:,} B -> {head_after:,} B")
+    for note in result.notes:
+        out.print(f"note: {note}")
+    if args.output:
+        out.print(f"written to {args.output}")
+    return 0

@@ -1,0 +1,178 @@
+"""`schedule(graph, ...)`: the one entry. Fuse, cut, solve each piece, concatenate, verify."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from toolchain.errors import UsageError
+from toolchain.ir import Graph
+from toolchain.memory import lifetimes
+from toolchain.memory.semantics import get_semantics
+from toolchain.schedule import heuristics
+from toolchain.schedule.divide import pieces as split_pieces
+from toolchain.schedule.dp import Piece, best_first
+from toolchain.schedule.fusion import fuse
+from toolchain.schedule.model import MemModel, build_model
+
+METHODS = ("auto", "dp", "cpsat", "greedy")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    order: tuple[int, ...]  # positions into graph.ops
+    peak: int  # lifetimes(graph, order, semantics).peak
+    lower_bound: int  # no topological order peaks below this
+    proven_optimal: bool
+    method: str
+    seconds: float
+    # additive details
+    stored_peak: int = 0  # peak of the graph's own order
+    semantics: str = "tflm"
+    ops: int = 0
+    units: int = 0  # after fusion
+    pieces: int = 0  # after divide-and-conquer
+    largest_piece: int = 0  # units in the largest piece
+    notes: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["order"] = list(self.order)
+        d["notes"] = list(self.notes)
+        return d
+
+
+def _best_baseline(model: MemModel, candidates: dict[str, list[int]]) -> tuple[str, list[int], int]:
+    best = None
+    for name, order in candidates.items():
+        p = model.peak(order)
+        if best is None or p < best[2]:
+            best = (name, order, p)
+    return best
+
+
+def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
+             semantics: str = "tflm", seed: int = 0) -> Schedule:
+    """The op order with the smallest peak found within `time_limit` seconds; never worse than
+    the graph's stored order; `proven_optimal` only when the peak equals a proven lower bound."""
+    t0 = time.monotonic()
+    if method not in METHODS:
+        raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
+    sem = get_semantics(semantics)
+    if time_limit is None or time_limit <= 0:
+        raise UsageError(f"time limit must be positive, got {time_limit}")
+    deadline = t0 + time_limit
+    n = len(graph.ops)
+    stored_peak = lifetimes(graph, None, sem).peak
+    if n == 0:
+        return Schedule((), stored_peak, stored_peak, True, "trivial", 0.0, stored_peak, sem.name)
+    model = build_model(graph, sem)
+    notes: list[str] = []
+    if not model.exact:
+        notes.append("TFLite in-place sharing depends on the order for some ops: the search "
+                     "optimises a model of it; optimality is not claimed")
+
+    baselines = {"converter": heuristics.stored(model), "greedy": heuristics.greedy(model),
+                 "greedy-free": heuristics.greedy(model, key="resident")}
+    if method != "greedy":
+        baselines["rpo"] = heuristics.reverse_post_order(model)
+        baselines["kahn"] = heuristics.kahn(model)
+    base_name, base_order, base_peak = _best_baseline(model, baselines)
+    global_lb = model.lower_bound()
+
+    if method == "greedy" or base_peak <= global_lb:
+        order, peak, lb, used = base_order, base_peak, global_lb, f"heuristic:{base_name}"
+        units_n = pieces_n = largest = 0
+    else:
+        units = fuse(model)
+        plist = split_pieces(model, units)
+        units_n, pieces_n = len(units), len(plist)
+        largest = max(len(p) for p in plist)
+        order, peak, lb, used = _solve_pieces(model, units, plist, base_order, base_peak,
+                                              global_lb, method, deadline, seed, notes)
+        if base_peak <= peak:
+            order, peak = base_order, base_peak
+            used = f"heuristic:{base_name}" if base_peak < peak else used
+
+    # never worse than the stored order, and verified with the shared memory model
+    order = list(order)
+    if not graph.is_topological(order):
+        raise AssertionError("scheduler produced a non-topological order")
+    real = lifetimes(graph, order, sem).peak
+    if model.exact and real != peak:
+        raise AssertionError(f"scheduler's peak {peak} disagrees with lifetimes() {real}")
+    if not model.exact:  # the search used a model of the order-dependent sharing: judge for real
+        for cand in (base_order,):
+            p = lifetimes(graph, cand, sem).peak
+            if p < real:
+                order, real = list(cand), p
+    if stored_peak <= real:
+        order, real = list(range(n)), stored_peak
+    lb = min(max(lb, global_lb), real)
+    proven = real == lb and model.exact
+    if not model.exact:
+        lb = min(global_lb, real)
+    return Schedule(tuple(order), real, lb, proven, used, time.monotonic() - t0, stored_peak,
+                    sem.name, n, units_n, pieces_n, largest, tuple(notes))
+
+
+def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes):
+    """Solve every piece in context; pieces with the highest lower bound first."""
+    # the context (S0, R0) of each piece follows from the pieces before it
+    contexts = []
+    S, R = 0, model.r0
+    for p in plist:
+        contexts.append((S, R))
+        for k in p:
+            for v in units[k]:
+                _, R = model.step(v, S, R)
+                S |= 1 << v
+    piece_objs = [Piece(model, [units[k] for k in p], S0, R0) for p, (S0, R0) in zip(plist, contexts)]
+    lbs = [pc.static_lower_bound() for pc in piece_objs]
+    floor = max([global_lb, *lbs])
+    results = [None] * len(plist)
+    # pieces in order of decreasing lower bound, then by size (the hard one first)
+    todo = sorted(range(len(plist)), key=lambda i: (-lbs[i], -len(plist[i]), i))
+    methods_used = set()
+    for i in todo:
+        pc = piece_objs[i]
+        # upper bound for the piece: the global heuristic order restricted to it, or greedy
+        cand = [v for v in base_order if (pc.ops >> v) & 1]
+        ub_order, ub = cand, pc.evaluate(cand)
+        g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
+        pg = pc.evaluate(g)
+        if pg < ub:
+            ub_order, ub = g, pg
+        if len(pc.units) == 1:
+            results[i] = (ub_order, ub, ub, True)
+            continue
+        res = None
+        if method in ("auto", "dp"):
+            res = best_first(pc, ub, floor, deadline)
+            methods_used.add("dp")
+        if method == "cpsat" or (method == "auto" and res is not None and not res.complete):
+            from toolchain.schedule.cpsat import cpsat_piece
+
+            left = deadline - time.monotonic()
+            if left > 0.2 or method == "cpsat":
+                res2 = cpsat_piece(pc, ub_order, ub, floor, max(left, 0.5), seed)
+                methods_used.add("cpsat")
+                if res is None or res2.lower_bound > res.lower_bound or (
+                        res2.order is not None and res2.peak < (res.peak if res.order else ub)):
+                    lbm = max(res2.lower_bound, res.lower_bound if res else 0)
+                    res = res2
+                    res.lower_bound = lbm
+        order, peak = (res.order, res.peak) if res.order is not None else (ub_order, ub)
+        lb = max(res.lower_bound, lbs[i])
+        done = res.complete
+        results[i] = (order, peak, lb, done)
+        floor = max(floor, lb)
+    order = []
+    for r in results:
+        order.extend(r[0])
+    peak = model.peak(order)
+    lb = max([global_lb] + [r[2] for r in results])
+    if any(not r[3] for r in results):
+        notes.append("time limit reached in %d of %d pieces" % (sum(not r[3] for r in results), len(results)))
+    used = "+".join(sorted(methods_used)) or "fusion"
+    return order, peak, lb, used

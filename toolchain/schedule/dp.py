@@ -1,0 +1,275 @@
+"""Exact dynamic programming over scheduled sets (SERENITY's zero-indegree signatures).
+
+A state is the set S of units already run (a bitset; its zero-indegree signature is determined by
+it). The bytes resident between steps, R(S), and the bytes live while the next unit runs depend
+only on S, so the best peak to reach S, g(S) = min over predecessors of max(g(S'), step cost), is
+a bottleneck shortest-path problem over the lattice of down-sets, memoised on S.
+
+Adaptive soft budgeting, as done here (what differs from SERENITY's Algorithm 2):
+- The hard budget is the best heuristic peak (UB): partial schedules that reach UB are pruned, and
+  if the search exhausts, the heuristic order is proven optimal.
+- Instead of restarting a budgeted DP with a bisected soft budget (which re-expands the same
+  states on every try and, when a try fails, learns only "> budget"), the states are expanded in
+  increasing order of max(g(S), floor): a best-first (Dijkstra) search on the bottleneck cost.
+  This is exactly what an oracle soft budget = OPT would expand, needs no meta-search, and the
+  key of the state being expanded is at every moment a proven lower bound (anytime).
+- `floor` is a proven lower bound from elsewhere (the order-free bound of the op footprints, or
+  the optimum of another piece): every state below it costs the same, so ties are broken by depth
+  and the search dives depth-first until the floor is exceeded — the soft budget.
+- `budgeted_dp` + `bisect_budget` keep the paper's literal scheme (a memoised DFS under a budget,
+  bisection between the proven lower bound and the known feasible peak, a time cap per try) for
+  comparison; `schedule()` uses the best-first search.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+from toolchain.schedule.model import MemModel, bits
+
+
+@dataclass
+class SearchResult:
+    order: list[int] | None  # op order of the piece, None if nothing better than `ub` was found
+    peak: int  # peak of `order` over the piece's steps (or ub if order is None)
+    lower_bound: int  # proven: no order of the piece peaks below this
+    complete: bool  # the search finished (order optimal, or ub proven optimal)
+    states: int
+
+
+class Piece:
+    """Units to order after the ops in S0 (with R0 = R(S0)); all outside predecessors are in S0."""
+
+    def __init__(self, model: MemModel, units, S0: int = 0, R0: int | None = None):
+        self.model = model
+        self.units = [tuple(u) for u in units]
+        self.S0 = S0
+        self.R0 = model.r0 if (R0 is None and S0 == 0) else (model.resident(S0) if R0 is None else R0)
+        self.inside = []
+        owner = {}
+        for k, u in enumerate(self.units):
+            m = 0
+            for v in u:
+                m |= 1 << v
+                owner[v] = k
+            self.inside.append(m)
+        self.ops = 0
+        for m in self.inside:
+            self.ops |= m
+        self.upred = []
+        for k, u in enumerate(self.units):
+            pm = 0
+            for v in u:
+                pm |= model.preds[v]
+            pm &= ~self.inside[k]
+            if pm & ~(S0 | self.ops):
+                raise ValueError("piece has predecessors outside the piece and S0")
+            loc = 0
+            for w in bits(pm & self.ops):
+                loc |= 1 << owner[w]
+            self.upred.append(loc)
+        self.usucc = [[] for _ in self.units]
+        for k, p in enumerate(self.upred):
+            for j in bits(p):
+                self.usucc[j].append(k)
+
+    def apply(self, k: int, S: int, R: int) -> tuple[int, int, int]:
+        """Run unit k after S: (peak over its steps, S after, R after)."""
+        peak = 0
+        step = self.model.step
+        for v in self.units[k]:
+            live, R = step(v, S, R)
+            S |= 1 << v
+            if live > peak:
+                peak = live
+        return peak, S, R
+
+    def evaluate(self, order) -> int:
+        """Peak over the piece's steps for an op order of the piece's ops."""
+        return self.model.peak(order, self.S0, self.R0) if order else 0
+
+    def static_lower_bound(self) -> int:
+        """No order of this piece peaks below this: each op's own footprint plus the tensors
+        resident through the whole piece (alive before its first and after its last step)."""
+        model = self.model
+        S_end = self.S0 | self.ops
+        thru = []
+        for t in range(len(model.size)):
+            m = model.mask[t]
+            if m & self.ops:
+                continue
+            a0 = (model.pin_start[t] or m & self.S0) and (model.pin_end[t] or m & ~self.S0)
+            a1 = (model.pin_start[t] or m & S_end) and (model.pin_end[t] or m & ~S_end)
+            if a0 and a1:
+                thru.append(model.size[t])
+        base = sum(thru) + model.const_all
+        lb = model.step0 if self.S0 == 0 else 0
+        for v in bits(self.ops):
+            fp = base + model.extra[v] + sum(model.size[t] for t in model.touch[v])
+            lb = max(lb, fp)
+        if S_end == model.full:
+            end = model.const_all + model.final_only + sum(
+                model.size[t] for t in range(len(model.size)) if model.pin_end[t])
+            lb = max(lb, end)
+        return lb
+
+
+def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = None,
+               max_states: int = 3_000_000) -> SearchResult:
+    """Exact bottleneck search; returns an order with peak < ub if one exists (optimal, or at
+    most `floor` — any order within the floor is as good as optimal for the caller)."""
+    m = len(piece.units)
+    full_u = (1 << m) - 1
+    static_lb = piece.static_lower_bound()
+    floor = max(floor, static_lb)
+    if m == 0:
+        return SearchResult([], 0, 0, True, 0)
+    if ub <= floor:
+        return SearchResult(None, ub, static_lb, True, 0)
+    ready0 = tuple(k for k in range(m) if piece.upred[k] == 0)
+    g0 = piece.model.step0 if piece.S0 == 0 else 0  # step 0 (graph inputs) belongs to the first piece
+    if g0 >= ub:
+        return SearchResult(None, ub, max(static_lb, g0), True, 0)
+    best = {0: g0}
+    parent: dict[int, tuple[int, int]] = {}
+    heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]
+    upred, usucc = piece.upred, piece.usucc
+    popped_f = floor
+    pops = 0
+    while heap:
+        f, negd, g, U, S, R, ready = heapq.heappop(heap)
+        if g > best.get(U, g):
+            continue
+        popped_f = f
+        if U == full_u:
+            order = _reconstruct(piece, parent, U)
+            lb = f if f > floor else static_lb
+            return SearchResult(order, g, max(lb, static_lb), True, len(best))
+        pops += 1
+        if (pops & 511) == 0:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            if len(best) > max_states:
+                break
+        for k in ready:
+            peak, S2, R2 = piece.apply(k, S, R)
+            g2 = peak if peak > g else g
+            if g2 >= ub:
+                continue
+            U2 = U | (1 << k)
+            old = best.get(U2)
+            if old is not None and old <= g2:
+                continue
+            best[U2] = g2
+            parent[U2] = (U, k)
+            nr = [j for j in ready if j != k]
+            for j in usucc[k]:
+                if upred[j] & ~U2 == 0:
+                    nr.append(j)
+            nr.sort()
+            heapq.heappush(heap, (g2 if g2 > floor else floor, negd - 1, g2, U2, S2, R2, tuple(nr)))
+    else:
+        # exhausted without reaching the goal below ub: ub is optimal
+        return SearchResult(None, ub, ub, True, len(best))
+    lb = popped_f if popped_f > floor else static_lb
+    return SearchResult(None, ub, max(lb, static_lb), False, len(best))
+
+
+def _reconstruct(piece: Piece, parent, U: int) -> list[int]:
+    seq = []
+    while U:
+        U, k = parent[U]
+        seq.append(k)
+    order: list[int] = []
+    for k in reversed(seq):
+        order.extend(piece.units[k])
+    return order
+
+
+def budgeted_dp(piece: Piece, budget: int, deadline: float | None = None) -> tuple[list[int] | None, bool]:
+    """SERENITY-style budgeted search: a memoised depth-first DP that prunes partial schedules
+    whose peak exceeds `budget`. Returns (order or None, finished within the deadline)."""
+    m = len(piece.units)
+    full_u = (1 << m) - 1
+    failed: set[int] = set()
+    upred = piece.upred
+    counter = [0]
+    timed_out = [False]
+
+    def ready_of(U):
+        return [k for k in range(m) if not (U >> k) & 1 and upred[k] & ~U == 0]
+
+    # iterative DFS with explicit stack to avoid recursion limits
+    stack = [(0, piece.S0, piece.R0, None)]
+    path: list[int] = []
+    iters: list = []
+    # children sorted by step peak (greedy first)
+    def children(U, S, R):
+        out = []
+        for k in ready_of(U):
+            peak, S2, R2 = piece.apply(k, S, R)
+            if peak <= budget:
+                out.append((peak, R2, k, S2))
+        out.sort()
+        return out
+
+    U, S, R = 0, piece.S0, piece.R0
+    if piece.S0 == 0 and piece.model.step0 > budget:
+        return None, True
+    if U == full_u:
+        return [], True
+    iters.append((U, iter(children(U, S, R))))
+    while iters:
+        counter[0] += 1
+        if (counter[0] & 255) == 0 and deadline is not None and time.monotonic() > deadline:
+            timed_out[0] = True
+            return None, False
+        U, it = iters[-1]
+        nxt = next(it, None)
+        if nxt is None:
+            failed.add(U)
+            iters.pop()
+            if path:
+                path.pop()
+            continue
+        _, R2, k, S2 = nxt
+        U2 = U | (1 << k)
+        if U2 in failed:
+            continue
+        path.append(k)
+        if U2 == full_u:
+            order: list[int] = []
+            for j in path:
+                order.extend(piece.units[j])
+            return order, True
+        iters.append((U2, iter(children(U2, S2, R2))))
+    return None, True
+
+
+def bisect_budget(piece: Piece, lb: int, ub_order, ub: int, deadline: float | None = None,
+                  step_cap: float = 1.0) -> SearchResult:
+    """The paper's meta-search, fixed to bisect between a proven lower bound and a known feasible
+    peak; each try gets at most `step_cap` seconds (a timed-out try counts as 'unknown')."""
+    lo, hi = lb, ub  # invariant: OPT >= lo (proven), an order with peak hi is known
+    best_order = ub_order
+    proven = True
+    while lo < hi:
+        if deadline is not None and time.monotonic() > deadline:
+            proven = False
+            break
+        mid = (lo + hi) // 2
+        cap = time.monotonic() + step_cap
+        if deadline is not None:
+            cap = min(cap, deadline)
+        order, finished = budgeted_dp(piece, mid, cap)
+        if order is not None:
+            hi = piece.evaluate(order)
+            best_order = order
+        elif finished:
+            lo = mid + 1
+        else:
+            proven = False  # unknown: treat as infeasible for the search, but no proof
+            lo = mid + 1
+    return SearchResult(best_order, hi, lo if proven else lb, proven and lo >= hi, 0)
