@@ -55,7 +55,7 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
                            ("model_bytes", "model (flash)"), ("flash_bytes", "flash available")):
             if a.get(key) is not None:
                 at.add_row(label, f"{a[key]:,}", human_bytes(a[key]))
-        at.add_row("fits", "yes" if a.get("fits") else "NO", "")
+        at.add_row("fits", {True: "yes", False: "NO", None: "TFLite Micro cannot run it"}[a.get("fits")], "")
         out.print(at)
     if r.ops:
         key = "seconds" if "seconds" in r.ops[0] else "predicted_s"

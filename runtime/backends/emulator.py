@@ -54,10 +54,11 @@ def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2
     device = device or dep.device or "coral-usb"
     interps = [litert_interpreter(s.path) for s in dep.segments]
     stages = [litert_stage(s.path.name, it, s.inputs, s.outputs) for s, it in zip(dep.segments, interps)]
-    ref = litert_interpreter(dep.whole) if dep.whole is not None and len(dep.segments) > 1 else None
+    same = len(dep.segments) == 1 and dep.whole is not None and dep.segments[0].path.resolve() == dep.whole.resolve()
+    ref = litert_interpreter(dep.whole) if dep.whole is not None and not same else None
     report = measure_stages(dep, stages, interps, "emulator", f"host CPU (LiteRT) for {device}",
                             iterations, warmup, seed, reference_interp=ref, progress=progress)
-    if len(dep.segments) == 1 and dep.whole is not None and dep.segments[0].path == dep.whole:
+    if same:
         report.verified = True  # the segment is the whole model itself
         report.max_abs_diff = 0.0
         report.notes = [n for n in report.notes if not n.startswith("no whole model")]
@@ -104,10 +105,15 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
             a = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
             arena.update(head=a.head, tail=a.tail, total=a.total)
         except DeviceError as exc:
-            report.error = f"TFLite Micro cannot allocate the model at all: {exc}"
+            arena["fits"] = None  # not a size question: TFLite Micro cannot run this model
+            report.error = f"TFLite Micro cannot run the model with any arena ({exc})"
             return report
         report.error = (f"does not fit: TFLite Micro needs {a.total:,} arena bytes (head {a.head:,} + tail {a.tail:,}), "
                         f"the device has {sram:,} bytes of SRAM")
+        return report
+    if flash and len(data) > flash:
+        arena["fits"] = False
+        report.error = f"does not fit: the model is {len(data):,} bytes, the device has {flash:,} bytes of flash"
         return report
     try:
         interp = TflmModel(data, sram, str(model_path))

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from toolchain import report as out
-from toolchain.errors import DeviceError, InfeasibleError, UsageError, VerificationError
+from toolchain.errors import DeviceError, InfeasibleError, ModelError, UsageError, VerificationError
 
 HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the host emulator; measure it"
 
@@ -102,6 +102,8 @@ def finish(rep, args) -> int:
     if rep.error:
         if rep.arena is not None and rep.arena.get("fits") is False:
             raise InfeasibleError(f"{rep.model}: {rep.error}")
+        if rep.arena is not None and rep.arena.get("fits") is None:
+            raise ModelError(f"{rep.model}: {rep.error}")
         raise DeviceError(rep.error)
     if rep.verified is False:
         raise VerificationError(f"{rep.model}: pipeline outputs differ from the whole model "
