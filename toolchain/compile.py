@@ -354,7 +354,8 @@ def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strat
         "outputs": [tensor_name(t) for t in graph.outputs],
         "segments": seg_reports,
         "predicted": part.cost.to_json(),
-        "solver": {"proven_optimal": part.proven_optimal, "seconds": part.seconds, "objectives": part.objectives,
+        "solver": {"proven_optimal": part.proven_optimal, "primary_proven": part.primary_proven,
+                   "proven_steps": list(part.proven_steps), "seconds": part.seconds, "objectives": part.objectives,
                    "lower_bounds": part.bounds, "time_limit_s": time_limit, "colocate_consumers": colocate},
         "baseline": None if base is None else {
             "name": "coral parameter-count heuristic (libcoral)",

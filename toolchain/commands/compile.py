@@ -86,8 +86,13 @@ def print_report(res, con) -> None:
     sol = r["solver"]
     if r.get("gain_throughput") is not None:
         con.print(f"throughput gain over Coral's heuristic: x{r['gain_throughput']:.3f}")
-    con.print(f"solver: {'proven optimal' if sol['proven_optimal'] else 'not proven optimal (time limit)'} "
-              f"in {sol['seconds']:.2f} s")
+    if sol["proven_optimal"]:
+        status = "proven optimal"
+    elif sol.get("primary_proven"):
+        status = "first objective proven optimal, tie-break not proven (time limit)"
+    else:
+        status = "not proven optimal (time limit)"
+    con.print(f"solver: {status} in {sol['seconds']:.2f} s")
     v = r.get("verification")
     if v:
         con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "

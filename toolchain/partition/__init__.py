@@ -37,6 +37,12 @@ class Partition:
     seconds: float
     baseline: "Partition | None" = None
     note: str = ""
+    proven_steps: tuple = ()   # per objective of the strategy, in order
+
+    @property
+    def primary_proven(self) -> bool:
+        """The strategy's first objective (for `latency`: the throughput) is proven optimal."""
+        return bool(self.proven_steps and self.proven_steps[0])
 
     def ops_of(self, k: int) -> tuple[int, ...]:
         return tuple(v for v, s in enumerate(self.stages) if s == k)
@@ -49,9 +55,10 @@ class Partition:
         return self.cost.throughput_per_s / self.baseline.cost.throughput_per_s
 
 
-def _make(problem: PartitionProblem, n, stages, strategy, bounds, proven, seconds, note="", baseline=None):
+def _make(problem: PartitionProblem, n, stages, strategy, bounds, proven, seconds, note="", baseline=None,
+          proven_steps=()):
     return Partition(n, tuple(stages), strategy, problem.evaluate(stages, n), problem.interfaces(stages, n),
-                     problem.objectives(stages, n), bounds, proven, seconds, baseline, note)
+                     problem.objectives(stages, n), bounds, proven, seconds, baseline, note, tuple(proven_steps))
 
 
 def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
@@ -87,7 +94,8 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
         ub = {"max_stage_ps": base.objectives["max_stage_ps"]}
     res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
                 workers=workers, seed=seed)
-    return _make(problem, n, res.stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base)
+    return _make(problem, n, res.stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
+                 res.proven_steps)
 
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",

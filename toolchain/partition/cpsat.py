@@ -27,6 +27,8 @@ from ortools.sat.python import cp_model
 from toolchain.errors import InfeasibleError
 from toolchain.partition.problem import PartitionProblem
 
+_EXTRA_PARAMS: dict = {}
+
 STRATEGIES = {
     "latency": ("max_stage_ps", "sum_stage_ps"),
     "1-3": ("max_param_bytes", "max_comm_bytes"),
@@ -43,6 +45,7 @@ class SolveResult:
     proven_optimal: bool
     seconds: float
     status: str
+    proven_steps: tuple = ()    # per objective of the strategy: proven optimal (given the earlier ones)?
 
 
 def _build(problem: PartitionProblem, n: int, colocate: bool):
@@ -104,6 +107,7 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
         m.Add(off[k] >= par[k] - cost.sram_bytes)
     in_terms = [[] for _ in range(n)]
     out_terms = [[] for _ in range(n)]
+    aux = []  # (var, kind, producer, consumers, stage) to complete hints
     for bt in problem.tensors:
         p = bt.producer
         cons = sorted(set(bt.consumers))
@@ -119,12 +123,14 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
                 z = m.NewBoolVar(f"zi{bt.tensor}_{k}")
                 for l in lits:
                     m.Add(z >= l)
+                aux.append((z, "in", None, cons, k))
                 in_terms[k].append(bt.nbytes * z)
                 continue
             if k > 0 and cons:
                 z = m.NewBoolVar(f"z{bt.tensor}_{k}")
                 for c in cons:
                     m.Add(z >= x[c][k] - x[p][k])
+                aux.append((z, "in", p, cons, k))
                 in_terms[k].append(bt.nbytes * z)
             if bt.graph_output and k == n - 1:
                 out_terms[k].append(bt.nbytes)
@@ -132,6 +138,7 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
                 w = m.NewBoolVar(f"w{bt.tensor}_{k}")
                 for c in cons:
                     m.Add(w >= x[p][k] - x[c][k])
+                aux.append((w, "out", p, cons, k))
                 out_terms[k].append(bt.nbytes * w)
     total_bytes = sum(bt.nbytes for bt in problem.tensors) * max(1, n)
     comm = []
@@ -159,7 +166,7 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
     m.Add(objs["offchip_bytes"] == sum(off))
     objs["max_comm_bytes"] = m.NewIntVar(0, total_bytes, "C")
     m.AddMaxEquality(objs["max_comm_bytes"], comm)
-    return m, y, x, objs
+    return m, y, x, objs, {"aux": aux, "par": par, "off": off, "comm": comm, "lat": lat}
 
 
 def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
@@ -172,8 +179,8 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
     if n == 1:
         stages = tuple([0] * N)
         obj = problem.objectives(stages, 1)
-        return SolveResult(stages, obj, dict(obj), True, time.perf_counter() - t0, "OPTIMAL")
-    model, y, x, objs = _build(problem, n, colocate)
+        return SolveResult(stages, obj, dict(obj), True, time.perf_counter() - t0, "OPTIMAL", (True,))
+    model, y, x, objs, extra = _build(problem, n, colocate)
     for name, ub in (upper_bounds or {}).items():
         model.Add(objs[name] <= ub)
     steps = STRATEGIES[strategy]
@@ -181,26 +188,54 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
     bounds = {}
     proven = True
     status_name = "OPTIMAL"
+    steps_proven: list[bool] = []
 
     def set_hint(stages):
+        """A complete hint: every variable's value under `stages` (CP-SAT then starts from a
+        full feasible solution instead of repairing a partial one)."""
         model.ClearHints()
         for v in range(N):
             for k in range(n - 1):
                 if not isinstance(y[v][k], int):
                     model.AddHint(y[v][k], 1 if stages[v] <= k else 0)
+            for k in range(n):
+                if not isinstance(x[v][k], int) and hasattr(x[v][k], "Index"):
+                    model.AddHint(x[v][k], 1 if stages[v] == k else 0)
+        for var, kind, p, cons, k in extra["aux"]:
+            if kind == "in":
+                val = any(stages[c] == k for c in cons) and (p is None or stages[p] != k)
+            else:
+                val = stages[p] == k and any(stages[c] != k for c in cons)
+            model.AddHint(var, int(val))
+        sc = problem.stage_costs(stages, n)
+        for k in range(n):
+            model.AddHint(extra["par"][k], sc[k].param_bytes)
+            model.AddHint(extra["off"][k], sc[k].offchip_bytes)
+            model.AddHint(extra["comm"][k], sc[k].in_bytes + sc[k].out_bytes)
+            model.AddHint(extra["lat"][k], sc[k].latency_ps)
+        o = problem.objectives(stages, n)
+        for name, var in objs.items():
+            model.AddHint(var, o[name])
 
     if hint is not None:
         set_hint(hint)
     for i, name in enumerate(steps):
         remaining = time_limit - (time.perf_counter() - t0)
-        share = max(0.05, remaining / (len(steps) - i))
+        # the first objective is what the strategy is about; later ones are tie-breaks
+        share = remaining if i == len(steps) - 1 else max(0.05, remaining * (0.75 if i == 0 else 0.5))
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = share
         solver.parameters.num_workers = max(1, workers)
         solver.parameters.random_seed = seed
+        # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
+        solver.parameters.cp_model_probing_level = 0
+        for key, value in _EXTRA_PARAMS.items():
+            setattr(solver.parameters, key, value)
         model.Minimize(objs[name])
         st = solver.Solve(model)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            if best is None and hint is not None and not colocate and st != cp_model.INFEASIBLE:
+                best = tuple(hint)  # the (valid) hint is the best known
             if best is None:
                 if st == cp_model.INFEASIBLE:
                     raise InfeasibleError(f"no partition into {n} segments satisfies the constraints"
@@ -208,11 +243,13 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
                 raise InfeasibleError(f"no partition into {n} segments found within {time_limit:g} s")
             proven = False
             status_name = "FEASIBLE"
+            steps_proven.append(False)
             break
         stages = tuple(sum(1 for k in range(n - 1) if not (int(solver.Value(y[v][k])) if not isinstance(y[v][k], int) else y[v][k]))
                        for v in range(N))
         val = int(solver.Value(objs[name]))
         bounds[name] = int(solver.BestObjectiveBound())
+        steps_proven.append(st == cp_model.OPTIMAL)
         if st != cp_model.OPTIMAL:
             proven = False
             status_name = "FEASIBLE"
@@ -220,4 +257,5 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         model.Add(objs[name] <= val)
         set_hint(stages)
     obj = problem.objectives(best, n)
-    return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name)
+    steps_proven += [False] * (len(steps) - len(steps_proven))
+    return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name, tuple(steps_proven))
