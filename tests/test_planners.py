@@ -1,0 +1,187 @@
+"""Arena planners: sound plans (independent checker), optimal against CP-SAT on small random
+instances, MiniMalloc CSV problems, and TFLite Micro's real head equal to the planned size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, run_cli, run_tflm, tflm_models
+from runtime.tflm_arena import measure_tflm_arena
+from toolchain.ir import load
+from toolchain.memory import (
+    Buffer, Lifetimes, check_plan, lifetimes, live_lower_bound, plan_arena, plan_buffers, plan_for_tflm,
+    plan_order_and_offsets, tflm_greedy,
+)
+from toolchain.memory import _native
+from toolchain.memory.minimalloc import read_csv
+from toolchain.memory.planners import cpsat_plan, search_plan
+from toolchain.tflite import model_to_bytes, read_offline_plan, with_offline_plan
+from toolchain.tflite.metadata import total_tensor_count
+
+MINIMALLOC = Path("/work/shared/benchmarks/minimalloc")
+EXAMPLE_CSV = ROOT / "tests" / "fixtures" / "minimalloc_input.12.csv"
+
+
+def _buffers(spec):
+    return tuple(Buffer(size * 16, first, first + length) for first, length, size in spec)
+
+
+buffer_sets = st.lists(st.tuples(st.integers(0, 8), st.integers(0, 5), st.integers(1, 12)), min_size=1, max_size=9)
+
+
+# ---- the checker ----------------------------------------------------------------------------
+
+def test_checker_catches_overlap_alignment_and_count():
+    bufs = (Buffer(32, 0, 2), Buffer(32, 1, 3), Buffer(16, 4, 5))
+    assert check_plan(bufs, [0, 32, 0]) == []
+    assert any("overlap" in p for p in check_plan(bufs, [0, 16, 0]))
+    assert any("aligned" in p for p in check_plan(bufs, [0, 40, 0], alignment=16))
+    assert check_plan(bufs, [0, 32]) and check_plan(bufs, [0, -32, 0])
+    # lifetimes that only touch at a step share that step: they conflict
+    assert check_plan((Buffer(16, 0, 1), Buffer(16, 1, 2)), [0, 0])
+
+
+# ---- planners on random instances -----------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(buffer_sets)
+def test_every_planner_is_sound_and_auto_is_optimal(spec):
+    bufs = _buffers(spec)
+    lb = live_lower_bound(bufs)
+    for name in ("greedy-size", "greedy-conflicts", "tflm", "search", "auto"):
+        plan = plan_buffers(bufs, name, time_limit=5.0)
+        assert check_plan(bufs, plan.offsets, alignment=16) == [], name
+        assert plan.size >= lb
+        assert plan.lower_bound <= plan.size
+    auto = plan_buffers(bufs, "auto", time_limit=5.0)
+    _, opt, bound, optimal = cpsat_plan(bufs, time_limit=10.0, lower_bound=lb)
+    assert optimal and opt == bound
+    assert auto.size == opt
+    assert auto.proven_optimal
+    assert auto.lower_bound <= opt
+
+
+@settings(max_examples=30, deadline=None)
+@given(buffer_sets)
+def test_search_decides_feasibility_like_cpsat(spec):
+    bufs = _buffers(spec)
+    _, opt, _, optimal = cpsat_plan(bufs, time_limit=10.0, lower_bound=live_lower_bound(bufs))
+    assert optimal
+    for native in (True, False):
+        at = search_plan(bufs, opt, 5.0, native=native)
+        assert isinstance(at, list) and check_plan(bufs, at) == [] and max(o + b.size for o, b in zip(at, bufs)) <= opt
+        below = search_plan(bufs, opt - 16, 5.0, native=native)
+        assert below is None  # proven infeasible, not a timeout
+
+
+def test_native_search_is_available_here():
+    # The C search is what makes the MiniMalloc instances fast; the machine has a compiler.
+    assert _native.load() is not None
+
+
+# ---- MiniMalloc CSV problems ----------------------------------------------------------------
+
+def test_plan_buffers_cli_on_the_readme_example(tmp_path):
+    out = tmp_path / "out.csv"
+    proc = run_cli("plan-buffers", str(EXAMPLE_CSV), "-o", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["size"] == 12 and result["proven_optimal"]
+    solved = read_csv(out)
+    assert solved.offsets is not None and check_plan(solved.buffers, solved.offsets) == []
+    assert max(o + b.size for o, b in zip(solved.offsets, solved.buffers)) == 12
+    # feasibility at a capacity: 12 works, 11 is below the live bound (exit 3)
+    assert run_cli("plan-buffers", str(EXAMPLE_CSV), "-o", str(out), "--capacity", "12").returncode == 0
+    proc = run_cli("plan-buffers", str(EXAMPLE_CSV), "-o", str(tmp_path / "no.csv"), "--capacity", "11")
+    assert proc.returncode == 3 and "infeasible" in proc.stderr
+    assert not (tmp_path / "no.csv").exists()
+
+
+def test_plan_buffers_refuses_bad_csv(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,lower,size\n0,1,2\n")
+    proc = run_cli("plan-buffers", str(bad), "-o", str(tmp_path / "o.csv"))
+    assert proc.returncode == 2 and "missing column" in proc.stderr
+    bad.write_text("id,lower,upper,size\n0,5,3,2\n")
+    proc = run_cli("plan-buffers", str(bad), "-o", str(tmp_path / "o.csv"))
+    assert proc.returncode == 2 and "line 2" in proc.stderr
+
+
+@pytest.mark.skipif(not (MINIMALLOC / "C.1048576.csv").exists(), reason="shared benchmarks not present")
+def test_a_minimalloc_instance_packs_into_its_capacity():
+    problem = read_csv(MINIMALLOC / "C.1048576.csv")
+    plan = plan_buffers(problem.buffers, "auto", time_limit=60.0)
+    assert check_plan(problem.buffers, plan.offsets) == []
+    assert plan.size <= problem.capacity == 1048576
+    assert plan.proven_optimal and plan.size == live_lower_bound(problem.buffers)
+
+
+# ---- TFLite Micro: the offline plan is what the runtime allocates --------------------------
+
+MODELS = tflm_models()
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.name)
+def test_tflm_head_equals_the_plan_and_outputs_are_unchanged(path, tmp_path):
+    model, graph = load(path)
+    lt = lifetimes(graph, semantics="tflm")
+    result = plan_for_tflm(model, graph, lt, "auto", time_limit=5.0)
+    assert len(result.tensor_offsets) == total_tensor_count(model)
+    assert check_plan(lt, result.buffer_offsets, alignment=16) == []
+    assert result.head <= tflm_greedy(lt).size  # never worse than TFLM's own planner
+    assert result.head >= lt.peak
+    planned = with_offline_plan(model, list(result.tensor_offsets))
+    data = model_to_bytes(planned)
+    assert read_offline_plan(planned) == list(result.tensor_offsets)
+    assert measure_tflm_arena(data).head == result.head
+    before = run_tflm(path, tmp_path, seed=3)
+    after = run_tflm(data, tmp_path, seed=3)
+    assert len(before) == len(after)
+    for a, b in zip(before, after):
+        assert a.dtype == b.dtype and (a == b).all()
+
+
+def test_plan_cli_writes_a_verified_model(tmp_path):
+    path = MODELS[0]
+    out = tmp_path / "planned.tflite"
+    proc = run_cli("plan", str(path), "-o", str(out), "--verify", "--json", "--onchip", "1000000")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["tflm_measured_head"] == data["planned_bytes"] >= data["lower_bound"]
+    assert data["planned_bytes"] <= data["tflm_planner_bytes"]
+    assert data["offchip"]["converter_order"]["total_bytes"] == 0
+    assert out.exists()
+    proc = run_cli("plan", str(path), "-o", str(path))
+    assert proc.returncode == 2 and "overwrite" in proc.stderr
+
+
+def test_offline_plan_counts_tensors_of_all_subgraphs():
+    path = ROOT / "tests" / "fixtures" / "control_flow_float32.tflite"
+    if not path.exists():
+        pytest.skip("no multi-subgraph fixture")
+    model, graph = load(path)
+    result = plan_for_tflm(model, graph, planner="greedy-size", time_limit=1.0)
+    n0 = len(model.subgraphs[0].tensors)
+    assert len(result.tensor_offsets) == total_tensor_count(model) > n0
+    assert all(o == -1 for o in result.tensor_offsets[n0:])
+    constants = [t.index for t in graph.tensors if t.is_constant]
+    assert all(result.tensor_offsets[i] == -1 for i in constants)
+
+
+def test_order_and_offsets_never_worse_than_the_schedule_alone():
+    from toolchain.schedule import schedule
+
+    path = MODELS[-1]
+    _, graph = load(path)
+    s = schedule(graph, time_limit=5.0)
+    r = plan_order_and_offsets(graph, s, time_limit=5.0)
+    alone = plan_arena(lifetimes(graph, s.order, "tflm"), time_limit=5.0)
+    assert r.plan.size <= alone.size
+    assert graph.is_topological(r.order)
+    lt = lifetimes(graph, r.order, "tflm")
+    assert check_plan(lt, r.plan.offsets, alignment=16) == [] and r.peak == lt.peak
