@@ -20,6 +20,7 @@ $(ZOO_STAMP): $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/tpu-pipeline inspect examples/randwire_small_int8.tflite
 	$(VENV)/bin/tpu-pipeline compile examples/randwire_small_int8.tflite -n 4 --verify -o out/randwire_small_int8
+	$(VENV)/bin/tpu-pipeline run out/randwire_small_int8 --backend emulator -N 20
 
 test: $(STAMP)
 	$(PY) -m pytest
