@@ -15,6 +15,10 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.3f}"
 
 
+def us(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e6:,.1f}"
+
+
 def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
     out.print(f"[bold]{r.model}[/bold] on [bold]{r.device}[/bold] (backend {r.backend}, {r.iterations} inferences)")
     t = Table(title="latency and throughput")
@@ -39,7 +43,8 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
         for c in ("#", "file", "in", "out", "median (ms)", "p90 (ms)", "predicted (ms)"):
             st.add_column(c, justify="right" if c not in ("file",) else "left")
         for s in r.stages:
-            st.add_row(str(s.index), s.file, str(len(s.inputs)), str(len(s.outputs)),
+            short = s.file.rsplit("_segment_", 1)[-1].removesuffix(".tflite") if "_segment_" in s.file else s.file
+            st.add_row(str(s.index), short if "_segment_" not in s.file else f"segment_{short}", str(len(s.inputs)), str(len(s.outputs)),
                        ms(s.latency.median_s if s.latency else None), ms(s.latency.p90_s if s.latency else None),
                        ms(s.predicted_latency_s))
         out.print(st)
@@ -60,15 +65,16 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
     if r.ops:
         key = "seconds" if "seconds" in r.ops[0] else "predicted_s"
         ranked = sorted(r.ops, key=lambda o: -o.get(key, 0))[:top_ops]
-        ot = Table(title=f"slowest ops ({'device PROF lines' if key == 'seconds' else 'MCU cost model'}, top {len(ranked)} of {len(r.ops)})")
-        for c in ("op", "opcode", "ms"):
+        source = "device PROF lines" if key == "seconds" else (r.predicted or {}).get("source", "cost model")
+        ot = Table(title=f"slowest ops ({source}, top {len(ranked)} of {len(r.ops)})")
+        for c in ("op", "opcode", "µs"):
             ot.add_column(c, justify="right" if c != "opcode" else "left")
         if any("host_s" in o for o in ranked):
-            ot.add_column("host ms", justify="right")
+            ot.add_column("host µs", justify="right")
         for o in ranked:
-            row = [str(o["index"]), o["opcode"], ms(o.get(key))]
+            row = [str(o["index"]), o["opcode"], us(o.get(key))]
             if any("host_s" in x for x in ranked):
-                row.append(ms(o.get("host_s")))
+                row.append(us(o.get("host_s")))
             ot.add_row(*row)
         out.print(ot)
     if r.energy:

@@ -191,7 +191,7 @@ def test_mcu_that_is_too_small_exits_3(tmp_path, capsys):
 def test_profile_mcu_cli(capsys):
     assert main(["profile", str(MODEL), "--device", "sparkfun-edge", "-N", "2", "--host-ops", "--top", "3"]) == 0
     out = capsys.readouterr().out
-    assert "fits" in out and "slowest ops" in out and "host ms" in out
+    assert "fits" in out and "slowest ops" in out and "host µs" in out
 
 
 def test_compiled_by_tpu_pipeline_compile_runs_verified(tmp_path, capsys):

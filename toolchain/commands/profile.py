@@ -39,4 +39,12 @@ def run(args) -> int:
         times = tflm_op_times(target.read_bytes(), iterations=max(1, min(args.iterations, 5)))
         for o in rep.ops:
             o["host_s"] = times.get(o["index"])
+    if kind == "edgetpu" and target.is_file() and not rep.ops:
+        from toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
+        from toolchain.ir import load
+
+        _, graph = load(target)
+        costs = EdgeTpuCostModel(args.device).op_costs(graph)
+        rep.ops = [{"index": i, "opcode": op.opcode, "class": c.op_class, "work": c.macs,
+                    "predicted_s": c.compute_ps / PS_PER_S} for i, (op, c) in enumerate(zip(graph.ops, costs))]
     return run_cmd.finish(rep, args)
