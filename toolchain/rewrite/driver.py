@@ -77,7 +77,7 @@ class RewriteResult:
 
 
 class _Search:
-    def __init__(self, time_limit, semantics, allow_lossy, model, deadline, depth):
+    def __init__(self, time_limit, semantics, allow_lossy, model, deadline, depth, kinds):
         self.schedule = _scheduler()
         self.time_limit = time_limit
         self.sem = get_semantics(semantics)
@@ -85,9 +85,19 @@ class _Search:
         self.model = model
         self.deadline = deadline
         self.depth = depth
+        self.kinds = None if kinds is None else set(kinds)
         self.calls = 0
         self.tried = 0
         self.notes: list[str] = []
+        self._values: dict[str, list] = {}  # calibration values by tensor name
+
+    def out_of_time(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def candidates(self, graph: Graph, concat_outputs=None) -> list[Candidate]:
+        cands = [c for c in find_candidates(graph, self.allow_lossy, concat_outputs)
+                 if self.kinds is None or set(c.kinds) <= self.kinds]
+        return sorted(cands, key=lambda c: (-c.saved_bytes, c.target))
 
     def run_schedule(self, graph: Graph):
         self.calls += 1
@@ -96,20 +106,28 @@ class _Search:
         return self.schedule(graph, method="auto", time_limit=limit, semantics=self.sem.name)
 
     def values_for(self, graph: Graph, cand: Candidate):
+        """Calibration values of the concat inputs (lossy int8 splits only), cached by name."""
         if cand.numerics != LOSSY:
             return None
         from toolchain.rewrite.numerics import calibration_values
 
         xs = graph.ops[cand.concat].inputs
-        vals = calibration_values(graph, xs, model=self.model)
-        return lambda t: vals[t]
+        missing = [t for t in xs if graph.tensors[t].name not in self._values]
+        if missing:
+            vals = calibration_values(graph, missing, model=self.model)
+            for t in missing:
+                self._values[graph.tensors[t].name] = vals[t]
+        return lambda t: self._values[graph.tensors[t].name]
+
+    def apply(self, graph: Graph, cand: Candidate):
+        return apply_candidate(graph, cand, self.values_for(graph, cand))
 
     def try_candidate(self, graph: Graph, cand: Candidate, peak: int, level: int):
-        """(graph, schedule, [(candidate, graph before)]) of the best chain from `cand` whose
+        """(graph, schedule, [(candidate, graph before)]) of the first chain from `cand` whose
         peak is below `peak`, or None."""
         self.tried += 1
         try:
-            g2, new_concats = apply_candidate(graph, cand, self.values_for(graph, cand))
+            g2, new_concats = self.apply(graph, cand)
         except ModelError as exc:  # calibration impossible (e.g. custom ops without the model)
             self.notes.append(f"{cand.kind} at {cand.target}: skipped ({exc})")
             return None
@@ -117,54 +135,107 @@ class _Search:
             s2 = self.run_schedule(g2)
             if s2.peak < peak:
                 return g2.reordered(s2.order), s2, [(cand, graph)]
-        if new_concats and level < self.depth and time.monotonic() < self.deadline:
-            for follow in find_candidates(g2, self.allow_lossy, concat_outputs=new_concats):
+        if new_concats and level < self.depth and not self.out_of_time():
+            for follow in self.candidates(g2, new_concats):
                 found = self.try_candidate(g2, follow, peak, level + 1)
                 if found is not None:
                     g3, s3, chain = found
                     return g3, s3, [(cand, graph), *chain]
         return None
 
+    def apply_set(self, graph: Graph, targets):
+        """Apply the rewrites of the concats named in `targets` (those that match), to a fixpoint;
+        `targets=None` applies every rewrite the policy allows. Returns (graph, chain)."""
+        chain = []
+        done: set[str] = set()
+        while True:
+            cands = [c for c in self.candidates(graph) if c.target not in done
+                     and (targets is None or c.target in targets)]
+            if not cands:
+                return graph, chain
+            cand = cands[0]
+            done.add(cand.target)
+            try:
+                g2, _ = self.apply(graph, cand)
+            except ModelError as exc:
+                self.notes.append(f"{cand.kind} at {cand.target}: skipped ({exc})")
+                continue
+            chain.append((cand, graph))
+            graph = g2
+
+    def joint(self, graph: Graph, peak: int):
+        """Rewrites that pay only together (two concats at the same peak): apply all, then drop
+        each rewrite whose removal does not raise the peak (backward elimination)."""
+        g_all, chain = self.apply_set(graph, None)
+        if not chain or self.out_of_time():
+            return None
+        best_s = self.run_schedule(g_all)
+        best_g, keep = g_all, [c.target for c, _ in chain]
+        for target in reversed([c.target for c, _ in chain]):
+            if self.out_of_time():
+                self.notes.append("time budget spent during the joint search")
+                break
+            trial = [t for t in keep if t != target]
+            g_t, chain_t = self.apply_set(graph, set(trial))
+            if not chain_t:
+                s_t = None
+                peak_t = peak
+            else:
+                s_t = self.run_schedule(g_t)
+                peak_t = s_t.peak
+            self.tried += 1
+            if peak_t <= best_s.peak and s_t is not None:
+                keep, best_g, best_s, chain = trial, g_t, s_t, chain_t
+        if best_s.peak < peak:
+            return best_g.reordered(best_s.order), best_s, chain
+        return None
+
 
 def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm", allow_lossy: bool = False,
-                  *, model=None, budget: float | None = None, depth: int = 3, kinds=None) -> RewriteResult:
+                  *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
+                  joint: bool = True) -> RewriteResult:
     """Apply the identity rewrites that lower the best peak, each checked by rescheduling.
 
-    `time_limit` bounds each scheduler call; `budget` (default 30 x time_limit, at least 60 s)
-    bounds the whole search. int8 partial-sum splits are lossy and only tried with
+    First one rewrite at a time (with chains: commute or depthwise split, then the splits they
+    enable); when none pays alone, all of them together followed by backward elimination
+    (`joint`). `time_limit` bounds each scheduler call; `budget` (default 30 x time_limit, at
+    least 60 s) bounds the whole search. int8 partial-sum splits are lossy and only tried with
     `allow_lossy`; they calibrate their partial sums' quantization on random inputs (LiteRT),
     which needs the source `model` when the graph has custom ops. `kinds` restricts the
     rewrites tried (default: all).
     """
     t0 = time.monotonic()
     budget = max(60.0, 30.0 * time_limit) if budget is None else budget
-    search = _Search(time_limit, semantics, allow_lossy, model, t0 + budget, depth)
+    search = _Search(time_limit, semantics, allow_lossy, model, t0 + budget, depth, kinds)
     s0 = search.run_schedule(graph)
     current = graph.reordered(s0.order)
     peak, sched = s0.peak, s0
     applied: list[AppliedRewrite] = []
-    while time.monotonic() < search.deadline:
-        cands = [c for c in find_candidates(current, allow_lossy) if kinds is None or set(c.kinds) <= set(kinds)]
-        cands.sort(key=lambda c: (-c.saved_bytes, c.target))
-        kept = False
-        for cand in cands:
-            if time.monotonic() >= search.deadline:
+
+    def record(chain, g2, s2):
+        for k, (c, before) in enumerate(chain):
+            last = k == len(chain) - 1
+            after = g2 if last else chain[k + 1][1]
+            applied.append(AppliedRewrite(c.kind, c.target, c.branches, c.numerics, peak,
+                                          s2.peak if last else peak, len(after.ops) - len(before.ops),
+                                          enabling=not last))
+
+    while not search.out_of_time():
+        found = None
+        for cand in search.candidates(current):
+            if search.out_of_time():
                 search.notes.append("time budget spent; the search stopped early")
                 break
             found = search.try_candidate(current, cand, peak, 1)
-            if found is None:
-                continue
-            g2, s2, chain = found
-            for k, (c, before) in enumerate(chain):
-                last = k == len(chain) - 1
-                after = g2 if last else chain[k + 1][1]
-                applied.append(AppliedRewrite(c.kind, c.target, c.branches, c.numerics, peak,
-                                              s2.peak if last else peak, len(after.ops) - len(before.ops),
-                                              enabling=not last))
-            current, peak, sched, kept = g2, s2.peak, s2, True
+            if found is not None:
+                break
+        if found is None and joint and not search.out_of_time():
+            found = search.joint(current, peak)
+        if found is None:
             break
-        if not kept:
-            break
+        g2, s2, chain = found
+        record(chain, g2, s2)
+        current, peak, sched = g2, s2.peak, s2
     return RewriteResult(
         graph=current, applied=tuple(applied), peak_before=s0.peak, peak_after=peak,
         proven_optimal=bool(sched.proven_optimal), lower_bound=int(sched.lower_bound),

@@ -11,7 +11,9 @@ being rewritten:
 - `depthwise_split` concat -> DEPTHWISE_CONV_2D => one depthwise conv per concat input with its
                                                  filter, bias and per-channel quantization slices,
                                                  then the concat of their outputs.
-- `commute`         concat -> U (element-wise op, or a PAD that pads no channels)
+- `commute`         concat -> U (a channel-wise op: element-wise with a scalar or per-channel
+                                                 constant, pooling, resize, a reduction over other
+                                                 axes, or a PAD that pads no channels)
                                               => U on every concat input, then the concat; this
                                                  moves the concat next to a conv the splits match.
 
@@ -40,9 +42,17 @@ FLOAT_ROUNDING = "float-rounding"
 LOSSY = "lossy-int8"
 
 _FUSED_OK = {0, 1, 2, 3}  # NONE, RELU, RELU_N1_TO_1, RELU6: ADD can apply them too
-_UNARY = {"RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "LOGISTIC", "TANH", "HARD_SWISH",
-          "ABS", "NEG", "QUANTIZE", "DEQUANTIZE", "ELU", "GELU", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG"}
-_BINARY_SCALAR = {"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM"}
+# Channel-wise ops: each output channel depends on the same input channel only, so they commute
+# with a channel concat. Per element (or per channel) the arithmetic is the same after the
+# rewrite; float kernels whose vectorised and scalar paths may round differently are marked
+# float-rounding rather than bit-exact (int8 kernels are integer or table-driven: bit-exact).
+_UNARY_EXACT = {"RELU", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "ABS", "NEG", "QUANTIZE", "DEQUANTIZE",
+                "LEAKY_RELU"}
+_UNARY_ROUNDING = {"LOGISTIC", "TANH", "HARD_SWISH", "ELU", "GELU", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG",
+                   "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"}
+_BINARY_EXACT = {"ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM"}
+_BINARY_ROUNDING = {"DIV"}
+_REDUCE = {"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN"}
 _PADS = {"PAD", "PADV2"}
 
 
@@ -92,6 +102,13 @@ def _channel_concat(graph: Graph, c: int):
 
 def _same_quant(graph: Graph, xs, out) -> bool:
     return all(graph.tensors[x].quant == graph.tensors[out].quant for x in xs)
+
+
+def _channel_operand(t, channels: int, rank: int) -> bool:
+    """A constant second operand that is a scalar or a per-channel vector ([C], [1,..,1,C])."""
+    if t.num_elements == 1:
+        return True
+    return len(t.shape) <= rank and t.shape[-1] == channels and t.num_elements == channels
 
 
 def _const(graph: Graph, t: int) -> bool:
@@ -174,11 +191,17 @@ def _match(graph: Graph, xs, out, cons):
         return None, None
     if len(cons.outputs) != 1 or graph.tensors[cons.outputs[0]].is_dynamic:
         return None, None
-    if cons.opcode in _UNARY and len(ins) == 1:
-        return "commute", EXACT
-    if cons.opcode in _BINARY_SCALAR and len(ins) == 2 and _const(graph, ins[1]) \
-            and graph.tensors[ins[1]].num_elements == 1 and _fused(cons) in _FUSED_OK:
-        return "commute", EXACT
+    rounding = EXACT if dtype == "int8" else FLOAT_ROUNDING
+    if cons.opcode in _UNARY_EXACT | _UNARY_ROUNDING and len(ins) == 1:
+        return "commute", EXACT if cons.opcode in _UNARY_EXACT else rounding
+    if cons.opcode in _BINARY_EXACT | _BINARY_ROUNDING and len(ins) == 2 and _const(graph, ins[1]) \
+            and _fused(cons) in _FUSED_OK and _channel_operand(graph.tensors[ins[1]], C, len(t_out.shape)):
+        return "commute", EXACT if cons.opcode in _BINARY_EXACT else rounding
+    if cons.opcode in _REDUCE and len(ins) == 2 and _const(graph, ins[1]):
+        rank = len(t_out.shape)
+        axes = {int(a) % rank for a in tensor_values(graph.tensors[ins[1]]).reshape(-1)}
+        if rank - 1 not in axes and graph.tensors[cons.outputs[0]].shape[-1:] == (C,):
+            return "commute", EXACT if cons.opcode == "REDUCE_MAX" or dtype == "int8" else FLOAT_ROUNDING
     if cons.opcode in _PADS and len(ins) >= 2 and _const(graph, ins[1]) and all(_const(graph, t) for t in ins[2:]):
         pads = tensor_values(graph.tensors[ins[1]]).reshape(-1, 2)
         if len(pads) == len(t_out.shape) and not pads[-1].any():
@@ -343,9 +366,16 @@ def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Val
     y = cons.outputs[0]
     y_t = graph.tensors[y]
     ops, outs = [], []
+    operand = cons.inputs[1] if len(cons.inputs) == 2 and cons.opcode in _BINARY_EXACT | _BINARY_ROUNDING else None
+    per_channel = operand is not None and graph.tensors[operand].num_elements > 1
     for j, (x, a, b) in enumerate(_slices(graph, concat.inputs)):
         o = ed.add_activation(f"{y_t.name}/part{j}", y_t.dtype, y_t.shape[:-1] + (b - a,), y_t.quant)
-        ops.append(new_op(cons.opcode, (x, *cons.inputs[1:]), [o], cons.options, cons.options_type, cons.version))
+        rest = cons.inputs[1:]
+        if per_channel:  # the branch's slice of a per-channel constant
+            c_t = graph.tensors[operand]
+            rest = (ed.add_constant(f"{c_t.name}/part{j}", tensor_values(c_t)[..., a:b], c_t.dtype,
+                                    _slice_quant(c_t.quant, a, b)),)
+        ops.append(new_op(cons.opcode, (x, *rest), [o], cons.options, cons.options_type, cons.version))
         outs.append(o)
     ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
     ed.replace(k, ops)
