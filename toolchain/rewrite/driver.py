@@ -16,16 +16,8 @@ from dataclasses import dataclass, field
 from toolchain.errors import ModelError
 from toolchain.ir import Graph
 from toolchain.memory import get_semantics, order_free_lower_bound
+from toolchain.schedule import schedule
 from toolchain.rewrite.rules import LOSSY, Candidate, apply_candidate, find_candidates
-
-
-def _scheduler():
-    try:
-        from toolchain.schedule import schedule  # the real one, when it has landed
-        return schedule
-    except ImportError:
-        from toolchain.rewrite._standin_schedule import schedule
-        return schedule
 
 
 @dataclass(frozen=True)
@@ -78,7 +70,7 @@ class RewriteResult:
 
 class _Search:
     def __init__(self, time_limit, semantics, allow_lossy, model, deadline, depth, kinds):
-        self.schedule = _scheduler()
+        self.schedule = schedule
         self.time_limit = time_limit
         self.sem = get_semantics(semantics)
         self.allow_lossy = allow_lossy
