@@ -18,7 +18,8 @@ from toolchain.cost.edgetpu import EdgeTpuCostModel, PipelineCost
 from toolchain.errors import UsageError
 from toolchain.ir import Graph
 from toolchain.partition.cpsat import STRATEGIES, solve
-from toolchain.partition.heuristic import HeuristicResult, coral_heuristic
+from toolchain.partition.contiguous import best_contiguous
+from toolchain.partition.heuristic import HeuristicResult, coral_heuristic, coral_topological_sort
 from toolchain.partition.problem import BoundaryTensor, PartitionProblem, SegmentInterface
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("coral",)
@@ -88,10 +89,20 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     base = baseline_partition(graph, n, device, problem)
     if strategy == "coral":
         return dataclasses.replace(base, baseline=base)
-    hint = base.stages if problem.is_valid(base.stages, n) else None
-    ub = None
-    if hint is not None and strategy == "latency":
-        ub = {"max_stage_ps": base.objectives["max_stage_ps"]}
+    # warm starts: the heuristic, and the best contiguous cut of two topological orders (DP)
+    candidates = [base.stages] if problem.is_valid(base.stages, n) else []
+    for order in (range(problem.n_ops), coral_topological_sort(graph)):
+        cut = best_contiguous(problem, list(order), n)
+        if cut is not None and not colocate:
+            candidates.append(cut)
+    hint, ub = None, None
+    if candidates:
+        keys = STRATEGIES[strategy]
+        hint = min(candidates, key=lambda st: tuple(problem.objectives(st, n)[k] for k in keys))
+        if strategy == "latency" and problem.is_valid(base.stages, n):
+            ub = {"max_stage_ps": problem.objectives(hint, n)["max_stage_ps"]}
+    if colocate:
+        hint = None  # the warm starts need not keep consumers together
     res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
                 workers=workers, seed=seed)
     return _make(problem, n, res.stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
