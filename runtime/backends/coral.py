@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
+import re
+import shutil
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,16 @@ def list_edgetpus(sysfs_usb: str = "/sys/bus/usb/devices", dev: str = "/dev") ->
                 continue
             if (vid, pid) in USB_IDS:
                 found.append(EdgeTpu("usb", f"usb:{usb}", str(d), USB_IDS[(vid, pid)]))
+                usb += 1
+    elif shutil.which("lsusb"):  # no sysfs (a container, say): ask lsusb
+        try:
+            text = subprocess.run(["lsusb"], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        for line in text.splitlines():
+            m = re.search(r"ID ([0-9a-fA-F]{4}):([0-9a-fA-F]{4})", line)
+            if m and (m[1].lower(), m[2].lower()) in USB_IDS:
+                found.append(EdgeTpu("usb", f"usb:{usb}", line.split(":")[0], USB_IDS[(m[1].lower(), m[2].lower())]))
                 usb += 1
     pci = sorted(p for p in Path(dev).glob("apex_*") if p.name[5:].isdigit()) if Path(dev).is_dir() else []
     for k, p in enumerate(sorted(pci, key=lambda p: int(p.name[5:]))):
