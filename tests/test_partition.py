@@ -174,3 +174,28 @@ def test_solve_is_deterministic(toy_device):
     a = solve(prob, 3, "1-2-3", 10.0)
     b = solve(prob, 3, "1-2-3", 10.0)
     assert a.stages == b.stages and a.proven_optimal
+
+
+@settings(max_examples=20, deadline=None)
+@given(dags(max_ops=8), st.integers(2, 4))
+def test_contiguous_dp_is_the_best_cut_of_its_order(toy_device, graph, n):
+    from toolchain.partition.contiguous import best_contiguous
+    problem = PartitionProblem(graph, EdgeTpuCostModel(toy_device))
+    order = list(range(problem.n_ops))
+    got = best_contiguous(problem, order, n)
+    best = None
+    for cuts in itertools.combinations(range(1, problem.n_ops), n - 1):
+        bounds = (0, *cuts, problem.n_ops)
+        stages = [0] * problem.n_ops
+        for s in range(n):
+            for q in range(bounds[s], bounds[s + 1]):
+                stages[order[q]] = s
+        if problem.is_valid(stages, n):
+            o = problem.objectives(stages, n)
+            key = (o["max_stage_ps"], o["sum_stage_ps"])
+            best = key if best is None or key < best else best
+    if best is None:
+        assert got is None
+    else:
+        o = problem.objectives(got, n)
+        assert (o["max_stage_ps"], o["sum_stage_ps"]) == best
