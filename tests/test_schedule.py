@@ -136,6 +136,27 @@ def test_cpsat_equals_brute_force(graph):
 
 
 @FAST
+@given(graphs())
+def test_cut_lower_bound_is_valid(graph):
+    from toolchain.schedule.bounds import cut_lower_bound
+
+    best = brute_force(graph)
+    model = build_model(graph)
+    piece = Piece(model, [(v,) for v in range(model.n)])
+    lb = cut_lower_bound(piece)
+    assert lb <= best
+    # and in context: the ops after a prefix, against brute force over the suffix
+    orders = list(topological_orders(graph))
+    prefix = orders[0][: len(orders[0]) // 2]
+    S = sum(1 << v for v in prefix)
+    rest = [(v,) for v in range(model.n) if not (S >> v) & 1]
+    sub = Piece(model, rest, S)
+    sub_best = min(model.peak(o[len(prefix):], S) for o in orders if set(o[:len(prefix)]) == set(prefix))
+    assert cut_lower_bound(sub) <= sub_best
+    assert sub.static_lower_bound() <= sub_best
+
+
+@FAST
 @given(graphs(max_ops=8))
 def test_fusion_and_cuts_keep_the_optimum(graph):
     model = build_model(graph)

@@ -10,6 +10,7 @@ from toolchain.ir import Graph
 from toolchain.memory import lifetimes
 from toolchain.memory.semantics import get_semantics
 from toolchain.schedule import heuristics
+from toolchain.schedule.bounds import cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
 from toolchain.schedule.fusion import fuse
@@ -129,33 +130,46 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
                 S |= 1 << v
     piece_objs = [Piece(model, [units[k] for k in p], S0, R0) for p, (S0, R0) in zip(plist, contexts)]
     lbs = [pc.static_lower_bound() for pc in piece_objs]
+    ubs = []
+    for pc in piece_objs:
+        # upper bound for the piece: the best global heuristic order restricted to it, or greedy
+        cand = [v for v in base_order if (pc.ops >> v) & 1]
+        ub_order, ub = cand, pc.evaluate(cand)
+        if len(pc.units) > 1:
+            g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
+            pg = pc.evaluate(g)
+            if pg < ub:
+                ub_order, ub = g, pg
+        ubs.append((ub_order, ub))
     floor = max([global_lb, *lbs])
+    # min-cut certificates for the pieces whose heuristic is above every bound so far
+    for i, pc in enumerate(piece_objs):
+        if len(pc.units) > 1 and ubs[i][1] > max(floor, lbs[i]):
+            lbs[i] = max(lbs[i], cut_lower_bound(pc, deadline))
+    floor = max([floor, *lbs])
     results = [None] * len(plist)
     # pieces in order of decreasing lower bound, then by size (the hard one first)
     todo = sorted(range(len(plist)), key=lambda i: (-lbs[i], -len(plist[i]), i))
     methods_used = set()
     for i in todo:
         pc = piece_objs[i]
-        # upper bound for the piece: the global heuristic order restricted to it, or greedy
-        cand = [v for v in base_order if (pc.ops >> v) & 1]
-        ub_order, ub = cand, pc.evaluate(cand)
-        g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
-        pg = pc.evaluate(g)
-        if pg < ub:
-            ub_order, ub = g, pg
-        if len(pc.units) == 1:
-            results[i] = (ub_order, ub, ub, True)
+        ub_order, ub = ubs[i]
+        if len(pc.units) == 1 or ub <= floor:
+            results[i] = (ub_order, ub, ub if len(pc.units) == 1 else lbs[i], True)
             continue
         res = None
+        now = time.monotonic()
+        left = max(deadline - now, 0.0)
         if method in ("auto", "dp"):
-            res = best_first(pc, ub, floor, deadline)
+            res = best_first(pc, ub, floor, now + (0.6 * left if method == "auto" else left))
             methods_used.add("dp")
         if method == "cpsat" or (method == "auto" and res is not None and not res.complete):
             from toolchain.schedule.cpsat import cpsat_piece
 
             left = deadline - time.monotonic()
             if left > 0.2 or method == "cpsat":
-                res2 = cpsat_piece(pc, ub_order, ub, floor, max(left, 0.5), seed)
+                budget = max(left * (0.7 if method == "auto" else 1.0), 0.5)
+                res2 = cpsat_piece(pc, ub_order, ub, floor, budget, seed)
                 methods_used.add("cpsat")
                 if res is None or res2.lower_bound > res.lower_bound or (
                         res2.order is not None and res2.peak < (res.peak if res.order else ub)):
@@ -174,5 +188,5 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     lb = max([global_lb] + [r[2] for r in results])
     if any(not r[3] for r in results):
         notes.append("time limit reached in %d of %d pieces" % (sum(not r[3] for r in results), len(results)))
-    used = "+".join(sorted(methods_used)) or "fusion"
+    used = "+".join(sorted(methods_used)) or "heuristic+bound"
     return order, peak, lb, used

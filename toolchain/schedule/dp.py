@@ -16,6 +16,13 @@ Adaptive soft budgeting, as done here (what differs from SERENITY's Algorithm 2)
 - `floor` is a proven lower bound from elsewhere (the order-free bound of the op footprints, or
   the optimum of another piece): every state below it costs the same, so ties are broken by depth
   and the search dives depth-first until the floor is exceeded — the soft budget.
+- Free moves: if a ready unit k, run now, peaks at most max(g(S), floor) and leaves no more bytes
+  resident (R(S+k) <= R(S)), some optimal completion from S starts with k, so k is the only child
+  expanded. Proof: in any completion ... x1..xj k ..., moving k to the front adds to each x step at
+  most R(S+k) - R(S) <= 0 (k's surviving outputs appear earlier; inputs that die at k now die
+  earlier, and inputs shared with the x's die no later), k's own step costs what it costs at S,
+  and every step after k sees the same set, hence the same bytes. This prunes most of the lattice
+  on real networks (an ADD that joins two branches is scheduled as soon as it is ready).
 - `budgeted_dp` + `bisect_budget` keep the paper's literal scheme (a memoised DFS under a budget,
   bisection between the proven lower bound and the known feasible peak, a time cap per try) for
   comparison; `schedule()` uses the best-first search.
@@ -136,6 +143,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     parent: dict[int, tuple[int, int]] = {}
     heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]
     upred, usucc = piece.upred, piece.usucc
+    apply = piece.apply
     popped_f = floor
     pops = 0
     while heap:
@@ -153,8 +161,17 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
                 break
             if len(best) > max_states:
                 break
+        # Free moves (see the module docstring): a ready unit whose steps stay within
+        # max(g, floor) and after which fewer bytes are resident is the only child expanded.
+        children = []
+        cap = g if g > floor else floor
         for k in ready:
-            peak, S2, R2 = piece.apply(k, S, R)
+            peak, S2, R2 = apply(k, S, R)
+            if peak <= cap and R2 <= R:
+                children = [(k, peak, S2, R2)]
+                break
+            children.append((k, peak, S2, R2))
+        for k, peak, S2, R2 in children:
             g2 = peak if peak > g else g
             if g2 >= ub:
                 continue
@@ -168,7 +185,6 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
             for j in usucc[k]:
                 if upred[j] & ~U2 == 0:
                     nr.append(j)
-            nr.sort()
             heapq.heappush(heap, (g2 if g2 > floor else floor, negd - 1, g2, U2, S2, R2, tuple(nr)))
     else:
         # exhausted without reaching the goal below ub: ub is optimal
