@@ -27,7 +27,9 @@ typedef struct {
     i64 *offset, *min_off, *solution;
     i64 *floor_, *total;
     int *cuts;
-    int *stamp; int stamp_val;
+    int *members;  /* per section, its unplaced buffers first: members[sec_start[k] .. + cnt[k]) */
+    int *cnt;
+    int *pos;      /* pos[k * n + b]: slot of buffer b within section k's segment */
     i64 nodes, nodes_left;
     double deadline;
     int aborted;
@@ -74,7 +76,8 @@ static int cmp_ord(const void *pa, const void *pb) {
     return (a->p > b->p) - (a->p < b->p);
 }
 
-static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset, int min_pre);
+static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset, int min_pre,
+                  const void *parent, int nparent);
 
 static int sub_solve(S *s, const int *bufs, int nb, int lo, int hi) {
     PreKey *keys = malloc(sizeof(PreKey) * (nb ? nb : 1));
@@ -86,12 +89,13 @@ static int sub_solve(S *s, const int *bufs, int nb, int lo, int hi) {
     int *pre = malloc(sizeof(int) * (nb ? nb : 1));
     for (int i = 0; i < nb; i++) pre[i] = keys[i].b;
     free(keys);
-    int r = search(s, pre, nb, lo, hi, 0, 0);
+    int r = search(s, pre, nb, lo, hi, 0, 0, NULL, 0);
     free(pre);
     return r;
 }
 
-static int decompose(S *s, const int *pre, int npre, int lo, int hi, i64 o, int p, int b) {
+static int decompose(S *s, const int *pre, int npre, int lo, int hi, i64 o, int p, int b,
+                     const void *ord, int nord) {
     s->solution[b] = o;
     int *points = malloc(sizeof(int) * (s->hi[b] - s->lo[b] + 3));
     int np = 0;
@@ -101,7 +105,7 @@ static int decompose(S *s, const int *pre, int npre, int lo, int hi, i64 o, int 
     }
     int r;
     if (np == 1) {
-        r = search(s, pre, npre, lo, hi, o, p);
+        r = search(s, pre, npre, lo, hi, o, p, ord, nord);
     } else {
         points[np++] = hi;
         r = 1;
@@ -121,22 +125,37 @@ static int decompose(S *s, const int *pre, int npre, int lo, int hi, i64 o, int 
     return r;
 }
 
-static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset, int min_pre) {
+static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset, int min_pre,
+                  const void *parent_, int nparent) {
     s->nodes++;
     if (--s->nodes_left < 0) return -2; /* node budget spent */
     if ((s->nodes & 255) == 0 && now() > s->deadline) return -1;
+    const Ord *parent = parent_;
     Ord *ord = malloc(sizeof(Ord) * (npre ? npre : 1));
     int no = 0;
-    for (int p = 0; p < npre; p++) {
-        int b = pre[p];
-        if (s->offset[b] < 0) { ord[no].off = s->min_off[b]; ord[no].p = p; ord[no].b = b; no++; }
+    if (parent) { /* the parent's sorted order, minus placed buffers, offsets refreshed */
+        for (int i = 0; i < nparent; i++) {
+            int b = parent[i].b;
+            if (s->offset[b] < 0) { ord[no] = parent[i]; ord[no].off = s->min_off[b]; no++; }
+        }
+    } else {
+        for (int p = 0; p < npre; p++) {
+            int b = pre[p];
+            if (s->offset[b] < 0) { ord[no].off = s->min_off[b]; ord[no].p = p; ord[no].b = b; no++; }
+        }
     }
     if (no == 0) {
         for (int p = 0; p < npre; p++) s->solution[pre[p]] = s->offset[pre[p]];
         free(ord);
         return 1;
     }
-    qsort(ord, no, sizeof(Ord), cmp_ord);
+    /* insertion sort: offsets only grow, so the parent's order is nearly sorted */
+    for (int i = 1; i < no; i++) {
+        Ord x = ord[i];
+        int j = i - 1;
+        while (j >= 0 && cmp_ord(&ord[j], &x) > 0) { ord[j + 1] = ord[j]; j--; }
+        ord[j + 1] = x;
+    }
     i64 min_height = ord[0].off + s->size[ord[0].b];
     for (int i = 1; i < no; i++) {
         i64 h = ord[i].off + s->size[ord[i].b];
@@ -174,6 +193,12 @@ static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset
             fl_s[nfl] = k; fl_v[nfl] = s->floor_[k]; nfl++;
             s->floor_[k] = height;
             s->total[k] -= s->size[b];
+            /* swap b out of the section's unplaced segment (undone by cnt[k]++, LIFO) */
+            int base = s->sec_start[k], last = --s->cnt[k];
+            int i = s->pos[(i64)k * s->n + b];
+            int y = s->members[base + last];
+            s->members[base + i] = y; s->pos[(i64)k * s->n + y] = i;
+            s->members[base + last] = b; s->pos[(i64)k * s->n + b] = last;
         }
         /* unallocated floor: a section's floor is at least its unplaced buffers' lowest offset */
         /* every changed buffer overlaps b, so their sections form one contiguous range */
@@ -186,9 +211,11 @@ static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset
         {
             for (int k = alo; k < ahi; k++) {
                 i64 m = -1;
-                for (int q = s->sec_start[k]; q < s->sec_start[k + 1]; q++) {
-                    int x = s->sec_members[q];
-                    if (s->offset[x] < 0 && (m < 0 || s->min_off[x] < m)) m = s->min_off[x];
+                i64 fk = s->floor_[k];
+                for (int q = s->sec_start[k], qe = s->sec_start[k] + s->cnt[k]; q < qe; q++) {
+                    i64 v = s->min_off[s->members[q]];
+                    if (v <= fk) { m = -1; break; } /* no raise possible: stop early */
+                    if (m < 0 || v < m) m = v;
                 }
                 if (m > s->floor_[k]) {
                     fl_s[nfl] = k; fl_v[nfl] = s->floor_[k]; nfl++;
@@ -203,9 +230,9 @@ static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset
             if (f + s->total[k] > s->cap) { ok = 0; break; }
         }
         int r = 0;
-        if (ok) r = decompose(s, pre, npre, lo, hi, o, p, b);
+        if (ok) r = decompose(s, pre, npre, lo, hi, o, p, b, ord, no);
         for (int j = nfl - 1; j >= 0; j--) s->floor_[fl_s[j]] = fl_v[j];
-        for (int k = s->lo[b]; k < s->hi[b]; k++) s->total[k] += s->size[b];
+        for (int k = s->hi[b] - 1; k >= s->lo[b]; k--) { s->total[k] += s->size[b]; s->cnt[k]++; }
         for (int j = nch - 1; j >= 0; j--) s->min_off[ch_b[j]] = ch_v[j];
         s->offset[b] = -1;
         if (r != 0) { result = r; break; }
@@ -230,7 +257,16 @@ int canonical_search(int n, int n_sec, const int *lo, const int *hi, const i64 *
     s.floor_ = calloc(n_sec + 1, sizeof(i64));
     s.total = calloc(n_sec + 1, sizeof(i64));
     s.cuts = calloc(n_sec + 1, sizeof(int));
-    s.stamp = calloc(n_sec + 1, sizeof(int));
+    s.members = malloc(sizeof(int) * (sec_start[n_sec] + 1));
+    s.cnt = calloc(n_sec + 1, sizeof(int));
+    s.pos = malloc(sizeof(int) * ((size_t)n_sec * n + 1));
+    for (int k = 0; k < n_sec; k++) {
+        s.cnt[k] = sec_start[k + 1] - sec_start[k];
+        for (int q = sec_start[k]; q < sec_start[k + 1]; q++) {
+            s.members[q] = sec_members[q];
+            s.pos[(i64)k * n + sec_members[q]] = q - sec_start[k];
+        }
+    }
     for (int i = 0; i < n; i++) { s.offset[i] = -1; s.solution[i] = -1; }
     for (int k = 0; k < n_sec; k++)
         for (int q = sec_start[k]; q < sec_start[k + 1]; q++) s.total[k] += size[sec_members[q]];
@@ -269,6 +305,6 @@ int canonical_search(int n, int n_sec, const int *lo, const int *hi, const i64 *
     if (status == 1) for (int i = 0; i < n; i++) out[i] = s.solution[i];
     *nodes_out = s.nodes;
     free(bufs);
-    free(s.offset); free(s.min_off); free(s.solution); free(s.floor_); free(s.total); free(s.cuts); free(s.stamp);
+    free(s.offset); free(s.min_off); free(s.solution); free(s.floor_); free(s.total); free(s.cuts); free(s.members); free(s.cnt); free(s.pos);
     return status;
 }

@@ -165,12 +165,23 @@ class _Search:
         self.sizes = list(sizes)
         self.cap = capacity
         self.deadline = deadline
-        points = sorted(set(starts) | set(ends))
-        index = {p: k for k, p in enumerate(points)}
-        self.lo = [index[s] for s in starts]
-        self.hi = [index[e] for e in ends]
+        # Sections: the buffers alive just before an end time, one per end time that follows a
+        # start (the others are subsets of the previous section). They cover every maximal set of
+        # buffers alive together, and each buffer spans a contiguous run of them.
+        events = sorted([(e, 0) for e in set(ends)] + [(s, 1) for s in set(starts)])
+        times, started = [], False
+        for t, kind in events:
+            if kind == 1:
+                started = True
+            elif started:
+                times.append(t)
+                started = False
+        import bisect
+
+        self.lo = [bisect.bisect_right(times, s) for s in starts]  # first section time > start
+        self.hi = [bisect.bisect_right(times, e) for e in ends]  # sections with time <= end
         self.width = [e - s for s, e in zip(starts, ends)]
-        self.n_sec = max(len(points) - 1, 0)
+        self.n_sec = len(times)
         self.sections: list[list[int]] = [[] for _ in range(self.n_sec)]
         for b in range(n):
             for s in range(self.lo[b], self.hi[b]):
