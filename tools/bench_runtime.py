@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     ]
     if missing:
         lines.append(f"Missing from the zoo (skipped): {', '.join(missing)}.")
+    if any(not m.resolve().is_relative_to(REPO) for m in a.models):
+        lines.append("Run on a partial zoo outside the repository (the directories in the command); "
+                     "`make bench` regenerates this section from `models/`.")
     write_bytes_atomic(a.out, ("\n".join(lines) + "\n").encode())
     print(f"wrote {a.out}")
     return 0
