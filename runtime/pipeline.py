@@ -3,10 +3,11 @@
 One worker thread per segment; queues of one item between them (as Coral's); tensors passed by
 NAME, so a tensor produced by segment 1 and read by segment 3 travels past segment 2 untouched;
 `push({})` (or `push(None)`) ends the stream and `pop()` returns None once everything before it
-came out. A stage that raises stops the whole pipeline: every worker leaves its loop, `push` and
-`pop` raise `PipelineError` naming that stage and its error, and results that came out before the
-failure are still returned by `pop` first. Nothing waits forever: workers poll a stop flag while
-blocked on a queue, and `pop(timeout=...)` gives up naming the stage still busy.
+came out. A stage that raises stops the whole pipeline: the stages before it stop at once, the
+stages after it finish the items it had already passed on (so no result computed before the
+failure is lost), then `push` and `pop` raise `PipelineError` naming that stage and its error.
+Nothing waits forever: workers poll a stop flag while blocked on a queue, and `pop(timeout=...)`
+gives up naming the stage still busy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from toolchain.errors import DeviceError, ToolchainError
 
 _END = object()
+_FAIL = object()  # travels downstream from a failed stage, after the items it had passed on
 
 
 @dataclass
@@ -68,10 +70,12 @@ class PipelinedRunner:
             self._keep_after.append(later | set(self.final_outputs))
         self._poll = poll_s
         self._queues = [queue.Queue(maxsize=queue_size) for _ in range(len(stages) + 1)]
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # closed or timed out: every thread leaves
+        self._failed_at: int | None = None  # stages upstream of it (and the pusher) leave
         self._error: PipelineError | None = None
         self._lock = threading.Lock()
         self._busy: list[int | None] = [None] * len(stages)  # sequence number each stage is working on
+        self._fail_seen = False
         self._pushed = 0
         self._ended = False
         self._threads = [threading.Thread(target=self._work, args=(i,), name=f"stage-{i}", daemon=True)
@@ -80,8 +84,13 @@ class PipelinedRunner:
             t.start()
 
     # ---- worker side ----------------------------------------------------------------------
-    def _put(self, q: queue.Queue, item) -> bool:
-        while not self._stop.is_set():
+    def _aborted(self, k: int) -> bool:
+        """Should stage k (-1: the caller pushing) give up? Downstream of a failure, stages keep
+        going so that the items already past the failed stage still come out."""
+        return self._stop.is_set() or (self._failed_at is not None and k < self._failed_at)
+
+    def _put(self, q: queue.Queue, item, k: int) -> bool:
+        while not self._aborted(k):
             try:
                 q.put(item, timeout=self._poll)
                 return True
@@ -89,8 +98,8 @@ class PipelinedRunner:
                 continue
         return False
 
-    def _get(self, q: queue.Queue):
-        while not self._stop.is_set():
+    def _get(self, q: queue.Queue, k: int):
+        while not self._aborted(k):
             try:
                 return q.get(timeout=self._poll)
             except queue.Empty:
@@ -104,18 +113,19 @@ class PipelinedRunner:
         with self._lock:
             if self._error is None:
                 self._error = err
-        self._stop.set()
+                self._failed_at = i
+        self._put(self._queues[i + 1], _FAIL, i + 1)  # behind what this stage already passed on
 
     def _work(self, i: int) -> None:
         stage = self.stages[i]
         q_in, q_out = self._queues[i], self._queues[i + 1]
         keep = self._keep_after[i]
         while True:
-            item = self._get(q_in)
+            item = self._get(q_in, i)
             if item is None:  # stopped
                 return
-            if item is _END:
-                self._put(q_out, _END)
+            if item is _END or item is _FAIL:
+                self._put(q_out, item, i + 1)
                 return
             seq, tensors = item
             self._busy[i] = seq
@@ -136,7 +146,7 @@ class PipelinedRunner:
                 self._busy[i] = None
             merged = {k: v for k, v in tensors.items() if k in keep}
             merged.update({k: v for k, v in out.items() if k in keep})
-            if not self._put(q_out, (seq, merged)):
+            if not self._put(q_out, (seq, merged), i + 1):
                 return
 
     # ---- caller side ----------------------------------------------------------------------
@@ -157,18 +167,20 @@ class PipelinedRunner:
         else:
             item = (self._pushed, dict(tensors))
             self._pushed += 1
-        if not self._put(self._queues[0], item):
+        if not self._put(self._queues[0], item, -1):
             self._raise()
 
     def pop(self, timeout: float | None = None) -> dict[str, np.ndarray] | None:
         """The next result's final outputs in push order, or None after the end of the stream."""
+        if self._fail_seen:
+            self._raise()
         q = self._queues[-1]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
                 item = q.get(timeout=self._poll)
             except queue.Empty:
-                if self._error is not None and q.empty():
+                if self._stop.is_set() and q.empty():
                     self._raise()
                 if deadline is not None and time.monotonic() > deadline:
                     busy = [i for i, s in enumerate(self._busy) if s is not None]
@@ -182,6 +194,9 @@ class PipelinedRunner:
                 continue
             if item is _END:
                 return None
+            if item is _FAIL:
+                self._fail_seen = True
+                self._raise()
             _, tensors = item
             return {k: tensors[k] for k in self.final_outputs}
 
