@@ -129,7 +129,7 @@ static int search(S *s, const int *pre, int npre, int lo, int hi, i64 min_offset
                   const void *parent_, int nparent) {
     s->nodes++;
     if (--s->nodes_left < 0) return -2; /* node budget spent */
-    if ((s->nodes & 255) == 0 && now() > s->deadline) return -1;
+    if ((s->nodes & 15) == 0 && now() > s->deadline) return -1;
     const Ord *parent = parent_;
     Ord *ord = malloc(sizeof(Ord) * (npre ? npre : 1));
     int no = 0;

@@ -467,40 +467,39 @@ def _finish(bufs, offsets, lb, name, t0, proven=False, alignment=1) -> ArenaPlan
 
 
 def _plan_auto(bufs, lb, time_limit, t0, overlaps, alignment) -> ArenaPlan:
-    deadline = t0 + time_limit
+    deadline = t0 + 0.93 * time_limit  # probes overshoot their limits slightly: stay inside ours
     candidates = _greedy_portfolio(bufs, overlaps)
     name, best = min(candidates, key=lambda c: (arena_size(bufs, c[1]), c[0]))
     best_size = arena_size(bufs, best)
     if best_size == lb:
         return _finish(bufs, best, lb, name, t0, True, alignment)
     # Exact search at the lower bound: most instances fit exactly there.
-    found = search_plan(bufs, lb, max(0.0, 0.6 * (deadline - time.monotonic())))
+    found = search_plan(bufs, lb, max(0.0, 0.4 * (deadline - time.monotonic())))
     if isinstance(found, list):
         return _finish(bufs, found, lb, "search", t0, True, alignment)
     g = 0
     for b in bufs:
         g = math.gcd(g, b.size)
     g = max(g, 1)
-    proven_lb = lb
-    if found is None:  # the bound itself is infeasible: binary search between it and the greedy
-        proven_lb = lb + g
-        lo, hi = proven_lb, best_size - g
-        while lo <= hi and time.monotonic() < deadline:
-            mid = (lo + hi) // 2 // g * g
-            mid = max(mid, lo)
-            r = search_plan(bufs, mid, max(0.0, 0.5 * (deadline - time.monotonic())))
-            if isinstance(r, list):
-                best, best_size, name = r, arena_size(bufs, r), "search"
-                hi = best_size - g
-            elif r is None:
-                proven_lb = mid + g
-                lo = mid + g
-            else:
-                break
-        if best_size <= proven_lb:
-            return _finish(bufs, best, best_size, name, t0, True, alignment)
-    remaining = deadline - time.monotonic()
-    if remaining > 0.2:
+    proven_lb = lb + g if found is None else lb
+    # Binary search on the capacity between the last failure and the best plan so far; a probe
+    # that runs out of time counts as a failure but proves nothing.
+    failed = lb
+    while best_size - failed > g and time.monotonic() < deadline - 0.05:
+        mid = max(failed + g, (failed + best_size) // 2 // g * g)
+        if mid >= best_size:
+            break
+        r = search_plan(bufs, mid, max(0.0, 0.25 * (deadline - time.monotonic())))
+        if isinstance(r, list):
+            best, best_size, name = r, arena_size(bufs, r), "search"
+        else:
+            failed = mid
+            if r is None:
+                proven_lb = max(proven_lb, mid + g)
+    if best_size <= proven_lb:
+        return _finish(bufs, best, best_size, name, t0, True, alignment)
+    remaining = deadline - time.monotonic() - 0.1 - 0.002 * len(bufs)  # building the model takes time too
+    if remaining > 0.5:
         offsets, size, bound, optimal = cpsat_plan(bufs, remaining, hint=best, lower_bound=proven_lb,
                                                    upper_bound=best_size)
         proven_lb = max(proven_lb, bound)
