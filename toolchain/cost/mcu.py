@@ -28,20 +28,6 @@ _ELEMENTWISE = {
 }
 OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
 
-# Used only when neither toolchain.cost.devices nor devices/<name>.toml is available.
-_BUILTIN = {
-    "sparkfun-edge": {
-        "name": "sparkfun-edge", "kind": "mcu",
-        "memory": {"sram_bytes": 393216, "flash_bytes": 983040},
-        "compute": {"clock_hz": 48_000_000,
-                    "cycles_per_mac": {"conv": 2.0, "depthwise": 3.0, "fully_connected": 1.6,
-                                       "elementwise": 6.0, "other": 4.0}},
-        "link": {"baud": 921600},
-        "power": {"active_w": 0.0066, "idle_w": 0.0008},
-    },
-}
-
-
 def op_class(opcode: str) -> str:
     if opcode in _CONV:
         return "conv"
@@ -79,8 +65,6 @@ def load_descriptor(name_or_path: str) -> dict:
             return tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise UsageError(f"{path}: not valid TOML ({exc})") from None
-    if name_or_path in _BUILTIN:
-        return _BUILTIN[name_or_path]
     raise UsageError(f"unknown device '{name_or_path}' (no {path})")
 
 
