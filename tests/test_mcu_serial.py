@@ -172,3 +172,16 @@ def test_run_cli_reset_mid_run_prints_partial_report_and_exits_4(capsys):
 def test_run_cli_no_device_exits_4(capsys):
     assert main(["run", str(MODEL), "--backend", "mcu", "--port", "/dev/nonexistent-tpu-pipeline-port"]) == 4
     assert "cannot open the serial port" in capsys.readouterr().err
+
+
+def test_run_cli_with_a_power_meter(capsys):
+    from runtime.power import FakeUmMeter
+
+    with FakeMcu(DATA, arena_used=1) as dev, FakeUmMeter("UM25C", 5.0, 0.02) as meter:
+        code = bounded(lambda: main(["run", str(MODEL), "--backend", "mcu", "--port", dev.port,
+                                     "--power-meter", meter.port, "-N", "5", "--json"]))
+    assert code == 0
+    e = json.loads(capsys.readouterr().out)["energy"]
+    assert e["meter"] == "UM25C" and e["samples"] >= 1 and e["error"] is None
+    assert e["avg_power_w"] == pytest.approx(0.1)
+    assert e["energy_per_inference_j"] == pytest.approx((0.1 - e["idle_w"]) * e["duration_s"] / 5)
