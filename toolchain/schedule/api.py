@@ -160,14 +160,19 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
         res = None
         now = time.monotonic()
         left = max(deadline - now, 0.0)
+        # building the CP-SAT model costs about 0.1 ms per (unit, step) pair: in auto mode it is
+        # tried only when that is a small part of the time left
+        build = len(pc.units) * bin(pc.ops).count("1") * 1e-4
+        cpsat_ok = build < 0.12 * left
         if method in ("auto", "dp"):
-            res = best_first(pc, ub, floor, now + (0.6 * left if method == "auto" else left))
+            share = 1.0 if method == "dp" else (0.6 if cpsat_ok else 0.9)
+            res = best_first(pc, ub, floor, now + share * left)
             methods_used.add("dp")
-        if method == "cpsat" or (method == "auto" and res is not None and not res.complete):
+        if method == "cpsat" or (method == "auto" and cpsat_ok and res is not None and not res.complete):
             from toolchain.schedule.cpsat import cpsat_piece
 
             left = deadline - time.monotonic()
-            if left > 0.2 or method == "cpsat":
+            if (left > 0.2 and build < 0.3 * left) or method == "cpsat":
                 budget = max(left * (0.7 if method == "auto" else 1.0), 0.5)
                 res2 = cpsat_piece(pc, ub_order, ub, floor, budget, seed)
                 methods_used.add("cpsat")

@@ -59,16 +59,16 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
             owner[v], offset[v] = k, r
 
     cp = cp_model.CpModel()
-    U = {(k, j): cp.NewBoolVar(f"U{k}_{j}") for k in range(m) for j in range(lo[k], hi[k] + 1)}
+    U = {(k, j): cp.new_bool_var(f"U{k}_{j}") for k in range(m) for j in range(lo[k], hi[k] + 1)}
     start = []
     for k in range(m):
-        cp.AddExactlyOne(U[k, j] for j in range(lo[k], hi[k] + 1))  # (2)
-        s = cp.NewIntVar(lo[k], hi[k], f"s{k}")
-        cp.Add(s == sum(j * U[k, j] for j in range(lo[k], hi[k] + 1)))
+        cp.add_exactly_one(U[k, j] for j in range(lo[k], hi[k] + 1))  # (2)
+        s = cp.new_int_var(lo[k], hi[k], f"s{k}")
+        cp.add(s == sum(j * U[k, j] for j in range(lo[k], hi[k] + 1)))
         start.append(s)
     for k in range(m):
         for p in bits(piece.upred[k]):
-            cp.Add(start[k] >= start[p] + lens[p])
+            cp.add(start[k] >= start[p] + lens[p])
 
     def O(v, j):
         k, r = owner[v], offset[v]
@@ -76,7 +76,7 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
 
     for j in range(1, L + 1):  # (1)
         cover = [O(v, j) for v in bits(piece.ops)]
-        cp.AddExactlyOne([x for x in cover if x is not None])
+        cp.add_exactly_one([x for x in cover if x is not None])
 
     S0, S_end = piece.S0, piece.S0 | piece.ops
     const = model.const_all
@@ -105,24 +105,24 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
                 T[t, j] = 0
                 prev = 0
                 continue
-            x = cp.NewBoolVar(f"T{t}_{j}")
+            x = cp.new_bool_var(f"T{t}_{j}")
             T[t, j] = x
             w = O(writer, j) if writes_here else None
             if isinstance(prev, int):
                 if prev == 0:
                     if w is None:
-                        cp.Add(x == 0)
+                        cp.add(x == 0)
                     else:
-                        cp.AddImplication(x, w)  # (4)/(5)
+                        cp.add_implication(x, w)  # (4)/(5)
             else:
                 if w is None:
-                    cp.AddImplication(x, prev)  # (4)
+                    cp.add_implication(x, prev)  # (4)
                 else:
-                    cp.AddBoolOr([prev, w]).OnlyEnforceIf(x)  # (4)
+                    cp.add_bool_or([prev, w]).only_enforce_if(x)  # (4)
             prev = x
             mem_terms[j].append((model.size[t], x))
         if alive_end:
-            cp.Add(T[t, L] == 1) if not isinstance(T[t, L], int) else None
+            cp.add(T[t, L] == 1) if not isinstance(T[t, L], int) else None
         for v in bits(inside):  # (3)
             for j in range(1, L + 1):
                 o = O(v, j)
@@ -130,16 +130,16 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
                     continue
                 x = T[t, j]
                 if isinstance(x, int):
-                    cp.Add(o == 0) if x == 0 else None
+                    cp.add(o == 0) if x == 0 else None
                 else:
-                    cp.AddImplication(o, x)
-    mem = cp.NewIntVar(floor, max(ub, floor), "mem")
+                    cp.add_implication(o, x)
+    mem = cp.new_int_var(floor, max(ub, floor), "mem")
     for j in range(1, L + 1):  # (6)
         expr = [s * x for s, x in mem_terms[j]]
         scratch = [model.extra[v] * O(v, j) for v in bits(piece.ops) if model.extra[v] and O(v, j) is not None]
         final = model.final_only if (j == L and S_end == model.full) else 0
-        cp.Add(sum(expr) + sum(scratch) + const + final <= mem)
-    cp.Minimize(mem)
+        cp.add(sum(expr) + sum(scratch) + const + final <= mem)
+    cp.minimize(mem)
     # hint: the upper-bound order (as units if it respects them)
     pos = {}
     step = 1
@@ -150,19 +150,19 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
         j0 = pos.get(u[0])
         if j0 is not None and all(pos.get(v) == j0 + r for r, v in enumerate(u)) and (k, j0) in U:
             for j in range(lo[k], hi[k] + 1):
-                cp.AddHint(U[k, j], j == j0)
+                cp.add_hint(U[k, j], j == j0)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, float(time_limit))
     solver.parameters.num_workers = max(1, min(2, workers))
     solver.parameters.random_seed = seed
-    status = solver.Solve(cp)
-    bound = int(solver.BestObjectiveBound()) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
+    status = solver.solve(cp)
+    bound = int(solver.best_objective_bound) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
     if status == cp_model.INFEASIBLE:  # nothing within [floor, ub]: cannot happen with ub feasible
         return SearchResult(None, ub, ub, True, 0)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return SearchResult(None, ub, static_lb, False, 0)
-    starts = sorted(range(m), key=lambda k: solver.Value(start[k]))
+    starts = sorted(range(m), key=lambda k: solver.value(start[k]))
     order = [v for k in starts for v in units[k]]
     peak = piece.evaluate(order)
     complete = status == cp_model.OPTIMAL
