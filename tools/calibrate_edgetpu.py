@@ -12,9 +12,9 @@ one-segment latency is fitted:
               + (max(0, parameter bytes - SRAM) + in/out bytes) * k_byte
 
 by non-negative least squares on the RELATIVE error (each row divided by the published latency),
-for each usable SRAM size on a grid (6.5 .. 8 MiB); the best fit wins. k_dense sets the efficiency of
-conv, fully_connected, elementwise and other (efficiency = 2 / (k * peak)), k_dw that of depthwise,
-k_byte the host bandwidth. `--write` stores the fitted values in devices/coral-usb.toml (usb3_ms)
+for each usable SRAM size on a grid (7 .. 8 MiB, the range edgetpu_compiler logs report); the best fit wins. With six or seven published
+models the fit is kept to three parameters: one compute rate for every op class (k_dense = k_dw,
+efficiency = 2 / (k * peak), constrained <= 1), the invoke overhead and the host bandwidth k_byte. `--write` stores the fitted values in devices/coral-usb.toml (usb3_ms)
 and devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe
 figures and the Dev Board's Edge TPU sits on PCIe).
 """
@@ -90,16 +90,21 @@ def nnls(A: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit(feats: dict[str, dict], target: dict[str, float]):
+def fit(feats: dict[str, dict], target: dict[str, float], peak: float):
+    """Three parameters (overhead, seconds per MAC, seconds per host byte) and the usable SRAM
+    (grid). Efficiency <= 1 is enforced by fitting k = 2/peak + k' with k' >= 0."""
     names = sorted(feats)
     y = np.array([target[n] for n in names])
+    k_min = 2.0 / peak
     best = None
-    for sram in np.arange(6.5, 8.01, 0.125) * MiB:
-        A = np.array([[1.0, feats[n]["macs_dense"], feats[n]["macs_dw"],
-                       max(0, feats[n]["params"] - sram) + feats[n]["io"]] for n in names])
-        W = A / y[:, None]
-        x = nnls(W, np.ones(len(names)))
-        pred = A @ x
+    for sram in np.arange(7.0, 8.01, 0.0625) * MiB:  # 7.0-7.9 MiB usable per edgetpu_compiler logs
+        macs_all = np.array([feats[n]["macs_dense"] + feats[n]["macs_dw"] for n in names], dtype=float)
+        A = np.array([[1.0, macs_all[i], max(0, feats[n]["params"] - sram) + feats[n]["io"]]
+                      for i, n in enumerate(names)])
+        b = y - macs_all * k_min
+        x = nnls(A / y[:, None], b / y)
+        x = np.array([x[0], x[1] + k_min, x[1] + k_min, x[2]])  # overhead, k_dense, k_dw, k_byte
+        pred = A[:, 0] * x[0] + macs_all * x[1] + A[:, 2] * x[3]
         rel = pred / y - 1
         score = float(np.sum(rel ** 2))
         if best is None or score < best[0] - 1e-12:
@@ -159,10 +164,10 @@ def main(argv=None) -> int:
              "published architectures. Missing rows: the zoo has no such model.", ""]
     for column, devices in (("usb3_ms", ["coral-usb"]), ("devboard_ms", ["coral-devboard", "coral-pcie"])):
         target = {n: float(table[n][column]) / 1e3 for n in usable}
-        score, sram, x, pred = fit(feats, target)
+        peak = load_device(devices[0]).peak_ops_per_s
+        score, sram, x, pred = fit(feats, target, peak)
         rel = {n: pred[n] / target[n] - 1 for n in usable}
         rms = float(np.sqrt(np.mean([r ** 2 for r in rel.values()])))
-        peak = load_device(devices[0]).peak_ops_per_s
         if a.write:
             for d in devices:
                 write_device(d, sram, x, peak, column, len(usable), rms)
