@@ -90,10 +90,10 @@ def mcu_row(path: Path, iterations: int) -> str:
                 exported = "flash too small" if "flash" in str(exc) else str(exc).split(": ", 1)[-1][:40]
     host = f"{rep.latency.median_s * 1e3:.2f}" if rep.latency else "-"
     fits = {True: "yes", False: "**no**", None: "TFLM cannot run it"}[a["fits"]]
-    if a["fits"] is False and a.get("fits_flash") is False:
-        fits = "**no** (flash)"
-    elif a["fits"] is False:
-        fits = "**no** (SRAM)"
+    if a["fits"] is False:
+        why = [w for w, bad in (("SRAM", a["total"] is None or a["total"] > a["configured"]),
+                                ("flash", a.get("fits_flash") is False)) if bad]
+        fits = f"**no** ({', '.join(why)})"
     row = (f"| {path.stem} | {len(rep.ops)} | {fits} | {kib(a['head'])} | "
            f"{kib(a['predicted_head'])} | {kib(a['tail'])} | {exported} | {a['model_bytes'] / 1024:,.0f} | "
            f"{host} | {rep.predicted['latency_s'] * 1e3:,.1f} | {rep.predicted['energy_j'] * 1e3:.3f} |")
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=5.0)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "runtime.md")
     a = ap.parse_args(argv)
-    rel = lambda p: str(p.relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p)  # noqa: E731
+    rel = lambda p: str(p.resolve().relative_to(REPO)) if p.resolve().is_relative_to(REPO) else str(p)  # noqa: E731
     cmd = f"python tools/bench_runtime.py --models {' '.join(rel(m) for m in a.models)} --iterations {a.iterations}"
     t0 = time.time()
     tpu_rows, missing = [], []
