@@ -59,10 +59,9 @@ def parse(raw: bytes, kinds: set[str] = DEVICE_KINDS | HOST_KINDS) -> Message:
     if star < 0 or len(line) - star != 3:
         raise ProtocolError("no checksum")
     body, cc = line[:star], line[star + 1:]
-    try:
-        want = int(cc, 16)
-    except ValueError:
-        raise ProtocolError("checksum is not hex") from None
+    if any(c not in b"0123456789ABCDEF" for c in cc):
+        raise ProtocolError("checksum is not two upper-case hex digits")
+    want = int(cc, 16)
     if checksum(body) != want:
         raise ProtocolError(f"checksum {cc.decode(errors='replace')} does not match {checksum(body):02X}")
     try:

@@ -70,6 +70,8 @@ bool check_line(char* line) {
   if (!star || strlen(star) != 3) return false;
   uint8_t cc = 0;
   for (char* p = line; p < star; ++p) cc ^= static_cast<uint8_t>(*p);
+  // Upper-case digits only: a flipped case bit must not pass as the same checksum.
+  if ((star[1] >= 'a' && star[1] <= 'f') || (star[2] >= 'a' && star[2] <= 'f')) return false;
   int hi = hexval(star[1]), lo = hexval(star[2]);
   if (hi < 0 || lo < 0 || cc != (hi << 4 | lo)) return false;
   *star = '\0';
