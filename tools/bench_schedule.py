@@ -54,6 +54,41 @@ def model_files(dirs: list[Path]) -> list[Path]:
     return out
 
 
+VARIANTS = {  # ablation: name -> (method, parts switched off)
+    "all": ("auto", ()),
+    "no free moves": ("auto", ("free_moves",)),
+    "no fusion": ("auto", ("fusion",)),
+    "no cuts": ("auto", ("cuts",)),
+    "no min-cut bound": ("auto", ("cut_bound",)),
+    "CP-SAT only": ("cpsat", ()),
+}
+
+
+def variant(path: str, name: str, time_limit: float) -> dict:
+    from toolchain.ir import load
+    from toolchain.schedule import schedule
+
+    _, graph = load(path)
+    method, off = VARIANTS[name]
+    res = schedule(graph, method=method, time_limit=time_limit, ablate=frozenset(off))
+    return {"peak": res.peak, "lb": res.lower_bound, "proven": res.proven_optimal, "seconds": res.seconds}
+
+
+def irregular(files: list[Path], dirs: list[Path]) -> list[Path]:
+    """int8 models the manifest marks irregular (else: names of the irregular families)."""
+    marked = set()
+    for d in dirs:
+        try:
+            data = json.loads((d / "MANIFEST.json").read_text())
+            for m in data.get("models", []):
+                if isinstance(m, dict) and m.get("regular") is False and m.get("file"):
+                    marked.add(Path(m["file"]).stem)
+        except (OSError, ValueError, AttributeError):
+            pass
+    fams = ("randwire", "darts", "nasnet", "amoeba", "hrnet", "swiftnet")
+    return [f for f in files if "int8" in f.stem and (f.stem in marked or any(x in f.stem for x in fams))]
+
+
 def one(path: str, time_limit: float) -> dict:
     """Runs in a child: every figure for one model, as JSON."""
     from toolchain.ir import load
@@ -85,10 +120,15 @@ def main(argv=None) -> int:
     ap.add_argument("--models", type=Path, nargs="+", default=[ROOT / "models"])
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "schedule.md")
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--no-ablation", action="store_true", help="skip the ablation table")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(one(args.child, args.time_limit)))
+        if args.variant:
+            print(json.dumps(variant(args.child, args.variant, args.time_limit)))
+        else:
+            print(json.dumps(one(args.child, args.time_limit)))
         return 0
     files = model_files(args.models)
     rows = []
@@ -106,7 +146,7 @@ def main(argv=None) -> int:
         print(f"{f.stem}: {row.get('peak', row.get('error'))} in {time.monotonic() - t:.1f} s", file=sys.stderr)
 
     cmd = "python tools/bench_schedule.py --models " + " ".join(
-        str(p.relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in args.models)
+        str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p) for p in args.models)
     if args.time_limit != 10.0:
         cmd += f" --time-limit {args.time_limit:g}"
     lines = ["## Memory-optimal operator scheduling", "", f"Command: `{cmd}`", "",
@@ -137,6 +177,27 @@ def main(argv=None) -> int:
                   f"time median {statistics.median(secs):.2f} s, worst {max(secs):.2f} s; peak vs converter order: "
                   f"geometric mean {geo:.2f}x lower, best {max(gains):.2f}x. Greedy alone is optimal on "
                   f"{sum(r['greedy'] == r['peak'] for r in ok)} of {len(ok)}."]
+    if not args.no_ablation:
+        abl = irregular(files, args.models)
+        if abl:
+            lines += ["", "### Ablation on the irregular int8 models", "",
+                      "Each cell: peak KiB / seconds, `*` = proven optimal (same time limit). `no free moves`: the DP "
+                      "expands every ready unit; `no fusion`: one op per unit; `no cuts`: one piece; `no min-cut "
+                      "bound`: footprint bounds only; `CP-SAT only`: Zhong et al.'s formulation per piece, no DP.", "",
+                      "| model | " + " | ".join(VARIANTS) + " |", "|---|" + "---:|" * len(VARIANTS)]
+            for f in abl:
+                cells = []
+                for name in VARIANTS:
+                    try:
+                        proc = subprocess.run([sys.executable, __file__, "--child", str(f), "--variant", name,
+                                               "--time-limit", str(args.time_limit)], capture_output=True, text=True,
+                                              timeout=args.time_limit * 6 + 120, cwd=ROOT)
+                        v = json.loads(proc.stdout.strip().splitlines()[-1])
+                        cells.append(f"{kib(v['peak'])}{'*' if v['proven'] else ''} / {v['seconds']:.1f}")
+                    except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError):
+                        cells.append("error")
+                print(f"ablation {f.stem}: {cells}", file=sys.stderr)
+                lines.append(f"| {f.stem} | " + " | ".join(cells) + " |")
     lines.append("")
     from toolchain.tflite.io import write_bytes_atomic
 

@@ -53,9 +53,11 @@ def _best_baseline(model: MemModel, candidates: dict[str, list[int]]) -> tuple[s
 
 
 def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
-             semantics: str = "tflm", seed: int = 0) -> Schedule:
+             semantics: str = "tflm", seed: int = 0, *, ablate: frozenset[str] = frozenset()) -> Schedule:
     """The op order with the smallest peak found within `time_limit` seconds; never worse than
-    the graph's stored order; `proven_optimal` only when the peak equals a proven lower bound."""
+    the graph's stored order; `proven_optimal` only when the peak equals a proven lower bound.
+
+    `ablate` (benchmarks only) switches parts off: "fusion", "cuts", "free_moves", "cut_bound"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -85,12 +87,12 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
         order, peak, lb, used = base_order, base_peak, global_lb, f"heuristic:{base_name}"
         units_n = pieces_n = largest = 0
     else:
-        units = fuse(model)
-        plist = split_pieces(model, units)
+        units = [(v,) for v in heuristics.kahn(model)] if "fusion" in ablate else fuse(model)
+        plist = [list(range(len(units)))] if "cuts" in ablate else split_pieces(model, units)
         units_n, pieces_n = len(units), len(plist)
         largest = max(len(p) for p in plist)
         order, peak, lb, used = _solve_pieces(model, units, plist, base_order, base_peak,
-                                              global_lb, method, deadline, seed, notes)
+                                              global_lb, method, deadline, seed, notes, ablate)
         if base_peak <= peak:
             order, peak = base_order, base_peak
             used = f"heuristic:{base_name}" if base_peak < peak else used
@@ -117,7 +119,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
                     sem.name, n, units_n, pieces_n, largest, tuple(notes))
 
 
-def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes):
+def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate):
     """Solve every piece in context; pieces with the highest lower bound first."""
     # the context (S0, R0) of each piece follows from the pieces before it
     contexts = []
@@ -144,7 +146,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     floor = max([global_lb, *lbs])
     # min-cut certificates for the pieces whose heuristic is above every bound so far
     for i, pc in enumerate(piece_objs):
-        if len(pc.units) > 1 and ubs[i][1] > max(floor, lbs[i]):
+        if "cut_bound" not in ablate and len(pc.units) > 1 and ubs[i][1] > max(floor, lbs[i]):
             lbs[i] = max(lbs[i], cut_lower_bound(pc, deadline))
     floor = max([floor, *lbs])
     results = [None] * len(plist)
@@ -166,7 +168,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
         cpsat_ok = build < 0.12 * left
         if method in ("auto", "dp"):
             share = 1.0 if method == "dp" else (0.6 if cpsat_ok else 0.9)
-            res = best_first(pc, ub, floor, now + share * left)
+            res = best_first(pc, ub, floor, now + share * left, free_moves="free_moves" not in ablate)
             methods_used.add("dp")
         if method == "cpsat" or (method == "auto" and cpsat_ok and res is not None and not res.complete):
             from toolchain.schedule.cpsat import cpsat_piece

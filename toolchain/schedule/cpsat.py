@@ -24,6 +24,9 @@ from toolchain.schedule.model import bits
 
 def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: float = 10.0,
                 seed: int = 0, workers: int = 1) -> SearchResult:
+    import time
+
+    t_start = time.monotonic()
     model = piece.model
     units = piece.units
     m = len(units)
@@ -153,7 +156,7 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
                 cp.add_hint(U[k, j], j == j0)
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, float(time_limit))
+    solver.parameters.max_time_in_seconds = max(0.1, float(time_limit) - (time.monotonic() - t_start))
     solver.parameters.num_workers = max(1, min(2, workers))
     solver.parameters.random_seed = seed
     status = solver.solve(cp)

@@ -124,7 +124,7 @@ class Piece:
 
 
 def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = None,
-               max_states: int = 3_000_000) -> SearchResult:
+               max_states: int = 3_000_000, free_moves: bool = True) -> SearchResult:
     """Exact bottleneck search; returns an order with peak < ub if one exists (optimal, or at
     most `floor` — any order within the floor is as good as optimal for the caller)."""
     m = len(piece.units)
@@ -167,7 +167,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
         cap = g if g > floor else floor
         for k in ready:
             peak, S2, R2 = apply(k, S, R)
-            if peak <= cap and R2 <= R:
+            if free_moves and peak <= cap and R2 <= R:
                 children = [(k, peak, S2, R2)]
                 break
             children.append((k, peak, S2, R2))
