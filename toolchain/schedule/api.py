@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from toolchain.errors import UsageError
 from toolchain.ir import Graph
-from toolchain.memory import lifetimes
+from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.semantics import get_semantics
 from toolchain.schedule import heuristics
 from toolchain.schedule.bounds import cut_lower_bound
@@ -113,8 +113,8 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
         order, real = list(range(n)), stored_peak
     lb = min(max(lb, global_lb), real)
     proven = real == lb and model.exact
-    if not model.exact:
-        lb = min(global_lb, real)
+    if not model.exact:  # the model's own bounds assume no sharing: use the runtime-level bound
+        lb = min(order_free_lower_bound(graph, sem), real)
     return Schedule(tuple(order), real, lb, proven, used, time.monotonic() - t0, stored_peak,
                     sem.name, n, units_n, pieces_n, largest, tuple(notes))
 
