@@ -124,7 +124,7 @@ class Piece:
 
 
 def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = None,
-               max_states: int = 3_000_000, free_moves: bool = True) -> SearchResult:
+               max_states: int = 1_500_000, free_moves: bool = True) -> SearchResult:
     """Exact bottleneck search; returns an order with peak < ub if one exists (optimal, or at
     most `floor` — any order within the floor is as good as optimal for the caller)."""
     m = len(piece.units)
