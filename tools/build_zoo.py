@@ -54,6 +54,8 @@ def _tf():
         import tensorflow as _tf_mod  # noqa: the one TensorFlow import of the project
         tf = _tf_mod
         L = tf.keras.layers
+        import warnings
+        warnings.filterwarnings("ignore", category=UserWarning)
         try:
             import absl.logging
             absl.logging.set_verbosity(absl.logging.ERROR)
@@ -554,7 +556,7 @@ def _specs() -> list[Spec]:
              lambda: build_swiftnet(64, 24, 2, 1, 2, name="swiftnet_cell_a"),
              regular=False, float32=True, note="two SwiftNet-style cells at one resolution"),
     ]
-    return specs + irregular
+    return irregular + specs  # cheap ones first
 
 
 # (file stem, family, builder, regular, dtypes); paths relative to the repository
@@ -604,15 +606,41 @@ def _build_model(builder: Callable[[], object], seed: int):
     rng = np.random.default_rng(seed)
     for layer in model.layers:
         if isinstance(layer, L.BatchNormalization):
-            g, b, m, v = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, g.shape).astype(np.float32),
-                               rng.normal(0, 0.1, b.shape).astype(np.float32),
-                               rng.normal(0, 0.1, m.shape).astype(np.float32),
-                               rng.uniform(0.5, 1.5, v.shape).astype(np.float32)])
+            for var, lo, hi, normal in ((layer.gamma, 0.5, 1.5, False), (layer.beta, 0, 0.1, True),
+                                        (layer.moving_mean, 0, 0.1, True),
+                                        (layer.moving_variance, 0.5, 1.5, False)):
+                if var is not None:
+                    shape = tuple(var.shape)
+                    val = rng.normal(lo, hi, shape) if normal else rng.uniform(lo, hi, shape)
+                    var.assign(val.astype(np.float32))
+    _calibrate_logits(model, seed)
     return model
 
 
 _FROZEN: dict = {}  # id(model) -> (model, frozen concrete function) of the model being built
+
+
+def _calibrate_logits(model, seed: int) -> None:
+    """Scale the classifier feeding a softmax so random-weight logits have a trained-like spread
+    (std ~4).  Otherwise the logits are tiny, their int8 scale is < ~0.004 and TFLite Micro's
+    int8 SOFTMAX over 1000 classes aborts (a reference-kernel DCHECK) -- an artifact of random
+    weights, not of the architecture."""
+    has_softmax = any(isinstance(l, L.Softmax) or getattr(l, "activation", None) is tf.keras.activations.softmax
+                      or (isinstance(l, L.Activation) and "softmax" in str(l.get_config().get("activation")))
+                      for l in model.layers)
+    if not has_softmax:
+        return
+    last = [l for l in model.layers if isinstance(l, (L.Dense, L.Conv2D)) and not isinstance(l, L.DepthwiseConv2D)]
+    if not last or isinstance(last[-1], L.Conv2D) and tuple(last[-1].kernel_size) != (1, 1):
+        return
+    kl = last[-1]
+    x = tf.keras.Model(model.inputs, kl.input)(
+        [np.random.default_rng(seed).uniform(-1, 1, tuple(model.inputs[0].shape)).astype(np.float32)])
+    w = kl.kernel.numpy()
+    pre = np.asarray(x).reshape(-1, w.shape[-2]) @ w.reshape(-1, w.shape[-1])
+    std = float(pre.std())
+    if std > 0:
+        kl.kernel.assign(w * (4.0 / std))
 
 
 def convert(model, dtype: str, seed: int) -> bytes:
@@ -727,6 +755,7 @@ def _check_child(path: str) -> dict:
     except Exception as e:  # noqa: BLE001
         res["litert"] = False
         res["litert_error"] = str(e).splitlines()[0][:300]
+    print(json.dumps(res), flush=True)  # survives a TFLM crash
     try:
         from tflite_micro import runtime
         arena = _arena_guess(data)
@@ -767,12 +796,17 @@ def check_model(path: Path, timeout: float = CHECK_TIMEOUT_S) -> dict:
                            capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"litert": None, "tflm": None, "check_error": f"timeout after {timeout:.0f} s"}
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        tail = (p.stderr.strip().splitlines() or ["?"])[-1][:300]
-        return {"litert": None, "tflm": False,
-                "check_error": f"checker exited {p.returncode} (crash?): {tail}"}
-    return json.loads(lines[-1])
+    res: dict = {"litert": None}
+    for ln in p.stdout.splitlines():
+        if ln.startswith("{"):
+            res.update(json.loads(ln))
+    if p.returncode != 0:
+        tail = [ln for ln in p.stderr.strip().splitlines() if not ln.startswith(("W0", "I0"))]
+        res["tflm"] = False
+        res["tflm_error"] = (f"TFLM crashed (exit {p.returncode}"
+                             + (f", signal {-p.returncode}" if p.returncode < 0 else "") + ")"
+                             + (f": {tail[-1][:200]}" if tail else ""))
+    return res
 
 
 # --------------------------------------------------------------------------------------------
@@ -887,12 +921,8 @@ def build_zoo(out: Path, only: list[str] | None, all_float: bool, force: bool, d
 def build_fixtures(force: bool, do_check: bool) -> int:
     recs: dict = {}
     t_all = time.time()
-    for stem, family, builder, regular, dtypes in FIXTURES:
-        name = Path(stem).name
-        stems = {d: REPO / f"{stem}_{d}.tflite" for d in dtypes}
-        for r in _build_one(name, family, builder, dtypes, regular, None, "", stems, force,
-                            do_check, {}, REPO):
-            recs[(r["name"], r["dtype"])] = r
+    # control flow first: the converter names subgraphs after TF's global function counter
+    # (e.g. "cond_true_500"), so it must be traced in a fresh process to be byte-stable.
     cf = FIXTURES_DIR / "control_flow_float32.tflite"
     t0 = time.time()
     if force or not cf.exists():
@@ -903,10 +933,17 @@ def build_fixtures(force: bool, do_check: bool) -> int:
     print(f"{'control_flow':22s} float32 ops={rec['ops']:5d} subgraphs={rec['subgraphs']} "
           f"types={','.join(rec['op_types'])} litert={check.get('litert')}", flush=True)
     recs[("control_flow", "float32")] = rec
+    for stem, family, builder, regular, dtypes in FIXTURES:
+        name = Path(stem).name
+        stems = {d: REPO / f"{stem}_{d}.tflite" for d in dtypes}
+        for r in _build_one(name, family, builder, dtypes, regular, None, "", stems, force,
+                            do_check, {}, REPO):
+            recs[(r["name"], r["dtype"])] = r
     for r in recs.values():  # timings are not reproducible; keep the manifest byte-stable
         r.pop("build_seconds", None)
         r.pop("tflm_invoke_s", None)
-    _write_manifest(FIXTURES_DIR / "MANIFEST.json", recs, {"regenerate": "python tools/build_zoo.py --fixtures"})
+    _write_manifest(FIXTURES_DIR / "MANIFEST.json", recs,
+                    {"regenerate": "python tools/build_zoo.py --fixtures"})
     print(f"total {time.time() - t_all:.1f}s", flush=True)
     return 0
 
