@@ -54,7 +54,7 @@ def range_costs(problem: PartitionProblem, order) -> np.ndarray:
 
 def best_contiguous(problem: PartitionProblem, order, n: int) -> tuple[int, ...] | None:
     """Stages of the contiguous cut of `order` into n ranges with the smallest slowest stage
-    (ties: smallest sum), respecting that the sink region is in the last range; None if none."""
+    (exact; ties broken towards a smaller sum, heuristically), respecting that the sink region is in the last range; None if none."""
     N = problem.n_ops
     if N > MAX_OPS or n < 1 or n > N:
         return None
