@@ -158,3 +158,24 @@ def test_co_deployment_of_two_models(tmp_path, capsys):
 @pytest.mark.skipif(not EXAMPLE.exists(), reason="example model not built")
 def test_example_model_n4_verifies(tmp_path):
     assert main(["compile", str(EXAMPLE), "-n", "4", "-o", str(tmp_path), "--verify", "--time-limit", "10"]) == 0
+
+
+def test_compile_passes_reorder_and_plan_for_tflite_micro(tmp_path):
+    """The whole model compile writes is reordered to the proven optimum and carries an offline
+    plan that real TFLite Micro follows to the byte, below TFLM's own planner."""
+    from runtime.tflm_arena import measure_tflm_arena
+    from toolchain.ir import load
+    from toolchain.memory import lifetimes, tflm_greedy
+    from toolchain.tflite import read_offline_plan
+
+    assert main(["compile", str(EXAMPLE), "-n", "2", "-o", str(tmp_path), "--semantics", "tflm", "--json"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    passes = {p["name"]: p["detail"] for p in report["passes"]}
+    assert passes["schedule"]["proven_optimal"] and passes["schedule"]["peak"] <= passes["schedule"]["peak_before"]
+    whole = tmp_path / report["model"]
+    model, graph = load(whole)
+    assert lifetimes(graph, semantics="tflm").peak == passes["schedule"]["peak"]
+    assert read_offline_plan(model) is not None
+    head = measure_tflm_arena(whole).head
+    assert head == passes["plan"]["tflm_head_bytes"] < tflm_greedy(lifetimes(graph)).size
+    assert head >= passes["plan"]["lower_bound"]

@@ -23,7 +23,7 @@ from toolchain.memory.planners import cpsat_plan, search_plan
 from toolchain.tflite import model_to_bytes, read_offline_plan, with_offline_plan
 from toolchain.tflite.metadata import total_tensor_count
 
-MINIMALLOC = Path("/work/shared/benchmarks/minimalloc")
+MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "minimalloc"  # ../shared beside the clone
 EXAMPLE_CSV = ROOT / "tests" / "fixtures" / "minimalloc_input.12.csv"
 
 

@@ -1,7 +1,12 @@
 """The compile driver: passes in order, each optional when its module is missing.
 
-    load (+ merge for co-deployment) -> rewrite -> schedule -> partition -> segments
+    load (+ merge for co-deployment) -> rewrite -> schedule -> plan -> partition -> segments
     -> [edgetpu_compiler] -> verify -> write
+
+`semantics` says whose memory model the rewrite and schedule passes minimise: "tflite" (default:
+the Coral host runs the segments in LiteRT) or "tflm". The plan pass always writes TFLite Micro's
+offline memory plan for the final order into the whole model (LiteRT ignores that metadata), so
+the same file deploys to an MCU with the planned arena.
 
 Nothing is written until every pass (and --verify) has succeeded; then the whole optimised model,
 the segments and report.json are written atomically, so a failed run leaves no partial output.
@@ -23,9 +28,13 @@ import numpy as np
 
 from toolchain.cost.devices import load_device
 from toolchain.errors import ModelError, UsageError, VerificationError
-from toolchain.ir import Graph, from_model, to_model
+from toolchain.ir import from_model, to_model
+from toolchain.memory import get_semantics, lifetimes, peak_memory, tflm_greedy
+from toolchain.memory.planners import plan_for_tflm
+from toolchain.rewrite import rewrite_graph
+from toolchain.schedule import schedule
 from toolchain.partition import STRATEGY_NAMES, Partition, PartitionProblem, partition
-from toolchain.tflite import model_to_bytes, read_model
+from toolchain.tflite import model_to_bytes, read_model, with_offline_plan
 from toolchain.tflite.extract import extract_segment, merge_models
 from toolchain.tflite.io import write_bytes_atomic
 
@@ -74,14 +83,6 @@ def _unique_names(model) -> int:
 
 def _stem(paths: list[Path]) -> str:
     return "+".join(p.stem for p in paths)
-
-
-def _optional(module: str, name: str):
-    try:
-        mod = __import__(module, fromlist=[name])
-        return getattr(mod, name)
-    except (ImportError, AttributeError):
-        return None
 
 
 # ---- verification ------------------------------------------------------------------------------
@@ -188,7 +189,8 @@ def _edgetpu_compile(tmp: Path, files: list[str], timeout: float = 600.0) -> dic
 # ---- the driver ----------------------------------------------------------------------------------
 def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
                    time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
-                   passes: tuple[str, ...] = ("rewrite", "schedule"), progress=None, workers: int = 2) -> CompileResult:
+                   passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), progress=None, workers: int = 2,
+                   semantics: str = "tflite") -> CompileResult:
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not paths:
         raise UsageError("no model given")
@@ -198,6 +200,7 @@ def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strat
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if not (time_limit > 0):
         raise UsageError(f"--time-limit must be > 0, got {time_limit}")
+    get_semantics(semantics)  # UsageError for an unknown name
     dev = load_device(device)
     if dev.kind != "edgetpu":
         raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
@@ -242,40 +245,39 @@ def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strat
 
     # rewrite
     if "rewrite" in passes:
-        rewrite_graph = _optional("toolchain.rewrite", "rewrite_graph")
-        if rewrite_graph is None:
-            records.append(PassRecord("rewrite", "unavailable"))
-        else:
-            say("rewrite")
-            t0 = time.perf_counter()
-            rr = rewrite_graph(graph, time_limit=min(time_limit, 10.0), semantics="tflite")
-            applied = list(getattr(rr, "applied", ()))
-            if applied and rr.graph is not graph:
-                graph = rr.graph
-            records.append(PassRecord("rewrite", "ran" if applied else "no gain", time.perf_counter() - t0,
-                                      {"applied": [str(a) for a in applied], "peak_before": rr.peak_before,
-                                       "peak_after": rr.peak_after}))
+        say("rewrite")
+        t0 = time.perf_counter()
+        rr = rewrite_graph(graph, time_limit=min(time_limit, 10.0), semantics=semantics)
+        if rr.applied:
+            graph = rr.graph
+        records.append(PassRecord("rewrite", "ran" if rr.applied else "no gain", time.perf_counter() - t0,
+                                  {"applied": [a.to_json() for a in rr.applied], "peak_before": rr.peak_before,
+                                   "peak_after": rr.peak_after}))
     # schedule (order within segments; the partition itself does not depend on it)
     if "schedule" in passes:
-        schedule = _optional("toolchain.schedule", "schedule")
-        if schedule is None:
-            records.append(PassRecord("schedule", "unavailable"))
-        else:
-            say("schedule")
-            t0 = time.perf_counter()
-            s = schedule(graph, method="auto", time_limit=min(time_limit, 10.0), semantics="tflite")
-            before = None
-            try:
-                from toolchain.memory import peak_memory
-                before = peak_memory(graph, None, "tflite")
-            except Exception:  # noqa: BLE001 - the report figure is optional
-                pass
-            if graph.is_topological(s.order) and (before is None or s.peak <= before):
-                graph = graph.reordered(s.order)
-            records.append(PassRecord("schedule", "ran", time.perf_counter() - t0,
-                                      {"method": s.method, "peak": s.peak, "peak_before": before,
-                                       "lower_bound": s.lower_bound, "proven_optimal": s.proven_optimal}))
+        say("schedule")
+        t0 = time.perf_counter()
+        s = schedule(graph, method="auto", time_limit=min(time_limit, 10.0), semantics=semantics)
+        before = peak_memory(graph, None, semantics)
+        if s.peak <= before:  # schedule() never returns worse; this keeps the stored order on ties
+            graph = graph.reordered(s.order)
+        records.append(PassRecord("schedule", "ran", time.perf_counter() - t0,
+                                  {"method": s.method, "peak": s.peak, "peak_before": before,
+                                   "lower_bound": s.lower_bound, "proven_optimal": s.proven_optimal}))
     whole = to_model(graph, model)
+    # plan: TFLite Micro's offline memory plan for this order, written into the whole model
+    if "plan" in passes:
+        say("plan arena offsets")
+        t0 = time.perf_counter()
+        tflm_plan = plan_for_tflm(whole, graph, time_limit=min(time_limit, 5.0))
+        if any(o >= 0 for o in tflm_plan.tensor_offsets):
+            whole = with_offline_plan(whole, list(tflm_plan.tensor_offsets))
+        own = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+        records.append(PassRecord("plan", "ran" if tflm_plan.head < own else "no gain", time.perf_counter() - t0,
+                                  {"tflm_head_bytes": tflm_plan.head, "tflm_own_planner_bytes": own,
+                                   "lower_bound": tflm_plan.plan.lower_bound,
+                                   "proven_optimal": tflm_plan.plan.proven_optimal or tflm_plan.head <= tflm_plan.plan.lower_bound,
+                                   "planner": tflm_plan.plan.planner}))
     whole_bytes = model_to_bytes(whole)
     # the IR of exactly what is written: op positions below index `whole`'s operators
     graph = from_model(read_model(whole_bytes))
@@ -292,8 +294,7 @@ def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strat
     # segments
     seg_files, seg_bytes, seg_reports = [], [], []
     tensor_name = lambda t: graph.tensors[t].name  # noqa: E731
-    plan_arena = _optional("toolchain.memory", "plan_arena")
-    from toolchain.memory import lifetimes as _lifetimes
+    from toolchain.memory import plan_arena
     for k in range(n):
         ops = part.ops_of(k)
         iface = part.interfaces[k]
@@ -305,13 +306,8 @@ def compile_models(paths, n: int, out_dir=None, device: str = "coral-usb", strat
         seg_files.append(fname)
         seg_bytes.append(data)
         sc = part.cost.stages[k]
-        lt = _lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
-        arena = None
-        if plan_arena is not None:
-            try:
-                arena = int(plan_arena(lt, time_limit=min(2.0, time_limit)).size)
-            except Exception:  # noqa: BLE001 - a planner failure must not fail the compile
-                arena = None
+        lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
+        arena = plan_arena(lt, time_limit=min(2.0, time_limit)).size
         seg_reports.append({
             "index": k, "file": fname,
             "inputs": [tensor_name(t) for t in iface.inputs],

@@ -28,6 +28,10 @@ def add_arguments(p) -> None:
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
     p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")
     p.add_argument("--no-rewrite", action="store_true", help="skip the graph-rewrite pass")
+    p.add_argument("--no-plan", action="store_true", help="skip the arena-planning pass (no offline plan is written)")
+    p.add_argument("--semantics", default="tflite", choices=("tflite", "tflm"),
+                   help="whose memory model the rewrite and schedule passes minimise (default tflite: the Coral "
+                        "host runs the segments in LiteRT; tflm for a whole model bound for an MCU)")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
@@ -38,15 +42,17 @@ def run(args) -> int:
 
     out = report.console(stderr=True)
     interactive = sys.stderr.isatty() and not args.json
-    passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule)) if not off)
+    passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
+                                    ("plan", args.no_plan)) if not off)
     if interactive:
         with out.status("compiling") as status:
             res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
                                  time_limit=args.time_limit, verify=args.verify, colocate=args.colocate,
-                                 passes=passes, progress=lambda m: status.update(m))
+                                 passes=passes, progress=lambda m: status.update(m), semantics=args.semantics)
     else:
         res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
-                             time_limit=args.time_limit, verify=args.verify, colocate=args.colocate, passes=passes)
+                             time_limit=args.time_limit, verify=args.verify, colocate=args.colocate, passes=passes,
+                             semantics=args.semantics)
     if args.json:
         report.print_json(res.report)
         return 0
@@ -98,7 +104,26 @@ def print_report(res, con) -> None:
         con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "
                   f"({v['runtime']})")
     for pr in r["passes"]:
-        if pr["status"] == "unavailable":
-            con.print(f"pass {pr['name']}: not available in this build")
+        line = _pass_line(pr)
+        if line:
+            con.print(line)
     for note in r["notes"]:
         con.print(f"note: {note}")
+
+
+def _pass_line(pr: dict) -> str | None:
+    d, name = pr["detail"], pr["name"]
+    if name == "rewrite":
+        if not d.get("applied"):
+            return f"rewrite: no identity rewrite lowers the optimal peak ({pr['seconds']:.2f} s)"
+        return (f"rewrite: {len(d['applied'])} rewrite(s), optimal peak {d['peak_before']:,} -> {d['peak_after']:,} B "
+                f"({pr['seconds']:.2f} s)")
+    if name == "schedule":
+        proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
+        return (f"schedule: activation peak {d['peak_before']:,} -> {d['peak']:,} B, {proof} "
+                f"({d['method']}, {pr['seconds']:.2f} s)")
+    if name == "plan":
+        proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
+        return (f"plan: TFLite Micro arena {d['tflm_head_bytes']:,} B with our offline plan "
+                f"(its own planner: {d['tflm_own_planner_bytes']:,} B), {proof} ({pr['seconds']:.2f} s)")
+    return None
