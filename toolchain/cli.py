@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from toolchain import __version__
-from toolchain.errors import EXIT_CODES, ToolchainError
+from toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
 # (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     except ToolchainError as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_name_the_model(args, exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -72,6 +72,15 @@ def main(argv=None) -> int:
             raise
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
         return INTERNAL_ERROR
+
+
+def _name_the_model(args, exc: ToolchainError) -> str:
+    """A model error raised deep in a pass (a dynamic shape, say) names the file it came from."""
+    message = str(exc)
+    models = getattr(args, "models", None) or [getattr(args, "model", None)]
+    if isinstance(exc, ModelError) and len(models) == 1 and models[0] and str(models[0]) not in message:
+        return f"{models[0]}: {message}"
+    return message
 
 
 if __name__ == "__main__":

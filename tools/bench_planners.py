@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import sys
 import time
 from pathlib import Path
@@ -105,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-verify", action="store_true", help="skip measuring the head in TFLite Micro")
     ap.add_argument("--output", default=str(ROOT / "docs" / "bench" / "planners.md"))
     args = ap.parse_args(argv)
-    paths = sorted(glob.glob(args.models))
+    pattern = os.path.join(args.models, "*.tflite") if os.path.isdir(args.models) else args.models
+    paths = sorted(glob.glob(pattern))
     source = "zoo (models/*.tflite)"
     if not paths:
         paths = sorted(str(p) for p in (ROOT / "tests" / "fixtures").glob("*.tflite") if "control_flow" not in p.name)
