@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import os
 import select
-import threading
-import tty
 import zlib
 
 import numpy as np
 
 from runtime import protocol as P
+from runtime.fake_pty import PtyDevice
 
 FAULTS = ("silent", "hang", "garble", "reset", "error")
 
 
-class FakeMcu:
+class FakeMcu(PtyDevice):
     def __init__(self, model_bytes: bytes, arena_size: int = 393216, device="sparkfun-edge",
                  fault: str | None = None, fault_at: int = 0, arena_used: int | None = None,
                  board: str = "sparkfun-edge", announce_boot: bool = True):
@@ -51,32 +50,7 @@ class FakeMcu:
         self.arena_used = arena_used
         self.runs = 0  # inferences started
         self._announce = announce_boot
-        self._master, self._slave = os.openpty()
-        tty.setraw(self._slave)
-        tty.setraw(self._master)
-        self.port = os.ttyname(self._slave)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="fake-mcu", daemon=True)
-
-    # ---- life cycle ---------------------------------------------------------------------------
-    def start(self) -> "FakeMcu":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2.0)
-        for fd in (self._master, self._slave):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+        super().__init__("fake-mcu")
 
     # ---- device side --------------------------------------------------------------------------
     def _send(self, data: bytes) -> None:

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from runtime.fake_pty import PtyDevice
 from toolchain.errors import DeviceError
 
 REQUEST = b"\xf0"
@@ -172,25 +173,17 @@ class PowerRecorder:
         return self.summary
 
 
-class FakeUmMeter:
+class FakeUmMeter(PtyDevice):
     """A UM meter on a pseudo-terminal answering 0xF0 with `build_record(model, volts, amps)`.
 
     `silent=True` never answers; `truncate=True` sends half a record."""
 
     def __init__(self, model: str = "UM25C", volts: float = 5.0, amps: float = 0.1,
                  silent: bool = False, truncate: bool = False):
-        import os
-        import tty
-
         self.model, self.volts, self.amps = model, volts, amps
         self.silent, self.truncate = silent, truncate
         self.requests = 0
-        self._master, self._slave = os.openpty()
-        tty.setraw(self._slave)
-        tty.setraw(self._master)
-        self.port = os.ttyname(self._slave)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        super().__init__("fake-um-meter")
 
     def _serve(self):
         import os
@@ -210,18 +203,3 @@ class FakeUmMeter:
                 self.requests += 1
                 rec = build_record(self.model, self.volts, self.amps)
                 os.write(self._master, rec[: RECORD_BYTES // 2] if self.truncate else rec)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        self._stop.set()
-        self._thread.join(2.0)
-        for fd in (self._master, self._slave):
-            try:
-                os.close(fd)
-            except OSError:
-                pass

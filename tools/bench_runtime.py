@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from bench_partition import find  # noqa: E402  (tools/ is the script's directory)
 
 EDGETPU_MODELS = ["mobilenet_v2", "inception_v1", "resnet50", "densenet121", "nasnet_mobile", "xception",
                   "randwire_ws_small", "darts_v2_imagenet", "randwire_ws_cifar", "darts_v2_cifar",
@@ -34,12 +35,6 @@ MCU_MODELS = ["randwire_ws_cifar", "darts_v2_cifar", "nasnet_a_cifar", "amoebane
 EXTRA = [REPO / "examples" / "randwire_small_int8.tflite"]
 
 
-def find(dirs: list[Path], name: str) -> Path | None:
-    for d in dirs:
-        p = d / f"{name}_int8.tflite"
-        if p.exists():
-            return p
-    return None
 
 
 def edgetpu_rows(path: Path, stages: list[int], iterations: int, time_limit: float) -> list[str]:
