@@ -53,7 +53,7 @@ def print_summary(s: ModelSummary, out: Console) -> None:
     t.add_row("parameters (constants)", f"{s.parameter_bytes:,}", human_bytes(s.parameter_bytes))
     t.add_row(f"activation peak, at step {s.peak_step} ({s.peak_op})", f"{s.peak_bytes:,}", human_bytes(s.peak_bytes))
     t.add_row("TFLite Micro arena head (its greedy planner)", f"{s.tflm_arena_bytes:,}", human_bytes(s.tflm_arena_bytes))
-    t.add_row("TFLite arena (its ArenaPlanner, 64-byte aligned)", f"{s.tflite_arena_bytes:,}", human_bytes(s.tflite_arena_bytes))
+    t.add_row("TFLite arena, tensors only (its ArenaPlanner)", f"{s.tflite_arena_bytes:,}", human_bytes(s.tflite_arena_bytes))
     t.add_row("lower bound for this order", f"{s.order_lower_bound:,}", human_bytes(s.order_lower_bound))
     t.add_row("lower bound for any order", f"{s.any_order_lower_bound:,}", human_bytes(s.any_order_lower_bound))
     out.print(t)

@@ -1,11 +1,14 @@
-"""Exact reproductions of the runtimes' own arena planners, to predict what they allocate.
+"""The runtimes' own arena planners, to predict what they allocate.
 
 - `tflm_greedy`: TFLite Micro's GreedyMemoryPlanner (offline offsets first; online buffers in
   descending size, ties kept in the reverse of the order they were added, because the planner
   fills its sort array from the tail and then bubble-sorts it stably; each buffer goes to the first
   gap, in offset order, among buffers live at the same time).
-- `tflite_arena`: TFLite's ArenaPlanner (whole-run tensors first by index, then descending size,
-  ties by allocation step; best fit among the gaps).
+- `tflite_arena`: TFLite's ArenaPlanner policy (whole-run tensors first by index, then descending
+  size, ties by allocation step; best fit among the gaps) over the model's tensors. LiteRT also
+  places kernel temporaries (im2col buffers and the like, chosen per kernel path at run time) in
+  the same arena; they are not modelled, so its real arena is larger. Only the TFLM prediction is
+  exact to the byte (tests/test_memory_tflm.py).
 """
 
 from __future__ import annotations
