@@ -456,3 +456,15 @@ def test_generated_wide_cell_peak_drops_outputs_match():
     assert [a.kind for a in r.applied] == ["conv_split"]
     for runtime, ya, yb in _runs(_bytes_of(g), _bytes_of(r.graph), runs=2):
         assert np.max(np.abs(ya[0] - yb[0])) <= 1e-4 * max(1.0, float(np.max(np.abs(ya[0])))), runtime
+
+
+def test_runtime_exactness_check_that_guards_int8_depthwise_splits():
+    """Under the exact policy an int8 depthwise split is kept only if LiteRT's optimized kernels
+    (which pick a path by channel count) and TFLite Micro both reproduce the unsplit outputs."""
+    from toolchain.rewrite.driver import _bit_exact_in_runtimes
+
+    model, graph = load(FIX / "concat_conv_int8.tflite")
+    assert _bit_exact_in_runtimes(graph, graph, model)
+    lossy = rewrite_graph(graph, time_limit=5.0, allow_lossy=True, model=model)
+    assert any(a.numerics == LOSSY for a in lossy.applied)
+    assert not _bit_exact_in_runtimes(graph, lossy.graph, model)  # requantized partial sums differ

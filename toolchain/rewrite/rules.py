@@ -210,6 +210,9 @@ def _match(graph: Graph, xs, out, cons):
 
 
 # ---- applying ---------------------------------------------------------------------------------
+ALL_KINDS = ("conv_split", "fc_split", "depthwise_split", "commute")
+
+
 def apply_candidate(graph: Graph, cand: Candidate, values: Values | None = None) -> tuple[Graph, set]:
     """The rewritten graph, and the indices (in it) of the concat outputs the rewrite created."""
     ed = GraphEditor(graph)
