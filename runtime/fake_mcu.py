@@ -75,7 +75,8 @@ class FakeMcu(PtyDevice):
     def _ready(self) -> None:
         self._send(P.encode("READY", arena=self.arena_size, used=self.arena_used,
                             inputs=len(self.interp.inputs), outputs=len(self.interp.outputs),
-                            ticks_per_s=self.clock_hz, model_crc=f"{zlib.crc32(self.model_bytes):08X}"))
+                            ticks_per_s=self.clock_hz, model_crc=f"{zlib.crc32(self.model_bytes):08X}",
+                            board=self.board))
 
     def _serve(self) -> None:
         if self.fault != "silent":

@@ -128,7 +128,7 @@ class SerialMcu:
             elif msg.kind == "ERR":
                 raise DeviceError(f"{self.port}: device error during handshake: {msg.fields[0]}")
         try:
-            info = McuInfo(board, msg.int("arena"), msg.int("used"), msg.int("inputs"), msg.int("outputs"),
+            info = McuInfo(msg.kv.get("board", board), msg.int("arena"), msg.int("used"), msg.int("inputs"), msg.int("outputs"),
                            msg.int("ticks_per_s"), msg.kv.get("model_crc", ""))
         except P.ProtocolError as exc:
             raise DeviceError(f"{self.port}: bad READY line ({exc})") from None

@@ -50,10 +50,11 @@ void send_line(const char* body) {
 
 void send_ready() {
   char line[kLineMax];
-  snprintf(line, sizeof line, "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s",
+  snprintf(line, sizeof line,
+           "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s board=%s",
            HARNESS_ARENA_SIZE, static_cast<unsigned>(g_interp->arena_used_bytes()),
            static_cast<int>(g_interp->inputs_size()), static_cast<int>(g_interp->outputs_size()),
-           static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC);
+           static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC, HARNESS_BOARD);
   send_line(line);
 }
 
