@@ -57,6 +57,9 @@ def print_summary(s: ModelSummary, out: Console) -> None:
     t.add_row("lower bound for this order", f"{s.order_lower_bound:,}", human_bytes(s.order_lower_bound))
     t.add_row("lower bound for any order", f"{s.any_order_lower_bound:,}", human_bytes(s.any_order_lower_bound))
     out.print(t)
+    if s.subgraphs > 1:
+        out.print(f"note: {s.subgraphs} subgraphs: the memory figures cover the main subgraph only; TFLite Micro "
+                  "also places the other subgraphs' tensors in its arena")
     h = Table(title="ops", show_header=True)
     h.add_column("opcode")
     h.add_column("count", justify="right")

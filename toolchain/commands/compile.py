@@ -103,6 +103,12 @@ def print_report(res, con) -> None:
     if v:
         con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "
                   f"({v['runtime']})")
+        tflm = v.get("whole_vs_source_tflm")
+        if tflm and tflm.get("skipped"):
+            con.print(f"TFLite Micro check of the optimised model skipped: {tflm['skipped']}")
+        elif tflm:
+            con.print(f"TFLite Micro: the optimised model matches the input "
+                      f"({'bit-exact' if tflm['bit_exact'] else 'within float rounding'}, {tflm['runs']} inputs)")
     for pr in r["passes"]:
         line = _pass_line(pr)
         if line:
@@ -122,6 +128,8 @@ def _pass_line(pr: dict) -> str | None:
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
         return (f"schedule: activation peak {d['peak_before']:,} -> {d['peak']:,} B, {proof} "
                 f"({d['method']}, {pr['seconds']:.2f} s)")
+    if name == "plan" and pr["status"] == "skipped":
+        return f"plan: skipped, {d['reason']}"
     if name == "plan":
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
         return (f"plan: TFLite Micro arena {d['tflm_head_bytes']:,} B with our offline plan "

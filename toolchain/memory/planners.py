@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from toolchain.errors import UsageError
+from toolchain.errors import ModelError, UsageError
 from toolchain.memory.lifetimes import Buffer, Lifetimes
 from toolchain.memory.plan import ArenaPlan, arena_size, check_plan
 from toolchain.memory.runtime_planners import tflite_arena, tflm_greedy
@@ -609,6 +609,11 @@ def plan_for_tflm(model, graph, lifetimes_: Lifetimes | None = None, planner: st
     """
     from toolchain.memory.lifetimes import lifetimes as _lifetimes
 
+    if len(model.subgraphs) > 1:
+        # TFLM plans the tensors of every subgraph (WHILE/IF bodies) in one arena; we model the
+        # main subgraph only, so a plan here could not be held to the byte.
+        raise ModelError(f"the model has {len(model.subgraphs)} subgraphs (control flow); an offline memory plan "
+                         "is only written for single-subgraph models")
     lt = lifetimes_ or _lifetimes(graph, semantics="tflm")
     t0 = time.monotonic()
     plan = plan_arena(lt, planner, time_limit)
