@@ -147,24 +147,30 @@ def fit_free(feats: dict[str, dict], target: dict[str, float], peak: float):
 
 
 def _box_lsq(A: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """min |A x - b|^2 subject to lo <= x <= hi, for two columns, exactly: the optimum of a convex
-    quadratic over a box is the interior optimum or the optimum on a face / at a corner."""
-    cands = []
-    x, *_ = np.linalg.lstsq(A, b, rcond=None)
-    cands.append(x)
-    for j in range(2):
-        o = 1 - j
-        for v in (lo[j], hi[j]):
-            if not np.isfinite(v):
-                continue
-            rest = b - A[:, j] * v
-            xo = float(A[:, o] @ rest / (A[:, o] @ A[:, o])) if A[:, o] @ A[:, o] > 0 else lo[o]
-            xo = min(max(xo, lo[o]), hi[o])
-            c = np.zeros(2)
-            c[j], c[o] = v, xo
-            cands.append(c)
-    feas = [c for c in cands if np.all(c >= lo - 1e-30) and np.all(c <= hi + 1e-30)]
-    return min(feas, key=lambda c: float(np.sum((A @ c - b) ** 2)))
+    """min |A x - b|^2 subject to lo <= x <= hi, exactly, for a few columns: the optimum of a convex
+    quadratic over a box has each variable free or at a bound, so try every such assignment
+    (3^columns of them), solve for the free ones, and keep the best feasible point."""
+    import itertools
+
+    n = A.shape[1]
+    best, best_err = None, None
+    for pattern in itertools.product((None, "lo", "hi"), repeat=n):
+        x = np.zeros(n)
+        if any((p == "lo" and not np.isfinite(lo[k])) or (p == "hi" and not np.isfinite(hi[k]))
+               for k, p in enumerate(pattern)):
+            continue
+        for k, p in enumerate(pattern):
+            if p is not None:
+                x[k] = lo[k] if p == "lo" else hi[k]
+        free = [k for k, p in enumerate(pattern) if p is None]
+        if free:
+            rest = b - A[:, [k for k in range(n) if k not in free]] @ x[[k for k in range(n) if k not in free]]
+            x[free], *_ = np.linalg.lstsq(A[:, free], rest, rcond=None)
+        if np.all(x >= lo - 1e-30) and np.all(x <= hi + 1e-30):
+            err = float(np.sum((A @ x - b) ** 2))
+            if best_err is None or err < best_err - 1e-18:
+                best, best_err = x, err
+    return best
 
 
 def fit(feats: dict[str, dict], target: dict[str, float], peak: float, overhead_s: float,
@@ -176,16 +182,17 @@ def fit(feats: dict[str, dict], target: dict[str, float], peak: float, overhead_
     y = np.array([target[n] for n in names])
     k_min = 2.0 / peak
     macs_all = np.array([feats[n]["macs_dense"] + feats[n]["macs_dw"] for n in names], dtype=float)
-    lo = np.array([k_min, 1.0 / bandwidth[1]])
-    hi = np.array([np.inf, 1.0 / bandwidth[0]])
+    ops = np.array([feats[n]["ops"] for n in names], dtype=float)
+    lo = np.array([k_min, 1.0 / bandwidth[1], 0.0])
+    hi = np.array([np.inf, 1.0 / bandwidth[0], np.inf])
     best = None
     for sram in SRAM_GRID:
         byts = np.array([max(0, feats[n]["params"] - sram) + feats[n]["io"] for n in names], dtype=float)
-        A = np.stack([macs_all, byts], axis=1) / y[:, None]
+        A = np.stack([macs_all, byts, ops], axis=1) / y[:, None]
         b = (y - overhead_s) / y
-        k, k_byte = _box_lsq(A, b, lo, hi)
-        x = np.array([overhead_s, k, k, k_byte])  # overhead, k_dense, k_dw, k_byte
-        pred = overhead_s + macs_all * k + byts * k_byte
+        k, k_byte, k_op = _box_lsq(A, b, lo, hi)
+        x = np.array([overhead_s, k, k, k_byte, k_op])  # overhead, k_dense, k_dw, k_byte, per op
+        pred = overhead_s + macs_all * k + byts * k_byte + ops * k_op
         score = float(np.sum((pred / y - 1) ** 2))
         if best is None or score < best[0] - 1e-12:
             best = (score, int(sram), x, dict(zip(names, pred)))
@@ -202,14 +209,15 @@ def _summary(sram: int, x: np.ndarray, peak: float, rms: float) -> str:
     return (f"usable SRAM {sram / MiB:.3f} MiB; invoke overhead {x[0] * 1e3:.3f} ms; "
             f"conv/fc efficiency {min(1, 2 / (x[1] * peak)) if x[1] else 1:.3f}; "
             f"depthwise efficiency {min(1, 2 / (x[2] * peak)) if x[2] else 1:.3f}; "
-            f"host bandwidth {(1 / x[3] / 1e6) if x[3] else float('inf'):.0f} MB/s; rms relative error {rms:.1%}")
+            f"host bandwidth {(1 / x[3] / 1e6) if x[3] else float('inf'):.0f} MB/s"
+            + (f"; per op {x[4] * 1e6:.1f} us" if len(x) > 4 else "") + f"; rms relative error {rms:.1%}")
 
 
 def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, n_models: int, rms: float,
                  constraint: dict) -> None:
     path = REPO / "devices" / f"{name}.toml"
     text = path.read_text()
-    overhead, k_dense, k_dw, k_byte = x
+    overhead, k_dense, k_dw, k_byte, k_op = x
     eff_dense = min(1.0, 2 / (k_dense * peak)) if k_dense > 0 else 1.0
     eff_dw = min(1.0, 2 / (k_dw * peak)) if k_dw > 0 else 1.0
     bw = 1 / k_byte if k_byte > 0 else 1e12
@@ -217,6 +225,7 @@ def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, 
         r"param_sram_bytes = [0-9.e+]+": f"param_sram_bytes = {sram}",
         r"host_bandwidth_bytes_per_s = [0-9.e+]+": f"host_bandwidth_bytes_per_s = {bw:.6g}",
         r"invoke_overhead_s = [0-9.e+-]+": f"invoke_overhead_s = {overhead:.6g}",
+        r"per_op_s = [0-9.e+-]+": f"per_op_s = {k_op:.6g}",
         r"\nconv = [0-9.e+-]+": f"\nconv = {eff_dense:.6g}",
         r"\ndepthwise = [0-9.e+-]+": f"\ndepthwise = {eff_dw:.6g}",
         r"\nfully_connected = [0-9.e+-]+": f"\nfully_connected = {eff_dense:.6g}",
@@ -235,7 +244,8 @@ def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, 
              f"(separately measured; source:\n"
              + "".join(f"# {ln}\n" for ln in textwrap.wrap(constraint["source"] + ");", 96))
              + 
-             f"# fitted: compute efficiency, bandwidth within its bound, SRAM on the 7.0-7.9 MiB grid.\n"
+             f"# fitted: compute efficiency, bandwidth within its bound, a fixed cost per op, SRAM on the\n"
+             f"# 7.0-7.9 MiB grid.\n"
              f"# Whole-model latencies alone cannot split overhead from compute. See docs/bench/calibration.md.\n")
     text = re.sub(r"(?m)^# FITTED by.*\n(^#.*\n)*?(?=^# Coral )", "", text)
     text = stamp + text
@@ -267,8 +277,9 @@ def main(argv=None) -> int:
              "the split between the fixed per-invoke overhead and compute time: left free, the fit puts the "
              "overhead at ~1.8 ms per invoke (USB), about 3x the separately measured ~0.55 ms (../shared/FACTS.md), "
              "so every pipeline stage would pay 3x the real per-segment cost. The overhead is therefore FIXED "
-             "at 0.55 ms; the compute efficiency (one value for all op classes, <= 1), the bandwidth and the "
-             "usable SRAM (7.0-7.9 MiB grid) are fitted. The bandwidth is bounded by FACTS.md's 190 MB/s below "
+             "at 0.55 ms; the compute efficiency (one value for all op classes, <= 1), the bandwidth, a fixed "
+             "cost per op (layer dispatch on the accelerator; it is what makes small, many-layer models such as "
+             "MobileNetV2 slower than their MACs suggest) and the usable SRAM (7.0-7.9 MiB grid) are fitted. The bandwidth is bounded by FACTS.md's 190 MB/s below "
              "and by the link's 500 MB/s payload ceiling above, not by FACTS.md's third-party 300 MB/s upload "
              "figure: Coral's own published latencies of ResNet50, ResNet152V2 and VGG16 need more than "
              "300 MB/s even with zero compute (column *min MB/s*), so that figure cannot hold on Coral's host. "
