@@ -32,6 +32,7 @@ from toolchain.ir import from_model, to_model
 from toolchain.memory import get_semantics, lifetimes, peak_memory, tflm_greedy
 from toolchain.memory.planners import plan_for_tflm
 from toolchain.rewrite import rewrite_graph
+from toolchain.rewrite.numerics import litert_interpreter, random_inputs
 from toolchain.schedule import schedule
 from toolchain.partition import STRATEGY_NAMES, Partition, PartitionProblem, partition
 from toolchain.tflite import model_to_bytes, read_model, with_offline_plan
@@ -87,27 +88,10 @@ def _stem(paths: list[Path]) -> str:
 
 # ---- verification ------------------------------------------------------------------------------
 def _interpreter(data: bytes):
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    it = Interpreter(model_content=data, experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    it.allocate_tensors()
-    return it
-
-
-def _random_input(detail, rng) -> np.ndarray:
-    shape = [int(d) for d in detail["shape"]]
-    dt = np.dtype(detail["dtype"])
-    if dt == np.int8:
-        return rng.integers(-128, 128, size=shape, dtype=np.int8)
-    if dt == np.uint8:
-        return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    if dt == np.int16:
-        return rng.integers(-32768, 32768, size=shape, dtype=np.int16)
-    if np.issubdtype(dt, np.integer):
-        return rng.integers(0, 4, size=shape).astype(dt)
-    if dt == np.bool_:
-        return rng.integers(0, 2, size=shape).astype(bool)
-    return rng.standard_normal(size=shape).astype(dt)
+    try:
+        return litert_interpreter(data)
+    except ModelError as exc:
+        raise VerificationError(str(exc)) from None
 
 
 def _run(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -125,18 +109,16 @@ def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes],
     random inputs under LiteRT's builtin kernels; raise VerificationError unless every output is
     bit-identical. `originals` holds (label, model bytes, tensor-name prefix)."""
     rng = np.random.default_rng(seed)
-    try:
-        refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
-        segs = [_interpreter(s) for s in segments]
-    except (RuntimeError, ValueError) as exc:
-        raise VerificationError(f"LiteRT cannot load a model: {exc}") from None
+    refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
+    segs = [_interpreter(s) for s in segments]
     compared = 0
     worst = 0.0
     for _ in range(samples):
         env: dict[str, np.ndarray] = {}
         expected: dict[str, np.ndarray] = {}
         for label, it, prefix in refs:
-            feeds = {d["name"]: _random_input(d, rng) for d in it.get_input_details()}
+            details = it.get_input_details()
+            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng))}
             for name, arr in feeds.items():
                 env[prefix + name] = arr
             try:

@@ -81,7 +81,8 @@ def prune_buffers(model: schema.ModelT) -> schema.ModelT:
 
 
 def random_inputs(details, rng: np.random.Generator) -> list[np.ndarray]:
-    """One random input per runtime input detail: the full range for int8/uint8, N(0,1) floats."""
+    """One random input per runtime input detail: the full range for 8- and 16-bit integers (the
+    quantized activations), 0..8 for wider ones (indices, sizes), N(0,1) floats."""
     out = []
     for d in details:
         shape = [max(int(s), 1) for s in d["shape"]]
@@ -92,7 +93,7 @@ def random_inputs(details, rng: np.random.Generator) -> list[np.ndarray]:
             out.append(rng.integers(0, 2, shape).astype(dt))
         elif dt.kind in "iu":
             info = np.iinfo(dt)
-            lo, hi = (info.min, info.max) if dt.itemsize == 1 else (0, 8)
+            lo, hi = (info.min, info.max) if dt.itemsize <= 2 else (0, 8)
             out.append(rng.integers(lo, hi, shape, endpoint=True).astype(dt))
         else:
             out.append(np.zeros(shape, dtype=dt))
