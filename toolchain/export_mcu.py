@@ -87,7 +87,7 @@ def c_array(data: bytes, name: str) -> str:
 
 
 def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True) -> ExportResult:
-    from runtime.tflm_arena import measure_tflm_arena
+    from toolchain.execute.tflm_arena import measure_tflm_arena
     from toolchain.cost.mcu import device_dict
     from toolchain.ir import from_model
     from toolchain.memory import lifetimes, tflm_greedy

@@ -53,7 +53,7 @@ def run(args) -> int:
         "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0),
     }
     if args.verify:
-        from runtime.tflm_arena import measure_tflm_arena
+        from toolchain.execute.tflm_arena import measure_tflm_arena
         from toolchain.tflite import model_to_bytes
 
         head = measure_tflm_arena(model_to_bytes(out_model)).head

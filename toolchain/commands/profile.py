@@ -34,7 +34,7 @@ def run(args) -> int:
         raise UsageError(f"{target}: profile an MCU with one .tflite, not a directory")
     rep, choice = run_cmd.execute(args, target, args.device, kind)
     if kind == "mcu" and args.host_ops and choice.backend == "emulator" and not rep.error:
-        from runtime.op_timing import tflm_op_times
+        from toolchain.cost.op_timing import tflm_op_times
 
         times = tflm_op_times(target.read_bytes(), iterations=max(1, min(args.iterations, 5)))
         for o in rep.ops:
