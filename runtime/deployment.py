@@ -9,13 +9,13 @@ One .tflite is a pipeline of one segment.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from toolchain.errors import ModelError
+from toolchain.manifest import REPORT_NAME, Manifest, inside, load_manifest
 
 _SEGMENT = re.compile(r"^(?P<stem>.+)_segment_(?P<i>\d+)_of_(?P<n>\d+)\.tflite$")
 
@@ -41,8 +41,13 @@ class Deployment:
     source: Path  # what the user named: a directory or a .tflite
     whole: Path | None  # the whole model, for checking outputs; None if absent
     segments: tuple[Segment, ...]
-    report: dict[str, Any] | None = None
-    device: str = "coral-usb"
+    manifest: Manifest | None = None  # the validated report.json, when there is one
+    device: str | None = None  # the device the compiler targeted (a name), if it said
+
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """report.json as validated (typed fields normalised, other fields as written)."""
+        return self.manifest.to_json() if self.manifest is not None else None
 
     @property
     def name(self) -> str:
@@ -90,40 +95,28 @@ def load_deployment(path: str | Path) -> Deployment:
             raise ModelError(f"{p}: expected a .tflite model or a compiled directory")
         ins, outs = tensor_names(p)
         return Deployment(p, p, (Segment(0, p, ins, outs, _count_ops(p)),))
-    report_path = p / "report.json"
-    if report_path.exists():
+    report_path = p / REPORT_NAME
+    if report_path.exists() or report_path.is_symlink():
         return _from_report(p, report_path)
     return _from_segment_files(p)
 
 
 def _from_report(root: Path, report_path: Path) -> Deployment:
-    try:
-        report = json.loads(report_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"{report_path}: not readable JSON ({exc})") from None
-    if not isinstance(report, dict) or not isinstance(report.get("segments"), list) or not report["segments"]:
-        raise ModelError(f"{report_path}: no 'segments' list")
-    n = report.get("num_segments", len(report["segments"]))
-    if n != len(report["segments"]):
-        raise ModelError(f"{report_path}: num_segments is {n} but {len(report['segments'])} segments are listed")
+    """Through the typed manifest: every file it names is a plain name inside `root`."""
+    m = load_manifest(root)
     segments = []
-    for k, s in enumerate(sorted(report["segments"], key=lambda s: s.get("index", 0))):
-        if s.get("index", k) != k or "file" not in s:
-            raise ModelError(f"{report_path}: segment {k} has no file or a wrong index")
-        f = root / s["file"]
-        if not f.is_file():
-            raise ModelError(f"{report_path}: segment {k} file {f.name} is missing")
-        if "inputs" in s and "outputs" in s:
-            ins, outs = tuple(s["inputs"]), tuple(s["outputs"])
+    for s in m.segments:
+        f = root / s.file
+        if s.inputs is not None and s.outputs is not None:
+            ins, outs = s.inputs, s.outputs
         else:
             ins, outs = tensor_names(f)
-        segments.append(Segment(k, f, ins, outs, s.get("ops"), s.get("parameter_bytes"),
-                                s.get("predicted_latency_s")))
-    whole = root / report["model"] if report.get("model") else None
+        segments.append(Segment(s.index, f, ins, outs, s.ops, s.parameter_bytes, s.predicted_latency_s))
+    whole = root / m.model if m.model else None
     if whole is not None and not whole.is_file():
         whole = None
     _check_interfaces(report_path, segments)
-    return Deployment(root, whole, tuple(segments), report, report.get("device", "coral-usb"))
+    return Deployment(root, whole, tuple(segments), m, m.device)
 
 
 def _from_segment_files(root: Path) -> Deployment:
@@ -131,6 +124,7 @@ def _from_segment_files(root: Path) -> Deployment:
     for f in sorted(root.iterdir()):
         m = _SEGMENT.match(f.name)
         if m:
+            inside(root, f.name, str(root), "segment file")  # a link out of the folder is refused
             found.setdefault((m["stem"], int(m["n"])), {})[int(m["i"])] = f
     if not found:
         raise ModelError(f"{root}: no report.json and no <stem>_segment_<i>_of_<n>.tflite files")
@@ -147,6 +141,7 @@ def _from_segment_files(root: Path) -> Deployment:
         segments.append(Segment(i, files[i], ins, outs, _count_ops(files[i])))
     whole = root / f"{stem}.tflite"
     _check_interfaces(root, segments)
+    whole = inside(root, whole.name, str(root), "whole model")
     return Deployment(root, whole if whole.is_file() else None, tuple(segments), None)
 
 

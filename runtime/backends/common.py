@@ -1,10 +1,12 @@
-"""What the LiteRT-based backends share: segments as pipeline stages, timing, output checking."""
+"""What every backend shares: the Backend interface and the run request; for the LiteRT-based
+backends, segments as pipeline stages, timing and output checking."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 
@@ -13,6 +15,47 @@ from runtime.inputs import input_stream
 from runtime.measure import LatencyStats, RunReport, StageReport
 from runtime.pipeline import Stage, run_pipeline
 from toolchain.errors import DeviceError, ModelError
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What to run and how: the same for every backend."""
+
+    deployment: Deployment
+    device: str  # a device name (devices/<name>.toml) or a descriptor path
+    kind: str  # the device's kind: "edgetpu" or "mcu"
+    iterations: int = 20
+    warmup: int = 2
+    seed: int = 0
+    port: str | None = None  # serial port of the MCU harness
+    baud: int | None = None
+    timeout: float = 10.0
+
+
+class Backend:
+    """Where a deployment runs. Subclasses set the class attributes and implement `run`;
+    `runtime.backends.run_backend` checks a request against them before calling it, so an
+    option a backend cannot honour is refused in one place instead of being ignored."""
+
+    name: ClassVar[str] = ""
+    kinds: ClassVar[tuple[str, ...]] = ()  # device kinds it runs
+    power_meter: ClassVar[bool] = False  # can a USB power meter measure what it runs?
+    power_meter_why_not: ClassVar[str] = ""
+
+    def readiness(self, request: RunRequest) -> tuple[bool, str]:
+        """(can run it now?, why) for `--backend auto`."""
+        return True, "available"
+
+    def check(self, request: RunRequest) -> None:
+        """Raise UsageError when this backend cannot run the request at all."""
+
+    def run(self, request: RunRequest, progress: Callable[[int], None] | None = None, power=None):
+        """Run and measure; `power` is a PowerRecorder (not started) or None. Returns a RunReport."""
+        raise NotImplementedError
+
+    def progress_total(self, request: RunRequest) -> int:
+        """How many progress steps `run` reports (sequential + pipelined passes by default)."""
+        return 2 * request.iterations
 
 
 def litert_interpreter(path: Path, delegates=None):

@@ -16,10 +16,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.backends.common import litert_stage, measure_stages
+from runtime.backends.common import Backend, RunRequest, litert_stage, measure_stages
 from runtime.deployment import Deployment
 from runtime.measure import RunReport
 from toolchain.errors import DeviceError, UsageError
+from toolchain.manifest import inside
 
 # (vendor, product): the USB Accelerator before its firmware is loaded, and after.
 USB_IDS = {("1a6e", "089a"): "Coral USB Accelerator (bootloader)", ("18d1", "9302"): "Coral USB Accelerator"}
@@ -87,6 +88,19 @@ def coral_readiness(dep: Deployment | None = None) -> tuple[bool, str]:
     return True, f"{len(tpus)} Edge TPU(s): " + ", ".join(t.id for t in tpus)
 
 
+class CoralBackend(Backend):
+    name = "coral"
+    kinds = ("edgetpu",)
+    power_meter = True  # the meter sits on the accelerator's (or the hub's) USB cable
+
+    def readiness(self, port=None, deployment=None) -> tuple[bool, str]:
+        return coral_readiness(deployment)
+
+    def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
+        r = request
+        return run_coral(r.deployment, r.iterations, r.warmup, r.seed, progress, r.timeout, power, r.device)
+
+
 def _load_delegate(device_id: str, timeout: float):
     from ai_edge_litert.interpreter import load_delegate
 
@@ -109,7 +123,8 @@ def _load_delegate(device_id: str, timeout: float):
 
 
 def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int = 0,
-              progress=None, timeout: float = 10.0) -> RunReport:
+              progress=None, timeout: float = 10.0, power=None, device: str | None = None) -> RunReport:
+    """`power`: a PowerRecorder (not started) sampling the accelerators' USB power during the run."""
     tpus = list_edgetpus()
     if not tpus:
         raise DeviceError("no Edge TPU found (looked for USB 1a6e:089a / 18d1:9302 in /sys/bus/usb/devices "
@@ -121,6 +136,8 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
         raise DeviceError(f"{LIBEDGETPU} is not installed (Coral's runtime library); use --backend emulator")
     files = []
     for s in dep.segments:
+        if dep.source.is_dir():  # a link named like a compiled segment must not lead out of the folder
+            inside(dep.source, s.edgetpu_path.name, str(dep.source), "Edge TPU segment")
         if not s.edgetpu_path.is_file():
             raise UsageError(f"{s.edgetpu_path}: missing; compile the segments with edgetpu_compiler "
                              f"(`edgetpu_compiler --num_segments={len(dep.segments)}`) first")
@@ -137,8 +154,18 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
             raise DeviceError(f"{f}: cannot run on {tpu.id} ({exc})") from None
         interps.append(it)
     stages = [litert_stage(f.name, it, s.inputs, s.outputs) for f, it, s in zip(files, interps, dep.segments)]
-    report = measure_stages(dep, stages, interps, "coral", ", ".join(t.id for t in tpus[: len(files)]),
-                            iterations, warmup, seed, reference_interp=None, progress=progress, timeout=timeout)
+    recorder = power.start() if power is not None else None
+    try:
+        report = measure_stages(dep, stages, interps, "coral", ", ".join(t.id for t in tpus[: len(files)]),
+                                iterations, warmup, seed, reference_interp=None, progress=progress, timeout=timeout)
+    finally:
+        summary = recorder.stop() if recorder is not None else None
+    if summary is not None:
+        from toolchain.cost.mcu import device_dict
+
+        idle = float(device_dict(device or dep.device or "coral-usb").get("power", {}).get("idle_w", 0.0))
+        # warm-up, the sequential pass and the pipelined pass all ran while the meter sampled
+        report.energy = summary.to_json(warmup + 2 * iterations, idle)
     report.notes.append("outputs come from the Edge TPU; they are compared with nothing (quantized TPU kernels "
                         "may differ from the CPU by rounding)")
     throughput = _pycoral_throughput(interps, dep, iterations, seed, timeout)
@@ -148,7 +175,7 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
         report.throughput_per_s = throughput
     from runtime.backends.emulator import predict_edgetpu
 
-    report.predicted = predict_edgetpu(dep, dep.device or "coral-usb")
+    report.predicted = predict_edgetpu(dep, device or dep.device or "coral-usb")
     return report
 
 

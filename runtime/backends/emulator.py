@@ -14,19 +14,37 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runtime.backends.common import litert_interpreter, litert_stage, measure_stages
+from runtime.backends.common import Backend, RunRequest, litert_interpreter, litert_stage, measure_stages
 from runtime.deployment import Deployment
 from runtime.measure import LatencyStats, RunReport
 from toolchain.errors import DeviceError, InfeasibleError
 
 
+class EmulatorBackend(Backend):
+    name = "emulator"
+    kinds = ("edgetpu", "mcu")
+    power_meter = False
+    power_meter_why_not = "it runs on this host's CPU, so a USB power meter would measure no device"
+
+    def readiness(self, port=None, deployment=None) -> tuple[bool, str]:
+        return True, "host emulation"
+
+    def progress_total(self, request: RunRequest) -> int:
+        return request.iterations if request.kind == "mcu" else 2 * request.iterations
+
+    def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
+        r = request
+        if r.kind == "mcu":
+            return run_mcu_emulation(r.deployment.segments[0].path, r.device, r.iterations, r.warmup, r.seed, progress)
+        return run_edgetpu_emulation(r.deployment, r.iterations, r.warmup, r.seed, r.device, progress)
+
+
 def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
     """Predicted per-stage latency and pipeline latency/throughput/energy for the Edge TPU."""
-    rep = dep.report or {}
-    pred = rep.get("predicted") or {}
+    pred = dep.manifest.predicted if dep.manifest is not None else None
     stage_pred = [s.predicted_latency_s for s in dep.segments]
-    if pred.get("latency_s") is not None and all(p is not None for p in stage_pred):
-        out = {k: pred.get(k) for k in ("latency_s", "throughput_per_s", "energy_j")}
+    if pred is not None and pred.latency_s is not None and all(p is not None for p in stage_pred):
+        out = {k: getattr(pred, k) for k in ("latency_s", "throughput_per_s", "energy_j")}
         out["stages_s"] = stage_pred
         out["source"] = "report.json"
         return out
@@ -75,13 +93,14 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
     """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
     from runtime.inputs import input_stream
     from runtime.tflm import TflmModel
-    from runtime.tflm_arena import measure_tflm_arena
     from toolchain.cost.mcu import device_dict, estimate_mcu
+    from toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
     from toolchain.ir import from_model, total_param_bytes
     from toolchain.memory import lifetimes, tflm_greedy
     from toolchain.tflite import read_model
 
     data = Path(model_path).read_bytes()
+    check_tflm_dtypes(data, str(model_path))  # else "cannot run with any arena" reads like a size problem
     d = device_dict(device)
     sram = int(d["memory"]["sram_bytes"])
     flash = int(d["memory"].get("flash_bytes", 0))

@@ -12,17 +12,42 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.backends.common import Backend, RunRequest
 from runtime.inputs import input_stream
 from runtime.measure import LatencyStats, RunReport
 from runtime.serial_mcu import DEFAULT_BAUD, McuRunAborted, SerialMcu
+from toolchain.errors import UsageError
+
+
+class McuBackend(Backend):
+    name = "mcu"
+    kinds = ("mcu",)
+    power_meter = True  # the meter sits on the board's USB supply
+
+    def readiness(self, port=None, deployment=None) -> tuple[bool, str]:
+        return (True, f"serial port {port} given") if port else (False, "no --port given for the MCU")
+
+    def check(self, request: RunRequest) -> None:
+        if not request.port:
+            raise UsageError("--backend mcu needs --port (the harness's serial port)")
+
+    def progress_total(self, request: RunRequest) -> int:
+        return request.iterations
+
+    def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
+        r = request
+        return run_mcu(r.deployment.segments[0].path, r.port, r.device, r.iterations, r.seed, r.baud, r.timeout,
+                       progress, power)
 
 
 def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iterations: int = 10, seed: int = 0,
             baud: int | None = None, timeout: float = 5.0, progress=None, power=None) -> RunReport:
     from runtime.tflm import TflmModel
     from toolchain.cost.mcu import device_dict
+    from toolchain.execute.tflm_arena import check_tflm_dtypes
 
     data = Path(model_path).read_bytes()
+    check_tflm_dtypes(data, str(model_path))
     d = device_dict(device)
     baud = baud or int(d.get("link", {}).get("baud", DEFAULT_BAUD))
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))  # the host reference, any arena

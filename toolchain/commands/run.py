@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -27,77 +28,67 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def _runtime(module: str):
+    """The runtime harness module `runtime.<module>`.
+
+    The CLI layer sits above both packages (cli/commands -> runtime -> toolchain); it reaches
+    the runtime through this one lookup, so no module of the compiler imports the runtime
+    (tests/test_manifest.py checks both)."""
+    return importlib.import_module(f"runtime.{module}")
+
+
 def device_kind(name: str) -> str:
     from toolchain.cost.mcu import device_dict
 
     return str(device_dict(name).get("kind", "edgetpu"))
 
 
+def _compiled_for(dep) -> str | None:
+    """The device report.json names, looked up only among devices/*.toml: a report never makes
+    the runtime open a path of its choosing."""
+    if dep.device is None:
+        return None
+    from toolchain.cost.devices import available_devices
+
+    known = available_devices()
+    if dep.device not in known:
+        raise ModelError(f"{dep.source}/report.json: device: '{dep.device}' is not a known device "
+                         f"({', '.join(known)}); pass --device")
+    return dep.device
+
+
 def execute(args, target: Path, device: str | None, kind_hint: str | None = None):
     """Shared by run and profile: choose a backend, run, return (report, choice)."""
-    from runtime.backends import select_backend
-    from runtime.deployment import load_deployment
-    from runtime.render import progress_bar
+    backends = _runtime("backends")
+    deployment = _runtime("deployment")
+    render = _runtime("render")
 
     if args.iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {args.iterations}")
     if args.warmup < 0:
         raise UsageError(f"--warmup must be non-negative, got {args.warmup}")
-    dep = load_deployment(target)
+    dep = deployment.load_deployment(target)
     if device is None:
-        device = "sparkfun-edge" if args.backend == "mcu" else (dep.device or "coral-usb")
+        device = "sparkfun-edge" if args.backend == "mcu" else (_compiled_for(dep) or "coral-usb")
     kind = kind_hint or device_kind(device)
-    choice = select_backend(args.backend, kind, getattr(args, "port", None), dep)
+    port = getattr(args, "port", None)
+    choice = backends.select_backend(args.backend, kind, port, dep)
+    request = backends.RunRequest(dep, device, kind, args.iterations, args.warmup, args.seed, port,
+                                  getattr(args, "baud", None), args.timeout)
     if not args.json:
         out.console(stderr=True).print(f"backend: {choice.backend} ({choice.reason})")
-    power = None
-    if getattr(args, "power_meter", None):
-        from runtime.power import PowerRecorder, UmMeter
-
-        power = PowerRecorder(UmMeter(args.power_meter, timeout=min(args.timeout, 5.0)))
-    total = args.iterations * (2 if choice.backend != "mcu" and kind != "mcu" else 1)
-    with progress_bar(total, "inferences", enabled=not args.json and args.iterations >= 20) as progress:
-        if kind == "mcu" or choice.backend == "mcu":
-            if len(dep.segments) != 1:
-                raise UsageError(f"{target}: an MCU runs one model, not a {len(dep.segments)}-segment pipeline")
-            model = dep.segments[0].path
-            if choice.backend == "mcu":
-                if not getattr(args, "port", None):
-                    raise UsageError("--backend mcu needs --port (the harness's serial port)")
-                from runtime.backends.mcu import run_mcu
-
-                rep = run_mcu(model, args.port, device, args.iterations, args.seed, args.baud, args.timeout,
-                              progress, power)
-            elif choice.backend == "coral":
-                raise UsageError(f"device '{device}' is an MCU; use --backend mcu or emulator")
-            else:
-                from runtime.backends.emulator import run_mcu_emulation
-
-                rep = run_mcu_emulation(model, device, args.iterations, args.warmup, args.seed, progress)
-        elif choice.backend == "coral":
-            from runtime.backends.coral import run_coral
-
-            rep = run_coral(dep, args.iterations, args.warmup, args.seed, progress, args.timeout)
-        elif choice.backend == "mcu":
-            raise UsageError(f"device '{device}' is an Edge TPU; --backend mcu needs an MCU device (--device sparkfun-edge)")
-        else:
-            from runtime.backends.emulator import run_edgetpu_emulation
-
-            recorder = power.start() if power is not None else None
-            rep = run_edgetpu_emulation(dep, args.iterations, args.warmup, args.seed, device, progress)
-            if recorder is not None:
-                rep.energy = recorder.stop().to_json(2 * args.iterations)
+    total = backends.get_backend(choice.backend).progress_total(request)
+    with render.progress_bar(total, "inferences", enabled=not args.json and args.iterations >= 20) as progress:
+        rep = backends.run_backend(choice.backend, request, getattr(args, "power_meter", None), progress)
     return rep, choice
 
 
 def finish(rep, args) -> int:
     """Print the report, then turn what went wrong into the right exit code."""
-    from runtime.render import print_run_report
-
     if args.json:
         out.print_json(rep.to_json())
     else:
-        print_run_report(rep, out.console(), getattr(args, "top", 10))
+        _runtime("render").print_run_report(rep, out.console(), getattr(args, "top", 10))
     sys.stdout.flush()
     if rep.error:
         if rep.arena is not None and rep.arena.get("fits") is False:

@@ -26,7 +26,7 @@ def tflm_op_times(model_bytes: bytes, iterations: int = 3, arena_size: int = 64 
     """{op position: median seconds}; ops TFLite Micro cannot run alone are left out.
 
     ModelError when the model has float16 tensors (TFLite Micro cannot run any of them)."""
-    from tflite_micro.python.tflite_micro import runtime as tflm
+    import tflite_micro.python.tflite_micro.runtime as tflm
 
     from toolchain.execute.tflm_arena import check_tflm_dtypes
     from toolchain.ir import from_model

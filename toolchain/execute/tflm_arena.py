@@ -70,7 +70,7 @@ def check_tflm_dtypes(model, label: str | None = None) -> None:
 def _child(path: str, arena_size: int, invoke: bool) -> None:
     """Runs in the child: allocate (and optionally invoke), then print the allocation report."""
     import numpy as np
-    from tflite_micro.python.tflite_micro import runtime
+    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's, not ours
 
     data = Path(path).read_bytes()
     interp = runtime.Interpreter.from_bytes(data, arena_size=arena_size)
