@@ -13,6 +13,7 @@ from runtime.tflm import TflmModel
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
 from toolchain.cost.mcu import estimate_mcu, op_class
+from toolchain.data import DEVICES_DIR
 from toolchain.export_mcu import resolver_method
 from toolchain.ir import from_model
 from toolchain.tflite import read_model, read_offline_plan
@@ -72,7 +73,7 @@ def test_harness_sources_are_copied(exported):
 
 
 def test_export_to_a_device_that_is_too_small_exits_3(tmp_path, capsys):
-    toml = (Path(__file__).parent.parent / "devices" / "sparkfun-edge.toml").read_text()
+    toml = (DEVICES_DIR / "sparkfun-edge.toml").read_text()
     small = tmp_path / "tiny.toml"
     small.write_text(toml.replace('name = "sparkfun-edge"', 'name = "tiny"').replace("sram_bytes = 393216", "sram_bytes = 4096"))
     out = tmp_path / "fw"

@@ -14,6 +14,7 @@ from runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
 from runtime.deployment import load_deployment
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
+from toolchain.data import DEVICES_DIR
 from toolchain.errors import DeviceError, ModelError
 from toolchain.ir import from_model
 from toolchain.tflite import read_model, write_model
@@ -177,7 +178,7 @@ def test_mcu_emulation_measures_the_real_tflm_arena():
 
 
 def test_mcu_that_is_too_small_exits_3(tmp_path, capsys):
-    toml = (Path(__file__).parent.parent / "devices" / "sparkfun-edge.toml").read_text()
+    toml = (DEVICES_DIR / "sparkfun-edge.toml").read_text()
     small = tmp_path / "tiny-mcu.toml"
     small.write_text(toml.replace('name = "sparkfun-edge"', 'name = "tiny-mcu"')
                      .replace("sram_bytes = 393216", "sram_bytes = 8192"))

@@ -1,4 +1,4 @@
-"""Export a model for the TFLite Micro harness firmware (firmware_configs/harness).
+"""Export a model for the TFLite Micro harness firmware (toolchain/data/firmware/harness).
 
 Writes into DIR: `model.tflite` (the model with our arena plan inside as TFLM's offline plan),
 `model_data.cc/.h` (that model as a 16-byte aligned C array), `op_resolver.h`
@@ -15,10 +15,10 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from toolchain.data import HARNESS_DIR  # package data: found from any folder, in a wheel too
 from toolchain.errors import InfeasibleError, ModelError, UsageError
 from toolchain.tflite.io import write_bytes_atomic
 
-HARNESS_DIR = Path(__file__).resolve().parent.parent / "firmware_configs" / "harness"
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
 _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
                    "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV"}

@@ -26,8 +26,8 @@ accelerator, so they use the same overhead and bound (see CONSTRAINTS). The unco
 three-parameter fit (overhead, efficiency, bandwidth all free, non-negative) is still computed and
 reported for comparison, never written.
 
-`--write` stores the constrained fit in devices/coral-usb.toml (usb3_ms) and
-devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe figures
+`--write` stores the constrained fit in toolchain/data/devices/coral-usb.toml (usb3_ms) and
+toolchain/data/devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe figures
 and the Dev Board's Edge TPU sits on PCIe).
 """
 
@@ -215,7 +215,7 @@ def _summary(sram: int, x: np.ndarray, peak: float, rms: float) -> str:
 
 def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, n_models: int, rms: float,
                  constraint: dict) -> None:
-    path = REPO / "devices" / f"{name}.toml"
+    path = REPO / "toolchain" / "data" / "devices" / f"{name}.toml"
     text = path.read_text()
     overhead, k_dense, k_dw, k_byte, k_op = x
     eff_dense = min(1.0, 2 / (k_dense * peak)) if k_dense > 0 else 1.0
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, nargs="+", default=[REPO / "models"])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    ap.add_argument("--write", action="store_true", help="store the fit in devices/coral-*.toml")
+    ap.add_argument("--write", action="store_true", help="store the fit in toolchain/data/devices/coral-*.toml")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "calibration.md")
     a = ap.parse_args(argv)
     table = read_csv(a.csv)

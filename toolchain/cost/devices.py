@@ -20,7 +20,7 @@ from typing import Any
 
 from toolchain.errors import UsageError
 
-DEVICES_DIR = Path(__file__).resolve().parents[2] / "devices"
+DEVICES_DIR = Path(__file__).resolve().parents[1] / "data" / "devices"  # package data (toolchain.data)
 OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
 KINDS = ("edgetpu", "mcu")
 

@@ -59,7 +59,7 @@ def load_descriptor(name_or_path: str) -> dict:
         return dict(load_device(name_or_path).raw)
     path = Path(name_or_path)
     if not path.suffix:
-        path = Path(__file__).resolve().parents[2] / "devices" / f"{name_or_path}.toml"
+        path = Path(__file__).resolve().parents[1] / "data" / "devices" / f"{name_or_path}.toml"
     if path.is_file():
         try:
             return tomllib.loads(path.read_text())
