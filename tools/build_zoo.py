@@ -231,6 +231,15 @@ GENOTYPES = {
         reduce=[("max_pool_3x3", 0), ("max_pool_3x3", 1), ("skip_connect", 2), ("max_pool_3x3", 1),
                 ("max_pool_3x3", 0), ("skip_connect", 2), ("skip_connect", 2), ("max_pool_3x3", 1)],
         reduce_concat=[2, 3, 4, 5]),
+    # not a published genotype: a DARTS normal cell with a dilated convolution at every node,
+    # for the space-to-batch fixture
+    "DARTS_DIL": dict(
+        normal=[("dil_conv_3x3", 0), ("sep_conv_3x3", 1), ("dil_conv_3x3", 1), ("skip_connect", 0),
+                ("dil_conv_5x5", 2), ("skip_connect", 1), ("dil_conv_3x3", 3), ("max_pool_3x3", 2)],
+        normal_concat=[2, 3, 4, 5],
+        reduce=[("max_pool_3x3", 0), ("max_pool_3x3", 1), ("skip_connect", 2), ("max_pool_3x3", 1),
+                ("max_pool_3x3", 0), ("skip_connect", 2), ("skip_connect", 2), ("max_pool_3x3", 1)],
+        reduce_concat=[2, 3, 4, 5]),
     "NASNet": dict(
         normal=[("sep_conv_5x5", 1), ("sep_conv_3x3", 0), ("sep_conv_5x5", 0), ("sep_conv_3x3", 0),
                 ("avg_pool_3x3", 1), ("skip_connect", 0), ("avg_pool_3x3", 0), ("avg_pool_3x3", 0),
@@ -259,7 +268,21 @@ def _factorized_reduce(x, c):
     return _bn(L.Concatenate()([a, b]))
 
 
-def _darts_op(name: str, x, c: int, stride: int):
+def _dil_conv_s2b(x, c: int, k: int):
+    """dil_conv (ReLU, depthwise k x k dilation 2 "same", pointwise, BN) written the way TF1/slim
+    atrous convolutions (DeepLab) reach the converter: SPACE_TO_BATCH_ND (block 2x2, the "same"
+    padding) -> DEPTHWISE_CONV_2D "valid" -> CONV_2D 1x1 -> BATCH_TO_SPACE_ND.  Two convolutions
+    between the pair keep the converter from folding it back into one dilated depthwise op, so
+    the tensors in between have batch 4."""
+    p = k - 1  # (k - 1) * 2 / 2 on each side
+    x = L.ReLU()(x)
+    x = L.Lambda(lambda t: tf.space_to_batch_nd(t, [2, 2], [[p, p], [p, p]]))(x)
+    x = L.DepthwiseConv2D(k, padding="valid", use_bias=False)(x)
+    x = _bn(L.Conv2D(c, 1, use_bias=False)(x))
+    return L.Lambda(lambda t: tf.batch_to_space(t, [2, 2], [[0, 0], [0, 0]]))(x)
+
+
+def _darts_op(name: str, x, c: int, stride: int, s2b: bool = False):
     if name == "skip_connect":
         return x if stride == 1 else _factorized_reduce(x, c)
     if name == "max_pool_3x3":
@@ -274,6 +297,8 @@ def _darts_op(name: str, x, c: int, stride: int):
     m = re.fullmatch(r"dil_conv_(\d)x\d", name)
     if m:
         k = int(m.group(1))
+        if stride == 1 and s2b:
+            return _dil_conv_s2b(x, c, k)
         if stride == 1:
             return _sep(L.ReLU()(x), c, k, 1, d=2)
         x = L.ReLU()(x)  # TF cannot combine dilation with stride: dilate, then subsample
@@ -288,7 +313,7 @@ def _darts_op(name: str, x, c: int, stride: int):
     raise ValueError(name)
 
 
-def _nas_cell(genotype: dict, s0, s1, c: int, reduction: bool, reduction_prev: bool):
+def _nas_cell(genotype: dict, s0, s1, c: int, reduction: bool, reduction_prev: bool, s2b: bool = False):
     s0 = _factorized_reduce(s0, c) if reduction_prev else _conv_bn(s0, c, 1, relu=False, pre_relu=True)
     s1 = _conv_bn(s1, c, 1, relu=False, pre_relu=True)
     ops = genotype["reduce" if reduction else "normal"]
@@ -298,15 +323,16 @@ def _nas_cell(genotype: dict, s0, s1, c: int, reduction: bool, reduction_prev: b
         hs = []
         for name, idx in ops[2 * j: 2 * j + 2]:
             stride = 2 if reduction and idx < 2 else 1
-            hs.append(_darts_op(name, states[idx], c, stride))
+            hs.append(_darts_op(name, states[idx], c, stride, s2b))
         states.append(L.Add()(hs))
     return L.Concatenate()([states[i] for i in concat])
 
 
 def build_nas_network(genotype: str, size: int, c: int, layers: int, classes: int,
-                      imagenet_stem: bool = False, name: str = "nas"):
+                      imagenet_stem: bool = False, name: str = "nas", s2b: bool = False):
     """DARTS-style network (as in the DARTS code) for CIFAR (stem 3x3, 3C) or ImageNet
-    (three stride-2 convs); reduction cells at layers//3 and 2*layers//3."""
+    (three stride-2 convs); reduction cells at layers//3 and 2*layers//3. `s2b`: dilated
+    convolutions as SPACE_TO_BATCH_ND -> convs -> BATCH_TO_SPACE_ND (see _dil_conv_s2b)."""
     g = GENOTYPES[genotype]
     i = _inp(size)
     if imagenet_stem:
@@ -322,7 +348,7 @@ def build_nas_network(genotype: str, size: int, c: int, layers: int, classes: in
         reduction = layer in (layers // 3, 2 * layers // 3)
         if reduction:
             cur *= 2
-        s0, s1 = s1, _nas_cell(g, s0, s1, cur, reduction, reduction_prev)
+        s0, s1 = s1, _nas_cell(g, s0, s1, cur, reduction, reduction_prev, s2b)
         reduction_prev = reduction
     x = L.GlobalAveragePooling2D()(s1)
     x = L.Dense(classes)(x)
@@ -476,6 +502,18 @@ def build_pool_softmax():
     return tf.keras.Model(i, x, name="pool_softmax")
 
 
+def build_darts_s2b():
+    """Two DARTS normal cells (C=8, 16x16) whose dilated convolutions are space-to-batch pairs."""
+    g = GENOTYPES["DARTS_DIL"]
+    i = _inp(16, c=3)
+    s0 = s1 = _conv_bn(i, 24, 3, relu=False)
+    for _ in range(2):
+        s0, s1 = s1, _nas_cell(g, s0, s1, 8, False, False, s2b=True)
+    x = L.GlobalAveragePooling2D()(s1)
+    x = L.Dense(10)(x)
+    return tf.keras.Model(i, x, name="darts_s2b")
+
+
 def build_randwire_example():
     return build_randwire(size=32, c=16, n=12, k=4, p=0.75, stages=2, seed=7, classes=10,
                           head=128, stem_stride2=0, out_agg="concat", name="randwire_small")
@@ -537,6 +575,10 @@ def _specs() -> list[Spec]:
         Spec("darts_v2_cifar", "darts",
              lambda: build_nas_network("DARTS_V2", 32, 16, 8, 10, name="darts_v2_cifar"),
              regular=False, float32=True, note="DARTS-V2 genotype, C=16, 8 cells, 32x32"),
+        Spec("darts_v2_cifar_s2b", "darts",
+             lambda: build_nas_network("DARTS_V2", 32, 16, 8, 10, name="darts_v2_cifar_s2b", s2b=True),
+             regular=False, float32=True,
+             note="darts_v2_cifar with its dilated convs as SPACE_TO_BATCH_ND/BATCH_TO_SPACE_ND pairs"),
         Spec("darts_v2_imagenet", "darts",
              lambda: build_nas_network("DARTS_V2", 224, 24, 5, 1000, imagenet_stem=True,
                                        name="darts_v2_imagenet"),
@@ -566,6 +608,7 @@ FIXTURES = [
     ("tests/fixtures/chain", "fixture", build_chain, True, ("int8",)),
     ("tests/fixtures/concat_conv", "fixture", build_concat_conv, False, ("int8", "float32")),
     ("tests/fixtures/pool_softmax", "fixture", build_pool_softmax, True, ("int8",)),
+    ("tests/fixtures/darts_s2b", "fixture", build_darts_s2b, False, ("int8", "float32")),
     ("examples/randwire_small", "randwire", build_randwire_example, False, ("int8",)),
 ]
 
