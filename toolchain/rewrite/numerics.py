@@ -124,7 +124,7 @@ def run_litert(data: bytes, inputs: list[np.ndarray], tensors=()) -> tuple[list[
 
 
 def run_tflm(data: bytes, inputs: list[np.ndarray], arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
-    from tflite_micro.python.tflite_micro import runtime
+    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's module, not our package
 
     try:
         it = runtime.Interpreter.from_bytes(bytes(data), arena_size=arena_size)
