@@ -1,7 +1,8 @@
 """Command-line entry: argument parsing, error printing and exit codes. No computation here.
 
 Exit codes: 0 success, 1 verification mismatch, 2 bad input or usage, 3 infeasible,
-4 device or I/O failure, 70 internal error (a bug: rerun with --debug for the traceback).
+4 device or I/O failure, 70 internal error (a bug: rerun with --debug for the traceback),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-from toolchain import __version__
+from toolchain import __version__, interrupts
 from toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
 # (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
@@ -52,26 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    debug = getattr(args, "debug", False)
+    args = None
     try:
+        args = build_parser().parse_args(argv)
         return int(args._run(args) or 0)
     except ToolchainError as exc:
-        if debug:
+        if getattr(args, "debug", False):
             raise
         print(f"error: {_name_the_model(args, exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        interrupts.finished()
         print("interrupted", file=sys.stderr)
-        return 130
+        return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug, not a user error
-        if debug:
+        if getattr(args, "debug", False):
             raise
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)
         return INTERNAL_ERROR
+    finally:
+        interrupts.finished()
 
 
 def _name_the_model(args, exc: ToolchainError) -> str:
@@ -84,4 +87,6 @@ def _name_the_model(args, exc: ToolchainError) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from toolchain.entry import main as _entry
+
+    _entry()

@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
                    help="latency: minimise the slowest predicted stage (default); 1-3, 1-2-3, 2-1-3: the "
                         "paper's lexicographic objectives (1 max stage parameters, 2 off-chip bytes, "
                         "3 max stage communication); coral: libcoral's heuristic only")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="solver time limit in seconds (default 10)")
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
+                        "plus --verify's runs and file I/O")
     p.add_argument("--colocate", action="store_true",
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
     p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")
@@ -40,19 +41,17 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from toolchain.compile import compile_models
 
-    out = report.console(stderr=True)
-    interactive = sys.stderr.isatty() and not args.json
     passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
                                     ("plan", args.no_plan)) if not off)
-    if interactive:
-        with out.status("compiling") as status:
-            res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
-                                 time_limit=args.time_limit, verify=args.verify, colocate=args.colocate,
-                                 passes=passes, progress=lambda m: status.update(m), semantics=args.semantics)
-    else:
-        res = compile_models(args.models, args.n, args.out, device=args.device, strategy=args.strategy,
-                             time_limit=args.time_limit, verify=args.verify, colocate=args.colocate, passes=passes,
-                             semantics=args.semantics)
+    options = dict(device=args.device, strategy=args.strategy, time_limit=args.time_limit, verify=args.verify,
+                   colocate=args.colocate, passes=passes, semantics=args.semantics)
+    err = report.console(stderr=True)
+    if sys.stderr.isatty():
+        with err.status("compiling") as status:
+            res = compile_models(args.models, args.n, args.out, progress=status.update, **options)
+    else:  # a log: one line per pass, with the elapsed time
+        res = compile_models(args.models, args.n, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True),
+                             **options)
     if args.json:
         report.print_json(res.report)
         return 0
@@ -119,6 +118,9 @@ def print_report(res, con) -> None:
 
 def _pass_line(pr: dict) -> str | None:
     d, name = pr["detail"], pr["name"]
+    if pr["status"] == "skipped":
+        reason = d.get("reason", "")
+        return None if reason in ("switched off", "not on PATH") else f"{name}: skipped, {reason}"
     if name == "rewrite":
         if not d.get("applied"):
             return f"rewrite: no identity rewrite lowers the optimal peak ({pr['seconds']:.2f} s)"
@@ -128,8 +130,6 @@ def _pass_line(pr: dict) -> str | None:
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
         return (f"schedule: activation peak {d['peak_before']:,} -> {d['peak']:,} B, {proof} "
                 f"({d['method']}, {pr['seconds']:.2f} s)")
-    if name == "plan" and pr["status"] == "skipped":
-        return f"plan: skipped, {d['reason']}"
     if name == "plan":
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
         return (f"plan: TFLite Micro arena {d['tflm_head_bytes']:,} B with our offline plan "

@@ -175,6 +175,36 @@ class Graph:
             raise ValueError("order is not a topological order of the graph's ops")
         return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name)
 
+    def lint(self) -> list[str]:
+        """What is structurally wrong with the graph (empty when nothing is): indices out of range,
+        a tensor written twice, an op reading an activation no earlier op wrote, an output nobody
+        writes. The compile driver runs it after every pass."""
+        n = len(self.tensors)
+        problems: list[str] = []
+        written: set[int] = set(self.inputs)
+        for t in (*self.inputs, *self.outputs):
+            if not 0 <= t < n:
+                problems.append(f"graph input/output tensor {t} out of range")
+        producers: set[int] = set()
+        for i, op in enumerate(self.ops):
+            for t in op.inputs:
+                if t < -1 or t >= n:
+                    problems.append(f"op {i} ({op.opcode}) reads tensor {t}, out of range")
+                elif t >= 0 and self.tensors[t].kind == "activation" and t not in written:
+                    problems.append(f"op {i} ({op.opcode}) reads '{self.tensors[t].name}' before any op writes it")
+            for t in op.outputs:
+                if not 0 <= t < n:
+                    problems.append(f"op {i} ({op.opcode}) writes tensor {t}, out of range")
+                elif t in producers:
+                    problems.append(f"tensor '{self.tensors[t].name}' is written by two ops")
+                else:
+                    producers.add(t)
+                    written.add(t)
+        for t in self.outputs:
+            if 0 <= t < n and t not in written and self.tensors[t].kind == "activation":
+                problems.append(f"graph output '{self.tensors[t].name}' is written by no op")
+        return problems
+
     def opcode_histogram(self) -> dict[str, int]:
         hist: dict[str, int] = {}
         for op in self.ops:

@@ -398,6 +398,8 @@ def cpsat_plan(buffers: Sequence[Buffer], time_limit: float = 5.0, hint: Sequenc
     """Minimise the arena with CP-SAT. Returns (offsets or None, size, proven_lower_bound, optimal)."""
     from ortools.sat.python import cp_model
 
+    from toolchain.cpsat import new_solver
+
     n = len(buffers)
     if n == 0:
         return [], 0, 0, True
@@ -432,10 +434,7 @@ def cpsat_plan(buffers: Sequence[Buffer], time_limit: float = 5.0, hint: Sequenc
     if hint is not None:
         m.add_hint(z, max(h // g + s for h, s in zip(hint, sizes)))
     m.minimize(z)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
-    solver.parameters.num_workers = max(1, min(2, workers))
-    solver.parameters.random_seed = seed
+    solver = new_solver(max(0.05, time_limit), min(2, workers), seed)
     solver.parameters.log_search_progress = False
     status = solver.solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

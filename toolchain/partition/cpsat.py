@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from toolchain.cpsat import new_solver
 from toolchain.errors import InfeasibleError
 from toolchain.partition.problem import PartitionProblem
 
@@ -223,10 +224,7 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         remaining = time_limit - (time.perf_counter() - t0)
         # the first objective is what the strategy is about; later ones are tie-breaks
         share = remaining if i == len(steps) - 1 else max(0.05, remaining * (0.75 if i == 0 else 0.5))
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = share
-        solver.parameters.num_workers = max(1, workers)
-        solver.parameters.random_seed = seed
+        solver = new_solver(share, workers, seed)
         # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
         solver.parameters.cp_model_probing_level = 0
         for key, value in _EXTRA_PARAMS.items():

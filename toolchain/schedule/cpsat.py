@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
+from toolchain.cpsat import new_solver
 from toolchain.schedule.dp import Piece, SearchResult
 from toolchain.schedule.model import bits
 
@@ -155,10 +156,7 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
             for j in range(lo[k], hi[k] + 1):
                 cp.add_hint(U[k, j], j == j0)
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, float(time_limit) - (time.monotonic() - t_start))
-    solver.parameters.num_workers = max(1, min(2, workers))
-    solver.parameters.random_seed = seed
+    solver = new_solver(max(0.1, float(time_limit) - (time.monotonic() - t_start)), min(2, workers), seed)
     status = solver.solve(cp)
     bound = int(solver.best_objective_bound) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
     if status == cp_model.INFEASIBLE:  # nothing within [floor, ub]: cannot happen with ub feasible

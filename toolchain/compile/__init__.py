@@ -1,0 +1,108 @@
+"""`tpu-pipeline compile`: the passes in order, run by the driver, then one atomic write.
+
+    load -> rewrite -> schedule -> plan -> emit -> partition -> segments -> [verify] -> edgetpu_compiler
+    -> report.json -> the output folder, swapped in whole
+
+`semantics` says whose memory model the rewrite and schedule passes minimise: "tflite" (default:
+the Coral host runs the segments in LiteRT) or "tflm". The plan pass writes TFLite Micro's offline
+memory plan for the final order into the whole model (LiteRT ignores that metadata).
+
+To add a pass: write `passes/<name>.py` with `def <name>(state, allowed) -> (state, PassRecord)`
+and put a `Pass` for it in `PASSES` (driver.py says what `share` and `optional` mean).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolchain.compile.driver import BUDGET_FACTOR, Pass, PassError, run_passes
+from toolchain.compile.manifest import build_report
+from toolchain.compile.output import check_output_folder, write_result_folder
+from toolchain.compile.passes.edgetpu import edgetpu
+from toolchain.compile.passes.emit import emit
+from toolchain.compile.passes.load import load
+from toolchain.compile.passes.partition import partition
+from toolchain.compile.passes.plan import plan
+from toolchain.compile.passes.rewrite import rewrite
+from toolchain.compile.passes.schedule import schedule
+from toolchain.compile.passes.segments import segments
+from toolchain.compile.passes.verify import verify, verify_chain
+from toolchain.compile.state import CompileOptions, CompileState, PassRecord
+from toolchain.cost.devices import load_device
+from toolchain.errors import UsageError
+from toolchain.memory import get_semantics
+from toolchain.partition import STRATEGY_NAMES, Partition
+
+PASSES: list[Pass] = [
+    Pass("load", load),
+    Pass("rewrite", rewrite, share=1.0, optional=True),
+    Pass("schedule", schedule, share=1.0, optional=True),
+    Pass("plan", plan, share=0.5, optional=True),
+    Pass("emit", emit),
+    Pass("partition", partition, share=1.0),
+    Pass("segments", segments, share=0.3),
+    Pass("verify", verify, when=lambda o: o.verify),
+    Pass("edgetpu_compiler", edgetpu),
+]
+assert sum(p.share for p in PASSES) < BUDGET_FACTOR
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    stem: str
+    report: dict
+    files: list[str]
+    partition: Partition
+    passes: list[PassRecord]
+    notes: list[str]
+
+
+def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
+                    time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
+                    passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
+                    semantics: str = "tflite") -> CompileOptions:
+    """Check the options (UsageError) and the output folder before any work."""
+    paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
+    if not paths:
+        raise UsageError("no model given")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise UsageError("the same model is given twice; co-deployment needs distinct files")
+    if strategy not in STRATEGY_NAMES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
+    if not (0 < time_limit < float("inf")):
+        raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    get_semantics(semantics)  # UsageError for an unknown name
+    dev = load_device(device)
+    if dev.kind != "edgetpu":
+        raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
+                         "(use `tpu-pipeline profile` for MCUs)")
+    stem = "+".join(p.stem for p in paths)
+    out = Path(out_dir) if out_dir is not None else Path("out") / stem
+    check_output_folder(out, list(paths))
+    return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
+                          semantics)
+
+
+def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:
+    opts = compile_options(paths, n, out_dir, **options)
+    state, records = run_passes(PASSES, CompileState(opts), progress)
+    files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
+    names = [*files, "report.json"]
+    report = build_report(state, records, names)
+    files["report.json"] = (json.dumps(report, indent=2, default=_json_default) + "\n").encode()
+    write_result_folder(opts.out_dir, files, list(opts.paths))
+    return CompileResult(opts.out_dir, opts.stem, report, names, state.partition, records, list(report["notes"]))
+
+
+def _json_default(obj):
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
+
+
+__all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",
+           "compile_options", "compile_models", "verify_chain"]

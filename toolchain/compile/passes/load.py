@@ -1,0 +1,66 @@
+"""Read the input model(s), merge co-deployed ones, give every tensor a unique name (segments
+chain by name) and check that -n can be met before anything expensive runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from toolchain.compile.state import CompileState, PassRecord
+from toolchain.cost.edgetpu import EdgeTpuCostModel
+from toolchain.errors import ModelError
+from toolchain.ir import from_model
+from toolchain.partition import PartitionProblem
+from toolchain.tflite import read_model
+from toolchain.tflite.extract import merge_models
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else (v or "")
+
+
+def unique_tensor_names(model) -> int:
+    """Give empty or duplicate tensor names of the main subgraph a unique suffix. Returns how
+    many were renamed."""
+    sg = model.subgraphs[0]
+    seen: set[str] = set()
+    renamed = 0
+    for i, t in enumerate(sg.tensors or []):
+        name = _text(t.name)
+        if not name or name in seen:
+            new = f"{name or 'tensor'}#{i}"
+            while new in seen:
+                new += "_"
+            t.name = new
+            name = new
+            renamed += 1
+        seen.add(name)
+    return renamed
+
+
+def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
+    opts = state.options
+    sources, models = [], []
+    for p in opts.paths:
+        if not p.is_file():
+            read_model(p)  # raises the ModelError that names what is wrong with the path
+        data = p.read_bytes()
+        models.append(read_model(data, name=str(p)))
+        sources.append((str(p), data))
+    if len(models) == 1:
+        model, prefixes = models[0], ("",)
+    else:
+        prefixes = tuple(f"{p.stem}/" for p in opts.paths)
+        model = merge_models(models, list(prefixes), name=opts.stem)
+    notes = []
+    renamed = unique_tensor_names(model)
+    if renamed:
+        notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")
+    graph = from_model(model)
+    if not graph.ops:
+        raise ModelError(f"{opts.paths[0]}: the model has no operators")
+    for t in (*graph.inputs, *graph.outputs):
+        graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
+    PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
+    state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph,
+                                notes=state.noted(*notes))
+    return state, PassRecord("load", "ran", 0.0, {"ops": len(graph.ops), "models": len(opts.paths)})

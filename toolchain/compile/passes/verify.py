@@ -1,0 +1,114 @@
+"""--verify: the segments chained in LiteRT against the optimised whole model (bit-identical), the
+optimised whole model against the input(s) in LiteRT, and in TFLite Micro where it is fast enough."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from toolchain.compile.state import CompileState, PassRecord
+from toolchain.errors import ModelError, VerificationError
+from toolchain.ir import macs
+from toolchain.rewrite.numerics import litert_interpreter, random_inputs
+from toolchain.rewrite.verify import verify_models
+
+# TFLite Micro runs the reference kernels: seconds per inference for the largest zoo models.
+TFLM_VERIFY_MAX_MACS = 300_000_000
+
+
+def _interpreter(data: bytes):
+    try:
+        return litert_interpreter(data)
+    except ModelError as exc:
+        raise VerificationError(str(exc)) from None
+
+
+def _run(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for d in it.get_input_details():
+        if d["name"] not in feeds:
+            raise VerificationError(f"segment input '{d['name']}' is produced by no earlier segment")
+        it.set_tensor(d["index"], feeds[d["name"]])
+    it.invoke()
+    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+
+
+def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes], samples: int = 2,
+                 seed: int = 0, exact: bool = True) -> dict:
+    """Run the original model(s) and the chained segments (tensors matched by name) on the same
+    random inputs under LiteRT's builtin kernels; raise VerificationError unless every output is
+    bit-identical. `originals` holds (label, model bytes, tensor-name prefix)."""
+    rng = np.random.default_rng(seed)
+    refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
+    segs = [_interpreter(s) for s in segments]
+    compared = 0
+    worst = 0.0
+    for _ in range(samples):
+        env: dict[str, np.ndarray] = {}
+        expected: dict[str, np.ndarray] = {}
+        for label, it, prefix in refs:
+            details = it.get_input_details()
+            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng))}
+            for name, arr in feeds.items():
+                env[prefix + name] = arr
+            try:
+                outs = _run(it, feeds)
+            except RuntimeError as exc:
+                raise VerificationError(f"{label}: LiteRT failed to run it: {exc}") from None
+            expected.update({prefix + k: v for k, v in outs.items()})
+        for k, it in enumerate(segs):
+            try:
+                env.update(_run(it, env))
+            except RuntimeError as exc:
+                raise VerificationError(f"segment {k}: LiteRT failed to run it: {exc}") from None
+        for name, want in expected.items():
+            if name not in env:
+                raise VerificationError(f"output '{name}' is produced by no segment")
+            got = env[name]
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise VerificationError(f"output '{name}': shape or type differs ({got.shape} {got.dtype} vs "
+                                        f"{want.shape} {want.dtype})")
+            if not np.array_equal(got, want):
+                diff = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
+                if exact:
+                    raise VerificationError(f"output '{name}': chained segments differ from the whole model "
+                                            f"(max |diff| {diff:g})")
+                worst = max(worst, diff)
+            compared += 1
+    return {"samples": samples, "outputs_compared": compared, "bit_identical": worst == 0.0,
+            "max_abs_diff": worst, "runtime": "LiteRT builtin kernels (no default delegates)"}
+
+
+def _verify_in_tflm(source: bytes, whole: bytes, graph) -> dict:
+    """The optimised whole model against the input model in TFLite Micro: integer outputs
+    bit-identical, float within rounding."""
+    total = sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
+    if total > TFLM_VERIFY_MAX_MACS:
+        return {"skipped": f"{total / 1e9:.1f} GMACs: too slow for TFLite Micro's reference kernels here"}
+    result = verify_models(source, whole, runs=2, runtimes=("tflm",))[0]
+    if result.outputs and not result.ok:
+        worst = max(o.max_abs for o in result.outputs)
+        raise VerificationError(f"the optimised model differs from the input in TFLite Micro (max |diff| {worst:g})")
+    return result.to_json()
+
+
+def is_integer_model(graph) -> bool:
+    return not any(t.dtype.startswith("float") for t in graph.tensors if t.kind == "activation")
+
+
+def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
+    o, graph = state.options, state.graph
+    verification = verify_chain([(f"{o.stem}.tflite", state.whole, "")], [s.data for s in state.segments])
+    # the optimised whole model against the input model(s): integer models must match exactly;
+    # float models may differ by rounding where a rewrite reassociated sums (reported)
+    src = verify_chain([(label, data, pre) for (label, data), pre in zip(state.sources, state.prefixes)],
+                       [state.whole], exact=is_integer_model(graph))
+    verification["whole_vs_source"] = {k: src[k] for k in ("bit_identical", "max_abs_diff", "outputs_compared")}
+    notes = []
+    if not src["bit_identical"]:
+        notes.append(f"float model: the optimised model differs from the input by at most {src['max_abs_diff']:g} "
+                     "(rewrites reassociate float sums); the segments match the optimised model exactly")
+    if len(state.sources) == 1:
+        verification["whole_vs_source_tflm"] = _verify_in_tflm(state.sources[0][1], state.whole, graph)
+    state = dataclasses.replace(state, verification=verification, notes=state.noted(*notes))
+    return state, PassRecord("verify", "ran", 0.0, verification)
