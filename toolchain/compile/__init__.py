@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolchain.compile.driver import BUDGET_FACTOR, Pass, PassError, run_passes
-from toolchain.compile.manifest import build_report
+from toolchain.compile.report import build_report
 from toolchain.compile.output import check_output_folder, write_result_folder
 from toolchain.compile.passes.edgetpu import edgetpu
 from toolchain.compile.passes.emit import emit

@@ -1,4 +1,4 @@
-"""report.json: what compile found and wrote, for people and for `tpu-pipeline run`."""
+"""report.json's content: what compile found and wrote, for people and for `tpu-pipeline run`."""
 
 from __future__ import annotations
 
