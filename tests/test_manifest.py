@@ -141,6 +141,20 @@ def test_a_link_inside_the_folder_is_accepted(tmp_path):
     assert load_manifest(d).segments[0].file == SEG
 
 
+def test_a_folder_without_report_refuses_a_segment_link_leading_out(tmp_path, capsys):
+    """Without report.json the runtime finds Coral-named segment files itself: same rule."""
+    d = tmp_path / "out"
+    d.mkdir()
+    shutil.copy(MODEL, tmp_path / "outside.tflite")
+    (d / SEG).symlink_to(tmp_path / "outside.tflite")
+    assert main(["run", str(d), "--backend", "emulator", "-N", "1", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"segment file: '{SEG}' is a link leading outside the folder" in err[0], err
+    (d / SEG).unlink()
+    shutil.copy(MODEL, d / SEG)  # the same file, really in the folder, runs
+    assert main(["run", str(d), "--backend", "emulator", "-N", "1", "--json"]) == 0
+
+
 def test_manifest_types_defaults_and_unknown_fields(tmp_path):
     from toolchain.manifest import MANIFEST_VERSION, Manifest, Prediction, SegmentEntry
 

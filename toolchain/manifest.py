@@ -352,7 +352,8 @@ class _Reader:
             self.fail(f"{where}.file", f"{s['file']} is missing from the folder")
         has_in, has_out = s.get("inputs") is not None, s.get("outputs") is not None
         if has_in != has_out:
-            self.fail(f"{where}.{'outputs' if has_in else 'inputs'}", "missing (give both inputs and outputs, or neither)")
+            self.fail(f"{where}.{'outputs' if has_in else 'inputs'}",
+                      "missing (give both inputs and outputs, or neither)")
         inputs = self.names(s["inputs"], f"{where}.inputs") if has_in else None
         outputs = self.names(s["outputs"], f"{where}.outputs") if has_out else None
         ops = self.integer(s["ops"], f"{where}.ops", 0, 2 ** 31 - 1) if s.get("ops") is not None else None

@@ -17,7 +17,8 @@ def _random(rng: np.random.Generator, shape, dtype) -> np.ndarray:
         return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -128), min(info.max, 255 if dtype.kind == "u" else 127) + 1, size=shape, dtype=np.int64).astype(dtype)
+        hi = min(info.max, 255 if dtype.kind == "u" else 127)
+        return rng.integers(max(info.min, -128), hi + 1, size=shape, dtype=np.int64).astype(dtype)
     return rng.integers(0, 2, size=shape).astype(dtype)
 
 
