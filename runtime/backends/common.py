@@ -42,8 +42,8 @@ class Backend:
     power_meter: ClassVar[bool] = False  # can a USB power meter measure what it runs?
     power_meter_why_not: ClassVar[str] = ""
 
-    def readiness(self, request: RunRequest) -> tuple[bool, str]:
-        """(can run it now?, why) for `--backend auto`."""
+    def readiness(self, port: str | None = None, deployment: Deployment | None = None) -> tuple[bool, str]:
+        """(can it run `deployment` now, through `port` if it needs one?, why) for `--backend auto`."""
         return True, "available"
 
     def check(self, request: RunRequest) -> None:
