@@ -8,6 +8,7 @@ import sys
 from rich.table import Table
 
 from toolchain import report
+from toolchain.commands.options import seconds
 from toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -23,7 +24,7 @@ def add_arguments(p) -> None:
                    help="latency: minimise the slowest predicted stage (default); 1-3, 1-2-3, 2-1-3: the "
                         "paper's lexicographic objectives (1 max stage parameters, 2 off-chip bytes, "
                         "3 max stage communication); coral: libcoral's heuristic only")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
+    p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
                         "plus --verify's runs and file I/O")
     p.add_argument("--colocate", action="store_true",
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
