@@ -609,6 +609,9 @@ FIXTURES = [
     ("tests/fixtures/concat_conv", "fixture", build_concat_conv, False, ("int8", "float32")),
     ("tests/fixtures/pool_softmax", "fixture", build_pool_softmax, True, ("int8",)),
     ("tests/fixtures/darts_s2b", "fixture", build_darts_s2b, False, ("int8", "float32")),
+    # the same cells converted with a dynamic batch (Keras' default): the tensors between
+    # SPACE_TO_BATCH_ND and BATCH_TO_SPACE_ND are stored as [1, ...] but are [4, ...] at run time
+    ("tests/fixtures/darts_s2b_dynbatch", "fixture", build_darts_s2b, False, ("int8", "float32"), True),
     ("examples/randwire_small", "randwire", build_randwire_example, False, ("int8",)),
 ]
 
@@ -686,23 +689,26 @@ def _calibrate_logits(model, seed: int) -> None:
         kl.kernel.assign(w * (4.0 / std))
 
 
-def convert(model, dtype: str, seed: int) -> bytes:
+def convert(model, dtype: str, seed: int, dynamic_batch: bool = False) -> bytes:
     """Keras model -> .tflite bytes.  The model is traced once into a concrete function with a
     static batch-1 signature and its variables are frozen to constants; that is the graph
     `TFLiteConverter.from_keras_model` would convert, reached 3-4x faster (no SavedModel
-    export of every variable)."""
+    export of every variable).  `dynamic_batch`: trace with batch None instead, as
+    `from_keras_model` does for a Keras Input without batch_size (every tensor then has shape
+    signature -1 in the batch and the placeholder 1 in its stored shape)."""
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-    key = id(model)
+    key = (id(model), dynamic_batch)
     if key not in _FROZEN:
         _FROZEN.clear()
-        specs = [tf.TensorSpec(t.shape, tf.float32, name=f"input_{k}")
+        specs = [tf.TensorSpec((None,) + tuple(t.shape[1:]) if dynamic_batch else t.shape, tf.float32,
+                               name=f"input_{k}")
                  for k, t in enumerate(model.inputs)]
         fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
         _FROZEN[key] = (model, convert_variables_to_constants_v2(fn.get_concrete_function(*specs)))
     frozen = _FROZEN[key][1]
     conv = tf.lite.TFLiteConverter.from_concrete_functions([frozen])
     if dtype == "int8":
-        shapes = [tuple(int(d) for d in t.shape) for t in model.inputs]
+        shapes = [(1,) + tuple(int(d) for d in t.shape[1:]) for t in model.inputs]
 
         def representative():
             rng = np.random.default_rng(seed)
@@ -873,7 +879,7 @@ def _record(name, family, path: Path, dtype, regular, coral_name, note, seconds,
 
 
 def _build_one(name, family, builder, dtypes, regular, coral_name, note, stems: dict[str, Path],
-               force, do_check, old: dict, rel_to) -> list[dict]:
+               force, do_check, old: dict, rel_to, dynamic_batch: bool = False) -> list[dict]:
     seed = _seed_of(name)
     recs = []
     model = None
@@ -884,7 +890,7 @@ def _build_one(name, family, builder, dtypes, regular, coral_name, note, stems: 
         if force or not path.exists():
             if model is None:
                 model = _build_model(builder, seed)
-            write_atomic(path, convert(model, dtype, seed))
+            write_atomic(path, convert(model, dtype, seed, dynamic_batch))
             built = True
         secs = round(time.time() - t0, 1)
         data = path.read_bytes()
@@ -976,11 +982,12 @@ def build_fixtures(force: bool, do_check: bool) -> int:
     print(f"{'control_flow':22s} float32 ops={rec['ops']:5d} subgraphs={rec['subgraphs']} "
           f"types={','.join(rec['op_types'])} litert={check.get('litert')}", flush=True)
     recs[("control_flow", "float32")] = rec
-    for stem, family, builder, regular, dtypes in FIXTURES:
+    for stem, family, builder, regular, dtypes, *dyn in FIXTURES:
         name = Path(stem).name
         stems = {d: REPO / f"{stem}_{d}.tflite" for d in dtypes}
-        for r in _build_one(name, family, builder, dtypes, regular, None, "", stems, force,
-                            do_check, {}, REPO):
+        for r in _build_one(name, family, builder, dtypes, regular, None,
+                            "dynamic batch (shape signature -1)" if dyn and dyn[0] else "", stems, force,
+                            do_check, {}, REPO, bool(dyn and dyn[0])):
             recs[(r["name"], r["dtype"])] = r
     for r in recs.values():  # timings are not reproducible; keep the manifest byte-stable
         r.pop("build_seconds", None)
