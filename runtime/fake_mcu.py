@@ -76,7 +76,7 @@ class FakeMcu(PtyDevice):
         self._send(P.encode("READY", arena=self.arena_size, used=self.arena_used,
                             inputs=len(self.interp.inputs), outputs=len(self.interp.outputs),
                             ticks_per_s=self.clock_hz, model_crc=f"{zlib.crc32(self.model_bytes):08X}",
-                            board=self.board))
+                            board=self.board, simulated=1))  # the host must not mistake it for a board
 
     def _serve(self) -> None:
         if self.fault != "silent":

@@ -70,6 +70,12 @@ class RunReport:
     ops: list[dict[str, Any]] = field(default_factory=list)  # per-op profile lines
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # set when the run stopped early; what is here was measured before
+    # No target hardware ran it: the emulator, or a harness that says so (the fake MCU). docs/cli.md, glossary.
+    simulated: bool = False
+
+    def __post_init__(self):
+        if self.backend == "emulator":
+            self.simulated = True
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}

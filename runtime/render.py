@@ -19,10 +19,24 @@ def us(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e6:,.1f}"
 
 
+def measured_where(r: RunReport) -> str:
+    """Where the 'measured' figures come from, as the column headers say it (docs/cli.md, glossary)."""
+    if r.backend == "emulator":
+        return "host"  # the emulator times LiteRT / TFLite Micro on this machine's CPU
+    return "simulated device" if r.simulated else "device"
+
+
 def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
-    out.print(f"[bold]{r.model}[/bold] on [bold]{r.device}[/bold] (backend {r.backend}, {r.iterations} inferences)")
-    t = Table(title="latency and throughput")
-    for c in ("figure", "measured", "predicted"):
+    where = measured_where(r)
+    tag = " (simulated)" if r.simulated else ""  # on every table title, so no excerpt loses it
+    sim = ", simulated" if r.simulated and "simulated" not in r.device else ""
+    out.print(f"[bold]{r.model}[/bold] on [bold]{r.device}[/bold] (backend {r.backend}, {r.iterations} inferences{sim})")
+    if r.simulated:
+        out.print("(simulated) no target hardware ran these inferences: "
+                  + ("measured figures are host timings; device figures are predicted" if where == "host" else
+                     "a stand-in harness answered; its ticks come from the MCU cost model"))
+    t = Table(title="latency and throughput" + tag)
+    for c in ("figure", f"measured ({where})", "predicted (device)"):
         t.add_column(c, justify="right" if c != "figure" else "left")
     lat = r.latency
     p = r.predicted or {}
@@ -39,8 +53,9 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
     if p.get("source"):
         out.print(f"predicted by: {p['source']}")
     if r.stages and len(r.stages) >= 1 and r.backend != "mcu":
-        st = Table(title="per segment")
-        for c in ("#", "file", "in", "out", "median (ms)", "p90 (ms)", "predicted (ms)"):
+        st = Table(title="per segment" + tag)
+        for c in ("#", "file", "in tensors", "out tensors", f"{where} median (ms)", f"{where} p90 (ms)",
+                  "predicted (ms)"):
             st.add_column(c, justify="right" if c not in ("file",) else "left")
         for s in r.stages:
             short = s.file.rsplit("_segment_", 1)[-1].removesuffix(".tflite") if "_segment_" in s.file else s.file
@@ -50,13 +65,17 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
         out.print(st)
     if r.arena:
         a = r.arena
-        at = Table(title="arena")
+        at = Table(title="arena" + tag)
         at.add_column("figure")
-        at.add_column("bytes", justify="right")
-        at.add_column("")
-        for key, label in (("configured", "configured (device SRAM)"), ("head", "head (TFLite Micro, measured)"),
-                           ("predicted_head", "head (our prediction)"), ("tail", "tail (measured)"),
-                           ("total", "total needed"), ("used", "used (reported by the device)"),
+        at.add_column("B", justify="right")
+        at.add_column("KiB/MiB", justify="right")
+        device = "simulated device" if r.simulated and r.backend != "emulator" else "device"
+        for key, label in (("configured", "configured (device SRAM)"),
+                           ("head", "head (TFLite Micro on the host, measured)"),
+                           ("predicted_head", "head (predicted: our TFLite Micro planner model)"),
+                           ("tail", "tail (TFLite Micro on the host, measured)"),
+                           ("total", "total = head + tail (measured)"),
+                           ("used", f"used (reported by the {device})"),
                            ("model_bytes", "model (flash)"), ("flash_bytes", "flash available")):
             if a.get(key) is not None:
                 at.add_row(label, f"{a[key]:,}", human_bytes(a[key]))
@@ -65,9 +84,11 @@ def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
     if r.ops:
         key = "seconds" if "seconds" in r.ops[0] else "predicted_s"
         ranked = sorted(r.ops, key=lambda o: -o.get(key, 0))[:top_ops]
-        source = "device PROF lines" if key == "seconds" else (r.predicted or {}).get("source", "cost model")
-        ot = Table(title=f"slowest ops ({source}, top {len(ranked)} of {len(r.ops)})")
-        for c in ("op", "opcode", "µs"):
+        source = ("device PROF lines" if key == "seconds"
+                  else "predicted by " + (r.predicted or {}).get("source", "cost model"))
+        ot = Table(title=f"slowest ops ({source}, top {len(ranked)} of {len(r.ops)})" + tag)
+        for c in ("op", "opcode", ("simulated device µs" if r.simulated else "device µs") if key == "seconds"
+                  else "predicted µs"):
             ot.add_column(c, justify="right" if c != "opcode" else "left")
         if any("host_s" in o for o in ranked):
             ot.add_column("host µs", justify="right")

@@ -40,6 +40,7 @@ class McuInfo:
     outputs: int
     ticks_per_s: int
     model_crc: str
+    simulated: bool = False  # READY said simulated=1: a stand-in (the fake MCU), not a board
 
 
 class McuRunAborted(DeviceError):
@@ -129,7 +130,8 @@ class SerialMcu:
                 raise DeviceError(f"{self.port}: device error during handshake: {msg.fields[0]}")
         try:
             info = McuInfo(msg.kv.get("board", board), msg.int("arena"), msg.int("used"), msg.int("inputs"), msg.int("outputs"),
-                           msg.int("ticks_per_s"), msg.kv.get("model_crc", ""))
+                           msg.int("ticks_per_s"), msg.kv.get("model_crc", ""),
+                           msg.kv.get("simulated") == "1")
         except P.ProtocolError as exc:
             raise DeviceError(f"{self.port}: bad READY line ({exc})") from None
         if model_bytes is not None and info.model_crc and info.model_crc.upper() != f"{zlib.crc32(model_bytes):08X}":

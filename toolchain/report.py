@@ -46,15 +46,18 @@ def _json_default(obj):
 def print_summary(s: ModelSummary, out: Console) -> None:
     out.print(f"[bold]{s.path}[/bold]: {s.ops} ops, {s.tensors} tensors, {s.subgraphs} subgraph(s)")
     out.print(f"inputs: {', '.join(s.inputs)}    outputs: {', '.join(s.outputs)}")
-    t = Table(title="memory (TFLite Micro semantics unless noted)", show_header=True)
+    # Words as in docs/cli.md's glossary: peak = most live bytes at one step; head = what a planner
+    # allocates; every figure here is predicted from the file (nothing runs).
+    t = Table(title="memory, predicted (tflm semantics unless noted)", show_header=True)
     t.add_column("figure")
-    t.add_column("bytes", justify="right")
-    t.add_column("")
+    t.add_column("B", justify="right")
+    t.add_column("KiB/MiB", justify="right")
     t.add_row("parameters (constants)", f"{s.parameter_bytes:,}", human_bytes(s.parameter_bytes))
     t.add_row(f"activation peak, at step {s.peak_step} ({s.peak_op})", f"{s.peak_bytes:,}", human_bytes(s.peak_bytes))
     t.add_row("TFLite Micro arena head (its greedy planner)", f"{s.tflm_arena_bytes:,}", human_bytes(s.tflm_arena_bytes))
-    t.add_row("TFLite arena, tensors only (its ArenaPlanner)", f"{s.tflite_arena_bytes:,}", human_bytes(s.tflite_arena_bytes))
-    t.add_row("lower bound for this order", f"{s.order_lower_bound:,}", human_bytes(s.order_lower_bound))
+    t.add_row("TFLite arena, tensors only (tflite semantics)", f"{s.tflite_arena_bytes:,}",
+              human_bytes(s.tflite_arena_bytes))
+    t.add_row("lower bound for this order (= peak)", f"{s.order_lower_bound:,}", human_bytes(s.order_lower_bound))
     t.add_row("lower bound for any order", f"{s.any_order_lower_bound:,}", human_bytes(s.any_order_lower_bound))
     out.print(t)
     if s.subgraphs > 1:
@@ -62,15 +65,15 @@ def print_summary(s: ModelSummary, out: Console) -> None:
                   "also places the other subgraphs' tensors in its arena")
     h = Table(title="ops", show_header=True)
     h.add_column("opcode")
-    h.add_column("count", justify="right")
+    h.add_column("ops (count)", justify="right")
     for name, count in s.opcodes.items():
         h.add_row(name, str(count))
     out.print(h)
-    hs = Table(title="steps with the most live bytes", show_header=True)
+    hs = Table(title="steps with the most live bytes (tflm semantics)", show_header=True)
     hs.add_column("step", justify="right")
     hs.add_column("op")
-    hs.add_column("live bytes", justify="right")
-    hs.add_column("live tensors")
+    hs.add_column("live B", justify="right")
+    hs.add_column("live tensors (names)")
     for hot in s.hot_steps:
         names = ", ".join(hot.live_tensors[:6]) + (" ..." if len(hot.live_tensors) > 6 else "")
         hs.add_row(str(hot.step), hot.op, f"{hot.live_bytes:,}", names)
@@ -96,7 +99,7 @@ def plot_live_bytes(series: dict[str, list[int]], path: str, title: str) -> None
         ax.annotate(f"peak {peak / 1024:,.1f} KiB @ step {step}", (step, peak / 1024),
                     textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xlabel("step (op position + 1)")
-    ax.set_ylabel("live activation KiB")
+    ax.set_ylabel("live activation bytes (KiB)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if len(series) > 1:

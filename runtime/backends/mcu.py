@@ -70,6 +70,9 @@ def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iteratio
                 summary = recorder.stop()
                 report.energy = summary.to_json(len(results), float(d.get("power", {}).get("idle_w", 0.0)))
     report.arena = {"configured": info.arena, "used": info.used, "fits": True, "board": info.board}
+    if info.simulated:  # the fake MCU: its ticks come from the cost model, not a clock
+        report.simulated = True
+        report.device += " (simulated)"
     if results:
         report.arena["used"] = max(r.arena_used for r in results)
     report.latency = LatencyStats.of([r.seconds for r in results])
