@@ -25,8 +25,9 @@ def run(args) -> int:
     c.print(f"[bold]{args.model}[/bold] -> {r.out_dir} for {r.device}")
     c.print(f"ops ({len(r.ops)}, MicroMutableOpResolver<{len(r.ops)}>): {', '.join(r.ops)}")
     c.print(f"arena head: planned {r.planned_head:,} B ({r.planner}, {r.pinned_tensors} tensors pinned), "
-            f"TFLite Micro measured {r.measured_head:,} B, without our plan {r.tflm_own_head:,} B")
-    c.print(f"HARNESS_ARENA_SIZE {r.arena_size:,} B (head + tail {r.measured_tail:,}) of {r.sram_bytes:,} B SRAM; "
-            f"model {r.model_bytes:,} B of {r.flash_bytes:,} B flash; crc {r.model_crc}")
+            f"measured {r.measured_head:,} B (TFLite Micro on the host), "
+            f"TFLite Micro's own planner {r.tflm_own_head:,} B (predicted)")
+    c.print(f"HARNESS_ARENA_SIZE {r.arena_size:,} B (measured head + tail {r.measured_tail:,} B) of "
+            f"{r.sram_bytes:,} B SRAM; model {r.model_bytes:,} B of {r.flash_bytes:,} B flash; crc {r.model_crc}")
     c.print("files: " + ", ".join(r.files))
     return 0

@@ -22,7 +22,8 @@ def run(args) -> int:
         report.plot_live_bytes({"stored order": list(summary.live_bytes)}, args.plot,
                                f"{args.model}: live activation bytes (TFLite Micro semantics)")
     if args.json:
-        report.print_json(summary.to_json())
+        # which memory semantics the figures use (tflite_arena_bytes is TFLite's own by definition)
+        report.print_json({**summary.to_json(), "semantics": "tflm"})
     else:
         report.print_summary(summary, report.console())
         if args.plot:

@@ -45,7 +45,7 @@ def run(args) -> int:
     write_model(out_model, args.output)
     tflm_own = tflm_greedy(lt).size
     data = {
-        "model": args.model, "output": args.output, "buffers": len(lt.buffers),
+        "model": args.model, "output": args.output, "buffers": len(lt.buffers), "semantics": "tflm",
         "lower_bound": plan.lower_bound, "planned_bytes": result.head,
         "tflm_planner_bytes": tflm_own, "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
         "planner": plan.planner, "proven_optimal": result.head <= plan.lower_bound or plan.proven_optimal,
@@ -66,15 +66,18 @@ def run(args) -> int:
         report.print_json(data)
         return 0
     out = report.console()
-    t = Table(title=f"{args.model}: arena plan (TFLite Micro)")
+    t = Table(title=f"{args.model}: TFLite Micro arena head (tflm semantics)")
     t.add_column("figure")
-    t.add_column("bytes", justify="right")
-    t.add_column("")
-    t.add_row("lower bound (most bytes live at once)", f"{plan.lower_bound:,}", report.human_bytes(plan.lower_bound))
-    t.add_row("TFLite Micro's own planner", f"{tflm_own:,}", report.human_bytes(tflm_own))
-    t.add_row(f"ours ({plan.planner}, {plan.seconds:.2f} s)", f"{result.head:,}", report.human_bytes(result.head))
+    t.add_column("B", justify="right")
+    t.add_column("KiB/MiB", justify="right")
+    t.add_row("lower bound = peak (most live bytes at one step)", f"{plan.lower_bound:,}",
+              report.human_bytes(plan.lower_bound))
+    t.add_row("head, TFLite Micro's own planner (predicted)", f"{tflm_own:,}", report.human_bytes(tflm_own))
+    t.add_row(f"head, our plan ({plan.planner}, {plan.seconds:.2f} s)", f"{result.head:,}",
+              report.human_bytes(result.head))
     if "tflm_measured_head" in data:
-        t.add_row("TFLite Micro's measured head with our plan", f"{data['tflm_measured_head']:,}", "verified")
+        t.add_row("head with our plan, measured (TFLite Micro on the host)", f"{data['tflm_measured_head']:,}",
+                  "verified")
     out.print(t)
     out.print(("proven optimal" if data["proven_optimal"] else "not proven optimal")
               + f"; {data['pinned_tensors']} tensors pinned; wrote {args.output}")
