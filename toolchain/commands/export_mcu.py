@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from toolchain import report as out
+from toolchain.commands.options import check_output_folder
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 
@@ -17,6 +18,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from toolchain.export_mcu import export_mcu
 
+    check_output_folder(args.out, inputs=[args.model])
     r = export_mcu(args.model, args.device, args.out)
     if args.json:
         out.print_json(r.to_json())

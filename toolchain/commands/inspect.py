@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from toolchain import report
 from toolchain.inspect import summarize
+from toolchain.commands.options import check_output, plot_path
 from toolchain.ir import load
 
 HELP = "op histogram, parameter bytes, activation peak and arena predictions"
@@ -12,10 +13,13 @@ HELP = "op histogram, parameter bytes, activation peak and arena predictions"
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--plot", metavar="PNG", help="plot live bytes per step, peak marked")
+    p.add_argument("--plot", metavar="FILE", type=plot_path,
+                   help="plot live bytes per step, peak marked (.png, .pdf, .svg, ...)")
 
 
 def run(args) -> int:
+    if args.plot:
+        check_output(args.plot, inputs=[args.model])
     model, graph = load(args.model)
     summary = summarize(graph, path=args.model, subgraphs=len(model.subgraphs))
     if args.plot:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.table import Table
 
 from toolchain import report
-from toolchain.errors import UsageError, VerificationError
+from toolchain.commands.options import check_output, non_negative_int, seconds
+from toolchain.errors import VerificationError
 from toolchain.ir import load
 from toolchain.memory import lifetimes, tflite_arena, tflm_greedy
 from toolchain.memory.offchip import offchip_traffic
@@ -22,8 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("-o", "--output", required=True, help="the model with the OfflineMemoryAllocation metadata")
     p.add_argument("--planner", default="auto", choices=[x for x in PLANNERS if x != "tflite"],
                    help="auto (default) | search | cpsat | greedy-size | greedy-conflicts | tflm")
-    p.add_argument("--time-limit", type=float, default=5.0, metavar="S", help="planner seconds (default 5)")
-    p.add_argument("--onchip", type=int, metavar="BYTES",
+    p.add_argument("--time-limit", type=seconds, default=5.0, metavar="S", help="planner seconds (default 5)")
+    p.add_argument("--onchip", type=non_negative_int, metavar="BYTES",
                    help="also report off-chip traffic (Belady) for an on-chip memory of this size")
     p.add_argument("--verify", action="store_true",
                    help="load the written model in TFLite Micro and check its arena head equals the plan")
@@ -31,18 +30,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    if args.time_limit <= 0:
-        raise UsageError(f"--time-limit must be positive, got {args.time_limit}")
-    if args.onchip is not None and args.onchip < 0:
-        raise UsageError(f"--onchip must be non-negative, got {args.onchip}")
-    if Path(args.output).resolve() == Path(args.model).resolve():
-        raise UsageError(f"{args.output}: refusing to overwrite the input model")
-    model, graph = load(args.model)
+    check_output(args.output, inputs=[args.model])
+    model, graph = load(args.model, check_litert=True)
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(model, graph, lt, args.planner, args.time_limit)
     plan = result.plan
     out_model = with_offline_plan(model, list(result.tensor_offsets))
-    write_model(out_model, args.output)
+    write_model(out_model, args.output, inputs=[args.model])
     tflm_own = tflm_greedy(lt).size
     data = {
         "model": args.model, "output": args.output, "buffers": len(lt.buffers), "semantics": "tflm",

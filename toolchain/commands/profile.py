@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from toolchain.commands import run as run_cmd
+from toolchain.commands.options import non_negative_int, positive_int, seconds
 from toolchain.errors import UsageError
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
@@ -14,14 +15,14 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
     p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
     p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu"))
-    p.add_argument("--iterations", "-N", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", "-N", type=positive_int, default=20)
+    p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--port", help="serial port of the MCU harness (real device)")
-    p.add_argument("--baud", type=int)
+    p.add_argument("--baud", type=positive_int)
     p.add_argument("--power-meter", metavar="PORT", help="serial port of a UM24C/UM25C/UM34C USB power meter")
-    p.add_argument("--timeout", type=float, default=10.0)
-    p.add_argument("--top", type=int, default=10, help="slowest ops to list (default 10)")
+    p.add_argument("--timeout", type=seconds, default=10.0)
+    p.add_argument("--top", type=non_negative_int, default=10, help="slowest ops to list (default 10)")
     p.add_argument("--host-ops", action="store_true",
                    help="MCU: also time every op alone in TFLite Micro on the host (slow on big models)")
     p.add_argument("--json", action="store_true")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from toolchain import report
-from toolchain.errors import UsageError
+from toolchain.commands.options import check_output, positive_int, seconds
 from toolchain.ir import load
 from toolchain.rewrite import LOSSY, rewrite_graph
 from toolchain.rewrite.numerics import rewritten_model
@@ -21,23 +19,19 @@ def add_arguments(p) -> None:
                    help="also split int8 concat->conv/fully-connected (partial sums requantized: not bit-exact; "
                         "the worst deviation in output LSBs is measured and reported)")
     p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm", help="memory model (default tflm)")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds per scheduler call (default 10)")
-    p.add_argument("--budget", type=float, default=None, metavar="S",
+    p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds per scheduler call (default 10)")
+    p.add_argument("--budget", type=seconds, default=None, metavar="S",
                    help="seconds for the whole search (default 30 x time limit, at least 60)")
     p.add_argument("--verify", action="store_true",
                    help="run original and rewritten models in LiteRT and TFLite Micro on random inputs and compare "
                         "(always done when a lossy rewrite was applied)")
-    p.add_argument("--runs", type=int, default=3, help="random inputs per runtime for --verify (default 3)")
+    p.add_argument("--runs", type=positive_int, default=3, help="random inputs per runtime for --verify (default 3)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args) -> int:
-    if args.time_limit <= 0 or (args.budget is not None and args.budget <= 0) or args.runs < 1:
-        raise UsageError("--time-limit, --budget and --runs must be positive")
-    src, dst = Path(args.model), Path(args.output)
-    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-        raise UsageError(f"{args.output}: refusing to overwrite the input model; choose another -o")
-    model, graph = load(args.model)
+    check_output(args.output, inputs=[args.model])
+    model, graph = load(args.model, check_litert=True)
     result = rewrite_graph(graph, time_limit=args.time_limit, semantics=args.semantics,
                            allow_lossy=args.allow_lossy, model=model, budget=args.budget)
     new_model = rewritten_model(result.graph, model)
@@ -48,7 +42,7 @@ def run(args) -> int:
         verification = verify_models(model_to_bytes(model), model_to_bytes(new_model), runs=args.runs,
                                      lossy_ok=result.lossy)
         check_or_raise(verification, args.output)
-    write_model(new_model, args.output)
+    write_model(new_model, args.output, inputs=[args.model])
     data = result.to_json()
     data.update(model=args.model, output=args.output, semantics=args.semantics)
     if verification is not None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from toolchain import report
-from toolchain.errors import UsageError
+from toolchain.commands.options import check_output, seconds
 from toolchain.ir import load, to_model
 from toolchain.memory import lifetimes, tflm_greedy
 from toolchain.schedule import METHODS, schedule
@@ -17,16 +15,16 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
     p.add_argument("-o", "--output", help="write the reordered model here")
     p.add_argument("--method", choices=METHODS, default="auto", help="search method (default auto)")
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds (default 10)")
+    p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds (default 10)")
     p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm",
                    help="memory model of the target runtime (default tflm)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args) -> int:
-    if args.output and Path(args.output).resolve() == Path(args.model).resolve():
-        raise UsageError(f"{args.output}: refusing to overwrite the input model")
-    model, graph = load(args.model)
+    if args.output:
+        check_output(args.output, inputs=[args.model])
+    model, graph = load(args.model, check_litert=bool(args.output))
     result = schedule(graph, method=args.method, time_limit=args.time_limit, semantics=args.semantics)
     new_graph = graph.reordered(result.order)
     head_before = tflm_greedy(lifetimes(graph, semantics="tflm")).size
@@ -34,7 +32,7 @@ def run(args) -> int:
     if args.output:
         from toolchain.tflite import write_model
 
-        write_model(to_model(new_graph, model), args.output)
+        write_model(to_model(new_graph, model), args.output, inputs=[args.model])
     if args.json:
         d = result.to_json()
         d.update(model=args.model, output=args.output, tflm_head_before=head_before, tflm_head_after=head_after)

@@ -69,13 +69,23 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             source=i,
         ))
     ops = []
+    produced_by: dict[int, int] = {}
     for i, o in enumerate(sg.operators or []):
         if o.opcodeIndex >= len(model.operatorCodes or []):
             raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
         name, builtin, version = opcode_name(model, o.opcodeIndex)
         for t in (*_ints(o.inputs), *_ints(o.outputs)):
-            if t >= len(tensors):
+            if t >= len(tensors) or t < -1:
                 raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
+        for t in _ints(o.outputs):
+            # The passes assume one writer per tensor and ops stored in an order they can run in.
+            if t < 0:
+                raise ModelError(f"operator {i} ({name}) has output tensor {t}, which does not exist")
+            if t in produced_by:
+                raise ModelError(f"tensor '{tensors[t].name}' is written by operators {produced_by[t]} and {i}")
+            if tensors[t].is_constant:
+                raise ModelError(f"operator {i} ({name}) writes the constant tensor '{tensors[t].name}'")
+            produced_by[t] = i
         ops.append(Op(
             opcode=name,
             inputs=_ints(o.inputs),
@@ -87,6 +97,16 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             version=version,
             intermediates=_ints(o.intermediates),
         ))
+    for k, t in enumerate((*_ints(sg.inputs), *_ints(sg.outputs))):
+        if not 0 <= t < len(tensors):
+            raise ModelError(f"graph {'input' if k < len(_ints(sg.inputs)) else 'output'} tensor {t} does not exist")
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            writer = produced_by.get(t, -1)
+            if writer >= i:
+                when = "itself" if writer == i else f"operator {writer}, later"
+                raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', written by {when}: "
+                                 "the operators are not stored in an order they can run in")
     return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name))
 
 
@@ -194,9 +214,18 @@ def _remap_signature(sig, subgraph: int, old_to_new: dict[int, int]):
     return sig
 
 
-def load(path) -> tuple[schema.ModelT, Graph]:
-    """Read a .tflite file and build the IR of its main subgraph."""
-    from toolchain.tflite import read_model
+def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
+    """Read a .tflite file and build the IR of its main subgraph (ModelError on any problem).
 
-    model = read_model(path)
-    return model, from_model(model)
+    `check_litert`: also refuse a model LiteRT cannot load (see `check_loads_in_litert`); the
+    commands that write a model derived from the input ask for it.
+    """
+    from toolchain.tflite import check_loads_in_litert, read_bytes, read_model
+
+    label = str(path)
+    data = read_bytes(path, label)
+    model = read_model(data, name=label)
+    graph = from_model(model)
+    if check_litert:
+        check_loads_in_litert(data, label)
+    return model, graph

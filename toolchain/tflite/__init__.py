@@ -1,6 +1,15 @@
 """Flatbuffer I/O. The only room that knows the .tflite schema's object API."""
 
-from toolchain.tflite.io import read_model, write_model, model_to_bytes, schema
+from toolchain.tflite.io import (
+    check_output_path,
+    model_to_bytes,
+    read_bytes,
+    read_model,
+    schema,
+    write_bytes_atomic,
+    write_model,
+)
+from toolchain.tflite.litert_check import check_loads_in_litert
 from toolchain.tflite.metadata import (
     OFFLINE_PLAN_NAME,
     get_metadata,
@@ -11,7 +20,11 @@ from toolchain.tflite.metadata import (
 
 __all__ = [
     "read_model",
+    "read_bytes",
     "write_model",
+    "write_bytes_atomic",
+    "check_output_path",
+    "check_loads_in_litert",
     "model_to_bytes",
     "schema",
     "OFFLINE_PLAN_NAME",

@@ -10,6 +10,7 @@ atomically.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -18,43 +19,68 @@ import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
-from toolchain.errors import DeviceError, ModelError
+from toolchain.errors import DeviceError, ModelError, UsageError
+from toolchain.tflite.verify import unpack_errors, validate_model, verify_flatbuffer
 
 FILE_IDENTIFIER = b"TFL3"
 SCHEMA_VERSION = 3
 BUFFER_ALIGNMENT = 16
+MAX_MODEL_BYTES = 2**31 - 1  # the flatbuffer format's limit; larger models use external buffers
+
+
+def read_bytes(source: str | os.PathLike, label: str | None = None) -> bytes:
+    """The bytes of a model file, or ModelError naming it (missing, a folder, a device, unreadable)."""
+    label = label or str(source)
+    path = Path(source)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ModelError(f"{label}: no such file") from None
+    except OSError as exc:
+        raise ModelError(f"{label}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelError(f"{label}: is a directory, not a .tflite file")
+    if not stat.S_ISREG(st.st_mode):
+        # A fifo or a device would block or never end; a model is a regular file.
+        raise ModelError(f"{label}: is not a regular file")
+    if st.st_size > MAX_MODEL_BYTES:
+        raise ModelError(f"{label}: {st.st_size:,} bytes; models over 2 GiB keep their weights outside the "
+                         "flatbuffer, which edge models do not do and this tool does not read")
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ModelError(f"{label}: cannot read ({exc.strerror})") from None
 
 
 def read_model(source: str | os.PathLike | bytes | bytearray, name: str | None = None) -> schema.ModelT:
-    """Parse a .tflite file (a path or its bytes) into a `ModelT`, or raise `ModelError`."""
+    """Parse a .tflite file (a path or its bytes) into a `ModelT`, or raise `ModelError`.
+
+    Every model returned has passed the structural walk (`verify_flatbuffer`) and the content
+    checks (`validate_model`); an Edge TPU-compiled model is refused by name.
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         label = name or "<bytes>"
     else:
         label = name or str(source)
-        try:
-            data = Path(source).read_bytes()
-        except FileNotFoundError:
-            raise ModelError(f"{label}: no such file") from None
-        except IsADirectoryError:
-            raise ModelError(f"{label}: is a directory, not a .tflite file") from None
-        except OSError as exc:
-            raise ModelError(f"{label}: cannot read ({exc.strerror})") from None
+        data = read_bytes(source, label)
     _check_header(data, label)
+    verify_flatbuffer(data, label)
     root = schema.Model.GetRootAs(data, 0)
     try:
         version = root.Version()
-    except (struct.error, IndexError, ValueError):
+    except unpack_errors():
         raise ModelError(f"{label}: truncated or corrupt flatbuffer") from None
     if version != SCHEMA_VERSION:
         raise ModelError(f"{label}: unknown TFLite schema version {version} (expected {SCHEMA_VERSION})")
     _check_buffers(root, data, label)
     try:
         model = schema.ModelT.InitFromObj(root)
-    except (struct.error, IndexError, ValueError, TypeError, UnicodeDecodeError, OverflowError):
+    except unpack_errors():
         raise ModelError(f"{label}: truncated or corrupt flatbuffer") from None
     if not model.subgraphs:
         raise ModelError(f"{label}: the model has no subgraphs")
+    validate_model(model, label)
     return model
 
 
@@ -89,7 +115,7 @@ def _check_buffers(root, data: bytes, label: str) -> None:
                 start = buf._tab.Vector(field)
                 if start < 0 or start + length > len(data):
                     raise ModelError(f"{label}: buffer {i} points outside the file")
-    except (struct.error, IndexError, ValueError):
+    except unpack_errors():
         raise ModelError(f"{label}: truncated or corrupt flatbuffer") from None
 
 
@@ -133,30 +159,126 @@ def model_to_bytes(model: schema.ModelT) -> bytes:
     return bytes(builder.Output())
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: a failed write leaves nothing behind."""
+def check_output_path(path: str | os.PathLike, inputs=()) -> Path:
+    """Refuse, before any work, an output path a writer must not replace; returns it as a Path.
+
+    Exit 2 (UsageError) when `path` is one of `inputs` (the same file, through any link);
+    exit 4 (DeviceError) when it exists and is not a regular file (a directory, a device such
+    as /dev/full, a fifo, a socket, or a symlink to one of those), or its folder is not one.
+    A symlink to a regular file is replaced by the new file; its target is left alone.
+    """
     target = Path(path)
+    for p in inputs or ():
+        try:
+            same = os.path.samefile(target, p)
+        except (OSError, ValueError):
+            same = False
+        if same:
+            raise UsageError(f"{target}: is the input model {p}; refusing to overwrite it (choose another output)")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        st = target.stat()
+    except FileNotFoundError:
+        st = None
     except OSError as exc:
         raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise DeviceError(f"{target}: exists and is {what}; refusing to replace it")
+    parent = _existing_ancestor(target.parent)
+    if parent is not None and not parent.is_dir():
+        raise DeviceError(f"{target}: {parent} is not a folder")
+    return target
+
+
+def _existing_ancestor(folder: Path) -> Path | None:
+    for p in (folder, *folder.parents):
+        if os.path.lexists(p):
+            return p
+    return None
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, inputs=()) -> None:
+    """Write `data` to `path` all at once, or not at all.
+
+    The bytes go to a temporary file in the same folder, which then replaces `path` with one
+    rename; the temporary file (and any folder this call created) is removed on every failure,
+    an interrupt included. `check_output_path` decides what may be replaced (never an input,
+    never anything but a regular file).
+    """
+    target = check_output_path(path, inputs)
+    created = _missing_folders(target.parent)
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        except OSError as exc:
+            raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
+        _register_temp(tmp)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+                os.fchmod(fh.fileno(), _mode_for(target))
+            check_output_path(target, inputs)  # again: it may have changed while we wrote
+            os.replace(tmp, target)
+            tmp_done = tmp
+            tmp = None
+            _unregister_temp(tmp_done)
+        except OSError as exc:
+            raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+            _unregister_temp(tmp)
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
 
 
-def write_model(model: schema.ModelT, path: str | os.PathLike) -> bytes:
-    """Serialise and write atomically; returns the bytes written."""
+def _missing_folders(folder: Path) -> list[Path]:
+    """The folders `mkdir(parents=True)` would create for `folder`, deepest first."""
+    out = []
+    for p in (folder, *folder.parents):
+        if os.path.lexists(p):
+            break
+        out.append(p)
+    return out
+
+
+def _mode_for(target: Path) -> int:
+    """An existing file keeps its permissions; a new one gets the usual 0666 less the umask."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
+def _register_temp(path) -> None:
+    # The CLI's interrupt handling removes registered temporaries if it has to exit hard.
+    try:
+        from toolchain import interrupts
+    except ImportError:
+        return
+    interrupts.register_temp(path)
+
+
+def _unregister_temp(path) -> None:
+    try:
+        from toolchain import interrupts
+    except ImportError:
+        return
+    interrupts.unregister_temp(path)
+
+
+def write_model(model: schema.ModelT, path: str | os.PathLike, inputs=()) -> bytes:
+    """Serialise and write atomically (see `write_bytes_atomic`); returns the bytes written."""
     data = model_to_bytes(model)
-    write_bytes_atomic(path, data)
+    write_bytes_atomic(path, data, inputs=inputs)
     return data

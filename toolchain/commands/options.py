@@ -1,0 +1,93 @@
+"""Option checks shared by the command modules, all done before any work starts.
+
+The argparse types turn a bad value into argparse's one-line error (exit 2). `check_output`
+refuses an output path the writer would refuse anyway (an input model: exit 2; a directory, a
+device, a fifo, a folder nobody can write into: exit 4), so no minutes of solving are lost to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+from toolchain.errors import DeviceError, UsageError
+from toolchain.tflite.io import check_output_path
+
+# What matplotlib's Agg canvas writes (FigureCanvasBase.get_supported_filetypes()), without
+# importing matplotlib just to parse the options.
+PLOT_FORMATS = ("eps", "jpeg", "jpg", "pdf", "pgf", "png", "ps", "raw", "rgba", "svg", "svgz", "tif", "tiff",
+                "webp")
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def _integer(text: str, lowest: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < lowest:
+        raise argparse.ArgumentTypeError(f"must be >= {lowest}, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0 (seeds, counts that may be zero, byte sizes)."""
+    return _integer(text, 0)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    return _integer(text, 1)
+
+
+def plot_path(text: str) -> str:
+    """argparse type: a file name whose suffix is a format matplotlib writes."""
+    suffix = Path(text).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the plot format is taken from the suffix; use one of "
+            + ", ".join(f".{s}" for s in PLOT_FORMATS))
+    return text
+
+
+def check_output(path: str | os.PathLike, inputs=()) -> Path:
+    """Refuse, before any work, an output file that cannot or must not be written (see
+    `toolchain.tflite.io.check_output_path`), and one whose existing folder refuses a new file."""
+    target = check_output_path(path, inputs)
+    folder = target.parent
+    if folder.is_dir():
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        except OSError as exc:
+            raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
+        os.close(fd)
+        os.unlink(probe)
+    return target
+
+
+def check_output_folder(folder: str | os.PathLike, inputs=()) -> Path:
+    """Refuse an output folder that exists as something else, or holds an input model."""
+    out = Path(folder)
+    if os.path.lexists(out) and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a folder; choose a new or empty folder")
+    for p in inputs:
+        try:
+            inside = Path(p).resolve().is_relative_to(out.resolve())
+        except (OSError, RuntimeError):
+            inside = False
+        if inside:
+            raise UsageError(f"{out}: holds the input model {p}; choose another output folder")
+    return out
