@@ -24,23 +24,32 @@ DEVICES_DIR = Path(__file__).resolve().parents[1] / "data" / "devices"  # packag
 OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
 KINDS = ("edgetpu", "mcu")
 
-# (section path, key) -> (type, must be > 0)
+# (section path, key) -> (type, lowest, highest). The ranges only keep out values no real device
+# has and that would break the arithmetic (1e300 bytes/s, 5e-324 ops/s, a negative power):
+# bytes up to 1 TiB; bandwidth 1 B/s to 10 TB/s; overheads up to 10 s; peak 1 op/s to 1e18 op/s;
+# clock 1 kHz to 100 GHz; baud 1 to 1e9; power 0 to 10 kW; efficiency (fraction of peak) 1e-6 to
+# 1; cycles per MAC 1e-3 to 1e6.
+TIB = 2**40
 _EDGETPU_KEYS = {
-    ("memory", "param_sram_bytes"): (int, True),
-    ("link", "host_bandwidth_bytes_per_s"): (float, True),
-    ("timing", "invoke_overhead_s"): (float, False),
-    ("compute", "peak_ops_per_s"): (float, True),
-    ("power", "active_w"): (float, False),
-    ("power", "idle_w"): (float, False),
+    ("memory", "param_sram_bytes"): (int, 1, TIB),
+    ("link", "host_bandwidth_bytes_per_s"): (float, 1.0, 1e13),
+    ("timing", "invoke_overhead_s"): (float, 0.0, 10.0),
+    ("compute", "peak_ops_per_s"): (float, 1.0, 1e18),
+    ("power", "active_w"): (float, 0.0, 1e4),
+    ("power", "idle_w"): (float, 0.0, 1e4),
 }
+_EDGETPU_OPTIONAL = {("timing", "per_op_s"): (float, 0.0, 10.0)}
 _MCU_KEYS = {
-    ("memory", "sram_bytes"): (int, True),
-    ("memory", "flash_bytes"): (int, True),
-    ("compute", "clock_hz"): (float, True),
-    ("link", "baud"): (int, True),
-    ("power", "active_w"): (float, False),
-    ("power", "idle_w"): (float, False),
+    ("memory", "sram_bytes"): (int, 1, TIB),
+    ("memory", "flash_bytes"): (int, 1, TIB),
+    ("compute", "clock_hz"): (float, 1e3, 1e11),
+    ("link", "baud"): (int, 1, 10**9),
+    ("power", "active_w"): (float, 0.0, 1e4),
+    ("power", "idle_w"): (float, 0.0, 1e4),
 }
+_PER_CLASS_RANGE = {"efficiency": (1e-6, 1.0), "cycles_per_mac": (1e-3, 1e6)}
+MAX_FILE_BYTES = 1 << 20   # a descriptor is a few hundred bytes
+MAX_NESTING = 16           # tables and arrays inside one another; tomllib recurses on each level
 
 
 @dataclass(frozen=True)
@@ -126,17 +135,19 @@ def _resolve(name_or_path: str | Path) -> Path:
     return candidate
 
 
-def _number(label: str, value: Any, typ: type, positive: bool) -> None:
+def _number(label: str, value: Any, typ: type, lowest: float, highest: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UsageError(f"{label} must be a number, got {value!r}")
     if typ is int and not (isinstance(value, int) or float(value).is_integer()):
         raise UsageError(f"{label} must be a whole number, got {value!r}")
     if value != value or value in (float("inf"), float("-inf")):
         raise UsageError(f"{label} must be finite, got {value!r}")
-    if positive and value <= 0:
+    if value <= 0 < lowest:
         raise UsageError(f"{label} must be > 0, got {value!r}")
     if value < 0:
         raise UsageError(f"{label} must be >= 0, got {value!r}")
+    if not lowest <= value <= highest:
+        raise UsageError(f"{label} must be between {lowest:g} and {highest:g}, got {value!r}")
 
 
 def validate(raw: dict, label: str) -> None:
@@ -148,11 +159,15 @@ def validate(raw: dict, label: str) -> None:
     if kind not in KINDS:
         raise UsageError(f"{label}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
     keys = _EDGETPU_KEYS if kind == "edgetpu" else _MCU_KEYS
-    for (section, key), (typ, positive) in keys.items():
+    for (section, key), (typ, lowest, highest) in keys.items():
         sec = raw.get(section)
         if not isinstance(sec, dict) or key not in sec:
             raise UsageError(f"{label}: missing [{section}] {key}")
-        _number(f"{label}: [{section}] {key}", sec[key], typ, positive)
+        _number(f"{label}: [{section}] {key}", sec[key], typ, lowest, highest)
+    if kind == "edgetpu":
+        for (section, key), (typ, lowest, highest) in _EDGETPU_OPTIONAL.items():
+            if key in raw.get(section, {}):
+                _number(f"{label}: [{section}] {key}", raw[section][key], typ, lowest, highest)
     table = "efficiency" if kind == "edgetpu" else "cycles_per_mac"
     per_class = raw.get("compute", {}).get(table)
     if not isinstance(per_class, dict):
@@ -164,13 +179,38 @@ def validate(raw: dict, label: str) -> None:
         if cls not in OP_CLASSES:
             raise UsageError(f"{label}: [compute.{table}] unknown op class '{cls}' "
                              f"(known: {', '.join(OP_CLASSES)})")
-        _number(f"{label}: [compute.{table}] {cls}", v, float, True)
-        if kind == "edgetpu" and v > 1:
+        if table == "efficiency" and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1:
             raise UsageError(f"{label}: [compute.efficiency] {cls} is a fraction of peak, must be <= 1, got {v}")
-    if kind == "edgetpu":
-        for opt in ("per_op_s",):
-            if opt in raw.get("timing", {}):
-                _number(f"{label}: [timing] {opt}", raw["timing"][opt], float, False)
+        _number(f"{label}: [compute.{table}] {cls}", v, float, *_PER_CLASS_RANGE[table])
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of [ and { outside strings and comments (an upper bound is enough:
+    it only has to stop tomllib's recursion long before Python's limit)."""
+    depth = deepest = 0
+    quote = None
+    comment = False
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if comment:
+            comment = c != "\n"
+        elif quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == "#":
+            comment = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        i += 1
+    return deepest
 
 
 def load_device(name_or_path: str | Path) -> Device:
@@ -179,10 +219,19 @@ def load_device(name_or_path: str | Path) -> Device:
         return name_or_path
     path = _resolve(name_or_path)
     try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise UsageError(f"{path}: {size:,} bytes; a device descriptor is at most {MAX_FILE_BYTES:,}")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read ({exc})") from None
+        raise UsageError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    if _nesting(text) > MAX_NESTING:
+        raise UsageError(f"{path}: tables or arrays nested deeper than {MAX_NESTING}")
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deeply") from None
     validate(raw, str(path))
     return Device(name=raw["name"], kind=raw["kind"], raw=raw, path=str(path))
