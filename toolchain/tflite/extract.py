@@ -5,11 +5,23 @@ buffers those tensors need (every other buffer is dropped), the operator codes t
 model's other subgraphs (control-flow bodies) unchanged; its inputs and outputs are the given
 tensors, names kept, so segments chain by tensor name (Coral's PipelinedModelRunner rule).
 Signature defs and the offline memory plan are dropped (they describe the whole model).
+
+Stored shapes are not always the shapes the runtime allocates. A model converted with a dynamic
+batch (Keras' default) stores every tensor with shape signature -1 in the batch and the
+placeholder 1 in its shape; LiteRT recomputes the shapes when it prepares the model, so between
+SPACE_TO_BATCH_ND (block 2x2) and BATCH_TO_SPACE_ND a tensor stored as [1, h, w, c] is really
+[4, h, w, c]. A segment whose input is such a tensor cannot be prepared (BATCH_TO_SPACE_ND: batch
+1 is not divisible by the block), and TFLite Micro, which never recomputes shapes, runs the whole
+model on the placeholders: BATCH_TO_SPACE_ND then writes a quarter of its output and the ops after
+it read arena bytes nothing wrote (outputs depend on the op order and the memory plan).
+`runtime_shapes` asks LiteRT for the real shapes; `with_static_shapes` writes them into a model;
+`extract_segment` always gives the tensors it keeps their real shapes.
 """
 
 from __future__ import annotations
 
 import copy
+import weakref
 
 from ai_edge_litert import schema_py_generated as schema
 
@@ -38,10 +50,100 @@ class _Buffers:
         return self.map[index]
 
 
-def _copy_tensor(t: schema.TensorT, bufs: _Buffers) -> schema.TensorT:
+def _copy_tensor(t: schema.TensorT, bufs: _Buffers, shape=None) -> schema.TensorT:
     tt = copy.copy(t)
     tt.buffer = bufs.get(int(t.buffer or 0))
+    if shape is not None:
+        tt.shape = [int(d) for d in shape]
+        tt.shapeSignature = [int(d) for d in shape]
     return tt
+
+
+def _has_dynamic_dims(sg: schema.SubGraphT) -> bool:
+    for t in sg.tensors or []:
+        if t.shapeSignature is not None and any(int(d) < 0 for d in t.shapeSignature):
+            return True
+        if t.shape is not None and any(int(d) < 0 for d in t.shape):
+            return True
+    return False
+
+
+_SHAPES_CACHE: "weakref.WeakKeyDictionary[schema.ModelT, dict]" = weakref.WeakKeyDictionary()
+
+
+def runtime_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
+    """Shape of every tensor of the main subgraph as LiteRT allocates it when it prepares the
+    model at its stored input shapes (batch 1 for a dynamic-batch model). Only tensors whose
+    shape LiteRT reports are listed. Raises ModelError if LiteRT cannot prepare the model and the
+    stored shapes are not all static (the real shapes are then unknown)."""
+    cached = _SHAPES_CACHE.get(model)
+    if cached is not None:
+        return cached
+    from toolchain.tflite.io import model_to_bytes
+
+    sg = model.subgraphs[0]
+    if not _has_dynamic_dims(sg):
+        shapes = {i: tuple(int(d) for d in (t.shape if t.shape is not None else ())) for i, t in enumerate(sg.tensors or [])}
+    else:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        try:
+            it = Interpreter(model_content=model_to_bytes(model), num_threads=1,
+                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+            it.allocate_tensors()
+            details = it.get_tensor_details()
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ModelError(f"the model has dynamic dimensions (shape signature -1) and LiteRT cannot prepare "
+                             f"it to find the real shapes ({first}); convert it with a static batch") from None
+        shapes = {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in details
+                  if int(d["index"]) < len(sg.tensors or [])}
+    try:
+        _SHAPES_CACHE[model] = shapes
+    except TypeError:  # pragma: no cover - ModelT not weak-referenceable
+        pass
+    return shapes
+
+
+def stale_shapes(model: schema.ModelT) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Tensors of the main subgraph whose stored shape differs from the shape LiteRT allocates:
+    index -> (stored, real). Empty for a model with static shapes."""
+    sg = model.subgraphs[0]
+    if not _has_dynamic_dims(sg):
+        return {}
+    real = runtime_shapes(model)
+    out = {}
+    for i, t in enumerate(sg.tensors or []):
+        stored = tuple(int(d) for d in (t.shape if t.shape is not None else ()))
+        if i in real and real[i] != stored:
+            out[i] = (stored, real[i])
+    return out
+
+
+def with_static_shapes(model: schema.ModelT) -> tuple[schema.ModelT, dict]:
+    """A copy of `model` whose main-subgraph tensors carry the shapes LiteRT allocates, stored as
+    both shape and shape signature (a static model; the Edge TPU compiler needs one anyway), and
+    the tensors whose stored shape changed (index -> (old, new)). A model that is already static
+    is returned unchanged. Call this right after reading a model, before the IR is built: the
+    memory model, the offline plan and the partitioner's traffic all use the stored sizes, and
+    TFLite Micro runs on the stored shapes."""
+    sg = model.subgraphs[0]
+    if not _has_dynamic_dims(sg):
+        return model, {}
+    real = runtime_shapes(model)
+    changed = stale_shapes(model)
+    out = copy.copy(model)
+    sg2 = copy.copy(sg)
+    tensors = []
+    for i, t in enumerate(sg.tensors or []):
+        if i in real and (i in changed or (t.shapeSignature is not None and any(int(d) < 0 for d in t.shapeSignature))):
+            t = copy.copy(t)
+            t.shape = [int(d) for d in real[i]]
+            t.shapeSignature = [int(d) for d in real[i]]
+        tensors.append(t)
+    sg2.tensors = tensors
+    out.subgraphs = [sg2] + list(model.subgraphs[1:])
+    return out, changed
 
 
 def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inputs, outputs,
@@ -68,9 +170,11 @@ def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inpu
             codes.append(model.operatorCodes[idx])
         return opcode_map[idx]
 
+    # every kept tensor gets the shape the runtime really allocates (see the module docstring)
+    real = runtime_shapes(model) if subgraph == 0 and _has_dynamic_dims(src) else {}
     sg = schema.SubGraphT()
     sg.name = name if name is not None else src.name
-    sg.tensors = [_copy_tensor(src.tensors[t], bufs) for t in order]
+    sg.tensors = [_copy_tensor(src.tensors[t], bufs, real.get(t)) for t in order]
     sg.operators = []
     for i in ops:
         o = copy.copy(src.operators[i])
