@@ -313,7 +313,7 @@ def campaign(count: int, seed: int, commands=COMMANDS, fixtures: list[Path] | No
                     outcomes.append(o)
                     if keep and o.problems:
                         keep.mkdir(parents=True, exist_ok=True)
-                        (keep / f"{command}-{k}-{path.name}").write_bytes(data)
+                        (keep / f"{command}-{fi}-{k}-{path.name}").write_bytes(data)
                     if progress:
                         progress(o)
         toml_count = count if toml_count is None else toml_count
