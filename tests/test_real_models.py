@@ -115,3 +115,138 @@ def test_with_static_shapes_writes_litert_shapes_and_leaves_static_models_alone(
     assert with_static_shapes(static) == (static, {})
     # LiteRT gives the same outputs before and after (it recomputed these shapes anyway)
     _chain_equals_whole(model_to_bytes(dyn), [model_to_bytes(fixed)])
+
+
+# ---- item 2: what TFLite Micro reads without having written it ------------------------------------
+
+def _sub_model(model, op_positions, inputs, outputs):
+    """`model` with its main subgraph cut down to these ops (every tensor kept, so tensor indices
+    and the offline plan's length stay those of the model)."""
+    out = copy.copy(model)
+    sg = copy.copy(model.subgraphs[0])
+    sg.operators = [model.subgraphs[0].operators[i] for i in op_positions]
+    sg.inputs, sg.outputs = list(inputs), list(outputs)
+    out.subgraphs = [sg]
+    return out
+
+
+def _first_pair(model):
+    g = from_model(model)
+    s2b, b2s = _pairs(g)
+    ops = list(range(s2b[0], b2s[0] + 1))
+    assert [g.ops[i].opcode for i in ops] == ["SPACE_TO_BATCH_ND", "DEPTHWISE_CONV_2D", "CONV_2D", "BATCH_TO_SPACE_ND"]
+    return g, ops, g.ops[ops[0]].inputs[0], g.ops[ops[-1]].outputs[0]
+
+
+def _planned(model, offsets: dict[int, int]):
+    from toolchain.tflite import with_offline_plan
+    plan = [-1] * len(model.subgraphs[0].tensors)
+    for t, off in offsets.items():
+        plan[t] = off
+    return model_to_bytes(with_offline_plan(model, plan))
+
+
+def test_tflm_batch_to_space_on_placeholder_shapes_leaves_output_bytes_unwritten():
+    """Minimal reproducer: SPACE_TO_BATCH_ND -> DEPTHWISE -> CONV -> BATCH_TO_SPACE_ND of the
+    dynamic-batch fixture (float32). TFLite Micro runs it on the stored batch-1 shapes, so
+    BATCH_TO_SPACE_ND writes only the (even row, even column) quarter of its output. With an
+    offline plan that puts the output on the input's bytes (legal: their lifetimes do not meet),
+    the other three quarters ARE the input; on fresh bytes they are zeros. With the real shapes
+    written (with_static_shapes) both plans give LiteRT's output."""
+    dyn = _load("darts_s2b_dynbatch_float32")
+    g, ops, t_in, t_out = _first_pair(dyn)
+    mids = [g.ops[i].outputs[0] for i in ops[:-1]]
+    x = np.random.default_rng(1).standard_normal((1, 16, 16, 8)).astype(np.float32)
+
+    def run(model, out_offset):
+        offsets = {t_in: 0, t_out: out_offset}
+        offsets.update({t: 16384 * (k + 1) for k, t in enumerate(mids)})
+        return run_tflm(_planned(model, offsets), [x])[0]
+
+    tiny = _sub_model(dyn, ops, [t_in], [t_out])
+    shared, fresh = run(tiny, 0), run(tiny, 65536)
+    odd = np.ones((16, 16), dtype=bool)
+    odd[0::2, 0::2] = False
+    assert not np.array_equal(shared, fresh)
+    assert np.array_equal(shared[0][odd], x[0][odd])          # never written: the input's bytes
+    assert not np.any(fresh[0][odd])                          # never written: a fresh arena's zeros
+    assert np.array_equal(shared[0][~odd], fresh[0][~odd])   # the quarter it did write
+
+    fixed, changed = with_static_shapes(tiny)
+    assert set(mids) <= set(changed)
+    want = litert_interpreter(model_to_bytes(tiny))
+    want.set_tensor(want.get_input_details()[0]["index"], x)
+    want.invoke()
+    ref = want.get_tensor(want.get_output_details()[0]["index"])
+    a, b = run(fixed, 0), run(fixed, 65536)
+    assert np.array_equal(a, b)
+    np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
+
+
+def _reordered(model, order):
+    out = copy.copy(model)
+    sg = copy.copy(model.subgraphs[0])
+    sg.operators = [model.subgraphs[0].operators[i] for i in order]
+    out.subgraphs = [sg] + list(model.subgraphs[1:])
+    return model_to_bytes(out)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_reordering_changes_tflm_outputs_only_on_placeholder_shapes(dtype):
+    """The issue's symptom: another topological order gives other TFLite Micro outputs (LiteRT:
+    identical) on the dynamic-batch model; with the real shapes written, every order agrees."""
+    from toolchain.partition.heuristic import coral_topological_sort
+    from toolchain.rewrite.verify import verify_models
+
+    dyn = _load(f"darts_s2b_dynbatch_{dtype}")
+    order = coral_topological_sort(from_model(dyn))
+    assert order != list(range(len(order)))
+    before = verify_models(model_to_bytes(dyn), _reordered(dyn, order), runs=1)
+    assert {v.runtime: v.bit_exact for v in before} == {"litert": True, "tflm": False}
+    fixed, _ = with_static_shapes(dyn)
+    after = verify_models(model_to_bytes(fixed), _reordered(fixed, order), runs=1)
+    assert all(v.bit_exact for v in after)
+
+
+def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
+    """Minimal reproducer of a TFLite Micro kernel bug: SPACE_TO_BATCH_ND allocates its
+    parameters in Init and never fills them, so its pad value is the arena's previous content.
+    In a child process (to control the C heap) the arena is allocated on freed bytes we filled
+    with 0x55, then 0x11: the padded border comes out as 85, then 17. LiteRT pads with the zero
+    point. tflm_hazards names this."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from toolchain.rewrite.verify import tflm_hazards
+
+    code = textwrap.dedent(f"""
+        import copy, numpy as np
+        from toolchain.tflite import read_model, model_to_bytes
+        from toolchain.ir import from_model
+        from toolchain.rewrite.numerics import run_tflm, run_litert
+        m = read_model({str(FIX / 'darts_s2b_int8.tflite')!r})
+        g = from_model(m)
+        i = [k for k, op in enumerate(g.ops) if op.opcode == "SPACE_TO_BATCH_ND"][0]
+        t = copy.copy(m); sg = copy.copy(m.subgraphs[0])
+        sg.operators = [m.subgraphs[0].operators[i]]
+        sg.inputs, sg.outputs = [g.ops[i].inputs[0]], [g.ops[i].outputs[0]]
+        t.subgraphs = [sg]
+        d = model_to_bytes(t)
+        x = np.random.default_rng(0).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
+        big = np.ones(1 << 20, np.uint8); del big  # a freed mmapped chunk raises glibc's mmap threshold
+        for fill in (0x55, 0x11, 0x55, 0x11):
+            junk = np.full(300000, fill, np.uint8); del junk
+            print("tflm", fill, int(run_tflm(d, [x], arena_size=300000)[0][0, 0, 0, 0]))
+        print("litert", int(run_litert(d, [x])[0][0][0, 0, 0, 0]))
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).parent.parent))
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("litert", "tflm"))]
+    assert lines[-1] == ["litert", "-128"]
+    pads = [(int(f), int(v)) for _, f, v in lines[:-1]]
+    # the heap does not always hand back the same bytes; both fills must show up at least once
+    assert (0x55, 85) in pads and (0x11, 17) in pads, pads
+    assert any("SPACE_TO_BATCH_ND" in h for h in tflm_hazards(_load("darts_s2b_int8")))
+    assert tflm_hazards(_load("tiny_irregular_int8")) == []
