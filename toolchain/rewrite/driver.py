@@ -6,6 +6,25 @@ when the peak drops. A commute or depthwise split creates a new concat, so when 
 on its own the rewrites that match the new concat are tried on top of it (up to `depth` steps):
 concat -> DEPTHWISE -> CONV only pays once both splits are made. After a kept rewrite the
 candidates are listed again, until a full pass keeps nothing or the time budget is spent.
+
+Bounds. Time: one `Deadline` (toolchain.budget) for the whole search, checked in every loop; each
+scheduler call gets what is left (at most `time_limit`) and none starts with less than
+budget.MIN_SCHEDULE seconds; when the deadline passes the best graph so far is returned.
+Memory: the scheduler's DP keeps at most about schedule.dp.MAX_STATE_BYTES of states per call,
+calibration values (lossy splits only) at most CALIBRATION_CACHE_BYTES; the search itself holds
+one graph per step of the current chain.
+
+Pruning (a candidate that cannot pay is not searched). The question for a candidate is only "is
+there an order of the rewritten graph G' peaking below the current peak P?", so G' is first held
+against lower bounds: the order-free bound (the largest op footprint, here without scheduling), then
+the scheduler's own proven bounds for G' (`schedule(..., below=P)`: per-piece resident bytes and
+min-cut certificates, then the DP under P, which stops at the first order below P or exhausts
+and proves there is none). Safety: every bound used is a proven lower bound on the peak of EVERY
+topological order of G' (the same bounds `proven_optimal` rests on), so a candidate skipped
+because a bound is >= P has no order below P: the plain search would reject it too. In
+particular a rewrite whose region lies away from the peak cannot pay: the piece holding the peak
+is unchanged in G' and keeps its bound >= P. Only a candidate that found an order below P is
+rescheduled in full (for its optimum).
 """
 
 from __future__ import annotations
@@ -14,6 +33,8 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from toolchain import budget as _budget
+from toolchain.budget import Deadline, DeadlineExpired, Progress
 from toolchain.errors import ModelError
 from toolchain.ir import Graph
 from toolchain.memory import get_semantics, order_free_lower_bound
@@ -69,8 +90,16 @@ class RewriteResult:
         }
 
 
+# The joint search re-applies its set once per elimination trial (quadratic in the set): it takes
+# the JOINT_MAX largest concats' rewrites (a heuristic bound; the search is a heuristic anyway).
+JOINT_MAX = 16
+JOINT_SHARE = 0.5
+CALIBRATION_CACHE_BYTES = 128 * 2**20  # calibration values kept between candidates (lossy splits)
+
+
 class _Search:
-    def __init__(self, time_limit, semantics, allow_lossy, model, deadline, depth, kinds):
+    def __init__(self, time_limit, semantics, allow_lossy, model, deadline: Deadline, depth, kinds,
+                 progress: Progress = None):
         self.schedule = schedule
         self.time_limit = time_limit
         self.sem = get_semantics(semantics)
@@ -83,20 +112,42 @@ class _Search:
         self.tried = 0
         self.notes: list[str] = []
         self._values: dict[str, list] = {}  # calibration values by tensor name
+        self._values_bytes = 0
+        self.progress = progress
 
     def out_of_time(self) -> bool:
-        return time.monotonic() >= self.deadline
+        return self.deadline.expired()
+
+    def say(self, msg: str) -> None:
+        _budget.say(self.progress, self.deadline.start, msg)
 
     def candidates(self, graph: Graph, concat_outputs=None) -> list[Candidate]:
         cands = [c for c in find_candidates(graph, self.allow_lossy, concat_outputs)
                  if self.kinds is None or set(c.kinds) <= self.kinds]
         return sorted(cands, key=lambda c: (-c.saved_bytes, c.target))
 
-    def run_schedule(self, graph: Graph):
+    def run_schedule(self, graph: Graph, below: int | None = None):
+        """The scheduler on `graph` within what is left of the budget (at most `time_limit`);
+        `below`: only whether an order peaks below it matters (see the module docstring)."""
+        remaining = self.deadline.remaining()
+        if remaining < _budget.MIN_SCHEDULE:
+            raise DeadlineExpired("rewrite search", self.deadline.seconds)
         self.calls += 1
-        remaining = self.deadline - time.monotonic()
-        limit = max(0.5, min(self.time_limit, remaining)) if remaining > 0 else 0.5
-        return self.schedule(graph, method="auto", time_limit=limit, semantics=self.sem.name)
+        limit = min(self.time_limit, remaining)
+        return self.schedule(graph, method="auto", time_limit=limit, semantics=self.sem.name, below=below)
+
+    def beats(self, graph: Graph, peak: int):
+        """The best schedule of `graph` when some order peaks below `peak`, else None."""
+        if order_free_lower_bound(graph, self.sem) >= peak or ancestry_lower_bound(graph, self.sem) >= peak:
+            return None
+        probe = self.run_schedule(graph, below=peak)
+        if probe.peak >= peak:
+            return None
+        try:
+            full = self.run_schedule(graph)
+        except DeadlineExpired:
+            return probe
+        return full if full.peak <= probe.peak else probe
 
     def values_for(self, graph: Graph, cand: Candidate):
         """Calibration values of the concat inputs (lossy int8 splits only), cached by name."""
@@ -108,8 +159,14 @@ class _Search:
         missing = [t for t in xs if graph.tensors[t].name not in self._values]
         if missing:
             vals = calibration_values(graph, missing, model=self.model)
+            new = sum(int(getattr(v, "nbytes", 0)) for t in missing for v in vals[t])
+            if self._values_bytes + new > CALIBRATION_CACHE_BYTES:  # bounded: start afresh
+                self._values = {n: v for n, v in self._values.items()
+                                if n in {graph.tensors[t].name for t in xs}}
+                self._values_bytes = sum(int(getattr(a, "nbytes", 0)) for v in self._values.values() for a in v)
             for t in missing:
                 self._values[graph.tensors[t].name] = vals[t]
+            self._values_bytes += new
         return lambda t: self._values[graph.tensors[t].name]
 
     def apply(self, graph: Graph, cand: Candidate):
@@ -118,16 +175,16 @@ class _Search:
     def try_candidate(self, graph: Graph, cand: Candidate, peak: int, level: int):
         """(graph, schedule, [(candidate, graph before)]) of the first chain from `cand` whose
         peak is below `peak`, or None."""
+        self.deadline.check("rewrite search")
         self.tried += 1
         try:
             g2, new_concats = self.apply(graph, cand)
         except ModelError as exc:  # calibration impossible (e.g. custom ops without the model)
             self.notes.append(f"{cand.kind} at {cand.target}: skipped ({exc})")
             return None
-        if order_free_lower_bound(g2, self.sem) < peak:
-            s2 = self.run_schedule(g2)
-            if s2.peak < peak:
-                return g2.reordered(s2.order), s2, [(cand, graph)]
+        s2 = self.beats(g2, peak)
+        if s2 is not None:
+            return g2.reordered(s2.order), s2, [(cand, graph)]
         if new_concats and level < self.depth and not self.out_of_time():
             for follow in self.candidates(g2, new_concats):
                 found = self.try_candidate(g2, follow, peak, level + 1)
@@ -136,12 +193,14 @@ class _Search:
                     return g3, s3, [(cand, graph), *chain]
         return None
 
-    def apply_set(self, graph: Graph, targets):
+    def apply_set(self, graph: Graph, targets, limit: int | None = None):
         """Apply the rewrites of the concats named in `targets` (those that match), to a fixpoint;
-        `targets=None` applies every rewrite the policy allows. Returns (graph, chain)."""
+        `targets=None` applies every rewrite the policy allows (at most `limit`, largest concat
+        first). Returns (graph, chain)."""
         chain = []
         done: set[str] = set()
-        while True:
+        while limit is None or len(chain) < limit:
+            self.deadline.check("rewrite search (joint)")
             cands = [c for c in self.candidates(graph) if c.target not in done
                      and (targets is None or c.target in targets)]
             if not cands:
@@ -155,13 +214,29 @@ class _Search:
                 continue
             chain.append((cand, graph))
             graph = g2
+        return graph, chain
 
     def joint(self, graph: Graph, peak: int):
         """Rewrites that pay only together (two concats at the same peak): apply all, then drop
-        each rewrite whose removal does not raise the peak (backward elimination)."""
-        g_all, chain = self.apply_set(graph, None)
+        each rewrite whose removal does not raise the peak (backward elimination). Gets at most
+        JOINT_SHARE of the time left."""
+        outer = self.deadline
+        self.deadline = outer.sub(fraction=JOINT_SHARE)
+        try:
+            return self._joint(graph, peak)
+        except DeadlineExpired:
+            self.notes.append("joint search stopped at its share of the time budget")
+            return None
+        finally:
+            self.deadline = outer
+
+    def _joint(self, graph: Graph, peak: int):
+        g_all, chain = self.apply_set(graph, None, JOINT_MAX)
         if not chain or self.out_of_time():
             return None
+        self.say(f"rewrite: joint search over {len(chain)} rewrites")
+        # Only graphs at most as high as the best so far matter (the elimination keeps a trial
+        # when its peak does not rise), so each trial asks the scheduler "below best + 1?".
         best_s = self.run_schedule(g_all)
         best_g, keep = g_all, [c.target for c, _ in chain]
         for target in reversed([c.target for c, _ in chain]):
@@ -174,8 +249,8 @@ class _Search:
                 s_t = None
                 peak_t = peak
             else:
-                s_t = self.run_schedule(g_t)
-                peak_t = s_t.peak
+                s_t = self.beats(g_t, best_s.peak + 1)
+                peak_t = s_t.peak if s_t is not None else best_s.peak + 1
             self.tried += 1
             if peak_t <= best_s.peak and s_t is not None:
                 keep, best_g, best_s, chain = trial, g_t, s_t, chain_t
@@ -186,7 +261,8 @@ class _Search:
 
 def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm", allow_lossy: bool = False,
                   *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
-                  joint: bool = True) -> RewriteResult:
+                  joint: bool = True, deadline: Deadline | None = None,
+                  progress: Progress = None) -> RewriteResult:
     """Apply the identity rewrites that lower the best peak, each checked by rescheduling.
 
     First one rewrite at a time (with chains: commute or depthwise split, then the splits they
@@ -196,11 +272,22 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
     `allow_lossy`; they calibrate their partial sums' quantization on random inputs (LiteRT),
     which needs the source `model` when the graph has custom ops. `kinds` restricts the
     rewrites tried (default: all).
+
+    `deadline` (toolchain.budget.Deadline) bounds the whole call, the runtime check of a depthwise
+    split included: the earlier of it and `budget` wins, and the call returns within
+    budget.SLACK of it with the best graph found so far (at least the input graph in its best
+    order found). `progress(msg)` hears one line per pass over the candidates.
     """
     t0 = time.monotonic()
-    budget = max(60.0, 30.0 * time_limit) if budget is None else budget
-    search = _Search(time_limit, semantics, allow_lossy, model, t0 + budget, depth, kinds)
-    s0 = search.run_schedule(graph)
+    if deadline is None or budget is not None:
+        budget = max(60.0, 30.0 * time_limit) if budget is None else budget
+    dl = _budget.resolve(budget, deadline)
+    search = _Search(time_limit, semantics, allow_lossy, model, dl, depth, kinds, progress)
+    try:
+        s0 = search.run_schedule(graph)
+    except DeadlineExpired:  # no time for a search: the cheap heuristics, no rewrite
+        s0 = schedule(graph, method="greedy", time_limit=1.0, semantics=search.sem.name)
+        search.notes.append("time budget spent before the search started")
     current = graph.reordered(s0.order)
     peak, sched = s0.peak, s0
     applied: list[AppliedRewrite] = []
@@ -213,29 +300,35 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
                                           s2.peak if last else peak, len(after.ops) - len(before.ops),
                                           enabling=not last))
 
-    while not search.out_of_time():
-        found = None
-        for cand in search.candidates(current):
-            if search.out_of_time():
-                search.notes.append("time budget spent; the search stopped early")
+    try:
+        while not search.out_of_time():
+            found = None
+            cands = search.candidates(current)
+            search.say(f"rewrite: {len(cands)} candidates at peak {peak:,} ({len(applied)} applied, "
+                       f"{search.calls} scheduler calls)")
+            for cand in cands:
+                search.deadline.check("rewrite search")
+                found = search.try_candidate(current, cand, peak, 1)
+                if found is not None:
+                    break
+            if found is None and joint and not search.out_of_time():
+                found = search.joint(current, peak)
+            if found is None:
                 break
-            found = search.try_candidate(current, cand, peak, 1)
-            if found is not None:
-                break
-        if found is None and joint and not search.out_of_time():
-            found = search.joint(current, peak)
-        if found is None:
-            break
-        g2, s2, chain = found
-        record(chain, g2, s2)
-        current, peak, sched = g2, s2.peak, s2
+            g2, s2, chain = found
+            record(chain, g2, s2)
+            current, peak, sched = g2, s2.peak, s2
+    except DeadlineExpired:
+        search.notes.append("time budget spent; the search stopped early")
+    if search.out_of_time() and not any("time budget" in n for n in search.notes):
+        search.notes.append("time budget spent; the search stopped early")
     if (not allow_lossy and any(a.kind == "depthwise_split" for a in applied) and _is_quantized(graph)
             and not _bit_exact_in_runtimes(graph, current, model)):
         # The split is exact in the reference kernels (TFLite Micro), but LiteRT's optimized int8
         # depthwise kernels choose their path by channel count and can round 1 LSB apart: under
         # the exact policy such a split is dropped and the search runs again without it.
-        retry = rewrite_graph(graph, time_limit, semantics, allow_lossy, model=model, budget=budget,
-                              depth=depth, joint=joint,
+        retry = rewrite_graph(graph, time_limit, semantics, allow_lossy, model=model, budget=None,
+                              depth=depth, joint=joint, deadline=search.deadline, progress=progress,
                               kinds=(search.kinds or set(ALL_KINDS)) - {"depthwise_split"})
         note = ("int8 depthwise split dropped: LiteRT's optimized kernels round it 1 LSB away from the "
                 "unsplit op on this model (not bit-exact)")
@@ -246,6 +339,58 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
         ops_before=len(graph.ops), ops_after=len(current.ops), seconds=time.monotonic() - t0,
         schedule_calls=search.calls, candidates_tried=search.tried,
         proven_before=bool(s0.proven_optimal), method=str(sched.method), notes=tuple(search.notes))
+
+
+def ancestry_lower_bound(graph: Graph, semantics="tflm") -> int:
+    """No topological order of `graph` peaks below this (0 where the memory model's in-place
+    sharing depends on the order: no claim then).
+
+    Proof: while op v runs, a tensor t (v does not touch it) is live in the shared memory model
+    exactly when one of its touchers ran before v and another runs after v (a graph input counts
+    as touched at step 0, a graph output at step n). If a toucher of t is an ancestor of v and
+    another a descendant of v, that holds in EVERY topological order. So v's step costs at least
+    v's own footprint (what it touches, its scratch, the tensors live throughout) plus every such
+    tensor; the maximum over v bounds every order. Costs O(edges) bitset operations and one
+    vector sum per tensor; it is what makes "the peak lies elsewhere" a proof: the op at the old
+    peak keeps its ancestors and descendants under a rewrite that does not touch them."""
+    import numpy as np
+
+    from toolchain.schedule.model import bits, build_model
+
+    m = build_model(graph, semantics)
+    n = m.n
+    if n == 0 or not m.exact:
+        return 0
+    anc = [0] * n
+    for v in range(n):  # graph.ops are in a topological order
+        a = 0
+        for p in bits(m.preds[v]):
+            a |= anc[p] | (1 << p)
+        anc[v] = a
+    desc = [0] * n
+    for v in range(n - 1, -1, -1):
+        d = 0
+        for q in bits(m.succs[v]):
+            d |= desc[q] | (1 << q)
+        desc[v] = d
+    nbytes = (n + 7) // 8
+    total = np.zeros(n, dtype=np.int64)
+    full = m.full
+    for t, size in enumerate(m.size):
+        after_toucher = full if m.pin_start[t] else 0  # ops with a toucher among their ancestors
+        before_toucher = full if m.pin_end[t] else 0  # ops with a toucher among their descendants
+        for u in bits(m.mask[t]):
+            if not m.pin_start[t]:
+                after_toucher |= desc[u]
+            if not m.pin_end[t]:
+                before_toucher |= anc[u]
+        through = after_toucher & before_toucher & ~m.mask[t]
+        if through:
+            flags = np.unpackbits(np.frombuffer(through.to_bytes(nbytes, "little"), dtype=np.uint8),
+                                  bitorder="little")[:n]
+            total += flags.astype(np.int64) * size
+    fps = m.footprints()
+    return int(max(int(total[v]) + fps[v] for v in range(n)))
 
 
 def _is_quantized(graph: Graph) -> bool:

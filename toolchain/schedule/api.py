@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from toolchain import budget as _budget
+from toolchain.budget import Deadline, Progress
 from toolchain.errors import UsageError
 from toolchain.ir import Graph
 from toolchain.memory import lifetimes, order_free_lower_bound
@@ -52,19 +54,30 @@ def _best_baseline(model: MemModel, candidates: dict[str, list[int]]) -> tuple[s
     return best
 
 
-def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
-             semantics: str = "tflm", seed: int = 0, *, ablate: frozenset[str] = frozenset()) -> Schedule:
+def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0,
+             semantics: str = "tflm", seed: int = 0, *, ablate: frozenset[str] = frozenset(),
+             deadline: Deadline | None = None, below: int | None = None,
+             progress: Progress = None) -> Schedule:
     """The op order with the smallest peak found within `time_limit` seconds; never worse than
     the graph's stored order; `proven_optimal` only when the peak equals a proven lower bound.
+
+    `deadline` (a toolchain.budget.Deadline) bounds the call too (the earlier end wins;
+    `time_limit=None` means the deadline alone); the call returns within budget.SLACK of it.
+    `below`: only an order peaking below this is of interest (the rewrite search's question
+    "can this graph beat the current peak?"). The search then stops at the first order under
+    it, or as soon as a lower bound shows there is none (`lower_bound >= below`); the order
+    returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
     `ablate` (benchmarks only) switches parts off: "fusion", "cuts", "free_moves", "cut_bound"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
     sem = get_semantics(semantics)
-    if time_limit is None or time_limit <= 0:
+    if deadline is None and (time_limit is None or time_limit <= 0):
         raise UsageError(f"time limit must be positive, got {time_limit}")
-    deadline = t0 + time_limit
+    if time_limit is not None and time_limit <= 0:
+        raise UsageError(f"time limit must be positive, got {time_limit}")
+    deadline = _budget.resolve(time_limit, deadline).end
     n = len(graph.ops)
     stored_peak = lifetimes(graph, None, sem).peak
     if n == 0:
@@ -83,7 +96,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
     base_name, base_order, base_peak = _best_baseline(model, baselines)
     global_lb = model.lower_bound()
 
-    if method == "greedy" or base_peak <= global_lb:
+    if method == "greedy" or base_peak <= global_lb or (below is not None and global_lb >= below):
         order, peak, lb, used = base_order, base_peak, global_lb, f"heuristic:{base_name}"
         units_n = pieces_n = largest = 0
     else:
@@ -92,7 +105,8 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
         units_n, pieces_n = len(units), len(plist)
         largest = max(len(p) for p in plist)
         order, peak, lb, used = _solve_pieces(model, units, plist, base_order, base_peak,
-                                              global_lb, method, deadline, seed, notes, ablate)
+                                              global_lb, method, deadline, seed, notes, ablate,
+                                              below, progress, t0)
         if base_peak <= peak:
             order, peak = base_order, base_peak
             used = f"heuristic:{base_name}" if base_peak < peak else used
@@ -119,8 +133,11 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float = 10.0,
                     sem.name, n, units_n, pieces_n, largest, tuple(notes))
 
 
-def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate):
-    """Solve every piece in context; pieces with the highest lower bound first."""
+def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate,
+                  below=None, progress=None, t0=0.0):
+    """Solve every piece in context; pieces with the highest lower bound first. With `below`,
+    stop at the first proof that no order peaks below it, and leave alone the pieces whose
+    heuristic order already does."""
     # the context (S0, R0) of each piece follows from the pieces before it
     contexts = []
     S, R = 0, model.r0
@@ -146,9 +163,13 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     floor = max([global_lb, *lbs])
     # min-cut certificates for the pieces whose heuristic is above every bound so far
     for i, pc in enumerate(piece_objs):
+        if below is not None and (floor >= below or ubs[i][1] < below):
+            continue  # the answer to "anything below?" is already known, or this piece is fine
         if "cut_bound" not in ablate and len(pc.units) > 1 and ubs[i][1] > max(floor, lbs[i]):
             lbs[i] = max(lbs[i], cut_lower_bound(pc, deadline))
     floor = max([floor, *lbs])
+    if below is not None and floor >= below:  # proven: no order of the graph peaks below `below`
+        return base_order, base_peak, floor, "bound"
     results = [None] * len(plist)
     # pieces in order of decreasing lower bound, then by size (the hard one first)
     todo = sorted(range(len(plist)), key=lambda i: (-lbs[i], -len(plist[i]), i))
@@ -156,12 +177,23 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     for i in todo:
         pc = piece_objs[i]
         ub_order, ub = ubs[i]
-        if len(pc.units) == 1 or ub <= floor:
+        if len(pc.units) == 1 or ub <= floor or (below is not None and (ub < below or floor >= below)):
             results[i] = (ub_order, ub, ub if len(pc.units) == 1 else lbs[i], True)
             continue
         res = None
         now = time.monotonic()
         left = max(deadline - now, 0.0)
+        _budget.say(progress, t0, f"schedule: piece of {len(pc.units)} units, peak {ub:,} vs bound {floor:,}, "
+                                 f"{left:.1f} s left")
+        if below is not None:
+            # Any order under `below` will do: search with `below` as the bound to beat, diving
+            # depth-first under it; exhausting the search proves there is none.
+            res = best_first(pc, below, below - 1, deadline, free_moves="free_moves" not in ablate)
+            methods_used.add("dp")
+            order, peak = (res.order, res.peak) if res.order is not None else (ub_order, ub)
+            results[i] = (order, peak, max(res.lower_bound, lbs[i]), res.complete)
+            floor = max(floor, res.lower_bound if res.order is None else lbs[i])
+            continue
         # building the CP-SAT model costs about 0.1 ms per (unit, step) pair: in auto mode it is
         # tried only when that is a small part of the time left
         build = len(pc.units) * bin(pc.ops).count("1") * 1e-4
