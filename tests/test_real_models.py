@@ -211,9 +211,11 @@ def test_reordering_changes_tflm_outputs_only_on_placeholder_shapes(dtype):
 def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
     """Minimal reproducer of a TFLite Micro kernel bug: SPACE_TO_BATCH_ND allocates its
     parameters in Init and never fills them, so its pad value is the arena's previous content.
-    In a child process (to control the C heap) the arena is allocated on freed bytes we filled
-    with 0x55, then 0x11: the padded border comes out as 85, then 17. LiteRT pads with the zero
-    point. tflm_hazards names this."""
+    The single SPACE_TO_BATCH_ND of the int8 fixture runs in child processes whose C heap fills
+    every new allocation with a known byte (glibc's malloc perturb, the complement of the given
+    byte): the padded border comes out as exactly that byte. LiteRT pads with the zero point
+    (-128). tflm_hazards names this."""
+    import os
     import subprocess
     import sys
     import textwrap
@@ -234,19 +236,16 @@ def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
         t.subgraphs = [sg]
         d = model_to_bytes(t)
         x = np.random.default_rng(0).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
-        big = np.ones(1 << 20, np.uint8); del big  # a freed mmapped chunk raises glibc's mmap threshold
-        for fill in (0x55, 0x11, 0x55, 0x11):
-            junk = np.full(300000, fill, np.uint8); del junk
-            print("tflm", fill, int(run_tflm(d, [x], arena_size=300000)[0][0, 0, 0, 0]))
-        print("litert", int(run_litert(d, [x])[0][0][0, 0, 0, 0]))
+        print(int(run_tflm(d, [x], arena_size=1 << 20)[0][0, 0, 0, 0]), int(run_litert(d, [x])[0][0][0, 0, 0, 0]))
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).parent.parent))
-    assert res.returncode == 0, res.stderr[-2000:]
-    lines = [ln.split() for ln in res.stdout.splitlines() if ln.startswith(("litert", "tflm"))]
-    assert lines[-1] == ["litert", "-128"]
-    pads = [(int(f), int(v)) for _, f, v in lines[:-1]]
-    # the heap does not always hand back the same bytes; both fills must show up at least once
-    assert (0x55, 85) in pads and (0x11, 17) in pads, pads
+    for byte in (0x55, 0x11):
+        env = dict(os.environ, MALLOC_PERTURB_=str(byte),
+                   GLIBC_TUNABLES=f"glibc.malloc.perturb={byte}:glibc.malloc.mmap_threshold=33554432")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             cwd=str(Path(__file__).parent.parent), env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        tflm, litert = (int(v) for v in res.stdout.split()[-2:])
+        assert litert == -128
+        assert tflm == int(np.array(~byte & 0xFF, dtype=np.uint8).view(np.int8)), (byte, tflm)
     assert any("SPACE_TO_BATCH_ND" in h for h in tflm_hazards(_load("darts_s2b_int8")))
     assert tflm_hazards(_load("tiny_irregular_int8")) == []
