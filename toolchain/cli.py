@@ -25,6 +25,7 @@ COMMANDS = (
     ("run", "run"),
     ("profile", "profile"),
     ("export-mcu", "export_mcu"),
+    ("build-firmware", "build_firmware"),
 )
 
 INTERNAL_ERROR = 70

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from runtime.backends.common import Backend, RunRequest
 from toolchain.errors import UsageError
 
-BACKENDS = ("auto", "emulator", "coral", "mcu")
+BACKENDS = ("auto", "emulator", "coral", "mcu", "qemu")
 _KIND = {"edgetpu": "an Edge TPU", "mcu": "an MCU"}
 _EXTRA: dict[str, Backend] = {}
 
@@ -40,8 +40,9 @@ def registry() -> dict[str, Backend]:
     from runtime.backends.coral import CoralBackend
     from runtime.backends.emulator import EmulatorBackend
     from runtime.backends.mcu import McuBackend
+    from runtime.backends.qemu import QemuBackend  # the harness firmware on an emulated board
 
-    found: dict[str, Backend] = {b.name: b for b in (EmulatorBackend(), CoralBackend(), McuBackend())}
+    found: dict[str, Backend] = {b.name: b for b in (EmulatorBackend(), CoralBackend(), McuBackend(), QemuBackend())}
     found.update(_EXTRA)
     return found
 

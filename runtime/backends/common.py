@@ -30,6 +30,7 @@ class RunRequest:
     port: str | None = None  # serial port of the MCU harness
     baud: int | None = None
     timeout: float = 10.0
+    kernels: str | None = None  # TFLite Micro kernel set of a firmware build (qemu backend)
 
 
 class Backend:

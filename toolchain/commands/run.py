@@ -14,7 +14,7 @@ HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the 
 
 def add_arguments(p) -> None:
     p.add_argument("target", help="a compiled directory (report.json + segments) or a .tflite")
-    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu"),
+    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu", "qemu"),
                    help="auto (default) takes hardware when found, else the emulator")
     p.add_argument("--device", help="device descriptor (devices/<name>.toml); default: report.json's, "
                    "else coral-usb (sparkfun-edge with --backend mcu)")
@@ -25,6 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--baud", type=int, help="serial baud rate (default: the device's [link] baud)")
     p.add_argument("--power-meter", metavar="PORT", help="serial port of a UM24C/UM25C/UM34C USB power meter")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any one answer (default 10)")
+    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default=None,
+                   help="TFLite Micro kernels of the firmware (qemu backend; default cmsis-nn)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -69,12 +71,15 @@ def execute(args, target: Path, device: str | None, kind_hint: str | None = None
         raise UsageError(f"--warmup must be non-negative, got {args.warmup}")
     dep = deployment.load_deployment(target)
     if device is None:
-        device = "sparkfun-edge" if args.backend == "mcu" else (_compiled_for(dep) or "coral-usb")
+        device = {"mcu": "sparkfun-edge", "qemu": "qemu-mps2-an386"}.get(args.backend) or (_compiled_for(dep) or "coral-usb")
     kind = kind_hint or device_kind(device)
     port = getattr(args, "port", None)
     choice = backends.select_backend(args.backend, kind, port, dep)
+    if getattr(args, "kernels", None) and choice.backend != "qemu":
+        raise UsageError(f"--kernels selects the firmware's TFLite Micro kernels: it needs --backend qemu, "
+                         f"not {choice.backend}")
     request = backends.RunRequest(dep, device, kind, args.iterations, args.warmup, args.seed, port,
-                                  getattr(args, "baud", None), args.timeout)
+                                  getattr(args, "baud", None), args.timeout, getattr(args, "kernels", None))
     if not args.json:
         out.console(stderr=True).print(f"backend: {choice.backend} ({choice.reason})")
     total = backends.get_backend(choice.backend).progress_total(request)

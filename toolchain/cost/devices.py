@@ -168,6 +168,10 @@ def validate(raw: dict, label: str) -> None:
         for (section, key), (typ, lowest, highest) in _EDGETPU_OPTIONAL.items():
             if key in raw.get(section, {}):
                 _number(f"{label}: [{section}] {key}", raw[section][key], typ, lowest, highest)
+    if kind == "mcu" and "firmware" in raw:  # the board layer's facts (toolchain/firmware/project.py)
+        from toolchain.firmware.project import board_firmware
+
+        board_firmware(raw, label)
     table = "efficiency" if kind == "edgetpu" else "cycles_per_mac"
     per_class = raw.get("compute", {}).get(table)
     if not isinstance(per_class, dict):

@@ -1,15 +1,20 @@
 // TFLite Micro harness firmware: speaks the line protocol of ../PROTOCOL.md.
 // Built with the files `tpu-pipeline export-mcu` writes next to it: model_data.cc/.h (the model,
-// with our offline arena plan inside), op_resolver.h (only the ops used) and harness_config.h.
-// Not built by this repository: add it to a TFLM board project (see ../sparkfun-edge/README.md).
+// with our offline arena plan inside), op_resolver.h (only the ops used), harness_config.h, the
+// board layer (startup.c, platform.cc, board_uart.cc, link.ld) and a Makefile: `make -C DIR`.
 
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "harness_config.h"
 #include "harness_platform.h"
 #include "model_data.h"
 #include "op_resolver.h"
+#include "tensorflow/lite/micro/arena_allocator/single_arena_buffer_allocator.h"
+#include "tensorflow/lite/micro/cortex_m_generic/debug_log_callback.h"
+#include "tensorflow/lite/micro/memory_planner/greedy_memory_planner.h"
+#include "tensorflow/lite/micro/micro_allocator.h"
 #include "tensorflow/lite/micro/micro_interpreter.h"
 #include "tensorflow/lite/micro/micro_profiler_interface.h"
 #include "tensorflow/lite/schema/schema_generated.h"
@@ -38,6 +43,10 @@ class HarnessProfiler : public tflite::MicroProfilerInterface {
 
 HarnessProfiler g_profiler;
 tflite::MicroInterpreter* g_interp = nullptr;
+// Our own arena allocator (built exactly as MicroAllocator::Create(arena, size) builds it), so the
+// head (planned, non-persistent) and tail (persistent) of arena_used_bytes() can be reported apart.
+tflite::SingleArenaBufferAllocator* g_buffers = nullptr;
+const char* g_fatal = nullptr;  // set when the model cannot run: every command answers ERR with it
 
 void send_line(const char* body) {
   uint8_t cc = 0;
@@ -51,11 +60,38 @@ void send_line(const char* body) {
 void send_ready() {
   char line[kLineMax];
   snprintf(line, sizeof line,
-           "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s board=%s",
+           "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s board=%s head=%u tail=%u",
            HARNESS_ARENA_SIZE, static_cast<unsigned>(g_interp->arena_used_bytes()),
            static_cast<int>(g_interp->inputs_size()), static_cast<int>(g_interp->outputs_size()),
-           static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC, HARNESS_BOARD);
+           static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC, HARNESS_BOARD,
+           static_cast<unsigned>(g_buffers->GetNonPersistentUsedBytes()),
+           static_cast<unsigned>(g_buffers->GetPersistentUsedBytes()));
   send_line(line);
+}
+
+// TFLM's MicroPrintf text, one LOG line per message (non-printable bytes become '?').
+char g_log[200];
+size_t g_log_n = 0;
+
+void log_flush() {
+  if (!g_log_n) return;
+  char line[sizeof g_log + 8];
+  snprintf(line, sizeof line, "LOG %s", g_log);
+  send_line(line);
+  g_log_n = 0;
+  g_log[0] = '\0';
+}
+
+void debug_log(const char* s) {
+  for (; *s; ++s) {
+    if (*s == '\r' || *s == '\n') {
+      log_flush();
+      continue;
+    }
+    if (g_log_n + 1 >= sizeof g_log) log_flush();
+    g_log[g_log_n++] = (*s >= 32 && *s < 127 && *s != '*') ? *s : '?';
+    g_log[g_log_n] = '\0';
+  }
 }
 
 int hexval(char c) {
@@ -109,6 +145,7 @@ void handle_run(const char* seq) {
   uint32_t t0 = harness_platform_ticks();
   TfLiteStatus status = g_interp->Invoke();
   uint32_t ticks = harness_platform_ticks() - t0;
+  log_flush();
   if (status != kTfLiteOk) {
     send_line("ERR invoke failed");
     return;
@@ -137,6 +174,10 @@ void handle(char* line) {
     send_line("ERR bad line");
     return;
   }
+  if (g_fatal != nullptr && strcmp(line, "RESET") != 0) {
+    send_line(g_fatal);
+    return;
+  }
   if (strcmp(line, "HELLO") == 0) {
     send_ready();
   } else if (strncmp(line, "SET ", 4) == 0) {
@@ -158,19 +199,34 @@ int main() {
   snprintf(line, sizeof line, "BOOT tpu-pipeline-harness 1 %s", HARNESS_BOARD);
   send_line(line);
 
+  RegisterDebugLogCallback(debug_log);
+
   static HarnessOpResolver resolver;
+  static char fatal[96];
   if (RegisterHarnessOps(resolver) != kTfLiteOk) {
-    send_line("ERR op registration failed");
-    for (;;) {}
+    g_fatal = "ERR op registration failed";
   }
   const tflite::Model* model = tflite::GetModel(g_model_data);
-  static tflite::MicroInterpreter interp(model, resolver, g_arena, HARNESS_ARENA_SIZE, nullptr, &g_profiler);
+  g_buffers = tflite::SingleArenaBufferAllocator::Create(g_arena, HARNESS_ARENA_SIZE);
+  // The greedy planner lives in the arena's tail, as MicroAllocator::Create places it.
+  uint8_t* planner_mem = g_buffers->AllocatePersistentBuffer(sizeof(tflite::GreedyMemoryPlanner),
+                                                             alignof(tflite::GreedyMemoryPlanner));
+  tflite::MicroAllocator* allocator =
+      tflite::MicroAllocator::Create(g_buffers, new (planner_mem) tflite::GreedyMemoryPlanner());
+  static tflite::MicroInterpreter interp(model, resolver, allocator, nullptr, &g_profiler);
   g_interp = &interp;
-  if (interp.AllocateTensors() != kTfLiteOk) {
-    send_line("ERR AllocateTensors failed: arena too small");
-    for (;;) {}
+  if (g_fatal == nullptr && interp.AllocateTensors() != kTfLiteOk) {
+    log_flush();
+    snprintf(fatal, sizeof fatal, "ERR AllocateTensors failed: the %d-byte arena is too small or an op is missing",
+             HARNESS_ARENA_SIZE);
+    g_fatal = fatal;
   }
-  send_ready();
+  log_flush();
+  if (g_fatal != nullptr) {
+    send_line(g_fatal);
+  } else {
+    send_ready();
+  }
 
   size_t n = 0;
   for (;;) {

@@ -1,0 +1,39 @@
+"""`tpu-pipeline build-firmware DIR [--kernels cmsis-nn|reference] [--tflm-tree TREE] [--json]`."""
+
+from __future__ import annotations
+
+from toolchain import report as out
+
+HELP = "build the harness firmware ELF of an export-mcu project (make, cached TFLite Micro library); flash and RAM"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("project", metavar="DIR", help="a folder written by `tpu-pipeline export-mcu --device BOARD`")
+    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
+                   help="TFLite Micro kernels: CMSIS-NN (default, what deployments run) or reference")
+    p.add_argument("--tflm-tree", metavar="TREE", default=None,
+                   help="TFLite Micro source tree (default: $TFLM_TREE, else shared/tflm/<kernels> near the checkout)")
+    p.add_argument("--arena-size", type=int, default=None, metavar="BYTES",
+                   help="override HARNESS_ARENA_SIZE (default: export-mcu's)")
+    p.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print the build summary as JSON")
+
+
+def run(args) -> int:
+    from toolchain.errors import UsageError
+    from toolchain.firmware.build import build_firmware
+
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    b = build_firmware(args.project, args.kernels, args.tflm_tree, args.arena_size, args.jobs, quiet=args.json)
+    if args.json:
+        out.print_json(b.to_json())
+        return 0
+    c = out.console()
+    c.print(f"[bold]{b.elf}[/bold] for {b.board} ({b.kernels} kernels)")
+    for name, r in b.regions.items():
+        c.print(f"{name}: {r['used']:,} of {r['length']:,} B at 0x{r['origin']:08X} "
+                f"({100.0 * r['used'] / max(1, r['length']):.1f} %)")
+    c.print(f"flash {b.flash_bytes:,} B, RAM {b.ram_bytes:,} B (arena {b.arena_size:,} B, stack and heap "
+            f"reservations included); map: {b.map_file}")
+    return 0

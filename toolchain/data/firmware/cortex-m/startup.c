@@ -1,0 +1,51 @@
+// Cortex-M startup for the harness firmware: vector table, reset (FPU on, .data copied from flash,
+// .bss zeroed, C++ constructors), fault handlers. No vendor files needed: every address here is
+// in the Armv7-M architecture reference manual (System Control Space at 0xE000E000).
+#include <stdint.h>
+
+extern uint32_t __data_load[], __data_start[], __data_end[], __bss_start__[], __bss_end__[], __stack_top[];
+extern int main(void);
+extern void __libc_init_array(void);
+void harness_platform_fault(const char* what);
+
+void Reset_Handler(void);
+static void Default_Handler(void) {
+  for (;;) {
+  }
+}
+static void HardFault_Handler(void) { harness_platform_fault("HardFault"); }
+static void MemManage_Handler(void) { harness_platform_fault("MemManage"); }
+static void BusFault_Handler(void) { harness_platform_fault("BusFault"); }
+static void UsageFault_Handler(void) { harness_platform_fault("UsageFault"); }
+
+// Handlers a board layer may define (the UART receive interrupt, the tick timer).
+void SysTick_Handler(void) __attribute__((weak, alias("Default_Handler")));
+void IRQ0_Handler(void) __attribute__((weak, alias("Default_Handler")));
+void IRQ1_Handler(void) __attribute__((weak, alias("Default_Handler")));
+void IRQ2_Handler(void) __attribute__((weak, alias("Default_Handler")));
+void IRQ3_Handler(void) __attribute__((weak, alias("Default_Handler")));
+
+typedef void (*vector_t)(void);
+#define HARNESS_NUM_IRQS 32
+__attribute__((used, section(".isr_vector"))) const vector_t g_vectors[16 + HARNESS_NUM_IRQS] = {
+    (vector_t)__stack_top, Reset_Handler, Default_Handler /* NMI */, HardFault_Handler,
+    MemManage_Handler, BusFault_Handler, UsageFault_Handler, 0, 0, 0, 0,
+    Default_Handler /* SVC */, Default_Handler /* DebugMon */, 0, Default_Handler /* PendSV */,
+    SysTick_Handler, IRQ0_Handler, IRQ1_Handler, IRQ2_Handler, IRQ3_Handler,
+    [20 ... 16 + HARNESS_NUM_IRQS - 1] = Default_Handler};
+
+void Reset_Handler(void) {
+#if defined(__ARM_FP)
+  // CPACR: full access to CP10/CP11 before any floating-point instruction runs.
+  *(volatile uint32_t*)0xE000ED88 |= 0xFu << 20;
+  __asm volatile("dsb\n isb" ::: "memory");
+#endif
+  // VTOR: our table, wherever the image was linked (a bootloader may have left its own).
+  *(volatile uint32_t*)0xE000ED08 = (uint32_t)g_vectors;
+  for (uint32_t *src = __data_load, *dst = __data_start; dst < __data_end;) *dst++ = *src++;
+  for (uint32_t* dst = __bss_start__; dst < __bss_end__;) *dst++ = 0;
+  __libc_init_array();
+  main();
+  for (;;) {
+  }
+}
