@@ -337,6 +337,10 @@ class QemuBackend(Backend):
         rep.notes.append(f"{r.instructions:,} instructions per invoke (QEMU -icount shift={ICOUNT_SHIFT}); "
                          f"flash {r.flash_bytes:,} B, RAM {r.ram_bytes:,} B; arena used {r.arena_used_bytes:,} B "
                          f"(head {r.head_bytes}, predicted {r.arena_bytes_predicted:,} B)")
+        top = sorted(r.op_instructions, key=lambda o: -o["instructions"])[:5]
+        if top:
+            rep.notes.append("most instructions: " + ", ".join(f"op {o['index']} {o['opcode']} {o['instructions']:,}"
+                                                              for o in top))
         if r.output_differences:
             rep.notes.append(f"{len(r.output_differences)} output tensor(s) differ from host TFLite Micro: "
                              f"{r.output_differences[:3]}")
