@@ -134,6 +134,8 @@ CONTENT_CASES = {
         lambda m: setattr(m.subgraphs[0].tensors[17].quantization, "zeroPoint", np.array([300])), "zero point"),
     "op reads a later op's output": (lambda m: put(m.subgraphs[0].operators[1], 'inputs', 0, 20),
                                      "not stored in an order"),
+    "op reads a tensor nothing writes": (lambda m: setattr(m.subgraphs[0].tensors[1], "buffer", 0),
+                                         "which no operator writes"),
     "op writes a constant": (lambda m: put(m.subgraphs[0].operators[1], 'outputs', 0, 1),
                              "constant tensor"),
 }

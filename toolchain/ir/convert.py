@@ -100,6 +100,7 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
     for k, t in enumerate((*_ints(sg.inputs), *_ints(sg.outputs))):
         if not 0 <= t < len(tensors):
             raise ModelError(f"graph {'input' if k < len(_ints(sg.inputs)) else 'output'} tensor {t} does not exist")
+    graph_inputs = set(_ints(sg.inputs))
     for i, op in enumerate(ops):
         for t in op.inputs:
             writer = produced_by.get(t, -1)
@@ -107,6 +108,12 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
                 when = "itself" if writer == i else f"operator {writer}, later"
                 raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', written by {when}: "
                                  "the operators are not stored in an order they can run in")
+            if (t >= 0 and writer < 0 and t not in graph_inputs and tensors[t].kind == "activation"
+                    and all(d != 0 for d in tensors[t].shape)):
+                # Nothing would ever fill it: neither a graph input, a constant, a variable nor
+                # an operator's output (an empty tensor needs no data).
+                raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', which no operator "
+                                 "writes and which is neither a graph input nor a constant")
     return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name))
 
 
