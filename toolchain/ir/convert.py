@@ -79,8 +79,8 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
                 raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
         for t in _ints(o.outputs):
             # The passes assume one writer per tensor and ops stored in an order they can run in.
-            if t < 0:
-                raise ModelError(f"operator {i} ({name}) has output tensor {t}, which does not exist")
+            if t < 0:  # an omitted optional output, as the runtimes allow
+                continue
             if t in produced_by:
                 raise ModelError(f"tensor '{tensors[t].name}' is written by operators {produced_by[t]} and {i}")
             if tensors[t].is_constant:

@@ -12,7 +12,6 @@ import os
 import re
 import select
 import signal
-import sys
 import time
 
 from toolchain.errors import ModelError
@@ -66,6 +65,14 @@ def _run(data: bytes) -> tuple[bool, str]:
     if pid == 0:  # the child: silence LiteRT's own logging, report through the pipe
         code = 1
         try:
+            # Interrupts are the parent's to handle (it kills this child); the child must not
+            # write to the parent's signal wakeup socket either.
+            try:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.set_wakeup_fd(-1)
+            except ValueError:  # not the main thread: nothing of the parent's to undo
+                pass
             os.close(read_fd)
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
@@ -108,8 +115,3 @@ def _run(data: bytes) -> tuple[bool, str]:
         return False, f"LiteRT crashed ({name})"
     return False, "LiteRT gave no answer" if time.monotonic() < deadline else f"no answer in {TIMEOUT_S:.0f} s"
 
-
-if __name__ == "__main__":  # python -m toolchain.tflite.litert_check model.tflite
-    path = sys.argv[1]
-    with open(path, "rb") as fh:
-        print(check_loads_in_litert(fh.read(), path) or "loads")

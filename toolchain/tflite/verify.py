@@ -289,8 +289,9 @@ def validate_model(model: schema.ModelT, label: str) -> None:
                 raise bad(f"operator {i} of {where} is missing")
             if not 0 <= int(op.opcodeIndex) < len(codes):
                 raise bad(f"operator {i} of {where} refers to operator code {op.opcodeIndex}, which does not exist")
-            for kind, idx, lowest in (("input", op.inputs, -1), ("output", op.outputs, 0),
-                                      ("intermediate", op.intermediates, 0)):
+            # -1 is an omitted optional tensor, which LiteRT accepts in all three lists.
+            for kind, idx, lowest in (("input", op.inputs, -1), ("output", op.outputs, -1),
+                                      ("intermediate", op.intermediates, -1)):
                 for t in _list(idx):
                     if not lowest <= t < nt:
                         raise bad(f"operator {i} of {where} has {kind} tensor {t}, which does not exist "
