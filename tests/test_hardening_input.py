@@ -110,6 +110,26 @@ def test_a_vector_length_past_the_end_is_refused_before_unpacking():
         read_model(bytes(data), name="bad.tflite")
 
 
+def test_a_string_running_past_the_end_is_refused():
+    # flatbuffers' Python String() slices, so an oversized length was read silently, truncated
+    data = bytearray(CHAIN.read_bytes())
+    tensor = schema.Model.GetRootAs(bytes(data), 0).Subgraphs(0).Tensors(0)
+    at = tensor._tab.Pos + tensor._tab.Offset(10)
+    start = at + struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, start, 2 * len(data))
+    with pytest.raises(ModelError, match="string"):
+        read_model(bytes(data), name="bad.tflite")
+
+
+def test_a_vtable_before_the_start_of_the_file_is_refused():
+    # a negative position makes Python's struct read from the END of the buffer, silently
+    data = bytearray(CHAIN.read_bytes())
+    tensor = schema.Model.GetRootAs(bytes(data), 0).Subgraphs(0).Tensors(0)
+    struct.pack_into("<i", data, tensor._tab.Pos, tensor._tab.Pos + 64)
+    with pytest.raises(ModelError, match="corrupt flatbuffer"):
+        read_model(bytes(data), name="bad.tflite")
+
+
 CONTENT_CASES = {
     "op input out of range": (lambda m: put(m.subgraphs[0].operators[1], 'inputs', 0, -7),
                               "input tensor -7"),
