@@ -107,3 +107,17 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def example_model() -> Path:
     assert EXAMPLE.exists(), "examples/randwire_small_int8.tflite is missing"
     return EXAMPLE
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: many more random examples; run with `-m slow`")
+
+
+def pytest_collection_modifyitems(config, items):
+    # slow tests run only when asked for by a marker expression naming them
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
