@@ -249,3 +249,45 @@ def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
         assert tflm == int(np.array(~byte & 0xFF, dtype=np.uint8).view(np.int8)), (byte, tflm)
     assert any("SPACE_TO_BATCH_ND" in h for h in tflm_hazards(_load("darts_s2b_int8")))
     assert tflm_hazards(_load("tiny_irregular_int8")) == []
+
+
+# ---- item 4: the same model and options give the same segments -----------------------------------
+
+_PARTITION_CHILD = """
+import sys
+import toolchain.partition.cpsat as pc
+from toolchain.ir import from_model
+from toolchain.partition import partition
+from toolchain.tflite import read_model
+pc.DTIME_PER_SECOND = float(sys.argv[3])
+p = partition(from_model(read_model(sys.argv[1])), int(sys.argv[2]), time_limit=float(sys.argv[4]))
+print(p.reproducible, ",".join(p.stopped_by), ",".join(map(str, p.stages)), sep="|")
+"""
+
+
+def test_partition_is_reproducible_when_stopped_by_its_budget_on_a_loaded_machine():
+    """Two partitions of the same model started together, next to a process that keeps a core
+    busy, with a budget CP-SAT cannot prove optimality within: both stop on the deterministic
+    budget, not the wall clock, and give the same stages (before: 2 workers racing a wall-clock
+    limit gave different segments from run to run)."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).parent.parent)
+    burn = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        args = [sys.executable, "-c", _PARTITION_CHILD, str(FIX / "darts_s2b_int8.tflite"), "5", "0.004", "60"]
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        burn.kill()
+        burn.wait()
+    results = []
+    for (out, err), p in zip(outs, procs):
+        assert p.returncode == 0, err[-2000:]
+        reproducible, stopped, stages = out.strip().splitlines()[-1].split("|")
+        assert reproducible == "True"
+        assert "deterministic limit" in stopped  # the time-limited path, not a proof
+        results.append(stages)
+    assert results[0] == results[1]

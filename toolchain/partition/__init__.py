@@ -39,6 +39,8 @@ class Partition:
     baseline: "Partition | None" = None
     note: str = ""
     proven_steps: tuple = ()   # per objective of the strategy, in order
+    stopped_by: tuple = ()     # per CP-SAT step: "optimal", "deterministic limit", "wall clock", ...
+    reproducible: bool = True  # the same graph and options give these stages again (see cpsat.solve)
 
     @property
     def primary_proven(self) -> bool:
@@ -57,9 +59,10 @@ class Partition:
 
 
 def _make(problem: PartitionProblem, n, stages, strategy, bounds, proven, seconds, note="", baseline=None,
-          proven_steps=()):
+          proven_steps=(), stopped_by=(), reproducible=True):
     return Partition(n, tuple(stages), strategy, problem.evaluate(stages, n), problem.interfaces(stages, n),
-                     problem.objectives(stages, n), bounds, proven, seconds, baseline, note, tuple(proven_steps))
+                     problem.objectives(stages, n), bounds, proven, seconds, baseline, note, tuple(proven_steps),
+                     tuple(stopped_by), reproducible)
 
 
 def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
@@ -75,11 +78,17 @@ def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: Partit
 
 
 def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
-              colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None) -> Partition:
+              colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
+              deterministic: bool = True) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
-    `latency` (the heuristic's period is an upper bound and its solution the hint)."""
+    `latency` (the heuristic's period is an upper bound and its solution the hint).
+
+    `deterministic` (default): the same graph and options give the same stages on every run and
+    machine load (one CP-SAT worker, budgets in deterministic time); `p.reproducible` is False
+    only if the wall-clock limit cut a step short first. `deterministic=False` races `workers`
+    workers against the wall clock instead."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -104,9 +113,9 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     if colocate:
         hint = None  # the warm starts need not keep consumers together
     res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
-                workers=workers, seed=seed)
+                workers=workers, seed=seed, deterministic=deterministic)
     return _make(problem, n, res.stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
-                 res.proven_steps)
+                 res.proven_steps, res.stopped_by, res.reproducible)
 
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",

@@ -30,6 +30,15 @@ from toolchain.partition.problem import PartitionProblem
 
 _EXTRA_PARAMS: dict = {}
 
+# Reproducibility. CP-SAT's parallel portfolio returns whichever worker's solution arrives first
+# (even among proven optima), and a wall-clock limit stops the search at a point that depends on
+# the machine's load, so the same model could give other segments on the next run. A
+# deterministic solve therefore runs one worker (the search is then a pure function of the
+# model, the hint, the seed and the parameters) and stops on CP-SAT's deterministic time, a count
+# of work done that does not depend on load: DTIME_PER_SECOND units per second of the time
+# limit. The wall clock stays a hard cap; a step it stops is marked not reproducible.
+DTIME_PER_SECOND = 0.05
+
 STRATEGIES = {
     "latency": ("max_stage_ps", "sum_stage_ps"),
     "1-3": ("max_param_bytes", "max_comm_bytes"),
@@ -47,6 +56,8 @@ class SolveResult:
     seconds: float
     status: str
     proven_steps: tuple = ()    # per objective of the strategy: proven optimal (given the earlier ones)?
+    stopped_by: tuple = ()      # per step run: "optimal", "deterministic limit", "wall clock" or "infeasible"
+    reproducible: bool = True   # no step was stopped by the wall clock (or run in parallel)
 
 
 def _build(problem: PartitionProblem, n: int, colocate: bool):
@@ -172,15 +183,20 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
 
 def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
           hint=None, upper_bounds: dict | None = None, colocate: bool = False, workers: int = 2,
-          seed: int = 0) -> SolveResult:
+          seed: int = 0, deterministic: bool = True) -> SolveResult:
     """Solve the strategy's objectives in turn; `hint` is a stage tuple, `upper_bounds` caps
-    objectives (e.g. the heuristic's values). Raises InfeasibleError if no assignment exists."""
+    objectives (e.g. the heuristic's values). Raises InfeasibleError if no assignment exists.
+
+    `deterministic` (default): one worker, budgets in deterministic time (see DTIME_PER_SECOND),
+    the wall clock only as a cap, so the same inputs give the same stages however loaded the
+    machine is, unless the wall clock stops a step (then `reproducible` is False). Otherwise
+    `workers` workers race under the wall clock (faster, not reproducible)."""
     t0 = time.perf_counter()
     N = problem.n_ops
     if n == 1:
         stages = tuple([0] * N)
         obj = problem.objectives(stages, 1)
-        return SolveResult(stages, obj, dict(obj), True, time.perf_counter() - t0, "OPTIMAL", (True,))
+        return SolveResult(stages, obj, dict(obj), True, time.perf_counter() - t0, "OPTIMAL", (True,), ("optimal",))
     model, y, x, objs, extra = _build(problem, n, colocate)
     for name, ub in (upper_bounds or {}).items():
         model.Add(objs[name] <= ub)
@@ -220,17 +236,34 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
 
     if hint is not None:
         set_hint(hint)
+    stopped: list[str] = []
+    dtime_left = time_limit * DTIME_PER_SECOND
     for i, name in enumerate(steps):
         remaining = time_limit - (time.perf_counter() - t0)
         # the first objective is what the strategy is about; later ones are tie-breaks
-        share = remaining if i == len(steps) - 1 else max(0.05, remaining * (0.75 if i == 0 else 0.5))
-        solver = new_solver(share, workers, seed)
+        frac = 1.0 if i == len(steps) - 1 else (0.75 if i == 0 else 0.5)
+        if deterministic:
+            dshare = max(1e-3, dtime_left * frac)
+            solver = new_solver(max(0.05, remaining), 1, seed)
+            solver.parameters.max_deterministic_time = dshare
+        else:
+            solver = new_solver(max(0.05, remaining * frac), workers, seed)
         # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
         solver.parameters.cp_model_probing_level = 0
         for key, value in _EXTRA_PARAMS.items():
             setattr(solver.parameters, key, value)
         model.Minimize(objs[name])
         st = solver.Solve(model)
+        if st == cp_model.OPTIMAL:
+            stopped.append("optimal")
+        elif st == cp_model.INFEASIBLE:
+            stopped.append("infeasible")
+        elif deterministic and solver.deterministic_time >= dshare * 0.999:
+            stopped.append("deterministic limit")
+        else:
+            stopped.append("wall clock")
+        if deterministic:
+            dtime_left = max(0.0, dtime_left - solver.deterministic_time)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if best is None and hint is not None and not colocate and st != cp_model.INFEASIBLE:
                 best = tuple(hint)  # the (valid) hint is the best known
@@ -256,4 +289,6 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         set_hint(stages)
     obj = problem.objectives(best, n)
     steps_proven += [False] * (len(steps) - len(steps_proven))
-    return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name, tuple(steps_proven))
+    reproducible = deterministic and "wall clock" not in stopped
+    return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name, tuple(steps_proven),
+                       tuple(stopped), reproducible)
