@@ -168,6 +168,7 @@ class FakeMcu(PtyDevice):
 
 def main(argv=None) -> int:  # pragma: no cover - manual use
     import argparse
+    import sys
     import time
     from pathlib import Path
 
@@ -178,7 +179,8 @@ def main(argv=None) -> int:  # pragma: no cover - manual use
     ap.add_argument("--fault-at", type=int, default=0)
     args = ap.parse_args(argv)
     with FakeMcu(Path(args.model).read_bytes(), args.arena, fault=args.fault, fault_at=args.fault_at) as dev:
-        print(dev.port, flush=True)
+        print(dev.port, flush=True)  # stdout: the port alone, for scripts
+        print(f"fake MCU (simulated): {Path(args.model).name} on {dev.port}; Ctrl-C stops it", file=sys.stderr)
         try:
             while True:
                 time.sleep(1)
