@@ -104,6 +104,9 @@ class QemuBoard:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
+    def __del__(self):  # never leave an emulator running
+        self.stop()
+
     def __enter__(self):
         return self.start()
 
@@ -146,7 +149,8 @@ def project_dir(model_bytes: bytes, device: str) -> Path:
 
 
 def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: str = "cmsis-nn",
-                    tflm_tree: str | None = None, arena_size: int | None = None, quiet: bool = False):
+                    tflm_tree: str | None = None, arena_size: int | None = None, quiet: bool = False,
+                    wait: bool = True):
     """(export result dict, FirmwareBuild): the project exported once per (model, board, harness)
     into the cache, then built with make (incremental) for `kernels`."""
     import fcntl
@@ -154,8 +158,15 @@ def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernel
 
     from toolchain.export_mcu import export_mcu
     from toolchain.firmware.build import build_firmware
+    from toolchain.firmware.library import ensure_library, find_tree
 
     data = Path(model_path).read_bytes()
+    # The library first, outside the project lock (it may take minutes, or be busy elsewhere).
+    from toolchain.cost.mcu import device_dict
+    from toolchain.firmware.project import board_firmware
+
+    ensure_library(find_tree(kernels, tflm_tree), kernels, board_firmware(device_dict(device)).library_cpu,
+                   quiet=quiet, wait=wait)
     out = project_dir(data, device)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(str(out) + ".lock", "a+") as lock:
@@ -166,7 +177,7 @@ def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernel
             export_mcu(model_path, device, tmp)
             os.replace(tmp, out)
         exported = json.loads((out / "export.json").read_text())
-        build = build_firmware(out, kernels, tflm_tree, arena_size, quiet=quiet)
+        build = build_firmware(out, kernels, tflm_tree, arena_size, quiet=quiet, wait=wait)
     return exported, build
 
 

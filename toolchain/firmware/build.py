@@ -109,14 +109,16 @@ def usage(elf: Path, map_file: Path) -> tuple[int, int, dict]:
 
 
 def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: str | None = None,
-                   arena_size: int | None = None, jobs: int | None = None, quiet: bool = False) -> FirmwareBuild:
-    """Build DIR's firmware with `make` against the cached TFLite Micro library."""
+                   arena_size: int | None = None, jobs: int | None = None, quiet: bool = False,
+                   wait: bool = True) -> FirmwareBuild:
+    """Build DIR's firmware with `make` against the cached TFLite Micro library (`wait=False`:
+    library.LibraryBusy rather than waiting for another process's library build)."""
     project = Path(project)
     check_kernels(kernels)
     meta = read_export(project)
     fw = meta["firmware"]
     tree = find_tree(kernels, tflm_tree)
-    lib = ensure_library(tree, kernels, fw["library_cpu"], jobs, quiet=quiet)
+    lib = ensure_library(tree, kernels, fw["library_cpu"], jobs, quiet=quiet, wait=wait)
     tool("arm-none-eabi-g++")
     cmd = ["make", "-C", str(project), f"KERNELS={kernels}", f"LIB_CPU={fw['library_cpu']}", f"TFLM_TREE={tree}",
            f"-j{jobs or 2}"]

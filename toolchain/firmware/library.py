@@ -217,18 +217,27 @@ def _stop_group(proc) -> None:
         proc.wait()
 
 
-def _lock(path: Path):
+class LibraryBusy(DeviceError):
+    """Another process is building this library now (raised only when asked not to wait)."""
+
+
+def _lock(path: Path, wait: bool = True):
     import fcntl
 
     f = open(path, "a+")
-    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        f.close()
+        raise LibraryBusy(f"{path.parent}: another process is building this TFLite Micro library now") from None
     return f
 
 
 def ensure_library(tree: Path, kernels: str, cpu: str = "cortex-m4+fp", jobs: int | None = None,
-                   progress=None, quiet: bool = False) -> Library:
+                   progress=None, quiet: bool = False, wait: bool = True) -> Library:
     """The cached library for (tree, kernels, cpu), built now if missing. `progress(done, total)`
-    is called per compiled file; without it (and unless `quiet`) progress lines go to stderr."""
+    is called per compiled file; without it (and unless `quiet`) progress lines go to stderr.
+    `wait=False`: LibraryBusy instead of waiting while another process builds it."""
     check_kernels(kernels)
     check_cpu(cpu)
     for t in ("arm-none-eabi-g++", "arm-none-eabi-gcc", "arm-none-eabi-ar"):
@@ -241,7 +250,7 @@ def ensure_library(tree: Path, kernels: str, cpu: str = "cortex-m4+fp", jobs: in
     if lib.is_file():
         return result
     d.mkdir(parents=True, exist_ok=True)
-    with _lock(d / "lock"):
+    with _lock(d / "lock", wait):
         if lib.is_file():  # another process finished it while we waited
             return result
         srcs = sources(tree)
