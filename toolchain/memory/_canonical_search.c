@@ -308,3 +308,47 @@ int canonical_search(int n, int n_sec, const int *lo, const int *hi, const i64 *
     free(s.offset); free(s.min_off); free(s.solution); free(s.floor_); free(s.total); free(s.cuts); free(s.members); free(s.cnt); free(s.pos);
     return status;
 }
+
+/* Sweep first fit (planners.sweep_first_fit in C): buffers in `order` (by first step), each at the
+ * lowest gap among the buffers still live, kept sorted by offset. O(n k) for k live at once, O(n)
+ * memory. Returns how many buffers of `order` were placed before the time limit (all: n); the
+ * caller stacks the rest. */
+int sweep_first_fit(int n, const int *order, const i64 *first, const i64 *last, const i64 *size,
+                    double time_limit, i64 *out) {
+    double deadline = now() + time_limit;
+    i64 *off = malloc(sizeof(i64) * (n + 1)), *end = malloc(sizeof(i64) * (n + 1));
+    i64 *lst = malloc(sizeof(i64) * (n + 1));
+    int k = 0, placed = 0;
+    if (!off || !end || !lst) {
+        free(off); free(end); free(lst);
+        return 0;
+    }
+    for (int q = 0; q < n; q++) {
+        if ((q & 1023) == 0 && now() > deadline) break;
+        int i = order[q];
+        int m = 0;
+        for (int j = 0; j < k; j++) {  /* drop the buffers that ended before this one starts */
+            if (lst[j] >= first[i]) {
+                off[m] = off[j]; end[m] = end[j]; lst[m] = lst[j]; m++;
+            }
+        }
+        k = m;
+        i64 cursor = 0;
+        int p = 0;
+        for (; p < k; p++) {
+            if (off[p] - cursor >= size[i]) break;
+            if (end[p] > cursor) cursor = end[p];
+        }
+        out[i] = cursor;
+        placed = q + 1;
+        if (size[i] == 0) continue;
+        /* insert at its place in offset order: every live buffer before p ends at or below cursor */
+        memmove(off + p + 1, off + p, sizeof(i64) * (k - p));
+        memmove(end + p + 1, end + p, sizeof(i64) * (k - p));
+        memmove(lst + p + 1, lst + p, sizeof(i64) * (k - p));
+        off[p] = cursor; end[p] = cursor + size[i]; lst[p] = last[i];
+        k++;
+    }
+    free(off); free(end); free(lst);
+    return placed;
+}

@@ -20,15 +20,30 @@ Planners (`PLANNERS`):
   lifetimes, the arena size minimised, hinted with the best greedy plan, the lower bound enforced.
 - `auto`: the greedy planners, then `search` at the lower bound, then (if the bound was not met)
   a binary search on the capacity and CP-SAT, all within the time limit; the smallest plan wins.
+
+Bounds (large problems, e.g. 200,000 buffers). Time: every planner takes a `deadline`
+(toolchain.budget.Deadline; the earlier of it and `time_limit` wins); `auto` first runs
+`sweep_first_fit`, O(n log n + n k) for k buffers live at once, which always completes (past the
+deadline it stacks the rest above everything placed, still a valid plan), then the greedy
+portfolio, each greedy checking the clock every few thousand buffers and dropped unfinished when
+time is up; the best complete plan wins. Memory: the overlap lists of the portfolio and the exact
+search hold one entry per pair of buffers live together, so they are built only when there are at
+most MAX_OVERLAP_PAIRS pairs (counted first in O(n log n)); beyond that only the sweep runs. Plans
+of more than FAST_CHECK_ABOVE buffers are checked by `first_conflict`, an O(n log n) sweep,
+instead of listing every problem with `check_plan`.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from toolchain import budget as _budget
+from toolchain.budget import Deadline, Progress
 from toolchain.errors import ModelError, UsageError
 from toolchain.memory.lifetimes import Buffer, Lifetimes
 from toolchain.memory.plan import ArenaPlan, arena_size, check_plan
@@ -37,7 +52,13 @@ from toolchain.memory.runtime_planners import tflite_arena, tflm_greedy
 __all__ = [
     "PLANNERS", "plan_arena", "plan_buffers", "live_lower_bound", "greedy_by_size",
     "greedy_by_conflicts", "search_plan", "cpsat_plan", "OrderAndOffsets", "plan_order_and_offsets",
+    "sweep_first_fit", "first_conflict",
 ]
+
+MAX_OVERLAP_PAIRS = 3_000_000  # about 60 MB of overlap lists (two list entries per pair)
+NATIVE_MAX_CELLS = 32_000_000  # the C search's slot table (4 bytes per buffer and section): 128 MB
+FAST_CHECK_ABOVE = 20_000  # buffers: above this a plan is checked by the O(n log n) sweep
+_CLOCK_EVERY = 2048  # buffers placed between two looks at the clock
 
 
 # --------------------------------------------------------------------------------------------
@@ -57,8 +78,22 @@ def live_lower_bound(buffers: Sequence[Buffer]) -> int:
     return best
 
 
-def _overlap_lists(buffers: Sequence[Buffer]) -> list[list[int]]:
-    """For each buffer, the buffers whose lifetimes intersect its own (a sweep over starts)."""
+def overlap_pairs(buffers: Sequence[Buffer]) -> int:
+    """How many pairs of buffers have intersecting lifetimes, in O(n log n) (nothing listed)."""
+    firsts = sorted(b.first for b in buffers)
+    lasts = sorted(b.last for b in buffers)
+    pairs = 0
+    for k, f in enumerate(firsts):
+        # buffers starting before this one (k of them, ties by position) minus those already over
+        pairs += k - bisect.bisect_left(lasts, f)
+    return pairs
+
+
+def _overlap_lists(buffers: Sequence[Buffer], max_pairs: int | None = None) -> list[list[int]] | None:
+    """For each buffer, the buffers whose lifetimes intersect its own (a sweep over starts);
+    None when there are more than `max_pairs` such pairs (the lists would not fit in memory)."""
+    if max_pairs is not None and overlap_pairs(buffers) > max_pairs:
+        return None
     n = len(buffers)
     out: list[list[int]] = [[] for _ in range(n)]
     order = sorted(range(n), key=lambda i: (buffers[i].first, i))
@@ -73,10 +108,14 @@ def _overlap_lists(buffers: Sequence[Buffer]) -> list[list[int]]:
     return out
 
 
-def _place_in_order(buffers: Sequence[Buffer], order: Sequence[int], overlaps, best_fit: bool) -> list[int]:
-    """Place buffers one by one: first fit (lowest gap) or best fit (smallest gap that fits)."""
+def _place_in_order(buffers: Sequence[Buffer], order: Sequence[int], overlaps, best_fit: bool,
+                    deadline: Deadline | None = None) -> list[int] | None:
+    """Place buffers one by one: first fit (lowest gap) or best fit (smallest gap that fits).
+    None if the deadline passes first."""
     offsets = [-1] * len(buffers)
-    for i in order:
+    for k, i in enumerate(order):
+        if deadline is not None and k % _CLOCK_EVERY == 0 and deadline.expired():
+            return None
         size = buffers[i].size
         live = sorted((offsets[j], offsets[j] + buffers[j].size) for j in overlaps[i] if offsets[j] >= 0)
         cursor, best, best_gap = 0, None, None
@@ -112,26 +151,150 @@ def _section_totals(buffers: Sequence[Buffer]) -> list[int]:
 # Greedy planners (each returns offsets)
 
 
-def greedy_by_size(buffers: Sequence[Buffer], overlaps=None) -> list[int]:
+def _native_sweep(buffers, order, deadline: Deadline | None):
+    """The C sweep (in _canonical_search.c): (offsets, placed count) or None without a compiler."""
+    import ctypes
+
+    from toolchain.memory import _native
+
+    lib = _native.load()
+    if lib is None:
+        return None
+    fn = lib.sweep_first_fit
+    i64 = ctypes.c_longlong
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(i64), ctypes.POINTER(i64),
+                   ctypes.POINTER(i64), ctypes.c_double, ctypes.POINTER(i64)]
+    n = len(buffers)
+    m = max(n, 1)
+    out = (i64 * m)()
+    placed = fn(n, (ctypes.c_int * m)(*order), (i64 * m)(*(b.first for b in buffers)),
+                (i64 * m)(*(b.last for b in buffers)), (i64 * m)(*(b.size for b in buffers)),
+                1e9 if deadline is None else deadline.remaining(), out)
+    return list(out)[:n], placed
+
+
+def sweep_first_fit(buffers: Sequence[Buffer], deadline: Deadline | None = None) -> list[int]:
+    """Buffers in order of their first step, each at the lowest gap among the buffers live then:
+    O(n log n + n k) time and O(n) memory for k buffers live at once (in C when a compiler is
+    available). Every pair that overlaps in time is separated when the later one is placed (the
+    earlier is live then). Always returns a valid plan: past the deadline the remaining buffers
+    are stacked above everything placed."""
+    n = len(buffers)
+    order = sorted(range(n), key=lambda i: (buffers[i].first, -buffers[i].size, i))
+    native = _native_sweep(buffers, order, deadline)
+    if native is not None:
+        offsets, placed = native
+        top = max((offsets[i] + buffers[i].size for i in order[:placed]), default=0)
+        for j in order[placed:]:  # out of time: stack the rest, still sound
+            offsets[j] = top
+            top += buffers[j].size
+        return offsets
+    offsets = [0] * n
+    live_off: list[int] = []  # offsets of the live buffers, ascending
+    live_end: list[int] = []  # their ends, same order
+    ending: list[tuple[int, int, int]] = []  # heap of (last step, offset, buffer)
+    top = 0
+    for k, i in enumerate(order):
+        b = buffers[i]
+        if k % _CLOCK_EVERY == 0 and deadline is not None and deadline.expired():
+            for j in order[k:]:  # out of time: stack the rest, still sound
+                offsets[j] = top
+                top += buffers[j].size
+            return offsets
+        while ending and ending[0][0] < b.first:
+            _, off, j = heapq.heappop(ending)
+            p = bisect.bisect_left(live_off, off)
+            while live_off[p] != off or live_end[p] != off + buffers[j].size:
+                p += 1
+            del live_off[p], live_end[p]
+        cursor = 0
+        for off, end in zip(live_off, live_end):
+            if off - cursor >= b.size:
+                break
+            if end > cursor:
+                cursor = end
+        offsets[i] = cursor
+        if b.size:
+            p = bisect.bisect_right(live_off, cursor)
+            live_off.insert(p, cursor)
+            live_end.insert(p, cursor + b.size)
+            heapq.heappush(ending, (b.last, cursor, i))
+            top = max(top, cursor + b.size)
+    return offsets
+
+
+def first_conflict(buffers: Sequence[Buffer], offsets, alignment: int = 1) -> str | None:
+    """The first problem with a plan, or None if it is sound; O(n log n) (a sweep in time over the
+    live buffers kept sorted by offset).
+
+    Why neighbours suffice: the live buffers are pairwise disjoint in bytes (each was checked when
+    it arrived), so a new buffer at offset o overlaps one of them only if it overlaps the one with
+    the largest offset <= o or the one with the smallest offset > o."""
+    n = len(buffers)
+    if len(offsets) != n:
+        return f"{len(offsets)} offsets for {n} buffers"
+    for i, (b, o) in enumerate(zip(buffers, offsets)):
+        if o < 0:
+            return f"buffer {i} ({b.name}) has negative offset {o}"
+        if alignment > 1 and o % alignment:
+            return f"buffer {i} ({b.name}) at offset {o} is not {alignment}-byte aligned"
+    firsts = [b.first for b in buffers]
+    order = sorted(range(n), key=firsts.__getitem__)
+    keys: list[int] = []  # offset * n + buffer of the live buffers, ascending (plain ints sort fast)
+    ending: list[tuple[int, int]] = []
+    sizes = [b.size for b in buffers]
+    for i in order:
+        size = sizes[i]
+        if not size:
+            continue
+        first = firsts[i]
+        while ending and ending[0][0] < first:
+            j = heapq.heappop(ending)[1]
+            del keys[bisect.bisect_left(keys, offsets[j] * n + j)]
+        o = offsets[i]
+        key = o * n + i
+        p = bisect.bisect_left(keys, key)
+        for q in (p - 1, p):
+            if 0 <= q < len(keys):
+                j = keys[q] % n
+                oj = offsets[j]
+                if o < oj + sizes[j] and oj < o + size:
+                    b, c = buffers[i], buffers[j]
+                    return (f"buffers {j} ({c.name}) and {i} ({b.name}) overlap in time "
+                            f"[{max(b.first, c.first)}, {min(b.last, c.last)}] and in bytes")
+        keys.insert(p, key)
+        heapq.heappush(ending, (buffers[i].last, i))
+    return None
+
+
+def greedy_by_size(buffers: Sequence[Buffer], overlaps=None, deadline: Deadline | None = None) -> list[int] | None:
     overlaps = overlaps or _overlap_lists(buffers)
     order = sorted(range(len(buffers)), key=lambda i: (-buffers[i].size, buffers[i].first, i))
-    return _place_in_order(buffers, order, overlaps, best_fit=True)
+    return _place_in_order(buffers, order, overlaps, True, deadline)
 
 
-def greedy_by_conflicts(buffers: Sequence[Buffer], overlaps=None) -> list[int]:
+def greedy_by_conflicts(buffers: Sequence[Buffer], overlaps=None,
+                        deadline: Deadline | None = None) -> list[int] | None:
     overlaps = overlaps or _overlap_lists(buffers)
     totals = _section_totals(buffers)
     order = sorted(range(len(buffers)), key=lambda i: (-totals[i], -buffers[i].size, buffers[i].first, i))
-    return _place_in_order(buffers, order, overlaps, best_fit=True)
+    return _place_in_order(buffers, order, overlaps, True, deadline)
 
 
-def _greedy_portfolio(buffers: Sequence[Buffer], overlaps) -> list[tuple[str, list[int]]]:
-    """Cheap variants, each a (name, offsets): the named greedies plus a few more orders."""
+def _greedy_portfolio(buffers: Sequence[Buffer], overlaps, deadline: Deadline | None = None,
+                      progress: Progress = None) -> list[tuple[str, list[int]]]:
+    """Cheap variants, each a (name, offsets): the named greedies plus a few more orders; the
+    greedies not finished by the deadline are left out (possibly all of them)."""
     totals = _section_totals(buffers)
     n = len(buffers)
     area = [b.size * (b.last - b.first + 1) for b in buffers]
-    out = [("greedy-size", greedy_by_size(buffers, overlaps)),
-           ("greedy-conflicts", greedy_by_conflicts(buffers, overlaps))]
+    out = []
+    for name, fn in (("greedy-size", greedy_by_size), ("greedy-conflicts", greedy_by_conflicts)):
+        offs = fn(buffers, overlaps, deadline)
+        if offs is None:
+            return out
+        out.append((name, offs))
     extra = {
         "greedy-size-first-fit": (sorted(range(n), key=lambda i: (-buffers[i].size, buffers[i].first, i)), False),
         "greedy-conflicts-first-fit": (sorted(range(n), key=lambda i: (-totals[i], -buffers[i].size, i)), False),
@@ -139,7 +302,12 @@ def _greedy_portfolio(buffers: Sequence[Buffer], overlaps) -> list[tuple[str, li
         "greedy-long": (sorted(range(n), key=lambda i: (-(buffers[i].last - buffers[i].first), -buffers[i].size, i)), True),
     }
     for name, (order, best_fit) in extra.items():
-        out.append((name, _place_in_order(buffers, order, overlaps, best_fit)))
+        offs = _place_in_order(buffers, order, overlaps, best_fit, deadline)
+        if offs is None:
+            break
+        out.append((name, offs))
+    if progress is not None:
+        progress(f"plan: {len(out)} greedy plans for {n:,} buffers")
     return out
 
 
@@ -365,6 +533,8 @@ def search_plan(buffers: Sequence[Buffer], capacity: int, time_limit: float = 5.
     """
     if not buffers:
         return []
+    if overlap_pairs(buffers) > MAX_OVERLAP_PAIRS:
+        return "timeout"  # its overlap lists and sections would not fit in memory: nothing proven
     starts = [b.first for b in buffers]
     ends = [b.last + 1 for b in buffers]
     g = 0
@@ -377,6 +547,8 @@ def search_plan(buffers: Sequence[Buffer], capacity: int, time_limit: float = 5.
         from toolchain.memory import _native
 
         if _native.load() is not None:
+            if len(sizes) * max(s.n_sec, 1) > NATIVE_MAX_CELLS:  # its per-section slot table is n x sections
+                return "timeout"
             status, offsets, _ = _native.canonical_search(s.lo, s.hi, sizes, s.width, s.sections, s.overlaps,
                                                           capacity // g, time_limit)
             if status == -1:
@@ -457,21 +629,38 @@ def _as_buffers(lifetimes_or_buffers) -> tuple[Buffer, ...]:
 
 
 def _finish(bufs, offsets, lb, name, t0, proven=False, alignment=1) -> ArenaPlan:
-    problems = check_plan(bufs, offsets, alignment)
-    if problems:  # a planner bug: never hand out an unsound plan
-        raise AssertionError(f"planner {name} produced an unsound plan: {problems[0]}")
+    if len(bufs) > FAST_CHECK_ABOVE:
+        problem = first_conflict(bufs, offsets, alignment)
+    else:
+        problems = check_plan(bufs, offsets, alignment)
+        problem = problems[0] if problems else None
+    if problem:  # a planner bug: never hand out an unsound plan
+        raise AssertionError(f"planner {name} produced an unsound plan: {problem}")
     size = arena_size(bufs, offsets)
     return ArenaPlan(tuple(int(o) for o in offsets), size, lb, name, proven or size == lb,
                      time.monotonic() - t0)
 
 
-def _plan_auto(bufs, lb, time_limit, t0, overlaps, alignment) -> ArenaPlan:
-    deadline = t0 + 0.93 * time_limit  # probes overshoot their limits slightly: stay inside ours
-    candidates = _greedy_portfolio(bufs, overlaps)
+def _plan_auto(bufs, lb, dl: Deadline, t0, alignment, progress: Progress = None) -> ArenaPlan:
+    # probes overshoot their limits slightly: stay inside ours
+    deadline = dl.end - 0.07 * max(0.0, dl.end - t0)
+    inner = Deadline.at(deadline)
+    candidates = [("sweep-first-fit", sweep_first_fit(bufs, inner))]
+    _budget.say(progress, t0, f"plan: sweep first fit of {len(bufs):,} buffers done")
+    overlaps = None
+    if not inner.expired():
+        overlaps = _overlap_lists(bufs, MAX_OVERLAP_PAIRS)
+        if overlaps is None:
+            _budget.say(progress, t0, f"plan: more than {MAX_OVERLAP_PAIRS:,} overlapping pairs; "
+                                      "only the sweep runs")
+    if overlaps is not None:
+        candidates += _greedy_portfolio(bufs, overlaps, inner, progress)
     name, best = min(candidates, key=lambda c: (arena_size(bufs, c[1]), c[0]))
     best_size = arena_size(bufs, best)
     if best_size == lb:
         return _finish(bufs, best, lb, name, t0, True, alignment)
+    if overlaps is None or inner.expired():
+        return _finish(bufs, best, lb, name, t0, False, alignment)
     # Exact search at the lower bound: most instances fit exactly there.
     found = search_plan(bufs, lb, max(0.0, 0.4 * (deadline - time.monotonic())))
     if isinstance(found, list):
@@ -512,19 +701,30 @@ def _plan_auto(bufs, lb, time_limit, t0, overlaps, alignment) -> ArenaPlan:
 PLANNERS = ("auto", "search", "cpsat", "greedy-size", "greedy-conflicts", "tflm", "tflite")
 
 
-def plan_buffers(buffers, planner: str = "auto", time_limit: float = 5.0, alignment: int = 1) -> ArenaPlan:
-    """Plan offsets for arbitrary buffers (inclusive [first, last] lifetimes)."""
+def plan_buffers(buffers, planner: str = "auto", time_limit: float | None = 5.0, alignment: int = 1, *,
+                 deadline: Deadline | None = None, progress: Progress = None) -> ArenaPlan:
+    """Plan offsets for arbitrary buffers (inclusive [first, last] lifetimes).
+
+    Bounded by the earlier of `time_limit` (None: the deadline alone) and `deadline`; returns a
+    checked plan within budget.SLACK of it plus the linear work of a sweep and the check (see the
+    module docstring). `progress(msg)` hears a line per stage of `auto`."""
     t0 = time.monotonic()
+    dl = _budget.resolve(time_limit, deadline)
+    time_limit = dl.remaining()
     bufs = _as_buffers(buffers)
     lb = live_lower_bound(bufs)
     if not bufs:
         return ArenaPlan((), 0, 0, planner, True, 0.0)
     if planner == "auto":
-        return _plan_auto(bufs, lb, time_limit, t0, _overlap_lists(bufs), alignment)
-    if planner == "greedy-size":
-        return _finish(bufs, greedy_by_size(bufs), lb, planner, t0, alignment=alignment)
-    if planner == "greedy-conflicts":
-        return _finish(bufs, greedy_by_conflicts(bufs), lb, planner, t0, alignment=alignment)
+        return _plan_auto(bufs, lb, dl, t0, alignment, progress)
+    if planner in ("greedy-size", "greedy-conflicts"):
+        overlaps = _overlap_lists(bufs, MAX_OVERLAP_PAIRS)
+        fn = greedy_by_size if planner == "greedy-size" else greedy_by_conflicts
+        offsets = fn(bufs, overlaps, dl) if overlaps is not None else None
+        if offsets is None:  # too many overlaps to list, or out of time: the bounded sweep
+            return _finish(bufs, sweep_first_fit(bufs, dl), lb, f"{planner}(sweep fallback)", t0,
+                           alignment=alignment)
+        return _finish(bufs, offsets, lb, planner, t0, alignment=alignment)
     if planner in ("tflm", "tflite"):
         n_steps = max(b.last for b in bufs) + 1
         lt = Lifetimes(bufs, n_steps)
@@ -535,12 +735,15 @@ def plan_buffers(buffers, planner: str = "auto", time_limit: float = 5.0, alignm
         if isinstance(found, list):
             return _finish(bufs, found, lb, planner, t0, True, alignment)
         # Not at the bound: fall back to the best greedy, honestly labelled.
-        offsets = greedy_by_size(bufs)
+        overlaps = _overlap_lists(bufs, MAX_OVERLAP_PAIRS)
+        offsets = greedy_by_size(bufs, overlaps) if overlaps is not None else sweep_first_fit(bufs)
         return _finish(bufs, offsets, lb + (1 if found is None else 0), "search(greedy fallback)", t0,
                        alignment=alignment)
     if planner == "cpsat":
-        hint = min((c[1] for c in _greedy_portfolio(bufs, _overlap_lists(bufs))), key=lambda o: arena_size(bufs, o))
-        offsets, size, bound, optimal = cpsat_plan(bufs, time_limit, hint=hint, lower_bound=lb,
+        overlaps = _overlap_lists(bufs, MAX_OVERLAP_PAIRS)
+        hints = [sweep_first_fit(bufs)] + ([c[1] for c in _greedy_portfolio(bufs, overlaps, dl)] if overlaps else [])
+        hint = min(hints, key=lambda o: arena_size(bufs, o))
+        offsets, size, bound, optimal = cpsat_plan(bufs, max(0.05, dl.remaining()), hint=hint, lower_bound=lb,
                                                    upper_bound=arena_size(bufs, hint))
         if offsets is None or size > arena_size(bufs, hint):
             offsets = hint
@@ -548,13 +751,15 @@ def plan_buffers(buffers, planner: str = "auto", time_limit: float = 5.0, alignm
     raise UsageError(f"unknown planner '{planner}' (choose from {', '.join(PLANNERS)})")
 
 
-def plan_arena(lifetimes: Lifetimes, planner: str = "auto", time_limit: float = 5.0) -> ArenaPlan:
-    """The best plan `planner` finds for these lifetimes within `time_limit` seconds, checked.
+def plan_arena(lifetimes: Lifetimes, planner: str = "auto", time_limit: float | None = 5.0, *,
+               deadline: Deadline | None = None, progress: Progress = None) -> ArenaPlan:
+    """The best plan `planner` finds for these lifetimes within `time_limit` seconds (and before
+    `deadline`, whichever ends first), checked.
 
     `lower_bound` is the most bytes live at once (raised when a solver proves more are needed);
     `proven_optimal` is true when the size equals a proven lower bound.
     """
-    return plan_buffers(lifetimes, planner, time_limit)
+    return plan_buffers(lifetimes, planner, time_limit, deadline=deadline, progress=progress)
 
 
 # --------------------------------------------------------------------------------------------
@@ -599,7 +804,8 @@ def offline_plan(model, lifetimes: Lifetimes, plan: ArenaPlan) -> OfflinePlan:
 
 
 def plan_for_tflm(model, graph, lifetimes_: Lifetimes | None = None, planner: str = "auto",
-                  time_limit: float = 5.0) -> OfflinePlan:
+                  time_limit: float | None = 5.0, *, deadline: Deadline | None = None,
+                  progress: Progress = None) -> OfflinePlan:
     """Plan subgraph 0 of `model` (`graph` = its IR) for TFLite Micro and pin the result.
 
     Where the runtime's online placement of scratch buffers would push the head above the plan,
@@ -615,7 +821,7 @@ def plan_for_tflm(model, graph, lifetimes_: Lifetimes | None = None, planner: st
                          "is only written for single-subgraph models")
     lt = lifetimes_ or _lifetimes(graph, semantics="tflm")
     t0 = time.monotonic()
-    plan = plan_arena(lt, planner, time_limit)
+    plan = plan_arena(lt, planner, time_limit, deadline=deadline, progress=progress)
     result = offline_plan(model, lt, plan)
     if result.head > plan.size:
         # Scratch buffers moved: the sound plan is where TFLM puts everything; keep it if smaller
