@@ -14,7 +14,7 @@ from toolchain.ir import from_model
 from toolchain.partition import PartitionProblem, partition
 from toolchain.cost.edgetpu import EdgeTpuCostModel
 from toolchain.rewrite.numerics import litert_interpreter, random_inputs, run_tflm
-from toolchain.tflite import model_to_bytes, read_model
+from toolchain.tflite import model_to_bytes, read_model, schema
 from toolchain.tflite.extract import extract_segment, runtime_shapes, stale_shapes, with_static_shapes
 
 FIX = Path(__file__).parent / "fixtures"
@@ -291,3 +291,91 @@ def test_partition_is_reproducible_when_stopped_by_its_budget_on_a_loaded_machin
         assert "deterministic limit" in stopped  # the time-limited path, not a proof
         results.append(stages)
     assert results[0] == results[1]
+
+
+# ---- item 10a: custom ops LiteRT has no kernel for -------------------------------------------------
+
+def _with_custom_op(name: str, after_op: int | None, code: str = "MyCustomDecoder"):
+    """The fixture `name` with a CUSTOM op `code` (no kernel anywhere) inserted: reading the
+    output of op `after_op` and feeding that op's consumers (same shape and type, as a decoder
+    or a MediaPipe op would), or, with after_op None, reading the graph's first output and
+    giving a new graph output (Coral's PoseNet decoder at the end)."""
+    m = copy.deepcopy(read_model(FIX / f"{name}.tflite"))
+    sg = m.subgraphs[0]
+    oc = schema.OperatorCodeT()
+    oc.builtinCode = schema.BuiltinOperator.CUSTOM
+    oc.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    oc.customCode = code.encode()
+    oc.version = 1
+    m.operatorCodes.append(oc)
+    src = sg.outputs[0] if after_op is None else sg.operators[after_op].outputs[0]
+    new = copy.deepcopy(sg.tensors[src])
+    new.name = (sg.tensors[src].name.decode() + "/decoded").encode()
+    new.buffer = 0
+    sg.tensors.append(new)
+    t_new = len(sg.tensors) - 1
+    op = schema.OperatorT()
+    op.opcodeIndex = len(m.operatorCodes) - 1
+    op.inputs, op.outputs = [src], [t_new]
+    if after_op is None:
+        sg.operators.append(op)
+        sg.outputs = [t_new] + list(sg.outputs[1:])
+    else:
+        for o in sg.operators[after_op + 1:]:
+            o.inputs = [t_new if t == src else t for t in o.inputs]
+        sg.operators.insert(after_op + 1, op)
+    return m
+
+
+def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
+    from toolchain.errors import InfeasibleError
+    from toolchain.partition.host import litert_missing_kernels, verification_scope
+
+    model = _with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
+    g = from_model(model)
+    assert [op.opcode for op in g.ops][4] == "CUSTOM:MyCustomDecoder"
+    problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    assert problem.host_ops == frozenset(range(4, 9))
+    assert set(litert_missing_kernels(model, g)) == {4}
+    for n in (2, 3, 4, 5):
+        p = partition(g, n, time_limit=5.0)
+        assert all(p.stages[v] == n - 1 for v in range(4, 9)), p.stages
+        segs = _segments(model, g, p.stages, n)
+        for s in segs[:-1]:
+            litert_interpreter(s)             # every segment before the last loads here
+        with pytest.raises(Exception, match="MyCustomDecoder"):
+            litert_interpreter(segs[-1])
+        scope = verification_scope(model, g, p.stages, p.interfaces)
+        assert not scope.complete and scope.skipped_ops == tuple(range(4, 9))
+        assert scope.unverified_outputs == (g.tensors[g.outputs[0]].name,)
+        assert scope.compared == (g.tensors[g.ops[3].outputs[0]].name,)   # what the host op reads
+        assert any("MyCustomDecoder" in r for r in scope.reasons)
+        _chain_equals_whole(scope.reference, list(scope.segments))
+    with pytest.raises(InfeasibleError, match="custom ops"):
+        partition(g, 6, time_limit=5.0)
+
+
+def test_custom_decoder_at_the_end_leaves_every_other_output_verifiable():
+    from toolchain.partition.host import verification_scope
+
+    model = _with_custom_op("multi_output_int8", after_op=None)
+    g = from_model(model)
+    for n in (2, 3):
+        p = partition(g, n, time_limit=5.0)
+        assert p.stages[len(g.ops) - 1] == n - 1
+        scope = verification_scope(model, g, p.stages, p.interfaces)
+        assert scope.unverified_outputs == (g.tensors[g.outputs[0]].name,)
+        # the feature-map output and the decoder's input are compared
+        assert g.tensors[g.outputs[1]].name in scope.compared and len(scope.compared) == 2
+        _chain_equals_whole(scope.reference, list(scope.segments))
+
+
+def test_a_model_without_custom_ops_is_verified_whole():
+    from toolchain.partition.host import verification_scope
+
+    model = _load("darts_s2b_dynbatch_int8")
+    g = from_model(model)
+    p = partition(g, 3, time_limit=5.0)
+    scope = verification_scope(model, g, p.stages, p.interfaces)
+    assert scope.complete and scope.unverified_outputs == () and len(scope.segments) == 3
+    _chain_equals_whole(scope.reference, list(scope.segments))

@@ -62,13 +62,30 @@ class PartitionProblem:
         self.tensors: tuple[BoundaryTensor, ...] = tuple(tensors)
 
     @cached_property
+    def host_ops(self) -> frozenset[int]:
+        """Ops that run on the host CPU, as Coral's runtime runs them: every custom op (the Edge
+        TPU has none; Coral's PoseNet decoder, MediaPipe's ops) and everything downstream of one.
+        They belong to the last segment (the Edge TPU compiler maps a segment's ops up to its
+        first unsupported op and leaves the rest to the CPU)."""
+        fixed = {i for i, op in enumerate(self.graph.ops) if op.is_custom}
+        stack = list(fixed)
+        while stack:
+            v = stack.pop()
+            for s in self.succs[v]:
+                if s not in fixed:
+                    fixed.add(s)
+                    stack.append(s)
+        return frozenset(fixed)
+
+    @cached_property
     def last_stage_ops(self) -> frozenset[int]:
         """Ops that must be in the last segment: sinks (no successor; this covers every graph
-        output's producer unless the output is also read later) and graph outputs' producers,
-        with everything downstream of them."""
+        output's producer unless the output is also read later), graph outputs' producers and
+        host ops (custom ops), with everything downstream of them."""
         g = self.graph
         fixed = {i for i in range(self.n_ops) if not self.succs[i]}
         fixed |= {g.producer[t] for t in g.outputs if t in g.producer}
+        fixed |= self.host_ops
         stack = list(fixed)
         while stack:
             v = stack.pop()
@@ -85,10 +102,12 @@ class PartitionProblem:
         if not isinstance(n, int) or n < 1 or n > self.n_ops:
             raise UsageError(f"{label}: -n must be between 1 and the number of ops ({self.n_ops}), got {n}")
         if n > self.max_stages():
+            why = "they produce or follow the graph outputs" + (
+                f", or are custom ops ({len(self.host_ops)} ops from the first one on run on the host)"
+                if self.host_ops else "")
             raise InfeasibleError(
                 f"{label}: cannot make {n} non-empty segments: {len(self.last_stage_ops)} of the {self.n_ops} ops "
-                f"must share the last segment (they produce or follow the graph outputs), so at most "
-                f"{self.max_stages()} segments are possible")
+                f"must share the last segment ({why}), so at most {self.max_stages()} segments are possible")
 
     # ---- scoring ------------------------------------------------------------------------------
     def is_valid(self, stages, n: int) -> bool:
