@@ -186,6 +186,18 @@ def test_litert_load_failure_is_a_model_error(tmp_path, capsys):
     assert not (tmp_path / "out.tflite").exists()
 
 
+def test_an_arena_past_2_gib_is_infeasible_for_the_offline_plan(tmp_path, capsys):
+    # LiteRT recomputes activation shapes at load, so a stored 1 TB activation loads there;
+    # the plan's int32 words cannot hold its offsets (was an OverflowError, exit 70)
+    path = patched(tmp_path, lambda m: put(m.subgraphs[0].tensors[6], "shape", 3, 987955208),
+                   source=FIXTURES / "pool_softmax_int8.tflite")  # tensor 6: the MAX_POOL_2D output
+    code, err = cli(capsys, "plan", path, "-o", tmp_path / "out.tflite")
+    assert code == 3
+    line = one_error_line(err)
+    assert str(path) in line and "32-bit offsets" in line
+    assert not (tmp_path / "out.tflite").exists()
+
+
 def _custom(code: str):
     def edit(model):
         c = model.operatorCodes[0]

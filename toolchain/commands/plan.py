@@ -35,7 +35,7 @@ def run(args) -> int:
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(model, graph, lt, args.planner, args.time_limit)
     plan = result.plan
-    out_model = with_offline_plan(model, list(result.tensor_offsets))
+    out_model = with_offline_plan(model, list(result.tensor_offsets), label=args.model)
     write_model(out_model, args.output, inputs=[args.model])
     tflm_own = tflm_greedy(lt).size
     data = {

@@ -12,6 +12,8 @@ import copy
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from toolchain.errors import InfeasibleError
+
 OFFLINE_PLAN_NAME = "OfflineMemoryAllocation"
 OFFLINE_PLAN_VERSION = 1
 ONLINE = -1
@@ -54,11 +56,17 @@ def total_tensor_count(model: schema.ModelT) -> int:
     return sum(len(sg.tensors or []) for sg in model.subgraphs)
 
 
-def with_offline_plan(model: schema.ModelT, offsets: list[int]) -> schema.ModelT:
-    """A copy of `model` carrying `offsets` (one per tensor of all subgraphs) as TFLM's plan."""
+def with_offline_plan(model: schema.ModelT, offsets: list[int], label: str = "") -> schema.ModelT:
+    """A copy of `model` carrying `offsets` (one per tensor of all subgraphs) as TFLM's plan.
+    InfeasibleError (naming `label`) when an offset does not fit TFLM's int32 words."""
     expected = total_tensor_count(model)
     if len(offsets) != expected:
         raise ValueError(f"offline plan has {len(offsets)} offsets, the model has {expected} tensors")
+    too_big = [o for o in offsets if not ONLINE <= o < 2**31]
+    if too_big:
+        # TFLite Micro reads the plan as int32 words.
+        raise InfeasibleError(f"{label + ': ' if label else ''}the arena plan puts a tensor at offset {max(too_big):,} bytes; TFLite Micro's "
+                              "offline plan holds 32-bit offsets (under 2 GiB)")
     words = np.array([OFFLINE_PLAN_VERSION, 0, expected, *offsets], dtype="<i4")
     return set_metadata(model, OFFLINE_PLAN_NAME, words.tobytes())
 
