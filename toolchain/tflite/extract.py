@@ -267,3 +267,109 @@ def merge_models(models: list[schema.ModelT], prefixes: list[str], name: str = "
     out.metadata = []
     out.signatureDefs = []
     return out
+
+
+def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT, int]:
+    """A copy of `model` in which every SPACE_TO_BATCH_ND that pads (main subgraph, 4-D, constant
+    paddings) reads an explicit PAD of its input and pads nothing itself; and how many were
+    changed. LiteRT's outputs are unchanged (both are data movement, PAD fills with the zero
+    point as SPACE_TO_BATCH_ND does). TFLite Micro's SPACE_TO_BATCH_ND never initialises its pad
+    value (see toolchain.rewrite.verify.tflm_hazards), its PAD does: after this, its outputs no
+    longer depend on what the arena held. Costs one padded copy of each such input. Stored shapes
+    must be the real ones (`with_static_shapes` first)."""
+    import numpy as np
+
+    from toolchain.ir.convert import opcode_name
+
+    src = model.subgraphs[0]
+    todo = []
+    for k, op in enumerate(src.operators or []):
+        if opcode_name(model, op.opcodeIndex)[0] != "SPACE_TO_BATCH_ND" or len(op.inputs) < 3:
+            continue
+        x, pads = src.tensors[op.inputs[0]], src.tensors[op.inputs[2]]
+        buf = model.buffers[pads.buffer] if pads.buffer else None
+        if buf is None or buf.data is None or len(buf.data) != 16 or x.shape is None or len(x.shape) != 4:
+            continue  # only the 4-D NHWC form with constant [[t, b], [l, r]] paddings
+        p = np.frombuffer(bytes(bytearray(buf.data)), dtype="<i4").reshape(2, 2)
+        if np.any(p != 0):
+            todo.append((k, p))
+    if not todo:
+        return model, 0
+    out = copy.copy(model)
+    out.buffers = list(model.buffers or [])
+    out.operatorCodes = list(model.operatorCodes or [])
+    sg = copy.copy(src)
+    sg.tensors = list(src.tensors)
+    ops = list(src.operators)
+
+    def const(name: bytes, values) -> int:
+        arr = np.asarray(values, dtype="<i4")
+        b = schema.BufferT()
+        b.data = np.frombuffer(arr.tobytes(), dtype=np.uint8)
+        out.buffers.append(b)
+        t = schema.TensorT()
+        t.name, t.type, t.shape, t.buffer = name, schema.TensorType.INT32, list(arr.shape), len(out.buffers) - 1
+        sg.tensors.append(t)
+        return len(sg.tensors) - 1
+
+    codes: dict[int, int] = {}
+
+    def pad_code(version: int) -> int:
+        if version not in codes:
+            for i, c in enumerate(out.operatorCodes):
+                if max(int(c.builtinCode or 0), int(c.deprecatedBuiltinCode or 0)) == schema.BuiltinOperator.PAD \
+                        and int(c.version or 1) == version:
+                    codes[version] = i
+                    break
+            else:
+                c = schema.OperatorCodeT()
+                c.builtinCode = c.deprecatedBuiltinCode = schema.BuiltinOperator.PAD
+                c.version = version
+                out.operatorCodes.append(c)
+                codes[version] = len(out.operatorCodes) - 1
+        return codes[version]
+
+    for k, p in reversed(todo):  # back to front, so earlier positions stay valid
+        op = copy.copy(ops[k])
+        x_idx = int(op.inputs[0])
+        x = sg.tensors[x_idx]
+        base = x.name if isinstance(x.name, bytes) else (x.name or "").encode()
+        padded = copy.copy(x)
+        padded.name = base + b"/space_to_batch_pad"
+        padded.buffer = 0
+        padded.shape = [int(x.shape[0]), int(x.shape[1]) + int(p[0].sum()), int(x.shape[2]) + int(p[1].sum()),
+                        int(x.shape[3])]
+        padded.shapeSignature = list(padded.shape)
+        sg.tensors.append(padded)
+        t_pad = len(sg.tensors) - 1
+        pad_op = schema.OperatorT()
+        pad_op.opcodeIndex = pad_code(2 if x.type == schema.TensorType.INT8 else 1)
+        pad_op.inputs = [x_idx, const(base + b"/space_to_batch_pad/paddings", [[0, 0], p[0], p[1], [0, 0]])]
+        pad_op.outputs = [t_pad]
+        pad_op.builtinOptionsType = schema.BuiltinOptions.PadOptions
+        pad_op.builtinOptions = schema.PadOptionsT()
+        op.inputs = [t_pad, int(op.inputs[1]), const(base + b"/space_to_batch_pad/none", [[0, 0], [0, 0]])]
+        ops[k] = op
+        ops.insert(k, pad_op)
+    sg.operators = ops
+    out.subgraphs = [sg] + list(model.subgraphs[1:])
+    return out, len(todo)
+
+
+def runtime_exact_model(model: schema.ModelT) -> tuple[schema.ModelT, list[str]]:
+    """`model` with what makes TFLite Micro read bytes it never wrote taken out: the real shapes
+    written (`with_static_shapes`) and SPACE_TO_BATCH_ND padding made explicit
+    (`explicit_space_to_batch_padding`). LiteRT's outputs are unchanged. Returns the model and
+    one note per change (empty and the same object when nothing was needed). Apply it to the
+    input before the IR is built, and use the result (in the input's op order) as TFLite Micro's
+    reference when verifying."""
+    notes = []
+    out, changed = with_static_shapes(model)
+    if changed:
+        notes.append(f"{len(changed)} tensor(s) were stored with placeholder shapes (dynamic batch); "
+                     f"their real shapes are written, so TFLite Micro and the memory plan use them")
+    out, padded = explicit_space_to_batch_padding(out)
+    if padded:
+        notes.append(f"{padded} SPACE_TO_BATCH_ND op(s) now read an explicit PAD: TFLite Micro's kernel pads "
+                     f"with uninitialised arena bytes, its PAD with the zero point")
+    return out, notes
