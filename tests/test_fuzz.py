@@ -17,7 +17,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import fuzz  # noqa: E402
 
-MUTANTS_PER_MODEL = 3
+MUTANTS_PER_MODEL = 5
 SEED = 20261123
 
 
