@@ -1,10 +1,14 @@
 """Read and write .tflite flatbuffers through LiteRT's generated object API.
 
-Reading validates what the generated code does not: the file identifier, the schema version,
-buffers that point outside the file, and models whose buffers live outside the flatbuffer
-(the > 2 GiB format). Writing packs with constant buffers aligned to 16 bytes (the schema's
-`force_align: 16`, which Python's generated `BufferT.Pack` ignores) and replaces the target
-atomically.
+Reading validates what the generated code does not: a regular file under 2 GiB, the file
+identifier, the schema version, every table, vector and string inside the file (`verify.py`,
+before anything is unpacked), models whose buffers live outside the flatbuffer (the > 2 GiB
+format), and then the unpacked model's indices, enums, buffer sizes and quantization arrays;
+an Edge TPU-compiled model is refused by name. Every failure is one ModelError line.
+
+Writing packs with constant buffers aligned to 16 bytes (the schema's `force_align: 16`, which
+Python's generated `BufferT.Pack` ignores) and replaces the target atomically; it never
+replaces an input model (exit 2) or anything but a regular file (exit 4).
 """
 
 from __future__ import annotations
