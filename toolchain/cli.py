@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # argparse's one-line error (2), --help or --version (0)
+            return int(exc.code or 0)
         return int(args._run(args) or 0)
     except ToolchainError as exc:
         if getattr(args, "debug", False):

@@ -93,9 +93,10 @@ def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> Com
     files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
     names = [*files, "report.json"]
     report = build_report(state, records, names)
-    files["report.json"] = (json.dumps(report, indent=2, default=_json_default) + "\n").encode()
-    write_result_folder(opts.out_dir, files, list(opts.paths))
-    return CompileResult(opts.out_dir, opts.stem, report, names, state.partition, records, list(report["notes"]))
+    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=_json_default)),
+                                   list(opts.paths))
+    return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
+                         list(report["notes"]))
 
 
 def _json_default(obj):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from toolchain import interrupts
 from toolchain.errors import DeviceError, UsageError
+from toolchain.manifest import REPORT_NAME, Manifest
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -56,17 +57,19 @@ def _foreign_entries(folder: Path) -> list[str]:
     names = sorted(p.name for p in folder.iterdir())
     if not names:
         return []
-    if "report.json" not in names:
+    if REPORT_NAME not in names:
         return names
     try:
-        listed = set(json.loads((folder / "report.json").read_text()).get("files") or [])
+        listed = set(json.loads((folder / REPORT_NAME).read_text()).get("files") or [])
     except (OSError, ValueError, AttributeError):
         return ["report.json"]
     return [n for n in names if n not in listed and not (n.endswith(_OUR_SUFFIXES) and (folder / n).is_file())]
 
 
-def write_result_folder(out: Path, files: dict[str, bytes], inputs: list[Path]) -> None:
-    """Write `files` (name -> bytes) as the folder `out`, replacing an earlier result whole."""
+def write_result_folder(out: Path, files: dict[str, bytes], report: dict, inputs: list[Path]) -> Manifest:
+    """Write `files` (name -> bytes) and `report` as report.json into the folder `out`, replacing
+    an earlier result whole. The report goes through the typed manifest against the written files
+    first, so what `run` would refuse is never written."""
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +84,8 @@ def write_result_folder(out: Path, files: dict[str, bytes], inputs: list[Path]) 
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
+        manifest = Manifest.from_json(report, tmp)
+        (tmp / REPORT_NAME).write_text(manifest.dumps())
         with _locked(out.parent), interrupts.critical():
             check_output_folder(out, inputs)  # again: another process may have written meanwhile
             if not out.exists():
@@ -92,6 +97,7 @@ def write_result_folder(out: Path, files: dict[str, bytes], inputs: list[Path]) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         interrupts.unregister_temp(tmp)
+    return manifest
 
 
 def _umask() -> int:
