@@ -1,5 +1,6 @@
-"""Read the input model(s), merge co-deployed ones, give every tensor a unique name (segments
-chain by name) and check that -n can be met before anything expensive runs."""
+"""Read the input model(s) (validated by our reader, then loaded once by LiteRT), merge
+co-deployed ones, give every tensor a unique name (segments chain by name) and check that -n can
+be met before anything expensive runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from toolchain.cost.edgetpu import EdgeTpuCostModel
 from toolchain.errors import ModelError
 from toolchain.ir import from_model
 from toolchain.partition import PartitionProblem
-from toolchain.tflite import read_model
+from toolchain.tflite import check_loads_in_litert, read_model
 from toolchain.tflite.extract import merge_models
 
 
@@ -39,19 +40,21 @@ def unique_tensor_names(model) -> int:
 
 def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
     opts = state.options
-    sources, models = [], []
+    sources, models, notes = [], [], []
     for p in opts.paths:
         if not p.is_file():
             read_model(p)  # raises the ModelError that names what is wrong with the path
         data = p.read_bytes()
         models.append(read_model(data, name=str(p)))
         sources.append((str(p), data))
+        unresolved = check_loads_in_litert(data, str(p))  # ModelError when LiteRT cannot load it
+        if unresolved:
+            notes.append(unresolved)
     if len(models) == 1:
         model, prefixes = models[0], ("",)
     else:
         prefixes = tuple(f"{p.stem}/" for p in opts.paths)
         model = merge_models(models, list(prefixes), name=opts.stem)
-    notes = []
     renamed = unique_tensor_names(model)
     if renamed:
         notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")
