@@ -97,7 +97,7 @@ def test_cut_right_after_each_space_to_batch_loads_and_chains(name):
 def test_partition_segments_load_and_chain_for_every_n(name, n):
     model = _load(name)
     g = from_model(model)
-    p = partition(g, n, time_limit=5.0)
+    p = partition(g, n, time_limit=2.0)
     _chain_equals_whole(model_to_bytes(model), _segments(model, g, p.stages, n), samples=1)
 
 

@@ -37,7 +37,7 @@ _EXTRA_PARAMS: dict = {}
 # model, the hint, the seed and the parameters) and stops on CP-SAT's deterministic time, a count
 # of work done that does not depend on load: DTIME_PER_SECOND units per second of the time
 # limit. The wall clock stays a hard cap; a step it stops is marked not reproducible.
-DTIME_PER_SECOND = 0.05
+DTIME_PER_SECOND = 0.03  # one worker did 0.04-0.07 units per second on 2 cores loaded 3-5x over (measured)
 
 STRATEGIES = {
     "latency": ("max_stage_ps", "sum_stage_ps"),
