@@ -410,3 +410,19 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
     static = _load("tiny_irregular_int8")
     assert explicit_space_to_batch_padding(static) == (static, 0)
     assert runtime_exact_model(static) == (static, [])
+
+
+def test_runnable_part_of_the_input_and_of_a_reordered_model_compare_by_name():
+    from toolchain.partition.heuristic import coral_topological_sort
+    from toolchain.partition.host import runnable_part
+
+    model = _with_custom_op("tiny_irregular_int8", after_op=None)
+    g = from_model(model)
+    order = coral_topological_sort(g)
+    other = read_model(_reordered(model, order))
+    a, names_a = runnable_part(model, g)
+    b, names_b = runnable_part(other, from_model(other))
+    assert names_a == names_b == (g.tensors[g.ops[-1].inputs[0]].name,)
+    with pytest.raises(Exception, match="MyCustomDecoder"):
+        litert_interpreter(model_to_bytes(model))
+    _chain_equals_whole(a, [b])

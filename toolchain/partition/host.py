@@ -10,6 +10,8 @@ same chained comparison applies:
     scope = verification_scope(whole_model, graph, part.stages, part.interfaces)
     verify_chain([(label, scope.reference, "")], list(scope.segments))   # compile's LiteRT check
     report["unverified"] = scope.to_json()
+
+and `runnable_part` does the same for one model (the input against the optimised whole model).
 """
 
 from __future__ import annotations
@@ -77,6 +79,21 @@ class VerificationScope:
         return {"complete": self.complete, "skipped_ops": len(self.skipped_ops),
                 "unverified_outputs": list(self.unverified_outputs), "compared_tensors": list(self.compared),
                 "reasons": list(self.reasons)}
+
+
+def runnable_part(model: schema.ModelT, graph: Graph, missing: dict[int, str] | None = None) -> tuple[bytes, tuple[str, ...]]:
+    """The model cut to the ops LiteRT can run (none downstream of an op it has no kernel for),
+    as .tflite bytes, and the names of its outputs: the graph outputs those ops make and the
+    tensors they hand to the rest. Tensor names are kept, so the cut of the input model and the
+    cut of the optimised model compare output by output (compile's whole-vs-source check)."""
+    whole = verification_scope(model, graph, [0] * len(graph.ops), [_single(graph)], missing)
+    return whole.reference, whole.compared
+
+
+def _single(graph: Graph):
+    from toolchain.partition.problem import SegmentInterface
+
+    return SegmentInterface(tuple(graph.inputs), tuple(graph.outputs))
 
 
 def verification_scope(model: schema.ModelT, graph: Graph, stages, interfaces,
