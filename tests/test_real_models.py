@@ -426,3 +426,26 @@ def test_runnable_part_of_the_input_and_of_a_reordered_model_compare_by_name():
     with pytest.raises(Exception, match="MyCustomDecoder"):
         litert_interpreter(model_to_bytes(model))
     _chain_equals_whole(a, [b])
+
+
+def test_dynamic_batch_model_with_a_custom_op_gets_its_real_shapes_and_segments():
+    """LiteRT cannot prepare the whole model (no kernel for the custom op), so the real shapes
+    come from the part before it; the space-to-batch tensors get batch 4 and every segment
+    before the last loads and chains."""
+    from toolchain.partition.host import verification_scope
+
+    plain = from_model(_load("darts_s2b_dynbatch_int8"))
+    mean = next(i for i, op in enumerate(plain.ops) if op.opcode == "MEAN")
+    model = _with_custom_op("darts_s2b_dynbatch_int8", after_op=mean)
+    with pytest.raises(Exception, match="MyCustomDecoder"):
+        litert_interpreter(model_to_bytes(model))
+    fixed, changed = with_static_shapes(model)
+    assert len(changed) == len(stale_shapes(_load("darts_s2b_dynbatch_int8"))) == 24
+    g = from_model(model)
+    for n in (3, 5):
+        p = partition(g, n, time_limit=2.0)
+        segs = _segments(model, g, p.stages, n)
+        for s in segs[:-1]:
+            litert_interpreter(s)
+        scope = verification_scope(model, g, p.stages, p.interfaces)
+        _chain_equals_whole(scope.reference, list(scope.segments))

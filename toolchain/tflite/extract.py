@@ -87,21 +87,54 @@ def runtime_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
     else:
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-        try:
-            it = Interpreter(model_content=model_to_bytes(model), num_threads=1,
+        def prepared(data: bytes):
+            it = Interpreter(model_content=data, num_threads=1,
                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
             it.allocate_tensors()
-            details = it.get_tensor_details()
+            return {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
+
+        try:
+            got = prepared(model_to_bytes(model))
+            shapes = {i: v for i, v in got.items() if i < len(sg.tensors or [])}
         except (RuntimeError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ModelError(f"the model has dynamic dimensions (shape signature -1) and LiteRT cannot prepare "
-                             f"it to find the real shapes ({first}); convert it with a static batch") from None
-        shapes = {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in details
-                  if int(d["index"]) < len(sg.tensors or [])}
+            shapes = _shapes_before_custom_ops(model, prepared)
+            if shapes is None:
+                raise ModelError(f"the model has dynamic dimensions (shape signature -1) and LiteRT cannot prepare "
+                                 f"it to find the real shapes ({first}); convert it with a static batch") from None
     try:
         _SHAPES_CACHE[model] = shapes
     except TypeError:  # pragma: no cover - ModelT not weak-referenceable
         pass
+    return shapes
+
+
+def _shapes_before_custom_ops(model: schema.ModelT, prepared) -> dict | None:
+    """Real shapes of the tensors up to the first custom op (LiteRT may have no kernel for it):
+    the model cut to the ops not downstream of a custom op, every tensor they make an output.
+    Tensors from the custom ops on keep their stored shapes. None if that does not help."""
+    from toolchain.ir.convert import opcode_name
+    from toolchain.tflite.io import model_to_bytes
+
+    sg = model.subgraphs[0]
+    ops = sg.operators or []
+    blocked = {k for k, o in enumerate(ops) if opcode_name(model, o.opcodeIndex)[0].startswith("CUSTOM")}
+    if not blocked:
+        return None
+    tainted = {int(t) for k in blocked for t in ops[k].outputs if t >= 0}
+    for k, o in enumerate(ops):  # the stored order is topological
+        if k not in blocked and any(int(t) in tainted for t in o.inputs if t >= 0):
+            blocked.add(k)
+            tainted |= {int(t) for t in o.outputs if t >= 0}
+    keep = [k for k in range(len(ops)) if k not in blocked]
+    made = sorted({int(t) for k in keep for t in ops[k].outputs if t >= 0})
+    try:
+        cut, order = _extract(model, keep, [int(t) for t in sg.inputs], made, 0, None, False)
+        got = prepared(model_to_bytes(cut))
+    except (RuntimeError, ValueError, ModelError):
+        return None
+    shapes = {i: tuple(int(d) for d in (t.shape if t.shape is not None else ())) for i, t in enumerate(sg.tensors or [])}
+    shapes.update({order[i]: v for i, v in got.items() if i < len(order)})
     return shapes
 
 
@@ -150,6 +183,11 @@ def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inpu
                     subgraph: int = 0, name: str | None = None) -> schema.ModelT:
     """A new ModelT holding operators `ops` (positions in subgraph `subgraph`, kept in the given
     order) with graph inputs `inputs` and outputs `outputs` (tensor indices of that subgraph)."""
+    return _extract(model, ops, inputs, outputs, subgraph, name, True)[0]
+
+
+def _extract(model, ops, inputs, outputs, subgraph, name, real_shapes: bool):
+    """extract_segment, and the source index of each tensor of the result."""
     src = model.subgraphs[subgraph]
     bufs = _Buffers(model)
     used = set(int(t) for t in inputs) | set(int(t) for t in outputs)
@@ -171,7 +209,7 @@ def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inpu
         return opcode_map[idx]
 
     # every kept tensor gets the shape the runtime really allocates (see the module docstring)
-    real = runtime_shapes(model) if subgraph == 0 and _has_dynamic_dims(src) else {}
+    real = runtime_shapes(model) if real_shapes and subgraph == 0 and _has_dynamic_dims(src) else {}
     sg = schema.SubGraphT()
     sg.name = name if name is not None else src.name
     sg.tensors = [_copy_tensor(src.tensors[t], bufs, real.get(t)) for t in order]
@@ -217,7 +255,7 @@ def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inpu
             out.metadata.append(e)
     out.buffers = bufs.out
     out.signatureDefs = []
-    return out
+    return out, order
 
 
 def merge_models(models: list[schema.ModelT], prefixes: list[str], name: str = "merged") -> schema.ModelT:
