@@ -19,6 +19,7 @@ from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import MemModel, build_model
 
 METHODS = ("auto", "dp", "cpsat", "greedy")
+CPSAT_MAX_CELLS = 60_000  # (unit, step) pairs of a piece CP-SAT may model in auto mode: about 200 MB
 
 
 @dataclass(frozen=True)
@@ -196,8 +197,11 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             continue
         # building the CP-SAT model costs about 0.1 ms per (unit, step) pair: in auto mode it is
         # tried only when that is a small part of the time left
-        build = len(pc.units) * bin(pc.ops).count("1") * 1e-4
-        cpsat_ok = build < 0.12 * left
+        cells = len(pc.units) * bin(pc.ops).count("1")
+        build = cells * 1e-4
+        # memory: about 3 KB per (unit, step) pair (measured: 136k pairs, 400 MB), so auto mode
+        # leaves larger pieces to the DP (whose states are capped by dp.MAX_STATE_BYTES)
+        cpsat_ok = build < 0.12 * left and cells <= CPSAT_MAX_CELLS
         if method in ("auto", "dp"):
             share = 1.0 if method == "dp" else (0.6 if cpsat_ok else 0.9)
             res = best_first(pc, ub, floor, now + share * left, free_moves="free_moves" not in ablate)
