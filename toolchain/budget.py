@@ -8,9 +8,11 @@ deadline passes. They return at most `SLACK` seconds after it (a CP-SAT solve st
 left, and the fallback work after expiry is linear). `deadline=None` keeps each function's own
 `time_limit` behaviour; when both are given the earlier end wins.
 
-The total budget of `compile` (implemented by its driver, toolchain/compile): every pass shares
-one Deadline of 3 x --time-limit; with `--verify`, running the models in the runtimes comes on
-top of that (it is not a search and is bounded by the model, not by a time limit).
+The total budget of `compile` is set by its driver (toolchain/compile/driver.py: BUDGET_FACTOR x
+--time-limit for all passes together, each pass at most its share); a pass hands its slice to
+these functions as `deadline=Deadline(seconds allowed)`, so every search of the run ends within
+that total plus SLACK per pass. Not counted: reading and writing files and, with `--verify`,
+running the models in the runtimes (bounded by the model's size, not by a time limit).
 
 Progress: a search calls `progress(msg)` at coarse points (one line per candidate batch, per
 greedy, per piece) with a message that already carries the elapsed seconds; the caller decides
