@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from toolchain.ir import Graph, Op, Tensor
@@ -298,6 +298,8 @@ def mask(ops) -> int:
 # ---- settings ------------------------------------------------------------------------------
 
 FAST = dict(deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
+if os.environ.get("SCHEDULE_MUTATION_RUN"):  # the mutation check needs pass/fail, not a shrunk example
+    FAST["phases"] = [Phase.explicit, Phase.generate]
 SEMS = st.sampled_from(["tflm", "tflite"])
 
 
@@ -404,7 +406,7 @@ def check_parts(graph, semantics, oracle, model, opt, rnd):
     # loses nothing; the optimum is the max of the pieces' optima in context
     for us in (units, singles):
         plist = pieces(model, us)
-        assert sorted(k for p in plist for k in p) == list(range(len(us)))
+        assert sorted(k for p in plist for k in p) == list(range(len(us))) and all(plist)
         preds, succs = unit_dag(model, us)
         anc, desc = closure(preds), closure(succs)
         full_u = (1 << len(us)) - 1
@@ -557,6 +559,34 @@ def test_cpsat_against_oracle(graph, semantics):
         assert res.peak == opt and res.proven_optimal
 
 
+@fast(300)
+@given(dags(max_ops=8), st.sampled_from(["tflite", "tflite", "tflm"]), st.randoms(use_true_random=False))
+def test_model_is_lifetimes(graph, semantics, rnd):
+    """Cheap and many: the scheduler's memory model (incl. which in-place sharing it treats as
+    static) against lifetimes() on random orders."""
+    model = build_model(graph, semantics)
+    if not model.n:
+        return
+    for _ in range(4):
+        order = random_topological(graph, rnd)
+        if model.exact:
+            assert model.profile(order) == lifetimes(graph, order, semantics).live_bytes(), compact(graph)
+        else:
+            assert Oracle(graph, semantics).peak(order) == lifetimes(graph, order, semantics).peak
+
+
+@fast(300)
+@given(dags(max_ops=7), SEMS)
+def test_fusion_keeps_the_optimum_many(graph, semantics):
+    """Cheap and many: the best order keeping every fused unit contiguous is optimal."""
+    model = build_model(graph, semantics)
+    units = fuse(model)
+    assert sorted(v for u in units for v in u) == list(range(model.n))
+    if model.exact and model.n:
+        oracle = Oracle(graph, semantics)
+        assert oracle.optimum(units) == oracle.optimum(), compact(graph)
+
+
 @pytest.mark.xfail(strict=True, reason="toolchain/schedule/dp.py: free moves ignore graph outputs no op "
                    "touches (they sit on whichever step is last); fix: no free moves when "
                    "model.final_only and the piece ends the graph")
@@ -578,3 +608,136 @@ def test_free_moves_with_an_untouched_output():
 @given(dags(max_ops=12), SEMS, st.randoms(use_true_random=False))
 def test_scheduler_and_parts_many(graph, semantics, rnd):
     check_everything(graph, semantics, rnd, methods=("dp", "auto", "cpsat") if len(graph.ops) <= 8 else ("dp", "auto"))
+
+
+# ---- the mutation check --------------------------------------------------------------------
+# Each guard that restricts when fusion, a free move, a forced cut or a lower bound applies,
+# removed (or its condition made always true) on a copy of the package: the fast tests above must
+# fail on every one. (file, exact text, replacement, what the mutation does).
+MUTATIONS = [
+    # fusion.py
+    ("fusion.py", "if model.final_only:\n        return units", "if False:\n        return units",
+     "fuse even with graph outputs no op touches"),
+    ("fusion.py", "if not alive[k] or len(usucc[k]) != 1:", "if not alive[k] or not usucc[k]:",
+     "u may have several successor units (fuse with the first)"),
+    ("fusion.py", "(j,) = usucc[k]", "j = min(usucc[k])", None),  # companion of the previous one
+    ("fusion.py", "if not alive[j] or len(units[k])", "if len(units[k])", "merge into a unit already merged"),
+    ("fusion.py", "if not su.ok:\n                continue", "pass", "u may read a tensor nobody writes"),
+    ("fusion.py", "if upred[j] == {k}:", "if True:", "Rule B: v may have predecessors outside u"),
+    ("fusion.py", "if sv.ok and _reads_only_from", "if _reads_only_from", "Rule B: v may read unwritten tensors"),
+    ("fusion.py", "_reads_only_from(model, v, su.inside) and sv.out_surv", "sv.out_surv",
+     "Rule B: v may read tensors written outside u"),
+    ("fusion.py", "sv.out_surv <= sv.in_free \\", "True \\", "Rule B: v may leave more than it frees"),
+    ("fusion.py", "and sv.peak_rel <= su.slack_end", "", "Rule B: v's steps may exceed what u's last step frees"),
+    ("fusion.py", "if sv.ok and su.in_free <= su.out_surv", "if su.in_free <= su.out_surv",
+     "Rule C: v may read unwritten tensors"),
+    ("fusion.py", "if sv.ok and su.in_free <= su.out_surv and", "if sv.ok and",
+     "Rule C: u may free more than it leaves"),
+    ("fusion.py", "su.peak_rel - su.out_surv + su.in_free <= sv.first_born_extra", "True",
+     "Rule C: u's steps may exceed v's first step"),
+    ("fusion.py", "if pe[t] or mask[t] & ~inside:", "if mask[t] & ~inside:",
+     "out_surv: graph outputs written inside do not count as surviving"),
+    ("fusion.py", "if pe[t] or mask[t] & ~inside:", "if pe[t]:",
+     "out_surv: outputs read outside do not count as surviving"),
+    ("fusion.py", "if b < 0 and not model.pin_start[t]:\n                s.ok = False", "if False:\n                pass",
+     "summary: reads of unwritten tensors are accepted"),
+    ("fusion.py", "if not pe[t]:\n                in_free += size[t]", "if True:\n                in_free += size[t]",
+     "in_free: graph outputs read count as freed"),
+    ("fusion.py", "if not pe[t] and not (m & ~scope)", "if not (m & ~scope)", "deaths: graph outputs die"),
+    ("fusion.py", "and not (m & ~scope) and", "and", "deaths: tensors read after the unit die"),
+    ("fusion.py", "and not (m & inside & ~seen):", ":", "deaths: tensors read later in the unit die"),
+    ("fusion.py", "if b < 0:\n                return False", "if b < 0:\n                continue",
+     "Rule B: v may read graph inputs"),
+    ("fusion.py", "if not ((inside >> b) & 1 or (u_inside >> b) & 1):\n                return False",
+     "pass", "Rule B: v may read any written tensor"),
+    # divide.py
+    ("divide.py", "if (anc[k] | desc[k] | (1 << k)) == full]", "]", "every unit is a cut point"),
+    ("divide.py", "if (anc[k] | desc[k] | (1 << k)) == full]", "if (desc[k] | (1 << k)) == full]",
+     "cut point: ancestors not required... only descendants"),
+    ("divide.py", "if (anc[k] | desc[k] | (1 << k)) == full]", "if (anc[k] | (1 << k)) == full]",
+     "cut point: only ancestors required"),
+    ("divide.py", "if between:\n            out.append", "if True:\n            out.append", "empty pieces"),
+    # dp.py: free moves and the bound that floors the search
+    ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and R2 <= R:",
+     "free move may exceed max(g, floor)"),
+    ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and peak <= cap:",
+     "free move may leave more bytes resident"),
+    ("dp.py", "if m & self.ops:\n                continue", "pass", "static bound: tensors touched inside counted twice"),
+    ("dp.py", "            if a0 and a1:\n                thru.append", "            if a0 or a1:\n                thru.append",
+     "static bound: tensors alive at one end only counted"),
+    ("dp.py", "lb = model.step0 if self.S0 == 0 else 0", "lb = model.step0", "static bound: step 0 in every piece"),
+    ("dp.py", "if S_end == model.full:\n            end =", "if True:\n            end =",
+     "static bound: graph outputs at the end of every piece"),
+    # bounds.py: the min-cut bound
+    ("bounds.py", "if a0 and a1:\n                base +=", "if a0 or a1:\n                base +=",
+     "cut bound: untouched tensors alive at one end counted"),
+    ("bounds.py", "if after:\n                forced.append(t)\n                continue",
+     "forced.append(t)\n            continue", "cut bound: live-before tensors forced even if they die"),
+    ("bounds.py", "if after:\n                size_arcs[t] = [arc(idx[writer], 1, s)]",
+     "if True:\n                size_arcs[t] = [arc(idx[writer], 1, s)]", "cut bound: written tensors always survive"),
+    ("bounds.py", "for t, sz in forced_size.items() if t not in model.touch[v])",
+     "for t, sz in forced_size.items())", "cut bound: forced tensors v touches counted twice"),
+    ("bounds.py", "                flow.set_arc_capacity(a, 0)\n", "                pass\n",
+     "cut bound: v's own tensors counted twice"),
+    # model.py: the lower bound, the last step, and when TFLite's in-place sharing is static
+    ("model.py", "if after == self.full:\n            live += self.final_only",
+     "if True:\n            live += self.final_only", "untouched graph outputs at every step"),
+    ("model.py", "if src in outputs or src in inputs:\n                continue", "pass",
+     "in-place: graph inputs and outputs shared"),
+    ("model.py", "if src_size < sizes[dst]:\n                continue", "pass", "in-place: a smaller input shared"),
+    ("model.py", "if tuple(cons) != (i,):", "if False:", "in-place: shared even if other ops read the input"),
+    ("model.py", "src_size = 0 if src in zeroed else sizes[src]", "src_size = sizes[src]",
+     "in-place: a shared input shared again"),
+    ("model.py", "return max(lb, end if self.n else 0)", "return max(lb, end + 16 if self.n else 0)",
+     "order-free bound too high (sanity check of the harness)"),
+]
+
+
+def _mutations():
+    out = [pytest.param([], id="control: no mutation")]
+    for k, (fname, old, new, what) in enumerate(MUTATIONS):
+        if what is None:
+            continue
+        group = [(fname, old, new)]
+        if k + 1 < len(MUTATIONS) and MUTATIONS[k + 1][3] is None:
+            group.append(MUTATIONS[k + 1][:3])
+        out.append(pytest.param(group, id=f"{fname}:{what}"))
+    return out
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def apply_mutation(pkg: Path, group) -> list[str]:
+    """Apply one mutation to the copy at `pkg`; returns 'file:line' of each edit."""
+    where = []
+    for fname, old, new in group:
+        path = pkg / "toolchain" / "schedule" / fname
+        text = path.read_text()
+        assert text.count(old) >= 1, f"mutation no longer applies: {fname}: {old!r}"
+        line = text[: text.index(old)].count("\n") + 1
+        where.append(f"{fname}:{line}")
+        path.write_text(text.replace(old, new, 1))
+    return where
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", _mutations())
+def test_every_mutation_is_caught(group, tmp_path):
+    """Run the fast tests of this module on a mutated copy of the package (the shared tree is
+    never touched): they must fail."""
+    shutil.copytree(ROOT / "toolchain", tmp_path / "toolchain", ignore=shutil.ignore_patterns("__pycache__"))
+    where = apply_mutation(tmp_path, group)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), SCHEDULE_MUTATION_RUN="1")
+    probe = subprocess.run([sys.executable, "-c", "import toolchain; print(toolchain.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert probe.stdout.startswith(str(tmp_path)), probe.stdout + probe.stderr
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-x", "-q", "-p", "no:cacheprovider",
+                           "-m", "not slow", "--no-header", "-rf"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]
+    print(where, failed)
+    if not group:
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        return
+    assert proc.returncode == 1 and failed, f"mutation at {where} survived:\n{proc.stdout[-3000:]}"
