@@ -205,27 +205,33 @@ def build_firmware_lib_ready(kernels: str, cpu: str = "cortex-m4+fp"):
 # ---- real builds ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def built():
-    """Each model's harness for qemu-mps2-an386, built once per session for both kernel sets."""
+    """built(model, kernels) -> (export.json, FirmwareBuild): each model's harness for
+    qemu-mps2-an386, built once per session and kernel set (and cached on disk across sessions)."""
     if not HAVE_ARM:
         pytest.skip("ARM toolchain not installed (.ci/run installs it)")
     from runtime.backends.qemu import build_for_board
     from toolchain.firmware.library import LibraryBusy
 
-    out = {}
-    for kernels in ("reference", "cmsis-nn"):
-        tree_or_skip(kernels)
-        for m in MODELS:
+    done = {}
+
+    def get(model: str, kernels: str):
+        if (model, kernels) not in done:
+            tree_or_skip(kernels)
             try:  # builds the library if nobody else is; a concurrent run skips instead of waiting
-                out[(m, kernels)] = build_for_board(FIXTURES / f"{m}.tflite", "qemu-mps2-an386", kernels,
-                                                    quiet=True, wait=False)
+                done[(model, kernels)] = build_for_board(FIXTURES / f"{model}.tflite", "qemu-mps2-an386", kernels,
+                                                         quiet=True, wait=False)
             except LibraryBusy as exc:
                 pytest.skip(str(exc))
-    return out
+        return done[(model, kernels)]
+
+    return get
 
 
 @needs_arm
-def test_harness_builds_for_the_emulated_board(built):
-    for (m, kernels), (exported, b) in built.items():
+@pytest.mark.parametrize("kernels", ["reference", "cmsis-nn"])
+def test_harness_builds_for_the_emulated_board(built, kernels):
+    for m in MODELS:
+        exported, b = built(m, kernels)
         assert Path(b.elf).is_file()
         assert b.regions["FLASH"]["origin"] == 0 and b.regions["RAM"]["origin"] == 0x20000000
         assert exported["model_bytes"] < b.flash_bytes < b.regions["FLASH"]["length"]
@@ -241,6 +247,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     from toolchain.ir import from_model
     from toolchain.tflite import read_model
 
+    built(model, kernels)
     r = run_on_qemu(FIXTURES / f"{model}.tflite", "qemu-mps2-an386", kernels, iterations=3, seed=5)
     assert r.error is None and r.iterations == 3
     if kernels == "reference":
@@ -256,7 +263,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     n_ops = len(from_model(read_model(FIXTURES / f"{model}.tflite")).ops)
     assert [o["index"] for o in r.op_instructions] == list(range(n_ops))
     assert all(o["instructions"] > 0 for o in r.op_instructions)
-    assert sum(o["instructions"] for o in r.op_instructions) <= r.instructions
+    assert sum(o["instructions"] for o in r.op_instructions) <= 1.01 * r.instructions  # medians of 3
     assert r.flash_bytes > 0 and r.ram_bytes >= r.arena_size
 
 
@@ -265,6 +272,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
 def test_instruction_counts_are_deterministic(built):
     from runtime.backends.qemu import run_on_qemu
 
+    built("chain_int8", "reference")
     a = run_on_qemu(FIXTURES / "chain_int8.tflite", kernels="reference", iterations=2, seed=3)
     b = run_on_qemu(FIXTURES / "chain_int8.tflite", kernels="reference", iterations=2, seed=3)
     assert a.instructions == b.instructions and a.op_instructions == b.op_instructions
@@ -273,6 +281,7 @@ def test_instruction_counts_are_deterministic(built):
 @needs_arm
 @needs_qemu
 def test_run_backend_qemu_json(built):
+    built("pool_softmax_int8", "reference")
     code, out, err = cli("run", FIXTURES / "pool_softmax_int8.tflite", "--backend", "qemu", "--kernels", "reference",
                          "-N", "2", "--json")
     assert code == 0, err
@@ -303,14 +312,14 @@ def test_qemu_killed_mid_run_exits_4_in_one_line(built):
     """The real-board path (--backend mcu --port) on QEMU's pty; QEMU dies mid-run."""
     from runtime.backends.qemu import QemuBoard
 
-    _, b = built[("tiny_irregular_int8", "reference")]
+    _, b = built("tiny_irregular_int8", "reference")
     with QemuBoard(b.elf, "mps2-an386") as board:
-        killer = threading.Timer(4.0, board.kill)
+        killer = threading.Timer(8.0, board.kill)
         killer.start()
         try:
             t0 = time.monotonic()
             code, out, err = cli("run", Path(b.project) / "model.tflite", "--backend", "mcu", "--port", board.port,
-                                 "--device", "qemu-mps2-an386", "-N", "3000", "--timeout", "3", "--json")
+                                 "--device", "qemu-mps2-an386", "-N", "50000", "--timeout", "3", "--json")
         finally:
             killer.cancel()
     assert code == 4, err
@@ -318,7 +327,7 @@ def test_qemu_killed_mid_run_exits_4_in_one_line(built):
     assert board.port in line and "inferences completed" in line
     assert time.monotonic() - t0 < 60
     rep = json.loads(out)  # the partial report is printed first
-    assert rep["iterations"] == 3000 and rep["error"] and rep["latency"]["n"] < 3000
+    assert rep["iterations"] == 50000 and rep["error"] and rep["latency"]["n"] < 50000
 
 
 class _Garbler:
@@ -373,7 +382,7 @@ class _Garbler:
 def test_garbage_on_the_line_exits_4_in_one_line(built):
     from runtime.backends.qemu import QemuBoard
 
-    _, b = built[("chain_int8", "reference")]
+    _, b = built("chain_int8", "reference")
     with QemuBoard(b.elf, "mps2-an386") as board:
         g = _Garbler(board.port, corrupt_line=3)  # READY is line 0; OK SET, then the run's lines
         try:
@@ -414,10 +423,12 @@ def test_harness_links_for_real_boards(tmp_path, board):
 
     from toolchain.firmware.library import LibraryBusy
 
-    tree_or_skip("cmsis-nn")
+    # The reference kernels: the link check is about the board layer and memory map, and this
+    # library is the smaller of the two (CMSIS-NN builds the same way, see the QEMU runs).
+    tree_or_skip("reference")
     export_mcu(FIXTURES / "chain_int8.tflite", board, tmp_path)
     try:
-        b = build_firmware(tmp_path, "cmsis-nn", quiet=True, wait=False)
+        b = build_firmware(tmp_path, "reference", quiet=True, wait=False)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     fw = load_device(board).raw["firmware"]
@@ -432,16 +443,16 @@ def test_a_firmware_that_does_not_fit_exits_3_naming_the_region(tmp_path):
 
     from toolchain.firmware.library import LibraryBusy
 
-    tree_or_skip("cmsis-nn")
+    tree_or_skip("reference")
     export_mcu(FIXTURES / "chain_int8.tflite", "sparkfun-edge", tmp_path)
     try:
-        build_firmware_lib_ready("cmsis-nn")
+        build_firmware_lib_ready("reference")
     except LibraryBusy as exc:
         pytest.skip(str(exc))
-    code, _, err = cli("build-firmware", tmp_path, "--arena-size", 400 * 1024)  # 384 KiB of SRAM
+    code, _, err = cli("build-firmware", tmp_path, "--kernels", "reference", "--arena-size", 400 * 1024)  # 384 KiB
     assert code == 3, err
     line = one_line(err)
     assert "region `RAM' overflowed by" in line and "sparkfun-edge" in line
-    code, out, err = cli("build-firmware", tmp_path, "--json")
+    code, out, err = cli("build-firmware", tmp_path, "--kernels", "reference", "--json")
     assert code == 0, err
     assert json.loads(out)["ram_bytes"] < 384 * 1024
