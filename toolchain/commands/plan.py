@@ -7,7 +7,7 @@ from rich.table import Table
 from toolchain import report
 from toolchain.commands.options import check_output, non_negative_int, seconds
 from toolchain.errors import VerificationError
-from toolchain.ir import load
+from toolchain.ir.convert import load_exact
 from toolchain.memory import lifetimes, tflite_arena, tflm_greedy
 from toolchain.memory.offchip import offchip_traffic
 from toolchain.memory.planners import PLANNERS, plan_for_tflm
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     check_output(args.output, inputs=[args.model])
-    model, graph = load(args.model, check_litert=True)
+    model, graph, notes = load_exact(args.model)  # exact for TFLite Micro: no plan can change its outputs
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(model, graph, lt, args.planner, args.time_limit)
     plan = result.plan
@@ -44,7 +44,7 @@ def run(args) -> int:
         "tflm_planner_bytes": tflm_own, "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
         "planner": plan.planner, "proven_optimal": result.head <= plan.lower_bound or plan.proven_optimal,
         "seconds": round(plan.seconds, 3),
-        "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0),
+        "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
     }
     if args.verify:
         from toolchain.execute.tflm_arena import measure_tflm_arena
@@ -82,4 +82,6 @@ def run(args) -> int:
                       f"{tr['total_bytes']:,} bytes ({tr['spill_bytes']:,} spilled, {tr['reload_bytes']:,} reloaded)")
         else:
             out.print(f"{args.onchip:,} bytes on chip cannot run this order: one op needs {tr['min_onchip_bytes']:,}")
+    for note in notes:
+        out.print(f"note: {note}")
     return 0

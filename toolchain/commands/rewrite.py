@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from toolchain import report
 from toolchain.commands.options import check_output, positive_int, seconds
-from toolchain.ir import load
+from toolchain.ir.convert import load_exact
 from toolchain.rewrite import LOSSY, rewrite_graph
 from toolchain.rewrite.numerics import rewritten_model
 from toolchain.tflite import model_to_bytes, write_model
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     check_output(args.output, inputs=[args.model])
-    model, graph = load(args.model, check_litert=True)
+    model, graph, notes = load_exact(args.model)  # exact for TFLite Micro: the reference for --verify too
     result = rewrite_graph(graph, time_limit=args.time_limit, semantics=args.semantics,
                            allow_lossy=args.allow_lossy, model=model, budget=args.budget)
     new_model = rewritten_model(result.graph, model)
@@ -45,6 +45,7 @@ def run(args) -> int:
     write_model(new_model, args.output, inputs=[args.model])
     data = result.to_json()
     data.update(model=args.model, output=args.output, semantics=args.semantics)
+    data["notes"] = [*data.get("notes", []), *notes]
     if verification is not None:
         data["verification"] = [v.to_json() for v in verification]
     if args.json:
@@ -66,7 +67,7 @@ def run(args) -> int:
                       f"+{a.ops_added} ops): {step}")
     else:
         out.print("no rewrite lowers the optimal peak; the model is written in its best order")
-    for note in result.notes:
+    for note in [*result.notes, *notes]:
         out.print(f"note: {note}")
     if verification is not None:
         for v in verification:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from toolchain import report
 from toolchain.commands.options import check_output, seconds
 from toolchain.ir import load, to_model
+from toolchain.ir.convert import load_exact
 from toolchain.memory import lifetimes, tflm_greedy
 from toolchain.schedule import METHODS, schedule
 
@@ -24,7 +25,8 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     if args.output:
         check_output(args.output, inputs=[args.model])
-    model, graph = load(args.model, check_litert=bool(args.output))
+    # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
+    model, graph, notes = load_exact(args.model) if args.output else (*load(args.model), [])
     result = schedule(graph, method=args.method, time_limit=args.time_limit, semantics=args.semantics)
     new_graph = graph.reordered(result.order)
     head_before = tflm_greedy(lifetimes(graph, semantics="tflm")).size
@@ -36,6 +38,7 @@ def run(args) -> int:
     if args.json:
         d = result.to_json()
         d.update(model=args.model, output=args.output, tflm_head_before=head_before, tflm_head_after=head_after)
+        d["notes"] = [*d.get("notes", []), *notes]
         report.print_json(d)
         return 0
     out = report.console()
@@ -48,7 +51,7 @@ def run(args) -> int:
     out.print(f"lower bound: {result.lower_bound:,} B ({hb(result.lower_bound)}); {status}; "
               f"method {result.method}; {result.seconds:.2f} s")
     out.print(f"TFLite Micro arena head (its greedy planner): {head_before:,} B -> {head_after:,} B")
-    for note in result.notes:
+    for note in [*result.notes, *notes]:
         out.print(f"note: {note}")
     if args.output:
         out.print(f"written to {args.output}")

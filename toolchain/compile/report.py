@@ -28,7 +28,8 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
         "predicted": part.cost.to_json(),
         "solver": {"proven_optimal": part.proven_optimal, "primary_proven": part.primary_proven,
                    "proven_steps": list(part.proven_steps), "seconds": part.seconds, "objectives": part.objectives,
-                   "lower_bounds": part.bounds, "time_limit_s": o.time_limit, "colocate_consumers": o.colocate},
+                   "lower_bounds": part.bounds, "time_limit_s": o.time_limit, "colocate_consumers": o.colocate,
+                   "stopped_by": list(part.stopped_by), "reproducible": part.reproducible},
         "baseline": None if base is None else {
             "name": "coral parameter-count heuristic (libcoral)",
             "segments": [{"index": k, "ops": s.ops, "parameter_bytes": s.param_bytes, "offchip_bytes": s.offchip_bytes,

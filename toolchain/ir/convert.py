@@ -236,3 +236,15 @@ def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
     if check_litert:
         check_loads_in_litert(data, label)
     return model, graph
+
+
+def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, list[str]]:
+    """`load` for commands that write a model derived from the input: the model is first made
+    exact for TFLite Micro (`toolchain.tflite.extract.runtime_exact_model`: real shapes for
+    placeholder ones, explicit padding for SPACE_TO_BATCH_ND), so that no op order or arena plan
+    can change its TFLite Micro outputs. Returns the model, its IR and one note per change."""
+    from toolchain.tflite.extract import runtime_exact_model
+
+    model, _ = load(path, check_litert=check_litert)
+    model, notes = runtime_exact_model(model)
+    return model, from_model(model), notes

@@ -12,7 +12,7 @@ from toolchain.errors import ModelError
 from toolchain.ir import from_model
 from toolchain.partition import PartitionProblem
 from toolchain.tflite import check_loads_in_litert, read_model
-from toolchain.tflite.extract import merge_models
+from toolchain.tflite.extract import merge_models, runtime_exact_model
 
 
 def _text(v) -> str:
@@ -55,6 +55,10 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     else:
         prefixes = tuple(f"{p.stem}/" for p in opts.paths)
         model = merge_models(models, list(prefixes), name=opts.stem)
+    # what would make TFLite Micro read bytes it never wrote (placeholder shapes, SPACE_TO_BATCH_ND
+    # padding) is taken out first, so every order and plan below gives the same TFLM outputs
+    model, exact_notes = runtime_exact_model(model)
+    notes += exact_notes
     renamed = unique_tensor_names(model)
     if renamed:
         notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from toolchain.budget import Deadline
 from toolchain.compile.state import CompileState, PassRecord
 from toolchain.rewrite import rewrite_graph
 
 
 def rewrite(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
-    rr = rewrite_graph(state.graph, time_limit=allowed, semantics=state.options.semantics)
+    rr = rewrite_graph(state.graph, time_limit=allowed, semantics=state.options.semantics,
+                      deadline=Deadline(allowed))
     if rr.applied:
         state = dataclasses.replace(state, graph=rr.graph)
     return state, PassRecord("rewrite", "ran" if rr.applied else "no gain", 0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from toolchain.budget import Deadline
 from toolchain.compile.state import CompileState, PassRecord
 from toolchain.memory import peak_memory
 from toolchain.schedule import schedule as schedule_graph
@@ -11,7 +12,7 @@ from toolchain.schedule import schedule as schedule_graph
 
 def schedule(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     graph, semantics = state.graph, state.options.semantics
-    s = schedule_graph(graph, method="auto", time_limit=allowed, semantics=semantics)
+    s = schedule_graph(graph, method="auto", time_limit=allowed, semantics=semantics, deadline=Deadline(allowed))
     before = peak_memory(graph, None, semantics)
     if s.peak <= before:  # schedule() never returns worse; this keeps the stored order on ties
         state = dataclasses.replace(state, graph=graph.reordered(s.order))

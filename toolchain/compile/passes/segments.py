@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from toolchain.budget import Deadline
 from toolchain.compile.state import CompileState, PassRecord, SegmentFile
 from toolchain.cost.edgetpu import EdgeTpuCostModel
 from toolchain.errors import ModelError
@@ -22,7 +23,7 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
     whole = read_model(state.whole)
     problem = PartitionProblem(graph, EdgeTpuCostModel(o.device))
     name = lambda t: graph.tensors[t].name  # noqa: E731
-    out = []
+    out, deadline = [], Deadline(allowed)
     for k in range(o.n):
         ops, iface = part.ops_of(k), part.interfaces[k]
         if k < o.n - 1 and not iface.outputs:
@@ -30,7 +31,7 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
         data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs))
         sc = part.cost.stages[k]
         lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
-        arena = plan_arena(lt, time_limit=max(0.05, allowed / o.n)).size
+        arena = plan_arena(lt, time_limit=max(0.05, allowed / o.n), deadline=deadline).size
         fname = segment_file_name(o.stem, k, o.n)
         out.append(SegmentFile(fname, data, {
             "index": k, "file": fname,
