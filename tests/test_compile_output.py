@@ -196,3 +196,37 @@ def test_budget_allowance():
     assert b.allowance(0.0, required=True) == 0.0
     b.start -= 100
     assert b.allowance(1.0, required=False) < 0 and b.allowance(1.0, required=True) > 0
+
+
+# ---- real-model cases from issue 10, end to end through compile ---------------------------------
+
+def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_is_unverified(tmp_path, capsys):
+    from toolchain.tflite import write_model
+    from tests.test_real_models import _with_custom_op
+
+    src = tmp_path / "decoder.tflite"
+    write_model(_with_custom_op("chain_int8", after_op=3), src)
+    out = tmp_path / "out"
+    assert main(["compile", str(src), "-n", "3", "-o", str(out), "--verify", "--time-limit", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    scope = rep["verification"]["scope"]
+    assert scope["complete"] is False and any("MyCustomDecoder" in r for r in scope["reasons"])
+    assert rep["verification"]["whole_vs_source"]["bit_identical"] is True
+    assert "skipped" in rep["verification"]["whole_vs_source_tflm"]
+    assert any("cannot run here" in n for n in rep["notes"])
+    last = rep["segments"][-1]["file"]
+    from toolchain.ir import load
+    _, g = load(out / last)
+    assert any(op.is_custom for op in g.ops)  # the custom op and what follows it: last segment
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_compile_verify_on_a_dynamic_batch_space_to_batch_model_is_exact_in_both_runtimes(tmp_path, capsys, n):
+    src = FIXTURES / "darts_s2b_dynbatch_int8.tflite"
+    out = tmp_path / "out"
+    assert main(["compile", str(src), "-n", str(n), "-o", str(out), "--verify", "--time-limit", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    v = rep["verification"]
+    assert v["bit_identical"] and v["whole_vs_source"]["bit_identical"]
+    assert v["whole_vs_source_tflm"]["bit_exact"] is True and v["whole_vs_source_tflm"]["hazards"] == []
+    assert any("placeholder shapes" in n for n in rep["notes"])
