@@ -70,7 +70,8 @@ def print_report(res, con) -> None:
     con.print(f"[bold]{r['model']}[/bold] -> {res.out_dir}/  ({r['num_segments']} segment(s), device {r['device']}, "
               f"strategy {r['strategy']})")
     t = Table(title="segments (predicted)", show_header=True)
-    for col in ("#", "ops", "params", "off-chip", "in", "out", "act. peak", "ms"):
+    # in/out: bytes each segment receives from and hands to the host; peak: tflite semantics (LiteRT runs segments)
+    for col in ("#", "ops", "params B", "off-chip B", "in B", "out B", "act. peak B (tflite)", "ms"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in r["segments"]:
         t.add_row(str(s["index"]), str(s["ops"]), hb(s["parameter_bytes"]), hb(s["offchip_bytes"]),
@@ -124,15 +125,15 @@ def _pass_line(pr: dict) -> str | None:
         return None if reason in ("switched off", "not on PATH") else f"{name}: skipped, {reason}"
     if name == "rewrite":
         if not d.get("applied"):
-            return f"rewrite: no identity rewrite lowers the optimal peak ({pr['seconds']:.2f} s)"
-        return (f"rewrite: {len(d['applied'])} rewrite(s), optimal peak {d['peak_before']:,} -> {d['peak_after']:,} B "
+            return f"rewrite: no identity rewrite lowers the optimal peak ({d['semantics']} semantics, {pr['seconds']:.2f} s)"
+        return (f"rewrite: {len(d['applied'])} rewrite(s), optimal peak ({d['semantics']}) {d['peak_before']:,} -> {d['peak_after']:,} B "
                 f"({pr['seconds']:.2f} s)")
     if name == "schedule":
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
-        return (f"schedule: activation peak {d['peak_before']:,} -> {d['peak']:,} B, {proof} "
+        return (f"schedule: activation peak ({d['semantics']} semantics) {d['peak_before']:,} -> {d['peak']:,} B, {proof} "
                 f"({d['method']}, {pr['seconds']:.2f} s)")
     if name == "plan":
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
-        return (f"plan: TFLite Micro arena {d['tflm_head_bytes']:,} B with our offline plan "
+        return (f"plan: TFLite Micro arena head {d['tflm_head_bytes']:,} B with our offline plan "
                 f"(its own planner: {d['tflm_own_planner_bytes']:,} B), {proof} ({pr['seconds']:.2f} s)")
     return None

@@ -18,4 +18,5 @@ def schedule(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
         state = dataclasses.replace(state, graph=graph.reordered(s.order))
     return state, PassRecord("schedule", "ran", 0.0,
                              {"method": s.method, "peak": s.peak, "peak_before": before,
-                              "lower_bound": s.lower_bound, "proven_optimal": s.proven_optimal})
+                              "lower_bound": s.lower_bound, "proven_optimal": s.proven_optimal,
+                              "semantics": semantics})
