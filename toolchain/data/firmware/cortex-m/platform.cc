@@ -50,6 +50,14 @@ uint32_t harness_platform_ticks() {
 #endif
 }
 
+// SysTick counts one tick per 40 instructions under QEMU -icount; restarting it here makes every
+// RUN start at the same phase, so per-op tick counts repeat exactly from run to run.
+void harness_platform_tick_sync() {
+#if !BOARD_TICKS_DWT
+  reg(kSysTickCvr) = 0;  // any write clears the counter; it reloads on the next clock
+#endif
+}
+
 int harness_platform_getc() { return board_uart_getc(); }
 
 void harness_platform_write(const char* data, size_t n) {
