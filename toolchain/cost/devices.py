@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolchain.cost.classes import OP_CLASSES
 from toolchain.errors import UsageError
 
 DEVICES_DIR = Path(__file__).resolve().parents[1] / "data" / "devices"  # package data (toolchain.data)
-OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
 KINDS = ("edgetpu", "mcu")
 
 # (section path, key) -> (type, lowest, highest). The ranges only keep out values no real device

@@ -19,29 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolchain.cost.classes import op_class
 from toolchain.cost.devices import Device, load_device
 from toolchain.ir import Graph, macs, param_bytes
 
 PS_PER_S = 10**12
-
-_CLASS = {
-    "CONV_2D": "conv", "CONV_3D": "conv", "TRANSPOSE_CONV": "conv", "CONV_3D_TRANSPOSE": "conv",
-    "DEPTHWISE_CONV_2D": "depthwise",
-    "FULLY_CONNECTED": "fully_connected", "BATCH_MATMUL": "fully_connected",
-    "ADD": "elementwise", "SUB": "elementwise", "MUL": "elementwise", "DIV": "elementwise",
-    "MAXIMUM": "elementwise", "MINIMUM": "elementwise", "SQUARED_DIFFERENCE": "elementwise",
-    "RELU": "elementwise", "RELU6": "elementwise", "RELU_N1_TO_1": "elementwise",
-    "LEAKY_RELU": "elementwise", "PRELU": "elementwise", "LOGISTIC": "elementwise",
-    "TANH": "elementwise", "HARD_SWISH": "elementwise", "QUANTIZE": "elementwise",
-    "DEQUANTIZE": "elementwise", "ABS": "elementwise", "NEG": "elementwise", "ELU": "elementwise",
-    "GELU": "elementwise", "EXP": "elementwise", "SQRT": "elementwise", "RSQRT": "elementwise",
-}
-
-
-def op_class(opcode: str) -> str:
-    """conv, depthwise, fully_connected, elementwise or other (pooling, softmax, data movement...)."""
-    return _CLASS.get(opcode, "other")
-
 
 @dataclass(frozen=True)
 class OpCost:

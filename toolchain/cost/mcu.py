@@ -9,63 +9,21 @@ TFLite Micro reference kernels on a Cortex-M4F and are an estimate, not a measur
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from toolchain.cost.classes import OP_CLASSES, op_class
+from toolchain.cost.devices import load_device
 from toolchain.errors import UsageError
 from toolchain.ir import Graph, macs
 
-_CONV = {"CONV_2D", "CONV_3D", "TRANSPOSE_CONV"}
-_DEPTHWISE = {"DEPTHWISE_CONV_2D"}
-_FC = {"FULLY_CONNECTED", "BATCH_MATMUL"}
-_ELEMENTWISE = {
-    "ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "RELU", "RELU6",
-    "RELU_N1_TO_1", "LEAKY_RELU", "PRELU", "LOGISTIC", "TANH", "HARD_SWISH", "QUANTIZE",
-    "DEQUANTIZE", "SOFTMAX", "LOG_SOFTMAX", "ABS", "NEG", "EXP", "SQRT", "RSQRT", "ELU", "GELU",
-    "AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D", "MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN",
-}
-OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
-
-def op_class(opcode: str) -> str:
-    if opcode in _CONV:
-        return "conv"
-    if opcode in _DEPTHWISE:
-        return "depthwise"
-    if opcode in _FC:
-        return "fully_connected"
-    if opcode in _ELEMENTWISE:
-        return "elementwise"
-    return "other"
-
-
 def device_dict(device: Any) -> dict:
-    """The parsed descriptor of a Device (its `.raw`), a dict, or a name/path to load."""
+    """The parsed descriptor of a Device (its `.raw`), a dict, or a name/path to load (validated)."""
     if isinstance(device, dict):
         return device
     if hasattr(device, "raw"):
         return dict(device.raw)
-    return load_descriptor(str(device))
-
-
-def load_descriptor(name_or_path: str) -> dict:
-    """A device descriptor as a dict: through toolchain.cost.devices when it exists, else the TOML."""
-    try:
-        from toolchain.cost.devices import load_device  # the partition engineer's validated loader
-    except ImportError:
-        load_device = None
-    if load_device is not None:
-        return dict(load_device(name_or_path).raw)
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = Path(__file__).resolve().parents[1] / "data" / "devices" / f"{name_or_path}.toml"
-    if path.is_file():
-        try:
-            return tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise UsageError(f"{path}: not valid TOML ({exc})") from None
-    raise UsageError(f"unknown device '{name_or_path}' (no {path})")
+    return dict(load_device(str(device)).raw)
 
 
 @dataclass(frozen=True)
