@@ -3,17 +3,112 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from toolchain.errors import ModelError
+from toolchain.ir import options as opts
 from toolchain.ir.graph import Graph, Op, Quantization, Tensor
 
 BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 BUILTIN_CODES = {k: v for v, k in BUILTIN_NAMES.items()}
 DTYPE_NAMES = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 DTYPE_CODES = {k: v for v, k in DTYPE_NAMES.items()}
+
+
+# ---- builtin options: schema tables <-> the records of toolchain.ir.options ---------------------
+def _enum_names(enum_class) -> dict[int, str]:
+    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_")}
+
+
+OPTION_TYPE_NAMES = _enum_names(schema.BuiltinOptions)
+OPTION_TYPE_CODES = {k: v for v, k in OPTION_TYPE_NAMES.items()}
+# Record fields whose schema values are enumeration codes: field -> (code -> name).
+_ENUM_FIELDS = {
+    "padding": _enum_names(schema.Padding),
+    "fused_activation": _enum_names(schema.ActivationFunctionType),
+    "weights_format": _enum_names(schema.FullyConnectedOptionsWeightsFormat),
+}
+_ENUM_CODES = {f: {v: k for k, v in names.items()} for f, names in _ENUM_FIELDS.items()}
+_CAMEL = {"fused_activation": "fusedActivationFunction", "dilation_w": "dilationWFactor",
+          "dilation_h": "dilationHFactor"}
+_RECORD_OF_KIND = {r.KIND: r for r in opts.RECORDS}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return _CAMEL.get(name, head + "".join(w[:1].upper() + w[1:] for w in rest))
+
+
+def _decode_value(name: str, value):
+    if name == "quantized_bias_type":
+        return DTYPE_NAMES[int(value)]
+    if name in _ENUM_FIELDS:
+        return _ENUM_FIELDS[name][int(value)]
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    return tuple(int(v) for v in value)  # an int vector (numpy array or list)
+
+
+def _encode_value(name: str, value):
+    if name == "quantized_bias_type":
+        return DTYPE_CODES[value]
+    if name in _ENUM_FIELDS:
+        return _ENUM_CODES[name][value]
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _same_fields(a, b) -> bool:
+    """Whether two schema option objects hold the same values (vectors compared as lists)."""
+    def norm(v):
+        return [int(x) for x in v] if v is not None and not isinstance(v, (bool, int, float)) else v
+    va, vb = vars(a), vars(b)
+    return va.keys() == vb.keys() and all(norm(va[k]) == norm(vb[k]) for k in va)
+
+
+def decode_options(type_code: int, raw) -> opts.Options:
+    """The record for one operator's builtin options; an OpaqueOptions holding `raw` unchanged
+    when no record describes every field of it exactly (so writing it back is lossless)."""
+    if raw is None or not type_code:
+        return None
+    kind = OPTION_TYPE_NAMES.get(type_code)
+    record = _RECORD_OF_KIND.get(kind)
+    try:
+        if record is None:
+            if kind is None or vars(raw):
+                return opts.OpaqueOptions(type_code, raw)
+            out = opts.FieldlessOptions(kind)
+        else:
+            values = {f.name: _decode_value(f.name, getattr(raw, _camel(f.name)))
+                      for f in dataclasses.fields(record)}
+            out = record(**values)
+        if _same_fields(encode_options(out)[1], raw):
+            return out
+    except (AttributeError, KeyError, TypeError, ValueError):
+        pass  # a field this schema version lacks, an unknown enum code, a nested table
+    return opts.OpaqueOptions(type_code, raw)
+
+
+def encode_options(record: opts.Options) -> tuple[int, object]:
+    """(BuiltinOptions type code, schema object) for an options record (0, None for none).
+    Schema fields the record does not name keep their defaults."""
+    if record is None:
+        return 0, None
+    if isinstance(record, opts.OpaqueOptions):
+        return record.type_code, record.raw
+    obj = getattr(schema, record.KIND + "T")()
+    if isinstance(record, opts.FieldlessOptions):
+        return OPTION_TYPE_CODES[record.KIND], obj
+    for f in dataclasses.fields(record):
+        camel = _camel(f.name)
+        if not hasattr(obj, camel):
+            raise ValueError(f"{record.KIND} has no field {camel} in this schema")
+        setattr(obj, camel, _encode_value(f.name, getattr(record, f.name)))
+    return OPTION_TYPE_CODES[record.KIND], obj
 
 
 def _text(value) -> str:
@@ -91,8 +186,7 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             inputs=_ints(o.inputs),
             outputs=_ints(o.outputs),
             source=i,
-            options=o.builtinOptions,
-            options_type=int(o.builtinOptionsType or 0),
+            options=decode_options(int(o.builtinOptionsType or 0), o.builtinOptions),
             builtin_code=builtin,
             version=version,
             intermediates=_ints(o.intermediates),
@@ -193,8 +287,7 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         ot.outputs = list(op.outputs)
         if op.intermediates:
             ot.intermediates = list(op.intermediates)
-        ot.builtinOptionsType = op.options_type
-        ot.builtinOptions = op.options
+        ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
         operators.append(ot)
     sg.operators = operators
     sg.inputs = list(graph.inputs)
@@ -219,6 +312,56 @@ def _remap_signature(sig, subgraph: int, old_to_new: dict[int, int]):
             maps.append(m)
         setattr(sig, field_name, maps)
     return sig
+
+
+# ---- whole models built from or edited for the IR ------------------------------------------------
+def standalone_model(graph: Graph, model: schema.ModelT | None = None) -> schema.ModelT:
+    """A ModelT for `graph`: `rewritten_model(graph, model)` when the source model is known, else
+    one built from the IR alone (builtin ops only; enough for calibration and tests)."""
+    if model is not None:
+        return rewritten_model(graph, model)
+    base = schema.ModelT()
+    base.version = 3
+    base.description = b"tpu-pipeline rewrite"
+    base.buffers = [schema.BufferT()]
+    base.operatorCodes = []
+    sg = schema.SubGraphT()
+    sg.tensors, sg.operators, sg.inputs, sg.outputs = [], [], [], []
+    base.subgraphs = [sg]
+    if any(op.is_custom for op in graph.ops):
+        raise ModelError(f"graph '{graph.name}' has custom ops; it cannot be run without its source model")
+    bare = Graph(tuple(dataclasses.replace(t, source=None) for t in graph.tensors),
+                 tuple(dataclasses.replace(op, source=None) for op in graph.ops),
+                 graph.inputs, graph.outputs, graph.name)
+    return to_model(bare, base)
+
+
+def prune_buffers(model: schema.ModelT) -> schema.ModelT:
+    """Empty the buffers no tensor and no metadata entry refers to any more (a rewrite's sliced
+    filters replace the originals); indices stay, so nothing else needs renumbering."""
+    used = {0}
+    for sg in model.subgraphs or []:
+        used.update(int(t.buffer or 0) for t in sg.tensors or [])
+    used.update(int(m.buffer) for m in model.metadata or [])
+    if all(i in used or not (b.data is not None and len(b.data)) for i, b in enumerate(model.buffers or [])):
+        return model
+    out = copy.copy(model)
+    out.buffers = [b if i in used else schema.BufferT() for i, b in enumerate(model.buffers)]
+    return out
+
+
+def rewritten_model(graph: Graph, model: schema.ModelT) -> schema.ModelT:
+    """The ModelT to write for a rewritten graph: `to_model`, without a stale offline memory plan
+    (its offsets were for the old tensors) and without the buffers nothing refers to any more."""
+    from toolchain.tflite import OFFLINE_PLAN_NAME
+
+    out = to_model(graph, model)
+    if out.metadata:
+        kept = [m for m in out.metadata if _text(m.name) != OFFLINE_PLAN_NAME]
+        if len(kept) != len(out.metadata):
+            out = copy.copy(out)
+            out.metadata = kept
+    return prune_buffers(out)
 
 
 def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:

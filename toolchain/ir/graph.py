@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
-
 import numpy as np
 
 from toolchain.errors import ModelError
+from toolchain.ir.options import Options
 
 # Bytes per element; None where a byte size is not defined by the shape alone.
 DTYPE_SIZES: dict[str, float | None] = {
@@ -91,9 +90,8 @@ class Op:
     outputs: tuple[int, ...]
     # Index of the OperatorT this came from (or is modelled on) in the source subgraph.
     source: int | None = None
-    # Builtin options that replace the source's (schema object), with their union type.
-    options: Any = field(default=None, compare=False, repr=False)
-    options_type: int = 0
+    # Builtin options: a record of toolchain.ir.options (None for an op without options).
+    options: Options = field(default=None, compare=False, repr=False)
     builtin_code: int = 0
     version: int = 1
     intermediates: tuple[int, ...] = ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from toolchain.ir.graph import Graph
+from toolchain.ir.options import Pool2DOptions
 
 # Ops whose work is one multiply-accumulate (or one arithmetic step) per output element.
 _ELEMENTWISE = {
@@ -50,7 +51,7 @@ def macs(graph: Graph, i: int) -> int | None:
         return out_n * (a[-1] if a else 1)
     if name in ("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D"):
         opts = op.options
-        k = (getattr(opts, "filterHeight", 0) or 0) * (getattr(opts, "filterWidth", 0) or 0)
+        k = opts.filter_height * opts.filter_width if isinstance(opts, Pool2DOptions) else 0
         return out_n * max(k, 1)
     if name in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN") and ins:
         return _numel(graph, ins[0])

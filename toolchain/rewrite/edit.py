@@ -5,6 +5,7 @@ whose tensor `index` equals its position. Tensors that an edit left unreferenced
 or written by a removed op and nothing uses them any more) are dropped and the rest renumbered;
 tensors the source model already left unreferenced are kept, so a rewrite never touches what it
 did not change. New tensors have `source=None`; new constants carry their bytes in `data`.
+New ops come from the constructors of `toolchain.ir.ops`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from toolchain.ir import BUILTIN_CODES, Graph, Op, Quantization, Tensor
+from toolchain.ir import Graph, Op, Quantization, Tensor
 
 _NP_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int32": np.int32,
               "int16": np.int16, "int64": np.int64, "float16": np.float16}
@@ -88,8 +89,3 @@ class GraphEditor:
         new_ops = tuple(dataclasses.replace(op, inputs=m(op.inputs), outputs=m(op.outputs),
                                             intermediates=m(op.intermediates)) for op in ops)
         return Graph(tensors, new_ops, m(self.graph.inputs), m(self.graph.outputs), self.graph.name)
-
-
-def new_op(opcode: str, inputs, outputs, options, options_type: int, version: int = 1) -> Op:
-    return Op(opcode=opcode, inputs=tuple(inputs), outputs=tuple(outputs), source=None, options=options,
-              options_type=options_type, builtin_code=BUILTIN_CODES[opcode], version=version)

@@ -27,21 +27,20 @@ and calibration values for the concat inputs.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from ai_edge_litert import schema_py_generated as schema
-
-from toolchain.ir import Graph, Quantization
-from toolchain.rewrite.edit import GraphEditor, new_op, tensor_values
+from toolchain.ir import Graph, Quantization, ops
+from toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FullyConnectedOptions, ConcatenationOptions,
+                                  fused_activation)
+from toolchain.rewrite.edit import GraphEditor, tensor_values
 
 EXACT = "bit-exact"
 FLOAT_ROUNDING = "float-rounding"
 LOSSY = "lossy-int8"
 
-_FUSED_OK = {0, 1, 2, 3}  # NONE, RELU, RELU_N1_TO_1, RELU6: ADD can apply them too
+_FUSED_OK = {"NONE", "RELU", "RELU_N1_TO_1", "RELU6"}  # ADD can apply them too
 # Channel-wise ops: each output channel depends on the same input channel only, so they commute
 # with a channel concat. Per element (or per channel) the arithmetic is the same after the
 # rewrite; float kernels whose vectorised and scalar paths may round differently are marked
@@ -57,6 +56,8 @@ _PADS = {"PAD", "PADV2"}
 
 
 _RANK = {EXACT: 0, FLOAT_ROUNDING: 1, LOSSY: 2}
+_OPTIONS = {"CONV_2D": Conv2DOptions, "FULLY_CONNECTED": FullyConnectedOptions,
+            "DEPTHWISE_CONV_2D": DepthwiseConv2DOptions}
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,12 @@ def _channel_concat(graph: Graph, c: int):
     out = op.outputs[0]
     t = graph.tensors[out]
     rank = len(t.shape)
-    axis = int(getattr(op.options, "axis", 0) or 0)
+    if not isinstance(op.options, ConcatenationOptions):
+        return None
+    axis = op.options.axis
     if axis < 0:
         axis += rank
-    if rank < 2 or axis != rank - 1 or int(getattr(op.options, "fusedActivationFunction", 0) or 0) != 0:
+    if rank < 2 or axis != rank - 1 or op.options.fused_activation != "NONE":
         return None
     if out in graph.outputs or not graph.consumers.get(out):
         return None
@@ -115,8 +118,8 @@ def _const(graph: Graph, t: int) -> bool:
     return t >= 0 and graph.tensors[t].is_constant
 
 
-def _fused(op) -> int:
-    return int(getattr(op.options, "fusedActivationFunction", 0) or 0)
+def _fused(op) -> str | None:
+    return fused_activation(op.options)  # None for opaque options: no rule matches those
 
 
 def find_candidates(graph: Graph, allow_lossy: bool = False, concat_outputs=None) -> list[Candidate]:
@@ -168,6 +171,8 @@ def _match(graph: Graph, xs, out, cons):
             return None, None
         if dtype == "int8" and not same_q:
             return None, None
+        if not isinstance(cons.options, _OPTIONS[cons.opcode]):
+            return None, None
         if cons.opcode == "CONV_2D":
             if len(w.shape) != 4 or w.shape[3] != C or _fused(cons) not in _FUSED_OK or len(t_out.shape) != 4:
                 return None, None
@@ -176,7 +181,7 @@ def _match(graph: Graph, xs, out, cons):
             o = cons.options
             if len(w.shape) != 2 or w.shape[1] != C or _fused(cons) not in _FUSED_OK:
                 return None, None
-            if int(getattr(o, "weightsFormat", 0) or 0) != 0 or getattr(o, "asymmetricQuantizeInputs", False):
+            if o.weights_format != "DEFAULT" or o.asymmetric_quantize_inputs:
                 return None, None
             return "fc_split", (FLOAT_ROUNDING if dtype == "float32" else LOSSY)
         # DEPTHWISE_CONV_2D
@@ -270,8 +275,8 @@ def _partial_sums(graph: Graph, k: int, branches, values: Values):
             xf = (values(x)[r].astype(np.float64) - q.zero_point[0]) * q.scale[0]
             if cons.opcode == "CONV_2D":
                 o = cons.options
-                p = conv2d_nhwc(xf, wf[..., a:b], int(o.strideH or 1), int(o.strideW or 1),
-                                int(o.dilationHFactor or 1), int(o.dilationWFactor or 1), int(o.padding or 0) == 0)
+                p = conv2d_nhwc(xf, wf[..., a:b], o.stride_h or 1, o.stride_w or 1,
+                                o.dilation_h or 1, o.dilation_w or 1, o.padding == "SAME")
             else:
                 p = xf.reshape(-1, b - a) @ wf[:, a:b].T
             if j == 0 and bias is not None:
@@ -303,7 +308,7 @@ def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: V
     else:
         pq = aq = [None] * len(branches)
 
-    ops = []
+    new_ops = []
     acc = None
     n = len(branches)
     base = y_t.name
@@ -322,19 +327,15 @@ def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: V
                 inputs.append(ed.add_constant(f"{b_t.name}/zero{j}", np.zeros(b_t.shape), b_t.dtype, bq))
         last_alone = n == 1
         p = y if last_alone else ed.add_activation(f"{base}/partial{j}", y_t.dtype, y_t.shape, pq[j])
-        opts = copy.copy(cons.options)
-        opts.fusedActivationFunction = _fused(cons) if last_alone else 0
-        ops.append(new_op(cons.opcode, inputs, [p], opts, cons.options_type, cons.version))
+        new_ops.append(ops.like(cons, inputs, [p], fused_activation=_fused(cons) if last_alone else "NONE"))
         if acc is None:
             acc = p
             continue
         final = j == n - 1
         s = y if final else ed.add_activation(f"{base}/sum{j}", y_t.dtype, y_t.shape, aq[j])
-        add_opts = schema.AddOptionsT()
-        add_opts.fusedActivationFunction = _fused(cons) if final else 0
-        ops.append(new_op("ADD", [acc, p], [s], add_opts, schema.BuiltinOptions.AddOptions, 2 if int8 else 1))
+        new_ops.append(ops.add(acc, p, s, activation=_fused(cons) if final else "NONE", version=2 if int8 else 1))
         acc = s
-    ed.replace(k, ops)
+    ed.replace(k, new_ops)
     return None
 
 
@@ -349,17 +350,17 @@ def _split_depthwise(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, val
     M = W.shape[3] // C
     b_t = graph.tensors[cons.inputs[2]] if len(cons.inputs) > 2 and cons.inputs[2] >= 0 else None
     B = tensor_values(b_t) if b_t is not None else None
-    ops, outs = [], []
+    new_ops, outs = [], []
     for j, (x, a, b) in enumerate(_slices(graph, concat.inputs)):
         lo, hi = a * M, b * M
         inputs = [x, ed.add_constant(f"{w_t.name}/part{j}", W[..., lo:hi], w_t.dtype, _slice_quant(w_t.quant, lo, hi))]
         if b_t is not None:
             inputs.append(ed.add_constant(f"{b_t.name}/part{j}", B[lo:hi], b_t.dtype, _slice_quant(b_t.quant, lo, hi)))
         o = ed.add_activation(f"{y_t.name}/part{j}", y_t.dtype, y_t.shape[:-1] + (hi - lo,), y_t.quant)
-        ops.append(new_op(cons.opcode, inputs, [o], cons.options, cons.options_type, cons.version))
+        new_ops.append(ops.like(cons, inputs, [o]))
         outs.append(o)
-    ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
-    ed.replace(k, ops)
+    new_ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
+    ed.replace(k, new_ops)
     return y
 
 
@@ -368,7 +369,7 @@ def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Val
     concat = graph.ops[cand.concat]
     y = cons.outputs[0]
     y_t = graph.tensors[y]
-    ops, outs = [], []
+    new_ops, outs = [], []
     operand = cons.inputs[1] if len(cons.inputs) == 2 and cons.opcode in _BINARY_EXACT | _BINARY_ROUNDING else None
     per_channel = operand is not None and graph.tensors[operand].num_elements > 1
     for j, (x, a, b) in enumerate(_slices(graph, concat.inputs)):
@@ -378,19 +379,15 @@ def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Val
             c_t = graph.tensors[operand]
             rest = (ed.add_constant(f"{c_t.name}/part{j}", tensor_values(c_t)[..., a:b], c_t.dtype,
                                     _slice_quant(c_t.quant, a, b)),)
-        ops.append(new_op(cons.opcode, (x, *rest), [o], cons.options, cons.options_type, cons.version))
+        new_ops.append(ops.like(cons, (x, *rest), [o]))
         outs.append(o)
-    ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
-    ed.replace(k, ops)
+    new_ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
+    ed.replace(k, new_ops)
     return y
 
 
 def _concat_op(template, inputs, output, rank):
-    opts = schema.ConcatenationOptionsT()
-    opts.axis = rank - 1
-    opts.fusedActivationFunction = 0
-    return new_op("CONCATENATION", inputs, [output], opts, schema.BuiltinOptions.ConcatenationOptions,
-                  template.version)
+    return ops.concatenation(inputs, output, axis=rank - 1, version=template.version)
 
 
 def _slice_quant(q: Quantization | None, lo: int, hi: int) -> Quantization | None:

@@ -1,0 +1,48 @@
+"""Constructors for new IR ops: what a rewrite rule builds, without knowing the flatbuffer schema.
+
+    from toolchain.ir import ops
+    ops.add(a, b, out, activation="RELU")
+    ops.concatenation([x, y], out, axis=3)
+    ops.like(template_op, inputs, outputs)                      # same opcode, options, version
+    ops.like(conv, inputs, outputs, fused_activation="NONE")    # ... with options fields changed
+
+Tensor arguments are indices into the graph being built (see `toolchain.rewrite.edit.GraphEditor`).
+New ops have `source=None`; the writer (`toolchain.ir.convert.to_model`) encodes their options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from toolchain.ir.convert import BUILTIN_CODES
+from toolchain.ir.graph import Op
+from toolchain.ir.options import AddOptions, ConcatenationOptions, Options, OpaqueOptions
+
+
+def op(opcode: str, inputs, outputs, options: Options = None, version: int = 1) -> Op:
+    """A new builtin op (`opcode` as in `Op.opcode`, e.g. "CONV_2D")."""
+    if opcode not in BUILTIN_CODES:
+        raise ValueError(f"unknown builtin operator {opcode!r}")
+    return Op(opcode=opcode, inputs=tuple(inputs), outputs=tuple(outputs), source=None, options=options,
+              builtin_code=BUILTIN_CODES[opcode], version=version)
+
+
+def add(a: int, b: int, out: int, activation: str = "NONE", version: int = 1) -> Op:
+    return op("ADD", (a, b), (out,), AddOptions(fused_activation=activation), version)
+
+
+def concatenation(inputs, out: int, axis: int, activation: str = "NONE", version: int = 1) -> Op:
+    return op("CONCATENATION", inputs, (out,), ConcatenationOptions(axis=axis, fused_activation=activation),
+              version)
+
+
+def like(template: Op, inputs, outputs, **changes) -> Op:
+    """A new op with `template`'s opcode, options and version on other tensors; `changes` replace
+    fields of its options record (ValueError for opaque options, which cannot be changed)."""
+    options = template.options
+    if changes:
+        if options is None or isinstance(options, OpaqueOptions):
+            raise ValueError(f"{template.opcode}: its options have no fields to change")
+        options = dataclasses.replace(options, **changes)
+    return Op(opcode=template.opcode, inputs=tuple(inputs), outputs=tuple(outputs), source=None, options=options,
+              builtin_code=template.builtin_code, version=template.version)
