@@ -608,6 +608,30 @@ WITNESSES = {
     "rule C: u frees more than it leaves": _graph([96, 16, 16, 96, 112], [([0], [1]), ([], [2, 3]), ([1, 2], [4])], [0], []),
     # Rule C, peak: u's 96 B dead output must not meet x's 48 B output (x feeds v)
     "rule C: u's steps vs v's first step": _graph([16, 96, 48, 16], [([], [0, 1]), ([], [2]), ([0, 2], [3])], [], []),
+    # found by a random search against the mutated guard (in_free counts only tensors that can die)
+    "in_free: graph outputs never free": _graph(
+        [96, 16, 48, 96, 16, 16, 16, 16, 16, 96, 96],
+        [([], [2]), ([0, 2], [3, 4]), ([], [5, 6]), ([3], [7, 8]), ([], [9, 10])], [0, 1], [2, 3, 7, 10]),
+    # (deaths at u's last step exclude graph outputs)
+    "deaths: graph outputs never die": _graph(
+        [112, 112, 48, 48, 48, 96, 112, 48],
+        [([], [2, 3]), ([0], [4]), ([0, 3], [5]), ([5, 4], [6]), ([], [7])], [0, 1], [2, 4, 5, 7]),
+    # (Rule B: v's predecessors are all in u, even through a zero-byte tensor the memory model drops)
+    "rule B: no predecessor outside u": _graph(
+        [48, 16, 96, 0, 96, 16, 16, 112, 16],
+        [([1], [3, 4]), ([4, 2], [5]), ([0], [6, 7]), ([6, 3], [8])], [0, 1], [4]),
+    # (Rule B: v reads no graph input; here op4 reads t1, which op0 and op2 read too)
+    "rule B: v reads no graph input": _graph(
+        [96, 48, 16, 16, 48, 16, 16, 16, 16, 112],
+        [([1, 0], [2, 3]), ([2], [4]), ([1, 4], [5]), ([], [6, 7]), ([1, 7], [8, 9])], [0, 1], [3, 4, 6]),
+    # (out_surv counts outputs read outside the unit, not only graph outputs)
+    "out_surv: outputs read later survive": _graph(
+        [96, 0, 16, 16, 16, 16, 112, 16],
+        [([0], [1, 2]), ([1], [3]), ([3], [4]), ([], [5]), ([], [6, 7])], [0], [4, 7]),
+    # (inside a fused unit a tensor read by a later op of the unit does not die early)
+    "deaths: not before the unit's last reader": _graph(
+        [16, 16, 96, 96, 112, 16, 16, 96, 112],
+        [([0], [2, 3]), ([], [4]), ([3, 2], [5]), ([1, 4], [6, 7]), ([7, 3], [8])], [0, 1], [2, 7, 8]),
 }
 
 
