@@ -6,6 +6,7 @@ from toolchain.tflite.io import (
     read_bytes,
     read_model,
     schema,
+    tensor_names_of_type,
     write_bytes_atomic,
     write_model,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "check_loads_in_litert",
     "model_to_bytes",
     "schema",
+    "tensor_names_of_type",
     "OFFLINE_PLAN_NAME",
     "get_metadata",
     "set_metadata",

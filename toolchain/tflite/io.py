@@ -163,6 +163,32 @@ def model_to_bytes(model: schema.ModelT) -> bytes:
     return bytes(builder.Output())
 
 
+def tensor_names_of_type(model, dtype: str) -> list[str]:
+    """Names of the tensors of every subgraph whose type is `dtype` (a `Tensor.dtype` name such as
+    "float16"). `model` is a ModelT or the .tflite bytes; bytes are read through the flatbuffer's
+    accessors (cheap on big models), and bytes that cannot be read give an empty list (the
+    caller's own load reports what is wrong with them)."""
+    code = getattr(schema.TensorType, dtype.upper())
+    found = []
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            root = schema.Model.GetRootAs(bytes(model), 0)
+            for s in range(root.SubgraphsLength()):
+                sg = root.Subgraphs(s)
+                for i in range(sg.TensorsLength()):
+                    t = sg.Tensors(i)
+                    if t.Type() == code:
+                        found.append((t.Name() or b"").decode(errors="replace"))
+        except Exception:  # noqa: BLE001 - a corrupt file
+            return []
+        return found
+    for sg in model.subgraphs or []:
+        for t in sg.tensors or []:
+            if t.type == code:
+                found.append(t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name))
+    return found
+
+
 def check_output_path(path: str | os.PathLike, inputs=()) -> Path:
     """Refuse, before any work, an output path a writer must not replace; returns it as a Path.
 
