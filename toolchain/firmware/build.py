@@ -126,12 +126,6 @@ def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: st
         if arena_size <= 0:
             raise UsageError(f"arena size must be > 0, got {arena_size}")
         cmd.append(f"ARENA_SIZE={int(arena_size)}")
-    # A different ARENA_SIZE must recompile main.cc: make cannot see a changed command-line define.
-    stamp = project / "build" / kernels / "arena.stamp"
-    want = str(arena_size or "")
-    if stamp.is_file() and stamp.read_text() != want:
-        for o in (project / "build" / kernels).glob("*.o"):
-            o.unlink()
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     text = out.stdout + "\n" + out.stderr
     if out.returncode != 0:
@@ -144,8 +138,6 @@ def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: st
         errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()]
         first = errors[0] if errors else (text.strip().splitlines() or ["no output"])[-1]
         raise DeviceError(f"{project}: the firmware build failed: {first[:240]}")
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(want)
     elf = project / "build" / kernels / "firmware.elf"
     map_file = project / "build" / kernels / "firmware.map"
     flash_b, ram_b, regions = usage(elf, map_file)
