@@ -1,4 +1,10 @@
-"""Conversion between the flatbuffer object API (ModelT) and the Graph IR, both directions."""
+"""Conversion between the flatbuffer object API (ModelT) and the Graph IR, both directions.
+
+With toolchain/tflite, the only place that knows the schema: builtin options are decoded into the
+records of `toolchain.ir.options` here (`decode_options`, called by `from_model`) and encoded
+only here (`encode_options`, called by `to_model`); whole models for a graph are built here too
+(`standalone_model`, `rewritten_model`, `prune_buffers`).
+"""
 
 from __future__ import annotations
 
