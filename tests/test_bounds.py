@@ -21,9 +21,10 @@ from toolchain.ir import BUILTIN_CODES, Graph, Op, Quantization, Tensor
 from toolchain.memory import lifetimes
 from toolchain.memory.lifetimes import Buffer
 from toolchain.memory.minimalloc import read_csv
-from toolchain.memory.plan import arena_size, check_plan
-from toolchain.memory.planners import (MAX_OVERLAP_PAIRS, _greedy_portfolio, _overlap_lists, first_conflict,
-                                       overlap_pairs, plan_buffers, sweep_first_fit)
+from toolchain.memory.greedy import greedy_portfolio, sweep_first_fit
+from toolchain.memory.plan import arena_size, check_plan, first_conflict
+from toolchain.memory.planners import plan_buffers
+from toolchain.memory.preprocess import MAX_OVERLAP_PAIRS, overlap_lists, overlap_pairs
 from toolchain.rewrite import rewrite_graph
 from toolchain.rewrite.driver import ancestry_lower_bound
 from toolchain.rewrite.rules import apply_candidate, find_candidates
@@ -317,7 +318,7 @@ def _random_buffers(n, seed=0, long_share=0.03):
 def test_overlap_pairs_counts_exactly():
     bufs = _random_buffers(300, 1)
     assert overlap_pairs(bufs) == sum(1 for a, b in itertools.combinations(bufs, 2) if a.overlaps(b))
-    assert _overlap_lists(bufs, max_pairs=10) is None
+    assert overlap_lists(bufs, max_pairs=10) is None
 
 
 def test_first_conflict_agrees_with_check_plan():
@@ -339,7 +340,7 @@ def test_sweep_first_fit_is_sound_even_out_of_time():
 
 def test_greedy_portfolio_stops_at_the_deadline_and_auto_still_plans():
     bufs = _random_buffers(2000, 4)
-    assert _greedy_portfolio(bufs, _overlap_lists(bufs), Deadline(0.0)) == []
+    assert greedy_portfolio(bufs, overlap_lists(bufs), Deadline(0.0)) == []
     plan = plan_buffers(bufs, "auto", None, deadline=Deadline(0.0))
     assert check_plan(tuple(bufs), plan.offsets) == [] and plan.size >= plan.lower_bound
 

@@ -18,11 +18,14 @@ from toolchain.ir import load
 from toolchain.ir.convert import load_exact
 from toolchain.memory import (
     Buffer, Lifetimes, check_plan, lifetimes, live_lower_bound, plan_arena, plan_buffers, plan_for_tflm,
-    plan_order_and_offsets, tflm_greedy,
+    tflm_greedy,
 )
 from toolchain.memory import _native
 from toolchain.memory.minimalloc import read_csv
-from toolchain.memory.planners import cpsat_plan, search_plan
+from toolchain.memory.cpsat import cpsat_plan
+from toolchain.memory.plan import arena_size
+from toolchain.memory.planners import PLANNERS
+from toolchain.memory.search import SearchParams, search_plan
 from toolchain.tflite import model_to_bytes, read_offline_plan, with_offline_plan
 from toolchain.tflite.metadata import total_tensor_count
 
@@ -82,6 +85,89 @@ def test_search_decides_feasibility_like_cpsat(spec):
         assert below is None  # proven infeasible, not a timeout
 
 
+_SWITCHES = ("canonical", "dominance", "section_bound", "decompose")
+
+
+@settings(max_examples=20, deadline=None)
+@given(buffer_sets)
+def test_search_with_any_pruning_switch_off_decides_the_same(spec):
+    """SearchParams' switches only cut the search: with any one off, the Python search still finds
+    a plan at the optimum and proves that nothing fits one unit below."""
+    bufs = _buffers(spec)
+    _, opt, _, optimal = cpsat_plan(bufs, time_limit=10.0, lower_bound=live_lower_bound(bufs))
+    assert optimal
+    for switch in _SWITCHES:
+        params = SearchParams(native=False, **{switch: False})
+        at = search_plan(bufs, opt, 5.0, params=params)
+        assert isinstance(at, list) and check_plan(bufs, at) == [] and arena_size(bufs, at) <= opt, switch
+        assert search_plan(bufs, opt - 16, 5.0, params=params) is None, switch
+
+
+def test_each_search_pruning_switch_is_wired():
+    """Turning a switch off makes the Python search visit more nodes on some instance (dominance and
+    canonical order are seen with the section bound off: it usually prunes the same plans first)."""
+    import random
+    import time
+
+    from toolchain.memory.preprocess import sections
+    from toolchain.memory.search import _Search
+
+    def nodes(bufs, cap, **switches):
+        search = _Search(sections(bufs), cap, time.monotonic() + 10.0, SearchParams(native=False, **switches))
+        search.solve()
+        return search.nodes
+
+    baseline = {"canonical": {"section_bound": False}, "decompose": {}, "section_bound": {},
+                "dominance": {"section_bound": False}}
+    seen = set()
+    rng = random.Random(0)
+    for _ in range(400):
+        bufs = [Buffer(16 * rng.randint(1, 12), f, f + rng.randint(0, 6))
+                for f in (rng.randint(0, 12) for _ in range(rng.randint(6, 12)))]
+        for cap in (live_lower_bound(bufs) // 16, live_lower_bound(bufs) // 16 + 1):
+            for switch, base in baseline.items():
+                if switch not in seen and nodes(bufs, cap, **base, **{switch: False}) > nodes(bufs, cap, **base):
+                    seen.add(switch)
+        if len(seen) == len(baseline):
+            break
+    assert seen == set(baseline), seen
+
+
+def test_search_with_prepared_sections_is_the_search_without():
+    problem = read_csv(EXAMPLE_CSV)
+    from toolchain.memory.preprocess import sections
+
+    prepared = sections(problem.buffers)
+    for cap in (11, 12, 20):
+        assert search_plan(problem.buffers, cap, 5.0, prepared=prepared) == search_plan(problem.buffers, cap, 5.0)
+    assert search_plan(problem.buffers, 11, 5.0, prepared=prepared) is None
+
+
+def test_planners_come_from_one_registry():
+    from toolchain.errors import UsageError
+    from toolchain.memory.planners import REGISTRY, Request, register
+
+    assert PLANNERS == tuple(REGISTRY) == ("auto", "search", "cpsat", "greedy-size", "greedy-conflicts", "tflm",
+                                           "tflite")
+    with pytest.raises(UsageError, match="unknown planner 'nope'"):
+        plan_buffers((), "nope")
+
+    @register("test-stack")
+    def stack(req: Request):
+        offsets, top = [], 0
+        for b in req.buffers:
+            offsets.append(top)
+            top += b.size
+        return req.finish(offsets, "test-stack")
+
+    try:
+        bufs = _buffers([(0, 2, 1), (1, 2, 2)])
+        plan = plan_buffers(bufs, "test-stack")
+        assert plan.planner == "test-stack" and plan.offsets == (0, 16) and plan.size == 48
+    finally:
+        del REGISTRY["test-stack"]
+
+
 def test_native_search_is_available_here():
     # The C search is what makes the MiniMalloc instances fast; the machine has a compiler.
     assert _native.load() is not None
@@ -134,7 +220,7 @@ def test_tflm_head_equals_the_plan_and_outputs_are_unchanged(path, tmp_path):
     # the model `plan` writes from: exact for TFLite Micro (see test_real_models for the raw hazard)
     model, graph, _ = load_exact(path, check_litert=False)
     lt = lifetimes(graph, semantics="tflm")
-    result = plan_for_tflm(model, graph, lt, "auto", time_limit=5.0)
+    result = plan_for_tflm(graph, lt, "auto", time_limit=5.0, n_tensors=total_tensor_count(model))
     assert len(result.tensor_offsets) == total_tensor_count(model)
     assert check_plan(lt, result.buffer_offsets, alignment=16) == []
     assert result.head <= tflm_greedy(lt).size  # never worse than TFLM's own planner
@@ -171,7 +257,7 @@ def test_offline_plan_refuses_models_with_several_subgraphs():
     model, graph = load(path)
     assert len(model.subgraphs) > 1
     with pytest.raises(ModelError, match="subgraphs"):
-        plan_for_tflm(model, graph, planner="greedy-size", time_limit=1.0)
+        plan_for_tflm(graph, planner="greedy-size", time_limit=1.0, n_tensors=total_tensor_count(model))
     proc = run_cli("plan", str(path), "-o", str(ROOT / "out" / "never-written.tflite"))
     assert proc.returncode == 2 and "subgraphs" in proc.stderr
     assert not (ROOT / "out" / "never-written.tflite").exists()
@@ -179,6 +265,7 @@ def test_offline_plan_refuses_models_with_several_subgraphs():
 
 def test_order_and_offsets_never_worse_than_the_schedule_alone():
     from toolchain.schedule import schedule
+    from toolchain.schedule.offsets import plan_order_and_offsets
 
     path = MODELS[-1]
     _, graph = load(path)

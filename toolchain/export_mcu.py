@@ -59,25 +59,13 @@ class ExportResult:
 
 
 def _plan(model, graph):
-    """(tensor offsets for all subgraphs, head, planner name) from our planner if present."""
-    from toolchain.memory import lifetimes, tflm_greedy
-
-    lt = lifetimes(graph, semantics="tflm")
-    try:
-        from toolchain.memory.planners import plan_for_tflm
-    except ImportError:
-        plan_for_tflm = None
-    if plan_for_tflm is not None:
-        off = plan_for_tflm(model, graph, lt, "auto", 5.0)
-        return list(off.tensor_offsets), off.head, off.plan.planner
+    """(tensor offsets for all subgraphs, head, planner name) from our planner."""
+    from toolchain.memory import lifetimes, plan_for_tflm
     from toolchain.tflite.metadata import total_tensor_count
 
-    plan = tflm_greedy(lt)
-    offsets = [-1] * total_tensor_count(model)
-    for b, o in zip(lt.buffers, plan.offsets):
-        if b.tensor is not None:
-            offsets[b.tensor] = o
-    return offsets, plan.size, plan.planner
+    lt = lifetimes(graph, semantics="tflm")
+    off = plan_for_tflm(graph, lt, "auto", 5.0, n_tensors=total_tensor_count(model))
+    return list(off.tensor_offsets), off.head, off.plan.planner
 
 
 def c_array(data: bytes, name: str) -> str:

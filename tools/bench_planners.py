@@ -28,6 +28,7 @@ from toolchain.memory import Lifetimes, lifetimes, live_lower_bound, plan_buffer
 from toolchain.memory import tflite_arena, tflm_greedy  # noqa: E402
 from toolchain.memory.minimalloc import read_csv  # noqa: E402
 from toolchain.tflite import model_to_bytes, with_offline_plan  # noqa: E402
+from toolchain.tflite.metadata import total_tensor_count  # noqa: E402
 from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 
 MINIMALLOC = ROOT.parent / "shared" / "benchmarks" / "minimalloc"
@@ -75,13 +76,13 @@ def bench_models(paths, time_limit: float, verify: bool) -> list[str]:
             rows.append(f"| {Path(path).name} | skipped: {exc} |")
             continue
         t0 = time.monotonic()
-        res = plan_for_tflm(model, graph, lt, "auto", time_limit)
+        res = plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=total_tensor_count(model))
         sec = time.monotonic() - t0
         tflm = tflm_greedy(lt).size
         tfl = tflite_arena(lt, alignment=16).size
         measured = "-"
         if verify:
-            from runtime.tflm_arena import measure_tflm_arena
+            from toolchain.execute.tflm_arena import measure_tflm_arena
 
             try:
                 head = measure_tflm_arena(model_to_bytes(with_offline_plan(model, list(res.tensor_offsets)))).head

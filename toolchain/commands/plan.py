@@ -8,10 +8,10 @@ from toolchain import report
 from toolchain.commands.options import check_output, non_negative_int, seconds
 from toolchain.errors import VerificationError
 from toolchain.ir.convert import load_exact
-from toolchain.memory import lifetimes, tflite_arena, tflm_greedy
+from toolchain.memory import PLANNERS, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from toolchain.memory.offchip import offchip_traffic
-from toolchain.memory.planners import PLANNERS, plan_for_tflm
 from toolchain.tflite import with_offline_plan, write_model
+from toolchain.tflite.metadata import total_tensor_count
 
 HELP = "plan arena offsets (down to the live-bytes bound) and write them as TFLite Micro's offline plan"
 
@@ -33,7 +33,7 @@ def run(args) -> int:
     check_output(args.output, inputs=[args.model])
     model, graph, notes = load_exact(args.model)  # exact for TFLite Micro: no plan can change its outputs
     lt = lifetimes(graph, semantics="tflm")
-    result = plan_for_tflm(model, graph, lt, args.planner, args.time_limit)
+    result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
     plan = result.plan
     out_model = with_offline_plan(model, list(result.tensor_offsets), label=args.model)
     write_model(out_model, args.output, inputs=[args.model])

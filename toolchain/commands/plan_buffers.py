@@ -6,8 +6,10 @@ from toolchain import report
 from toolchain.budget import Deadline
 from toolchain.errors import InfeasibleError, UsageError
 from toolchain.memory.minimalloc import read_csv, write_csv
-from toolchain.memory.planners import PLANNERS, first_conflict, live_lower_bound, plan_buffers, search_plan
-from toolchain.memory.plan import arena_size
+from toolchain.memory.plan import arena_size, first_conflict
+from toolchain.memory.planners import PLANNERS, plan_buffers
+from toolchain.memory.preprocess import live_lower_bound
+from toolchain.memory.search import search_plan
 
 HELP = "place buffers of a MiniMalloc CSV (id,lower,upper,size) at offsets; writes the CSV with offset"
 

@@ -1,21 +1,23 @@
-"""Lifetimes under a runtime's semantics, arena planners, and lower bounds."""
+"""Lifetimes under a runtime's semantics, arena planners, and lower bounds.
+
+Flatbuffer-free: plans are plain values; `toolchain.tflite.metadata.with_offline_plan` writes them.
+"""
 
 from toolchain.memory.semantics import SEMANTICS, TFLITE, TFLM, Semantics, align, get_semantics
 from toolchain.memory.lifetimes import Buffer, Lifetimes, lifetimes, peak_memory
-from toolchain.memory.plan import ArenaPlan, arena_size, check_plan
+from toolchain.memory.plan import ArenaPlan, arena_size, check_plan, first_conflict
 from toolchain.memory.runtime_planners import tflite_arena, tflm_greedy
 from toolchain.memory.bounds import op_footprints, order_free_lower_bound
-from toolchain.memory.planners import (
-    PLANNERS, OfflinePlan, live_lower_bound, offline_plan, plan_arena, plan_buffers, plan_for_tflm,
-    plan_order_and_offsets,
-)
+from toolchain.memory.preprocess import live_lower_bound
+from toolchain.memory.planners import PLANNERS, plan_arena, plan_buffers
+from toolchain.memory.tflm import OfflinePlan, offline_plan, plan_for_tflm
 from toolchain.memory.offchip import Traffic, offchip_traffic
 
 __all__ = [
     "SEMANTICS", "TFLITE", "TFLM", "Semantics", "align", "get_semantics",
     "Buffer", "Lifetimes", "lifetimes", "peak_memory",
-    "ArenaPlan", "arena_size", "check_plan", "tflite_arena", "tflm_greedy",
+    "ArenaPlan", "arena_size", "check_plan", "first_conflict", "tflite_arena", "tflm_greedy",
     "op_footprints", "order_free_lower_bound",
     "PLANNERS", "OfflinePlan", "live_lower_bound", "offline_plan", "plan_arena", "plan_buffers",
-    "plan_for_tflm", "plan_order_and_offsets", "Traffic", "offchip_traffic",
+    "plan_for_tflm", "Traffic", "offchip_traffic",
 ]

@@ -8,9 +8,9 @@ import dataclasses
 from toolchain.budget import Deadline
 from toolchain.compile.state import CompileState, PassRecord
 from toolchain.ir import to_model
-from toolchain.memory import lifetimes, tflm_greedy
-from toolchain.memory.planners import plan_for_tflm
+from toolchain.memory import lifetimes, plan_for_tflm, tflm_greedy
 from toolchain.tflite import model_to_bytes, with_offline_plan
+from toolchain.tflite.metadata import total_tensor_count
 
 
 def plan(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
@@ -19,7 +19,8 @@ def plan(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]
     if len(whole.subgraphs) > 1:
         return state, PassRecord("plan", "skipped", 0.0, {"reason": f"{len(whole.subgraphs)} subgraphs (control "
                                  "flow): TFLite Micro plans them together; only the main one is modelled"})
-    tflm_plan = plan_for_tflm(whole, graph, time_limit=allowed, deadline=Deadline(allowed))
+    tflm_plan = plan_for_tflm(graph, time_limit=allowed, n_tensors=total_tensor_count(whole),
+                              deadline=Deadline(allowed))
     if any(o >= 0 for o in tflm_plan.tensor_offsets):
         whole = with_offline_plan(whole, list(tflm_plan.tensor_offsets))
     own = tflm_greedy(lifetimes(graph, semantics="tflm")).size
