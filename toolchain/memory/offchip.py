@@ -41,6 +41,24 @@ class Traffic:
                 "feasible": self.feasible, "min_onchip_bytes": self.min_onchip_bytes}
 
 
+def _steps(graph: Graph, order, sem: Semantics, outputs: set[int]):
+    """(steps, uses): per step (step, activation inputs, activation outputs, scratch bytes), and per
+    tensor the ascending steps that read it (graph outputs are read once more, after the last op)."""
+    uses: dict[int, list[int]] = {}
+    steps = []
+    for k, op_pos in enumerate(order):
+        step = k + 1
+        ins = graph.activation_inputs(op_pos)
+        outs = graph.activation_outputs(op_pos)
+        scratch = sum(align(s, sem.alignment) for s in scratch_requests(graph, op_pos, sem))
+        for t in ins:
+            uses.setdefault(t, []).append(step)
+        steps.append((step, ins, outs, scratch))
+    for t in outputs:
+        uses.setdefault(t, []).append(len(graph.ops) + 1)
+    return steps, uses
+
+
 def offchip_traffic(graph: Graph, order=None, onchip_bytes: int = 0,
                     semantics: Semantics | str = "tflm") -> Traffic:
     """Bytes spilled and reloaded when running `order` with `onchip_bytes` of on-chip memory."""
@@ -55,19 +73,7 @@ def offchip_traffic(graph: Graph, order=None, onchip_bytes: int = 0,
         return size[t]
 
     outputs = {t for t in graph.outputs if graph.is_activation(t)}
-    end = n + 1
-    uses: dict[int, list[int]] = {}
-    steps = []
-    for k, op_pos in enumerate(order):
-        step = k + 1
-        ins = graph.activation_inputs(op_pos)
-        outs = graph.activation_outputs(op_pos)
-        scratch = sum(align(s, sem.alignment) for s in scratch_requests(graph, op_pos, sem))
-        for t in ins:
-            uses.setdefault(t, []).append(step)
-        steps.append((step, ins, outs, scratch))
-    for t in outputs:
-        uses.setdefault(t, []).append(end)
+    steps, uses = _steps(graph, order, sem, outputs)
 
     def next_use(t: int, step: int) -> int | None:
         u = uses.get(t, ())
