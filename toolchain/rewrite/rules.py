@@ -23,6 +23,13 @@ output's quantization, i.e. the concat is a plain copy). The splits re-associate
 the result equals the original within float rounding (see docs/rewrite.md for the bound); in int8
 the partial sums must be requantized to int8, which is lossy, so int8 splits need `allow_lossy`
 and calibration values for the concat inputs.
+
+Writing a rule needs no flatbuffer schema: options are the typed records of
+`toolchain.ir.options` (`op.options.axis`, `op.options.fused_activation == "RELU6"`), and new ops
+come from `toolchain.ir.ops` (`ops.add(a, b, out, activation="RELU")`,
+`ops.concatenation(xs, out, axis=3)`, `ops.like(template, inputs, outputs, **field_changes)`), added
+to the graph with `GraphEditor.replace`. A rule that reads options checks their record type first:
+options the reader could not decode are an `OpaqueOptions`, which no rule may match on.
 """
 
 from __future__ import annotations
