@@ -65,7 +65,7 @@ class FakeMcu(PtyDevice):
             view = view[n:]
 
     def _boot(self) -> None:
-        from runtime.tflm import TflmModel
+        from toolchain.execute.tflm import TflmModel
 
         self.interp = TflmModel(self.model_bytes, self.arena_size, "fake device model")
         self.inputs = [bytearray(np.dtype(dt).itemsize * int(np.prod(shape))) for dt, shape in self.interp.inputs]
@@ -80,7 +80,7 @@ class FakeMcu(PtyDevice):
 
     def _serve(self) -> None:
         if self.fault != "silent":
-            from runtime.tflm import TflmModel
+            from toolchain.execute.tflm import TflmModel
 
             if self._announce:
                 self._boot()

@@ -13,6 +13,37 @@ def _python_files(*folders: str):
         yield from sorted((ROOT / folder).rglob("*.py"))
 
 
+# LiteRT's `Interpreter(` and TFLite Micro's `Interpreter.from_bytes(`
+_CONSTRUCTS_INTERPRETER = re.compile(r"\bInterpreter(\.from_bytes)?\(")
+
+
+def test_interpreters_are_built_only_in_the_execute_room():
+    """One room runs models: every LiteRT and TFLite Micro interpreter is constructed in
+    toolchain/execute/ (tools/build_zoo.py runs in TensorFlow's own environment and is left out)."""
+    execute = ROOT / "toolchain" / "execute"
+    offenders = []
+    for path in _python_files("toolchain", "runtime", "tests", "tools"):
+        if execute in path.parents or path == Path(__file__).resolve() or path.name == "build_zoo.py":
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _CONSTRUCTS_INTERPRETER.search(line):
+                offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+# drawing a random tensor: numpy's Generator methods that made the old copies' inputs
+_DRAWS_TENSORS = re.compile(r"\.(standard_normal|uniform|integers)\(")
+
+
+def test_random_inputs_come_from_one_generator():
+    """toolchain/execute/inputs.py is the only code in toolchain/ and runtime/ that draws random
+    tensors (there were four generators with different distributions)."""
+    allowed = ROOT / "toolchain" / "execute" / "inputs.py"
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("toolchain", "runtime") if path != allowed
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if _DRAWS_TENSORS.search(line)]
+    assert offenders == []
+
+
 # ---- H10: the memory planners and the scheduler do not import each other -------------------------
 def _imported_rooms(source: str, label: str) -> set[str]:
     """The `toolchain.<room>` packages `source` imports, at the top or inside a function."""

@@ -7,40 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 from toolchain.cli import main
+from toolchain.execute.inputs import seeded_inputs
+from toolchain.execute.litert import litert_interpreter, run_named
 from toolchain.ir import load
 from toolchain.tflite import read_model
 from tests.conftest import EXAMPLE, FIXTURES
-
-
-def _interp(path):
-    it = Interpreter(model_path=str(path), experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    it.allocate_tensors()
-    return it
-
-
-def _feed(details, rng):
-    out = {}
-    for d in details:
-        if d["dtype"] == np.int8:
-            out[d["name"]] = rng.integers(-128, 128, size=d["shape"], dtype=np.int8)
-        else:
-            out[d["name"]] = rng.standard_normal(size=d["shape"]).astype(d["dtype"])
-    return out
-
-
-def chain(seg_paths, feeds):
-    env = dict(feeds)
-    for p in seg_paths:
-        it = _interp(p)
-        for d in it.get_input_details():
-            it.set_tensor(d["index"], env[d["name"]])
-        it.invoke()
-        for d in it.get_output_details():
-            env[d["name"]] = it.get_tensor(d["index"]).copy()
-    return env
 
 
 @pytest.mark.parametrize("name, n", [("tiny_irregular_int8", 3), ("multi_output_int8", 2), ("concat_conv_int8", 4)])
@@ -64,21 +37,20 @@ def test_compile_writes_coral_named_segments_that_chain_bit_exactly(tmp_path, na
     assert sum(s["ops"] for s in rep["segments"]) == len(whole_graph.ops)
     # every segment is a standalone model whose interface is what report.json says
     for s, p in zip(rep["segments"], segs):
-        it = _interp(p)
+        it = litert_interpreter(p)
         assert [d["name"] for d in it.get_input_details()] == s["inputs"]
         assert [d["name"] for d in it.get_output_details()] == s["outputs"]
         assert s["ops"] >= 1 and s["predicted_latency_s"] > 0
     assert rep["segments"][-1]["outputs"] == rep["outputs"]
     # chain ourselves, by name, against the ORIGINAL model
-    ref = _interp(src)
-    rng = np.random.default_rng(1)
-    feeds = _feed(ref.get_input_details(), rng)
-    for d in ref.get_input_details():
-        ref.set_tensor(d["index"], feeds[d["name"]])
-    ref.invoke()
-    env = chain(segs, feeds)
-    for d in ref.get_output_details():
-        assert np.array_equal(env[d["name"]], ref.get_tensor(d["index"]))
+    ref = litert_interpreter(src)
+    feeds = {d["name"]: x for d, x in zip(ref.get_input_details(), seeded_inputs(ref.get_input_details(), 1))}
+    want = run_named(ref, feeds)
+    env = dict(feeds)
+    for p in segs:
+        env.update(run_named(litert_interpreter(p), env))
+    for name, w in want.items():
+        assert np.array_equal(env[name], w), name
 
 
 def test_segments_keep_only_the_buffers_they_need(tmp_path):
@@ -161,7 +133,7 @@ def test_co_deployment_of_two_models(tmp_path, capsys):
     assert rep["verification"]["whole_vs_source"]["bit_identical"] is True
     assert all((out / f"{stem}_segment_{i}_of_3.tflite").exists() for i in range(3))
     assert rep["models"][0]["inputs"] == ["tiny_irregular_int8/" + n for n in
-                                          [d["name"] for d in _interp(a).get_input_details()]]
+                                          [d["name"] for d in litert_interpreter(a).get_input_details()]]
 
 
 @pytest.mark.skipif(not EXAMPLE.exists(), reason="example model not built")

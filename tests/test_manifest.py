@@ -316,11 +316,9 @@ def float16_weights_model(src: Path) -> bytes:
 def fp16_model(tmp_path) -> Path:
     p = tmp_path / "weights_fp16.tflite"
     p.write_bytes(float16_weights_model(FLOAT))
-    from ai_edge_litert.interpreter import Interpreter
+    from toolchain.execute.litert import new_interpreter
 
-    it = Interpreter(model_path=str(p))  # a real model: LiteRT runs it
-    it.allocate_tensors()
-    it.invoke()
+    new_interpreter(p, builtin_only=False).invoke()  # a real model: LiteRT runs it
     return p
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.tflm import TflmModel
+from toolchain.execute.tflm import TflmModel
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
 from toolchain.cost.mcu import estimate_mcu, op_class

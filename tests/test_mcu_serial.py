@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from runtime import protocol as P
 from runtime.fake_mcu import FakeMcu
 from runtime.serial_mcu import McuRunAborted, SerialMcu
-from runtime.tflm import TflmModel
+from toolchain.execute.tflm import TflmModel
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
 from toolchain.cost.mcu import estimate_mcu

@@ -12,7 +12,8 @@ from toolchain.errors import ModelError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, run_cli, run_tflm, tflm_models
+from conftest import ROOT, run_cli, tflm_models
+from toolchain.execute.tflm import run_tflm_in_child
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.ir import load
 from toolchain.ir.convert import load_exact
@@ -229,8 +230,8 @@ def test_tflm_head_equals_the_plan_and_outputs_are_unchanged(path, tmp_path):
     data = model_to_bytes(planned)
     assert read_offline_plan(planned) == list(result.tensor_offsets)
     assert measure_tflm_arena(data).head == result.head
-    before = run_tflm(model_to_bytes(model), tmp_path, seed=3)
-    after = run_tflm(data, tmp_path, seed=3)
+    before = run_tflm_in_child(model_to_bytes(model), seed=3)
+    after = run_tflm_in_child(data, seed=3)
     assert len(before) == len(after)
     for a, b in zip(before, after):
         assert a.dtype == b.dtype and (a == b).all()
@@ -261,25 +262,6 @@ def test_offline_plan_refuses_models_with_several_subgraphs():
     proc = run_cli("plan", str(path), "-o", str(ROOT / "out" / "never-written.tflite"))
     assert proc.returncode == 2 and "subgraphs" in proc.stderr
     assert not (ROOT / "out" / "never-written.tflite").exists()
-
-
-def test_plan_for_tflm_takes_plain_values():
-    """No flatbuffer model: a graph built in the IR and the tensor count of the model the offsets
-    will be written into (by with_offline_plan, the only writer of the metadata)."""
-    import inspect
-
-    from toolchain.ir import Graph, Op, Tensor
-
-    sizes = {"x": 160, "a": 320, "b": 320, "c": 160}
-    tensors = tuple(Tensor(i, name, "int8", (size,)) for i, (name, size) in enumerate(sizes.items()))
-    graph = Graph(tensors, (Op("RELU", (0,), (1,)), Op("RELU", (1,), (2,)), Op("RELU", (2,), (3,))), (0,), (3,))
-    assert "model" not in inspect.signature(plan_for_tflm).parameters
-    result = plan_for_tflm(graph, planner="auto", time_limit=2.0, n_tensors=4)
-    lt = lifetimes(graph, semantics="tflm")
-    assert len(result.tensor_offsets) == 4 and min(result.tensor_offsets) >= 0
-    assert result.head == lt.peak == 640 and check_plan(lt, result.buffer_offsets, alignment=16) == []
-    with pytest.raises(ModelError, match="2 tensors in other subgraphs"):
-        plan_for_tflm(graph, planner="greedy-size", time_limit=1.0, n_tensors=6)
 
 
 def test_order_and_offsets_never_worse_than_the_schedule_alone():

@@ -13,7 +13,10 @@ import pytest
 from toolchain.ir import from_model
 from toolchain.partition import PartitionProblem, partition
 from toolchain.cost.edgetpu import EdgeTpuCostModel
-from toolchain.rewrite.numerics import litert_interpreter, random_inputs, run_tflm
+from toolchain.execute.compare import verify_chain, verify_models
+from toolchain.execute.inputs import random_inputs
+from toolchain.execute.litert import input_details, litert_interpreter, run_litert
+from toolchain.execute.tflm import run_tflm
 from toolchain.tflite import model_to_bytes, read_model, schema
 from toolchain.tflite.extract import extract_segment, runtime_shapes, stale_shapes, with_static_shapes
 
@@ -34,24 +37,8 @@ def _segments(model, graph, stages, n):
 
 def _chain_equals_whole(whole: bytes, segments: list[bytes], samples: int = 2):
     """Every segment loads in LiteRT; chained by tensor name they reproduce the whole model
-    bit for bit."""
-    ref = litert_interpreter(whole)
-    segs = [litert_interpreter(s) for s in segments]  # raises ModelError if one cannot be prepared
-    rng = np.random.default_rng(0)
-    for _ in range(samples):
-        env = {}
-        for d, x in zip(ref.get_input_details(), random_inputs(ref.get_input_details(), rng)):
-            ref.set_tensor(d["index"], x)
-            env[d["name"]] = x
-        ref.invoke()
-        want = {d["name"]: ref.get_tensor(d["index"]).copy() for d in ref.get_output_details()}
-        for it in segs:
-            for d in it.get_input_details():
-                it.set_tensor(d["index"], env[d["name"]])
-            it.invoke()
-            env.update({d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()})
-        for name, w in want.items():
-            assert np.array_equal(env[name], w), name
+    bit for bit (VerificationError otherwise)."""
+    assert verify_chain([("whole", whole, "")], segments, samples=samples)["bit_identical"]
 
 
 def _pairs(graph):
@@ -196,7 +183,6 @@ def test_reordering_changes_tflm_outputs_only_on_placeholder_shapes(dtype):
     """The issue's symptom: another topological order gives other TFLite Micro outputs (LiteRT:
     identical) on the dynamic-batch model; with the real shapes written, every order agrees."""
     from toolchain.partition.heuristic import coral_topological_sort
-    from toolchain.rewrite.verify import verify_models
 
     dyn = _load(f"darts_s2b_dynbatch_{dtype}")
     order = coral_topological_sort(from_model(dyn))
@@ -226,7 +212,8 @@ def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
         import copy, numpy as np
         from toolchain.tflite import read_model, model_to_bytes
         from toolchain.ir import from_model
-        from toolchain.rewrite.numerics import run_tflm, run_litert
+        from toolchain.execute.litert import run_litert
+        from toolchain.execute.tflm import run_tflm
         m = read_model({str(FIX / 'darts_s2b_int8.tflite')!r})
         g = from_model(m)
         i = [k for k, op in enumerate(g.ops) if op.opcode == "SPACE_TO_BATCH_ND"][0]
@@ -386,8 +373,7 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
     PAD (which TFLite Micro fills with the zero point) and pads nothing itself. LiteRT: the same
     outputs bit for bit; TFLite Micro: no hazard left, and within 1 LSB of LiteRT where it was
     far off before."""
-    from toolchain.rewrite.numerics import input_details, run_litert
-    from toolchain.rewrite.verify import tflm_hazards, verify_models
+    from toolchain.rewrite.verify import tflm_hazards
     from toolchain.tflite.extract import explicit_space_to_batch_padding, runtime_exact_model
 
     for name in ("darts_s2b_int8", "darts_s2b_dynbatch_int8", "darts_s2b_float32"):

@@ -15,9 +15,11 @@ from toolchain.ir import BUILTIN_CODES, Graph, Op, Quantization, Tensor, load
 from toolchain.memory import peak_memory
 from toolchain.rewrite import EXACT, FLOAT_ROUNDING, LOSSY, apply_candidate, find_candidates, rewrite_graph
 from toolchain.rewrite.edit import tensor_values
-from toolchain.rewrite.numerics import (conv2d_nhwc, input_details, random_inputs, rewritten_model, run_litert,
-                                        run_tflm, standalone_model)
-from toolchain.rewrite.verify import verify_models
+from toolchain.execute.compare import verify_models
+from toolchain.execute.inputs import random_inputs
+from toolchain.execute.litert import input_details, run_litert
+from toolchain.execute.tflm import run_tflm
+from toolchain.rewrite.numerics import conv2d_nhwc, rewritten_model, standalone_model
 from toolchain.tflite import model_to_bytes, read_model
 
 FIX = Path(__file__).parent / "fixtures"

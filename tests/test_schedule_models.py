@@ -8,7 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import fixture_models, run_cli, run_litert, run_tflm, tflm_models
+from conftest import fixture_models, run_cli, tflm_models
+from toolchain.execute.litert import seeded_outputs
+from toolchain.execute.tflm import run_tflm_in_child
 from runtime.tflm_arena import measure_tflm_arena
 from toolchain.ir import from_model, load, to_model
 from toolchain.memory import lifetimes, order_free_lower_bound, tflm_greedy
@@ -35,9 +37,9 @@ def test_reordered_model_runs_identically_and_matches_prediction(path, tmp_path)
     # the head real TFLite Micro allocates is what the model predicts for the new order
     assert measure_tflm_arena(data).head == tflm_greedy(lifetimes(again)).size
     # outputs bit-identical: LiteRT with LiteRT, TFLM with TFLM
-    for a, b in zip(run_litert(path), run_litert(data)):
+    for a, b in zip(seeded_outputs(path), seeded_outputs(data)):
         np.testing.assert_array_equal(a, b)
-    for a, b in zip(run_tflm(path, tmp_path), run_tflm(data, tmp_path)):
+    for a, b in zip(run_tflm_in_child(path), run_tflm_in_child(data)):
         np.testing.assert_array_equal(a, b)
 
 

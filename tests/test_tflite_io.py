@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
-from conftest import fixture_models, run_cli, run_litert, run_tflm, tflm_models
+from conftest import fixture_models, run_cli, tflm_models
+from toolchain.execute.litert import seeded_outputs
+from toolchain.execute.tflm import run_tflm_in_child
 from toolchain.errors import ModelError
 from toolchain.tflite import model_to_bytes, read_model, write_model
 from toolchain.tflite.metadata import get_metadata, set_metadata
@@ -63,14 +65,14 @@ def test_written_buffers_are_16_byte_aligned(path):
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.name)
 def test_round_trip_runs_identically_in_litert(path):
     copy = model_to_bytes(read_model(path))
-    for a, b in zip(run_litert(path), run_litert(copy)):
+    for a, b in zip(seeded_outputs(path), seeded_outputs(copy)):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("path", tflm_models()[:4], ids=lambda p: p.name)
 def test_round_trip_runs_identically_in_tflm(path, tmp_path):
     copy = model_to_bytes(read_model(path))
-    for a, b in zip(run_tflm(path, tmp_path), run_tflm(copy, tmp_path)):
+    for a, b in zip(run_tflm_in_child(path), run_tflm_in_child(copy)):
         np.testing.assert_array_equal(a, b)
 
 

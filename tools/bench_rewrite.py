@@ -25,7 +25,7 @@ from toolchain.errors import ToolchainError  # noqa: E402
 from toolchain.ir import load, macs  # noqa: E402
 from toolchain.rewrite import rewrite_graph  # noqa: E402
 from toolchain.rewrite.numerics import rewritten_model  # noqa: E402
-from toolchain.rewrite.verify import verify_models  # noqa: E402
+from toolchain.execute.compare import verify_models  # noqa: E402
 from toolchain.tflite import model_to_bytes  # noqa: E402
 
 EXTRA = ["tests/fixtures/concat_conv_float32.tflite", "tests/fixtures/concat_conv_int8.tflite",

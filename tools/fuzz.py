@@ -253,9 +253,9 @@ def loads_in_litert(path: Path) -> str | None:
     if pid == 0:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         try:
-            from ai_edge_litert.interpreter import Interpreter
+            from toolchain.execute.litert import new_interpreter
 
-            Interpreter(model_content=path.read_bytes()).allocate_tensors()
+            new_interpreter(path.read_bytes(), builtin_only=False, num_threads=None)
             os._exit(0)
         except BaseException:  # noqa: BLE001
             os._exit(1)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, ClassVar
 
-import numpy as np
-
 from runtime.deployment import Deployment
-from runtime.inputs import input_stream
 from runtime.measure import LatencyStats, RunReport, StageReport
 from runtime.pipeline import Stage, run_pipeline
 from toolchain.errors import DeviceError, ModelError
+from toolchain.execute.compare import compare_named
+from toolchain.execute.inputs import input_stream
 
 
 @dataclass(frozen=True)
@@ -59,17 +57,6 @@ class Backend:
         return 2 * request.iterations
 
 
-def litert_interpreter(path: Path, delegates=None):
-    from ai_edge_litert.interpreter import Interpreter
-
-    try:
-        interp = Interpreter(model_path=str(path), experimental_delegates=delegates, num_threads=1)
-        interp.allocate_tensors()
-    except ValueError as exc:
-        raise ModelError(f"{path}: LiteRT cannot load it ({' '.join(str(exc).split())[:200]})") from None
-    return interp
-
-
 def litert_stage(name: str, interp, inputs: tuple[str, ...] | None = None,
                  outputs: tuple[str, ...] | None = None) -> Stage:
     """A pipeline stage running one LiteRT interpreter; tensors matched by name."""
@@ -101,20 +88,6 @@ def input_specs(stages: list[Stage], interps, needed: tuple[str, ...]):
         else:
             raise ModelError(f"pipeline input '{n}' is not an input of any segment file")
     return specs
-
-
-def compare(outputs: list[dict], reference: list[dict]) -> tuple[bool, float]:
-    """(bit-exact?, largest absolute difference) over every output tensor of every inference."""
-    exact, worst = True, 0.0
-    for got, want in zip(outputs, reference):
-        for name, w in want.items():
-            g = got.get(name)
-            if g is None or g.shape != w.shape:
-                return False, float("inf")
-            if not np.array_equal(g, w):
-                exact = False
-                worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))))
-    return exact, worst
 
 
 def measure_stages(dep: Deployment, stages: list[Stage], interps, backend: str, device: str,
@@ -161,7 +134,7 @@ def measure_stages(dep: Deployment, stages: list[Stage], interps, backend: str, 
     report.throughput_per_s = run.throughput_per_s
     if run.error is not None:
         report.error = str(run.error)
-    pipe_exact, _ = compare(run.outputs, seq_outputs)
+    pipe_exact, _ = compare_named(run.outputs, seq_outputs)
     if not pipe_exact:
         report.notes.append("pipelined outputs differ from the sequential run")
     for k, (seg, s) in enumerate(zip(dep.segments, stages)):
@@ -177,8 +150,8 @@ def measure_stages(dep: Deployment, stages: list[Stage], interps, backend: str, 
             for x in data[warmup:]:
                 out = ref_stage.fn({n: x[n] for n in ref_stage.inputs})
                 reference.append({n: out[n] for n in final})
-            exact, worst = compare(seq_outputs, reference)
-            pipe_ok, pipe_worst = compare(run.outputs, reference[: len(run.outputs)])
+            exact, worst = compare_named(seq_outputs, reference)
+            pipe_ok, pipe_worst = compare_named(run.outputs, reference[: len(run.outputs)])
             report.verified = exact and pipe_ok
             report.max_abs_diff = max(worst, pipe_worst)
     else:

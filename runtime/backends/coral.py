@@ -142,14 +142,13 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
             raise UsageError(f"{s.edgetpu_path}: missing; compile the segments with edgetpu_compiler "
                              f"(`edgetpu_compiler --num_segments={len(dep.segments)}`) first")
         files.append(s.edgetpu_path)
-    from ai_edge_litert.interpreter import Interpreter
+    from toolchain.execute.litert import new_interpreter
 
     interps = []
     for f, tpu in zip(files, tpus):
         delegate = _load_delegate(tpu.id, timeout)
         try:
-            it = Interpreter(model_path=str(f), experimental_delegates=[delegate])
-            it.allocate_tensors()
+            it = new_interpreter(f, builtin_only=False, delegates=[delegate], num_threads=None)
         except ValueError as exc:
             raise DeviceError(f"{f}: cannot run on {tpu.id} ({exc})") from None
         interps.append(it)
@@ -188,7 +187,7 @@ def _pycoral_throughput(interps, dep: Deployment, iterations: int, seed: int, ti
     import time
 
     from runtime.backends.common import input_specs
-    from runtime.inputs import input_stream
+    from toolchain.execute.inputs import input_stream
 
     specs = input_specs([], interps, dep.graph_inputs)
     data = input_stream(specs, iterations, seed)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runtime.backends.common import Backend, RunRequest, litert_interpreter, litert_stage, measure_stages
+from runtime.backends.common import Backend, RunRequest, litert_stage, measure_stages
 from runtime.deployment import Deployment
 from runtime.measure import LatencyStats, RunReport
 from toolchain.errors import DeviceError, InfeasibleError
+from toolchain.execute.litert import litert_interpreter
 
 
 class EmulatorBackend(Backend):
@@ -70,10 +71,12 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
 def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2, seed: int = 0,
                           device: str | None = None, progress=None) -> RunReport:
     device = device or dep.device or "coral-usb"
-    interps = [litert_interpreter(s.path) for s in dep.segments]
+    # LiteRT's default resolver: the host latency a user's interpreter would see
+    interps = [litert_interpreter(s.path, label=str(s.path), builtin_only=False) for s in dep.segments]
     stages = [litert_stage(s.path.name, it, s.inputs, s.outputs) for s, it in zip(dep.segments, interps)]
     same = len(dep.segments) == 1 and dep.whole is not None and dep.segments[0].path.resolve() == dep.whole.resolve()
-    ref = litert_interpreter(dep.whole) if dep.whole is not None and not same else None
+    ref = (litert_interpreter(dep.whole, label=str(dep.whole), builtin_only=False)
+           if dep.whole is not None and not same else None)
     report = measure_stages(dep, stages, interps, "emulator", f"host CPU (LiteRT) for {device}",
                             iterations, warmup, seed, reference_interp=ref, progress=progress)
     if same:
@@ -91,8 +94,8 @@ def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2
 def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iterations: int = 10, warmup: int = 1,
                       seed: int = 0, progress=None) -> RunReport:
     """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
-    from runtime.inputs import input_stream
-    from runtime.tflm import TflmModel
+    from toolchain.execute.inputs import input_stream
+    from toolchain.execute.tflm import TflmModel
     from toolchain.cost.mcu import device_dict, estimate_mcu
     from toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
     from toolchain.ir import from_model, total_param_bytes

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.backends.common import Backend, RunRequest
-from runtime.inputs import input_stream
+from toolchain.execute.inputs import input_stream
 from runtime.measure import LatencyStats, RunReport
 from runtime.serial_mcu import DEFAULT_BAUD, McuRunAborted, SerialMcu
 from toolchain.errors import UsageError
@@ -42,7 +42,7 @@ class McuBackend(Backend):
 
 def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iterations: int = 10, seed: int = 0,
             baud: int | None = None, timeout: float = 5.0, progress=None, power=None) -> RunReport:
-    from runtime.tflm import TflmModel
+    from toolchain.execute.tflm import TflmModel
     from toolchain.cost.mcu import device_dict
     from toolchain.execute.tflm_arena import check_tflm_dtypes
 

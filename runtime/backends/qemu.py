@@ -222,8 +222,8 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     """Build (cached), boot QEMU, run `iterations` random inputs over the serial protocol, compare
     with host TFLite Micro. DeviceError (exit 4) on boot failure or a silent/garbled board;
     InfeasibleError (exit 3) when the firmware does not fit the board."""
-    from runtime.inputs import input_stream
-    from runtime.tflm import TflmModel
+    from toolchain.execute.inputs import input_stream
+    from toolchain.execute.tflm import TflmModel
     from toolchain.cost.mcu import device_dict
     from toolchain.execute.tflm_arena import check_tflm_dtypes
     from toolchain.firmware.project import board_firmware

@@ -37,7 +37,7 @@ def run(args) -> int:
     new_model = rewritten_model(result.graph, model)
     verification = None
     if args.verify or result.lossy:
-        from toolchain.rewrite.verify import check_or_raise, verify_models
+        from toolchain.execute.compare import check_or_raise, verify_models
 
         verification = verify_models(model_to_bytes(model), model_to_bytes(new_model), runs=args.runs,
                                      lossy_ok=result.lossy)

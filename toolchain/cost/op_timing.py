@@ -10,25 +10,13 @@ import time
 import numpy as np
 
 
-def _random(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    shape = tuple(int(d) for d in shape)
-    if dtype.kind == "f":
-        return rng.uniform(-1.0, 1.0, size=shape).astype(dtype)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        hi = min(info.max, 255 if dtype.kind == "u" else 127)
-        return rng.integers(max(info.min, -128), hi + 1, size=shape, dtype=np.int64).astype(dtype)
-    return rng.integers(0, 2, size=shape).astype(dtype)
-
-
 def tflm_op_times(model_bytes: bytes, iterations: int = 3, arena_size: int = 64 * 1024 * 1024,
                   seed: int = 0, label: str | None = None) -> dict[int, float]:
     """{op position: median seconds}; ops TFLite Micro cannot run alone are left out.
 
     ModelError when the model has float16 tensors (TFLite Micro cannot run any of them)."""
-    import tflite_micro.python.tflite_micro.runtime as tflm
-
+    from toolchain.execute.inputs import random_tensor
+    from toolchain.execute.tflm import tflm_interpreter
     from toolchain.execute.tflm_arena import check_tflm_dtypes
     from toolchain.ir import from_model
     from toolchain.tflite import model_to_bytes, read_model
@@ -44,10 +32,10 @@ def tflm_op_times(model_bytes: bytes, iterations: int = 3, arena_size: int = 64 
         outs = [t for t in op.outputs if t >= 0]
         try:
             part = extract_segment(model, [i], ins, outs)
-            one = tflm.Interpreter.from_bytes(model_to_bytes(part), arena_size=int(arena_size))
+            one = tflm_interpreter(model_to_bytes(part), arena_size)
             for k in range(len(part.subgraphs[0].inputs)):
                 d = one.get_input_details(k)
-                one.set_input(_random(rng, d["shape"], d["dtype"]), k)
+                one.set_input(random_tensor(rng, d["shape"], d["dtype"]), k)
         except Exception:  # noqa: BLE001 - this op cannot run alone in TFLite Micro: leave it out
             continue
         samples = []

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolchain.errors import DeviceError, ModelError
+from toolchain.execute.tflm import CHECKOUT
 
 _FIGURE = re.compile(r"Arena allocation (head|tail|total) (\d+) bytes")
-_ROOT = Path(__file__).resolve().parents[2]  # the checkout, so the child imports this same toolchain
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,13 @@ def check_tflm_dtypes(model, label: str | None = None) -> None:
 def _child(path: str, arena_size: int, invoke: bool) -> None:
     """Runs in the child: allocate (and optionally invoke), then print the allocation report."""
     import numpy as np
-    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's, not ours
 
-    data = Path(path).read_bytes()
-    interp = runtime.Interpreter.from_bytes(data, arena_size=arena_size)
+    from toolchain.execute.tflm import io_details, tflm_interpreter
+
+    interp = tflm_interpreter(Path(path).read_bytes(), arena_size)
     if invoke:
-        i = 0
-        while True:
-            try:
-                d = interp.get_input_details(i)
-            except IndexError:  # the binding has no input count: ask until it refuses
-                break
+        for i, d in enumerate(io_details(interp, "input")):
             interp.set_input(np.zeros(d["shape"], dtype=d["dtype"]), i)
-            i += 1
         interp.invoke()
     sys.stdout.flush()
     interp.print_allocations()
@@ -105,7 +99,7 @@ def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 
                 "_child(sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1')")
         proc = subprocess.run(
             [sys.executable, "-c", code, str(path), str(arena_size), "1" if invoke else "0"],
-            capture_output=True, text=True, timeout=timeout, cwd=str(_ROOT),
+            capture_output=True, text=True, timeout=timeout, cwd=str(CHECKOUT),
         )
     figures = dict((k, int(v)) for k, v in _FIGURE.findall(proc.stderr + proc.stdout))
     if proc.returncode != 0 or "head" not in figures:

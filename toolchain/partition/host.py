@@ -27,15 +27,10 @@ from toolchain.tflite.extract import extract_segment
 
 def _litert_loads(data: bytes) -> str | None:
     """None if LiteRT builds and prepares an interpreter for `data`, else its first error line."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from toolchain.execute.litert import litert_load_error
 
-    try:
-        it = Interpreter(model_content=data, num_threads=1,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-        it.allocate_tensors()
-    except (RuntimeError, ValueError) as exc:
-        return (str(exc).splitlines() or [type(exc).__name__])[0]
-    return None
+    error = litert_load_error(data)
+    return None if error is None else error.splitlines()[0]
 
 
 def litert_missing_kernels(model: schema.ModelT, graph: Graph) -> dict[int, str]:

@@ -1,8 +1,6 @@
-"""Running graphs for calibration and verification: LiteRT and TFLite Micro on random inputs.
-
-Every run uses LiteRT's builtin kernels without default delegates (deterministic, one thread), and
-TFLite Micro's reference kernels; outputs of one runtime are only ever compared with outputs of
-the same runtime (FACTS.md: the two can differ by 1 LSB on int8 models).
+"""Numerics of rewrites: a float64 reference convolution, the model a rewritten graph is written
+as, and calibration values of activations (LiteRT's builtin kernels on random inputs; running
+models lives in `toolchain.execute`).
 """
 
 from __future__ import annotations
@@ -14,12 +12,10 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from toolchain.errors import ModelError
+from toolchain.execute.inputs import random_inputs
+from toolchain.execute.litert import input_details, run_litert
 from toolchain.ir import Graph, to_model
 from toolchain.tflite import model_to_bytes
-
-_NP = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32,
-       "int64": np.int64, "bool": np.bool_, "float16": np.float16}
-
 
 def conv2d_nhwc(x, w, stride_h=1, stride_w=1, dil_h=1, dil_w=1, same=True):
     """Reference CONV_2D in float64: x [N,H,W,C], w [O,kh,kw,C] -> [N,OH,OW,O] (TFLite padding)."""
@@ -78,67 +74,6 @@ def prune_buffers(model: schema.ModelT) -> schema.ModelT:
     out = copy.copy(model)
     out.buffers = [b if i in used else schema.BufferT() for i, b in enumerate(model.buffers)]
     return out
-
-
-def random_inputs(details, rng: np.random.Generator) -> list[np.ndarray]:
-    """One random input per runtime input detail: the full range for 8- and 16-bit integers (the
-    quantized activations), 0..8 for wider ones (indices, sizes), N(0,1) floats."""
-    out = []
-    for d in details:
-        shape = [max(int(s), 1) for s in d["shape"]]
-        dt = np.dtype(d["dtype"])
-        if dt.kind == "f":
-            out.append(rng.standard_normal(shape).astype(dt))
-        elif dt == np.bool_:
-            out.append(rng.integers(0, 2, shape).astype(dt))
-        elif dt.kind in "iu":
-            info = np.iinfo(dt)
-            lo, hi = (info.min, info.max) if dt.itemsize <= 2 else (0, 8)
-            out.append(rng.integers(lo, hi, shape, endpoint=True).astype(dt))
-        else:
-            out.append(np.zeros(shape, dtype=dt))
-    return out
-
-
-def litert_interpreter(data: bytes, preserve: bool = False):
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    try:
-        it = Interpreter(model_content=bytes(data), num_threads=1,
-                         experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
-                         experimental_preserve_all_tensors=preserve)
-        it.allocate_tensors()
-    except (RuntimeError, ValueError) as exc:
-        raise ModelError(f"LiteRT cannot load the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
-    return it
-
-
-def run_litert(data: bytes, inputs: list[np.ndarray], tensors=()) -> tuple[list[np.ndarray], dict]:
-    """Outputs (in the model's output order) and the values of `tensors` (indices) after one run."""
-    it = litert_interpreter(data, preserve=bool(tensors))
-    for d, x in zip(it.get_input_details(), inputs):
-        it.set_tensor(d["index"], x)
-    it.invoke()
-    outs = [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
-    return outs, {t: it.get_tensor(t).copy() for t in tensors}
-
-
-def run_tflm(data: bytes, inputs: list[np.ndarray], arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
-    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's module, not our package
-
-    try:
-        it = runtime.Interpreter.from_bytes(bytes(data), arena_size=arena_size)
-        for i, x in enumerate(inputs):
-            it.set_input(x, i)
-        it.invoke()
-        n_out = schema.Model.GetRootAs(bytes(data), 0).Subgraphs(0).OutputsLength()
-        return [np.array(it.get_output(i)) for i in range(n_out)]
-    except (RuntimeError, ValueError) as exc:
-        raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
-
-
-def input_details(data: bytes):
-    return litert_interpreter(data).get_input_details()
 
 
 def calibration_values(graph: Graph, tensors, runs: int = 4, seed: int = 0, model=None) -> dict[int, list]:

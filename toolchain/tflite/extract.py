@@ -85,12 +85,10 @@ def runtime_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
     if not _has_dynamic_dims(sg):
         shapes = {i: tuple(int(d) for d in (t.shape if t.shape is not None else ())) for i, t in enumerate(sg.tensors or [])}
     else:
-        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+        from toolchain.execute.litert import new_interpreter
 
         def prepared(data: bytes):
-            it = Interpreter(model_content=data, num_threads=1,
-                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-            it.allocate_tensors()
+            it = new_interpreter(data)
             return {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
 
         try:

@@ -46,15 +46,11 @@ def _refusal(label: str, message: str) -> str:
 
 
 def _try_load(data: bytes) -> tuple[bool, str]:
-    try:
-        from ai_edge_litert.interpreter import Interpreter
+    from toolchain.execute.litert import litert_load_error
 
-        # The default resolver, XNNPACK delegate included: what a user's interpreter runs.
-        interp = Interpreter(model_content=bytes(data))
-        interp.allocate_tensors()
-    except (RuntimeError, ValueError, TypeError, MemoryError, OverflowError) as exc:
-        return False, str(exc)
-    return True, ""
+    # The default resolver, XNNPACK delegate included: what a user's interpreter runs.
+    error = litert_load_error(data, builtin_only=False, num_threads=None)
+    return error is None, error or ""
 
 
 def _run(data: bytes) -> tuple[bool, str]:

@@ -5,81 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from toolchain.compile.state import CompileState, PassRecord
-from toolchain.errors import ModelError, VerificationError
+from toolchain.errors import VerificationError
+from toolchain.execute.compare import verify_chain, verify_models
 from toolchain.ir import from_model, macs
 from toolchain.partition.host import runnable_part, verification_scope
-from toolchain.rewrite.numerics import litert_interpreter, random_inputs
-from toolchain.rewrite.verify import tflm_hazards, verify_models
+from toolchain.rewrite.verify import tflm_hazards
 from toolchain.tflite import model_to_bytes, read_model
 from toolchain.tflite.extract import runtime_exact_model
 
 # TFLite Micro runs the reference kernels: seconds per inference for the largest zoo models.
 TFLM_VERIFY_MAX_MACS = 300_000_000
-
-
-def _interpreter(data: bytes):
-    try:
-        return litert_interpreter(data)
-    except ModelError as exc:
-        raise VerificationError(str(exc)) from None
-
-
-def _run(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    for d in it.get_input_details():
-        if d["name"] not in feeds:
-            raise VerificationError(f"segment input '{d['name']}' is produced by no earlier segment")
-        it.set_tensor(d["index"], feeds[d["name"]])
-    it.invoke()
-    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
-
-
-def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes], samples: int = 2,
-                 seed: int = 0, exact: bool = True) -> dict:
-    """Run the original model(s) and the chained segments (tensors matched by name) on the same
-    random inputs under LiteRT's builtin kernels; raise VerificationError unless every output is
-    bit-identical. `originals` holds (label, model bytes, tensor-name prefix)."""
-    rng = np.random.default_rng(seed)
-    refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
-    segs = [_interpreter(s) for s in segments]
-    compared = 0
-    worst = 0.0
-    for _ in range(samples):
-        env: dict[str, np.ndarray] = {}
-        expected: dict[str, np.ndarray] = {}
-        for label, it, prefix in refs:
-            details = it.get_input_details()
-            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng))}
-            for name, arr in feeds.items():
-                env[prefix + name] = arr
-            try:
-                outs = _run(it, feeds)
-            except RuntimeError as exc:
-                raise VerificationError(f"{label}: LiteRT failed to run it: {exc}") from None
-            expected.update({prefix + k: v for k, v in outs.items()})
-        for k, it in enumerate(segs):
-            try:
-                env.update(_run(it, env))
-            except RuntimeError as exc:
-                raise VerificationError(f"segment {k}: LiteRT failed to run it: {exc}") from None
-        for name, want in expected.items():
-            if name not in env:
-                raise VerificationError(f"output '{name}' is produced by no segment")
-            got = env[name]
-            if got.shape != want.shape or got.dtype != want.dtype:
-                raise VerificationError(f"output '{name}': shape or type differs ({got.shape} {got.dtype} vs "
-                                        f"{want.shape} {want.dtype})")
-            if not np.array_equal(got, want):
-                diff = float(np.abs(got.astype(np.float64) - want.astype(np.float64)).max())
-                if exact:
-                    raise VerificationError(f"output '{name}': chained segments differ from the whole model "
-                                            f"(max |diff| {diff:g})")
-                worst = max(worst, diff)
-            compared += 1
-    return {"samples": samples, "outputs_compared": compared, "bit_identical": worst == 0.0,
-            "max_abs_diff": worst, "runtime": "LiteRT builtin kernels (no default delegates)"}
 
 
 def _verify_in_tflm(source: bytes, whole: bytes, graph) -> dict:

@@ -1,0 +1,124 @@
+"""TFLite Micro on the host (its reference kernels): in this process, or in a child process when
+its C++ side may abort or its stderr (file descriptor 2) must be read.
+
+Outputs of TFLite Micro are only ever compared with outputs of TFLite Micro (FACTS.md: its
+kernels can differ from LiteRT's by 1 LSB on int8 models).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from toolchain.errors import InfeasibleError, ModelError
+
+CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout, so a child imports this same toolchain
+
+
+def tflm_interpreter(data: bytes, arena_size: int):
+    """TFLite Micro's interpreter over `data` with an arena of `arena_size` bytes (its own
+    exception when it cannot allocate the model)."""
+    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's module, not ours
+
+    return runtime.Interpreter.from_bytes(bytes(data), arena_size=int(arena_size))
+
+
+def io_details(interp, which: str) -> list[dict]:
+    """Input ("input") or output ("output") details of a TFLite Micro interpreter; the binding
+    has no count, so ask until it refuses."""
+    get = interp.get_input_details if which == "input" else interp.get_output_details
+    out = []
+    while True:
+        try:
+            out.append(get(len(out)))
+        except IndexError:
+            return out
+
+
+def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
+    """Outputs of one TFLite Micro run on `inputs` (by position); ModelError if it cannot run."""
+    try:
+        it = tflm_interpreter(data, arena_size)
+        for i, x in enumerate(inputs):
+            it.set_input(x, i)
+        it.invoke()
+        return [np.array(it.get_output(i)) for i in range(len(io_details(it, "output")))]
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+
+class TflmModel:
+    """A TFLite Micro interpreter over `model_bytes` with an arena of `arena_size` bytes, as an
+    MCU would run it.
+
+    Raises InfeasibleError when the model does not fit the arena, ModelError when TFLM cannot
+    run it at all (an unsupported op, say)."""
+
+    def __init__(self, model_bytes: bytes, arena_size: int, label: str = "model"):
+        try:
+            self._interp = tflm_interpreter(model_bytes, arena_size)
+        except RuntimeError as exc:
+            text = " ".join(str(exc).split())
+            if "allocate" in text.lower() or "memory" in text.lower():
+                raise InfeasibleError(f"{label}: does not fit a {arena_size:,}-byte TFLite Micro arena ({text[:160]})") from None
+            raise ModelError(f"{label}: TFLite Micro cannot load it ({text[:160]})") from None
+        from toolchain.ir import from_model
+        from toolchain.tflite import read_model
+
+        graph = from_model(read_model(bytes(model_bytes), name=label))
+        self.input_names = tuple(graph.tensors[t].name for t in graph.inputs)
+        self.output_names = tuple(graph.tensors[t].name for t in graph.outputs)
+        def spec(d):
+            return np.dtype(d["dtype"]), tuple(int(x) for x in d["shape"])
+
+        # (dtype, shape) of each input and output, in the model's order
+        self.inputs = [spec(self._interp.get_input_details(i)) for i in range(len(graph.inputs))]
+        self.outputs = [spec(self._interp.get_output_details(i)) for i in range(len(graph.outputs))]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        for k, x in enumerate(inputs):
+            dtype, shape = self.inputs[k]
+            self._interp.set_input(np.asarray(x, dtype=dtype).reshape(shape), k)
+        self._interp.invoke()
+        return [np.array(self._interp.get_output(k)) for k in range(len(self.outputs))]
+
+
+def run_tflm_in_child(model: bytes | Path, inputs=None, seed: int = 0, arena_size: int = 64 * 1024 * 1024,
+                      timeout: float = 300.0) -> list[np.ndarray]:
+    """Outputs of TFLite Micro run in a child Python process (its C++ side may abort), on
+    `inputs` or, when None, on `toolchain.execute.inputs.random_inputs` for TFLite Micro's own
+    input details from `seed`. ModelError with the child's last stderr line if it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(model) if isinstance(model, (str, Path)) else Path(tmp) / "model.tflite"
+        if not isinstance(model, (str, Path)):
+            path.write_bytes(bytes(model))
+        given = Path(tmp) / "inputs.npz"
+        if inputs is not None:
+            np.savez(given, *inputs)
+        out = Path(tmp) / "outputs.npz"
+        code = "import sys; from toolchain.execute.tflm import _child; _child(*sys.argv[1:])"
+        proc = subprocess.run([sys.executable, "-c", code, str(path.resolve()), str(given if inputs is not None else ""),
+                               str(seed), str(arena_size), str(out)],
+                              capture_output=True, text=True, timeout=timeout, cwd=str(CHECKOUT))
+        if proc.returncode != 0 or not out.exists():
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise ModelError(f"{path.name}: TFLite Micro failed in a child process ({last[:300]})")
+        with np.load(out) as z:
+            return [z[f"arr_{k}"] for k in range(len(z.files))]
+
+
+def _child(path: str, given: str, seed: str, arena_size: str, out: str) -> None:
+    """Runs in the child of `run_tflm_in_child`."""
+    from toolchain.execute.inputs import seeded_inputs
+
+    data = Path(path).read_bytes()
+    if given:
+        with np.load(given) as z:
+            inputs = [z[f"arr_{k}"] for k in range(len(z.files))]
+    else:
+        inputs = seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input"), int(seed))
+    np.savez(out, *run_tflm(data, inputs, int(arena_size)))
