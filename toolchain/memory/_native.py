@@ -71,6 +71,8 @@ def load():
     lib.canonical_search.restype = ctypes.c_int
     lib.canonical_search.argtypes = [ctypes.c_int, ctypes.c_int, ip, ip, i64p, i64p, ip, ip, ip, ip,
                                      ctypes.c_longlong, ctypes.c_double, i64p, i64p]
+    lib.sweep_first_fit.restype = ctypes.c_int
+    lib.sweep_first_fit.argtypes = [ctypes.c_int, ip, i64p, i64p, i64p, ctypes.c_double, i64p]
     _lib = lib
     return _lib
 
@@ -101,3 +103,17 @@ def canonical_search(lo, hi, sizes, widths, sections, overlaps, capacity: int, t
                                   ints(sec_members), ints(ov_start), ints(ov_list), int(capacity),
                                   float(max(time_limit, 0.0)), out, ctypes.byref(nodes))
     return status, [int(out[i]) for i in range(n)] if status == 1 else None, int(nodes.value)
+
+
+def sweep_first_fit(order, firsts, lasts, sizes, seconds: float):
+    """(offsets, placed): the C sweep of `greedy.sweep_first_fit`; `placed` buffers of `order` were
+    placed before the time ran out (the caller stacks the rest)."""
+    lib = load()
+    assert lib is not None
+    n = len(sizes)
+    m = max(n, 1)
+    i64 = ctypes.c_longlong
+    out = (i64 * m)()
+    placed = lib.sweep_first_fit(n, (ctypes.c_int * m)(*order), (i64 * m)(*firsts), (i64 * m)(*lasts),
+                                 (i64 * m)(*sizes), seconds, out)
+    return list(out)[:n], placed

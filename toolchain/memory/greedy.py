@@ -44,26 +44,13 @@ def place_in_order(buffers: Sequence[Buffer], order: Sequence[int], overlaps, be
 
 
 def _native_sweep(buffers, order, deadline: Deadline | None):
-    """The C sweep (in _canonical_search.c): (offsets, placed count) or None without a compiler."""
-    import ctypes
-
+    """The C sweep: (offsets, placed count), or None without a compiler."""
     from toolchain.memory import _native
 
-    lib = _native.load()
-    if lib is None:
+    if _native.load() is None:
         return None
-    fn = lib.sweep_first_fit
-    i64 = ctypes.c_longlong
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(i64), ctypes.POINTER(i64),
-                   ctypes.POINTER(i64), ctypes.c_double, ctypes.POINTER(i64)]
-    n = len(buffers)
-    m = max(n, 1)
-    out = (i64 * m)()
-    placed = fn(n, (ctypes.c_int * m)(*order), (i64 * m)(*(b.first for b in buffers)),
-                (i64 * m)(*(b.last for b in buffers)), (i64 * m)(*(b.size for b in buffers)),
-                1e9 if deadline is None else deadline.remaining(), out)
-    return list(out)[:n], placed
+    return _native.sweep_first_fit(order, [b.first for b in buffers], [b.last for b in buffers],
+                                   [b.size for b in buffers], 1e9 if deadline is None else deadline.remaining())
 
 
 def sweep_first_fit(buffers: Sequence[Buffer], deadline: Deadline | None = None) -> list[int]:
