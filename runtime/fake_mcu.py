@@ -44,7 +44,7 @@ class FakeMcu(PtyDevice):
         self.clock_hz = int(est.clock_hz)
         self.op_ticks = [(o.index, o.opcode, int(round(o.cycles))) for o in est.ops]
         if arena_used is None:
-            from runtime.tflm_arena import measure_tflm_arena
+            from toolchain.execute.tflm_arena import measure_tflm_arena
 
             arena_used = measure_tflm_arena(self.model_bytes, arena_size=arena_size).total
         self.arena_used = arena_used

@@ -144,7 +144,7 @@ def test_example_model_n4_verifies(tmp_path):
 def test_compile_passes_reorder_and_plan_for_tflite_micro(tmp_path):
     """The whole model compile writes is reordered to the proven optimum and carries an offline
     plan that real TFLite Micro follows to the byte, below TFLM's own planner."""
-    from runtime.tflm_arena import measure_tflm_arena
+    from toolchain.execute.tflm_arena import measure_tflm_arena
     from toolchain.ir import load
     from toolchain.memory import lifetimes, tflm_greedy
     from toolchain.tflite import read_offline_plan

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from toolchain.execute.tflm import TflmModel
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
 from toolchain.cost.mcu import estimate_mcu, op_class
 from toolchain.data import DEVICES_DIR

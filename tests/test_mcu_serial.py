@@ -17,7 +17,7 @@ from runtime import protocol as P
 from runtime.fake_mcu import FakeMcu
 from runtime.serial_mcu import McuRunAborted, SerialMcu
 from toolchain.execute.tflm import TflmModel
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.cli import main
 from toolchain.cost.mcu import estimate_mcu
 from toolchain.errors import DeviceError

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from conftest import tflm_models
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.ir import from_model, load, to_model
 from toolchain.memory import check_plan, lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy
 from toolchain.tflite import model_to_bytes

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, run_cli, tflm_models
 from toolchain.execute.tflm import run_tflm_in_child
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.ir import load
 from toolchain.ir.convert import load_exact
 from toolchain.memory import (

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from conftest import run_cli
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.ir import load
 from toolchain.memory import peak_memory
 

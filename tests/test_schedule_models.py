@@ -11,7 +11,7 @@ import pytest
 from conftest import fixture_models, run_cli, tflm_models
 from toolchain.execute.litert import seeded_outputs
 from toolchain.execute.tflm import run_tflm_in_child
-from runtime.tflm_arena import measure_tflm_arena
+from toolchain.execute.tflm_arena import measure_tflm_arena
 from toolchain.ir import from_model, load, to_model
 from toolchain.memory import lifetimes, order_free_lower_bound, tflm_greedy
 from toolchain.schedule import schedule

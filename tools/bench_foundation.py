@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.tflm_arena import measure_tflm_arena  # noqa: E402
+from toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
 from toolchain.errors import ToolchainError  # noqa: E402
 from toolchain.ir import load, total_param_bytes  # noqa: E402
 from toolchain.memory import lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy  # noqa: E402
