@@ -13,17 +13,14 @@ class Semantics:
     alignment: int  # every buffer size is rounded up to this
     inputs_live_whole_run: bool  # TFLite keeps graph inputs allocated for the whole invocation
     in_place_ops: frozenset[str]  # ops whose output shares its first input's buffer when that dies there
-    planner: str  # the runtime's own placement strategy: "first_fit" or "best_fit"
 
 
-# TFLite Micro: inputs freed after their last use, 16-byte rounding, GreedyMemoryPlanner.
-TFLM = Semantics("tflm", 16, False, frozenset(), "first_fit")
-# TFLite / LiteRT: ArenaPlanner, 64-byte alignment, reshape-like ops share their input's buffer.
-TFLITE = Semantics(
-    "tflite", 64, True,
-    frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}),
-    "best_fit",
-)
+# TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
+# fit, is runtime_planners.tflm_greedy).
+TFLM = Semantics("tflm", 16, False, frozenset())
+# TFLite / LiteRT: 64-byte alignment, reshape-like ops share their input's buffer (its ArenaPlanner,
+# best fit, is runtime_planners.tflite_arena).
+TFLITE = Semantics("tflite", 64, True, frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}))
 
 SEMANTICS = {s.name: s for s in (TFLM, TFLITE)}
 
