@@ -79,3 +79,22 @@ def test_import_room_check_sees_lazy_imports():
     assert _imported_rooms(probe, "probe.py") == {"schedule"}
     assert _imported_rooms("from toolchain import schedule", "probe.py") == {"schedule"}
     assert _imported_rooms("from . import lifetimes", "probe.py") == set()
+
+
+def test_memory_room_takes_no_flatbuffer_models():
+    """The planners work on plain values: nothing in toolchain/memory imports from toolchain.tflite
+    but its atomic file writer (the offline plan reaches a model only through with_offline_plan)."""
+    import ast
+
+    offenders = []
+    for path in _python_files("toolchain/memory"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in modules
+                          if m.startswith(("toolchain.tflite", "ai_edge_litert")) and m != "toolchain.tflite.io"]
+    assert offenders == []
