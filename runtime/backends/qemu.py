@@ -317,6 +317,7 @@ class QemuRunReport(RunReport):
     arena_bytes_predicted: int | None = None
     arena_head_measured: int | None = None
     instructions: int | None = None
+    op_instructions: list = field(default_factory=list)  # [{index, opcode, instructions}]
     flash_bytes: int | None = None
     ram_bytes: int | None = None
     kernels: str | None = None
@@ -359,10 +360,10 @@ class QemuBackend(Backend):
         rep.arena_head_measured = r.head_bytes
         rep.instructions = r.instructions
         rep.flash_bytes, rep.ram_bytes = r.flash_bytes, r.ram_bytes
-        rep.arena = {"configured": r.arena_size, "used": r.arena_used_bytes, "head": r.head_bytes,
-                     "tail": r.tail_bytes, "planned_head": r.planned_head, "fits": True, "board": r.board}
-        rep.ops = [{"index": o["index"], "opcode": o["opcode"], "instructions": o["instructions"]}
-                   for o in r.op_instructions]
+        # Keys of the target's own figures: "head"/"tail" in RunReport.arena mean the host's.
+        rep.arena = {"configured": r.arena_size, "used": r.arena_used_bytes, "head_on_target": r.head_bytes,
+                     "tail_on_target": r.tail_bytes, "planned_head": r.planned_head, "fits": True, "board": r.board}
+        rep.op_instructions = list(r.op_instructions)  # not `ops`: those are times
         rep.latency = None  # emulated time is no board's latency
         rep.error = r.error
         # Reference kernels must match the host bit for bit; CMSIS-NN may round differently:

@@ -55,6 +55,8 @@ uint32_t harness_platform_ticks() {
 void harness_platform_tick_sync() {
 #if !BOARD_TICKS_DWT
   reg(kSysTickCvr) = 0;  // any write clears the counter; it reloads on the next clock
+  while (reg(kSysTickCvr) == 0) {
+  }  // until that reload: reading 0 meanwhile would look like a full 24-bit period
 #endif
 }
 
