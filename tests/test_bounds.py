@@ -14,10 +14,12 @@ import time
 
 import numpy as np
 import pytest
-from ai_edge_litert import schema_py_generated as schema
 
 from toolchain.budget import SLACK, Deadline, DeadlineExpired, resolve
-from toolchain.ir import BUILTIN_CODES, Graph, Op, Quantization, Tensor
+from toolchain.ir import Graph, Quantization, Tensor
+from toolchain.ir import ops as ir_ops
+from toolchain.ir.options import (ACTIVATIONS, AddOptions, ConcatenationOptions, Conv2DOptions, MulOptions,
+                                  ReducerOptions)
 from toolchain.memory import lifetimes
 from toolchain.memory.lifetimes import Buffer
 from toolchain.memory.minimalloc import read_csv
@@ -53,8 +55,8 @@ def dense_graph(blocks=(6, 12, 24, 16), growth=8, hw=8, c0=16, seed=0, dtype="in
         tensors.append(Tensor(len(tensors), name, dt, arr.shape, quant=quant, data=data))
         return len(tensors) - 1
 
-    def op(opcode, ins, outs, options=None, otype=0):
-        ops.append(Op(opcode, tuple(ins), tuple(outs), None, options, otype, BUILTIN_CODES[opcode], 1))
+    def op(opcode, ins, outs, options=None):
+        ops.append(ir_ops.op(opcode, ins, outs, options))
 
     def conv(x, cin, cout, k, name, fused=1):
         wq = Quantization(tuple([0.01] * cout), tuple([0] * cout), 0) if dtype == "int8" else None
@@ -62,26 +64,20 @@ def dense_graph(blocks=(6, 12, 24, 16), growth=8, hw=8, c0=16, seed=0, dtype="in
         bq = Quantization(tuple([0.0005] * cout), tuple([0] * cout), 0) if dtype == "int8" else None
         b = const(name + "/b", rng.integers(-5, 5, (cout,)), "int32" if dtype == "int8" else "float32", bq)
         y = act(name, (1, hw, hw, cout))
-        o = schema.Conv2DOptionsT()
-        o.padding, o.strideH, o.strideW, o.fusedActivationFunction = 0, 1, 1, fused
-        op("CONV_2D", [x, w, b], [y], o, schema.BuiltinOptions.Conv2DOptions)
+        op("CONV_2D", [x, w, b], [y], Conv2DOptions(fused_activation=ACTIVATIONS[fused]))
         return y
 
     def chan(opcode, x, c, name, fused=0):
         cq = Quantization((0.01,), (0,), 0) if dtype == "int8" else None
         k = const(name + "/c", rng.integers(1, 5, (c,)), dtype if dtype == "int8" else "float32", cq)
         y = act(name, (1, hw, hw, c))
-        if opcode == "MUL":
-            o = schema.MulOptionsT(); o.fusedActivationFunction = fused; ot = schema.BuiltinOptions.MulOptions
-        else:
-            o = schema.AddOptionsT(); o.fusedActivationFunction = fused; ot = schema.BuiltinOptions.AddOptions
-        op(opcode, [x, k], [y], o, ot)
+        record = MulOptions if opcode == "MUL" else AddOptions
+        op(opcode, [x, k], [y], record(fused_activation=ACTIVATIONS[fused]))
         return y
 
     def concat(xs, c, name):
         y = act(name, (1, hw, hw, c))
-        o = schema.ConcatenationOptionsT(); o.axis = 3
-        op("CONCATENATION", xs, [y], o, schema.BuiltinOptions.ConcatenationOptions)
+        op("CONCATENATION", xs, [y], ConcatenationOptions(axis=3))
         return y
 
     x_in = act("input", (1, hw, hw, 3))
@@ -105,8 +101,7 @@ def dense_graph(blocks=(6, 12, 24, 16), growth=8, hw=8, c0=16, seed=0, dtype="in
             c = c // 2
     y = act("out", (1, 1, 1, c))
     axes = const("axes", np.array([1, 2]), "int32")
-    o = schema.ReducerOptionsT(); o.keepDims = True
-    op("MEAN", [x, axes], [y], o, schema.BuiltinOptions.ReducerOptions)
+    op("MEAN", [x, axes], [y], ReducerOptions(keep_dims=True))
     return Graph(tuple(tensors), tuple(ops), (x_in,), (y,), "dense")
 
 
@@ -133,16 +128,12 @@ def wide_graph(branches=12, length=4, hw=8, seed=0):
             cout = int(rng.integers(1, 16))
             w = const(f"w{b}_{k}", rng.standard_normal((cout, 1, 1, cin)))
             y = act(f"y{b}_{k}", (1, hw, hw, cout))
-            o = schema.Conv2DOptionsT(); o.padding, o.strideH, o.strideW = 0, 1, 1
-            ops.append(Op("CONV_2D", (x, w), (y,), None, o, schema.BuiltinOptions.Conv2DOptions,
-                          BUILTIN_CODES["CONV_2D"], 1))
+            ops.append(ir_ops.op("CONV_2D", (x, w), (y,), Conv2DOptions()))
             x, cin = y, cout
         outs.append(x)
         total += cin
     y = act("out", (1, hw, hw, total))
-    o = schema.ConcatenationOptionsT(); o.axis = 3
-    ops.append(Op("CONCATENATION", tuple(outs), (y,), None, o, schema.BuiltinOptions.ConcatenationOptions,
-                  BUILTIN_CODES["CONCATENATION"], 1))
+    ops.append(ir_ops.concatenation(outs, y, axis=3))
     return Graph(tuple(tensors), tuple(ops), (x_in,), (y,), "wide")
 
 
@@ -163,13 +154,11 @@ def random_dag(n_ops=60, seed=0, hw=4):
         c = int(rng.integers(1, 32))
         y = act(f"t{k}", c)
         if len(ins) == 1:
-            ops.append(Op("RELU", (ins[0][0],), (y,), None, None, 0, BUILTIN_CODES["RELU"], 1))
+            ops.append(ir_ops.op("RELU", (ins[0][0],), (y,)))
         else:
-            o = schema.ConcatenationOptionsT(); o.axis = 3
             tensors[y] = Tensor(y, f"t{k}", "float32", (1, hw, hw, sum(ci for _, ci in ins)))
             c = sum(ci for _, ci in ins)
-            ops.append(Op("CONCATENATION", tuple(t for t, _ in ins), (y,), None, o,
-                          schema.BuiltinOptions.ConcatenationOptions, BUILTIN_CODES["CONCATENATION"], 1))
+            ops.append(ir_ops.concatenation([t for t, _ in ins], y, axis=3))
         for t, _ in ins:
             readers[t] = readers.get(t, 0) + 1
         avail.append((y, c))

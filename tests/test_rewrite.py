@@ -7,11 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ai_edge_litert import schema_py_generated as schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolchain.ir import BUILTIN_CODES, Graph, Op, Quantization, Tensor, load
+from toolchain.ir import Graph, Op, Quantization, Tensor, load
+from toolchain.ir import ops as ir_ops
+from toolchain.ir.convert import rewritten_model, standalone_model
+from toolchain.ir.options import (ACTIVATIONS, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
+                                  FieldlessOptions, FullyConnectedOptions, ReshapeOptions)
 from toolchain.memory import peak_memory
 from toolchain.rewrite import EXACT, FLOAT_ROUNDING, LOSSY, apply_candidate, find_candidates, rewrite_graph
 from toolchain.rewrite.edit import tensor_values
@@ -19,7 +22,7 @@ from toolchain.execute.compare import verify_models
 from toolchain.execute.inputs import random_inputs
 from toolchain.execute.litert import input_details, run_litert
 from toolchain.execute.tflm import run_tflm
-from toolchain.rewrite.numerics import conv2d_nhwc, rewritten_model, standalone_model
+from toolchain.rewrite.numerics import conv2d_nhwc
 from toolchain.tflite import model_to_bytes, read_model
 
 FIX = Path(__file__).parent / "fixtures"
@@ -80,29 +83,25 @@ class Builder:
         self.tensors.append(Tensor(len(self.tensors), name, dtype, arr.shape, quant=quant, data=data))
         return len(self.tensors) - 1
 
-    def op(self, opcode, ins, outs, options=None, options_type=0, version=1):
-        self.ops.append(Op(opcode, tuple(ins), tuple(outs), None, options, options_type, BUILTIN_CODES[opcode], version))
+    def op(self, opcode, ins, outs, options=None, version=1):
+        self.ops.append(ir_ops.op(opcode, ins, outs, options, version))
 
     def graph(self, inputs, outputs):
         return Graph(tuple(self.tensors), tuple(self.ops), tuple(inputs), tuple(outputs), "built")
 
 
 def _conv_opts(fused=0, stride=1, same=True):
-    o = schema.Conv2DOptionsT()
-    o.padding, o.strideH, o.strideW, o.fusedActivationFunction = (0 if same else 1), stride, stride, fused
-    return o, schema.BuiltinOptions.Conv2DOptions
+    return (Conv2DOptions(padding="SAME" if same else "VALID", stride_w=stride, stride_h=stride,
+                          fused_activation=ACTIVATIONS[fused]),)
 
 
 def _dw_opts(mult, fused=0, same=True):
-    o = schema.DepthwiseConv2DOptionsT()
-    o.padding, o.strideH, o.strideW, o.depthMultiplier, o.fusedActivationFunction = (0 if same else 1), 1, 1, mult, fused
-    return o, schema.BuiltinOptions.DepthwiseConv2DOptions
+    return (DepthwiseConv2DOptions(padding="SAME" if same else "VALID", depth_multiplier=mult,
+                                   fused_activation=ACTIVATIONS[fused]),)
 
 
 def _concat_opts(axis=3):
-    o = schema.ConcatenationOptionsT()
-    o.axis = axis
-    return o, schema.BuiltinOptions.ConcatenationOptions
+    return (ConcatenationOptions(axis=axis),)
 
 
 # ---- fixtures: int8 and float32 models from the zoo builder -------------------------------------
@@ -160,8 +159,8 @@ def test_float_conv_split_within_rounding_bound():
         x = random_inputs(input_details(a), np.random.default_rng(seed))
         _, va = run_litert(a, x, [cat, y])
         _, vb = run_litert(b, x, [y2])
-        mag = conv2d_nhwc(np.abs(va[cat]), np.abs(w), o.strideH, o.strideW, o.dilationHFactor, o.dilationWFactor,
-                          o.padding == 0) + np.abs(bias)
+        mag = conv2d_nhwc(np.abs(va[cat]), np.abs(w), o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
+                          o.padding == "SAME") + np.abs(bias)
         bound = 2 * (K + cand.branches) * U * mag
         diff = np.abs(va[y].astype(np.float64) - vb[y2])
         assert np.all(diff <= bound), float(np.max(diff - bound))
@@ -298,11 +297,10 @@ def float_cells(draw):
         if r == "fc":
             flat = b.act(f"flat{j}", (1, H * H * C))
             shape = b.const(f"shape{j}", np.array([1, H * H * C]), "int32")
-            b.op("RESHAPE", (cat, shape), (flat,), schema.ReshapeOptionsT(), schema.BuiltinOptions.ReshapeOptions)
+            b.op("RESHAPE", (cat, shape), (flat,), ReshapeOptions())
             y = b.act(f"out{j}", (1, 3))
             w = b.const(f"fw{j}", rng.standard_normal((3, H * H * C)), "float32")
-            opts = schema.FullyConnectedOptionsT()
-            b.op("FULLY_CONNECTED", (flat, w, -1), (y,), opts, schema.BuiltinOptions.FullyConnectedOptions)
+            b.op("FULLY_CONNECTED", (flat, w, -1), (y,), FullyConnectedOptions())
             outs.append(y)
             continue
         src = cat
@@ -312,7 +310,7 @@ def float_cells(draw):
         if r == "pad_dw":
             src = b.act(f"pad{j}", (1, H + 2, H + 2, C))
             pads = b.const(f"pads{j}", np.array([[0, 0], [1, 1], [1, 1], [0, 0]]), "int32")
-            b.op("PAD", (cat, pads), (src,), schema.PadOptionsT(), schema.BuiltinOptions.PadOptions)
+            b.op("PAD", (cat, pads), (src,), FieldlessOptions("PadOptions"))
         if r in ("conv", "relu_conv"):
             k = draw(st.sampled_from([1, 3]))
             co = draw(st.integers(1, 6))
@@ -380,9 +378,7 @@ def _fc_graph(int8=False):
             w = b.const(f"w{j}", rng.standard_normal((n, 6)), "float32")
             bias = b.const(f"b{j}", rng.standard_normal(n), "float32")
         y = b.act(f"h{j}", (1, n), dt, q(0.08, -10))
-        o = schema.FullyConnectedOptionsT()
-        o.fusedActivationFunction = 1
-        b.op("FULLY_CONNECTED", (x, w, bias), (y,), o, schema.BuiltinOptions.FullyConnectedOptions, 4 if int8 else 1)
+        b.op("FULLY_CONNECTED", (x, w, bias), (y,), FullyConnectedOptions(fused_activation="RELU"), 4 if int8 else 1)
         parts.append(y)
     cat = b.act("cat", (1, 16), dt, q(0.08, -10))
     b.op("CONCATENATION", parts, (cat,), *_concat_opts(1))
@@ -393,9 +389,7 @@ def _fc_graph(int8=False):
         w = b.const("wo", rng.standard_normal((3, 16)), "float32")
         bias = b.const("bo", rng.standard_normal(3), "float32")
     out = b.act("out", (1, 3), dt, q(0.1, 0))
-    o = schema.FullyConnectedOptionsT()
-    o.fusedActivationFunction = 3
-    b.op("FULLY_CONNECTED", (cat, w, bias), (out,), o, schema.BuiltinOptions.FullyConnectedOptions, 4 if int8 else 1)
+    b.op("FULLY_CONNECTED", (cat, w, bias), (out,), FullyConnectedOptions(fused_activation="RELU6"), 4 if int8 else 1)
     return b.graph([x], [out])
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
-from conftest import fixture_models, run_cli, tflm_models
+from conftest import FIXTURES, fixture_models, run_cli, tflm_models
 from toolchain.execute.litert import seeded_outputs
 from toolchain.execute.tflm import run_tflm_in_child
 from toolchain.errors import ModelError
@@ -148,3 +148,18 @@ def test_missing_file_and_directory(tmp_path):
     for target, words in ((tmp_path / "nope.tflite", "no such file"), (tmp_path, "is a directory")):
         proc = run_cli("inspect", str(target))
         assert proc.returncode == 2 and words in proc.stderr
+
+
+def test_tensor_names_of_type_reads_objects_and_bytes_alike():
+    """TFLite Micro's float16 refusal asks this room, not the schema (toolchain/execute/tflm_arena)."""
+    from toolchain.tflite import tensor_names_of_type
+
+    model = read_model(FIXTURES / "concat_conv_float32.tflite")
+    assert tensor_names_of_type(model, "float16") == []
+    t = model.subgraphs[0].tensors[1]
+    t.type = schema.TensorType.FLOAT16
+    name = t.name.decode()
+    assert tensor_names_of_type(model, "float16") == [name]
+    assert tensor_names_of_type(model_to_bytes(model), "float16") == [name]
+    assert name not in tensor_names_of_type(model, "float32")
+    assert tensor_names_of_type(b"\x00" * 7, "float16") == []  # unreadable: the caller's load says why

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from toolchain.errors import ToolchainError  # noqa: E402
 from toolchain.ir import load, macs  # noqa: E402
 from toolchain.rewrite import rewrite_graph  # noqa: E402
-from toolchain.rewrite.numerics import rewritten_model  # noqa: E402
+from toolchain.ir.convert import rewritten_model  # noqa: E402
 from toolchain.execute.compare import verify_models  # noqa: E402
 from toolchain.tflite import model_to_bytes  # noqa: E402
 

@@ -6,7 +6,7 @@ from toolchain import report
 from toolchain.commands.options import check_output, positive_int, seconds
 from toolchain.ir.convert import load_exact
 from toolchain.rewrite import LOSSY, rewrite_graph
-from toolchain.rewrite.numerics import rewritten_model
+from toolchain.ir.convert import rewritten_model
 from toolchain.tflite import model_to_bytes, write_model
 
 HELP = "identity rewrites (partial-conv and depthwise splitting) kept only where the optimal peak drops"

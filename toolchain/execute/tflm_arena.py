@@ -35,32 +35,15 @@ def check_tflm_dtypes(model, label: str | None = None) -> None:
     `model` is a ModelT, the .tflite bytes or a path. Without this check TFLite Micro fails to
     allocate and the caller can only say "cannot run with any arena", which reads like a size
     problem."""
-    from ai_edge_litert import schema_py_generated as schema
+    from toolchain.tflite import tensor_names_of_type
 
-    found = []
-    if isinstance(model, (bytes, bytearray, memoryview, str, Path)):
-        if isinstance(model, (str, Path)):
-            label = label or str(model)
-            try:
-                model = Path(model).read_bytes()
-            except OSError:
-                return  # the caller's own read says what is wrong with the file
-        # the flatbuffer's accessors, not the object API: cheap on big models
+    if isinstance(model, (str, Path)):
+        label = label or str(model)
         try:
-            root = schema.Model.GetRootAs(bytes(model), 0)
-            for s in range(root.SubgraphsLength()):
-                sg = root.Subgraphs(s)
-                for i in range(sg.TensorsLength()):
-                    t = sg.Tensors(i)
-                    if t.Type() == schema.TensorType.FLOAT16:
-                        found.append((t.Name() or b"").decode(errors="replace"))
-        except Exception:  # noqa: BLE001 - a corrupt file: TFLite Micro's own load reports it
-            return
-    else:
-        for sg in model.subgraphs or []:
-            for t in sg.tensors or []:
-                if t.type == schema.TensorType.FLOAT16:
-                    found.append(t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name))
+            model = Path(model).read_bytes()
+        except OSError:
+            return  # the caller's own read says what is wrong with the file
+    found = tensor_names_of_type(model, "float16")
     if found:
         where = f"{label}: " if label else ""
         raise ModelError(f"{where}TFLite Micro cannot run float16 tensors ({len(found)} in the model, e.g. "

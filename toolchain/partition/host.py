@@ -12,17 +12,17 @@ same chained comparison applies:
     report["unverified"] = scope.to_json()
 
 and `runnable_part` does the same for one model (the input against the optimised whole model).
+`model` is the model as `toolchain.ir.load` returns it, passed through untouched: cutting it is
+`toolchain.tflite.extract.segment_bytes`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ai_edge_litert import schema_py_generated as schema
-
 from toolchain.errors import ModelError
 from toolchain.ir import Graph
-from toolchain.tflite.extract import extract_segment
+from toolchain.tflite.extract import segment_bytes
 
 
 def _litert_loads(data: bytes) -> str | None:
@@ -33,12 +33,10 @@ def _litert_loads(data: bytes) -> str | None:
     return None if error is None else error.splitlines()[0]
 
 
-def litert_missing_kernels(model: schema.ModelT, graph: Graph) -> dict[int, str]:
+def litert_missing_kernels(model, graph: Graph) -> dict[int, str]:
     """Custom ops of the main subgraph LiteRT cannot run: op position -> reason. Each custom
     code is tried once, as a model holding only that op (LiteRT registers a few custom ops,
     e.g. TFLite_Detection_PostProcess; others have no kernel here)."""
-    from toolchain.tflite import model_to_bytes
-
     verdict: dict[str, str | None] = {}
     out = {}
     for v, op in enumerate(graph.ops):
@@ -48,7 +46,7 @@ def litert_missing_kernels(model: schema.ModelT, graph: Graph) -> dict[int, str]
             ins = [t for t in dict.fromkeys(op.inputs) if t >= 0 and graph.is_activation(t)]
             outs = [t for t in dict.fromkeys(op.outputs) if t >= 0]
             try:
-                data = model_to_bytes(extract_segment(model, [v], ins, outs))
+                data = segment_bytes(model, [v], ins, outs)
                 verdict[op.opcode] = _litert_loads(data)
             except ModelError as exc:
                 verdict[op.opcode] = str(exc)
@@ -76,7 +74,7 @@ class VerificationScope:
                 "reasons": list(self.reasons)}
 
 
-def runnable_part(model: schema.ModelT, graph: Graph, missing: dict[int, str] | None = None) -> tuple[bytes, tuple[str, ...]]:
+def runnable_part(model, graph: Graph, missing: dict[int, str] | None = None) -> tuple[bytes, tuple[str, ...]]:
     """The model cut to the ops LiteRT can run (none downstream of an op it has no kernel for),
     as .tflite bytes, and the names of its outputs: the graph outputs those ops make and the
     tensors they hand to the rest. Tensor names are kept, so the cut of the input model and the
@@ -91,14 +89,12 @@ def _single(graph: Graph):
     return SegmentInterface(tuple(graph.inputs), tuple(graph.outputs))
 
 
-def verification_scope(model: schema.ModelT, graph: Graph, stages, interfaces,
+def verification_scope(model, graph: Graph, stages, interfaces,
                        missing: dict[int, str] | None = None) -> VerificationScope:
     """The parts of the whole model and of its segments (`stages`, `interfaces` of a Partition;
     `model` is the whole model the segments were cut from) that LiteRT can run. Segments are
     cut with the shapes LiteRT allocates (see extract_segment). `missing` defaults to
     `litert_missing_kernels(model, graph)`."""
-    from toolchain.tflite import model_to_bytes
-
     if missing is None:
         missing = litert_missing_kernels(model, graph)
     n = len(interfaces)
@@ -116,7 +112,7 @@ def verification_scope(model: schema.ModelT, graph: Graph, stages, interfaces,
     # what the runnable part hands to the skipped part, and the graph outputs it makes itself
     handed = {t for v in skipped for t in graph.ops[v].inputs if t in produced}
     ref_outs = [t for t in graph.outputs if t in produced] + sorted(handed - set(graph.outputs))
-    reference = model_to_bytes(extract_segment(model, run, list(graph.inputs), ref_outs))
+    reference = segment_bytes(model, run, list(graph.inputs), ref_outs)
     segs = []
     for k in range(n):
         ops = [v for v in run if stages[v] == k]
@@ -128,7 +124,7 @@ def verification_scope(model: schema.ModelT, graph: Graph, stages, interfaces,
         outs += [t for t in ref_outs if t not in outs and any(t in graph.ops[v].outputs for v in ops)]
         if not outs:
             continue
-        segs.append(model_to_bytes(extract_segment(model, ops, ins, outs)))
+        segs.append(segment_bytes(model, ops, ins, outs))
     names = {t: graph.tensors[t].name for t in range(len(graph.tensors))}
     reasons = tuple(sorted({f"{graph.ops[v].opcode}: {why}" for v, why in missing.items()}))
     return VerificationScope(reference, tuple(segs), tuple(sorted(skipped)),

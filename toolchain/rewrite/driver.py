@@ -402,7 +402,7 @@ def _is_quantized(graph: Graph) -> bool:
 def _bit_exact_in_runtimes(original: Graph, rewritten: Graph, model) -> bool:
     """Both graphs give identical outputs in LiteRT and TFLite Micro on random inputs (a check
     of the kernels the runtimes pick, not a proof). False when they cannot be run here."""
-    from toolchain.rewrite.numerics import standalone_model
+    from toolchain.ir.convert import standalone_model
     from toolchain.execute.compare import verify_models
     from toolchain.tflite import model_to_bytes
 

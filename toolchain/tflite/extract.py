@@ -184,6 +184,14 @@ def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inpu
     return _extract(model, ops, inputs, outputs, subgraph, name, True)[0]
 
 
+def segment_bytes(model: schema.ModelT, ops, inputs, outputs) -> bytes:
+    """`extract_segment` of the main subgraph, serialised: the .tflite bytes of a part of a model
+    (callers outside this room never see the flatbuffer objects)."""
+    from toolchain.tflite.io import model_to_bytes
+
+    return model_to_bytes(extract_segment(model, ops, inputs, outputs))
+
+
 def _extract(model, ops, inputs, outputs, subgraph, name, real_shapes: bool):
     """extract_segment, and the source index of each tensor of the result."""
     src = model.subgraphs[subgraph]
