@@ -31,17 +31,51 @@ def test_interpreters_are_built_only_in_the_execute_room():
     assert offenders == []
 
 
-# drawing a random tensor: numpy's Generator methods that made the old copies' inputs
-_DRAWS_TENSORS = re.compile(r"\.(standard_normal|uniform|integers)\(")
+# ---- H8: only toolchain/tflite and toolchain/ir/convert*.py know the flatbuffer schema ----------
+def _schema_imports(source: str, label: str) -> list[str]:
+    """Import statements in `source` that reach the flatbuffer schema: the generated module itself
+    (however it is spelled) or the `schema` name toolchain.tflite re-exports."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names = [f"{module}.{a.name}" for a in node.names]
+            if module.startswith("toolchain.tflite") and any(a.name == "schema" for a in node.names):
+                names.append("schema_py_generated (re-exported by toolchain.tflite)")
+        else:
+            continue
+        if any("schema_py_generated" in n for n in names):
+            found.append(f"{label}:{node.lineno}")
+    return found
 
 
-def test_random_inputs_come_from_one_generator():
-    """toolchain/execute/inputs.py is the only code in toolchain/ and runtime/ that draws random
-    tensors (there were four generators with different distributions)."""
-    allowed = ROOT / "toolchain" / "execute" / "inputs.py"
-    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("toolchain", "runtime") if path != allowed
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if _DRAWS_TENSORS.search(line)]
+def _schema_room(path: Path) -> bool:
+    rel = path.relative_to(ROOT / "toolchain")
+    return rel.parts[0] == "tflite" or (rel.parts[0] == "ir" and rel.name.startswith("convert"))
+
+
+def test_only_tflite_and_ir_convert_import_the_flatbuffer_schema():
+    offenders = [hit for path in _python_files("toolchain") if not _schema_room(path)
+                 for hit in _schema_imports(path.read_text(), str(path.relative_to(ROOT)))]
     assert offenders == []
+
+
+def test_schema_import_check_sees_every_spelling():
+    """The check above must not pass vacuously: each way of importing the schema is caught."""
+    for line in ["from ai_edge_litert import schema_py_generated as schema",
+                 "import ai_edge_litert.schema_py_generated",
+                 "from ai_edge_litert.schema_py_generated import ModelT",
+                 "from toolchain.tflite import read_model, schema",
+                 "def f():\n    from toolchain.tflite.io import schema"]:
+        assert _schema_imports(line, "probe.py"), line
+    assert _schema_imports("from toolchain.tflite import read_model", "probe.py") == []
+    assert _schema_room(ROOT / "toolchain" / "ir" / "convert.py")
+    assert _schema_room(ROOT / "toolchain" / "tflite" / "extract.py")
+    assert not _schema_room(ROOT / "toolchain" / "ir" / "graph.py")
 
 
 # ---- H10: the memory planners and the scheduler do not import each other -------------------------
@@ -79,6 +113,19 @@ def test_import_room_check_sees_lazy_imports():
     assert _imported_rooms(probe, "probe.py") == {"schedule"}
     assert _imported_rooms("from toolchain import schedule", "probe.py") == {"schedule"}
     assert _imported_rooms("from . import lifetimes", "probe.py") == set()
+
+
+# drawing a random tensor: numpy's Generator methods that made the old copies' inputs
+_DRAWS_TENSORS = re.compile(r"\.(standard_normal|uniform|integers)\(")
+
+
+def test_random_inputs_come_from_one_generator():
+    """toolchain/execute/inputs.py is the only code in toolchain/ and runtime/ that draws random
+    tensors (there were four generators with different distributions)."""
+    allowed = ROOT / "toolchain" / "execute" / "inputs.py"
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("toolchain", "runtime") if path != allowed
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if _DRAWS_TENSORS.search(line)]
+    assert offenders == []
 
 
 def test_memory_room_takes_no_flatbuffer_models():
