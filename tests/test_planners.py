@@ -264,6 +264,25 @@ def test_offline_plan_refuses_models_with_several_subgraphs():
     assert not (ROOT / "out" / "never-written.tflite").exists()
 
 
+def test_plan_for_tflm_takes_plain_values():
+    """No flatbuffer model: a graph built in the IR and the tensor count of the model the offsets
+    will be written into (by with_offline_plan, the only writer of the metadata)."""
+    import inspect
+
+    from toolchain.ir import Graph, Op, Tensor
+
+    sizes = {"x": 160, "a": 320, "b": 320, "c": 160}
+    tensors = tuple(Tensor(i, name, "int8", (size,)) for i, (name, size) in enumerate(sizes.items()))
+    graph = Graph(tensors, (Op("RELU", (0,), (1,)), Op("RELU", (1,), (2,)), Op("RELU", (2,), (3,))), (0,), (3,))
+    assert "model" not in inspect.signature(plan_for_tflm).parameters
+    result = plan_for_tflm(graph, planner="auto", time_limit=2.0, n_tensors=4)
+    lt = lifetimes(graph, semantics="tflm")
+    assert len(result.tensor_offsets) == 4 and min(result.tensor_offsets) >= 0
+    assert result.head == lt.peak == 640 and check_plan(lt, result.buffer_offsets, alignment=16) == []
+    with pytest.raises(ModelError, match="2 tensors in other subgraphs"):
+        plan_for_tflm(graph, planner="greedy-size", time_limit=1.0, n_tensors=6)
+
+
 def test_order_and_offsets_never_worse_than_the_schedule_alone():
     from toolchain.schedule import schedule
     from toolchain.schedule.offsets import plan_order_and_offsets
