@@ -200,3 +200,19 @@ def test_ops_are_built_without_the_schema_and_written_with_it():
     assert written.builtinOptionsType == schema.BuiltinOptions.AddOptions
     assert written.builtinOptions.fusedActivationFunction == schema.ActivationFunctionType.RELU6
     assert from_model(standalone_model(g)).ops[0].options == AddOptions("RELU6")
+
+
+def test_unique_tensor_names_are_given_in_the_ir_and_written_by_to_model():
+    import dataclasses
+
+    from toolchain.ir import from_model, load, to_model
+
+    model, graph = load(FIXTURES / "chain_int8.tflite")
+    t0, t1 = graph.tensors[0], graph.tensors[1]
+    clashing = dataclasses.replace(graph, tensors=(t0, dataclasses.replace(t1, name=t0.name), *graph.tensors[2:]))
+    fixed, renamed = clashing.with_unique_tensor_names()
+    assert renamed == 1 and fixed.tensors[1].name == f"{t0.name}#1"
+    assert len({t.name for t in fixed.tensors}) == len(fixed.tensors)
+    again = from_model(to_model(fixed, model))
+    assert [t.name for t in again.tensors] == [t.name for t in fixed.tensors]
+    assert graph.with_unique_tensor_names() == (graph, 0)

@@ -51,9 +51,11 @@ class CompileState:
     options: CompileOptions
     sources: tuple[tuple[str, bytes], ...] = ()    # (label, bytes) of each input model
     prefixes: tuple[str, ...] = ()                 # tensor-name prefix of each input (co-deployment)
-    template: Any = None                           # the ModelT the graph is written back into
-    graph: Graph | None = None                     # the IR: after `materialise`, exactly what is written
-    whole: bytes | None = None                     # the optimised whole model, serialised
+    template: Any = None                           # the model as read: `emit` writes the graph back into it
+    other_subgraph_tensors: int = 0                # tensors of WHILE/IF bodies, which the IR leaves alone
+    graph: Graph | None = None                     # the IR; tensor k and op k are those of `whole`
+    offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
+    whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
     partition: Any = None                          # toolchain.partition.Partition
     segments: tuple[SegmentFile, ...] = ()
     verification: dict | None = None

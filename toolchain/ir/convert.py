@@ -274,6 +274,8 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         if t.source is not None:
             tt = copy.copy(src.tensors[t.source])
             old_to_new[t.source] = k
+            if _text(tt.name) != t.name:  # a pass renamed it (e.g. compile's unique names)
+                tt.name = t.name
         else:
             tt = _new_tensor(t, out)
         tensors.append(tt)

@@ -6,7 +6,7 @@ Ops are identified by their position in `Graph.ops`; an order is a permutation o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 import numpy as np
 
@@ -172,6 +172,22 @@ class Graph:
         if not self.is_topological(order):
             raise ValueError("order is not a topological order of the graph's ops")
         return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name)
+
+    def with_unique_tensor_names(self) -> tuple["Graph", int]:
+        """The graph with empty or repeated tensor names given a unique '#<index>' suffix (pipeline
+        segments exchange tensors by name), and how many were renamed."""
+        seen: set[str] = set()
+        tensors, renamed = [], 0
+        for t in self.tensors:
+            name = t.name
+            if not name or name in seen:
+                name = f"{name or 'tensor'}#{t.index}"
+                while name in seen:
+                    name += "_"
+                t, renamed = replace(t, name=name), renamed + 1
+            seen.add(name)
+            tensors.append(t)
+        return replace(self, tensors=tuple(tensors)), renamed
 
     def lint(self) -> list[str]:
         """What is structurally wrong with the graph (empty when nothing is): indices out of range,

@@ -1,17 +1,19 @@
-"""Serialise the optimised whole model (unless the plan pass already did) and take the IR of
-exactly those bytes, so op and tensor positions below index what is written."""
+"""Serialise the optimised whole model: the graph written back into the model as read, with the
+plan pass's offsets as TFLite Micro's offline memory plan. `to_model` keeps tensor and op
+positions, so the graph indexes these bytes as it is."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from toolchain.compile.state import CompileState, PassRecord
-from toolchain.ir import from_model, to_model
-from toolchain.tflite import model_to_bytes, read_model
+from toolchain.ir import to_model
+from toolchain.tflite import model_to_bytes, with_offline_plan
 
 
 def emit(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
-    whole = state.whole if state.whole is not None else model_to_bytes(to_model(state.graph, state.template))
-    graph = from_model(read_model(whole))
-    state = dataclasses.replace(state, whole=whole, graph=graph)
-    return state, PassRecord("emit", "ran", 0.0, {"bytes": len(whole)})
+    whole = to_model(state.graph, state.template)
+    if state.offline_plan is not None:
+        whole = with_offline_plan(whole, list(state.offline_plan))
+    data = model_to_bytes(whole)
+    return dataclasses.replace(state, whole=data), PassRecord("emit", "ran", 0.0, {"bytes": len(data)})

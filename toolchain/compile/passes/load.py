@@ -11,40 +11,16 @@ from toolchain.cost.edgetpu import EdgeTpuCostModel
 from toolchain.errors import ModelError
 from toolchain.ir import from_model
 from toolchain.partition import PartitionProblem
-from toolchain.tflite import check_loads_in_litert, read_model
+from toolchain.tflite import check_loads_in_litert, read_bytes, read_model
+from toolchain.tflite.metadata import total_tensor_count
 from toolchain.tflite.extract import merge_models, runtime_exact_model
-
-
-def _text(v) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else (v or "")
-
-
-def unique_tensor_names(model) -> int:
-    """Give empty or duplicate tensor names of the main subgraph a unique suffix. Returns how
-    many were renamed."""
-    sg = model.subgraphs[0]
-    seen: set[str] = set()
-    renamed = 0
-    for i, t in enumerate(sg.tensors or []):
-        name = _text(t.name)
-        if not name or name in seen:
-            new = f"{name or 'tensor'}#{i}"
-            while new in seen:
-                new += "_"
-            t.name = new
-            name = new
-            renamed += 1
-        seen.add(name)
-    return renamed
 
 
 def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
     opts = state.options
     sources, models, notes = [], [], []
     for p in opts.paths:
-        if not p.is_file():
-            read_model(p)  # raises the ModelError that names what is wrong with the path
-        data = p.read_bytes()
+        data = read_bytes(p)  # ModelError naming what is wrong with the path
         models.append(read_model(data, name=str(p)))
         sources.append((str(p), data))
         unresolved = check_loads_in_litert(data, str(p))  # ModelError when LiteRT cannot load it
@@ -59,15 +35,15 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     # padding) is taken out first, so every order and plan below gives the same TFLM outputs
     model, exact_notes = runtime_exact_model(model)
     notes += exact_notes
-    renamed = unique_tensor_names(model)
+    graph, renamed = from_model(model).with_unique_tensor_names()
     if renamed:
         notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")
-    graph = from_model(model)
     if not graph.ops:
         raise ModelError(f"{opts.paths[0]}: the model has no operators")
     for t in (*graph.inputs, *graph.outputs):
         graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
     PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
     state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph,
+                                other_subgraph_tensors=total_tensor_count(model) - len(graph.tensors),
                                 notes=state.noted(*notes))
     return state, PassRecord("load", "ran", 0.0, {"ops": len(graph.ops), "models": len(opts.paths)})
