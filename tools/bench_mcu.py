@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                             f"{r.head_bytes:,} | {r.instructions:,} | {outs} |")
                 print(f"{path.stem} {kernels}: {time.time() - t0:.0f} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(head + ([""] + rows if not missing else [])) + "\n")
+    args.out.write_text("\n".join(head + (rows if not missing else [])) + "\n")
     print(f"wrote {args.out}")
     return 1 if failed else 0
 
