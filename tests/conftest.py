@@ -26,7 +26,7 @@ def tflm_models() -> list[Path]:
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolchain.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *args], capture_output=True,
                           text=True, cwd=cwd or ROOT, timeout=600)
 
 

@@ -339,7 +339,7 @@ def test_plan_buffers_cli_on_50000_buffers_is_bounded(tmp_path):
     assert overlap_pairs(bufs) > MAX_OVERLAP_PAIRS  # the lists the old portfolio built grow as n^2
     src, dst = tmp_path / "big.csv", tmp_path / "out.csv"
     src.write_text("id,lower,upper,size\n" + "".join(f"{b.name},{b.first},{b.last + 1},{b.size}\n" for b in bufs))
-    proc = subprocess.run([sys.executable, "-m", "toolchain.cli", "plan-buffers", str(src), "-o", str(dst),
+    proc = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "plan-buffers", str(src), "-o", str(dst),
                            "--time-limit", "10"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     solved = read_csv(dst)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.execute.inputs import seeded_inputs
 from toolchain.execute.litert import litert_interpreter, run_named
 from toolchain.ir import load

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.compile import PASSES, Pass, compile_models, run_passes
 from toolchain.compile.driver import BUDGET_FACTOR, Budget, PassError
 from toolchain.compile.state import CompileState, PassRecord
 from tests.conftest import EXAMPLE, FIXTURES
 
 TINY = FIXTURES / "tiny_irregular_int8.tflite"
-CLI = [sys.executable, "-c", "from toolchain.entry import main; main()"]
+CLI = [sys.executable, "-c", "from tpu_pipeline.entry import main; main()"]
 
 
 def _leftovers(folder: Path) -> list[str]:

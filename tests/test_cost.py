@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, available_devices, load_device, op_class
 from toolchain.errors import UsageError
 

@@ -45,7 +45,7 @@ def tree_or_skip(kernels: str) -> Path:
 
 def cli(*args, timeout=900):
     """The installed command in a subprocess: (exit code, stdout, stderr)."""
-    p = subprocess.run([sys.executable, "-m", "toolchain.cli", *map(str, args)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *map(str, args)], capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
     return p.returncode, p.stdout, p.stderr
 
@@ -88,7 +88,7 @@ def test_build_firmware_without_a_tree_exits_2(tmp_path, monkeypatch):
 
     export_mcu(FIXTURES / "chain_int8.tflite", "qemu-mps2-an386", tmp_path / "fw")
     env = dict(os.environ, TFLM_TREE=str(tmp_path / "nothing"))
-    p = subprocess.run([sys.executable, "-m", "toolchain.cli", "build-firmware", str(tmp_path / "fw")],
+    p = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "build-firmware", str(tmp_path / "fw")],
                        capture_output=True, text=True, env=env, cwd=ROOT)
     assert p.returncode == 2
     assert "not a TFLite Micro source tree" in one_line(p.stderr)

@@ -16,7 +16,7 @@ import pytest
 from ai_edge_litert import schema_py_generated as schema
 
 from conftest import FIXTURES, ROOT
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.cost.devices import DEVICES_DIR, load_device
 from toolchain.errors import DeviceError, ModelError, UsageError
 from toolchain import tflite
@@ -230,7 +230,7 @@ def test_a_fifo_is_not_read_as_a_model(tmp_path):
     fifo = tmp_path / "model.tflite"
     os.mkfifo(fifo)
     # in a child: the old reader blocked forever waiting for a writer
-    proc = subprocess.run([sys.executable, "-m", "toolchain.cli", "inspect", str(fifo)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "inspect", str(fifo)], capture_output=True,
                           text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and "not a regular file" in one_error_line(proc.stderr)
 

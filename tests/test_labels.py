@@ -12,7 +12,7 @@ from pathlib import Path
 from runtime import protocol as P
 from runtime.fake_mcu import FakeMcu
 from runtime.serial_mcu import SerialMcu
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "tests" / "fixtures" / "tiny_irregular_int8.tflite"

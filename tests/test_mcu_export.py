@@ -11,7 +11,7 @@ import pytest
 
 from toolchain.execute.tflm import TflmModel
 from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.cost.mcu import estimate_mcu, op_class
 from toolchain.data import DEVICES_DIR
 from toolchain.export_mcu import resolver_method

@@ -18,7 +18,7 @@ from runtime.fake_mcu import FakeMcu
 from runtime.serial_mcu import McuRunAborted, SerialMcu
 from toolchain.execute.tflm import TflmModel
 from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.cost.mcu import estimate_mcu
 from toolchain.errors import DeviceError
 from toolchain.ir import from_model

@@ -13,7 +13,7 @@ from runtime.backends.coral import list_edgetpus, run_coral
 from runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
 from runtime.deployment import load_deployment
 from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.cli import main
+from tpu_pipeline.cli import main
 from toolchain.data import DEVICES_DIR
 from toolchain.errors import DeviceError, ModelError
 from toolchain.ir import from_model

@@ -197,7 +197,7 @@ def _child(argv: list[str], log: Path) -> None:
     sys.stderr = open(2, "w", closefd=False, buffering=1)
     code = 99
     try:
-        from toolchain.cli import main
+        from tpu_pipeline.cli import main
 
         code = main(argv)
     except SystemExit as exc:  # argparse
@@ -217,7 +217,7 @@ def warm_up() -> None:
     """Import what the commands import once, in the parent, so each forked child starts warm."""
     import ai_edge_litert.interpreter  # noqa: F401
     import toolchain.compile  # noqa: F401
-    from toolchain.cli import build_parser
+    from tpu_pipeline.cli import build_parser
 
     build_parser()
 

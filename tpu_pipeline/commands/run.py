@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -30,15 +29,6 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
-def _runtime(module: str):
-    """The runtime harness module `runtime.<module>`.
-
-    The CLI layer sits above both packages (cli/commands -> runtime -> toolchain); it reaches
-    the runtime through this one lookup, so no module of the compiler imports the runtime
-    (tests/test_manifest.py checks both)."""
-    return importlib.import_module(f"runtime.{module}")
-
-
 def device_kind(name: str) -> str:
     from toolchain.cost.mcu import device_dict
 
@@ -61,9 +51,7 @@ def _compiled_for(dep) -> str | None:
 
 def execute(args, target: Path, device: str | None, kind_hint: str | None = None):
     """Shared by run and profile: choose a backend, run, return (report, choice)."""
-    backends = _runtime("backends")
-    deployment = _runtime("deployment")
-    render = _runtime("render")
+    from runtime import backends, deployment, render  # the CLI sits above the runtime
 
     if args.iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {args.iterations}")
@@ -93,7 +81,9 @@ def finish(rep, args) -> int:
     if args.json:
         out.print_json(rep.to_json())
     else:
-        _runtime("render").print_run_report(rep, out.console(), getattr(args, "top", 10))
+        from runtime import render
+
+        render.print_run_report(rep, out.console(), getattr(args, "top", 10))
     sys.stdout.flush()
     if rep.error:
         if rep.arena is not None and rep.arena.get("fits") is False:

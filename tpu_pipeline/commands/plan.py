@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from toolchain import report
-from toolchain.commands.options import check_output, non_negative_int, seconds
+from tpu_pipeline.commands.options import check_output, non_negative_int, seconds
 from toolchain.errors import VerificationError
 from toolchain.ir.convert import load_exact
 from toolchain.memory import PLANNERS, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy

@@ -22,6 +22,6 @@ def main() -> None:
     from toolchain import interrupts
 
     interrupts.install()
-    from toolchain.cli import main as cli_main
+    from tpu_pipeline.cli import main as cli_main
 
     sys.exit(cli_main())

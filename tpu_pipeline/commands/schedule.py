@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolchain import report
-from toolchain.commands.options import check_output, seconds
+from tpu_pipeline.commands.options import check_output, seconds
 from toolchain.ir import load, to_model
 from toolchain.ir.convert import load_exact
 from toolchain.memory import lifetimes, tflm_greedy

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolchain.commands import run as run_cmd
-from toolchain.commands.options import non_negative_int, positive_int, seconds
+from tpu_pipeline.commands import run as run_cmd
+from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
 from toolchain.errors import UsageError
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"

@@ -14,7 +14,7 @@ import sys
 from toolchain import __version__, interrupts
 from toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
-# (command, module under toolchain.commands). Each module has HELP, add_arguments, run.
+# (command, module under tpu_pipeline.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (
     ("inspect", "inspect"),
     ("plan", "plan"),
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, module_name in COMMANDS:
-        module = importlib.import_module(f"toolchain.commands.{module_name}")
+        module = importlib.import_module(f"tpu_pipeline.commands.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         module.add_arguments(p)
@@ -91,6 +91,6 @@ def _name_the_model(args, exc: ToolchainError) -> str:
 
 
 if __name__ == "__main__":
-    from toolchain.entry import main as _entry
+    from tpu_pipeline.entry import main as _entry
 
     _entry()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolchain import report as out
-from toolchain.commands.options import check_output_folder
+from tpu_pipeline.commands.options import check_output_folder
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolchain import report
-from toolchain.commands.options import check_output, positive_int, seconds
+from tpu_pipeline.commands.options import check_output, positive_int, seconds
 from toolchain.ir.convert import load_exact
 from toolchain.rewrite import LOSSY, rewrite_graph
 from toolchain.ir.convert import rewritten_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from toolchain import report
 from toolchain.inspect import summarize
-from toolchain.commands.options import check_output, plot_path
+from tpu_pipeline.commands.options import check_output, plot_path
 from toolchain.ir import load
 
 HELP = "op histogram, parameter bytes, activation peak and arena predictions"

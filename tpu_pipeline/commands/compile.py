@@ -8,7 +8,7 @@ import sys
 from rich.table import Table
 
 from toolchain import report
-from toolchain.commands.options import seconds
+from tpu_pipeline.commands.options import seconds
 from toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
