@@ -644,6 +644,17 @@ def test_fusion_guard_witnesses(name):
     check_everything(graph, "tflm", random.Random(0))
 
 
+def test_model_chained_in_place():
+    """TFLite: RESHAPE -> RESHAPE. The first shares its input's buffer, so the second's input
+    owns no bytes of its own and cannot host the second output (model.py's `zeroed`)."""
+    ts = tuple(Tensor(i, f"t{i}", "int8", (sz,)) for i, sz in enumerate([192, 192, 128, 64]))
+    g = Graph(ts, (Op("ADD", (), (0,)), Op("RESHAPE", (0,), (1,)), Op("RESHAPE", (1,), (2,)),
+                   Op("ADD", (2,), (3,))), (), (3,))
+    model = build_model(g, "tflite")
+    assert model.exact
+    assert model.profile([0, 1, 2, 3]) == lifetimes(g, [0, 1, 2, 3], "tflite").live_bytes()
+
+
 @pytest.mark.xfail(strict=True, reason="toolchain/schedule/dp.py: free moves ignore graph outputs no op "
                    "touches (they sit on whichever step is last); fix: no free moves when "
                    "model.final_only and the piece ends the graph")
