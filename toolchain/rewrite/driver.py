@@ -259,6 +259,18 @@ class _Search:
         return None
 
 
+def _applied_chain(chain, g2: Graph, s2, peak: int) -> list[AppliedRewrite]:
+    """One record per rewrite of a kept chain; all but the last only enable it (peak unchanged)."""
+    out = []
+    for k, (c, before) in enumerate(chain):
+        last = k == len(chain) - 1
+        after = g2 if last else chain[k + 1][1]
+        out.append(AppliedRewrite(c.kind, c.target, c.branches, c.numerics, peak,
+                                  s2.peak if last else peak, len(after.ops) - len(before.ops),
+                                  enabling=not last))
+    return out
+
+
 def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm", allow_lossy: bool = False,
                   *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
                   joint: bool = True, deadline: Deadline | None = None,
@@ -293,15 +305,6 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
     current = graph.reordered(s0.order)
     peak, sched = s0.peak, s0
     applied: list[AppliedRewrite] = []
-
-    def record(chain, g2, s2):
-        for k, (c, before) in enumerate(chain):
-            last = k == len(chain) - 1
-            after = g2 if last else chain[k + 1][1]
-            applied.append(AppliedRewrite(c.kind, c.target, c.branches, c.numerics, peak,
-                                          s2.peak if last else peak, len(after.ops) - len(before.ops),
-                                          enabling=not last))
-
     try:
         while not search.out_of_time():
             found = None
@@ -318,7 +321,7 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
             if found is None:
                 break
             g2, s2, chain = found
-            record(chain, g2, s2)
+            applied.extend(_applied_chain(chain, g2, s2, peak))
             current, peak, sched = g2, s2.peak, s2
     except DeadlineExpired:
         search.notes.append("time budget spent; the search stopped early")
