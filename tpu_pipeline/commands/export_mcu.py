@@ -32,4 +32,6 @@ def run(args) -> int:
     c.print(f"HARNESS_ARENA_SIZE {r.arena_size:,} B (measured head + tail {r.measured_tail:,} B) of "
             f"{r.sram_bytes:,} B SRAM; model {r.model_bytes:,} B of {r.flash_bytes:,} B flash; crc {r.model_crc}")
     c.print("files: " + ", ".join(r.files))
+    if r.firmware:  # a board layer was written: the project builds as it is
+        c.print(f"build: make -C {r.out_dir}  (or: tpu-pipeline build-firmware {r.out_dir} [--kernels reference])")
     return 0
