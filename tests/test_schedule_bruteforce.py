@@ -340,13 +340,6 @@ def check_oracle(graph, semantics, oracle, model, rnd):
             assert model.peak(order) == oracle.peak(order)
 
 
-def free_move_bug(model, S_end=None) -> bool:
-    """KNOWN BUG in toolchain/schedule/dp.py (see test_free_moves_with_an_untouched_output): a free
-    move can change which op runs last, and the last step also holds the graph outputs no op
-    touches (`final_only`), so with such outputs free moves may lose the optimum."""
-    return bool(model.final_only) and (S_end is None or S_end == model.full)
-
-
 def dangling(graph) -> bool:
     """Some activation is read but neither written nor a graph input (CP-SAT does not model it)."""
     return any(t not in graph.producer and t not in graph.inputs
@@ -362,8 +355,6 @@ def check_schedule(graph, semantics, oracle, model, opt, methods):
         assert graph.is_topological(res.order), what
         assert lifetimes(graph, res.order, semantics).peak == res.peak, what
         assert oracle.peak(res.order) == res.peak, what
-        if free_move_bug(model) and method != "cpsat" and "free_moves" not in ablate:
-            continue
         assert res.lower_bound <= opt <= res.peak, what
         if res.proven_optimal:
             assert res.peak == opt == res.lower_bound, what
@@ -491,8 +482,6 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
     assert ub >= piece_opt
     for floor in sorted({0, piece_opt // 2, max(piece_opt - 1, 0), piece_opt}):
         for free in (True, False):
-            if free and free_move_bug(model, piece.S0 | piece.ops):
-                continue
             r = best_first(piece, ub + 1, floor, free_moves=free)
             what = (floor, free)
             assert r.complete and r.order is not None, what
@@ -502,7 +491,7 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
             assert oracle.peak_from(r.order, start) == piece_opt, what
     if ub > piece_opt:
         # with ub = the optimum nothing better exists: the search must prove that, not invent one
-        r = best_first(piece, piece_opt, 0, free_moves=not free_move_bug(model, piece.S0 | piece.ops))
+        r = best_first(piece, piece_opt, 0, free_moves=True)
         assert r.order is None and r.lower_bound <= piece_opt
 
 
@@ -655,9 +644,6 @@ def test_model_chained_in_place():
     assert model.profile([0, 1, 2, 3]) == lifetimes(g, [0, 1, 2, 3], "tflite").live_bytes()
 
 
-@pytest.mark.xfail(strict=True, reason="toolchain/schedule/dp.py: free moves ignore graph outputs no op "
-                   "touches (they sit on whichever step is last); fix: no free moves when "
-                   "model.final_only and the piece ends the graph")
 def test_free_moves_with_an_untouched_output():
     """op0 -> op2 and op1 independent; op2 writes a dead 16-byte tensor and t4 is a graph output
     that no op touches, so it is live at the last step only: op2 must not run last (16 bytes

@@ -163,6 +163,11 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]
     upred, usucc = piece.upred, piece.usucc
     apply = piece.apply
+    # A graph output no op touches is live at the last step only, i.e. at whichever op runs last:
+    # a free move can change that op, so the exchange argument fails in the piece that ends the
+    # graph (fusion makes the same exception; the brute-force test pins it).
+    if piece.model.final_only and (piece.S0 | piece.ops) == piece.model.full:
+        free_moves = False
     popped_f = floor
     pops = 0
     while heap:
