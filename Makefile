@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tpu-pipeline run out/randwire_small_int8 --backend emulator -N 20
 
 test: $(STAMP)
+	bash tools/install_system_deps.sh
 	$(PY) -m pytest
 
 zoo: $(ZOO_STAMP)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the test suite needs beyond Python: the ARM toolchain and QEMU for the firmware
+# tests (tests/test_firmware.py). Installed with apt when missing and we are root (CI runs as root
+# on a bare machine); otherwise the firmware tests skip and say why.
+set -euo pipefail
+need=()
+command -v arm-none-eabi-g++ >/dev/null || need+=(gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
+command -v qemu-system-arm >/dev/null || need+=(qemu-system-arm)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+else
+    echo "not root or no apt-get: the firmware tests will skip (missing: ${need[*]})" >&2
+fi
