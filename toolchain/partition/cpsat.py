@@ -60,8 +60,9 @@ class SolveResult:
     reproducible: bool = True   # no step was stopped by the wall clock (or run in parallel)
 
 
-def _build(problem: PartitionProblem, n: int, colocate: bool):
-    m = cp_model.CpModel()
+def _stage_vars(m, problem: PartitionProblem, n: int, colocate: bool):
+    """y[v][k] = stage(v) <= k, x[v][k] = stage(v) == k (ints where fixed), with precedence,
+    no empty stage and (`colocate`) consumers of one tensor kept together."""
     N = problem.n_ops
     fixed_last = problem.last_stage_ops
     y = [[None] * (n - 1) for _ in range(N)]
@@ -108,18 +109,15 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
             for c in cons[1:]:
                 for k in range(n - 1):
                     m.Add(Y(c, k) == Y(cons[0], k))
+    return y, x
 
-    cost = problem.model
-    ppb = cost.ps_per_byte
-    par = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"m{k}") for k in range(n)]
-    off = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"o{k}") for k in range(n)]
-    for k in range(n):
-        m.Add(par[k] == sum(problem.op_costs[v].param_bytes * x[v][k] for v in range(N)
-                            if problem.op_costs[v].param_bytes))
-        m.Add(off[k] >= par[k] - cost.sram_bytes)
+
+def _traffic_terms(m, problem: PartitionProblem, n: int, x):
+    """Per stage, the bytes it reads in and writes out (terms of a sum), and the auxiliary
+    booleans as (var, kind, producer, consumers, stage) to complete hints."""
     in_terms = [[] for _ in range(n)]
     out_terms = [[] for _ in range(n)]
-    aux = []  # (var, kind, producer, consumers, stage) to complete hints
+    aux = []
     for bt in problem.tensors:
         p = bt.producer
         cons = sorted(set(bt.consumers))
@@ -152,6 +150,22 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
                     m.Add(w >= x[p][k] - x[c][k])
                 aux.append((w, "out", p, cons, k))
                 out_terms[k].append(bt.nbytes * w)
+    return in_terms, out_terms, aux
+
+
+def _build(problem: PartitionProblem, n: int, colocate: bool):
+    m = cp_model.CpModel()
+    N = problem.n_ops
+    y, x = _stage_vars(m, problem, n, colocate)
+    cost = problem.model
+    ppb = cost.ps_per_byte
+    par = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"m{k}") for k in range(n)]
+    off = [m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), f"o{k}") for k in range(n)]
+    for k in range(n):
+        m.Add(par[k] == sum(problem.op_costs[v].param_bytes * x[v][k] for v in range(N)
+                            if problem.op_costs[v].param_bytes))
+        m.Add(off[k] >= par[k] - cost.sram_bytes)
+    in_terms, out_terms, aux = _traffic_terms(m, problem, n, x)
     total_bytes = sum(bt.nbytes for bt in problem.tensors) * max(1, n)
     comm = []
     for k in range(n):
@@ -181,6 +195,59 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
     return m, y, x, objs, {"aux": aux, "par": par, "off": off, "comm": comm, "lat": lat}
 
 
+def _set_hint(model, problem: PartitionProblem, n: int, y, x, objs, extra, stages) -> None:
+    """A complete hint: every variable's value under `stages` (CP-SAT then starts from a
+    full feasible solution instead of repairing a partial one)."""
+    model.ClearHints()
+    for v in range(problem.n_ops):
+        for k in range(n - 1):
+            if not isinstance(y[v][k], int):
+                model.AddHint(y[v][k], 1 if stages[v] <= k else 0)
+        for k in range(n):
+            if not isinstance(x[v][k], int) and hasattr(x[v][k], "Index"):
+                model.AddHint(x[v][k], 1 if stages[v] == k else 0)
+    for var, kind, p, cons, k in extra["aux"]:
+        if kind == "in":
+            val = any(stages[c] == k for c in cons) and (p is None or stages[p] != k)
+        else:
+            val = stages[p] == k and any(stages[c] != k for c in cons)
+        model.AddHint(var, int(val))
+    sc = problem.stage_costs(stages, n)
+    for k in range(n):
+        model.AddHint(extra["par"][k], sc[k].param_bytes)
+        model.AddHint(extra["off"][k], sc[k].offchip_bytes)
+        model.AddHint(extra["comm"][k], sc[k].in_bytes + sc[k].out_bytes)
+        model.AddHint(extra["lat"][k], sc[k].latency_ps)
+    o = problem.objectives(stages, n)
+    for name, var in objs.items():
+        model.AddHint(var, o[name])
+
+
+def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: float, workers: int, seed: int):
+    """The solver for one step: `dshare` deterministic time on one worker (the wall clock only a
+    cap), or `workers` racing for `frac` of the wall-clock time left."""
+    if deterministic:
+        solver = new_solver(max(0.05, remaining), 1, seed)
+        solver.parameters.max_deterministic_time = dshare
+    else:
+        solver = new_solver(max(0.05, remaining * frac), workers, seed)
+    # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
+    solver.parameters.cp_model_probing_level = 0
+    for key, value in _EXTRA_PARAMS.items():
+        setattr(solver.parameters, key, value)
+    return solver
+
+
+def _stop_reason(st, solver, deterministic: bool, dshare: float) -> str:
+    if st == cp_model.OPTIMAL:
+        return "optimal"
+    if st == cp_model.INFEASIBLE:
+        return "infeasible"
+    if deterministic and solver.deterministic_time >= dshare * 0.999:
+        return "deterministic limit"
+    return "wall clock"
+
+
 def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
           hint=None, upper_bounds: dict | None = None, colocate: bool = False, workers: int = 2,
           seed: int = 0, deterministic: bool = True) -> SolveResult:
@@ -207,61 +274,19 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
     status_name = "OPTIMAL"
     steps_proven: list[bool] = []
 
-    def set_hint(stages):
-        """A complete hint: every variable's value under `stages` (CP-SAT then starts from a
-        full feasible solution instead of repairing a partial one)."""
-        model.ClearHints()
-        for v in range(N):
-            for k in range(n - 1):
-                if not isinstance(y[v][k], int):
-                    model.AddHint(y[v][k], 1 if stages[v] <= k else 0)
-            for k in range(n):
-                if not isinstance(x[v][k], int) and hasattr(x[v][k], "Index"):
-                    model.AddHint(x[v][k], 1 if stages[v] == k else 0)
-        for var, kind, p, cons, k in extra["aux"]:
-            if kind == "in":
-                val = any(stages[c] == k for c in cons) and (p is None or stages[p] != k)
-            else:
-                val = stages[p] == k and any(stages[c] != k for c in cons)
-            model.AddHint(var, int(val))
-        sc = problem.stage_costs(stages, n)
-        for k in range(n):
-            model.AddHint(extra["par"][k], sc[k].param_bytes)
-            model.AddHint(extra["off"][k], sc[k].offchip_bytes)
-            model.AddHint(extra["comm"][k], sc[k].in_bytes + sc[k].out_bytes)
-            model.AddHint(extra["lat"][k], sc[k].latency_ps)
-        o = problem.objectives(stages, n)
-        for name, var in objs.items():
-            model.AddHint(var, o[name])
-
     if hint is not None:
-        set_hint(hint)
+        _set_hint(model, problem, n, y, x, objs, extra, hint)
     stopped: list[str] = []
     dtime_left = time_limit * DTIME_PER_SECOND
     for i, name in enumerate(steps):
         remaining = time_limit - (time.perf_counter() - t0)
         # the first objective is what the strategy is about; later ones are tie-breaks
         frac = 1.0 if i == len(steps) - 1 else (0.75 if i == 0 else 0.5)
-        if deterministic:
-            dshare = max(1e-3, dtime_left * frac)
-            solver = new_solver(max(0.05, remaining), 1, seed)
-            solver.parameters.max_deterministic_time = dshare
-        else:
-            solver = new_solver(max(0.05, remaining * frac), workers, seed)
-        # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
-        solver.parameters.cp_model_probing_level = 0
-        for key, value in _EXTRA_PARAMS.items():
-            setattr(solver.parameters, key, value)
+        dshare = max(1e-3, dtime_left * frac)
+        solver = _step_solver(deterministic, remaining, frac, dshare, workers, seed)
         model.Minimize(objs[name])
         st = solver.Solve(model)
-        if st == cp_model.OPTIMAL:
-            stopped.append("optimal")
-        elif st == cp_model.INFEASIBLE:
-            stopped.append("infeasible")
-        elif deterministic and solver.deterministic_time >= dshare * 0.999:
-            stopped.append("deterministic limit")
-        else:
-            stopped.append("wall clock")
+        stopped.append(_stop_reason(st, solver, deterministic, dshare))
         if deterministic:
             dtime_left = max(0.0, dtime_left - solver.deterministic_time)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -286,7 +311,7 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
             status_name = "FEASIBLE"
         best = stages
         model.Add(objs[name] <= val)
-        set_hint(stages)
+        _set_hint(model, problem, n, y, x, objs, extra, stages)
     obj = problem.objectives(best, n)
     steps_proven += [False] * (len(steps) - len(steps_proven))
     reproducible = deterministic and "wall clock" not in stopped

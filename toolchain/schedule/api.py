@@ -134,12 +134,8 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
                     sem.name, n, units_n, pieces_n, largest, tuple(notes))
 
 
-def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate,
-                  below=None, progress=None, t0=0.0):
-    """Solve every piece in context; pieces with the highest lower bound first. With `below`,
-    stop at the first proof that no order peaks below it, and leave alone the pieces whose
-    heuristic order already does."""
-    # the context (S0, R0) of each piece follows from the pieces before it
+def _pieces_in_context(model, units, plist) -> list[Piece]:
+    """One Piece per part of `plist`; its context (S0, R0) follows from the pieces before it."""
     contexts = []
     S, R = 0, model.r0
     for p in plist:
@@ -148,19 +144,61 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             for v in units[k]:
                 _, R = model.step(v, S, R)
                 S |= 1 << v
-    piece_objs = [Piece(model, [units[k] for k in p], S0, R0) for p, (S0, R0) in zip(plist, contexts)]
+    return [Piece(model, [units[k] for k in p], S0, R0) for p, (S0, R0) in zip(plist, contexts)]
+
+
+def _piece_upper_bound(model, pc: Piece, base_order) -> tuple[list[int], int]:
+    """Upper bound for the piece: the best global heuristic order restricted to it, or greedy."""
+    cand = [v for v in base_order if (pc.ops >> v) & 1]
+    ub_order, ub = cand, pc.evaluate(cand)
+    if len(pc.units) > 1:
+        g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
+        pg = pc.evaluate(g)
+        if pg < ub:
+            ub_order, ub = g, pg
+    return ub_order, ub
+
+
+def _search_piece(pc: Piece, ub_order, ub: int, floor: int, method: str, now: float, left: float,
+                  deadline: float, seed: int, ablate, methods_used: set):
+    """The DP and/or CP-SAT on one piece (method auto, dp or cpsat); adds the ones run to
+    `methods_used`. Returns the search result with the better lower bound / order."""
+    res = None
+    # building the CP-SAT model costs about 0.1 ms per (unit, step) pair: in auto mode it is
+    # tried only when that is a small part of the time left
+    cells = len(pc.units) * bin(pc.ops).count("1")
+    build = cells * 1e-4
+    # memory: about 3 KB per (unit, step) pair (measured: 136k pairs, 400 MB), so auto mode
+    # leaves larger pieces to the DP (whose states are capped by dp.MAX_STATE_BYTES)
+    cpsat_ok = build < 0.12 * left and cells <= CPSAT_MAX_CELLS
+    if method in ("auto", "dp"):
+        share = 1.0 if method == "dp" else (0.6 if cpsat_ok else 0.9)
+        res = best_first(pc, ub, floor, now + share * left, free_moves="free_moves" not in ablate)
+        methods_used.add("dp")
+    if method == "cpsat" or (method == "auto" and cpsat_ok and res is not None and not res.complete):
+        from toolchain.schedule.cpsat import cpsat_piece
+
+        left = deadline - time.monotonic()
+        if (left > 0.2 and build < 0.3 * left) or method == "cpsat":
+            budget = max(left * (0.7 if method == "auto" else 1.0), 0.5)
+            res2 = cpsat_piece(pc, ub_order, ub, floor, budget, seed)
+            methods_used.add("cpsat")
+            if res is None or res2.lower_bound > res.lower_bound or (
+                    res2.order is not None and res2.peak < (res.peak if res.order else ub)):
+                lbm = max(res2.lower_bound, res.lower_bound if res else 0)
+                res = res2
+                res.lower_bound = lbm
+    return res
+
+
+def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate,
+                  below=None, progress=None, t0=0.0):
+    """Solve every piece in context; pieces with the highest lower bound first. With `below`,
+    stop at the first proof that no order peaks below it, and leave alone the pieces whose
+    heuristic order already does."""
+    piece_objs = _pieces_in_context(model, units, plist)
     lbs = [pc.static_lower_bound() for pc in piece_objs]
-    ubs = []
-    for pc in piece_objs:
-        # upper bound for the piece: the best global heuristic order restricted to it, or greedy
-        cand = [v for v in base_order if (pc.ops >> v) & 1]
-        ub_order, ub = cand, pc.evaluate(cand)
-        if len(pc.units) > 1:
-            g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
-            pg = pc.evaluate(g)
-            if pg < ub:
-                ub_order, ub = g, pg
-        ubs.append((ub_order, ub))
+    ubs = [_piece_upper_bound(model, pc, base_order) for pc in piece_objs]
     floor = max([global_lb, *lbs])
     # min-cut certificates for the pieces whose heuristic is above every bound so far
     for i, pc in enumerate(piece_objs):
@@ -181,7 +219,6 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
         if len(pc.units) == 1 or ub <= floor or (below is not None and (ub < below or floor >= below)):
             results[i] = (ub_order, ub, ub if len(pc.units) == 1 else lbs[i], True)
             continue
-        res = None
         now = time.monotonic()
         left = max(deadline - now, 0.0)
         _budget.say(progress, t0, f"schedule: piece of {len(pc.units)} units, peak {ub:,} vs bound {floor:,}, "
@@ -195,30 +232,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             results[i] = (order, peak, max(res.lower_bound, lbs[i]), res.complete)
             floor = max(floor, res.lower_bound if res.order is None else lbs[i])
             continue
-        # building the CP-SAT model costs about 0.1 ms per (unit, step) pair: in auto mode it is
-        # tried only when that is a small part of the time left
-        cells = len(pc.units) * bin(pc.ops).count("1")
-        build = cells * 1e-4
-        # memory: about 3 KB per (unit, step) pair (measured: 136k pairs, 400 MB), so auto mode
-        # leaves larger pieces to the DP (whose states are capped by dp.MAX_STATE_BYTES)
-        cpsat_ok = build < 0.12 * left and cells <= CPSAT_MAX_CELLS
-        if method in ("auto", "dp"):
-            share = 1.0 if method == "dp" else (0.6 if cpsat_ok else 0.9)
-            res = best_first(pc, ub, floor, now + share * left, free_moves="free_moves" not in ablate)
-            methods_used.add("dp")
-        if method == "cpsat" or (method == "auto" and cpsat_ok and res is not None and not res.complete):
-            from toolchain.schedule.cpsat import cpsat_piece
-
-            left = deadline - time.monotonic()
-            if (left > 0.2 and build < 0.3 * left) or method == "cpsat":
-                budget = max(left * (0.7 if method == "auto" else 1.0), 0.5)
-                res2 = cpsat_piece(pc, ub_order, ub, floor, budget, seed)
-                methods_used.add("cpsat")
-                if res is None or res2.lower_bound > res.lower_bound or (
-                        res2.order is not None and res2.peak < (res.peak if res.order else ub)):
-                    lbm = max(res2.lower_bound, res.lower_bound if res else 0)
-                    res = res2
-                    res.lower_bound = lbm
+        res = _search_piece(pc, ub_order, ub, floor, method, now, left, deadline, seed, ablate, methods_used)
         order, peak = (res.order, res.peak) if res.order is not None else (ub_order, ub)
         lb = max(res.lower_bound, lbs[i])
         done = res.complete

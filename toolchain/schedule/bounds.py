@@ -25,6 +25,9 @@ from toolchain.schedule.model import bits
 def cut_lower_bound(piece, deadline: float | None = None, floor: int = 0) -> int:
     """max over the piece's ops v of min over orders of the live bytes at v's step.
     Stops early (returning a smaller but valid bound) at the deadline."""
+    # Over 80 lines on purpose: one flow network is built once (arcs, their indices, the
+    # tensors' size arcs) and re-solved per op by toggling capacities in place; split, every
+    # helper would take and return that whole arc bookkeeping.
     model = piece.model
     ops = sorted(bits(piece.ops))
     if not ops:

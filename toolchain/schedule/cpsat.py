@@ -41,7 +41,44 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
         if model.mask[t] & piece.ops and model.born[t] < 0 and not model.pin_start[t]:
             return SearchResult(None, ub, static_lb, False, 0)  # read before written: not modelled
 
-    # windows from ancestors / descendants inside the piece (in ops)
+    lo, hi = _windows(piece, lens, L)
+    cp = cp_model.CpModel()
+    owner, offset = {}, {}  # op -> (its unit, its position in the unit)
+    for k, u in enumerate(units):
+        for r, v in enumerate(u):
+            owner[v], offset[v] = k, r
+    U, start, O = _placement_vars(cp, piece, lo, hi, lens, L, owner, offset)
+    const, mem_terms = _tensor_vars(cp, piece, lo, hi, O, L, owner, offset)
+    S_end = piece.S0 | piece.ops
+    mem = cp.new_int_var(floor, max(ub, floor), "mem")
+    for j in range(1, L + 1):  # (6)
+        expr = [s * x for s, x in mem_terms[j]]
+        scratch = [model.extra[v] * O(v, j) for v in bits(piece.ops) if model.extra[v] and O(v, j) is not None]
+        final = model.final_only if (j == L and S_end == model.full) else 0
+        cp.add(sum(expr) + sum(scratch) + const + final <= mem)
+    cp.minimize(mem)
+    _add_hint(cp, U, units, ub_order, lo, hi)
+
+    solver = new_solver(max(0.1, float(time_limit) - (time.monotonic() - t_start)), min(2, workers), seed)
+    status = solver.solve(cp)
+    bound = int(solver.best_objective_bound) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
+    if status == cp_model.INFEASIBLE:  # nothing within [floor, ub]: cannot happen with ub feasible
+        return SearchResult(None, ub, ub, True, 0)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return SearchResult(None, ub, static_lb, False, 0)
+    starts = sorted(range(m), key=lambda k: solver.value(start[k]))
+    order = [v for k in starts for v in units[k]]
+    peak = piece.evaluate(order)
+    complete = status == cp_model.OPTIMAL
+    lb = max(static_lb, min(bound, peak)) if bound > floor or complete else static_lb
+    if complete and peak > max(bound, floor):
+        complete = False  # the model's memory may exceed the exact one only if not minimal
+    return SearchResult(order, peak, lb, complete, 0)
+
+
+def _windows(piece: Piece, lens: list[int], L: int) -> tuple[list[int], list[int]]:
+    """First and last step each unit may start at, from its ancestors / descendants in the piece."""
+    m = len(piece.units)
     anc = [0] * m
     for k in range(m):  # piece units are topologically ordered
         a = piece.upred[k]
@@ -56,13 +93,13 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
         desc[k] = d
     lo = [1 + sum(lens[j] for j in bits(anc[k])) for k in range(m)]
     hi = [L + 1 - sum(lens[j] for j in bits(desc[k])) - lens[k] for k in range(m)]
+    return lo, hi
 
-    owner, offset = {}, {}
-    for k, u in enumerate(units):
-        for r, v in enumerate(u):
-            owner[v], offset[v] = k, r
 
-    cp = cp_model.CpModel()
+def _placement_vars(cp, piece: Piece, lo, hi, lens, L, owner, offset):
+    """U[k, j] (unit k starts at step j), the start variables, precedences, one op per step (1)-(2).
+    Also returns O(v, j): the literal "op v runs at step j" (None where it cannot)."""
+    m = len(piece.units)
     U = {(k, j): cp.new_bool_var(f"U{k}_{j}") for k in range(m) for j in range(lo[k], hi[k] + 1)}
     start = []
     for k in range(m):
@@ -81,7 +118,13 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
     for j in range(1, L + 1):  # (1)
         cover = [O(v, j) for v in bits(piece.ops)]
         cp.add_exactly_one([x for x in cover if x is not None])
+    return U, start, O
 
+
+def _tensor_vars(cp, piece: Piece, lo, hi, O, L, owner, offset):
+    """T[t, j] (tensor t stored at step j) with constraints (3)-(5). Returns the constant bytes
+    (tensors alive across the whole piece) and, per step, the (size, literal) terms of memory."""
+    model = piece.model
     S0, S_end = piece.S0, piece.S0 | piece.ops
     const = model.const_all
     T: dict[tuple[int, int], object] = {}
@@ -137,14 +180,11 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
                     cp.add(o == 0) if x == 0 else None
                 else:
                     cp.add_implication(o, x)
-    mem = cp.new_int_var(floor, max(ub, floor), "mem")
-    for j in range(1, L + 1):  # (6)
-        expr = [s * x for s, x in mem_terms[j]]
-        scratch = [model.extra[v] * O(v, j) for v in bits(piece.ops) if model.extra[v] and O(v, j) is not None]
-        final = model.final_only if (j == L and S_end == model.full) else 0
-        cp.add(sum(expr) + sum(scratch) + const + final <= mem)
-    cp.minimize(mem)
-    # hint: the upper-bound order (as units if it respects them)
+    return const, mem_terms
+
+
+def _add_hint(cp, U, units, ub_order, lo, hi) -> None:
+    """Hint: the upper-bound order (as units if it respects them)."""
     pos = {}
     step = 1
     for v in ub_order:
@@ -155,19 +195,3 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
         if j0 is not None and all(pos.get(v) == j0 + r for r, v in enumerate(u)) and (k, j0) in U:
             for j in range(lo[k], hi[k] + 1):
                 cp.add_hint(U[k, j], j == j0)
-
-    solver = new_solver(max(0.1, float(time_limit) - (time.monotonic() - t_start)), min(2, workers), seed)
-    status = solver.solve(cp)
-    bound = int(solver.best_objective_bound) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
-    if status == cp_model.INFEASIBLE:  # nothing within [floor, ub]: cannot happen with ub feasible
-        return SearchResult(None, ub, ub, True, 0)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return SearchResult(None, ub, static_lb, False, 0)
-    starts = sorted(range(m), key=lambda k: solver.value(start[k]))
-    order = [v for k in starts for v in units[k]]
-    peak = piece.evaluate(order)
-    complete = status == cp_model.OPTIMAL
-    lb = max(static_lb, min(bound, peak)) if bound > floor or complete else static_lb
-    if complete and peak > max(bound, floor):
-        complete = False  # the model's memory may exceed the exact one only if not minimal
-    return SearchResult(order, peak, lb, complete, 0)

@@ -124,22 +124,11 @@ def bits(mask: int):
         mask ^= low
 
 
-def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
-    sem = get_semantics(semantics)
-    n = len(graph.ops)
-    inputs = {t for t in graph.inputs if graph.is_activation(t)}
-    outputs = {t for t in graph.outputs if graph.is_activation(t)}
-
-    # graph tensor -> touching ops
-    touchers: dict[int, set[int]] = {}
-    for i, op in enumerate(graph.ops):
-        for t in (*op.inputs, *op.outputs):
-            if graph.is_activation(t):
-                touchers.setdefault(t, set()).add(i)
-    involved = set(touchers) | inputs | outputs
-    sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
-
-    # TFLite in-place sharing: union a reshape's output into its input when that is static.
+def _share_groups(graph: Graph, sem: Semantics, involved: set[int], sizes: dict[int, int],
+                  inputs: set[int], outputs: set[int]) -> tuple[dict[int, list[int]], bool]:
+    """Tensors that share one buffer, keyed by their root, and whether the sharing is exact
+    (independent of the order). TFLite in-place sharing: union a reshape's output into its input
+    when that is static."""
     parent = {t: t for t in involved}
 
     def find(t):
@@ -172,6 +161,25 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
     groups: dict[int, list[int]] = {}
     for t in sorted(involved):
         groups.setdefault(find(t), []).append(t)
+    return groups, exact
+
+
+def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
+    sem = get_semantics(semantics)
+    n = len(graph.ops)
+    inputs = {t for t in graph.inputs if graph.is_activation(t)}
+    outputs = {t for t in graph.outputs if graph.is_activation(t)}
+
+    # graph tensor -> touching ops
+    touchers: dict[int, set[int]] = {}
+    for i, op in enumerate(graph.ops):
+        for t in (*op.inputs, *op.outputs):
+            if graph.is_activation(t):
+                touchers.setdefault(t, set()).add(i)
+    involved = set(touchers) | inputs | outputs
+    sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
+
+    groups, exact = _share_groups(graph, sem, involved, sizes, inputs, outputs)
     ids = sorted(groups)
     size, mask, ps, pe, tensor_ids, born = [], [], [], [], [], []
     producer = graph.producer

@@ -26,13 +26,10 @@ import weakref
 from ai_edge_litert import schema_py_generated as schema
 
 from toolchain.errors import ModelError
+from toolchain.tflite.names import text as _text
 from toolchain.tflite.metadata import OFFLINE_PLAN_NAME
 
 _KEEP_METADATA = ("min_runtime_version", "CONVERSION_METADATA")
-
-
-def _text(v) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else (v or "")
 
 
 class _Buffers:
@@ -313,14 +310,9 @@ def merge_models(models: list[schema.ModelT], prefixes: list[str], name: str = "
     return out
 
 
-def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT, int]:
-    """A copy of `model` in which every SPACE_TO_BATCH_ND that pads (main subgraph, 4-D, constant
-    paddings) reads an explicit PAD of its input and pads nothing itself; and how many were
-    changed. LiteRT's outputs are unchanged (both are data movement, PAD fills with the zero
-    point as SPACE_TO_BATCH_ND does). TFLite Micro's SPACE_TO_BATCH_ND never initialises its pad
-    value (see toolchain.rewrite.verify.tflm_hazards), its PAD does: after this, its outputs no
-    longer depend on what the arena held. Costs one padded copy of each such input. Stored shapes
-    must be the real ones (`with_static_shapes` first)."""
+def _padding_space_to_batch_ops(model: schema.ModelT) -> list:
+    """(position, 2x2 paddings) of every SPACE_TO_BATCH_ND of the main subgraph that pads: 4-D,
+    constant, not all zero."""
     import numpy as np
 
     from toolchain.ir.convert import opcode_name
@@ -337,6 +329,50 @@ def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT
         p = np.frombuffer(bytes(bytearray(buf.data)), dtype="<i4").reshape(2, 2)
         if np.any(p != 0):
             todo.append((k, p))
+    return todo
+
+
+def _int32_const(out: schema.ModelT, sg: schema.SubGraphT, name: bytes, values) -> int:
+    """Append a constant int32 tensor (and its buffer) to `sg` / `out`; its tensor index."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype="<i4")
+    b = schema.BufferT()
+    b.data = np.frombuffer(arr.tobytes(), dtype=np.uint8)
+    out.buffers.append(b)
+    t = schema.TensorT()
+    t.name, t.type, t.shape, t.buffer = name, schema.TensorType.INT32, list(arr.shape), len(out.buffers) - 1
+    sg.tensors.append(t)
+    return len(sg.tensors) - 1
+
+
+def _pad_opcode(out: schema.ModelT, codes: dict[int, int], version: int) -> int:
+    """Index of the PAD operator code of `version` in `out` (added once if missing; `codes` caches)."""
+    if version not in codes:
+        for i, c in enumerate(out.operatorCodes):
+            if max(int(c.builtinCode or 0), int(c.deprecatedBuiltinCode or 0)) == schema.BuiltinOperator.PAD \
+                    and int(c.version or 1) == version:
+                codes[version] = i
+                break
+        else:
+            c = schema.OperatorCodeT()
+            c.builtinCode = c.deprecatedBuiltinCode = schema.BuiltinOperator.PAD
+            c.version = version
+            out.operatorCodes.append(c)
+            codes[version] = len(out.operatorCodes) - 1
+    return codes[version]
+
+
+def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT, int]:
+    """A copy of `model` in which every SPACE_TO_BATCH_ND that pads (main subgraph, 4-D, constant
+    paddings) reads an explicit PAD of its input and pads nothing itself; and how many were
+    changed. LiteRT's outputs are unchanged (both are data movement, PAD fills with the zero
+    point as SPACE_TO_BATCH_ND does). TFLite Micro's SPACE_TO_BATCH_ND never initialises its pad
+    value (see toolchain.rewrite.verify.tflm_hazards), its PAD does: after this, its outputs no
+    longer depend on what the arena held. Costs one padded copy of each such input. Stored shapes
+    must be the real ones (`with_static_shapes` first)."""
+    src = model.subgraphs[0]
+    todo = _padding_space_to_batch_ops(model)
     if not todo:
         return model, 0
     out = copy.copy(model)
@@ -346,33 +382,7 @@ def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT
     sg.tensors = list(src.tensors)
     ops = list(src.operators)
 
-    def const(name: bytes, values) -> int:
-        arr = np.asarray(values, dtype="<i4")
-        b = schema.BufferT()
-        b.data = np.frombuffer(arr.tobytes(), dtype=np.uint8)
-        out.buffers.append(b)
-        t = schema.TensorT()
-        t.name, t.type, t.shape, t.buffer = name, schema.TensorType.INT32, list(arr.shape), len(out.buffers) - 1
-        sg.tensors.append(t)
-        return len(sg.tensors) - 1
-
     codes: dict[int, int] = {}
-
-    def pad_code(version: int) -> int:
-        if version not in codes:
-            for i, c in enumerate(out.operatorCodes):
-                if max(int(c.builtinCode or 0), int(c.deprecatedBuiltinCode or 0)) == schema.BuiltinOperator.PAD \
-                        and int(c.version or 1) == version:
-                    codes[version] = i
-                    break
-            else:
-                c = schema.OperatorCodeT()
-                c.builtinCode = c.deprecatedBuiltinCode = schema.BuiltinOperator.PAD
-                c.version = version
-                out.operatorCodes.append(c)
-                codes[version] = len(out.operatorCodes) - 1
-        return codes[version]
-
     for k, p in reversed(todo):  # back to front, so earlier positions stay valid
         op = copy.copy(ops[k])
         x_idx = int(op.inputs[0])
@@ -387,12 +397,14 @@ def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT
         sg.tensors.append(padded)
         t_pad = len(sg.tensors) - 1
         pad_op = schema.OperatorT()
-        pad_op.opcodeIndex = pad_code(2 if x.type == schema.TensorType.INT8 else 1)
-        pad_op.inputs = [x_idx, const(base + b"/space_to_batch_pad/paddings", [[0, 0], p[0], p[1], [0, 0]])]
+        pad_op.opcodeIndex = _pad_opcode(out, codes, 2 if x.type == schema.TensorType.INT8 else 1)
+        pad_op.inputs = [x_idx, _int32_const(out, sg, base + b"/space_to_batch_pad/paddings",
+                                             [[0, 0], p[0], p[1], [0, 0]])]
         pad_op.outputs = [t_pad]
         pad_op.builtinOptionsType = schema.BuiltinOptions.PadOptions
         pad_op.builtinOptions = schema.PadOptionsT()
-        op.inputs = [t_pad, int(op.inputs[1]), const(base + b"/space_to_batch_pad/none", [[0, 0], [0, 0]])]
+        op.inputs = [t_pad, int(op.inputs[1]),
+                     _int32_const(out, sg, base + b"/space_to_batch_pad/none", [[0, 0], [0, 0]])]
         ops[k] = op
         ops.insert(k, pad_op)
     sg.operators = ops
