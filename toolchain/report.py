@@ -29,11 +29,12 @@ def human_bytes(n: int | float | None) -> str:
 
 
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=_json_default)
+    json.dump(data, sys.stdout, indent=2, default=json_default)
     sys.stdout.write("\n")
 
 
-def _json_default(obj):
+def json_default(obj):
+    """`default=` for json.dump: objects with to_json, dataclasses, numpy values; else TypeError."""
     if hasattr(obj, "to_json"):
         return obj.to_json()
     if hasattr(obj, "__dataclass_fields__"):

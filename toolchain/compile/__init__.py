@@ -35,6 +35,7 @@ from toolchain.cost.devices import load_device
 from toolchain.errors import UsageError
 from toolchain.memory import get_semantics
 from toolchain.partition import STRATEGY_NAMES, Partition
+from toolchain.report import json_default
 
 PASSES: list[Pass] = [
     Pass("load", load),
@@ -93,16 +94,10 @@ def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> Com
     files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
     names = [*files, "report.json"]
     report = build_report(state, records, names)
-    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=_json_default)),
+    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
                                    list(opts.paths))
     return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
                          list(report["notes"]))
-
-
-def _json_default(obj):
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 __all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",

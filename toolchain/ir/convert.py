@@ -17,6 +17,7 @@ from ai_edge_litert import schema_py_generated as schema
 from toolchain.errors import ModelError
 from toolchain.ir import options as opts
 from toolchain.ir.graph import Graph, Op, Quantization, Tensor
+from toolchain.tflite.names import text as _text
 
 BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 BUILTIN_CODES = {k: v for v, k in BUILTIN_NAMES.items()}
@@ -115,12 +116,6 @@ def encode_options(record: opts.Options) -> tuple[int, object]:
             raise ValueError(f"{record.KIND} has no field {camel} in this schema")
         setattr(obj, camel, _encode_value(f.name, getattr(record, f.name)))
     return OPTION_TYPE_CODES[record.KIND], obj
-
-
-def _text(value) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _ints(values) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from toolchain.errors import ModelError
 from toolchain.ir import Graph
+from toolchain.partition.problem import downstream
 from toolchain.tflite.extract import segment_bytes
 
 
@@ -98,14 +99,7 @@ def verification_scope(model, graph: Graph, stages, interfaces,
     if missing is None:
         missing = litert_missing_kernels(model, graph)
     n = len(interfaces)
-    skipped = set(missing)
-    stack = list(skipped)
-    while stack:
-        v = stack.pop()
-        for s in graph.succs[v]:
-            if s not in skipped:
-                skipped.add(s)
-                stack.append(s)
+    skipped = downstream(graph.succs, missing)
     run = [v for v in range(len(graph.ops)) if v not in skipped]
     produced = {t for v in run for t in graph.ops[v].outputs if t >= 0}
     available = produced | set(graph.inputs)

@@ -34,6 +34,18 @@ class SegmentInterface:
     outputs: tuple[int, ...]       # tensor indices, in the segment's output order
 
 
+def downstream(succs, seeds) -> frozenset[int]:
+    """`seeds` and every op reachable from them along `succs` (a graph's successor sets)."""
+    found = set(seeds)
+    stack = list(found)
+    while stack:
+        v = stack.pop()
+        for s in succs[v]:
+            if s not in found:
+                found.add(s)
+                stack.append(s)
+    return frozenset(found)
+
 class PartitionProblem:
     """Precomputed per-op costs and per-tensor traffic of one graph under one cost model."""
 
@@ -68,14 +80,7 @@ class PartitionProblem:
         They belong to the last segment (the Edge TPU compiler maps a segment's ops up to its
         first unsupported op and leaves the rest to the CPU)."""
         fixed = {i for i, op in enumerate(self.graph.ops) if op.is_custom}
-        stack = list(fixed)
-        while stack:
-            v = stack.pop()
-            for s in self.succs[v]:
-                if s not in fixed:
-                    fixed.add(s)
-                    stack.append(s)
-        return frozenset(fixed)
+        return downstream(self.succs, fixed)
 
     @cached_property
     def last_stage_ops(self) -> frozenset[int]:
@@ -86,14 +91,7 @@ class PartitionProblem:
         fixed = {i for i in range(self.n_ops) if not self.succs[i]}
         fixed |= {g.producer[t] for t in g.outputs if t in g.producer}
         fixed |= self.host_ops
-        stack = list(fixed)
-        while stack:
-            v = stack.pop()
-            for s in self.succs[v]:
-                if s not in fixed:
-                    fixed.add(s)
-                    stack.append(s)
-        return frozenset(fixed)
+        return downstream(self.succs, fixed)
 
     def max_stages(self) -> int:
         return self.n_ops - len(self.last_stage_ops) + 1

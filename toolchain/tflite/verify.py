@@ -26,6 +26,7 @@ from ai_edge_litert import schema_py_generated as schema
 from flatbuffers import number_types as N
 
 from toolchain.errors import ModelError
+from toolchain.tflite.names import text as _text
 
 MAX_DEPTH = 64              # as flatbuffers' C++ Verifier
 MAX_TABLES = 1_000_000      # as flatbuffers' C++ Verifier
@@ -228,23 +229,12 @@ _ZERO_POINT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 3
                      "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1)}
 
 
-def _text(value) -> str:
-    if value is None:
-        return ""
-    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
-
-
 def _len(values) -> int:
     return 0 if values is None or isinstance(values, int) else len(values)
 
 
 def _list(values) -> list[int]:
     return [] if values is None or isinstance(values, int) else [int(v) for v in values]
-
-
-def custom_codes(model: schema.ModelT) -> list[str]:
-    return [_text(c.customCode) for c in model.operatorCodes or []
-            if max(int(c.builtinCode or 0), int(c.deprecatedBuiltinCode or 0)) == schema.BuiltinOperator.CUSTOM]
 
 
 def validate_model(model: schema.ModelT, label: str) -> None:
