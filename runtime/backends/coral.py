@@ -182,7 +182,7 @@ def _pycoral_throughput(interps, dep: Deployment, iterations: int, seed: int, ti
     """Throughput through pycoral's own PipelinedModelRunner, or None when pycoral is absent."""
     try:
         from pycoral.pipeline.pipelined_model_runner import PipelinedModelRunner  # type: ignore
-    except ImportError:
+    except ImportError:  # pycoral is an optional third-party package (Coral's own runtime)
         return None
     import time
 

@@ -49,12 +49,10 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         out["stages_s"] = stage_pred
         out["source"] = "report.json"
         return out
-    try:
-        from toolchain.cost.edgetpu import EdgeTpuCostModel
-        from toolchain.ir import from_model, total_param_bytes
-        from toolchain.tflite import read_model
-    except ImportError:
-        return {"source": "unavailable (no toolchain.cost.edgetpu)"}
+    from toolchain.cost.edgetpu import EdgeTpuCostModel
+    from toolchain.ir import from_model, total_param_bytes
+    from toolchain.tflite import read_model
+
     model = EdgeTpuCostModel(device)
     stages = []
     for seg in dep.segments:

@@ -23,6 +23,7 @@ import flatbuffers
 import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
+from toolchain import interrupts
 from toolchain.errors import DeviceError, ModelError, UsageError
 from toolchain.tflite.verify import unpack_errors, validate_model, verify_flatbuffer
 
@@ -292,18 +293,10 @@ def _mode_for(target: Path) -> int:
 
 def _register_temp(path) -> None:
     # The CLI's interrupt handling removes registered temporaries if it has to exit hard.
-    try:
-        from toolchain import interrupts
-    except ImportError:
-        return
     interrupts.register_temp(path)
 
 
 def _unregister_temp(path) -> None:
-    try:
-        from toolchain import interrupts
-    except ImportError:
-        return
     interrupts.unregister_temp(path)
 
 
