@@ -296,10 +296,7 @@ def _partial_sums(graph: Graph, k: int, branches, values: Values):
 
 
 def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Values | None):
-    cons = graph.ops[k]
-    concat = graph.ops[cand.concat]
-    y = cons.outputs[0]
-    y_t = graph.tensors[y]
+    cons, concat, y, y_t = _cell(graph, cand, k)
     w_t = graph.tensors[cons.inputs[1]]
     W = tensor_values(w_t)
     has_bias = len(cons.inputs) > 2 and cons.inputs[2] >= 0
@@ -347,10 +344,7 @@ def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: V
 
 
 def _split_depthwise(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Values | None):
-    cons = graph.ops[k]
-    concat = graph.ops[cand.concat]
-    y = cons.outputs[0]
-    y_t = graph.tensors[y]
+    cons, concat, y, y_t = _cell(graph, cand, k)
     w_t = graph.tensors[cons.inputs[1]]
     W = tensor_values(w_t)
     C = graph.tensors[concat.outputs[0]].shape[-1]
@@ -366,16 +360,11 @@ def _split_depthwise(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, val
         o = ed.add_activation(f"{y_t.name}/part{j}", y_t.dtype, y_t.shape[:-1] + (hi - lo,), y_t.quant)
         new_ops.append(ops.like(cons, inputs, [o]))
         outs.append(o)
-    new_ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
-    ed.replace(k, new_ops)
-    return y
+    return _replace_with_concat(ed, k, concat, new_ops, outs, y, len(y_t.shape))
 
 
 def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Values | None):
-    cons = graph.ops[k]
-    concat = graph.ops[cand.concat]
-    y = cons.outputs[0]
-    y_t = graph.tensors[y]
+    cons, concat, y, y_t = _cell(graph, cand, k)
     new_ops, outs = [], []
     operand = cons.inputs[1] if len(cons.inputs) == 2 and cons.opcode in _BINARY_EXACT | _BINARY_ROUNDING else None
     per_channel = operand is not None and graph.tensors[operand].num_elements > 1
@@ -388,7 +377,19 @@ def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Val
                                     _slice_quant(c_t.quant, a, b)),)
         new_ops.append(ops.like(cons, (x, *rest), [o]))
         outs.append(o)
-    new_ops.append(_concat_op(concat, outs, y, len(y_t.shape)))
+    return _replace_with_concat(ed, k, concat, new_ops, outs, y, len(y_t.shape))
+
+
+def _cell(graph: Graph, cand: Candidate, k: int):
+    """The rewritten consumer, the concatenation it reads, its output and that output's tensor."""
+    cons = graph.ops[k]
+    y = cons.outputs[0]
+    return cons, graph.ops[cand.concat], y, graph.tensors[y]
+
+
+def _replace_with_concat(ed: GraphEditor, k: int, concat, new_ops: list, outs: list, y: int, rank: int) -> int:
+    """Op k becomes `new_ops` followed by the concatenation of their outputs `outs` into `y`."""
+    new_ops.append(_concat_op(concat, outs, y, rank))
     ed.replace(k, new_ops)
     return y
 
