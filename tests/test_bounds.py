@@ -34,6 +34,7 @@ from toolchain.schedule import schedule
 from toolchain.schedule.dp import MAX_STATE_BYTES, Piece, best_first, state_cap
 from toolchain.schedule.model import build_model
 from toolchain.schedule import heuristics
+from tests.test_schedule import topological_orders
 
 
 # ---- graph generators (no TensorFlow) -----------------------------------------------------------
@@ -169,25 +170,6 @@ def random_dag(n_ops=60, seed=0, hw=4):
     return Graph(tuple(tensors), tuple(ops), (x_in,), outs, "random")
 
 
-def _topological_orders(graph: Graph):
-    preds = [set(p) for p in graph.preds]
-    n = len(graph.ops)
-
-    def rec(done, order):
-        if len(order) == n:
-            yield tuple(order)
-            return
-        for v in range(n):
-            if v not in done and preds[v] <= done:
-                done.add(v)
-                order.append(v)
-                yield from rec(done, order)
-                order.pop()
-                done.remove(v)
-
-    yield from rec(set(), [])
-
-
 # ---- the Deadline ---------------------------------------------------------------------------------
 def test_deadline_counts_down_and_check_raises():
     d = Deadline(0.2)
@@ -241,7 +223,7 @@ def test_dp_state_cap_bounds_the_search():
 def test_ancestry_lower_bound_is_below_every_order():
     for seed in range(8):
         g = random_dag(8, seed)
-        best = min(lifetimes(g, order).peak for order in _topological_orders(g))
+        best = min(lifetimes(g, order).peak for order in topological_orders(g))
         assert ancestry_lower_bound(g) <= best
 
 
