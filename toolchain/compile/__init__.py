@@ -20,7 +20,7 @@ from pathlib import Path
 
 from toolchain.compile.driver import BUDGET_FACTOR, Pass, PassError, run_passes
 from toolchain.compile.report import build_report
-from toolchain.compile.output import check_output_folder, write_result_folder
+from toolchain.compile.output import check_result_folder, write_result_folder
 from toolchain.compile.passes.edgetpu import edgetpu
 from toolchain.compile.passes.emit import emit
 from toolchain.compile.passes.load import load
@@ -83,7 +83,7 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
                          "(use `tpu-pipeline profile` for MCUs)")
     stem = "+".join(p.stem for p in paths)
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
-    check_output_folder(out, list(paths))
+    check_result_folder(out, list(paths))
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
                           semantics)
 

@@ -25,31 +25,24 @@ from pathlib import Path
 from toolchain import interrupts
 from toolchain.errors import DeviceError, UsageError
 from toolchain.manifest import REPORT_NAME, Manifest
+from toolchain.tflite.io import check_output_folder
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _OUR_SUFFIXES = (".tflite", ".log", "_edgetpu_compiler.txt")
 
 
-def check_output_folder(out: Path, inputs: list[Path]) -> None:
-    """Refuse a target we must not replace (exit 2), before any work is done."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise UsageError(f"{out}: exists and is not a folder; choose a new or empty folder for -o")
-    for p in inputs:
-        if _inside(p, out):
-            raise UsageError(f"{out}: holds the input model {p}; choose another folder for -o")
+def check_result_folder(out: Path, inputs: list[Path]) -> None:
+    """Refuse, before any work, a target we must not replace (exit 2): what every output folder
+    refuses (`check_output_folder`), a link, or a folder holding files a compile did not write."""
+    if out.is_symlink():
+        raise UsageError(f"{out}: is a link; choose a new or empty folder for -o")
+    check_output_folder(out, inputs)
     if out.is_dir():
         foreign = _foreign_entries(out)
         if foreign:
             raise UsageError(f"{out}: holds '{foreign[0]}', which tpu-pipeline did not write; choose a new or empty "
                              "folder for -o")
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    try:
-        return path.resolve().is_relative_to(folder.resolve())
-    except OSError:
-        return False
 
 
 def _foreign_entries(folder: Path) -> list[str]:
@@ -87,7 +80,7 @@ def write_result_folder(out: Path, files: dict[str, bytes], report: dict, inputs
         manifest = Manifest.from_json(report, tmp)
         (tmp / REPORT_NAME).write_text(manifest.dumps())
         with _locked(out.parent), interrupts.critical():
-            check_output_folder(out, inputs)  # again: another process may have written meanwhile
+            check_result_folder(out, inputs)  # again: another process may have written meanwhile
             if not out.exists():
                 os.rename(tmp, out)
             else:

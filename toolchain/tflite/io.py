@@ -190,6 +190,21 @@ def tensor_names_of_type(model, dtype: str) -> list[str]:
     return found
 
 
+def check_output_folder(folder: str | os.PathLike, inputs=()) -> Path:
+    """Refuse an output folder that exists as something else, or holds an input model."""
+    out = Path(folder)
+    if os.path.lexists(out) and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a folder; choose a new or empty folder")
+    for p in inputs:
+        try:
+            inside = Path(p).resolve().is_relative_to(out.resolve())
+        except (OSError, RuntimeError):
+            inside = False
+        if inside:
+            raise UsageError(f"{out}: holds the input model {p}; choose another output folder")
+    return out
+
+
 def check_output_path(path: str | os.PathLike, inputs=()) -> Path:
     """Refuse, before any work, an output path a writer must not replace; returns it as a Path.
 

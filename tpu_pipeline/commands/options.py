@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from toolchain.errors import DeviceError, UsageError
-from toolchain.tflite.io import check_output_path
+from toolchain.tflite.io import check_output_folder, check_output_path  # noqa: F401 (re-exported)
 
 # What matplotlib's Agg canvas writes (FigureCanvasBase.get_supported_filetypes()), without
 # importing matplotlib just to parse the options.
@@ -76,18 +76,3 @@ def check_output(path: str | os.PathLike, inputs=()) -> Path:
         os.close(fd)
         os.unlink(probe)
     return target
-
-
-def check_output_folder(folder: str | os.PathLike, inputs=()) -> Path:
-    """Refuse an output folder that exists as something else, or holds an input model."""
-    out = Path(folder)
-    if os.path.lexists(out) and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a folder; choose a new or empty folder")
-    for p in inputs:
-        try:
-            inside = Path(p).resolve().is_relative_to(out.resolve())
-        except (OSError, RuntimeError):
-            inside = False
-        if inside:
-            raise UsageError(f"{out}: holds the input model {p}; choose another output folder")
-    return out
