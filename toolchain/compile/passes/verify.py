@@ -18,7 +18,7 @@ from toolchain.tflite.extract import runtime_exact_model
 TFLM_VERIFY_MAX_MACS = 300_000_000
 
 
-def _verify_in_tflm(source: bytes, whole: bytes, graph) -> dict:
+def _verify_in_tflm(source: bytes, whole: bytes, whole_model, graph) -> dict:
     """The optimised whole model against the input model in TFLite Micro: integer outputs
     bit-identical, float within rounding. The reference is the input with what TFLite Micro would
     read unwritten taken out (`runtime_exact_model`: on the raw input its outputs depend on the
@@ -31,7 +31,7 @@ def _verify_in_tflm(source: bytes, whole: bytes, graph) -> dict:
     if result.outputs and not result.ok:
         worst = max(o.max_abs for o in result.outputs)
         raise VerificationError(f"the optimised model differs from the input in TFLite Micro (max |diff| {worst:g})")
-    return {**result.to_json(), "hazards": tflm_hazards(read_model(whole))}
+    return {**result.to_json(), "hazards": tflm_hazards(whole_model)}
 
 
 def is_integer_model(graph) -> bool:
@@ -71,6 +71,6 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
                      f"{', '.join(scope.unverified_outputs) or 'none'}")
         verification["whole_vs_source_tflm"] = {"skipped": "the model has ops TFLite Micro cannot run here"}
     elif len(state.sources) == 1:
-        verification["whole_vs_source_tflm"] = _verify_in_tflm(state.sources[0][1], state.whole, graph)
+        verification["whole_vs_source_tflm"] = _verify_in_tflm(state.sources[0][1], state.whole, whole, graph)
     state = dataclasses.replace(state, verification=verification, notes=state.noted(*notes))
     return state, PassRecord("verify", "ran", 0.0, verification)
