@@ -16,7 +16,8 @@ import dataclasses
 
 from toolchain.ir.convert import BUILTIN_CODES
 from toolchain.ir.graph import Op
-from toolchain.ir.options import AddOptions, ConcatenationOptions, Options, OpaqueOptions
+from toolchain.ir.options import (AddOptions, ConcatenationOptions, FieldlessOptions, Options, OpaqueOptions,
+                                  StridedSliceOptions)
 
 
 def op(opcode: str, inputs, outputs, options: Options = None, version: int = 1) -> Op:
@@ -34,6 +35,22 @@ def add(a: int, b: int, out: int, activation: str = "NONE", version: int = 1) ->
 def concatenation(inputs, out: int, axis: int, activation: str = "NONE", version: int = 1) -> Op:
     return op("CONCATENATION", inputs, (out,), ConcatenationOptions(axis=axis, fused_activation=activation),
               version)
+
+
+def strided_slice(x: int, begin: int, end: int, strides: int, out: int, version: int = 2) -> Op:
+    """`begin`, `end`, `strides`: int32 constant tensors, one entry per dimension of `x`."""
+    return op("STRIDED_SLICE", (x, begin, end, strides), (out,), StridedSliceOptions(), version)
+
+
+def pad(x: int, paddings: int, out: int, version: int = 2) -> Op:
+    """`paddings`: an int32 constant [rank, 2]; quantized tensors are padded with the output's
+    zero point, float ones with 0."""
+    return op("PAD", (x, paddings), (out,), FieldlessOptions("PadOptions"), version)
+
+
+def padv2(x: int, paddings: int, value: int, out: int, version: int = 2) -> Op:
+    """PAD with an explicit constant `value` (a one-element tensor of x's type and quantization)."""
+    return op("PADV2", (x, paddings, value), (out,), FieldlessOptions("PadV2Options"), version)
 
 
 def like(template: Op, inputs, outputs, **changes) -> Op:

@@ -1,0 +1,135 @@
+"""A small IR-level builder of random CNNs (int8 with per-channel weights, or float32), so tests can
+make real .tflite models without TensorFlow:
+
+    b = CnnBuilder(seed=1, dtype="int8")
+    x = b.input((1, 9, 11, 3))
+    y = b.conv(x, 8, k=3, stride=2, padding="SAME", act="RELU6")
+    z = b.add(b.dw(y, k=3, dilation=2), y)
+    graph = b.graph([z]);  data = b.model_bytes([z])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toolchain.ir import Graph, Quantization, Tensor
+from toolchain.ir import ops as irops
+from toolchain.ir.convert import standalone_model
+from toolchain.ir.options import AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions, Pool2DOptions
+from toolchain.tflite import model_to_bytes
+
+_NP = {"int8": np.int8, "int32": np.int32, "float32": np.float32}
+
+
+def _out(n: int, k: int, s: int, d: int, padding: str) -> int:
+    return -(-n // s) if padding == "SAME" else (n - (k - 1) * d - 1) // s + 1
+
+
+class CnnBuilder:
+    def __init__(self, seed: int = 0, dtype: str = "int8"):
+        self.rng = np.random.default_rng(seed)
+        self.dtype = dtype
+        self.tensors: list[Tensor] = []
+        self.ops: list = []
+        self.inputs: list[int] = []
+
+    # ---- tensors --------------------------------------------------------------------------
+    def _tensor(self, shape, dtype=None, quant=None, values=None) -> int:
+        data = None
+        if values is not None:
+            data = np.frombuffer(np.ascontiguousarray(values, dtype=_NP[dtype]).tobytes(), dtype=np.uint8).copy()
+            data.flags.writeable = False
+        i = len(self.tensors)
+        self.tensors.append(Tensor(index=i, name=f"t{i}", dtype=dtype or self.dtype, shape=tuple(shape),
+                                   quant=quant, data=data))
+        return i
+
+    def _act(self, shape, scale: float | None = None) -> int:
+        if self.dtype != "int8":
+            return self._tensor(shape)
+        scale = scale if scale is not None else float(self.rng.uniform(0.02, 0.1))
+        return self._tensor(shape, quant=Quantization((scale,), (int(self.rng.integers(-20, 21)),)))
+
+    def _scale(self, t: int) -> float:
+        q = self.tensors[t].quant
+        return q.scale[0] if q else 1.0
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.tensors[t].shape
+
+    def input(self, shape) -> int:
+        t = self._act(shape)
+        self.inputs.append(t)
+        return t
+
+    def _weights(self, x: int, shape, axis: int, k_sum: int):
+        """(weights, bias, output scale) for a conv-like op reading x."""
+        cout = shape[axis]
+        if self.dtype != "int8":
+            w = self._tensor(shape, "float32", values=self.rng.normal(0, 1 / np.sqrt(k_sum), shape))
+            return w, self._tensor((cout,), "float32", values=self.rng.normal(0, 0.1, cout)), None
+        ws = self.rng.uniform(0.005, 0.02, cout)
+        w = self._tensor(shape, "int8", Quantization(tuple(ws), (0,) * cout, axis),
+                         self.rng.integers(-127, 128, shape))
+        bs = self._scale(x) * ws
+        b = self._tensor((cout,), "int32", Quantization(tuple(bs), (0,) * cout, 0),
+                         self.rng.integers(-2000, 2001, cout))
+        # about 40 output LSBs per standard deviation of the accumulator: few saturations
+        return w, b, float(np.sqrt(k_sum) * self._scale(x) * ws.mean() * 3600 / 40)
+
+    # ---- layers ---------------------------------------------------------------------------
+    def conv(self, x, cout, k=3, stride=1, dilation=1, padding="SAME", act="NONE") -> int:
+        _, h, w, cin = self.shape(x)
+        wt, b, scale = self._weights(x, (cout, k, k, cin), 0, k * k * cin)
+        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), cout), scale)
+        opts = Conv2DOptions(padding, stride, stride, act, dilation, dilation)
+        self.ops.append(irops.op("CONV_2D", (x, wt, b), (y,), opts, 3))
+        return y
+
+    def dw(self, x, k=3, stride=1, dilation=1, padding="SAME", act="NONE") -> int:
+        _, h, w, c = self.shape(x)
+        wt, b, scale = self._weights(x, (1, k, k, c), 3, k * k)
+        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), c), scale)
+        opts = DepthwiseConv2DOptions(padding, stride, stride, 1, act, dilation, dilation)
+        self.ops.append(irops.op("DEPTHWISE_CONV_2D", (x, wt, b), (y,), opts, 3))
+        return y
+
+    def pool(self, x, kind="MAX_POOL_2D", k=2, stride=2, padding="VALID") -> int:
+        _, h, w, c = self.shape(x)
+        q = self.tensors[x].quant
+        y = self._tensor((1, _out(h, k, stride, 1, padding), _out(w, k, stride, 1, padding), c), quant=q)
+        self.ops.append(irops.op(kind, (x,), (y,), Pool2DOptions(padding, stride, stride, k, k), 2))
+        return y
+
+    def add(self, a, b, act="NONE") -> int:
+        y = self._act(self.shape(a), (self._scale(a) + self._scale(b)) if self.dtype == "int8" else None)
+        self.ops.append(irops.op("ADD", (a, b), (y,), AddOptions(act), 2))
+        return y
+
+    def concat(self, xs) -> int:
+        _, h, w, _ = self.shape(xs[0])
+        q = self.tensors[xs[0]].quant  # one quantization for all: a plain copy
+        if q is not None:
+            self.tensors = [t if t.index not in xs else Tensor(t.index, t.name, t.dtype, t.shape, quant=q)
+                            for t in self.tensors]
+        y = self._tensor((1, h, w, sum(self.shape(x)[3] for x in xs)), quant=q)
+        self.ops.append(irops.op("CONCATENATION", xs, (y,), ConcatenationOptions(3), 2))
+        return y
+
+    def pad(self, x, top, bottom, left, right) -> int:
+        _, h, w, c = self.shape(x)
+        p = self._tensor((4, 2), "int32", values=[[0, 0], [top, bottom], [left, right], [0, 0]])
+        y = self._tensor((1, h + top + bottom, w + left + right, c), quant=self.tensors[x].quant)
+        self.ops.append(irops.pad(x, p, y, 2 if self.dtype == "int8" else 1))
+        return y
+
+    # ---- results --------------------------------------------------------------------------
+    def graph(self, outputs) -> Graph:
+        return Graph(tuple(self.tensors), tuple(self.ops), tuple(self.inputs), tuple(outputs), "cnn")
+
+    def model_bytes(self, outputs) -> bytes:
+        return graph_bytes(self.graph(outputs))
+
+
+def graph_bytes(graph: Graph) -> bytes:
+    return model_to_bytes(standalone_model(graph))
