@@ -18,11 +18,14 @@ class Semantics:
 # TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
 # fit, is runtime_planners.tflm_greedy).
 TFLM = Semantics("tflm", 16, False, frozenset())
+# TFLite Micro built with CMSIS-NN kernels (what Cortex-M deployments run): the same planner and
+# lifetimes, but the optimised kernels request their own scratch buffers (toolchain/memory/scratch.py).
+TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset())
 # TFLite / LiteRT: 64-byte alignment, reshape-like ops share their input's buffer (its ArenaPlanner,
 # best fit, is runtime_planners.tflite_arena).
 TFLITE = Semantics("tflite", 64, True, frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}))
 
-SEMANTICS = {s.name: s for s in (TFLM, TFLITE)}
+SEMANTICS = {s.name: s for s in (TFLM, TFLM_CMSIS_NN, TFLITE)}
 
 
 def get_semantics(name: str | Semantics) -> Semantics:
@@ -32,6 +35,14 @@ def get_semantics(name: str | Semantics) -> Semantics:
         return SEMANTICS[name]
     except KeyError:
         raise UsageError(f"unknown semantics '{name}' (choose from {', '.join(SEMANTICS)})") from None
+
+
+def tflm_semantics(kernels: str) -> Semantics:
+    """The TFLite Micro semantics of a kernel set: "reference" (the Python wheel) or "cmsis-nn"."""
+    try:
+        return {"reference": TFLM, "cmsis-nn": TFLM_CMSIS_NN}[kernels]
+    except KeyError:
+        raise UsageError(f"unknown kernel set '{kernels}' (choose from cmsis-nn, reference)") from None
 
 
 def align(size: int, alignment: int) -> int:
