@@ -561,6 +561,8 @@ def _specs() -> list[Spec]:
     fam = lambda n: re.sub(r"\d+.*$", "", n.split("_")[0]) if not n.startswith("mobilenet") else "mobilenet"
     specs = [Spec(n, fam(n), _app(a, s), regular=not n.startswith("nasnet"), coral_name=cn)
              for n, a, s, cn in app]
+    specs.append(Spec("mobilenet_v1_025_96", "mobilenet", _app("MobileNet", 96, alpha=0.25), regular=True,
+                      note="MobileNetV1 alpha 0.25 at 96x96: the visual-wake-words size class (MLPerf Tiny)"))
     specs.append(Spec("inception_v1", "inception", lambda: build_inception_v1(), regular=True,
                       coral_name="InceptionV1", note="hand-built GoogLeNet, TF-slim layout"))
     irregular = [

@@ -21,6 +21,7 @@ COMMANDS = (
     ("plan-buffers", "plan_buffers"),
     ("schedule", "schedule"),
     ("rewrite", "rewrite"),
+    ("fit", "fit"),
     ("compile", "compile"),
     ("run", "run"),
     ("profile", "profile"),

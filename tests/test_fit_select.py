@@ -1,0 +1,103 @@
+"""The pieces of `fit` that need no patching: spans and TASO's selection in CP-SAT, against brute force."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from toolchain.fit.select import pareto, select
+from toolchain.fit.spans import split_spans, span_graph
+from toolchain.fit.variants import Variant
+from toolchain.ir.convert import load
+from toolchain.memory.lifetimes import lifetimes
+from toolchain.schedule.api import schedule
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize("name", ["chain_int8", "pool_softmax_int8", "tiny_irregular_int8", "darts_s2b_int8"])
+def test_spans_partition_the_graph_and_their_peaks_make_the_optimum(name):
+    _, g = load(FIXTURES / f"{name}.tflite")
+    spans = split_spans(g)
+    assert [i for s in spans for i in s.ops] == list(range(len(g.ops)))
+    peaks = []
+    for s in spans:
+        sg = span_graph(g, [s])
+        assert not sg.lint()
+        assert lifetimes(sg, None, "tflm").peak <= lifetimes(g, None, "tflm").peak
+        peaks.append(schedule(sg, time_limit=5).peak)
+    whole = schedule(g, time_limit=5)
+    assert whole.proven_optimal
+    assert max(peaks) == whole.peak  # the peak of the graph is the maximum over its spans
+
+
+def test_chain_model_has_cuts():
+    _, g = load(FIXTURES / "chain_int8.tflite")
+    assert len(split_spans(g)) >= 3
+
+
+def _random_variants(rng: random.Random, n_spans: int) -> list[Variant]:
+    out = [Variant(s, s, "as-is", f"s{s}", rng.randrange(100, 1000), 0, rng.uniform(1, 5), 0, 1)
+           for s in range(n_spans)]
+    for _ in range(rng.randrange(3, 9)):
+        a = rng.randrange(n_spans)
+        b = rng.randrange(a, n_spans)
+        out.append(Variant(a, b, "patch", f"p{a}-{b}", rng.randrange(50, 700), 0, rng.uniform(1, 8) * (b - a + 1),
+                           0, 1))
+    return out
+
+
+def _coverings(variants, n_spans):
+    """Every set of variants covering each span exactly once (brute force)."""
+    def rec(s):
+        if s == n_spans:
+            yield []
+            return
+        for v in variants:
+            if v.first == s:
+                for rest in rec(v.last + 1):
+                    yield [v, *rest]
+    yield from rec(0)
+
+
+def _ns(vs):
+    return sum(int(round(v.latency_s * 1e9)) for v in vs)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_selection_is_the_brute_force_optimum(seed):
+    rng = random.Random(seed)
+    n = rng.randrange(2, 6)
+    variants = _random_variants(rng, n)
+    cover = list(_coverings(variants, n))
+    for budget in sorted({max(v.peak for v in c) for c in cover})[:4] + [10]:
+        fits = [c for c in cover if max(v.peak for v in c) <= budget]
+        sel = select(variants, n, budget=budget)
+        if not fits:
+            assert sel is None
+            continue
+        best = min(_ns(c) for c in fits)
+        assert _ns(sel.variants) == best
+        assert sel.peak <= budget
+        assert sel.peak == min(max(v.peak for v in c) for c in fits if _ns(c) == best)
+        assert sel.proven
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_memory_objective_and_frontier_match_brute_force(seed):
+    rng = random.Random(100 + seed)
+    n = rng.randrange(2, 6)
+    variants = _random_variants(rng, n)
+    cover = list(_coverings(variants, n))
+    smallest = min(max(v.peak for v in c) for c in cover)
+    sel = select(variants, n, objective="memory")
+    assert sel.peak == smallest
+    assert _ns(sel.variants) == min(_ns(c) for c in cover if max(v.peak for v in c) == smallest)
+    # the frontier: exactly the non-dominated (peak, latency) pairs
+    pairs = {(max(v.peak for v in c), _ns(c)) for c in cover}
+    frontier = sorted({(p, t) for p, t in pairs if not any(p2 <= p and t2 <= t and (p2, t2) != (p, t)
+                                                          for p2, t2 in pairs)}, key=lambda x: x[1])
+    got = [(s.peak, _ns(s.variants)) for s in pareto(variants, n)]
+    assert got == frontier

@@ -1,0 +1,98 @@
+"""`fit` on a .tflite file: budget from a device, the fit, the model written and checked.
+
+Every model `fit` writes is checked before it is returned: its outputs against the input model's
+on random inputs in LiteRT and in TFLite Micro (bit-identical for integer outputs), and the arena
+head real TFLite Micro allocates with our offline plan against the predicted head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolchain.budget import Deadline, Progress
+from toolchain.cost.mcu import device_dict
+from toolchain.errors import UsageError, VerificationError
+from toolchain.fit.fit import FitResult, fit_graph
+from toolchain.ir.convert import load_exact, rewritten_model
+from toolchain.tflite import model_to_bytes, with_offline_plan
+
+# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
+# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
+# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
+# reserved with headroom.
+HARNESS_STATIC_BYTES = 16 * 1024
+MAX_DEVICE_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    result: FitResult
+    data: bytes  # the model to write (offline plan inside)
+    source: bytes  # the input model as made exact for TFLite Micro (the reference of the checks)
+    verification: tuple  # toolchain.execute.compare.Verification per runtime
+    head_measured: int | None  # TFLite Micro's head with our plan (real interpreter)
+    tail_measured: int | None
+    budget_from: str  # "--budget" or the device it was derived from
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        d = self.result.to_json()
+        d.update(budget_from=self.budget_from, arena_head_bytes_measured=self.head_measured,
+                 arena_tail_bytes_measured_host=self.tail_measured,
+                 head_matches_prediction=self.head_measured == self.result.head,
+                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
+        return d
+
+
+def device_reserve(device) -> tuple[int, int]:
+    """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU descriptor."""
+    d = device_dict(device)
+    if d.get("kind") != "mcu":
+        raise UsageError(f"device '{d.get('name', device)}' is not an MCU; fit budgets come from MCU SRAM")
+    fw = d.get("firmware", {})
+    return int(d["memory"]["sram_bytes"]), int(fw.get("stack_bytes", 0)) + int(fw.get("heap_bytes", 0)) + \
+        HARNESS_STATIC_BYTES
+
+
+def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
+              time_limit: float = 30.0, want_pareto: bool = False, verify_runs: int = 2,
+              progress: Progress = None) -> FittedModel:
+    """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
+    arena (SRAM - firmware reserve - the model's tail, refitted if the fitted model's tail grew)."""
+    from toolchain.execute.compare import check_or_raise, verify_models
+    from toolchain.execute.tflm_arena import measure_tflm_arena
+
+    if budget is None and device is None and objective == "latency":
+        raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
+    model, graph, notes = load_exact(path)
+    graph, _ = graph.with_unique_tensor_names()
+    source = model_to_bytes(model)
+    cost_device = device or "qemu-mps2-an386"
+    deadline = Deadline(time_limit)
+    head_budget, budget_from = budget, "--budget"
+    if device is not None and budget is None:
+        sram, reserve = device_reserve(device)
+        tail = measure_tflm_arena(source).tail
+        head_budget, budget_from = sram - reserve - tail, device
+    for _ in range(MAX_DEVICE_ROUNDS):
+        result = fit_graph(graph, budget=head_budget, objective=objective, device=cost_device,
+                           want_pareto=want_pareto, deadline=deadline.sub(fraction=0.8), progress=progress)
+        written = rewritten_model(result.graph, model)
+        if result.offline_plan is not None:
+            written = with_offline_plan(written, list(result.offline_plan), str(path))
+        data = model_to_bytes(written)
+        arena = measure_tflm_arena(data, label=str(path))
+        if budget is not None or device is None:
+            break
+        over = result.head + arena.tail - (sram - reserve)
+        if over <= 0 or not result.fits:
+            break
+        head_budget -= over  # the fitted model's own tail is larger: leave room for it
+    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
+        return FittedModel(result, data, source, (), arena.head, arena.tail, budget_from, tuple(notes))
+    verification = tuple(verify_models(source, data, runs=verify_runs))
+    check_or_raise(list(verification), str(path))
+    if arena.head != result.head:
+        raise VerificationError(f"{path}: TFLite Micro allocates a {arena.head:,}-byte head with the fitted model's "
+                                f"plan; {result.head:,} B were predicted")
+    return FittedModel(result, data, source, verification, arena.head, arena.tail, budget_from, tuple(notes))

@@ -1,0 +1,157 @@
+"""The variants `fit` chooses from, each with a memory and a time cost.
+
+A variant covers a run of spans (`first..last`, see spans.py) and says how they run:
+- `as-is`: the span's own ops in their memory-optimal order (one per span, always there);
+- `patch`: the run executed patch by patch on a rows x cols grid (toolchain.rewrite.patch),
+  bit-exact in int8 and float.
+
+Memory is the peak of the run under TFLite Micro's semantics (scratch included): for `as-is` the
+exact scheduler's proven optimum; for `patch` the peak of the patch-by-patch order the rewrite
+emits (achievable, so a selection under a budget really fits), with a lower bound beside it; the
+selection refines the variants whose bound says they might do better (`refine`). Time is the
+device cost model's prediction (MACs, halo recompute, per-op overhead): a prediction, labelled so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from toolchain.budget import Deadline, Progress, say
+from toolchain.cost.mcu import estimate_mcu
+from toolchain.fit.spans import Span, span_graph
+from toolchain.ir import Graph, macs
+from toolchain.memory.bounds import order_free_lower_bound
+from toolchain.memory.lifetimes import lifetimes
+from toolchain.memory.semantics import align
+from toolchain.schedule.api import schedule
+
+MAX_GRID = 8
+
+
+@dataclass(frozen=True)
+class Variant:
+    first: int  # spans covered, inclusive
+    last: int
+    kind: str  # "as-is" | "patch"
+    label: str
+    peak: int  # bytes: achievable peak of the covered spans
+    lower_bound: int  # no order of this variant peaks below it
+    latency_s: float  # predicted by the device cost model
+    macs: int
+    ops: int
+    region: Any = None  # patch: the PatchRegion
+    grid: tuple[int, int] | None = None
+    graph: Graph | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def proven(self) -> bool:
+        return self.peak <= self.lower_bound
+
+    def to_json(self) -> dict:
+        d = {"spans": [self.first, self.last], "kind": self.kind, "label": self.label, "peak_bytes": self.peak,
+             "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s, "macs": self.macs,
+             "ops": self.ops}
+        if self.grid is not None:
+            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
+        return d
+
+
+def _costed(graph: Graph, device, kernels: str | None) -> tuple[float, int]:
+    est = estimate_mcu(graph, device) if kernels is None else estimate_mcu(graph, device, kernels=kernels)
+    return est.latency_s, sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
+
+
+def as_is_variants(graph: Graph, spans: list[Span], device, kernels=None, deadline: Deadline | None = None,
+                   progress: Progress = None) -> list[Variant]:
+    """One variant per span: its ops in the proven memory-optimal order."""
+    out = []
+    for s in spans:
+        g = span_graph(graph, [s])
+        sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2))
+        lat, work = _costed(g, device, kernels)
+        name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
+        out.append(Variant(s.index, s.index, "as-is", f"as is up to '{name}'", sched.peak, sched.lower_bound, lat,
+                           work, len(g.ops), graph=g.reordered(sched.order)))
+    return out
+
+
+def patch_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels=None,
+                   deadline: Deadline | None = None, progress: Progress = None, start=None) -> tuple[list[Variant], int]:
+    """Patch variants for every legal region whose peak could drop, evaluated in order of promise
+    until the deadline; returns them and how many candidates there were in all."""
+    from toolchain.rewrite.patch import apply_patches, patch_regions
+
+    cands = []
+    for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
+        covered = max(v.peak for v in as_is[a:b + 1])
+        floor = _region_floor(graph, region)
+        if floor >= covered:
+            continue  # no grid can lower the peak of these spans: dominated by running them as is
+        for grid in _grids(region.max_grid):
+            cands.append((covered - floor, a, b, region, grid))
+    # most promising first: the largest possible drop, then the shortest run, then the coarsest grid
+    cands.sort(key=lambda c: (-c[0], c[2] - c[1], c[4][0] * c[4][1]))
+    out = []
+    for k, (_, a, b, region, grid) in enumerate(cands):
+        if deadline is not None and deadline.expired():
+            break
+        base = span_graph(graph, spans[a:b + 1])
+        g = apply_patches(base, region, grid)
+        lt = lifetimes(g, None, "tflm")
+        lat, work = _costed(g, device, kernels)
+        out.append(Variant(a, b, "patch", f"patches {grid[0]}x{grid[1]} from '{region.input}' to '{region.output}'",
+                           lt.peak, order_free_lower_bound(g, "tflm"), lat, work, len(g.ops), region, grid, g))
+        if progress and k % 25 == 24 and start is not None:
+            say(progress, start, f"fit: {k + 1}/{len(cands)} patch variants evaluated")
+    return out, len(cands)
+
+
+def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None) -> list[Variant]:
+    """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
+    ask the exact scheduler (within the deadline) for their true optimum."""
+    out = []
+    for v in variants:
+        if (v.kind == "patch" and not v.proven and v.lower_bound <= budget < v.peak and v.graph is not None
+                and (deadline is None or not deadline.expired())):
+            sched = schedule(v.graph, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.5))
+            if sched.peak < v.peak or sched.lower_bound > v.lower_bound:
+                v = replace(v, peak=sched.peak, lower_bound=max(v.lower_bound, sched.lower_bound),
+                            graph=v.graph.reordered(sched.order))
+        out.append(v)
+    return out
+
+
+def _regions_on_spans(graph: Graph, spans: list[Span], regions):
+    """(region, first span, last span) for regions whose boundary tensors are span boundaries and
+    whose ops are exactly those spans' ops."""
+    by_name = {t.name: t.index for t in graph.tensors}
+    starts = {s.inputs[0]: s.index for s in spans if len(s.inputs) == 1}
+    ends = {s.outputs[0]: s.index for s in spans if len(s.outputs) == 1}
+    first_out = {graph.tensors[op.outputs[0]].name: i for i, op in enumerate(graph.ops) if op.outputs}
+    for r in regions:
+        a, b = starts.get(by_name.get(r.input, -1)), ends.get(by_name.get(r.output, -1))
+        if a is None or b is None or a > b:
+            continue
+        ops = {first_out.get(name) for name in r.ops}
+        if ops == {i for s in spans[a:b + 1] for i in s.ops}:
+            yield r, a, b
+
+
+def _region_floor(graph: Graph, region) -> int:
+    """A peak no grid can go below: the final assembly holds the output tiles and the output
+    (2x the output), and the region's input is live until its last patch is cut from it."""
+    by_name = {t.name: t for t in graph.tensors}
+    inp, out = by_name[region.input], by_name[region.output]
+    return max(align(inp.nbytes, 16), 2 * align(out.nbytes, 16))
+
+
+def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
+    """Square and near-square grids up to MAX_GRID x MAX_GRID within the region's limit."""
+    rows, cols = min(max_grid[0], MAX_GRID), min(max_grid[1], MAX_GRID)
+    out = []
+    for p in range(1, MAX_GRID + 1):
+        for q in (p - 1, p, p + 1):
+            if 1 <= p <= rows and 1 <= q <= cols and p * q >= 2 and (p, q) not in out:
+                out.append((p, q))
+    return out
