@@ -196,8 +196,11 @@ class QemuResult:
     head_bytes: int | None  # the planned (non-persistent) part of it
     tail_bytes: int | None  # persistent allocations
     arena_size: int  # HARNESS_ARENA_SIZE
-    arena_bytes_predicted: int  # export-mcu's prediction (host TFLite Micro: planned head + host tail)
-    planned_head: int  # our offline plan's head
+    arena_bytes_predicted: int | None  # the 32-bit target model: predicted head + tail (None: an op not modelled)
+    head_predicted: int  # our offline plan with the kernels' scratch placed as TFLite Micro places it
+    tail_predicted: int | None  # the target's persistent allocations (toolchain.memory.tflm_target)
+    planned_head: int  # our offline plan's head (reference kernels' scratch)
+    arena_bytes_host: int  # export-mcu's host figure (64-bit TFLite Micro wheel: head + tail)
     instructions: int  # per invoke (median over the inferences)
     op_instructions: list  # [{index, opcode, instructions}] (median per op)
     flash_bytes: int
@@ -261,6 +264,9 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
         exported, build = build_for_board(model_path, device, kernels, tflm_tree, bigger, quiet=quiet)
         info, results, error, kv = _session(build.elf, fw.qemu_machine, baud, timeout, data, arrays, out_sizes, progress)
     head, tail = kv.get("head"), kv.get("tail")
+    predicted = _predicted_arena(data, kernels)
+    if predicted.tail is None:
+        notes.append("arena not predicted: " + ", ".join(target_tail_unmodelled(data, kernels)) + " not modelled")
     outputs, diffs = [], []
     for k, (x, r) in enumerate(zip(arrays, results)):
         want = host.run(x)
@@ -283,12 +289,32 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
         outputs=outputs, outputs_match=(not diffs) if results else None, output_differences=diffs,
         arena_used_bytes=used, head_bytes=int(head) if head is not None else None,
         tail_bytes=int(tail) if tail is not None else None, arena_size=info.arena,
-        arena_bytes_predicted=int(exported["measured_head"]) + int(exported["measured_tail"]),
+        arena_bytes_predicted=predicted.total, head_predicted=predicted.head, tail_predicted=predicted.tail,
         planned_head=int(exported["planned_head"]),
+        arena_bytes_host=int(exported["measured_head"]) + int(exported["measured_tail"]),
         instructions=_instructions(int(np.median([r.ticks for r in results])), tps) if results else 0,
         op_instructions=[{"index": i, "opcode": tag, "instructions": _instructions(int(np.median(t)), tps)}
                          for (i, tag), t in sorted(per_op.items())],
         flash_bytes=build.flash_bytes, ram_bytes=build.ram_bytes, elf=build.elf, error=error, notes=notes)
+
+
+def _predicted_arena(model_bytes: bytes, kernels: str):
+    """The target arena model on the exact model the firmware holds (its offline plan inside)."""
+    from toolchain.ir import from_model
+    from toolchain.memory.tflm_target import target_arena
+    from toolchain.tflite import read_model
+    from toolchain.tflite.metadata import read_offline_plan
+
+    model = read_model(model_bytes)
+    return target_arena(from_model(model), kernels, read_offline_plan(model))
+
+
+def target_tail_unmodelled(model_bytes: bytes, kernels: str) -> tuple[str, ...]:
+    from toolchain.ir import from_model
+    from toolchain.memory.tflm_target import target_tail
+    from toolchain.tflite import read_model
+
+    return target_tail(from_model(read_model(model_bytes)), kernels).unmodelled
 
 
 def _session(elf, machine, baud, timeout, model_bytes, arrays, out_sizes, progress):
@@ -372,7 +398,8 @@ class QemuBackend(Backend):
         rep.notes.extend(r.notes)
         rep.notes.append(f"{r.instructions:,} instructions per invoke (QEMU -icount shift={ICOUNT_SHIFT}); "
                          f"flash {r.flash_bytes:,} B, RAM {r.ram_bytes:,} B; arena used {r.arena_used_bytes:,} B "
-                         f"(head {r.head_bytes}, predicted {r.arena_bytes_predicted:,} B)")
+                         f"(head {r.head_bytes}, predicted {r.arena_bytes_predicted} B: head {r.head_predicted} "
+                         f"+ tail {r.tail_predicted})")
         top = sorted(r.op_instructions, key=lambda o: -o["instructions"])[:5]
         if top:
             rep.notes.append("most instructions: " + ", ".join(f"op {o['index']} {o['opcode']} {o['instructions']:,}"

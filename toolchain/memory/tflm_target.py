@@ -198,3 +198,11 @@ def target_arena(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) -
     """Predicted `arena_used_bytes()` of the harness firmware on a 32-bit Cortex-M."""
     head, scratch = target_head(graph, kernels, tensor_offsets)
     return TargetArena(kernels, head, target_tail(graph, kernels).bytes, scratch)
+
+
+def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: float = 5.0) -> tuple[int, ...]:
+    """The offline plan `export-mcu` writes for `graph` (TFLite Micro semantics, planner "auto")."""
+    from toolchain.memory.tflm import plan_for_tflm
+
+    lt = lifetimes(graph, semantics="tflm")
+    return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
