@@ -82,7 +82,9 @@ OP_DATA = {
     "CONCATENATION": (24, 24),  # concatenation.cc OpData (ConcatenationParams)
     "RELU": (28, 28), "RELU6": (28, 28),  # ReluOpData / Relu6OpData
     "SPACE_TO_BATCH_ND": (4, 4),  # SpaceToBatchParams
-    "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None),
+    "STRIDED_SLICE": (84, 84),  # StridedSliceParams (+ the op's shapes)
+    "MUL": (36, 36),  # OpDataMul
+    "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
 }
 
 
