@@ -260,6 +260,10 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     assert r.arena_used_bytes == r.head_bytes + r.tail_bytes <= r.arena_size
     if kernels == "reference":  # our offline plan is what the firmware allocates
         assert r.head_bytes == r.planned_head
+    # The 32-bit target model (toolchain.memory.tflm_target), to the byte, for both kernel sets:
+    # head = our plan + the kernels' scratch as TFLite Micro places it, tail = the persistent part.
+    assert (r.head_predicted, r.tail_predicted) == (r.head_bytes, r.tail_bytes)
+    assert r.arena_bytes_predicted == r.arena_used_bytes
     n_ops = len(from_model(read_model(FIXTURES / f"{model}.tflite")).ops)
     assert [o["index"] for o in r.op_instructions] == list(range(n_ops))
     assert all(o["instructions"] > 0 for o in r.op_instructions)
@@ -310,6 +314,7 @@ def test_run_backend_qemu_json(built):
     for k in ("arena_bytes_measured", "arena_bytes_predicted", "instructions", "flash_bytes", "ram_bytes"):
         assert isinstance(rep[k], int) and rep[k] > 0, k
     assert rep["arena"]["head_on_target"] == rep["arena"]["planned_head"]
+    assert rep["arena_bytes_predicted"] == rep["arena_bytes_measured"]
     assert [o["opcode"] for o in rep["op_instructions"]][-1] == "SOFTMAX"
     assert sum(o["instructions"] for o in rep["op_instructions"]) <= rep["instructions"]
 

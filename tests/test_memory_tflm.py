@@ -62,3 +62,58 @@ def test_bounds_are_ordered(path):
     plan = tflite_arena(lt2)
     assert check_plan(lt2, plan.offsets) == []
     assert lt2.peak <= plan.size
+
+
+# ---- the 32-bit Cortex-M target (toolchain.memory.tflm_target) ---------------------------------
+# arena_used_bytes(), head and tail that the harness firmware reported on QEMU mps2-an386 (the
+# READY line) for these fixtures exported by export-mcu: (cmsis-nn, reference) each.
+TARGET = {"chain_int8": ((5232, 2868), (5120, 2836)), "pool_softmax_int8": ((2928, 1204), (2816, 1140)),
+          "multi_output_int8": ((6656, 1864), (6656, 1800)), "tiny_irregular_int8": ((13312, 3508), (13312, 3444))}
+
+
+@pytest.mark.parametrize("name", sorted(TARGET))
+def test_target_arena_equals_what_the_firmware_reported(name):
+    from conftest import FIXTURES
+    from toolchain.memory.tflm_target import export_plan_offsets, target_arena
+
+    _, graph = load(FIXTURES / f"{name}.tflite")
+    offsets = export_plan_offsets(graph)
+    for kernels, (head, tail) in zip(("cmsis-nn", "reference"), TARGET[name]):
+        a = target_arena(graph, kernels, offsets)
+        assert (a.head, a.tail, a.total) == (head, tail, head + tail), kernels
+
+
+def test_cmsis_nn_scratch_is_what_its_kernels_request():
+    from conftest import FIXTURES
+    from toolchain.memory.scratch import scratch_requests
+    from toolchain.memory.semantics import TFLM, TFLM_CMSIS_NN
+
+    _, graph = load(FIXTURES / "chain_int8.tflite")
+    # arm_convolve_s8's im2col: 2 columns x (kh*kw*cin rounded up to 4) int16; as the firmware asked
+    got = [scratch_requests(graph, i, TFLM_CMSIS_NN) for i in range(len(graph.ops))]
+    assert got == [[112], [288], [288], [576], [576], [576], [1152], [1152]]
+    assert all(scratch_requests(graph, i, TFLM) == []
+               for i in range(len(graph.ops)))
+    _, pool = load(FIXTURES / "pool_softmax_int8.tflite")
+    avg = [i for i, op in enumerate(pool.ops) if op.opcode == "AVERAGE_POOL_2D"][0]
+    channels = pool.tensors[pool.ops[avg].inputs[0]].shape[-1]
+    assert scratch_requests(pool, avg, TFLM_CMSIS_NN) == [4 * channels]  # one int32 sum per channel
+
+
+def test_target_tail_names_an_op_it_does_not_model():
+    from dataclasses import replace
+
+    from conftest import FIXTURES
+    from toolchain.errors import UsageError
+    from toolchain.memory.tflm_target import target_arena, target_tail
+
+    _, graph = load(FIXTURES / "chain_int8.tflite")
+    odd = replace(graph, ops=(replace(graph.ops[0], opcode="CUMSUM"),) + graph.ops[1:])
+    t = target_tail(odd, "cmsis-nn")
+    assert t.bytes is None and t.unmodelled == ("CUMSUM",)
+    assert target_arena(odd, "reference").total is None
+    # PAD's parser allocates nothing, but its kernel's OpData is not in the table: still refused
+    pad = replace(graph, ops=(replace(graph.ops[0], opcode="PAD"),) + graph.ops[1:])
+    assert target_tail(pad, "reference").unmodelled == ("PAD",)
+    with pytest.raises(UsageError, match="kernel set"):
+        target_tail(graph, "arm-nn")
