@@ -38,7 +38,9 @@ _EDGETPU_KEYS = {
     ("power", "active_w"): (float, 0.0, 1e4),
     ("power", "idle_w"): (float, 0.0, 1e4),
 }
-_EDGETPU_OPTIONAL = {("timing", "per_op_s"): (float, 0.0, 10.0)}
+_EDGETPU_OPTIONAL = {("timing", "per_op_s"): (float, 0.0, 10.0),
+                     # toolchain/cost/pipeline.py: streaming overlaps compute (0/1); invokes the host serves at once (0: any)
+                     ("timing", "stream_overlaps_compute"): (int, 0, 1), ("timing", "host_concurrency"): (int, 0, 1024)}
 _MCU_KEYS = {
     ("memory", "sram_bytes"): (int, 1, TIB),
     ("memory", "flash_bytes"): (int, 1, TIB),

@@ -46,7 +46,9 @@ def range_costs(problem: PartitionProblem, order) -> np.ndarray:
     m = problem.model
     par = P[None, :] - P[:, None]
     comp = Q[None, :] - Q[:, None]
-    C = m.overhead_ps + comp + m.ps_per_byte * np.maximum(0, par - m.sram_bytes) + m.ps_per_byte * traffic
+    stream = m.ps_per_byte * np.maximum(0, par - m.sram_bytes)
+    run = np.maximum(comp, stream) if m.overlap else comp + stream
+    C = m.overhead_ps + run + m.ps_per_byte * traffic
     big = np.iinfo(np.int64).max // 4
     C[np.tril_indices(N + 1)] = big
     return C

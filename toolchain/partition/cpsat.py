@@ -12,8 +12,12 @@ consumer is not in k, w[t][k] >= x[p][k] - x[c][k]. Only lower bounds are needed
 is minimised and increasing in o, z, w.
 
 Objectives: (1) max_k m_k, (2) sum_k o_k, (3) max_k (in_k + out_k) -- the paper's three --
-and `latency`: max_k stage latency (the pipeline period = 1 / throughput) under the cost model,
-then the sum of stage latencies. Lexicographic strategies solve one objective, bound it by the
+and `latency`: the period bound P = max(max_k stage latency, shared-link term, host term) with
+stage latency = overhead + (max(compute, stream) or compute + stream) + traffic, the link term
+= (sum_k o_k + sum_k (in_k + out_k)) x ps/byte (every stage streams and transfers over the host's
+one link) and the host term = n x overhead / host slots; then the sum of stage latencies. P is
+exactly the simulator's lower bound (toolchain/cost/pipeline.py); `refine_by_simulation` then
+closes the gap to the simulated period itself (see there). Lexicographic strategies solve one objective, bound it by the
 value found, hint the solution and solve the next.
 """
 
@@ -45,7 +49,7 @@ _EXTRA_PARAMS: dict = {}
 DTIME_PER_SECOND = 0.12
 
 STRATEGIES = {
-    "latency": ("max_stage_ps", "sum_stage_ps"),
+    "latency": ("period_ps", "sum_stage_ps"),
     "1-3": ("max_param_bytes", "max_comm_bytes"),
     "1-2-3": ("max_param_bytes", "offchip_bytes", "max_comm_bytes"),
     "2-1-3": ("offchip_bytes", "max_param_bytes", "max_comm_bytes"),
@@ -179,16 +183,33 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
         comm.append(c)
     max_comp = sum(oc.compute_ps for oc in problem.op_costs)
     ub_stage = cost.overhead_ps + max_comp + ppb * (sum(oc.param_bytes for oc in problem.op_costs) + total_bytes)
-    lat = []
+    lat, run = [], []
     for k in range(n):
         lk = m.NewIntVar(0, ub_stage, f"lat{k}")
-        m.Add(lk == cost.overhead_ps + sum(problem.op_costs[v].compute_ps * x[v][k] for v in range(N)
-                                           if problem.op_costs[v].compute_ps)
-              + ppb * off[k] + ppb * comm[k])
+        comp = sum(problem.op_costs[v].compute_ps * x[v][k] for v in range(N) if problem.op_costs[v].compute_ps)
+        rk = m.NewIntVar(0, ub_stage, f"run{k}")  # compute and parameter stream of stage k
+        if cost.overlap:
+            ck = m.NewIntVar(0, max_comp, f"comp{k}")
+            m.Add(ck == comp)
+            sk = m.NewIntVar(0, ub_stage, f"stream{k}")
+            m.Add(sk == ppb * off[k])
+            m.AddMaxEquality(rk, [ck, sk])
+        else:
+            m.Add(rk == comp + ppb * off[k])
+        m.Add(lk == cost.overhead_ps + rk + ppb * comm[k])
         lat.append(lk)
+        run.append(rk)
     objs = {}
     objs["max_stage_ps"] = m.NewIntVar(0, ub_stage, "T")
     m.AddMaxEquality(objs["max_stage_ps"], lat)
+    # the shared link: every stage's streamed parameters and boundary tensors, one after another.
+    # Redundant but tightening: sum_k max(0, m_k - SRAM) >= total parameters - n x SRAM.
+    m.Add(sum(off) >= sum(oc.param_bytes for oc in problem.op_costs) - n * cost.sram_bytes)
+    link = m.NewIntVar(0, ub_stage * n, "link")
+    m.Add(link == ppb * (sum(off) + sum(comm)))
+    host = -(-n * cost.overhead_ps // cost.host_slots) if cost.host_slots else 0
+    objs["period_ps"] = m.NewIntVar(0, ub_stage * n, "P")
+    m.AddMaxEquality(objs["period_ps"], [*lat, link, host])
     objs["sum_stage_ps"] = m.NewIntVar(0, ub_stage * n, "S")
     m.Add(objs["sum_stage_ps"] == sum(lat))
     objs["max_param_bytes"] = m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), "M")
@@ -197,7 +218,7 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
     m.Add(objs["offchip_bytes"] == sum(off))
     objs["max_comm_bytes"] = m.NewIntVar(0, total_bytes, "C")
     m.AddMaxEquality(objs["max_comm_bytes"], comm)
-    return m, y, x, objs, {"aux": aux, "par": par, "off": off, "comm": comm, "lat": lat}
+    return m, y, x, objs, {"aux": aux, "par": par, "off": off, "comm": comm, "lat": lat, "run": run, "link": link}
 
 
 def _set_hint(model, problem: PartitionProblem, n: int, y, x, objs, extra, stages) -> None:
@@ -223,6 +244,8 @@ def _set_hint(model, problem: PartitionProblem, n: int, y, x, objs, extra, stage
         model.AddHint(extra["off"][k], sc[k].offchip_bytes)
         model.AddHint(extra["comm"][k], sc[k].in_bytes + sc[k].out_bytes)
         model.AddHint(extra["lat"][k], sc[k].latency_ps)
+        model.AddHint(extra["run"][k], sc[k].latency_ps - problem.model.overhead_ps - sc[k].transfer_ps)
+    model.AddHint(extra["link"], sum(s.link_ps for s in sc))
     o = problem.objectives(stages, n)
     for name, var in objs.items():
         model.AddHint(var, o[name])
@@ -322,3 +345,66 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
     reproducible = deterministic and "wall clock" not in stopped
     return SolveResult(best, obj, bounds, proven, time.perf_counter() - t0, status_name, tuple(steps_proven),
                        tuple(stopped), reproducible)
+
+
+@dataclass(frozen=True)
+class Refined:
+    stages: tuple[int, ...]
+    period_ps: int              # simulated period of `stages`
+    proven: bool                # no assignment has a smaller simulated period
+    candidates: int             # assignments simulated
+    lower_bound_ps: int         # every assignment's simulated period is >= this
+
+
+def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
+                         max_candidates: int = 12, colocate: bool = False, seed: int = 0) -> Refined:
+    """Close the gap between the bound P the CP-SAT model minimises and the simulated period S.
+
+    S >= P for every assignment (each resource serves at most one second of work per second), so
+    an assignment can only beat the incumbent's S* if its P < S*. Repeatedly ask CP-SAT for the
+    assignment of smallest P below S* that was not simulated yet (a no-good cut excludes each one
+    simulated), simulate it, keep it if its S is smaller. When CP-SAT proves that no assignment
+    with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is the
+    proven minimum of P (a lower bound of every S); one worker, deterministic time."""
+    best = tuple(stages)
+    best_s = problem.evaluate(best, n).period_ps
+    if best_s <= bound_ps:
+        return Refined(best, best_s, True, 1, bound_ps)
+    m, y, x, objs, extra = _build(problem, n, colocate)
+    period = objs["period_ps"]
+    seen = 1
+
+    def no_good(st):
+        lits = []
+        for v in range(problem.n_ops):
+            for k in range(n - 1):
+                if not isinstance(y[v][k], int):
+                    lits.append(y[v][k].Not() if st[v] <= k else y[v][k])
+        if lits:
+            m.AddBoolOr(lits)
+
+    no_good(best)
+    t0 = time.perf_counter()
+    dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
+    proven = False
+    while seen < max_candidates:
+        m.Add(period <= best_s - 1)
+        m.Minimize(period)
+        solver = _step_solver(True, max(0.05, time_limit - (time.perf_counter() - t0)), 1.0, dtime, 1, seed)
+        st = solver.Solve(m)
+        dtime = max(1e-3, dtime - solver.deterministic_time)
+        if st == cp_model.INFEASIBLE:
+            proven = True
+            break
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
+                     for v in range(problem.n_ops))
+        seen += 1
+        s = problem.evaluate(cand, n).period_ps
+        if s < best_s:
+            best, best_s = cand, s
+        no_good(cand)
+        if time.perf_counter() - t0 > time_limit:
+            break
+    return Refined(best, best_s, proven, seen, bound_ps)

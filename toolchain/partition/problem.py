@@ -147,6 +147,7 @@ class PartitionProblem:
         """The integer objective values the CP-SAT model uses."""
         sc = self.stage_costs(stages, n)
         return {
+            "period_ps": self.model.period_bound_ps(sc)[0],
             "max_stage_ps": max(s.latency_ps for s in sc),
             "sum_stage_ps": sum(s.latency_ps for s in sc),
             "max_param_bytes": max(s.param_bytes for s in sc),

@@ -1,0 +1,73 @@
+"""The pipeline simulator (toolchain/cost/pipeline.py) on cases computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolchain.cost.pipeline import StageLoad as S, period_bound, simulate, simulate_pipelines
+
+B = 1e6  # 1 MB/s: one byte = one microsecond, 1e6 bytes = 1 s of link time
+
+
+def test_one_stage_is_its_invoke_with_streaming_under_compute():
+    # host 1 + in 1 + max(compute 2, stream 3) + out 1 = 6 s
+    r = simulate([S(2.0, 3e6, 1e6, 1e6, 1.0)], B)
+    assert r.period_s == pytest.approx(6.0) and r.latency_s == pytest.approx(6.0)
+    assert r.period_bound_s == pytest.approx(6.0) and r.gap == pytest.approx(0.0)
+    assert r.stages[0].busy_s == pytest.approx(6.0) and r.link_utilisation == pytest.approx(5 / 6)
+    # without overlap the stream comes before the compute: 1 + 1 + 3 + 2 + 1 = 8 s
+    assert simulate([S(2.0, 3e6, 1e6, 1e6, 1.0, overlap=False)], B).period_s == pytest.approx(8.0)
+
+
+def test_compute_bound_pipeline_runs_at_its_slowest_stage():
+    r = simulate([S(2.0), S(3.0)], B)
+    assert r.period_s == pytest.approx(3.0)
+    assert r.latency_s == pytest.approx(5.0)     # fed at the period: no queueing, 2 + 3
+    s0, s1 = r.stages
+    assert s0.busy_s == pytest.approx(2.0) and s0.blocked_s + s0.starved_s == pytest.approx(1.0)
+    assert s1.busy_s == pytest.approx(3.0) and s1.starved_s == pytest.approx(0.0)
+
+
+def test_the_shared_link_sets_the_period():
+    # each stage alone streams for 1 s per frame; the link carries 2 s of work per frame
+    r = simulate([S(0.0, 1e6), S(0.0, 1e6)], B)
+    assert r.period_s == pytest.approx(2.0) and r.period_bound_s == pytest.approx(2.0)
+    assert r.link_utilisation == pytest.approx(1.0)
+    # 5 stages each streaming 1 s under 0.5 s of compute: 5 s per frame on the link
+    assert simulate([S(0.5, 1e6)] * 5, B).period_s == pytest.approx(5.0)
+
+
+def test_processor_sharing_can_stay_above_the_bound():
+    # two stages, each: 1 s input on the link, then 1 s compute. Bound max(2, 2, link 2) = 2 s.
+    # From frame 1 on both inputs start together, share the link (2 s at half rate), then both
+    # compute for 1 s in step: the period is 3 s, 50 % above the bound.
+    r = simulate([S(1.0, 0, 1e6), S(1.0, 0, 1e6)], B)
+    assert r.period_bound_s == pytest.approx(2.0)
+    assert r.period_s == pytest.approx(3.0) and r.gap == pytest.approx(0.5)
+
+
+def test_host_slots_limit_concurrent_invokes():
+    # host cost 1 s per invoke, compute 1 s: alone each stage needs 2 s per frame
+    assert simulate([S(1.0, host_s=1.0)] * 2, B).period_s == pytest.approx(2.0)
+    # one host slot: from frame 1 on both host phases start together and share the slot (2 s),
+    # then both compute (1 s): 3 s per frame, as the link case above
+    r = simulate([S(1.0, host_s=1.0)] * 2, B, host_slots=1)
+    assert r.period_bound_s == pytest.approx(2.0) and r.period_s == pytest.approx(3.0)
+    assert simulate([S(0.0, host_s=1.0)] * 3, B, host_slots=1).period_s == pytest.approx(3.0)
+
+
+def test_models_sharing_one_host_link():
+    a, b = simulate_pipelines([[S(0.0, 1e6)], [S(0.0, 1e6)]], B)
+    assert a.period_s == pytest.approx(2.0) and b.period_s == pytest.approx(2.0)
+    # a compute-bound model beside a link-bound one: each keeps its own rate
+    a, b = simulate_pipelines([[S(3.0)], [S(0.0, 1e6)]], B)
+    assert a.period_s == pytest.approx(3.0) and b.period_s == pytest.approx(1.0)
+
+
+def test_period_never_below_bound_and_deterministic():
+    stages = [S(0.3, 2e5, 1e4, 5e4, 0.01), S(0.1, 4e5, 5e4, 2e4, 0.01), S(0.2, 0, 2e4, 1e3, 0.01)]
+    r1, r2 = simulate(stages, B), simulate(stages, B)
+    assert r1 == r2
+    assert r1.period_s >= period_bound(stages, B) * (1 - 1e-12)
+    with pytest.raises(ValueError):
+        simulate([], B)

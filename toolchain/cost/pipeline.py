@@ -1,0 +1,261 @@
+"""Discrete-event simulator of Coral Edge TPU pipelines sharing one host and one USB link.
+
+What a Coral pipeline shares (pycoral's PipelinedModelRunner, every TPU behind one USB 3 hub):
+one thread per segment takes a frame from its input queue (one item), invokes its Edge TPU and
+puts the outputs into the next queue (one item; it blocks while that queue is full). One invoke
+of stage k is, in order:
+
+    host    the per-invoke host cost (driver, runtime)          on the host CPU (shared)
+    in      its input tensors host -> device                    on the link (shared)
+    exec    on-chip compute, while the parameters that are not  on its own TPU and, for the
+            cached on chip stream in from the host              streamed bytes, on the link
+    out     its output tensors device -> host                   on the link (shared)
+
+The shared link and the host are processor-shared (every active transfer gets an equal share,
+as USB bulk transfers are served round-robin); `exec` ends when both its compute and its stream
+are done (the TPU runs a layer as its weights arrive). The simulation is deterministic (a pure
+function of its inputs; no randomness, fixed tie order) and runs until the steady state; the
+period is the mean time between completions over the second half of the frames.
+
+Lower bound (`period_bound_s`): each resource serves at most one second of work per second, so
+the period is at least max(each stage's uncontended cycle, the link's work per frame, the host's
+work per frame). The partitioner minimises this bound; the simulated period is never below it
+and `gap` says by how much it is above.
+
+Several pipelines (several models, each on its own TPUs, one host) are simulated together by
+passing several stage lists: each gets its own period; they share the link and the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+EPS = 1e-15       # seconds of work below which a demand counts as served
+MIN_FRAMES = 24
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """What one segment costs per frame, contention-free."""
+    compute_s: float          # on-chip compute on its own Edge TPU
+    stream_bytes: int = 0     # parameters not cached on chip, streamed on every invoke
+    in_bytes: int = 0         # input tensors host -> device
+    out_bytes: int = 0        # output tensors device -> host
+    host_s: float = 0.0       # per-invoke host cost
+    overlap: bool = True      # streaming overlaps compute (else: stream, then compute)
+
+
+@dataclass(frozen=True)
+class StageStats:
+    busy_s: float             # per frame: time in an invoke (host + in + exec + out, contention included)
+    starved_s: float          # per frame: waiting for an input frame
+    blocked_s: float          # per frame: holding an output the next queue cannot take
+    uncontended_s: float      # per frame: the invoke with the link and host to itself
+
+    def to_json(self) -> dict:
+        return {"busy_s": self.busy_s, "starved_s": self.starved_s, "blocked_s": self.blocked_s,
+                "uncontended_s": self.uncontended_s}
+
+
+@dataclass(frozen=True)
+class PipelineSim:
+    period_s: float           # steady-state time between results (1 / throughput)
+    latency_s: float          # steady state: stage 0 starts a frame -> the last stage delivers it
+    period_bound_s: float     # max(stage cycles, link work, host work) per frame
+    stages: tuple[StageStats, ...]
+    link_utilisation: float   # fraction of the time the link moves bytes
+    host_utilisation: float
+
+    @property
+    def throughput_per_s(self) -> float:
+        return 1.0 / self.period_s if self.period_s > 0 else float("inf")
+
+    @property
+    def gap(self) -> float:
+        """Simulated period / its lower bound - 1 (0 when the bound is reached)."""
+        return self.period_s / self.period_bound_s - 1 if self.period_bound_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"period_s": self.period_s, "latency_s": self.latency_s, "period_bound_s": self.period_bound_s,
+                "link_utilisation": self.link_utilisation, "host_utilisation": self.host_utilisation,
+                "stages": [s.to_json() for s in self.stages]}
+
+
+def _phases(st: StageLoad, bandwidth: float) -> list[dict]:
+    """The invoke's phases as {resource: seconds of work}; empty phases dropped."""
+    stream = st.stream_bytes / bandwidth
+    run = [{"tpu": st.compute_s, "link": stream}] if st.overlap else [{"link": stream}, {"tpu": st.compute_s}]
+    ph = [{"host": st.host_s}, {"link": st.in_bytes / bandwidth}, *run, {"link": st.out_bytes / bandwidth}]
+    out = []
+    for p in ph:
+        p = {r: w for r, w in p.items() if w > 0}
+        if p:
+            out.append(p)
+    return out
+
+
+def uncontended_s(st: StageLoad, bandwidth: float) -> float:
+    """One invoke with the link and the host to itself."""
+    return sum(max(p.values()) for p in _phases(st, bandwidth))
+
+
+def link_s(st: StageLoad, bandwidth: float) -> float:
+    return (st.stream_bytes + st.in_bytes + st.out_bytes) / bandwidth
+
+
+def period_bound(stages, bandwidth: float, host_slots: int = 0) -> float:
+    """max(slowest uncontended stage, link work per frame, host work per frame / host slots)."""
+    host = sum(s.host_s for s in stages) / host_slots if host_slots else 0.0
+    return max(max(uncontended_s(s, bandwidth) for s in stages), sum(link_s(s, bandwidth) for s in stages), host)
+
+
+class _Worker:
+    """One stage's thread: its phases, the frame it holds and its time accounts."""
+
+    def __init__(self, pipe: int, k: int, load: StageLoad, bandwidth: float):
+        self.pipe, self.k = pipe, k
+        self.phases = _phases(load, bandwidth)
+        self.uncontended = uncontended_s(load, bandwidth)
+        self.frame: int | None = None   # frame being invoked or held
+        self.phase = -1                 # index into phases; len(phases) = done, holding the output
+        self.left: dict[str, float] = {}
+        self.since = 0.0                # when the current state began
+        self.acc = {"busy": [], "starved": [], "blocked": []}
+
+    def account(self, kind: str, now: float) -> None:
+        self.acc[kind].append((self.frame, now - self.since))
+        self.since = now
+
+
+def simulate_many(pipelines, bandwidth: float, frames: int | None = None, queue_size: int = 1,
+                  feed: tuple[float, ...] | None = None, host_slots: int = 0) -> tuple[PipelineSim, ...]:
+    """Simulate several pipelines (each a sequence of StageLoad) sharing one link and host.
+
+    Saturated (default): a new frame is always waiting, as when the caller pushes as fast as the
+    pipeline takes them; that gives the period. With `feed` (seconds between frames per pipeline)
+    frame f arrives at f * feed[i]; fed at the period this gives the latency a frame sees
+    without queueing behind earlier ones. `host_slots`: invokes the host serves at full speed at
+    once (0: as many as there are stages, no host contention)."""
+    pipes = [list(p) for p in pipelines]
+    if not pipes or any(not p for p in pipes):
+        raise ValueError("every pipeline needs at least one stage")
+    if bandwidth <= 0:
+        raise ValueError("bandwidth must be > 0")
+    F = frames or max(MIN_FRAMES, 4 * max(len(p) for p in pipes))
+    workers = [[_Worker(i, k, s, bandwidth) for k, s in enumerate(p)] for i, p in enumerate(pipes)]
+    flat = [w for ws in workers for w in ws]
+    queues = [[0] * (len(p) + 1) for p in pipes]   # items waiting in front of stage k (index k)
+    fed = [0] * len(pipes)                          # frames stage 0 has taken
+    started: list[dict[int, float]] = [{} for _ in pipes]
+    done: list[list[float]] = [[] for _ in pipes]
+    # frames waiting in queue k are identified by order: FIFO, so keep their numbers
+    fifo: list[list[list[int]]] = [[[] for _ in range(len(p) + 1)] for p in pipes]
+    now = 0.0
+
+    def try_start(w: _Worker) -> bool:
+        i = w.pipe
+        if w.frame is not None:
+            return False
+        if w.k == 0:
+            if fed[i] >= F and all(len(d) >= F for d in done):
+                return False
+            f = fed[i]
+            if feed is not None and f * feed[i] > now + EPS:
+                return False
+            fed[i] += 1
+            started[i][f] = now
+        else:
+            if not fifo[i][w.k]:
+                return False
+            f = fifo[i][w.k].pop(0)
+        w.account("starved", now)
+        w.frame, w.phase = f, 0
+        w.left = dict(w.phases[0]) if w.phases else {}
+        return True
+
+    def try_finish(w: _Worker) -> bool:
+        """Pass the held output on if the next queue has room."""
+        i, k = w.pipe, w.k
+        if w.frame is None or w.phase < len(w.phases):
+            return False
+        if k == len(pipes[i]) - 1:
+            done[i].append(now)
+        else:
+            if len(fifo[i][k + 1]) >= queue_size:
+                return False
+            fifo[i][k + 1].append(w.frame)
+        w.account("blocked", now)
+        w.frame, w.phase = None, -1
+        return True
+
+    for w in flat:
+        try_start(w)
+    while any(len(d) < F for d in done):
+        # settle: finishes and starts until nothing changes (fixed order: pipelines, then stages from the back)
+        changed = True
+        while changed:
+            changed = False
+            for w in reversed(flat):
+                if w.frame is not None and w.phase < len(w.phases) and not w.left:
+                    w.phase += 1
+                    if w.phase < len(w.phases):
+                        w.left = dict(w.phases[w.phase])
+                    else:
+                        w.account("busy", now)
+                    changed = True
+                if try_finish(w):
+                    changed = True
+                if try_start(w):
+                    changed = True
+        active = [w for w in flat if w.frame is not None and w.phase < len(w.phases)]
+        arrivals = [] if feed is None else [fed[i] * feed[i] - now for i, ws in enumerate(workers)
+                                            if ws[0].frame is None and fed[i] * feed[i] > now + EPS]
+        if not active and not arrivals:
+            break  # nothing can move (cannot happen with a source that always feeds)
+        users = {"link": sum(1 for w in active if "link" in w.left), "host": sum(1 for w in active if "host" in w.left)}
+        shares = {"tpu": 1.0, "link": 1.0 / max(1, users["link"]),
+                  "host": min(1.0, host_slots / users["host"]) if host_slots and users["host"] else 1.0}
+        rate = shares.__getitem__
+        dt = min([left / rate(r) for w in active for r, left in w.left.items()] + arrivals)
+        now += dt
+        for w in active:
+            for r in list(w.left):
+                w.left[r] -= dt * rate(r)
+                if w.left[r] <= EPS:
+                    del w.left[r]
+    sims = [_summarise(workers[i], started[i], done[i], F, bandwidth, pipes[i], host_slots) for i in range(len(pipes))]
+    # utilisation in the steady state: work per frame x frames per second, summed over pipelines
+    link = sum(sum(link_s(s, bandwidth) for s in p) / sim.period_s for p, sim in zip(pipes, sims))
+    host = sum(sum(s.host_s for s in p) / sim.period_s for p, sim in zip(pipes, sims)) / (host_slots or sum(map(len, pipes)))
+    return tuple(replace(sim, link_utilisation=link, host_utilisation=host) for sim in sims)
+
+
+def _summarise(ws, started, done, F, bandwidth, loads, host_slots) -> PipelineSim:
+    half = F // 2
+    window = done[F - 1] - done[half - 1]
+    period = window / (F - half)
+    latency = sum(done[f] - started[f] for f in range(half, F)) / (F - half)
+    frames = set(range(half, F))
+    stats = []
+    for w in ws:
+        per = {kind: sum(d for f, d in w.acc[kind] if f in frames) / len(frames) for kind in ("busy", "blocked")}
+        starved = max(0.0, period - per["busy"] - per["blocked"])
+        stats.append(StageStats(per["busy"], starved, per["blocked"], w.uncontended))
+    return PipelineSim(period, latency, period_bound(loads, bandwidth, host_slots), tuple(stats), 0.0, 0.0)
+
+
+def simulate(stages, bandwidth: float, frames: int | None = None, queue_size: int = 1,
+             host_slots: int = 0) -> PipelineSim:
+    """Steady state of one pipeline: `stages` is a sequence of StageLoad, `bandwidth` the shared
+    link's bytes per second. The period comes from the saturated run; the latency from a second
+    run fed at that period (a frame's own time through the stages and the link it shares)."""
+    return simulate_pipelines([stages], bandwidth, frames, queue_size, host_slots)[0]
+
+
+def simulate_pipelines(pipelines, bandwidth: float, frames: int | None = None, queue_size: int = 1,
+                       host_slots: int = 0) -> tuple[PipelineSim, ...]:
+    """Several pipelines on one host: periods saturated, latencies fed at those periods."""
+    sat = simulate_many(pipelines, bandwidth, frames, queue_size, host_slots=host_slots)
+    paced = simulate_many(pipelines, bandwidth, frames, queue_size,
+                          feed=tuple(s.period_s * (1 + 1e-9) for s in sat), host_slots=host_slots)
+    return tuple(replace(s, latency_s=p.latency_s) for s, p in zip(sat, paced))
