@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolchain.fit.select import pareto, select
+from toolchain.fit.select import chain_select, pareto, select
 from toolchain.fit.spans import split_spans, span_graph
 from toolchain.fit.variants import Variant
 from toolchain.ir.convert import load
@@ -83,6 +83,8 @@ def test_selection_is_the_brute_force_optimum(seed):
         assert sel.peak <= budget
         assert sel.peak == min(max(v.peak for v in c) for c in fits if _ns(c) == best)
         assert sel.proven
+        dp = chain_select(variants, n, budget=budget)
+        assert (_ns(dp), max(v.peak for v in dp)) == (_ns(sel.variants), sel.peak)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -95,9 +97,16 @@ def test_memory_objective_and_frontier_match_brute_force(seed):
     sel = select(variants, n, objective="memory")
     assert sel.peak == smallest
     assert _ns(sel.variants) == min(_ns(c) for c in cover if max(v.peak for v in c) == smallest)
+    dp = chain_select(variants, n, objective="memory")
+    assert (max(v.peak for v in dp), _ns(dp)) == (sel.peak, _ns(sel.variants))
+    bound = _ns(sel.variants) / 1e9 * 1.5  # memory objective under a latency bound
+    fits = [c for c in cover if _ns(c) <= bound * 1e9]
+    under = select(variants, n, objective="memory", latency_bound=bound)
+    dp = chain_select(variants, n, objective="memory", latency_bound=bound)
+    assert under.peak == max(v.peak for v in dp) == min(max(v.peak for v in c) for c in fits)
     # the frontier: exactly the non-dominated (peak, latency) pairs
     pairs = {(max(v.peak for v in c), _ns(c)) for c in cover}
     frontier = sorted({(p, t) for p, t in pairs if not any(p2 <= p and t2 <= t and (p2, t2) != (p, t)
                                                           for p2, t2 in pairs)}, key=lambda x: x[1])
-    got = [(s.peak, _ns(s.variants)) for s in pareto(variants, n)]
+    got = [(s.peak, _ns(s.variants)) for s in pareto(lambda b: select(variants, n, budget=b))]
     assert got == frontier

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from toolchain.budget import Deadline, Progress, say
 from toolchain.errors import UsageError
-from toolchain.fit.select import Selection, pareto, select
+from toolchain.cost.mcu import estimate_mcu
+from toolchain.fit.select import Selection, chain_select, pareto, select
 from toolchain.fit.spans import split_spans
-from toolchain.fit.variants import Variant, as_is_variants, patch_variants, refine
+from toolchain.fit.variants import Variant, as_is_variants, patch_candidates, refine, upgrade
 from toolchain.ir import Graph
 from toolchain.memory.tflm import plan_for_tflm
 from toolchain.schedule.api import Schedule, schedule
@@ -71,14 +72,18 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     spans = split_spans(graph)
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
-    patches, n_cands = patch_variants(graph, spans, as_is, device, kernels, deadline.sub(fraction=0.6), progress, t0)
-    variants = as_is + patches
-    say(progress, t0, f"fit: {len(variants)} variants ({len(patches)} of {n_cands} patch candidates evaluated)")
+    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, **_kernels(kernels)).ops}
+    pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
+    say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
     baseline = _selection_of(as_is)
-    sel = _choose(variants, len(spans), budget, objective, deadline)
+    sel = _choose(pool, len(spans), budget, objective, deadline)
     if sel is None:  # nothing fits: the smallest arena we can reach
-        sel = select(variants, len(spans), objective="memory", deadline=deadline.sub(fraction=0.5))
-    frontier = tuple(pareto(variants, len(spans), deadline.sub(fraction=0.5))) if want_pareto else ()
+        sel = pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
+    frontier = ()
+    if want_pareto:
+        sweep = deadline.sub(fraction=0.5)
+        frontier = tuple(pareto(lambda b: pool.select(len(spans), b, "latency", sweep), sweep))
+    say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
     whole = _apply(graph, sel.variants)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())))
@@ -91,20 +96,68 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
     fits = budget is None or plan.head <= budget
     return FitResult(whole, sel, sched, plan.head, offsets, plan.head <= sched.peak, budget, fits,
-                     baseline.peak, baseline.latency_s, len(spans), len(variants), n_cands, frontier,
+                     baseline.peak, baseline.latency_s, len(spans), pool.measured, len(pool.variants) - len(as_is), frontier,
                      time.monotonic() - t0, tuple(notes))
 
 
-def _choose(variants: list[Variant], n_spans: int, budget, objective, deadline) -> Selection | None:
-    """Select, then give the exact scheduler the variants whose bound says they might fit where
-    their emitted order does not, and select again if that changed anything."""
-    sel = select(variants, n_spans, budget=budget, objective=objective, deadline=deadline.sub(fraction=0.3))
-    if budget is None:
+class _Pool:
+    """The variants, each at the cheapest stage that answers the question: a selection is made on
+    what is known (floors are optimistic: bounds <= estimates <= measured), every variant it picks
+    that is not measured yet is taken one stage further, and the selection is made again, until
+    it picks only measured variants. The answer is then `select`'s (CP-SAT) over the measured
+    variants, which must agree with the chain DP that steered the loop."""
+
+    def __init__(self, graph, spans, variants, device, kernels, op_seconds):
+        self.graph, self.spans, self.variants = graph, spans, list(variants)
+        self.device, self.kernels, self.op_seconds = device, kernels, op_seconds
+        self.estimated = self.measured = 0
+
+    def select(self, n_spans, budget, objective, deadline, latency_bound=None) -> Selection | None:
+        while True:
+            pick = chain_select(self.variants, n_spans, budget=budget, objective=objective,
+                                latency_bound=latency_bound)
+            if pick is None or all(v.stage == "measured" for v in pick):
+                break
+            if deadline.expired():
+                break  # out of time: the best among the measured variants
+            for v in pick:
+                if v.stage != "measured":
+                    k = next(k for k, w in enumerate(self.variants) if w is v)
+                    self.variants[k] = upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
+                    if v.stage == "bound":
+                        self.estimated += 1
+                    else:
+                        self.measured += 1
+        measured = [v for v in self.variants if v.stage == "measured"]
+        sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
+                     deadline=Deadline(max(1.0, deadline.remaining())))
+        if sel is not None and pick is not None and all(v.stage == "measured" for v in pick):
+            dp = (sum(round(v.latency_s * 1e9) for v in pick), max(v.peak for v in pick))
+            cp = (sum(round(v.latency_s * 1e9) for v in sel.variants), sel.peak)
+            if sel.proven and (dp if objective == "latency" else dp[::-1]) != (cp if objective == "latency" else cp[::-1]):
+                raise AssertionError(f"fit: CP-SAT's selection {cp} disagrees with the chain DP's {dp}")
         return sel
-    refined = refine(variants, budget, deadline.sub(fraction=0.5))
-    if refined != variants:
-        sel = select(refined, n_spans, budget=budget, objective=objective, deadline=deadline.sub(fraction=0.3)) or sel
+
+    def refine(self, budget, deadline) -> bool:
+        measured = [v for v in self.variants if v.stage == "measured"]
+        better = refine(measured, budget, deadline)
+        changed = [(a, b) for a, b in zip(measured, better) if a != b]
+        for old, new in changed:
+            self.variants[next(k for k, w in enumerate(self.variants) if w is old)] = new
+        return bool(changed)
+
+
+def _choose(pool: _Pool, n_spans: int, budget, objective, deadline) -> Selection | None:
+    """Select; then let the exact scheduler try the measured variants whose bound says they might
+    fit where their emitted order does not, and select again if that changed anything."""
+    sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5))
+    if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
+        sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
+
+
+def _kernels(kernels) -> dict:
+    return {} if kernels is None else {"kernels": kernels}
 
 
 def _selection_of(chosen: list[Variant]) -> Selection:

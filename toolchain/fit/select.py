@@ -56,16 +56,56 @@ def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, 
     return _selection(chosen, proven1 and proven2)
 
 
-def pareto(variants: list[Variant], n_spans: int, deadline: Deadline | None = None,
-           max_points: int = 64) -> list[Selection]:
-    """The time/memory frontier, fastest first: each point is the fastest selection with a peak
-    strictly below the previous point's (ties broken by the smaller peak)."""
+def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
+                 latency_bound: float | None = None) -> list[Variant] | None:
+    """The same optimum as `select`, by dynamic programming over the chain of spans (a variant is
+    an arc from span `first` to `last + 1`): milliseconds for thousands of variants, so the lazy
+    evaluation in fit.py can ask it after every variant it measures; the answer `fit` returns is
+    `select`'s (CP-SAT) over the measured variants, checked against this one."""
+    usable = [v for v in variants if budget is None or v.peak <= budget]
+    if objective == "latency":
+        best = _fastest(usable, n_spans)
+        if best is None or (latency_bound is not None and best[0] > latency_bound * _NS):
+            return None
+        return best[2]
+    peaks = sorted({v.peak for v in usable})  # the smallest threshold with a covering (under the bound)
+    lo, hi, found = 0, len(peaks) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        best = _fastest([v for v in usable if v.peak <= peaks[mid]], n_spans)
+        if best is not None and (latency_bound is None or best[0] <= latency_bound * _NS):
+            found, hi = best, mid - 1
+        else:
+            lo = mid + 1
+    return None if found is None else found[2]
+
+
+def _fastest(variants: list[Variant], n_spans: int):
+    """(latency ns, peak, variants) of the covering that is fastest, then smallest; None if none."""
+    ending: dict[int, list[Variant]] = {}
+    for v in variants:
+        ending.setdefault(v.last + 1, []).append(v)
+    best: list = [None] * (n_spans + 1)
+    best[0] = (0, 0, [])
+    for s in range(1, n_spans + 1):
+        for v in ending.get(s, ()):
+            prev = best[v.first]
+            if prev is None:
+                continue
+            cand = (prev[0] + _ns(v), max(prev[1], v.peak), prev[2] + [v])
+            if best[s] is None or cand[:2] < best[s][:2]:
+                best[s] = cand
+    return best[n_spans]
+
+
+def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:
+    """The time/memory frontier, fastest first, by the epsilon-constraint sweep: `choose(budget)`
+    gives the fastest selection with a peak <= budget (ties to the smaller peak; None when there is
+    none); each next point is asked for strictly less memory than the previous one."""
     points: list[Selection] = []
     budget = None
-    while len(points) < max_points:
-        if deadline is not None and deadline.expired():
-            break
-        sel = select(variants, n_spans, budget=budget, objective="latency", deadline=deadline)
+    while len(points) < max_points and not (deadline is not None and deadline.expired()):
+        sel = choose(budget)
         if sel is None:
             break
         points.append(sel)

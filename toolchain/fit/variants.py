@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from toolchain.budget import Deadline, Progress, say
+from toolchain.budget import Deadline, Progress
 from toolchain.cost.mcu import estimate_mcu
+from toolchain.fit.estimate import estimate_patches
 from toolchain.fit.spans import Span, span_graph
 from toolchain.ir import Graph, macs
 from toolchain.memory.bounds import order_free_lower_bound
@@ -43,13 +44,14 @@ class Variant:
     region: Any = None  # patch: the PatchRegion
     grid: tuple[int, int] | None = None
     graph: Graph | None = field(default=None, compare=False, repr=False)
+    stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
 
     @property
     def proven(self) -> bool:
-        return self.peak <= self.lower_bound
+        return self.stage == "measured" and self.peak <= self.lower_bound
 
     def to_json(self) -> dict:
-        d = {"spans": [self.first, self.last], "kind": self.kind, "label": self.label, "peak_bytes": self.peak,
+        d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label, "peak_bytes": self.peak,
              "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s, "macs": self.macs,
              "ops": self.ops}
         if self.grid is not None:
@@ -71,40 +73,57 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels=None, deadli
         sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2))
         lat, work = _costed(g, device, kernels)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
-        out.append(Variant(s.index, s.index, "as-is", f"as is up to '{name}'", sched.peak, sched.lower_bound, lat,
+        out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak, sched.lower_bound, lat,
                            work, len(g.ops), graph=g.reordered(sched.order)))
     return out
 
 
-def patch_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels=None,
-                   deadline: Deadline | None = None, progress: Progress = None, start=None) -> tuple[list[Variant], int]:
-    """Patch variants for every legal region whose peak could drop, evaluated in order of promise
-    until the deadline; returns them and how many candidates there were in all."""
-    from toolchain.rewrite.patch import apply_patches, patch_regions
+def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> list[Variant]:
+    """Every patch variant of every legal region whose peak could drop, at stage "bound": its
+    peak and latency are floors no grid can beat (the output assembled next to its tiles, the
+    input held; the spans' own latency). `upgrade` refines the ones a selection picks."""
+    from toolchain.rewrite.patch import patch_regions
 
-    cands = []
+    out = []
     for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
         covered = max(v.peak for v in as_is[a:b + 1])
         floor = _region_floor(graph, region)
         if floor >= covered:
             continue  # no grid can lower the peak of these spans: dominated by running them as is
-        for grid in _grids(region.max_grid):
-            cands.append((covered - floor, a, b, region, grid))
-    # most promising first: the largest possible drop, then the shortest run, then the coarsest grid
-    cands.sort(key=lambda c: (-c[0], c[2] - c[1], c[4][0] * c[4][1]))
-    out = []
-    for k, (_, a, b, region, grid) in enumerate(cands):
-        if deadline is not None and deadline.expired():
-            break
-        base = span_graph(graph, spans[a:b + 1])
-        g = apply_patches(base, region, grid)
-        lt = lifetimes(g, None, "tflm")
-        lat, work = _costed(g, device, kernels)
-        out.append(Variant(a, b, "patch", f"patches {grid[0]}x{grid[1]} from '{region.input}' to '{region.output}'",
-                           lt.peak, order_free_lower_bound(g, "tflm"), lat, work, len(g.ops), region, grid, g))
-        if progress and k % 25 == 24 and start is not None:
-            say(progress, start, f"fit: {k + 1}/{len(cands)} patch variants evaluated")
-    return out, len(cands)
+        lat = sum(v.latency_s for v in as_is[a:b + 1])
+        work = sum(v.macs for v in as_is[a:b + 1])
+        for grid in _grids(region.max_grid):  # coarse grids first: they win ties
+            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, 0, lat, work, 0, region, grid,
+                               stage="bound"))
+    return out
+
+
+def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
+            kernels=None) -> Variant:
+    """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
+    "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
+    achievable, a lower bound, the device model's latency of the built ops, MACs, ops)."""
+    from toolchain.rewrite.patch import apply_patches
+
+    if v.stage == "bound":
+        positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
+        peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
+                                           v.grid, op_seconds)
+        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
+    g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
+    lat, work = _costed(g, device, kernels)
+    return replace(v, peak=lifetimes(g, None, "tflm").peak, lower_bound=order_free_lower_bound(g, "tflm"),
+                   latency_s=lat, macs=work, ops=len(g.ops), graph=g, stage="measured")
+
+
+def _patch_label(region, grid) -> str:
+    return f"patches {grid[0]}x{grid[1]} from {short_name(region.input)} to {short_name(region.output)}"
+
+
+def short_name(name: str, keep: int = 48) -> str:
+    """A converter's fused tensor name ('a/b/Relu6;a/b/add;...') cut to its first part, quoted."""
+    first = name.split(";")[0]
+    return repr(first if len(first) <= keep else "..." + first[-keep:])
 
 
 def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None) -> list[Variant]:
@@ -147,11 +166,12 @@ def _region_floor(graph: Graph, region) -> int:
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """Square and near-square grids up to MAX_GRID x MAX_GRID within the region's limit."""
+    """Square grids 2x2 .. 8x8 within the region's limit (a side capped by a small output keeps
+    the other side square), coarse first."""
     rows, cols = min(max_grid[0], MAX_GRID), min(max_grid[1], MAX_GRID)
     out = []
-    for p in range(1, MAX_GRID + 1):
-        for q in (p - 1, p, p + 1):
-            if 1 <= p <= rows and 1 <= q <= cols and p * q >= 2 and (p, q) not in out:
-                out.append((p, q))
+    for p in range(2, MAX_GRID + 1):
+        g = (min(p, rows), min(p, cols))
+        if g[0] * g[1] >= 2 and g not in out:
+            out.append(g)
     return out

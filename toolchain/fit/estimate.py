@@ -1,0 +1,72 @@
+"""Cheap estimates of a patch variant, from the tile geometry alone (no graph is built).
+
+Building and measuring a patched graph costs tens of milliseconds; a model has thousands of
+(region, grid) candidates. The selection therefore starts from these estimates and builds only
+the variants it picks (fit.py: lazy evaluation), so the estimates steer the search but never
+decide it: every variant in a final selection is built and measured.
+
+- work: the MACs of every region op over the boxes each tile needs (halo recompute included),
+  and its predicted time: each op's time scaled by the area its tiles compute (the added slices,
+  pads and joins are left out: a floor);
+- peak: a lower bound on the live bytes of the patch-by-patch order the rewrite emits, tile by
+  tile: the region's input (live until the last tile is cut from it), the output tiles done so
+  far, and the largest op footprint (input and output boxes) of the current tile; and the final
+  assembly (all tiles and the output). Explicit pads and row joins only add to it.
+"""
+
+from __future__ import annotations
+
+from toolchain.ir import Graph, macs
+from toolchain.rewrite.patch import _hw, _splits
+from toolchain.rewrite.patch_build import _Tiler
+
+
+def _box_bytes(per_pixel: int, box) -> int:
+    return -(-(box[1] - box[0]) * (box[3] - box[2]) * per_pixel // 16) * 16
+
+
+def _aligned(graph: Graph, t: int) -> int:
+    return -(-graph.tensors[t].nbytes // 16) * 16
+
+
+def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
+                     op_seconds: dict[int, float]) -> tuple[int, int, float]:
+    """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
+    the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
+    the device model on the whole graph) scaled by the area its tiles compute."""
+    tiler = _Tiler(graph, None, tin, tout, positions)
+    oh, ow = _hw(graph, tout)
+    rate, ppx = {}, {}
+    for i in positions:
+        for t in graph.ops[i].inputs + graph.ops[i].outputs:
+            if graph.is_activation(t) and t not in ppx:
+                x = graph.tensors[t]
+                ppx[t] = x.nbytes // max(1, x.shape[1] * x.shape[2])
+    steps = [(graph.ops[i].outputs[0], tuple(x for x in dict.fromkeys(graph.ops[i].inputs) if x in ppx), i)
+             for i in positions]
+    for i in positions:
+        y = graph.ops[i].outputs[0]
+        area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
+        rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
+    rows, cols = _splits(oh, grid[0]), _splits(ow, grid[1])
+    # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
+    # rows its row of tiles needs by the columns its column needs: p + q walks, not p x q.
+    row_need = [tiler.needs((h0, h1, 0, ow)) for h0, h1 in rows]
+    col_need = [tiler.needs((0, oh, w0, w1)) for w0, w1 in cols]
+    full_in, full_out = _aligned(graph, tin), _aligned(graph, tout)
+    peak, done, work, seconds = 2 * full_out, 0, 0.0, 0.0
+    last = len(rows) * len(cols) - 1
+    for r, (h0, h1) in enumerate(rows):
+        for c, (w0, w1) in enumerate(cols):
+            need = {t: (hb[0], hb[1], col_need[c][t][2], col_need[c][t][3]) for t, hb in row_need[r].items()}
+            footprint = 0
+            for y, xs, i in steps:
+                ins = sum(_box_bytes(ppx[x], need[x]) for x in xs)
+                footprint = max(footprint, ins + _box_bytes(ppx[y], need[y]))
+                area = (need[y][1] - need[y][0]) * (need[y][3] - need[y][2])
+                work += rate[i][0] * area
+                seconds += rate[i][1] * area
+            live_input = full_in if r * len(cols) + c < last else 0  # dead once the last tile is cut from it
+            peak = max(peak, live_input + done + footprint)
+            done += _box_bytes(ppx[tout], (h0, h1, w0, w1))
+    return peak, int(work), seconds
