@@ -1,0 +1,113 @@
+"""`fit` end to end on real .tflite files: the fitted model runs bit-identically in LiteRT and
+TFLite Micro, TFLite Micro's real head equals the prediction, budgets it cannot meet exit 3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cnn_builder import CnnBuilder
+from toolchain.execute.compare import verify_models
+from toolchain.execute.tflm_arena import measure_tflm_arena
+from toolchain.fit import fit_model
+from toolchain.ir.convert import load
+from toolchain.schedule.api import schedule
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _stem_heavy_cnn(tmp_path: Path, seed: int = 3, dtype: str = "int8") -> Path:
+    """A MobileNet-like stem: the peak sits in the first, high-resolution layers."""
+    b = CnnBuilder(seed=seed, dtype=dtype)
+    x = b.input((1, 40, 40, 3))
+    y = b.conv(x, 16, k=3, stride=2, act="RELU6")  # 20x20x16
+    y = b.conv(y, 48, k=1, act="RELU6")  # expand: the peak
+    y = b.dw(y, k=3, stride=2, act="RELU6")  # 10x10x48
+    y = b.conv(y, 8, k=1)
+    z = b.add(b.conv(b.dw(b.conv(y, 24, k=1, act="RELU6"), k=3, act="RELU6"), 8, k=1), y)
+    out = b.conv(z, 4, k=3, stride=2, padding="VALID")
+    path = tmp_path / f"stem_{dtype}.tflite"
+    path.write_bytes(b.model_bytes([out]))
+    return path
+
+
+def _optimal_peak(path: Path) -> int:
+    return schedule(load(path)[1], time_limit=10).peak
+
+
+def test_fit_meets_a_budget_below_the_proven_optimum_bit_identically(tmp_path):
+    src = _stem_heavy_cnn(tmp_path)
+    optimum = _optimal_peak(src)
+    budget = optimum * 6 // 10
+    fitted = fit_model(src, budget=budget, time_limit=20)
+    r = fitted.result
+    assert r.fits and r.head <= budget < optimum == r.baseline_peak
+    assert any(v.kind == "patch" for v in r.selection.variants)
+    assert r.selection.proven
+    # independent checks of what fit_model already checked: both runtimes, real head
+    checks = verify_models(fitted.source, fitted.data, runs=2)
+    assert {v.runtime for v in checks} == {"litert", "tflm"}
+    assert all(v.bit_exact for v in checks)
+    assert measure_tflm_arena(fitted.data).head == r.head == fitted.head_measured
+    assert r.selection.latency_s > r.baseline_latency_s  # patches recompute halos: a predicted cost
+
+
+def test_fit_memory_objective_reaches_below_the_latency_choice(tmp_path):
+    src = _stem_heavy_cnn(tmp_path, seed=5)
+    fast = fit_model(src, budget=_optimal_peak(src), time_limit=20).result
+    small = fit_model(src, objective="memory", time_limit=20).result
+    assert small.head < fast.head
+    assert small.selection.latency_s >= fast.selection.latency_s
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+def test_cli_fit_json_pareto_and_plot(tmp_path):
+    src = _stem_heavy_cnn(tmp_path, seed=7)
+    out, plot = tmp_path / "fitted.tflite", tmp_path / "frontier.png"
+    budget = _optimal_peak(src) * 7 // 10
+    p = _cli("fit", src, "--budget", budget, "-o", out, "--pareto", "--plot", plot, "--json", "--time-limit", 20)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["fits"] and data["arena_head_bytes"] <= budget
+    assert data["arena_head_bytes_measured"] == data["arena_head_bytes"]
+    assert all(v["outputs"] and all(o["max_abs"] == 0 for o in v["outputs"]) for v in data["verification"])
+    front = data["frontier"]
+    assert len(front) >= 2
+    peaks = [p["peak_bytes"] for p in front]
+    lats = [p["latency_s_predicted"] for p in front]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
+    assert lats == sorted(lats)
+    assert out.read_bytes()[4:8] == b"TFL3" and plot.stat().st_size > 1000
+
+
+def test_cli_fit_unreachable_budget_exits_3_with_the_smallest_arena(tmp_path):
+    src = _stem_heavy_cnn(tmp_path, seed=9)
+    out = tmp_path / "never.tflite"
+    p = _cli("fit", src, "--budget", 64, "-o", out, "--time-limit", 10)
+    assert p.returncode == 3, p.stderr
+    last = p.stderr.strip().splitlines()[-1]  # progress lines come first; the error is one line
+    assert "smallest reachable" in last and "Traceback" not in p.stderr
+    assert not out.exists()
+
+
+def test_cli_fit_needs_a_budget_or_a_device(tmp_path):
+    p = _cli("fit", FIXTURES / "chain_int8.tflite", "-o", tmp_path / "x.tflite")
+    assert p.returncode == 2 and "--budget" in p.stderr
+    p = _cli("fit", FIXTURES / "chain_int8.tflite", "-o", tmp_path / "x.tflite", "--device", "coral-usb")
+    assert p.returncode == 2 and "not an MCU" in p.stderr
+
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_fit_float_model_is_exact_too(tmp_path, dtype):
+    src = _stem_heavy_cnn(tmp_path, seed=11, dtype=dtype)
+    fitted = fit_model(src, budget=_optimal_peak(src) * 6 // 10, time_limit=20)
+    assert fitted.result.fits
+    assert all(v.ok for v in fitted.verification)
