@@ -37,13 +37,20 @@ def test_the_shared_link_sets_the_period():
     assert simulate([S(0.5, 1e6)] * 5, B).period_s == pytest.approx(5.0)
 
 
-def test_processor_sharing_can_stay_above_the_bound():
+def test_link_policies_on_two_stages_that_both_read_then_compute():
     # two stages, each: 1 s input on the link, then 1 s compute. Bound max(2, 2, link 2) = 2 s.
-    # From frame 1 on both inputs start together, share the link (2 s at half rate), then both
-    # compute for 1 s in step: the period is 3 s, 50 % above the bound.
-    r = simulate([S(1.0, 0, 1e6), S(1.0, 0, 1e6)], B)
+    stages = [S(1.0, 0, 1e6), S(1.0, 0, 1e6)]
+    # processor sharing: from frame 1 on both inputs start together, share the link (2 s at half
+    # rate), then both compute for 1 s in step: 3 s per frame, 50 % above the bound
+    r = simulate(stages, B, link_policy="ps")
     assert r.period_bound_s == pytest.approx(2.0)
     assert r.period_s == pytest.approx(3.0) and r.gap == pytest.approx(0.5)
+    # FIFO: stage 0 reads frame 1 in [2, 3] while stage 1 waits, then reads frame 0 in [3, 4]
+    # while stage 0 computes; from then on they alternate on the link: 2 s, the bound
+    r = simulate(stages, B, link_policy="fifo")
+    assert r.period_s == pytest.approx(2.0) and r.gap == pytest.approx(0.0)
+    with pytest.raises(ValueError):
+        simulate(stages, B, link_policy="lottery")
 
 
 def test_host_slots_limit_concurrent_invokes():
