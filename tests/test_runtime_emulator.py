@@ -74,8 +74,25 @@ def test_three_segment_pipeline_reproduces_the_whole_model_bit_exactly(tmp_path)
     assert [s.latency.n for s in rep.stages] == [8, 8, 8]
     assert rep.throughput_per_s and rep.throughput_per_s > 0
     p = rep.predicted
-    assert p["latency_s"] == pytest.approx(sum(p["stages_s"]))
-    assert p["throughput_per_s"] == pytest.approx(1 / max(p["stages_s"]))
+    # the pipeline simulator on the three segments' loads, recomputed here from the files
+    from toolchain.cost.edgetpu import EdgeTpuCostModel
+    from toolchain.cost.pipeline import simulate
+    from toolchain.ir import total_param_bytes
+    m = EdgeTpuCostModel("coral-usb")
+    loads = []
+    for seg in dep.segments:
+        g = from_model(read_model(seg.path))
+        st = m.stage(len(g.ops), sum(c.compute_ps for c in m.op_costs(g)), total_param_bytes(g),
+                     sum(g.tensors[t].nbytes for t in g.inputs), sum(g.tensors[t].nbytes for t in g.outputs))
+        assert st.latency_s == pytest.approx(p["stages_s"][len(loads)])
+        loads.append(m.load(st))
+    sim = simulate(loads, m.bandwidth)
+    assert p["period_s"] == pytest.approx(sim.period_s) and p["throughput_per_s"] == pytest.approx(1 / sim.period_s)
+    assert p["latency_s"] == pytest.approx(sim.latency_s)
+    # never faster than its slowest stage or than the link can carry every stage's bytes
+    assert p["period_s"] >= max(p["stages_s"]) * (1 - 1e-9)
+    assert p["period_s"] >= sum(ld.stream_bytes + ld.in_bytes + ld.out_bytes for ld in loads) / m.bandwidth
+    assert p["latency_s"] >= sum(p["stages_s"]) * (1 - 1e-9)
     assert p["energy_j"] > 0
 
 

@@ -2,8 +2,9 @@
 
 Edge TPU pipelines: one LiteRT interpreter per segment, run sequentially (per-stage and end-to-end
 host latency) and pipelined (host throughput), outputs checked bit-exactly against the whole
-model; the Edge TPU cost model's predicted latency, throughput and energy are reported beside the
-host figures (from report.json when the compiler wrote one, else computed from the segment files).
+model; the Edge TPU pipeline simulator's predicted period, latency, throughput and energy are
+reported beside the host figures (from report.json when the compiler wrote one, else simulated
+from the segment files: toolchain/cost/pipeline.py, every TPU on one link and host).
 
 MCUs: TFLite Micro with the device's SRAM as the arena: whether the model fits, the arena head
 and tail TFLM really allocates, host time per inference, and the MCU cost model's prediction.
@@ -46,6 +47,7 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
     stage_pred = [s.predicted_latency_s for s in dep.segments]
     if pred is not None and pred.latency_s is not None and all(p is not None for p in stage_pred):
         out = {k: getattr(pred, k) for k in ("latency_s", "throughput_per_s", "energy_j")}
+        out.update({k: pred.extra[k] for k in ("period_s", "period_bound_s", "limited_by") if k in pred.extra})
         out["stages_s"] = stage_pred
         out["source"] = "report.json"
         return out
@@ -61,9 +63,10 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         in_b = sum(g.tensors[t].nbytes for t in g.inputs)
         out_b = sum(g.tensors[t].nbytes for t in g.outputs)
         stages.append(model.stage(len(g.ops), compute, total_param_bytes(g), in_b, out_b))
-    pc = model.pipeline(stages)
+    pc = model.pipeline(stages)  # the pipeline simulator: shared link and host
     return {"latency_s": pc.latency_s, "throughput_per_s": pc.throughput_per_s, "energy_j": pc.energy_j,
-            "stages_s": [s.latency_s for s in stages], "source": f"cost model ({device})"}
+            "period_s": pc.period_s, "period_bound_s": pc.period_bound_ps / 1e12, "limited_by": pc.limited_by,
+            "stages_s": [s.latency_s for s in stages], "source": f"pipeline simulator ({device})"}
 
 
 def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2, seed: int = 0,
