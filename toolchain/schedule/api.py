@@ -15,6 +15,7 @@ from toolchain.schedule import heuristics
 from toolchain.schedule.bounds import cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
+from toolchain.schedule.branches import body_units
 from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import MemModel, build_model
 
@@ -69,7 +70,8 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
     it, or as soon as a lower bound shows there is none (`lower_bound >= below`); the order
     returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
-    `ablate` (benchmarks only) switches parts off: "fusion", "cuts", "free_moves", "cut_bound"."""
+    `ablate` (benchmarks only) switches parts off: "fusion", "branches", "cuts", "free_moves",
+    "cut_bound"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -101,7 +103,10 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
         order, peak, lb, used = base_order, base_peak, global_lb, f"heuristic:{base_name}"
         units_n = pieces_n = largest = 0
     else:
-        units = [(v,) for v in heuristics.kahn(model)] if "fusion" in ablate else fuse(model)
+        if "fusion" in ablate:
+            units = [(v,) for v in heuristics.kahn(model)]
+        else:
+            units = fuse(model, None if "branches" in ablate else body_units(model))
         plist = [list(range(len(units)))] if "cuts" in ablate else split_pieces(model, units)
         units_n, pieces_n = len(units), len(plist)
         largest = max(len(p) for p in plist)
@@ -216,8 +221,14 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     for i in todo:
         pc = piece_objs[i]
         ub_order, ub = ubs[i]
-        if len(pc.units) == 1 or ub <= floor or (below is not None and (ub < below or floor >= below)):
-            results[i] = (ub_order, ub, ub if len(pc.units) == 1 else lbs[i], True)
+        if len(pc.units) == 1:
+            # one unit: its own inner order is optimal (the fusion and body theorems)
+            own = list(pc.units[0])
+            peak = pc.evaluate(own)
+            results[i] = (own, peak, peak, True) if peak <= ub else (ub_order, ub, ub, True)
+            continue
+        if ub <= floor or (below is not None and (ub < below or floor >= below)):
+            results[i] = (ub_order, ub, lbs[i], True)
             continue
         now = time.monotonic()
         left = max(deadline - now, 0.0)
