@@ -142,6 +142,8 @@ def project_dir(model_bytes: bytes, device: str) -> Path:
     from toolchain.firmware.library import cache_root
 
     d = device_dict(device)
+    if "cycles_per_instruction" in d.get("compute", {}):  # a cost-model figure: no part of the firmware
+        d = {**d, "compute": {k: v for k, v in d["compute"].items() if k != "cycles_per_instruction"}}
     h = hashlib.sha256()
     for part in (model_bytes, repr(sorted(d.items())).encode(), _firmware_fingerprint().encode(), b"export-1"):
         h.update(hashlib.sha256(part).digest())

@@ -7,7 +7,8 @@ Edge TPU descriptors (`kind = "edgetpu"`) need `[memory] param_sram_bytes`,
 `[link] host_bandwidth_bytes_per_s`, `[timing] invoke_overhead_s`, `[compute] peak_ops_per_s`,
 `[compute.efficiency]` (one fraction of peak per op class) and `[power] active_w, idle_w`.
 MCU descriptors (`kind = "mcu"`) need `[memory] sram_bytes, flash_bytes`, `[compute] clock_hz`,
-`[compute.cycles_per_mac]` per op class, `[link] baud` and `[power] active_w, idle_w`.
+`[compute.cycles_per_mac]` per op class, `[link] baud` and `[power] active_w, idle_w`; optionally
+`[compute] cycles_per_instruction` (then the fitted instruction model of cost/mcu.py is used).
 Op classes: conv, depthwise, fully_connected, elementwise, other.
 """
 
@@ -49,6 +50,9 @@ _MCU_KEYS = {
     ("power", "active_w"): (float, 0.0, 1e4),
     ("power", "idle_w"): (float, 0.0, 1e4),
 }
+# cycles per instruction: 0.01 (an emulator's virtual clock, QEMU -icount) to 100 (a slow flash
+# without cache); toolchain/cost/mcu.py turns the fitted instruction counts into cycles with it.
+_MCU_OPTIONAL = {("compute", "cycles_per_instruction"): (float, 0.01, 100.0)}
 _PER_CLASS_RANGE = {"efficiency": (1e-6, 1.0), "cycles_per_mac": (1e-3, 1e6)}
 MAX_FILE_BYTES = 1 << 20   # a descriptor is a few hundred bytes
 MAX_NESTING = 16           # tables and arrays inside one another; tomllib recurses on each level
@@ -168,6 +172,10 @@ def validate(raw: dict, label: str) -> None:
         _number(f"{label}: [{section}] {key}", sec[key], typ, lowest, highest)
     if kind == "edgetpu":
         for (section, key), (typ, lowest, highest) in _EDGETPU_OPTIONAL.items():
+            if key in raw.get(section, {}):
+                _number(f"{label}: [{section}] {key}", raw[section][key], typ, lowest, highest)
+    if kind == "mcu":
+        for (section, key), (typ, lowest, highest) in _MCU_OPTIONAL.items():
             if key in raw.get(section, {}):
                 _number(f"{label}: [{section}] {key}", raw[section][key], typ, lowest, highest)
     if kind == "mcu" and "firmware" in raw:  # the board layer's facts (toolchain/firmware/project.py)

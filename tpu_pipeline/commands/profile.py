@@ -14,7 +14,10 @@ HELP = "profile a model on a device (or its emulation): latency, throughput, are
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
     p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
-    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu"))
+    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu", "qemu"))
+    p.add_argument("--kernels", dest="mcu_kernels", choices=("cmsis-nn", "reference"), default=None,
+                   help="MCU: TFLite Micro kernels the predictions (arena, latency, energy) are for "
+                        "(default cmsis-nn; with --backend qemu also the firmware's)")
     p.add_argument("--iterations", "-N", type=positive_int, default=20)
     p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument("--seed", type=non_negative_int, default=0)
@@ -33,7 +36,13 @@ def run(args) -> int:
     kind = run_cmd.device_kind(args.device)
     if kind == "mcu" and target.is_dir():
         raise UsageError(f"{target}: profile an MCU with one .tflite, not a directory")
+    kernels = getattr(args, "mcu_kernels", None)
+    if kernels and kind != "mcu":
+        raise UsageError(f"--kernels is for MCU devices; '{args.device}' is not one")
+    args.kernels = kernels if args.backend == "qemu" else None  # the firmware's kernels: qemu only
     rep, choice = run_cmd.execute(args, target, args.device, kind)
+    if kind == "mcu" and target.is_file():
+        rep = _McuProfile(rep, _mcu_predictions(rep, target, args.device, kernels or "cmsis-nn"))
     if kind == "mcu" and args.host_ops and choice.backend == "emulator" and not rep.error:
         from toolchain.cost.op_timing import tflm_op_times
 
@@ -49,3 +58,58 @@ def run(args) -> int:
         rep.ops = [{"index": i, "opcode": op.opcode, "class": c.op_class, "work": c.macs,
                     "predicted_s": c.compute_ps / PS_PER_S} for i, (op, c) in enumerate(zip(graph.ops, costs))]
     return run_cmd.finish(rep, args)
+
+
+class _McuProfile:
+    """A backend's report plus the MCU predictions as top-level JSON keys (attributes pass through)."""
+
+    def __init__(self, rep, extra: dict):
+        self._rep, self._extra = rep, extra
+
+    def __getattr__(self, name):
+        return getattr(self._rep, name)
+
+    def to_json(self) -> dict:
+        d = self._rep.to_json()
+        for k, v in self._extra.items():
+            if d.get(k) is None:  # the qemu backend's own arena_bytes_predicted (same model) stays
+                d[k] = v
+        return d
+
+
+def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
+    """Arena (32-bit target, export-mcu's plan), latency and energy for `kernels` on `device`."""
+    from toolchain.cost.mcu import estimate_mcu
+    from toolchain.errors import ToolchainError
+    from toolchain.ir import load
+    from toolchain.memory.tflm_target import export_plan_offsets, target_arena
+    from toolchain.tflite.metadata import total_tensor_count
+
+    model, graph = load(target)
+    est = estimate_mcu(graph, device, kernels=kernels)
+    try:
+        arena = target_arena(graph, kernels, export_plan_offsets(graph, total_tensor_count(model)))
+    except ToolchainError as exc:  # e.g. control flow: no offline plan is written
+        arena = None
+        rep.notes.append(f"arena not predicted: {exc}")
+    if arena is not None and arena.tail is None:
+        rep.notes.append(f"arena not predicted: {', '.join(target_tail_unmodelled(graph, kernels))} not modelled")
+    for o in rep.ops if rep.backend == "emulator" else ():
+        c = est.ops[o["index"]]
+        o.update(predicted_s=c.seconds, instructions_predicted=c.instructions)
+    if rep.backend == "emulator":
+        rep.predicted.update(latency_s=est.latency_s, energy_j=est.energy_j, cycles=est.cycles,
+                             throughput_per_s=1.0 / est.latency_s if est.latency_s else None,
+                             source=f"MCU cost model ({est.device}, {kernels} kernels)")
+    return {"kernels": kernels, "arena_bytes_predicted": arena.total if arena else None,
+            "arena_head_predicted": arena.head if arena else None,
+            "arena_tail_predicted": arena.tail if arena else None,
+            "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
+            "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
+            "clock_hz": est.clock_hz}
+
+
+def target_tail_unmodelled(graph, kernels: str) -> tuple[str, ...]:
+    from toolchain.memory.tflm_target import target_tail
+
+    return target_tail(graph, kernels).unmodelled
