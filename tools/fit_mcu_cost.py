@@ -89,8 +89,16 @@ def collect(paths: list[Path], device: str, out: Path, force: bool = False, iter
                              "notes": r.notes, "error": r.error}
                 print(f"{key}: {r.instructions:,} instructions, {time.time() - t0:.0f} s", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")  # after every run: resumable
+            out.write_text(dump(data))  # after every run: resumable
     return data
+
+
+def dump(data: dict) -> str:
+    """The measurements as JSON with one line per run (diffable, compact)."""
+    runs = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(data["runs"].items()))
+    rest = {k: v for k, v in data.items() if k != "runs"}
+    head = json.dumps(rest, sort_keys=True)[1:-1]
+    return "{" + (head + ", " if head else "") + '"runs": {\n' + runs + "\n}}\n"
 
 
 def samples(data: dict, models_dirs: list[Path]):
