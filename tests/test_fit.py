@@ -111,3 +111,28 @@ def test_fit_float_model_is_exact_too(tmp_path, dtype):
     fitted = fit_model(src, budget=_optimal_peak(src) * 6 // 10, time_limit=20)
     assert fitted.result.fits
     assert all(v.ok for v in fitted.verification)
+
+
+def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_path):
+    """Brute force over every (region from the input, grid): the tightest budget one region can
+    meet; fit must meet it, and be at least as fast as the fastest single region that does."""
+    from toolchain.fit.variants import _grids
+    from toolchain.fit.variants import _costed
+    from toolchain.rewrite.patch import apply_patches, patch_regions
+
+    src = _stem_heavy_cnn(tmp_path, seed=13)
+    _, g = load(src)
+    g, _ = g.with_unique_tensor_names()
+    first = g.tensors[g.inputs[0]].name
+    tried = []
+    for region in patch_regions(g):
+        if region.input != first:
+            continue
+        for grid in _grids(region.max_grid):
+            pg = apply_patches(g, region, grid)
+            tried.append((schedule(pg, time_limit=10).peak, _costed(pg, "qemu-mps2-an386", None)[0]))
+    budget = min(p for p, _ in tried)
+    fastest = min(t for p, t in tried if p <= budget)
+    r = fit_model(src, budget=budget, time_limit=30).result
+    assert r.fits and r.head <= budget
+    assert r.selection.latency_s <= fastest * (1 + 1e-9)
