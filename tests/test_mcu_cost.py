@@ -114,3 +114,11 @@ def test_profile_json_predicts_arena_latency_and_energy(kernels, arena):
     assert rep["latency_s_predicted"] == pytest.approx(est.latency_s)
     assert rep["energy_j_predicted"] == pytest.approx(est.energy_j) and rep["energy_j_predicted"] > 0
     assert rep["predicted"]["latency_s"] == pytest.approx(est.latency_s)
+
+
+def test_emulated_board_latency_is_qemu_virtual_time():
+    """-icount shift=0: 1 ns per instruction, so predicted latency = predicted instructions x 1 ns."""
+    _, g = load(FIXTURES / "pool_softmax_int8.tflite")
+    for board in ("qemu-mps2-an386", "qemu-mps2-an500"):
+        e = estimate_mcu(g, board, kernels="reference")
+        assert e.latency_s == pytest.approx(e.instructions * 1e-9)
