@@ -31,7 +31,7 @@ KERNEL_SETS = ("cmsis-nn", "reference")
 # Fit classes with no measurements of their own fall back along this chain.
 _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_batch": "data_movement",
              "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
-             "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "relu": "elementwise",
+             "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
              "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other"}
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
@@ -67,8 +67,8 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
     cls = _FIT_CLASS.get(op.opcode) or {"conv": "conv", "depthwise": "depthwise"}.get(op_class(op.opcode), "other")
     if op.opcode == "CONV_2D" and _is_1x1(graph, op):
         cls = "conv_1x1"
-    elif op.opcode == "DEPTHWISE_CONV_2D" and _is_dw_3x3(graph, op):
-        cls = "depthwise_3x3"
+    elif op.opcode == "DEPTHWISE_CONV_2D":
+        cls = _depthwise_path(graph, op)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)
@@ -98,13 +98,18 @@ def _is_1x1(graph: Graph, op) -> bool:
     return w[1] == 1 and w[2] == 1 and getattr(o, "dilation_w", 1) == 1 and getattr(o, "dilation_h", 1) == 1
 
 
-def _is_dw_3x3(graph: Graph, op) -> bool:
-    """CMSIS-NN's arm_depthwise_conv_3x3_s8 case (also a distinct shape class for the reference)."""
+def _depthwise_path(graph: Graph, op) -> str:
+    """The kernel arm_depthwise_conv_wrapper_s8 picks (Cortex-M4, no MVE): the 3x3 kernel, the
+    "opt" im2col kernel (both batch 1, one output channel per input channel, no dilation), else the
+    generic one; also a shape class for the reference kernels."""
     x, w = graph.tensors[op.inputs[0]].shape, graph.tensors[op.inputs[1]].shape
     o = op.options
-    if w[1] != 3 or w[2] != 3 or getattr(o, "depth_multiplier", 1) != 1 or o.dilation_w != 1 or o.dilation_h != 1:
-        return False
-    return tflm_padding(x[1], 3, o.stride_h, 1, o.padding) <= 1 and tflm_padding(x[2], 3, o.stride_w, 1, o.padding) <= 1
+    if x[0] != 1 or getattr(o, "depth_multiplier", 1) != 1 or o.dilation_w != 1 or o.dilation_h != 1:
+        return "depthwise"
+    if w[1] == 3 and w[2] == 3 and tflm_padding(x[1], 3, o.stride_h, 1, o.padding) <= 1 \
+            and tflm_padding(x[2], 3, o.stride_w, 1, o.padding) <= 1:
+        return "depthwise_3x3"
+    return "depthwise_opt"
 
 
 @lru_cache(maxsize=1)
