@@ -115,5 +115,10 @@ def test_target_tail_names_an_op_it_does_not_model():
     # PAD's parser allocates nothing, but its kernel's OpData is not in the table: still refused
     pad = replace(graph, ops=(replace(graph.ops[0], opcode="PAD"),) + graph.ops[1:])
     assert target_tail(pad, "reference").unmodelled == ("PAD",)
+    # CMSIS-NN's int16 convolution buffers are not modelled: said so, not guessed
+    x = graph.ops[0].inputs[0]
+    s16 = replace(graph, tensors=tuple(replace(t, dtype="int16") if t.index == x else t for t in graph.tensors))
+    assert target_tail(s16, "cmsis-nn").unmodelled == ("CONV_2D (int16)",)
+    assert target_tail(s16, "reference").bytes is not None
     with pytest.raises(UsageError, match="kernel set"):
         target_tail(graph, "arm-nn")

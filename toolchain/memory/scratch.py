@@ -24,6 +24,8 @@ _INT16 = 2
 
 # Ops with a cmsis_nn kernel whose scratch requests are not modelled here (none of the zoo's).
 CMSIS_NN_UNMODELLED = frozenset({"TRANSPOSE_CONV", "SVDF", "UNIDIRECTIONAL_SEQUENCE_LSTM", "BATCH_MATMUL"})
+# Ops whose cmsis_nn kernel asks CMSIS-NN for a buffer (int8 modelled below; int16 is not).
+CMSIS_NN_SCRATCH = ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CONNECTED")
 
 
 def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
@@ -69,7 +71,7 @@ def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
     """CMSIS-NN kernel requests (int8), or None where the reference kernel runs."""
     op = graph.ops[op_pos]
     name = op.opcode
-    if name not in ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CONNECTED"):
+    if name not in CMSIS_NN_SCRATCH:
         return None
     x = graph.tensors[op.inputs[0]]
     if x.dtype != "int8":
