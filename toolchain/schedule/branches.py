@@ -34,6 +34,7 @@ from toolchain.schedule.model import MemModel, bits
 
 MAX_BODY = 256  # ops in one body
 MAX_DOWNSETS = 4096  # down-sets enumerated per body; a body with more is left alone
+MAX_SEGMENTED = 64  # closures up to this many ops are also tried cut short at each single exit
 
 
 def _grow(model: MemModel, x: int) -> int:
@@ -127,6 +128,30 @@ def body_order(model: MemModel, x: int, body: int) -> tuple[int, ...] | None:
     return tuple(reversed(order))
 
 
+def _exits(model: MemModel, body: int) -> set[int]:
+    out = set()
+    for u in bits(body):
+        for t in model.touch[u]:
+            if model.born[t] == u and (model.pin_end[t] or model.mask[t] & ~body):
+                out.add(t)
+    return out
+
+
+def _segments(model: MemModel, x: int, closure: int) -> list[int]:
+    """Bodies from x to one exit tensor inside the closure: the ops up to that tensor's writer
+    (its ancestors in the closure) when nothing else leaves them."""
+    anc: dict[int, int] = {}
+    out = []
+    for v in bits(closure):  # positions are a topological order
+        a = 1 << v
+        for p in bits(model.preds[v] & closure):
+            a |= anc[p]
+        anc[v] = a
+        if a != closure and bin(a).count("1") >= 2 and len(_exits(model, a)) == 1:
+            out.append(a)
+    return out
+
+
 def body_units(model: MemModel) -> list[tuple[int, ...]]:
     """Units: the accepted bodies (largest first, disjoint), every other op on its own."""
     if model.final_only:
@@ -135,14 +160,16 @@ def body_units(model: MemModel) -> list[tuple[int, ...]]:
     for x in range(len(model.size)):
         if model.born[x] < 0 or model.pin_start[x] or model.pin_end[x]:
             continue
-        body = _grow(model, x)
-        k = bin(body).count("1")
-        if 2 <= k <= MAX_BODY and _valid(model, x, body):
-            cands.append((-k, x, body))
+        closure = _grow(model, x)
+        k = bin(closure).count("1")
+        if not 2 <= k <= MAX_BODY:
+            continue
+        subs = [closure] + (_segments(model, x, closure) if k <= MAX_SEGMENTED else [])
+        cands.extend((-bin(b).count("1"), x, b) for b in subs if _valid(model, x, b))
     cands.sort()
     taken = 0
     units: list[tuple[int, ...]] = []
-    for _, x, body in cands:
+    for _, x, body in sorted(cands):
         if body & taken:
             continue
         order = body_order(model, x, body)
