@@ -46,7 +46,8 @@ def _structure(original, patched, region, grid):
             assert len(op.inputs) <= 8
         if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D", "AVERAGE_POOL_2D") and \
                 patched.tensors[op.outputs[0]].name.rsplit("/", 1)[-1].startswith("p"):
-            assert op.options.padding == "VALID"
+            assert op.options.padding == "VALID" or any(  # SAME only where it pads exactly as needed
+                o.options.padding == "SAME" and o.opcode == op.opcode for o in original.ops)
     # one concatenation per row of tiles (when there are columns) and one over the rows
     joins = [op for op in patched.ops if op.opcode == "CONCATENATION" and op not in original.ops]
     assert len(joins) == (grid[0] if grid[1] > 1 else 0) + (1 if grid[0] > 1 else 0)

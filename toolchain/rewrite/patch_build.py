@@ -8,7 +8,24 @@ import numpy as np
 from toolchain.errors import UsageError
 from toolchain.ir import Graph, ops as irops
 from toolchain.rewrite.edit import GraphEditor
-from toolchain.rewrite.patch import PADS, WINDOWED, Box, _clip, _hw, _reads, _splits, _union, pool_min
+from toolchain.rewrite.patch import PADS, WINDOWED, Box, _clip, _hw, _reads, _splits, _union, _window, pool_min
+
+
+def _same_pads_it(graph: Graph, op, vbox: Box, real: Box, obox: Box) -> bool:
+    """Whether the op run SAME on the unpadded tile `real` pads exactly to `vbox` (TFLite's SAME:
+    out = ceil(in / stride), the total padding split with the smaller half before), so the tile
+    needs no explicit PAD (a copy). Only for ops that are SAME in the model: their kernels already
+    pad with the zero point (conv) or ignore padded taps (max pool)."""
+    if vbox == real or op.options.padding != "SAME" or op.opcode == "AVERAGE_POOL_2D":
+        return False
+    for (k, s, d, _), (v0, v1), (r0, r1), (o0, o1) in zip(
+            _window(graph, op), ((vbox[0], vbox[1]), (vbox[2], vbox[3])), ((real[0], real[1]), (real[2], real[3])),
+            ((obox[0], obox[1]), (obox[2], obox[3]))):
+        n, out = r1 - r0, o1 - o0
+        total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
+        if -(-n // s) != out or (total // 2, total - total // 2) != (r0 - v0, v1 - r1):
+            return False
+    return True
 
 
 class _Tiler:
@@ -100,15 +117,17 @@ class _Tiler:
             mode = "zero"
             if op.opcode == "MAX_POOL_2D" and op.options.padding == "SAME":
                 mode = ("min",)
-            inputs = []
+            inputs, padding = [], "VALID"
             for x in op.inputs:
                 if not self.g.is_activation(x):
                     inputs.append(x)
                     continue
                 vbox = _reads(self.g, op, obox) if windowed else obox
+                if windowed and _same_pads_it(self.g, op, vbox, _clip(vbox, _hw(self.g, x)), obox):
+                    vbox, padding = _clip(vbox, _hw(self.g, x)), "SAME"  # no PAD copy needed
                 inputs.append(self._fetch(have, cache, x, vbox, mode, tag))
             t = self._activation(y, obox, tag)
-            new = irops.like(op, inputs, (t,), padding="VALID") if windowed else irops.like(op, inputs, (t,))
+            new = irops.like(op, inputs, (t,), padding=padding) if windowed else irops.like(op, inputs, (t,))
             self.out.append(new)
             have[y] = (t, obox)
         return have[self.tout][0]
