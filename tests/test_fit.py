@@ -130,9 +130,50 @@ def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_p
             continue
         for grid in _grids(region.max_grid):
             pg = apply_patches(g, region, grid)
-            tried.append((schedule(pg, time_limit=10).peak, _costed(pg, "qemu-mps2-an386", None)[0]))
+            tried.append((schedule(pg, time_limit=10).peak, _costed(pg, "qemu-mps2-an386", "cmsis-nn")[0]))
     budget = min(p for p, _ in tried)
     fastest = min(t for p, t in tried if p <= budget)
     r = fit_model(src, budget=budget, time_limit=30).result
     assert r.fits and r.head <= budget
     assert r.selection.latency_s <= fastest * (1 + 1e-9)
+
+
+def test_fit_for_a_device_counts_the_target_tail(tmp_path):
+    """--device: what is left of SRAM after the firmware reserve must hold head + the 32-bit tail
+    of the FITTED model (its tiles' ops carry their own parameters)."""
+    from toolchain.fit.model import device_reserve
+    from toolchain.memory.tflm_target import target_tail
+
+    src = _stem_heavy_cnn(tmp_path, seed=15)
+    _, g = load(src)
+    optimum = _optimal_peak(src)
+    base = (REPO / "toolchain/data/devices/qemu-mps2-an386.toml").read_text()
+    _, reserve = device_reserve("qemu-mps2-an386")
+    sram = reserve + target_tail(g).bytes + optimum * 9 // 10
+    dev = tmp_path / "tiny-board.toml"
+    dev.write_text(base.replace('name = "qemu-mps2-an386"', 'name = "tiny-board"')
+                   .replace(_sram_line(base), f"sram_bytes = {sram}"))
+    fitted = fit_model(src, device=str(dev), time_limit=30)
+    r = fitted.result
+    assert fitted.arena_available == sram - reserve
+    assert r.fits and r.head + fitted.tail_target <= fitted.arena_available
+    fitted_tail = target_tail(load_bytes(fitted.data))
+    if fitted_tail.bytes is not None:  # else the host's (larger, 64-bit) tail stood in: see the notes
+        assert fitted.tail_target == fitted_tail.bytes
+    else:
+        assert any("host's (64-bit) tail" in n for n in fitted.notes)
+    assert fitted.tail_target > target_tail(g).bytes  # the tiles' ops carry their own parameters
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sram_line(toml: str) -> str:
+    return next(line for line in toml.splitlines() if line.startswith("sram_bytes"))
+
+
+def load_bytes(data: bytes):
+    from toolchain.ir.convert import from_model
+    from toolchain.tflite import read_model
+
+    return from_model(read_model(data, name="fitted"))

@@ -61,7 +61,7 @@ class FitResult:
 
 
 def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", device="qemu-mps2-an386",
-              kernels: str | None = None, time_limit: float = 30.0, want_pareto: bool = False,
+              kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               deadline: Deadline | None = None, progress: Progress = None) -> FitResult:
     """Choose, apply, schedule and plan. `budget=None` with objective "memory" asks for the
     smallest arena; with "latency" for the fastest variant (the model as it is, usually)."""
@@ -72,7 +72,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     spans = split_spans(graph)
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
-    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, **_kernels(kernels)).ops}
+    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=kernels).ops}
     pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
     say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
     baseline = _selection_of(as_is)
@@ -154,10 +154,6 @@ def _choose(pool: _Pool, n_spans: int, budget, objective, deadline) -> Selection
     if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
-
-
-def _kernels(kernels) -> dict:
-    return {} if kernels is None else {"kernels": kernels}
 
 
 def _selection_of(chosen: list[Variant]) -> Selection:

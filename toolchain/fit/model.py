@@ -7,7 +7,7 @@ head real TFLite Micro allocates with our offline plan against the predicted hea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from toolchain.budget import Deadline, Progress
 from toolchain.cost.mcu import device_dict
@@ -22,6 +22,7 @@ from toolchain.tflite import model_to_bytes, with_offline_plan
 # reserved with headroom.
 HARNESS_STATIC_BYTES = 16 * 1024
 MAX_DEVICE_ROUNDS = 3
+DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
 
 
 @dataclass(frozen=True)
@@ -31,14 +32,17 @@ class FittedModel:
     source: bytes  # the input model as made exact for TFLite Micro (the reference of the checks)
     verification: tuple  # toolchain.execute.compare.Verification per runtime
     head_measured: int | None  # TFLite Micro's head with our plan (real interpreter)
-    tail_measured: int | None
+    tail_measured: int | None  # the host interpreter's tail (64-bit)
+    tail_target: int | None  # --device: the tail on the 32-bit target (or the host's, see notes)
+    arena_available: int | None  # --device: SRAM - firmware reserve
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
 
     def to_json(self) -> dict:
         d = self.result.to_json()
         d.update(budget_from=self.budget_from, arena_head_bytes_measured=self.head_measured,
-                 arena_tail_bytes_measured_host=self.tail_measured,
+                 arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
+                 arena_bytes_available=self.arena_available,
                  head_matches_prediction=self.head_measured == self.result.head,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
         return d
@@ -55,10 +59,13 @@ def device_reserve(device) -> tuple[int, int]:
 
 
 def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
-              time_limit: float = 30.0, want_pareto: bool = False, verify_runs: int = 2,
-              progress: Progress = None) -> FittedModel:
+              kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
+              verify_runs: int = 2, progress: Progress = None) -> FittedModel:
     """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
-    arena (SRAM - firmware reserve - the model's tail, refitted if the fitted model's tail grew)."""
+    arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
+    target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
+    an op keeps its own parameters), so the head budget is lowered by any overflow and the fit
+    redone (at most MAX_DEVICE_ROUNDS times)."""
     from toolchain.execute.compare import check_or_raise, verify_models
     from toolchain.execute.tflm_arena import measure_tflm_arena
 
@@ -67,32 +74,55 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     model, graph, notes = load_exact(path)
     graph, _ = graph.with_unique_tensor_names()
     source = model_to_bytes(model)
-    cost_device = device or "qemu-mps2-an386"
+    notes = list(notes)
     deadline = Deadline(time_limit)
-    head_budget, budget_from = budget, "--budget"
+    head_budget, budget_from, avail = budget, "--budget", None
     if device is not None and budget is None:
         sram, reserve = device_reserve(device)
-        tail = measure_tflm_arena(source).tail
-        head_budget, budget_from = sram - reserve - tail, device
+        avail, budget_from = sram - reserve, device
+        head_budget = avail - _tail(graph, kernels, source, notes)
     for _ in range(MAX_DEVICE_ROUNDS):
-        result = fit_graph(graph, budget=head_budget, objective=objective, device=cost_device,
-                           want_pareto=want_pareto, deadline=deadline.sub(fraction=0.8), progress=progress)
-        written = rewritten_model(result.graph, model)
-        if result.offline_plan is not None:
-            written = with_offline_plan(written, list(result.offline_plan), str(path))
-        data = model_to_bytes(written)
-        arena = measure_tflm_arena(data, label=str(path))
-        if budget is not None or device is None:
+        result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
+                           kernels=kernels, want_pareto=want_pareto, deadline=deadline.sub(fraction=0.8),
+                           progress=progress)
+        data = _written(result, model, path)
+        tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
+        if avail is None or not result.fits or result.head + tail <= avail:
             break
-        over = result.head + arena.tail - (sram - reserve)
-        if over <= 0 or not result.fits:
-            break
-        head_budget -= over  # the fitted model's own tail is larger: leave room for it
+        head_budget -= result.head + tail - avail  # the fitted model's own tail is larger: leave room for it
+    if avail is not None and result.head + tail > avail:
+        result = replace(result, fits=False)
+        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
+                     "for the arena")
+    arena = measure_tflm_arena(data, label=str(path))
     if not result.fits:  # nothing is written: the caller reports the smallest arena reached
-        return FittedModel(result, data, source, (), arena.head, arena.tail, budget_from, tuple(notes))
+        return FittedModel(result, data, source, (), arena.head, arena.tail, tail, avail, budget_from, tuple(notes))
     verification = tuple(verify_models(source, data, runs=verify_runs))
     check_or_raise(list(verification), str(path))
     if arena.head != result.head:
         raise VerificationError(f"{path}: TFLite Micro allocates a {arena.head:,}-byte head with the fitted model's "
                                 f"plan; {result.head:,} B were predicted")
-    return FittedModel(result, data, source, verification, arena.head, arena.tail, budget_from, tuple(notes))
+    return FittedModel(result, data, source, verification, arena.head, arena.tail, tail, avail, budget_from,
+                       tuple(notes))
+
+
+def _written(result: FitResult, model, path) -> bytes:
+    written = rewritten_model(result.graph, model)
+    if result.offline_plan is not None:
+        written = with_offline_plan(written, list(result.offline_plan), str(path))
+    return model_to_bytes(written)
+
+
+def _tail(graph, kernels: str, data: bytes, notes: list) -> int:
+    """The persistent tail on the 32-bit target (toolchain.memory.tflm_target); where an op's
+    allocations are not modelled there, the host interpreter's tail (64-bit pointers: larger)."""
+    from toolchain.execute.tflm_arena import measure_tflm_arena
+    from toolchain.memory.tflm_target import target_tail
+
+    t = target_tail(graph, kernels)
+    if t.bytes is not None:
+        return t.bytes
+    note = f"target tail not modelled for {', '.join(t.unmodelled)}: the host's (64-bit) tail is used"
+    if note not in notes:
+        notes.append(note)
+    return measure_tflm_arena(data).tail

@@ -59,12 +59,12 @@ class Variant:
         return d
 
 
-def _costed(graph: Graph, device, kernels: str | None) -> tuple[float, int]:
-    est = estimate_mcu(graph, device) if kernels is None else estimate_mcu(graph, device, kernels=kernels)
+def _costed(graph: Graph, device, kernels: str) -> tuple[float, int]:
+    est = estimate_mcu(graph, device, kernels=kernels)
     return est.latency_s, sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
 
 
-def as_is_variants(graph: Graph, spans: list[Span], device, kernels=None, deadline: Deadline | None = None,
+def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", deadline: Deadline | None = None,
                    progress: Progress = None) -> list[Variant]:
     """One variant per span: its ops in the proven memory-optimal order."""
     out = []
@@ -99,7 +99,7 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> l
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            kernels=None) -> Variant:
+            kernels="cmsis-nn") -> Variant:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, a lower bound, the device model's latency of the built ops, MACs, ops)."""

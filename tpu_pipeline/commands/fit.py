@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
                         "predicted for it (default cost model: qemu-mps2-an386)")
     p.add_argument("--objective", choices=("latency", "memory"), default="latency",
                    help="latency: fastest variant within the budget (default); memory: smallest arena")
+    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
+                   help="TFLite Micro kernel set whose cost model prices the variants (and, with --device, whose "
+                        "persistent allocations count against SRAM); default cmsis-nn")
     p.add_argument("--pareto", action="store_true", help="also print the arena/latency frontier")
     p.add_argument("--plot", metavar="FILE", type=plot_path, help="plot the frontier (.png, .pdf, .svg, ...)")
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
@@ -37,7 +40,7 @@ def run(args) -> int:
         check_output(args.plot, inputs=[args.model, args.output])
     progress = None if args.json else (lambda msg: report.console(stderr=True).print(msg))
     fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
-                       time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
+                       kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
                        verify_runs=args.runs, progress=progress)
     r = fitted.result
     if not r.fits:
