@@ -177,3 +177,27 @@ def load_bytes(data: bytes):
     from toolchain.tflite import read_model
 
     return from_model(read_model(data, name="fitted"))
+
+
+def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
+    """The fitted model in the real firmware on QEMU: outputs bit-identical to host TFLite Micro
+    (reference kernels) and the head the firmware allocates is fit's prediction."""
+    from test_firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
+
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
+    tree_or_skip("reference")
+    from runtime.backends.qemu import run_on_qemu
+    from toolchain.firmware.library import LibraryBusy
+
+    src = _stem_heavy_cnn(tmp_path, seed=17)
+    fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, time_limit=20)
+    assert fitted.result.fits
+    out = tmp_path / "fitted.tflite"
+    out.write_bytes(fitted.data)
+    try:
+        r = run_on_qemu(out, "qemu-mps2-an386", "reference", iterations=2, seed=3)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    assert r.head_bytes == r.planned_head == fitted.result.head

@@ -78,7 +78,9 @@ def c_array(data: bytes, name: str) -> str:
             f"const unsigned int {name}_len = {len(data)};\n")
 
 
-def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True) -> ExportResult:
+def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True,
+               model_data: bytes | None = None) -> ExportResult:
+    """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
     from toolchain.execute.tflm_arena import measure_tflm_arena
     from toolchain.cost.mcu import device_dict
     from toolchain.ir import from_model
@@ -94,7 +96,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
         raise UsageError(f"device '{d.get('name', device)}' is not an MCU (kind = {d.get('kind')!r})")
     sram = int(d["memory"]["sram_bytes"])
     flash = int(d["memory"].get("flash_bytes", 0))
-    model = read_model(src)
+    model = read_model(model_data, name=str(src)) if model_data is not None else read_model(src)
     graph = from_model(model)
     if len(model.subgraphs) > 1:
         raise ModelError(f"{src}: {len(model.subgraphs)} subgraphs; the harness runs single-subgraph models")

@@ -1,6 +1,6 @@
 """`tpu-pipeline compile`: the passes in order, run by the driver, then one atomic write.
 
-    load -> rewrite -> schedule -> plan -> emit -> partition -> segments -> [verify] -> edgetpu_compiler
+    load -> fit (--budget) or rewrite -> schedule -> plan -> emit -> partition -> segments -> [verify] -> edgetpu_compiler
     -> report.json -> the output folder, swapped in whole
 
 `semantics` says whose memory model the rewrite and schedule passes minimise: "tflite" (default:
@@ -23,6 +23,7 @@ from toolchain.compile.report import build_report
 from toolchain.compile.output import check_result_folder, write_result_folder
 from toolchain.compile.passes.edgetpu import edgetpu
 from toolchain.compile.passes.emit import emit
+from toolchain.compile.passes.fit import fit
 from toolchain.compile.passes.load import load
 from toolchain.compile.passes.partition import partition
 from toolchain.compile.passes.plan import plan
@@ -39,7 +40,8 @@ from toolchain.report import json_default
 
 PASSES: list[Pass] = [
     Pass("load", load),
-    Pass("rewrite", rewrite, share=1.0, optional=True),
+    Pass("fit", fit, share=1.0, when=lambda o: o.budget is not None),
+    Pass("rewrite", rewrite, share=1.0, optional=True, when=lambda o: o.budget is None),
     Pass("schedule", schedule, share=1.0, optional=True),
     Pass("plan", plan, share=0.5, optional=True),
     Pass("emit", emit),
@@ -48,7 +50,8 @@ PASSES: list[Pass] = [
     Pass("verify", verify, when=lambda o: o.verify),
     Pass("edgetpu_compiler", edgetpu),
 ]
-assert sum(p.share for p in PASSES) < BUDGET_FACTOR
+# fit and rewrite never run together (`when`): each configuration stays within the budget
+assert all(sum(p.share for p in PASSES if p.name != skip) < BUDGET_FACTOR for skip in ("fit", "rewrite"))
 
 
 @dataclass
@@ -65,7 +68,7 @@ class CompileResult:
 def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
                     time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str = "tflite") -> CompileOptions:
+                    semantics: str = "tflite", budget: int | None = None) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
@@ -77,6 +80,10 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     if not (0 < time_limit < float("inf")):
         raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     get_semantics(semantics)  # UsageError for an unknown name
+    if budget is not None:
+        if budget <= 0:
+            raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
+        semantics = "tflm"  # the budget is a TFLite Micro arena: every pass minimises that
     dev = load_device(device)
     if dev.kind != "edgetpu":
         raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
@@ -85,7 +92,7 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics)
+                          semantics, budget)
 
 
 def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:

@@ -27,6 +27,7 @@ class CompileOptions:
     passes: tuple[str, ...] = ("rewrite", "schedule", "plan")   # the optional passes that run
     workers: int = 2
     semantics: str = "tflite"
+    budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
 
     @property
     def stem(self) -> str:

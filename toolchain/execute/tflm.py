@@ -27,16 +27,20 @@ def tflm_interpreter(data: bytes, arena_size: int):
     return runtime.Interpreter.from_bytes(bytes(data), arena_size=int(arena_size))
 
 
-def io_details(interp, which: str) -> list[dict]:
-    """Input ("input") or output ("output") details of a TFLite Micro interpreter; the binding
-    has no count, so ask until it refuses."""
+def io_counts(data: bytes) -> tuple[int, int]:
+    """(inputs, outputs) of the main subgraph. The binding has no count, and asking it for one
+    past the end prints an error on the C++ side, so the count comes from the model itself."""
+    from toolchain.tflite import read_model
+
+    sg = read_model(bytes(data)).subgraphs[0]
+    return len(sg.inputs if sg.inputs is not None else []), len(sg.outputs if sg.outputs is not None else [])
+
+
+def io_details(interp, which: str, data: bytes) -> list[dict]:
+    """Input ("input") or output ("output") details of a TFLite Micro interpreter over `data`."""
+    n_in, n_out = io_counts(data)
     get = interp.get_input_details if which == "input" else interp.get_output_details
-    out = []
-    while True:
-        try:
-            out.append(get(len(out)))
-        except IndexError:
-            return out
+    return [get(i) for i in range(n_in if which == "input" else n_out)]
 
 
 def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
@@ -46,7 +50,7 @@ def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np
         for i, x in enumerate(inputs):
             it.set_input(x, i)
         it.invoke()
-        return [np.array(it.get_output(i)) for i in range(len(io_details(it, "output")))]
+        return [np.array(it.get_output(i)) for i in range(io_counts(data)[1])]
     except (RuntimeError, ValueError) as exc:
         raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
@@ -120,5 +124,5 @@ def _child(path: str, given: str, seed: str, arena_size: str, out: str) -> None:
         with np.load(given) as z:
             inputs = [z[f"arr_{k}"] for k in range(len(z.files))]
     else:
-        inputs = seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input"), int(seed))
+        inputs = seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed))
     np.savez(out, *run_tflm(data, inputs, int(arena_size)))

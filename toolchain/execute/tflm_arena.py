@@ -56,9 +56,10 @@ def _child(path: str, arena_size: int, invoke: bool) -> None:
 
     from toolchain.execute.tflm import io_details, tflm_interpreter
 
-    interp = tflm_interpreter(Path(path).read_bytes(), arena_size)
+    data = Path(path).read_bytes()
+    interp = tflm_interpreter(data, arena_size)
     if invoke:
-        for i, d in enumerate(io_details(interp, "input")):
+        for i, d in enumerate(io_details(interp, "input", data)):
             interp.set_input(np.zeros(d["shape"], dtype=d["dtype"]), i)
         interp.invoke()
     sys.stdout.flush()

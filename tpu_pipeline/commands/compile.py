@@ -8,7 +8,7 @@ import sys
 from rich.table import Table
 
 from toolchain import report
-from tpu_pipeline.commands.options import seconds
+from tpu_pipeline.commands.options import non_negative_int, seconds
 from toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -34,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--semantics", default="tflite", choices=("tflite", "tflm"),
                    help="whose memory model the rewrite and schedule passes minimise (default tflite: the Coral "
                         "host runs the segments in LiteRT; tflm for a whole model bound for an MCU)")
+    p.add_argument("--budget", type=non_negative_int, metavar="BYTES",
+                   help="fit the TFLite Micro arena head into BYTES at the least predicted latency (the fit pass, "
+                        "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
@@ -45,7 +48,7 @@ def run(args) -> int:
     passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
                                     ("plan", args.no_plan)) if not off)
     options = dict(device=args.device, strategy=args.strategy, time_limit=args.time_limit, verify=args.verify,
-                   colocate=args.colocate, passes=passes, semantics=args.semantics)
+                   colocate=args.colocate, passes=passes, semantics=args.semantics, budget=args.budget)
     err = report.console(stderr=True)
     if sys.stderr.isatty():
         with err.status("compiling") as status:
@@ -128,6 +131,10 @@ def _pass_line(pr: dict) -> str | None:
             return f"rewrite: no identity rewrite lowers the optimal peak ({d['semantics']} semantics, {pr['seconds']:.2f} s)"
         return (f"rewrite: {len(d['applied'])} rewrite(s), optimal peak ({d['semantics']}) {d['peak_before']:,} -> {d['peak_after']:,} B "
                 f"({pr['seconds']:.2f} s)")
+    if name == "fit":
+        return (f"fit: TFLite Micro arena head {d['baseline_peak_bytes']:,} -> {d['arena_head_bytes']:,} B "
+                f"(budget {d['budget_bytes']:,} B), predicted latency {d['latency_overhead_predicted']:+.1%} on "
+                f"{d['cost_device']}, {d['ops']} ops ({pr['seconds']:.2f} s)")
     if name == "schedule":
         proof = "proven optimal" if d["proven_optimal"] else f"lower bound {d['lower_bound']:,} B"
         return (f"schedule: activation peak ({d['semantics']} semantics) {d['peak_before']:,} -> {d['peak']:,} B, {proof} "

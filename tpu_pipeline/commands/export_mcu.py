@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolchain import report as out
-from tpu_pipeline.commands.options import check_output_folder
+from tpu_pipeline.commands.options import check_output_folder, positive_int, seconds
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 
@@ -12,6 +12,14 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
     p.add_argument("--device", default="sparkfun-edge", help="MCU descriptor (default sparkfun-edge)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--budget", type=positive_int, metavar="BYTES",
+                   help="first fit the TFLite Micro arena head into BYTES (`tpu-pipeline fit`), then export that")
+    p.add_argument("--fit", action="store_true",
+                   help="first fit the model to what the device's SRAM leaves for the arena (`fit --device`)")
+    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
+                   help="with --fit/--budget: the kernel set the fit prices variants for (default cmsis-nn)")
+    p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
+                   help="with --fit/--budget: seconds for the fit's search (default 30)")
     p.add_argument("--json", action="store_true", help="print the export summary as JSON")
 
 
@@ -19,12 +27,27 @@ def run(args) -> int:
     from toolchain.export_mcu import export_mcu
 
     check_output_folder(args.out, inputs=[args.model])
-    r = export_mcu(args.model, args.device, args.out)
+    fitted = None
+    if args.fit or args.budget is not None:
+        from toolchain.errors import InfeasibleError
+        from toolchain.fit import fit_model
+
+        fitted = fit_model(args.model, budget=args.budget, device=args.device, kernels=args.kernels,
+                           time_limit=args.time_limit)
+        if not fitted.result.fits:
+            raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of arena head "
+                                  f"({fitted.budget_from}); the smallest reachable is {fitted.result.head:,} B")
+    r = export_mcu(args.model, args.device, args.out, model_data=fitted.data if fitted else None)
     if args.json:
-        out.print_json(r.to_json())
+        out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})
         return 0
     c = out.console()
     c.print(f"[bold]{args.model}[/bold] -> {r.out_dir} for {r.device}")
+    if fitted:
+        f = fitted.result
+        c.print(f"fit: arena head {f.baseline_peak:,} -> {f.head:,} B (budget {f.budget:,} B from "
+                f"{fitted.budget_from}), predicted latency {f.selection.latency_s / f.baseline_latency_s - 1:+.1%}; "
+                "bit-identical in LiteRT and TFLite Micro")
     c.print(f"ops ({len(r.ops)}, MicroMutableOpResolver<{len(r.ops)}>): {', '.join(r.ops)}")
     c.print(f"arena head: planned {r.planned_head:,} B ({r.planner}, {r.pinned_tensors} tensors pinned), "
             f"measured {r.measured_head:,} B (TFLite Micro on the host), "
