@@ -149,7 +149,11 @@ def _state(time_limit=1.0):
 
 
 def test_passes_share_one_budget():
-    assert sum(p.share for p in PASSES) < BUDGET_FACTOR
+    # every configuration of passes that can run together (fit and rewrite exclude each other)
+    base = _state(0.2).options
+    for budget in (None, 1000):
+        opts = base.__class__(**{**base.__dict__, "budget": budget})
+        assert sum(p.share for p in PASSES if p.when(opts)) < BUDGET_FACTOR
     seen = {}
 
     def greedy(name):
