@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     else:
         data = fit.load_measurements(args.measurements)
         head.append(f"({', '.join(missing)} missing here: the stored measurements are shown.)")
-    fitted = sorted({k.split('/')[0] for k in data["runs"]} - set(fit.HELD_OUT))
+    fitted = sorted({k.split('/')[0] for k, r in data["runs"].items() if r.get("ops")} - set(fit.HELD_OUT))
     body = arena_table(data, args.models) + [
         "", "### Cost model: predicted vs QEMU-measured instructions per op", "",
         f"Fitted (`python tools/fit_mcu_cost.py --models models`) on {', '.join(fitted)}; held out as the test "

@@ -30,7 +30,8 @@ OUT = REPO / "toolchain" / "data" / "mcu_cost.toml"
 FIXTURES = ["chain_int8", "pool_softmax_int8", "multi_output_int8", "tiny_irregular_int8", "concat_conv_int8",
             "darts_s2b_int8"]
 ZOO = ["swiftnet_cell_a", "swiftnet_hpd", "hrnet_small", "darts_v2_cifar", "nasnet_a_cifar", "amoebanet_a_cifar",
-       "randwire_ws_cifar", "darts_v2_cifar_s2b", "mobilenet_v2"]
+       "randwire_ws_cifar", "darts_v2_cifar_s2b", "mobilenet_v2", "darts_v2_imagenet", "randwire_ws_small",
+       "mobilenet_v1"]
 HELD_OUT = ("hrnet_small_int8", "amoebanet_a_cifar_int8")  # the test set: never fitted
 KERNEL_SETS = ("cmsis-nn", "reference")
 
