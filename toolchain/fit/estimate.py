@@ -16,13 +16,11 @@ decide it: every variant in a final selection is built and measured.
 
 from __future__ import annotations
 
+import numpy as np
+
 from toolchain.ir import Graph, macs
 from toolchain.rewrite.patch import _hw, _splits
 from toolchain.rewrite.patch_build import _Tiler
-
-
-def _box_bytes(per_pixel: int, box) -> int:
-    return -(-(box[1] - box[0]) * (box[3] - box[2]) * per_pixel // 16) * 16
 
 
 def _aligned(graph: Graph, t: int) -> int:
@@ -54,19 +52,22 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     row_need = [tiler.needs((h0, h1, 0, ow)) for h0, h1 in rows]
     col_need = [tiler.needs((0, oh, w0, w1)) for w0, w1 in cols]
     full_in, full_out = _aligned(graph, tin), _aligned(graph, tout)
-    peak, done, work, seconds = 2 * full_out, 0, 0.0, 0.0
-    last = len(rows) * len(cols) - 1
-    for r, (h0, h1) in enumerate(rows):
-        for c, (w0, w1) in enumerate(cols):
-            need = {t: (hb[0], hb[1], col_need[c][t][2], col_need[c][t][3]) for t, hb in row_need[r].items()}
-            footprint = 0
-            for y, xs, i in steps:
-                ins = sum(_box_bytes(ppx[x], need[x]) for x in xs)
-                footprint = max(footprint, ins + _box_bytes(ppx[y], need[y]))
-                area = (need[y][1] - need[y][0]) * (need[y][3] - need[y][2])
-                work += rate[i][0] * area
-                seconds += rate[i][1] * area
-            live_input = full_in if r * len(cols) + c < last else 0  # dead once the last tile is cut from it
-            peak = max(peak, live_input + done + footprint)
-            done += _box_bytes(ppx[tout], (h0, h1, w0, w1))
+    # Rows and columns of every needed box, as vectors over the rows / columns of tiles: an op's
+    # footprint on tile (r, c) is sum over its tensors of bytes/pixel x rows(r) x cols(c), left
+    # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
+    H = {t: np.array([n[t][1] - n[t][0] for n in row_need], dtype=np.float64) for t in ppx}
+    W = {t: np.array([n[t][3] - n[t][2] for n in col_need], dtype=np.float64) for t in ppx}
+    footprint = np.zeros((len(rows), len(cols)))
+    work = seconds = 0.0
+    for y, xs, i in steps:
+        f = sum(ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y))
+        np.maximum(footprint, f, out=footprint)
+        area = H[y].sum() * W[y].sum()
+        work += rate[i][0] * area
+        seconds += rate[i][1] * area
+    tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
+    done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile
+    live_input = np.full(tiles.size, float(full_in))
+    live_input[-1] = 0.0  # dead once the last tile is cut from it
+    peak = max(2 * full_out, int((live_input + done + footprint.ravel()).max()))
     return peak, int(work), seconds

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Benchmark `tpu-pipeline fit` (toolchain/fit) on the zoo and write docs/bench/fit.md.
+
+    python tools/bench_fit.py --models models [--out docs/bench/fit.md] [--time-limit 30]
+
+Two tables. *Targets*: `fit` with a budget, as a user runs it (default time limit), every
+written model checked in LiteRT and TFLite Micro and its real TFLite Micro head measured.
+*Frontier*: per int8 model, `fit --objective memory --pareto`: the smallest arena reachable (the
+written model checked the same way) and, read off the frontier (each point the fastest selection
+under a peak, CP-SAT), the predicted latency overhead at 1/2, 1/4 and 1/8 of today's arena
+(TFLite Micro's own planner on the model as converted) and at TASO's headline memory ratio 2.2x
+of the proven optimal arena of the model as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
+from toolchain.fit import fit_model  # noqa: E402
+
+TARGETS = [("mobilenet_v2_int8", 320 * 1024, "320 KiB: a SparkFun Edge's 384 KB SRAM with room for the rest"),
+           ("mobilenet_v1_025_96_int8", None, "half of today's arena")]
+FRONTIER = ["mobilenet_v1_025_96_int8", "mobilenet_v2_int8", "mobilenet_v1_int8", "resnet50_int8", "inception_v1_int8",
+            "randwire_ws_cifar_int8", "randwire_ws_small_int8", "darts_v2_cifar_int8", "darts_v2_imagenet_int8",
+            "nasnet_a_cifar_int8", "amoebanet_a_cifar_int8", "hrnet_small_int8", "swiftnet_hpd_int8",
+            "swiftnet_cell_a_int8"]
+TASO_RATIO = 2.2  # Wen et al.: 2.2x less memory for 15 % more time (GoogleNet, Cortex-A15)
+
+
+def kib(n) -> str:
+    return "—" if n is None else f"{n / 1024:,.1f}"
+
+
+def checked(f) -> str:
+    ok = all(v.bit_exact for v in f.verification if not v.skipped) and len(f.verification) == 2
+    return "bit-identical" if ok else "DIFFERS"
+
+
+def today(path: Path) -> int:
+    """TFLite Micro's own arena head for the model as converted (no offline plan)."""
+    return measure_tflm_arena(path).head
+
+
+def target_rows(models: Path, time_limit: float) -> list[str]:
+    rows = []
+    for name, budget, why in TARGETS:
+        path = models / f"{name}.tflite"
+        if not path.exists():
+            continue
+        base = today(path)
+        budget = budget or base // 2
+        t0 = time.monotonic()
+        f = fit_model(path, budget=budget, time_limit=time_limit)
+        secs = time.monotonic() - t0
+        r = f.result
+        over = r.selection.latency_s / r.baseline_latency_s - 1
+        rows.append(f"| {name} | {kib(base)} | {kib(r.baseline_peak)} | {kib(budget)} ({why}) | "
+                    f"{'yes' if r.fits else 'no'} | {kib(r.head)} | {kib(f.head_measured)} | {base / r.head:.2f}x | "
+                    f"{over:+.1%} | {len(r.graph.ops)} | {'yes' if r.schedule.proven_optimal else 'no'} | "
+                    f"{checked(f) if r.fits else '—'} | {secs:.0f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def at_budget(frontier, budget):
+    """The fastest frontier point within `budget` (frontier: fastest first, peaks decreasing)."""
+    return next((p for p in frontier if p.peak <= budget), None)
+
+
+def frontier_rows(models: Path, time_limit: float) -> list[str]:
+    rows = []
+    for name in FRONTIER:
+        path = models / f"{name}.tflite"
+        if not path.exists():
+            continue
+        base = today(path)
+        t0 = time.monotonic()
+        f = fit_model(path, objective="memory", want_pareto=True, time_limit=time_limit)
+        secs = time.monotonic() - t0
+        r = f.result
+        cells = []
+        for div in (2, 4, 8):
+            p = at_budget(r.frontier, base // div)
+            cells.append("—" if p is None else f"{p.latency_s / r.baseline_latency_s - 1:+.1%}")
+        taso = at_budget(r.frontier, int(r.baseline_peak / TASO_RATIO))
+        taso_cell = "—" if taso is None else f"{taso.latency_s / r.baseline_latency_s - 1:+.1%}"
+        rows.append(f"| {name} | {kib(base)} | {kib(r.baseline_peak)} | {kib(r.head)} ({base / r.head:.2f}x) | "
+                    f"{kib(f.head_measured)} | {checked(f)} | {' | '.join(cells)} | {taso_cell} | {len(r.frontier)} | "
+                    f"{r.variants_evaluated} / {r.candidates} | {secs:.0f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="models")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fit.md"))
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    args = ap.parse_args()
+    models = Path(args.models)
+    lines = [
+        "## Fitting a model into an arena budget (`tpu-pipeline fit`)",
+        "",
+        f"`python tools/bench_fit.py --models models --time-limit {args.time_limit:g}` (the zoo's int8 models; "
+        "docs/fit.md explains the method). *Today* = the arena head TFLite Micro's own planner gives the model "
+        "as converted; *optimum* = the proven optimal peak of the model as it is (our schedule and plan, no "
+        "rewrite). Heads in KiB. Latency is the device cost model's prediction for qemu-mps2-an386 with CMSIS-NN "
+        "kernels (fitted to QEMU instruction counts; see the MCU section): a prediction, not a measurement. "
+        "*Checked*: the written model against the input on 2 random inputs, LiteRT and TFLite Micro. "
+        "*Measured* = the head real TFLite Micro allocates for the written model with our offline plan.",
+        "",
+        "### Targets (issue 12), `fit --budget`, default time limit",
+        "",
+        "| model | today | optimum | budget | fits | head | measured | vs today | latency | ops | order proven "
+        "| checked | seconds |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|---:|",
+        *target_rows(models, args.time_limit),
+        "",
+        "### The frontier per model, `fit --objective memory --pareto`",
+        "",
+        "Smallest = the smallest arena `fit` reaches (written and checked). 1/2, 1/4, 1/8: the predicted latency "
+        "overhead of the fastest frontier point within that fraction of *today*; — = not reachable. TASO: "
+        f"the fastest point within optimum / {TASO_RATIO} (TASO's headline: {TASO_RATIO}x less memory for 15 % "
+        "more time). Built = variants built and measured / patch candidates (the rest were priced by floors or "
+        "estimates only, see docs/fit.md).",
+        "",
+        "| model | today | optimum | smallest | measured | checked | 1/2 | 1/4 | 1/8 | TASO 2.2x | points "
+        "| built | seconds |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        *frontier_rows(models, args.time_limit),
+    ]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
