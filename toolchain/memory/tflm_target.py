@@ -117,11 +117,13 @@ def _quantized(t) -> bool:
     return t.quant is not None and len(t.quant.scale) > 0 and len(t.quant.zero_point) > 0
 
 
-def _prepare_allocations(graph: Graph, op) -> list[int]:
-    """Step 5: what a kernel's Prepare allocates persistently (the same in both kernel sets)."""
+def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
+    """Step 5: what a kernel's Prepare allocates persistently."""
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
-        if x.dtype in ("int8", "int16"):
+        # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
+        # only for int8 and int16
+        if kernels == "reference" or x.dtype in ("int8", "int16"):
             channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
             return [channels * _INT, channels * _INT]  # output multipliers, shifts
         return []
@@ -160,7 +162,7 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
             unmodelled.append(f"{op.opcode} (int16)")  # its s16 buffer sizes are not modelled
     requests = 0
     for i, op in enumerate(graph.ops):
-        for size in _prepare_allocations(graph, op):
+        for size in _prepare_allocations(graph, op, kernels):
             allocs.append((f"op {i} {op.opcode} per-channel", size, _ARENA_ALIGN))
         requests += len(scratch_requests(graph, i, sem))
     if requests:

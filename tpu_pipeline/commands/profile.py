@@ -94,6 +94,9 @@ def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
         rep.notes.append(f"arena not predicted: {exc}")
     if arena is not None and arena.tail is None:
         rep.notes.append(f"arena not predicted: {', '.join(target_tail_unmodelled(graph, kernels))} not modelled")
+    if any(graph.tensors[t].dtype == "float32" for op in graph.ops for t in op.inputs[:1] if t >= 0):
+        rep.notes.append("the MCU cost model is fitted on int8 kernels in QEMU: float32 ops are predicted "
+                         "with the int8 coefficients, not from measurements")
     for o in rep.ops if rep.backend == "emulator" else ():
         c = est.ops[o["index"]]
         o.update(predicted_s=c.seconds, instructions_predicted=c.instructions)
