@@ -121,6 +121,30 @@ def test_cpsat_matches_brute_force_and_never_loses_to_the_heuristic(toy_device, 
         assert tuple(p.objectives[k] for k in names) == best[strategy], strategy
 
 
+@pytest.fixture(scope="module")
+def link_device(tmp_path_factory):
+    p = tmp_path_factory.mktemp("dev") / "link.toml"
+    # tiny invoke cost, slow link, streaming under compute: the shared link sets most periods
+    p.write_text(EDGETPU.replace("param_sram_bytes = 1000", "param_sram_bytes = 300")
+                 .replace("host_bandwidth_bytes_per_s = 1e9", "host_bandwidth_bytes_per_s = 1e6")
+                 .replace("invoke_overhead_s = 1e-3", "invoke_overhead_s = 1e-5\nstream_overlaps_compute = 1"))
+    return load_device(p)
+
+
+@settings(max_examples=20, deadline=None)
+@given(dags(), st.integers(2, 3))
+def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_device, graph, n):
+    problem = PartitionProblem(graph, EdgeTpuCostModel(link_device))
+    if n > problem.max_stages():
+        return
+    best = brute_force(problem, n)["latency"]
+    p = partition(graph, n, device=link_device, time_limit=10.0)
+    assert p.primary_proven and p.period_lower_bound_ps == best[0]
+    assert p.sim_proven and p.cost.period_ps == sim_brute_force(problem, n)
+    if problem.is_valid(p.baseline.stages, n):
+        assert p.cost.period_ps <= p.baseline.cost.period_ps
+
+
 def test_boundary_tensor_is_paid_at_every_consuming_segment(toy_device):
     # 0 -> 1 -> 2 -> 3 and 0 -> 3: act0 (1024 B) skips stage 2 and is read in stages 1 and 3
     g = make_graph([(0, 1), (1, 2), (2, 3), (0, 3)], 4, [0, 0, 0, 0], [1024, 16, 16, 16])
@@ -223,3 +247,27 @@ def test_contiguous_dp_is_the_best_cut_of_its_order(toy_device, graph, n):
         # the slowest stage is exact; the sum is only a tie-break (a prefix with a larger max but
         # a smaller sum can win overall, which this DP does not track)
         assert o["max_stage_ps"] == best[0] and o["sum_stage_ps"] >= best[1]
+
+
+def test_profiling_partitioner_bisects_on_simulated_segment_latencies(tmp_path):
+    from toolchain.partition import profiled_partition
+    p = tmp_path / "fast_link.toml"  # transfers negligible: a segment's latency is 1 ms + its compute
+    p.write_text(EDGETPU.replace("host_bandwidth_bytes_per_s = 1e9", "host_bandwidth_bytes_per_s = 1e12"))
+    dev = load_device(p)
+    # a chain of 8 ops without parameters: even ops compute 2 ms (2e6-element ADDs), odd ones ~0
+    g = make_graph([(i, i + 1) for i in range(7)], 8, [0] * 8, [2_000_000, 16] * 4)
+    prob = PartitionProblem(g, EdgeTpuCostModel(dev))
+    base = baseline_partition(g, 2, dev, prob)
+    assert base.stages == (0,) * 7 + (1,)           # no parameters: the heuristic leaves one op behind
+    assert base.cost.period_ps == pytest.approx(9.004e9, rel=1e-3)
+    # bounds [1.002, 9.002] ms; target 5.002: segment 0 shrinks from 7 ops until 4 ops (2 heavy:
+    # 5.0 ms) meet it, the last segment (5.0 ms) is below it -> upper 5.002; targets 3.002 and
+    # 4.002 leave the last segment at 7 ms -> lower 4.002; 5.002 - 4.002 <= 1 ms: stop
+    q = profiled_partition(g, 2, dev, prob)
+    assert q.stages == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert q.cost.period_ps == pytest.approx(5.0e9, rel=1e-3)
+    assert profiled_partition(g, 2, dev, prob).stages == q.stages   # deterministic
+    # the full partitioner takes the profiled answer into account and is never slower than it
+    r = partition(g, 3, device=dev, profiled=True)
+    assert r.cost.period_ps <= min(r.baseline.cost.period_ps, r.profiled.cost.period_ps)
+    assert r.profiled.cost.period_ps < r.baseline.cost.period_ps

@@ -302,7 +302,11 @@ def main(argv=None) -> int:
                 write_device(d, sram, x, peak, column, len(usable), rms, con)
         lo, hi = con["bandwidth"]
         at = " (at the lower bound)" if abs(x[3] * lo - 1) < 1e-9 else " (at the upper bound)" if abs(x[3] * hi - 1) < 1e-9 else ""
-        lines += [f"### {column} -> {', '.join(devices)}", "",
+        usb_note = ("" if column != "usb3_ms" else
+                    "**Not written**: coral-usb is fitted with the pipeline simulator on this table plus Table I's "
+                    "ResNet101 row (section *Edge TPU pipeline model fidelity*); this single-TPU fit is shown for "
+                    "comparison. ")
+        lines += [f"### {column} -> {', '.join(devices)}", "", usb_note +
                   f"Constrained (overhead fixed {con['overhead_s'] * 1e3:.2f} ms, bandwidth {lo / 1e6:.0f}-{hi / 1e6:.0f} MB/s; "
                   f"source: {con['source']}): {_summary(sram, x, peak, rms)}" + (f"; bandwidth{at}" if at else ""), "",
                   f"Unconstrained, for comparison only (not written): {_summary(f_sram, f_x, peak, f_rms)}", "",

@@ -147,11 +147,12 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
         if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
             known.append(prof.stages)
         inc = min(known, key=lambda st: (problem.evaluate(st, n).period_ps, problem.objectives(st, n)["sum_stage_ps"]))
-        ref = refine_by_simulation(problem, n, inc, low, max(0.05, time_limit / 2), colocate=colocate,
-                                   seed=seed)
+        # deterministic budget: half the time limit's; wall clock: what is left of the time limit
+        ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, colocate=colocate, seed=seed,
+                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)))
         stages = ref.stages
         extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
-                 "period_lower_bound_ps": low}
+                 "period_lower_bound_ps": low, "reproducible": res.reproducible and not ref.wall_stopped}
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
     return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, **extra)

@@ -354,10 +354,12 @@ class Refined:
     proven: bool                # no assignment has a smaller simulated period
     candidates: int             # assignments simulated
     lower_bound_ps: int         # every assignment's simulated period is >= this
+    wall_stopped: bool = False  # the wall clock (not the deterministic budget) ended the search
 
 
 def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
-                         max_candidates: int = 12, colocate: bool = False, seed: int = 0) -> Refined:
+                         max_candidates: int = 500, colocate: bool = False, seed: int = 0,
+                         wall_s: float | None = None) -> Refined:
     """Close the gap between the bound P the CP-SAT model minimises and the simulated period S.
 
     S >= P for every assignment (each resource serves at most one second of work per second), so
@@ -386,17 +388,23 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     no_good(best)
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
-    proven = False
+    proven = wall = False
+    wall_s = time_limit if wall_s is None else wall_s
     while seen < max_candidates:
         m.Add(period <= best_s - 1)
         m.Minimize(period)
-        solver = _step_solver(True, max(0.05, time_limit - (time.perf_counter() - t0)), 1.0, dtime, 1, seed)
+        left = wall_s - (time.perf_counter() - t0)
+        if left <= 0:
+            wall = True
+            break
+        solver = _step_solver(True, left, 1.0, dtime, 1, seed)
         st = solver.Solve(m)
         dtime = max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
             proven = True
             break
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            wall = _stop_reason(st, solver, True, dtime + solver.deterministic_time) == "wall clock"
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
@@ -405,6 +413,4 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
         if s < best_s:
             best, best_s = cand, s
         no_good(cand)
-        if time.perf_counter() - t0 > time_limit:
-            break
-    return Refined(best, best_s, proven, seen, bound_ps)
+    return Refined(best, best_s, proven, seen, bound_ps, wall)
