@@ -135,3 +135,69 @@ def test_no_bodies_with_an_untouched_graph_output():
     g = Graph(ts, ops, (0,), (5, 6), "untouched")
     _check_units(g, "tflm")
     assert Oracle(g, "tflm").optimum() == 208
+
+
+# ---- lazy slices (forks.py) ---------------------------------------------------------------------
+@st.composite
+def sliced_forks(draw) -> Graph:
+    """A fork read only by 2-4 slices, each feeding a short chain (sizes random, so that the best
+    order sometimes slices several branches before running them); one join."""
+    tensors: list[Tensor] = []
+
+    def new():
+        tensors.append(Tensor(len(tensors), f"t{len(tensors)}", "int8", (draw(st.sampled_from(SIZES)),)))
+        return len(tensors) - 1
+
+    x_in, fork = new(), new()
+    ops = [Op("CONV_2D", (x_in,), (fork,))]
+    exits = []
+    for _ in range(draw(st.integers(2, 4))):
+        cur = new()
+        ops.append(Op("STRIDED_SLICE", (fork,), (cur,)))
+        for _ in range(draw(st.integers(1, 2))):
+            nxt = new()
+            ops.append(Op("CONV_2D", (cur,), (nxt,)))
+            cur = nxt
+        exits.append(cur)
+    out = new()
+    ops.append(Op("CONCATENATION", tuple(exits), (out,)))
+    return Graph(tuple(tensors), tuple(ops), (x_in,), (out,), "sliced")
+
+
+@fast(120)
+@given(sliced_forks(), st.randoms(use_true_random=False))
+def test_lazy_slices_keep_the_optimum(graph, rnd):
+    from toolchain.schedule.dp import Piece
+    from toolchain.schedule.fusion import fuse
+
+    note(compact(graph))
+    model = build_model(graph)
+    pc = Piece(model, fuse(model, body_units(model))).use_lazy_slices()
+    assert len(pc.fork_groups) <= 1
+    opt = Oracle(graph, "tflm").optimum()
+    s = schedule(graph, method="dp", time_limit=30)
+    assert s.peak == opt and s.proven_optimal, (s.peak, opt)
+    r = schedule(graph, method="dp", time_limit=30, ablate=frozenset({"fusion", "branches", "free_moves"}))
+    assert r.peak == opt and r.proven_optimal, (r.peak, opt)
+
+
+def test_lazy_slices_found_and_the_final_run_needed():
+    """Three slices of a 256 B fork, each feeding a 16 B -> 128 B -> 16 B chain: running one pair
+    at a time keeps the fork through two 128 B steps; slicing all three first frees the fork
+    before any chain runs. The rule must offer that run (it is the optimum here)."""
+    sizes = [16, 256] + [16, 128, 16] * 3 + [48]
+    ts = tuple(Tensor(i, f"t{i}", "int8", (s,)) for i, s in enumerate(sizes))
+    ops = [Op("CONV_2D", (0,), (1,))]
+    for b in range(3):
+        x, y, z = 2 + 3 * b, 3 + 3 * b, 4 + 3 * b
+        ops += [Op("STRIDED_SLICE", (1,), (x,)), Op("CONV_2D", (x,), (y,)), Op("CONV_2D", (y,), (z,))]
+    ops.append(Op("CONCATENATION", (4, 7, 10), (11,)))
+    g = Graph(ts, tuple(ops), (0,), (11,), "run")
+    from toolchain.schedule.dp import Piece
+
+    model = build_model(g)
+    pc = Piece(model, [(v,) for v in range(model.n)]).use_lazy_slices()
+    assert sorted(pc.fork_groups) == [1] and len(pc.lazy) == 3
+    opt = Oracle(g, "tflm").optimum()
+    s = schedule(g, method="dp", time_limit=10, ablate=frozenset({"fusion", "branches"}))
+    assert s.peak == opt and s.proven_optimal

@@ -70,8 +70,8 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
     it, or as soon as a lower bound shows there is none (`lower_bound >= below`); the order
     returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
-    `ablate` (benchmarks only) switches parts off: "fusion", "branches", "cuts", "free_moves",
-    "cut_bound"."""
+    `ablate` (benchmarks only) switches parts off: "fusion", "branches", "lazy_slices", "cuts",
+    "free_moves", "cut_bound"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -152,6 +152,10 @@ def _pieces_in_context(model, units, plist) -> list[Piece]:
     return [Piece(model, [units[k] for k in p], S0, R0) for p, (S0, R0) in zip(plist, contexts)]
 
 
+def _with_lazy_slices(pieces: list[Piece], ablate) -> list[Piece]:
+    return pieces if "lazy_slices" in ablate else [pc.use_lazy_slices() for pc in pieces]
+
+
 def _piece_upper_bound(model, pc: Piece, base_order) -> tuple[list[int], int]:
     """Upper bound for the piece: the best global heuristic order restricted to it, or greedy."""
     cand = [v for v in base_order if (pc.ops >> v) & 1]
@@ -201,7 +205,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     """Solve every piece in context; pieces with the highest lower bound first. With `below`,
     stop at the first proof that no order peaks below it, and leave alone the pieces whose
     heuristic order already does."""
-    piece_objs = _pieces_in_context(model, units, plist)
+    piece_objs = _with_lazy_slices(_pieces_in_context(model, units, plist), ablate)
     lbs = [pc.static_lower_bound() for pc in piece_objs]
     ubs = [_piece_upper_bound(model, pc, base_order) for pc in piece_objs]
     floor = max([global_lb, *lbs])

@@ -34,6 +34,7 @@ import heapq
 import time
 from dataclasses import dataclass
 
+from toolchain.schedule.forks import lazy_slices, moves
 from toolchain.schedule.model import MemModel, bits
 
 
@@ -81,6 +82,13 @@ class Piece:
         for k, p in enumerate(self.upred):
             for j in bits(p):
                 self.usucc[j].append(k)
+        self.lazy: dict[int, tuple[int, int]] = {}  # see forks.py; set by use_lazy_slices()
+        self.fork_groups: dict[int, list[int]] = {}
+
+    def use_lazy_slices(self) -> "Piece":
+        """Let the search offer slices of a fork only as pairs or one final run (forks.py)."""
+        self.lazy, self.fork_groups = lazy_slices(self.model, self.units, self.ops, self.upred)
+        return self
 
     def apply(self, k: int, S: int, R: int) -> tuple[int, int, int]:
         """Run unit k after S: (peak over its steps, S after, R after)."""
@@ -187,28 +195,36 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
                 break
         # Free moves (see the module docstring): a ready unit whose steps stay within
         # max(g, floor) and after which fewer bytes are resident is the only child expanded.
+        # Around a fork read only by slices, a move may be a slice with its consumer's unit or
+        # the run of all remaining slices (forks.py).
         children = []
         cap = g if g > floor else floor
-        for k in ready:
-            peak, S2, R2 = apply(k, S, R)
+        for ks in (moves(piece, U, ready) if piece.lazy else [(k,) for k in ready]):
+            peak, S2, R2 = 0, S, R
+            for k in ks:
+                p, S2, R2 = apply(k, S2, R2)
+                peak = p if p > peak else peak
             if free_moves and peak <= cap and R2 <= R:
-                children = [(k, peak, S2, R2)]
+                children = [(ks, peak, S2, R2)]
                 break
-            children.append((k, peak, S2, R2))
-        for k, peak, S2, R2 in children:
+            children.append((ks, peak, S2, R2))
+        for ks, peak, S2, R2 in children:
             g2 = peak if peak > g else g
             if g2 >= ub:
                 continue
-            U2 = U | (1 << k)
+            U2 = U
+            for k in ks:
+                U2 |= 1 << k
             old = best.get(U2)
             if old is not None and old <= g2:
                 continue
             best[U2] = g2
-            parent[U2] = (U, k)
-            nr = [j for j in ready if j != k]
-            for j in usucc[k]:
-                if upred[j] & ~U2 == 0:
-                    nr.append(j)
+            parent[U2] = (U, ks)
+            nr = [j for j in ready if not (U2 >> j) & 1]
+            for k in ks:
+                for j in usucc[k]:
+                    if upred[j] & ~U2 == 0 and not (U2 >> j) & 1 and j not in nr:
+                        nr.append(j)
             heapq.heappush(heap, (g2 if g2 > floor else floor, negd - 1, g2, U2, S2, R2, tuple(nr)))
     else:
         # exhausted without reaching the goal below ub: ub is optimal
@@ -220,11 +236,12 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
 def _reconstruct(piece: Piece, parent, U: int) -> list[int]:
     seq = []
     while U:
-        U, k = parent[U]
-        seq.append(k)
+        U, ks = parent[U]
+        seq.append(ks)
     order: list[int] = []
-    for k in reversed(seq):
-        order.extend(piece.units[k])
+    for ks in reversed(seq):
+        for k in ks:
+            order.extend(piece.units[k])
     return order
 
 
