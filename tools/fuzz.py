@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 KNOWN_EXITS = {0, 1, 2, 3, 4}
-COMMANDS = ("inspect", "schedule", "plan", "compile")
+COMMANDS = ("inspect", "schedule", "plan", "compile", "fit")
 
 
 def fixture_models() -> list[Path]:
@@ -176,6 +176,9 @@ def argv_for(command: str, model: Path, work: Path, device: Path | None = None) 
     if command == "compile":
         return ["compile", str(model), "-n", "2", "--no-rewrite", "--time-limit", "2", "-o", str(work / "out"),
                 "--json", *(["--device", str(device)] if device else [])]
+    if command == "fit":
+        return ["fit", str(model), "--objective", "memory", "-o", str(work / "fitted.tflite"), "--time-limit", "2",
+                "--runs", "1", "--json"]
     raise ValueError(command)
 
 
@@ -186,6 +189,8 @@ def written_models(command: str, work: Path) -> list[Path]:
         return [work / "planned.tflite"]
     if command == "compile":
         return sorted((work / "out").glob("*.tflite"))
+    if command == "fit":
+        return [work / "fitted.tflite"]
     return []
 
 

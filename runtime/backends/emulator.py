@@ -18,7 +18,7 @@ from pathlib import Path
 from runtime.backends.common import Backend, RunRequest, litert_stage, measure_stages
 from runtime.deployment import Deployment
 from runtime.measure import LatencyStats, RunReport
-from toolchain.errors import DeviceError, InfeasibleError
+from toolchain.errors import InfeasibleError, ModelError
 from toolchain.execute.litert import litert_interpreter
 
 
@@ -123,11 +123,11 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
     try:
         a = measure_tflm_arena(data, arena_size=sram)
         arena.update(fits=True, head=a.head, tail=a.tail, total=a.total)
-    except DeviceError:
+    except ModelError:
         try:
             a = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
             arena.update(head=a.head, tail=a.tail, total=a.total)
-        except DeviceError as exc:
+        except ModelError as exc:
             arena["fits"] = None  # not a size question: TFLite Micro cannot run this model
             report.error = f"TFLite Micro cannot run the model with any arena ({exc})"
             return report

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain.errors import DeviceError, ModelError
+from toolchain.errors import ModelError
 from toolchain.execute.tflm import CHECKOUT
 
 _FIGURE = re.compile(r"Arena allocation (head|tail|total) (\d+) bytes")
@@ -70,8 +70,9 @@ def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 
                        invoke: bool = False, timeout: float = 300.0, label: str | None = None) -> TflmArena:
     """Head, tail and total arena bytes that real TFLite Micro allocates for `model`.
 
-    ModelError when the model has float16 tensors (TFLite Micro cannot run them at all),
-    DeviceError when TFLite Micro fails to allocate it for any other reason."""
+    ModelError (exit 2) when TFLite Micro cannot allocate the model: float16 tensors, or any other
+    refusal in an arena of `arena_size` bytes (64 MiB by default: far more than any model needs,
+    so a refusal is the model's, not a device's)."""
     check_tflm_dtypes(model, label)
     with tempfile.TemporaryDirectory() as tmp:
         if isinstance(model, (bytes, bytearray)):
@@ -88,7 +89,7 @@ def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 
     figures = dict((k, int(v)) for k, v in _FIGURE.findall(proc.stderr + proc.stdout))
     if proc.returncode != 0 or "head" not in figures:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DeviceError(f"TFLite Micro could not allocate the model: {last}")
+        raise ModelError(f"{label or 'model'}: TFLite Micro cannot allocate it: {last}")
     return TflmArena(figures["head"], figures.get("tail", 0), figures.get("total", 0))
 
 
