@@ -135,6 +135,106 @@ class _Worker:
         self.since = now
 
 
+class _Engine:
+    """The event loop of `simulate_many`: workers, queues of frames, the clock."""
+
+    def __init__(self, pipes, bandwidth, F, queue_size, feed, host_slots, link_policy):
+        self.pipes, self.F, self.queue_size, self.feed = pipes, F, queue_size, feed
+        self.host_slots, self.link_policy = host_slots, link_policy
+        self.workers = [[_Worker(i, k, s, bandwidth) for k, s in enumerate(p)] for i, p in enumerate(pipes)]
+        self.flat = [w for ws in self.workers for w in ws]
+        self.fed = [0] * len(pipes)                                  # frames stage 0 has taken
+        self.started: list[dict[int, float]] = [{} for _ in pipes]
+        self.done: list[list[float]] = [[] for _ in pipes]
+        # frame numbers waiting in front of stage k (index k), first in first out
+        self.fifo: list[list[list[int]]] = [[[] for _ in range(len(p) + 1)] for p in pipes]
+        self.now = 0.0
+        self.ticket = itertools.count()
+
+    def begin(self, w: _Worker, phase: int) -> None:
+        w.phase = phase
+        w.left = dict(w.phases[phase]) if phase < len(w.phases) else {}
+        w.req = (self.now, next(self.ticket))
+
+    def try_start(self, w: _Worker) -> bool:
+        i = w.pipe
+        if w.frame is not None:
+            return False
+        if w.k == 0:
+            f = self.fed[i]
+            if f >= self.F and all(len(d) >= self.F for d in self.done):
+                return False
+            if self.feed is not None and f * self.feed[i] > self.now + EPS:
+                return False
+            self.fed[i] += 1
+            self.started[i][f] = self.now
+        else:
+            if not self.fifo[i][w.k]:
+                return False
+            f = self.fifo[i][w.k].pop(0)
+        w.account("starved", self.now)
+        w.frame = f
+        self.begin(w, 0)
+        return True
+
+    def try_finish(self, w: _Worker) -> bool:
+        """Pass the held output on if the next queue has room."""
+        i, k = w.pipe, w.k
+        if w.frame is None or w.phase < len(w.phases):
+            return False
+        if k == len(self.pipes[i]) - 1:
+            self.done[i].append(self.now)
+        else:
+            if len(self.fifo[i][k + 1]) >= self.queue_size:
+                return False
+            self.fifo[i][k + 1].append(w.frame)
+        w.account("blocked", self.now)
+        w.frame, w.phase = None, -1
+        return True
+
+    def settle(self) -> None:
+        """Finishes and starts until nothing changes (fixed order: the last stage first)."""
+        changed = True
+        while changed:
+            changed = False
+            for w in reversed(self.flat):
+                if w.frame is not None and w.phase < len(w.phases) and not w.left:
+                    self.begin(w, w.phase + 1)
+                    if w.phase == len(w.phases):
+                        w.account("busy", self.now)
+                    changed = True
+                changed |= self.try_finish(w)
+                changed |= self.try_start(w)
+
+    def step(self) -> bool:
+        """Advance the clock to the next event; False when nothing can move."""
+        active = [w for w in self.flat if w.frame is not None and w.phase < len(w.phases)]
+        arrivals = [] if self.feed is None else [
+            self.fed[i] * self.feed[i] - self.now for i, ws in enumerate(self.workers)
+            if ws[0].frame is None and self.fed[i] * self.feed[i] > self.now + EPS]
+        if not active and not arrivals:
+            return False
+        users = {r: sum(1 for w in active if r in w.left) for r in ("link", "host")}
+        shares = {"tpu": 1.0, "link": 1.0 / max(1, users["link"]),
+                  "host": min(1.0, self.host_slots / users["host"]) if self.host_slots and users["host"] else 1.0}
+        head = None
+        if self.link_policy == "fifo" and users["link"]:
+            head = min((w for w in active if "link" in w.left), key=lambda w: w.req)
+            shares["link"] = 1.0
+
+        def rate(w, r):
+            return 0.0 if (r == "link" and head is not None and w is not head) else shares[r]
+
+        dt = min([left / rate(w, r) for w in active for r, left in w.left.items() if rate(w, r) > 0] + arrivals)
+        self.now += dt
+        for w in active:
+            for r in list(w.left):
+                w.left[r] -= dt * rate(w, r)
+                if w.left[r] <= EPS:
+                    del w.left[r]
+        return True
+
+
 def simulate_many(pipelines, bandwidth: float, frames: int | None = None, queue_size: int = 1,
                   feed: tuple[float, ...] | None = None, host_slots: int = 0,
                   link_policy: str = LINK_POLICY) -> tuple[PipelineSim, ...]:
@@ -154,98 +254,15 @@ def simulate_many(pipelines, bandwidth: float, frames: int | None = None, queue_
     if bandwidth <= 0:
         raise ValueError("bandwidth must be > 0")
     F = frames or max(MIN_FRAMES, 4 * max(len(p) for p in pipes))
-    workers = [[_Worker(i, k, s, bandwidth) for k, s in enumerate(p)] for i, p in enumerate(pipes)]
-    flat = [w for ws in workers for w in ws]
-    queues = [[0] * (len(p) + 1) for p in pipes]   # items waiting in front of stage k (index k)
-    fed = [0] * len(pipes)                          # frames stage 0 has taken
-    started: list[dict[int, float]] = [{} for _ in pipes]
-    done: list[list[float]] = [[] for _ in pipes]
-    # frames waiting in queue k are identified by order: FIFO, so keep their numbers
-    fifo: list[list[list[int]]] = [[[] for _ in range(len(p) + 1)] for p in pipes]
-    now = 0.0
-
-    def try_start(w: _Worker) -> bool:
-        i = w.pipe
-        if w.frame is not None:
-            return False
-        if w.k == 0:
-            if fed[i] >= F and all(len(d) >= F for d in done):
-                return False
-            f = fed[i]
-            if feed is not None and f * feed[i] > now + EPS:
-                return False
-            fed[i] += 1
-            started[i][f] = now
-        else:
-            if not fifo[i][w.k]:
-                return False
-            f = fifo[i][w.k].pop(0)
-        w.account("starved", now)
-        w.frame, w.phase = f, 0
-        w.left = dict(w.phases[0]) if w.phases else {}
-        w.req = (now, next(ticket))
-        return True
-
-    def try_finish(w: _Worker) -> bool:
-        """Pass the held output on if the next queue has room."""
-        i, k = w.pipe, w.k
-        if w.frame is None or w.phase < len(w.phases):
-            return False
-        if k == len(pipes[i]) - 1:
-            done[i].append(now)
-        else:
-            if len(fifo[i][k + 1]) >= queue_size:
-                return False
-            fifo[i][k + 1].append(w.frame)
-        w.account("blocked", now)
-        w.frame, w.phase = None, -1
-        return True
-
-    ticket = itertools.count()
-    for w in flat:
-        try_start(w)
-    while any(len(d) < F for d in done):
-        # settle: finishes and starts until nothing changes (fixed order: pipelines, then stages from the back)
-        changed = True
-        while changed:
-            changed = False
-            for w in reversed(flat):
-                if w.frame is not None and w.phase < len(w.phases) and not w.left:
-                    w.phase += 1
-                    if w.phase < len(w.phases):
-                        w.left = dict(w.phases[w.phase])
-                        w.req = (now, next(ticket))
-                    else:
-                        w.account("busy", now)
-                    changed = True
-                if try_finish(w):
-                    changed = True
-                if try_start(w):
-                    changed = True
-        active = [w for w in flat if w.frame is not None and w.phase < len(w.phases)]
-        arrivals = [] if feed is None else [fed[i] * feed[i] - now for i, ws in enumerate(workers)
-                                            if ws[0].frame is None and fed[i] * feed[i] > now + EPS]
-        if not active and not arrivals:
+    e = _Engine(pipes, bandwidth, F, queue_size, feed, host_slots, link_policy)
+    for w in e.flat:
+        e.try_start(w)
+    while any(len(d) < F for d in e.done):
+        e.settle()
+        if not e.step():
             break  # nothing can move (cannot happen with a source that always feeds)
-        users = {"link": sum(1 for w in active if "link" in w.left), "host": sum(1 for w in active if "host" in w.left)}
-        shares = {"tpu": 1.0, "link": 1.0 / max(1, users["link"]),
-                  "host": min(1.0, host_slots / users["host"]) if host_slots and users["host"] else 1.0}
-        head = None
-        if link_policy == "fifo" and users["link"]:
-            head = min((w for w in active if "link" in w.left), key=lambda w: w.req)
-            shares["link"] = 1.0
-
-        def rate(w, r):
-            return 0.0 if (r == "link" and head is not None and w is not head) else shares[r]
-
-        dt = min([left / rate(w, r) for w in active for r, left in w.left.items() if rate(w, r) > 0] + arrivals)
-        now += dt
-        for w in active:
-            for r in list(w.left):
-                w.left[r] -= dt * rate(w, r)
-                if w.left[r] <= EPS:
-                    del w.left[r]
-    sims = [_summarise(workers[i], started[i], done[i], F, bandwidth, pipes[i], host_slots) for i in range(len(pipes))]
+    sims = [_summarise(e.workers[i], e.started[i], e.done[i], F, bandwidth, pipes[i], host_slots)
+            for i in range(len(pipes))]
     # utilisation in the steady state: work per frame x frames per second, summed over pipelines
     link = sum(sum(link_s(s, bandwidth) for s in p) / sim.period_s for p, sim in zip(pipes, sims))
     host = sum(sum(s.host_s for s in p) / sim.period_s for p, sim in zip(pipes, sims)) / (host_slots or sum(map(len, pipes)))
