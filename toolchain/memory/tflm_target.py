@@ -84,6 +84,7 @@ OP_DATA = {
     "SPACE_TO_BATCH_ND": (4, 4),  # SpaceToBatchParams
     "STRIDED_SLICE": (84, 84),  # StridedSliceParams (+ the op's shapes)
     "MUL": (36, 36),  # OpDataMul
+    "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
     "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
 }
 
