@@ -23,6 +23,7 @@ value found, hint the solution and solve the next.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -332,7 +333,8 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         stages = tuple(sum(1 for k in range(n - 1) if not (int(solver.Value(y[v][k])) if not isinstance(y[v][k], int) else y[v][k]))
                        for v in range(N))
         val = int(solver.Value(objs[name]))
-        bounds[name] = int(solver.BestObjectiveBound())
+        # an integer objective: a proven optimum is its own bound; else round the float bound up
+        bounds[name] = val if st == cp_model.OPTIMAL else math.ceil(solver.BestObjectiveBound() - 1e-6)
         steps_proven.append(st == cp_model.OPTIMAL)
         if st != cp_model.OPTIMAL:
             proven = False
@@ -357,6 +359,14 @@ class Refined:
     wall_stopped: bool = False  # the wall clock (not the deterministic budget) ended the search
 
 
+def _no_good(m, y, stages, n: int) -> None:
+    """Exclude exactly this assignment: at least one y[v][k] must differ from its value."""
+    lits = [y[v][k].Not() if stages[v] <= k else y[v][k]
+            for v in range(len(y)) for k in range(n - 1) if not isinstance(y[v][k], int)]
+    if lits:
+        m.AddBoolOr(lits)
+
+
 def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
                          max_candidates: int = 500, colocate: bool = False, seed: int = 0,
                          wall_s: float | None = None) -> Refined:
@@ -375,17 +385,7 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     m, y, x, objs, extra = _build(problem, n, colocate)
     period = objs["period_ps"]
     seen = 1
-
-    def no_good(st):
-        lits = []
-        for v in range(problem.n_ops):
-            for k in range(n - 1):
-                if not isinstance(y[v][k], int):
-                    lits.append(y[v][k].Not() if st[v] <= k else y[v][k])
-        if lits:
-            m.AddBoolOr(lits)
-
-    no_good(best)
+    _no_good(m, y, best, n)
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
     proven = wall = False
@@ -412,5 +412,5 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
         s = problem.evaluate(cand, n).period_ps
         if s < best_s:
             best, best_s = cand, s
-        no_good(cand)
+        _no_good(m, y, cand, n)
     return Refined(best, best_s, proven, seen, bound_ps, wall)
