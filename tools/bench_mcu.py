@@ -3,8 +3,8 @@
 
     python tools/bench_mcu.py --models models [--force] [--out docs/bench/mcu.md]
 
-Per int8 model that fits the board (the committed fixtures, the example, the zoo's small int8
-models) and kernel set (CMSIS-NN, reference): the firmware's flash and RAM (the linker's), the
+Per int8 model that fits the board (the committed fixtures, the example, the zoo's int8 models
+that fit, tools/build_mcu_sweep.py's small models) and kernel set (CMSIS-NN, reference): the firmware's flash and RAM (the linker's), the
 arena the 32-bit target model predicts (toolchain.memory.tflm_target) against what the firmware
 reports, its head against our offline plan, instructions per invoke (SysTick under -icount
 shift=0) measured and predicted by the fitted cost model, whether the outputs equal host TFLite
@@ -68,7 +68,7 @@ def arena_table(data: dict, dirs) -> list[str]:
                     f"{run['arena_bytes_predicted']:,} {eq} {run['arena_used_bytes']:,} | "
                     f"{run['head_predicted']:,} / {run['head_bytes']:,} ({run['planned_head']:,}) | "
                     f"{run['tail_predicted']:,} / {run['tail_bytes']:,} | {run['instructions']:,} / "
-                    f"{pred:,.0f} | {_outputs(run)} |")
+                    f"{'?' if pred is None else f'{pred:,.0f}'} | {_outputs(run)} |")
     return rows
 
 
@@ -110,6 +110,8 @@ def latency_table(data: dict, dirs) -> list[str]:
             continue
         seen.append(name)
         g = _graph(run, dirs)
+        if g is None:  # the model file is not here (e.g. models/mcu_sweep not built)
+            continue
         size = (REPO / run["model"]).stat().st_size if (REPO / run["model"]).exists() else 0
         cells = []
         for b in BOARDS:
