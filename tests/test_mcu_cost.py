@@ -122,3 +122,10 @@ def test_emulated_board_latency_is_qemu_virtual_time():
     for board in ("qemu-mps2-an386", "qemu-mps2-an500"):
         e = estimate_mcu(g, board, kernels="reference")
         assert e.latency_s == pytest.approx(e.instructions * 1e-9)
+
+
+def test_profile_kernels_is_for_mcus_only():
+    p = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "profile", str(FIXTURES / "chain_int8.tflite"),
+                        "--device", "coral-usb", "--kernels", "reference"], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--kernels" in p.stderr, p.stderr
