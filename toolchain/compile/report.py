@@ -47,8 +47,11 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
         "files": files,
     }
     if len(o.paths) > 1:
+        # one push runs every model once through the shared TPUs and link: each model's simulated
+        # throughput is the pipeline's
         report["models"] = [{"model": str(p), "prefix": pre,
                              "inputs": [name(t) for t in graph.inputs if name(t).startswith(pre)],
-                             "outputs": [name(t) for t in graph.outputs if name(t).startswith(pre)]}
+                             "outputs": [name(t) for t in graph.outputs if name(t).startswith(pre)],
+                             "predicted_throughput_per_s": part.cost.throughput_per_s}
                             for p, pre in zip(o.paths, state.prefixes)]
     return report
