@@ -76,13 +76,16 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
     say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
     baseline = _selection_of(as_is)
-    sel = _choose(pool, len(spans), budget, objective, deadline)
-    if sel is None:  # nothing fits: the smallest arena we can reach
-        sel = pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     frontier = ()
-    if want_pareto:
-        sweep = deadline.sub(fraction=0.5)
+    if want_pareto:  # the frontier first: every selection asked for is a point of it
+        sweep = deadline.sub(fraction=0.7)
         frontier = tuple(pareto(lambda b: pool.select(len(spans), b, "latency", sweep), sweep))
+        say(progress, t0, f"fit: frontier of {len(frontier)} points")
+        sel = _from_frontier(frontier, budget, objective)
+    else:
+        sel = _choose(pool, len(spans), budget, objective, deadline)
+    if sel is None:  # nothing fits: the smallest arena we can reach
+        sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
     whole = _apply(graph, sel.variants)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
@@ -154,6 +157,16 @@ def _choose(pool: _Pool, n_spans: int, budget, objective, deadline) -> Selection
     if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
+
+
+def _from_frontier(frontier, budget, objective) -> Selection | None:
+    """The selection `_choose` would make, read off the frontier (fastest first, peaks falling):
+    the fastest point within the budget, or the smallest point."""
+    if not frontier:
+        return None
+    if objective == "memory":
+        return frontier[-1]
+    return next((p for p in frontier if budget is None or p.peak <= budget), None)
 
 
 def _selection_of(chosen: list[Variant]) -> Selection:

@@ -102,7 +102,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
             kernels="cmsis-nn") -> Variant:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
-    achievable, a lower bound, the device model's latency of the built ops, MACs, ops)."""
+    achievable, the device model's latency of the built ops, MACs, ops)."""
     from toolchain.rewrite.patch import apply_patches
 
     if v.stage == "bound":
@@ -112,8 +112,9 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
         return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
     g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
     lat, work = _costed(g, device, kernels)
-    return replace(v, peak=lifetimes(g, None, "tflm").peak, lower_bound=order_free_lower_bound(g, "tflm"),
-                   latency_s=lat, macs=work, ops=len(g.ops), graph=g, stage="measured")
+    # (its order-free lower bound is computed only where it can matter: `refine`)
+    return replace(v, peak=lifetimes(g, None, "tflm").peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
+                   stage="measured")
 
 
 def _patch_label(region, grid) -> str:
@@ -131,8 +132,11 @@ def refine(variants: list[Variant], budget: int, deadline: Deadline | None = Non
     ask the exact scheduler (within the deadline) for their true optimum."""
     out = []
     for v in variants:
-        if (v.kind == "patch" and not v.proven and v.lower_bound <= budget < v.peak and v.graph is not None
-                and (deadline is None or not deadline.expired())):
+        if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
+                and (deadline is None or not deadline.expired()):
+            v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, "tflm")))
+        if v.kind == "patch" and v.graph is not None and v.lower_bound <= budget < v.peak \
+                and (deadline is None or not deadline.expired()):
             sched = schedule(v.graph, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.5))
             if sched.peak < v.peak or sched.lower_bound > v.lower_bound:
                 v = replace(v, peak=sched.peak, lower_bound=max(v.lower_bound, sched.lower_bound),
