@@ -201,3 +201,24 @@ def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences
     assert r.head_bytes == r.planned_head == fitted.result.head
+
+
+def test_compile_and_export_mcu_run_the_same_fit(tmp_path):
+    src = _stem_heavy_cnn(tmp_path, seed=19)
+    budget = _optimal_peak(src) * 7 // 10
+    p = _cli("compile", src, "-n", "2", "--budget", budget, "--verify", "--json", "-o", tmp_path / "out",
+             "--time-limit", 10)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    fit = next(r for r in rep["passes"] if r["name"] == "fit")
+    assert fit["status"] == "ran" and fit["detail"]["arena_head_bytes"] <= budget
+    assert not any(r["name"] == "rewrite" and r["status"] == "ran" for r in rep["passes"])
+    plan = next(r for r in rep["passes"] if r["name"] == "plan")
+    assert plan["detail"]["tflm_head_bytes"] <= budget
+    p = _cli("export-mcu", src, "--device", "qemu-mps2-an386", "--budget", budget, "--json", "-o",
+             tmp_path / "fw", "--time-limit", 10)
+    assert p.returncode == 0, p.stderr
+    exp = json.loads(p.stdout)
+    assert exp["fit"]["fits"] and exp["measured_head"] <= budget
+    p = _cli("compile", src, "-n", "2", "--budget", 64, "-o", tmp_path / "out2", "--time-limit", 5)
+    assert p.returncode == 3 and "smallest reachable" in p.stderr.strip().splitlines()[-1]
