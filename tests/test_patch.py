@@ -93,7 +93,8 @@ def test_random_int8_cnns_bit_identical(data):
     regions = patch_regions(graph)
     assert regions, "the input of a CNN of local ops always starts a region"
     region = data.draw(st.sampled_from(regions))
-    grid = (data.draw(st.integers(1, min(4, region.max_grid[0]))), data.draw(st.integers(1, min(4, region.max_grid[1]))))
+    grid = (data.draw(st.integers(1, min(4, region.max_grid[0]))),
+            data.draw(st.integers(1, min(4, region.max_grid[1]))))
     note(f"{region} grid {grid}")
     try:
         patched = apply_patches(graph, region, grid)
@@ -104,7 +105,9 @@ def test_random_int8_cnns_bit_identical(data):
         assert patched is graph
         return
     _structure(graph, patched, region, grid)
-    assert _total_macs(patched) >= _total_macs(graph)  # halos are recomputed, nothing is skipped
+    # halos are recomputed; rows and columns nothing reads (a VALID stride-2 op's last input row)
+    # are no longer computed at all, so fewer MACs is possible, but never more than once per tile
+    assert _total_macs(patched) <= _total_macs(graph) * grid[0] * grid[1]
     for v in _exact_both(graph, patched):
         assert v.bit_exact, v.to_json()
     s = schedule(patched, time_limit=5)

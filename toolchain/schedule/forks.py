@@ -27,10 +27,11 @@ that unit is ready), or the run of all slices not yet run (after it no slice is 
 
 from __future__ import annotations
 
-from toolchain.schedule.model import MemModel, bits
+from toolchain.schedule.model import MemModel
 
 
-def lazy_slices(model: MemModel, units, ops_mask: int, upred) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]]]:
+def lazy_slices(model: MemModel, units, ops_mask: int,
+                upred) -> tuple[dict[int, tuple[int, int]], dict[int, list[int]]]:
     """For the units of a piece (`upred`: per unit, the bitset of its predecessor units): (slice
     unit -> (fork tensor, its consumer's unit), fork tensor -> its slice units). Forks whose
     readers are not all slices of this piece, each the only predecessor of its consumer's unit,
@@ -89,5 +90,3 @@ def moves(piece, U: int, ready) -> list[tuple[int, ...]]:
             out.append(tuple(j for j in groups[fork] if not (U >> j) & 1))
     return out
 
-
-__all__ = ["lazy_slices", "moves", "bits"]
