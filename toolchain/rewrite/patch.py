@@ -181,7 +181,12 @@ def _articulations(graph: Graph, anc: list[int]) -> dict[int, int]:
 
 
 def _region_ops(graph: Graph, inside: int) -> list[int]:
-    return [i for i in range(len(graph.ops)) if (inside >> i) & 1]
+    out = []
+    while inside:
+        low = inside & -inside
+        out.append(low.bit_length() - 1)
+        inside ^= low
+    return out
 
 
 def _make_region(graph: Graph, tin: int, tout: int, inside: int) -> PatchRegion:
@@ -197,13 +202,14 @@ def patch_regions(graph: Graph) -> list[PatchRegion]:
     arts = _articulations(graph, anc)
     pos = {t: graph.producer.get(t, -1) for t in arts}
     order = sorted(arts, key=lambda t: (pos[t], t))
+    blocked = sum(1 << i for i, op in enumerate(graph.ops) if _nonlocal_reason(graph, op))
     regions = []
     for a, tin in enumerate(order):
         for tout in order[a + 1:]:
             inside = arts[tout] & ~arts[tin]
             if not inside or arts[tin] & ~arts[tout]:
                 continue
-            if any(_nonlocal_reason(graph, graph.ops[i]) for i in _region_ops(graph, inside)):
+            if inside & blocked:
                 break  # every later output's region contains this op too
             if max(_hw(graph, tout)) >= 2:
                 regions.append(_make_region(graph, tin, tout, inside))
