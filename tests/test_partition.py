@@ -11,7 +11,8 @@ from hypothesis import given, settings, strategies as st
 from toolchain.cost import EdgeTpuCostModel, load_device
 from toolchain.errors import InfeasibleError, UsageError
 from toolchain.ir import Graph, Op, Tensor, load
-from toolchain.partition import PartitionProblem, baseline_partition, coral_heuristic, partition, solve
+from toolchain.partition import (PartitionProblem, baseline_partition, coral_heuristic, partition,
+                                 refine_by_simulation, solve)
 from toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
 from tests.conftest import FIXTURES
 from tests.test_cost import EDGETPU
@@ -113,8 +114,8 @@ def test_cpsat_matches_brute_force_and_never_loses_to_the_heuristic(toy_device, 
         if strategy == "latency":
             # the solver's bound is the brute-force optimum of the bound; the answer is then the
             # simulator's optimum (refine_by_simulation), which may trade the bound's tie-break
-            assert p.period_lower_bound_ps == best["latency"][0]
-            assert p.sim_proven and p.cost.period_ps == sim_brute_force(problem, n)
+            assert p.bounds["period_ps"] == best["latency"][0]
+            assert p.sim_proven and p.cost.period_ps == sim_brute_force(problem, n) == p.period_lower_bound_ps
             if problem.is_valid(p.baseline.stages, n):
                 assert p.cost.period_ps <= p.baseline.cost.period_ps
             continue
@@ -139,8 +140,15 @@ def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_d
         return
     best = brute_force(problem, n)["latency"]
     p = partition(graph, n, device=link_device, time_limit=10.0)
-    assert p.primary_proven and p.period_lower_bound_ps == best[0]
-    assert p.sim_proven and p.cost.period_ps == sim_brute_force(problem, n)
+    opt = sim_brute_force(problem, n)
+    assert p.primary_proven and p.bounds["period_ps"] == best[0]
+    assert p.sim_proven and p.cost.period_ps == opt == p.period_lower_bound_ps
+    # from the assignment with the largest bound, stopped after two candidates: its lower bound
+    # must still hold
+    worst = max((st for st in itertools.product(range(n), repeat=problem.n_ops) if problem.is_valid(st, n)),
+                key=lambda st: problem.objectives(st, n)["period_ps"])
+    r = refine_by_simulation(problem, n, worst, best[0], 10.0, max_candidates=2)
+    assert r.lower_bound_ps <= opt <= r.period_ps
     if problem.is_valid(p.baseline.stages, n):
         assert p.cost.period_ps <= p.baseline.cost.period_ps
 

@@ -152,7 +152,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
                                    wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)))
         stages = ref.stages
         extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
-                 "period_lower_bound_ps": low, "reproducible": res.reproducible and not ref.wall_stopped}
+                 "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped}
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
     return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, **extra)

@@ -377,7 +377,10 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     assignment of smallest P below S* that was not simulated yet (a no-good cut excludes each one
     simulated), simulate it, keep it if its S is smaller. When CP-SAT proves that no assignment
     with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is the
-    proven minimum of P (a lower bound of every S); one worker, deterministic time."""
+    proven minimum of P (a lower bound of every S); each candidate CP-SAT proves to have the
+    smallest P left raises that bound to its P (every assignment not yet simulated has at least
+    that P, every simulated one has S >= S*), so a stop before the proof still gives
+    min(S*, that P) as a lower bound of the simulator's optimum. One worker, deterministic time."""
     best = tuple(stages)
     best_s = problem.evaluate(best, n).period_ps
     if best_s <= bound_ps:
@@ -408,9 +411,12 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
+        if st == cp_model.OPTIMAL and bound_ps:
+            bound_ps = max(bound_ps, int(solver.Value(period)))
         seen += 1
         s = problem.evaluate(cand, n).period_ps
         if s < best_s:
             best, best_s = cand, s
         _no_good(m, y, cand, n)
-    return Refined(best, best_s, proven, seen, bound_ps, wall)
+    low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
+    return Refined(best, best_s, proven, seen, low, wall)
