@@ -42,6 +42,8 @@ class FitResult:
     variants_evaluated: int
     candidates: int
     frontier: tuple[Selection, ...] = ()
+    frontier_complete: bool = False  # the sweep reached the smallest arena (else it stopped at the time limit)
+    probes: dict = field(default_factory=dict)  # budget -> the fastest Selection within it (or None)
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
 
@@ -56,15 +58,18 @@ class FitResult:
             if self.baseline_latency_s else None,
             "ops": len(self.graph.ops), "spans": self.spans, "variants_evaluated": self.variants_evaluated,
             "patch_candidates": self.candidates, "selection": self.selection.to_json(),
-            "frontier": [p.to_json() for p in self.frontier], "seconds": self.seconds, "notes": list(self.notes),
+            "frontier": [p.to_json() for p in self.frontier], "frontier_complete": self.frontier_complete,
+            "seconds": self.seconds, "notes": list(self.notes),
         }
 
 
 def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", device="qemu-mps2-an386",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
-              deadline: Deadline | None = None, progress: Progress = None) -> FitResult:
+              probe_budgets: tuple[int, ...] = (), deadline: Deadline | None = None,
+              progress: Progress = None) -> FitResult:
     """Choose, apply, schedule and plan. `budget=None` with objective "memory" asks for the
-    smallest arena; with "latency" for the fastest variant (the model as it is, usually)."""
+    smallest arena; with "latency" for the fastest variant (the model as it is, usually).
+    `probe_budgets`: also report the fastest selection within each of these (benchmarks)."""
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     t0 = time.monotonic()
@@ -76,11 +81,11 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
     say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
     baseline = _selection_of(as_is)
-    frontier = ()
-    if want_pareto:  # the frontier first: every selection asked for is a point of it
-        sweep = deadline.sub(fraction=0.7)
-        frontier = tuple(pareto(lambda b: pool.select(len(spans), b, "latency", sweep), sweep))
-        say(progress, t0, f"fit: frontier of {len(frontier)} points")
+    probes = {b: pool.select(len(spans), b, "latency", deadline.sub(fraction=0.3)) for b in probe_budgets}
+    frontier, complete = (), False
+    if want_pareto:  # the frontier first: every selection asked for is then a point of it
+        frontier, complete = _frontier(pool, len(spans), deadline)
+        say(progress, t0, f"fit: frontier of {len(frontier)} points{'' if complete else ' (incomplete)'}")
         sel = _from_frontier(frontier, budget, objective)
     else:
         sel = _choose(pool, len(spans), budget, objective, deadline)
@@ -94,13 +99,14 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     plan = plan_for_tflm(whole, time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(1.0, deadline.remaining())))
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
-    notes = []
+    notes = [] if complete or not want_pareto else [
+        "the frontier sweep stopped at the time limit: it holds the points found and the smallest arena"]
     if sched.peak > sel.peak:
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
     fits = budget is None or plan.head <= budget
     return FitResult(whole, sel, sched, plan.head, offsets, plan.head <= sched.peak, budget, fits,
-                     baseline.peak, baseline.latency_s, len(spans), pool.measured, len(pool.variants) - len(as_is), frontier,
-                     time.monotonic() - t0, tuple(notes))
+                     baseline.peak, baseline.latency_s, len(spans), pool.measured, len(pool.variants) - len(as_is),
+                     frontier, complete, probes, time.monotonic() - t0, tuple(notes))
 
 
 class _Pool:
@@ -157,6 +163,18 @@ def _choose(pool: _Pool, n_spans: int, budget, objective, deadline) -> Selection
     if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
+
+
+def _frontier(pool: _Pool, n_spans: int, deadline: Deadline) -> tuple[tuple[Selection, ...], bool]:
+    """The smallest arena first (so it is known whatever happens), then the sweep from the fastest
+    selection down; if the sweep stops at the time limit, the smallest is appended to what it has."""
+    smallest = pool.select(n_spans, None, "memory", deadline.sub(fraction=0.4))
+    sweep = deadline.sub(fraction=0.8)
+    points = list(pareto(lambda b: pool.select(n_spans, b, "latency", sweep), sweep))
+    complete = bool(points) and smallest is not None and points[-1].peak <= smallest.peak
+    if smallest is not None and not complete:
+        points = [p for p in points if p.peak > smallest.peak] + [smallest]
+    return tuple(points), complete
 
 
 def _from_frontier(frontier, budget, objective) -> Selection | None:

@@ -60,7 +60,7 @@ def device_reserve(device) -> tuple[int, int]:
 
 def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
-              verify_runs: int = 2, progress: Progress = None) -> FittedModel:
+              probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None) -> FittedModel:
     """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
     arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
     target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
@@ -83,7 +83,8 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         head_budget = avail - _tail(graph, kernels, source, notes)
     for _ in range(MAX_DEVICE_ROUNDS):
         result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
-                           kernels=kernels, want_pareto=want_pareto, deadline=deadline.sub(fraction=0.8),
+                           kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
+                           deadline=deadline.sub(fraction=0.8),
                            progress=progress)
         data = _written(result, model, path)
         tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
