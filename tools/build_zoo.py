@@ -405,6 +405,71 @@ def build_hrnet(size: int = 64, c: int = 16, branches: int = 3, units: int = 3,
     return tf.keras.Model(i, x, name=name)
 
 
+def _hr_basic(x, c: int):
+    y = _conv_bn(x, c, 3)
+    y = _conv_bn(y, c, 3, relu=False)
+    return L.ReLU()(L.Add()([y, x]))
+
+
+def _hr_bottleneck(x, c: int):
+    y = _conv_bn(x, c, 1)
+    y = _conv_bn(y, c, 3)
+    y = _conv_bn(y, 4 * c, 1, relu=False)
+    sc = x if int(x.shape[-1]) == 4 * c else _conv_bn(x, 4 * c, 1, relu=False)
+    return L.ReLU()(L.Add()([y, sc]))
+
+
+def _hr_fuse(ys: list, widths: list[int]) -> list:
+    """HRNet exchange: every output branch j sums all inputs, brought to its resolution
+    (1x1 conv + nearest upsampling from below, chains of strided 3x3 convs from above)."""
+    xs = []
+    for j, cj in enumerate(widths):
+        terms = []
+        for b, yb in enumerate(ys):
+            if b == j:
+                terms.append(yb)
+            elif b > j:
+                terms.append(_upsample(_conv_bn(yb, cj, 1, relu=False), 2 ** (b - j)))
+            else:
+                t = yb
+                for step in range(j - b):
+                    last = step == j - b - 1
+                    t = _conv_bn(t, cj if last else widths[b], 3, 2, relu=not last)
+                terms.append(t)
+        xs.append(L.ReLU()(L.Add()(terms)))
+    return xs
+
+
+def build_hrnet_w(width: int, size: int = 224, classes: int = 1000, name: str = "hrnet_w"):
+    """HRNet-W<width> (Wang et al. 2020) at its published layout: stem (two stride-2 3x3 convs,
+    64), stage 1 (4 bottlenecks), stages 2/3/4 with 2/3/4 branches (C, 2C, 4C, 8C) and 1/4/3
+    modules of 4 basic blocks per branch, each module ending in a full exchange. Head
+    simplified to HRNetV2's (upsample every branch, concatenate, 1x1 conv), then GAP and FC."""
+    i = _inp(size)
+    x = _conv_bn(i, 64, 3, 2)
+    x = _conv_bn(x, 64, 3, 2)
+    for _ in range(4):
+        x = _hr_bottleneck(x, 64)
+    widths = [width, 2 * width]
+    xs = [_conv_bn(x, widths[0], 3), _conv_bn(x, widths[1], 3, 2)]
+    for branches, modules in ((2, 1), (3, 4), (4, 3)):
+        if len(xs) < branches:  # transition: a new branch from the lowest resolution
+            widths.append(2 * widths[-1])
+            xs.append(_conv_bn(xs[-1], widths[-1], 3, 2))
+        for _ in range(modules):
+            ys = []
+            for xb, cb in zip(xs, widths):
+                for _ in range(4):
+                    xb = _hr_basic(xb, cb)
+                ys.append(xb)
+            xs = _hr_fuse(ys, widths)
+    up = [xs[0]] + [_upsample(xb, 2 ** b) for b, xb in enumerate(xs) if b]
+    x = _conv_bn(L.Concatenate()(up), sum(widths), 1)
+    x = L.GlobalAveragePooling2D()(x)
+    x = L.Dense(classes)(x)
+    return tf.keras.Model(i, x, name=name)
+
+
 # ---- SwiftNet-style cells (Zhang et al. 2019; the SERENITY benchmark) -----------------------
 
 def _swift_cell(x, c: int):
@@ -600,6 +665,22 @@ def _specs() -> list[Spec]:
              lambda: build_swiftnet(64, 24, 2, 1, 2, name="swiftnet_cell_a"),
              regular=False, float32=True, note="two SwiftNet-style cells at one resolution"),
     ]
+    # issue 15: scheduling at scale (int8 only)
+    for n in (48, 64, 96):
+        irregular.append(Spec(
+            f"randwire_ws{n}", "randwire",
+            lambda n=n: build_randwire(224, 78, n, 4, 0.75, 1, 300 + n, 1000, head=1280,
+                                       name=f"randwire_ws{n}"), regular=False,
+            note=f"one WS({n},4,0.75) stage, C=78 (the small regime's width), 224x224"))
+    for w in (18, 32):
+        irregular.append(Spec(
+            f"hrnet_w{w}", "hrnet", lambda w=w: build_hrnet_w(w, name=f"hrnet_w{w}"), regular=False,
+            note=f"HRNet-W{w} layout (4 branches, 1/4/3 modules of 4 basic blocks); "
+                 "head simplified to HRNetV2's concat + 1x1 conv"))
+    irregular.append(Spec(
+        "darts_v2_cifar20", "darts",
+        lambda: build_nas_network("DARTS_V2", 32, 36, 20, 10, name="darts_v2_cifar20"),
+        regular=False, note="DARTS-V2 genotype at its published CIFAR size: C=36, 20 cells, 32x32"))
     return irregular + specs  # cheap ones first
 
 
