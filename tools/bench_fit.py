@@ -95,7 +95,8 @@ def frontier_rows(models: Path, time_limit: float) -> list[str]:
         taso_cell = "—" if over[3] is None else f"{over[3].latency_s / r.baseline_latency_s - 1:+.1%}"
         rows.append(f"| {name} | {kib(base)} | {kib(r.baseline_peak)} | {kib(r.head)} ({base / r.head:.2f}x) | "
                     f"{kib(f.head_measured)} | {checked(f)} | {' | '.join(cells)} | {taso_cell} | {len(r.frontier)} | "
-                    f"{r.variants_evaluated} / {r.candidates} | {'yes' if r.frontier_complete else 'no'} | {secs:.0f} |")
+                    f"{r.variants_evaluated} / {r.candidates} | {'yes' if r.frontier_complete else 'no'} | "
+                    f"{secs:.0f} |")
         print(rows[-1], flush=True)
     return rows
 

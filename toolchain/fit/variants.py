@@ -6,10 +6,11 @@ A variant covers a run of spans (`first..last`, see spans.py) and says how they 
   bit-exact in int8 and float.
 
 Memory is the peak of the run under TFLite Micro's semantics (scratch included): for `as-is` the
-exact scheduler's proven optimum; for `patch` the peak of the patch-by-patch order the rewrite
-emits (achievable, so a selection under a budget really fits), with a lower bound beside it; the
-selection refines the variants whose bound says they might do better (`refine`). Time is the
-device cost model's prediction (MACs, halo recompute, per-op overhead): a prediction, labelled so.
+exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
+rewrite emits (achievable, so a selection under a budget really fits); `refine` asks the exact
+scheduler about those whose lower bound says they might do better. Before a patch variant is
+measured its figures are floors (`upgrade`). Time is the device cost model's prediction (MACs,
+halo recompute, per-op overhead): a prediction, labelled so.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ class Variant:
         return self.stage == "measured" and self.peak <= self.lower_bound
 
     def to_json(self) -> dict:
-        d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label, "peak_bytes": self.peak,
-             "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s, "macs": self.macs,
-             "ops": self.ops}
+        d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label,
+             "peak_bytes": self.peak, "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s,
+             "macs": self.macs, "ops": self.ops}
         if self.grid is not None:
             d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
         return d
@@ -73,8 +74,8 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
         sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2))
         lat, work = _costed(g, device, kernels)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
-        out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak, sched.lower_bound, lat,
-                           work, len(g.ops), graph=g.reordered(sched.order)))
+        out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
+                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
     return out
 
 
