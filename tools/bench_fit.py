@@ -69,6 +69,14 @@ def target_rows(models: Path, time_limit: float) -> list[str]:
     return rows
 
 
+def _cell(p, r) -> str:
+    if p is None:
+        return "—"
+    if isinstance(p, str):
+        return "t/o"
+    return f"{p.latency_s / r.baseline_latency_s - 1:+.1%}"
+
+
 def fit_model_optimum(path: Path) -> int:
     """The proven optimal peak of the model as it is (the baseline every fit reports)."""
     from toolchain.ir.convert import load_exact
@@ -91,8 +99,8 @@ def frontier_rows(models: Path, time_limit: float) -> list[str]:
         secs = time.monotonic() - t0
         r = f.result
         over = [r.probes.get(b) for b in probes]
-        cells = ["—" if p is None else f"{p.latency_s / r.baseline_latency_s - 1:+.1%}" for p in over[:3]]
-        taso_cell = "—" if over[3] is None else f"{over[3].latency_s / r.baseline_latency_s - 1:+.1%}"
+        cells = [_cell(p, r) for p in over]
+        taso_cell = cells.pop()
         rows.append(f"| {name} | {kib(base)} | {kib(r.baseline_peak)} | {kib(r.head)} ({base / r.head:.2f}x) | "
                     f"{kib(f.head_measured)} | {checked(f)} | {' | '.join(cells)} | {taso_cell} | {len(r.frontier)} | "
                     f"{r.variants_evaluated} / {r.candidates} | {'yes' if r.frontier_complete else 'no'} | "
@@ -130,7 +138,7 @@ def main() -> int:
         "",
         "Smallest = the smallest arena `fit` reaches (written and checked). 1/2, 1/4, 1/8: the predicted latency "
         "overhead of the fastest selection within that fraction of *today* (the same search, asked for that "
-        "budget); — = not reachable. TASO: the fastest selection within optimum / "
+        "budget); — = not reachable; t/o = none found within the time limit. TASO: the fastest selection within optimum / "
         f"{TASO_RATIO} (TASO's headline: {TASO_RATIO}x less memory for 15 % more time). Points: frontier points "
         "found; complete: the sweep reached the smallest arena within the time limit. Built = variants built "
         "and measured / patch candidates (the rest were priced by floors or estimates only, see docs/fit.md).",

@@ -43,7 +43,8 @@ class FitResult:
     candidates: int
     frontier: tuple[Selection, ...] = ()
     frontier_complete: bool = False  # the sweep reached the smallest arena (else it stopped at the time limit)
-    probes: dict = field(default_factory=dict)  # budget -> the fastest Selection within it (or None)
+    probes: dict = field(default_factory=dict)  # budget -> the fastest Selection within it, None (there is
+    # none), or "time limit" (none among the variants measured before the time limit)
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
 
@@ -81,7 +82,6 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
     say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
     baseline = _selection_of(as_is)
-    probes = {b: pool.select(len(spans), b, "latency", deadline.sub(fraction=0.3)) for b in probe_budgets}
     frontier, complete = (), False
     if want_pareto:  # the frontier first: every selection asked for is then a point of it
         frontier, complete = _frontier(pool, len(spans), deadline)
@@ -89,6 +89,11 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         sel = _from_frontier(frontier, budget, objective)
     else:
         sel = _choose(pool, len(spans), budget, objective, deadline)
+    probes = {}
+    for b in probe_budgets:  # after the main search: its measured variants answer most of these
+        pool.stopped = False
+        found = pool.select(len(spans), b, "latency", deadline.sub(fraction=0.3))
+        probes[b] = "time limit" if found is None and pool.stopped else found
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
@@ -120,6 +125,7 @@ class _Pool:
         self.graph, self.spans, self.variants = graph, spans, list(variants)
         self.device, self.kernels, self.op_seconds = device, kernels, op_seconds
         self.estimated = self.measured = 0
+        self.stopped = False  # a selection ended at its deadline (its answer: the best measured one)
 
     def select(self, n_spans, budget, objective, deadline, latency_bound=None) -> Selection | None:
         while True:
@@ -128,6 +134,7 @@ class _Pool:
             if pick is None or all(v.stage == "measured" for v in pick):
                 break
             if deadline.expired():
+                self.stopped = True
                 break  # out of time: the best among the measured variants
             for v in pick:
                 if v.stage != "measured":
