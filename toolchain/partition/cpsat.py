@@ -402,12 +402,12 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
             break
         solver = _step_solver(True, left, 1.0, dtime, 1, seed)
         st = solver.Solve(m)
-        dtime = max(1e-3, dtime - solver.deterministic_time)
+        given, dtime = dtime, max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
             proven = True
             break
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            wall = _stop_reason(st, solver, True, dtime + solver.deterministic_time) == "wall clock"
+            wall = _stop_reason(st, solver, True, given) == "wall clock"
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
@@ -418,5 +418,7 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
         if s < best_s:
             best, best_s = cand, s
         _no_good(m, y, cand, n)
+        if solver.deterministic_time >= given * 0.999:
+            break  # the deterministic budget is spent: stop here on every machine alike
     low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
     return Refined(best, best_s, proven, seen, low, wall)
