@@ -21,6 +21,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,8 @@ from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.scratch import scratch_requests
 from toolchain.memory.semantics import align, get_semantics
 from toolchain.schedule import build_model, heuristics, schedule
-from toolchain.schedule.bounds import cut_lower_bound
+from toolchain.schedule.api import _dives
+from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces, unit_dag
 from toolchain.schedule.dp import Piece, best_first
 from toolchain.schedule.fusion import fuse
@@ -388,6 +390,7 @@ def check_parts(graph, semantics, oracle, model, opt, rnd):
     whole = Piece(model, singles)
     assert whole.static_lower_bound() <= opt
     assert cut_lower_bound(whole) <= opt
+    assert branch_lower_bound(whole, time.monotonic() + 5, max_leaves=40) <= opt
 
     # fusion: units partition the ops, and the best order that keeps each unit contiguous is optimal
     units = fuse(model)
@@ -471,6 +474,7 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
     assert piece.static_lower_bound() <= piece_opt
     assert cut_lower_bound(piece) <= piece_opt
     assert cut_lower_bound(piece, floor=0) <= piece_opt
+    assert branch_lower_bound(piece, time.monotonic() + 5, max_leaves=40) <= piece_opt
     if not units:
         return
     order = [v for u in units for v in u]
@@ -489,6 +493,11 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
             assert r.lower_bound <= piece_opt, what
             assert is_topological_after(model, r.order, S0), what
             assert oracle.peak_from(r.order, start) == piece_opt, what
+    # dives (api._dives): real orders only, and the bound they report is proven
+    found, proven = _dives(piece, ub + 1, piece.static_lower_bound(), time.monotonic() + 5, frozenset())
+    assert proven <= piece_opt
+    if found is not None:
+        assert is_topological_after(model, found[0], S0) and piece.evaluate(found[0]) == found[1] >= piece_opt
     if ub > piece_opt:
         # with ub = the optimum nothing better exists: the search must prove that, not invent one
         r = best_first(piece, piece_opt, 0, free_moves=True)
@@ -719,16 +728,24 @@ MUTATIONS = [
     ("dp.py", "if S_end == model.full:\n            end =", "if True:\n            end =",
      "static bound: graph outputs at the end of every piece"),
     # bounds.py: the min-cut bound
-    ("bounds.py", "if a0 and a1:\n                base +=", "if a0 or a1:\n                base +=",
+    ("bounds.py", "if a0 and a1:\n                    base +=", "if a0 or a1:\n                    base +=",
      "cut bound: untouched tensors alive at one end counted"),
-    ("bounds.py", "if after:\n                forced.append(t)\n                continue",
-     "forced.append(t)\n            continue", "cut bound: live-before tensors forced even if they die"),
-    ("bounds.py", "if after:\n                size_arcs[t] = [arc(idx[writer], 1, s)]",
-     "if True:\n                size_arcs[t] = [arc(idx[writer], 1, s)]", "cut bound: written tensors always survive"),
-    ("bounds.py", "for t, sz in forced_size.items() if t not in model.touch[v])",
-     "for t, sz in forced_size.items())", "cut bound: forced tensors v touches counted twice"),
-    ("bounds.py", "                flow.set_arc_capacity(a, 0)\n", "                pass\n",
+    ("bounds.py", "if after:\n                    forced.append(t)\n                    continue",
+     "forced.append(t)\n                continue", "cut bound: live-before tensors forced even if they die"),
+    ("bounds.py", "if after:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]",
+     "if True:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]", "cut bound: written tensors always survive"),
+    ("bounds.py", "for t in forced if t not in model.touch[v])",
+     "for t in forced)", "cut bound: forced tensors v touches counted twice"),
+    ("bounds.py", "flow.set_arc_capacity(a, 0 if on else model.size[t])",
+     "flow.set_arc_capacity(a, model.size[t])",
      "cut bound: v's own tensors counted twice"),
+    # bounds.py: the branching bound; api.py: the dives' bound
+    ("bounds.py", "for pair in ((u, v), (v, u)):", "for pair in ((v, u),):",
+     "branch bound: only the branch that breaks the cheapest cut"),
+    ("bounds.py", "heapq.heappush(heap, (max(r[0], bound)", "heapq.heappush(heap, (max(r[0], bound) + 16",
+     "branch bound: a leaf's bound above its cuts"),
+    ("api.py", "proven = max(proven, min(r.lower_bound, ub))", "proven = max(proven, B)",
+     "dives: the trial budget taken as a bound"),
     # model.py: the lower bound, the last step, and when TFLite's in-place sharing is static
     ("model.py", "if after == self.full:\n            live += self.final_only",
      "if True:\n            live += self.final_only", "untouched graph outputs at every step"),

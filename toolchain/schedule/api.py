@@ -12,7 +12,7 @@ from toolchain.ir import Graph
 from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.semantics import get_semantics
 from toolchain.schedule import heuristics
-from toolchain.schedule.bounds import cut_lower_bound
+from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
 from toolchain.schedule.branches import body_units
@@ -71,7 +71,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
     returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
     `ablate` (benchmarks only) switches parts off: "fusion", "branches", "lazy_slices", "cuts",
-    "free_moves", "cut_bound"."""
+    "free_moves", "cut_bound", "branch_bound", "dives"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -200,6 +200,47 @@ def _search_piece(pc: Piece, ub_order, ub: int, floor: int, method: str, now: fl
     return res
 
 
+def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline: float, ablate,
+               methods_used: set):
+    """A short exact search (most pieces end here); if it does not finish, the branching
+    min-cut bound (bounds.branch_lower_bound) raises the floor the full search starts from.
+    Returns (the short search's result, the floor)."""
+    res = best_first(pc, ub, floor, now + 0.2 * left, free_moves="free_moves" not in ablate)
+    methods_used.add("dp")
+    if res.complete:
+        return res, floor
+    floor = max(floor, res.lower_bound)
+    blb = branch_lower_bound(pc, time.monotonic() + 0.2 * left, floor, ub)
+    floor = max(floor, blb)
+    if "dives" not in ablate and floor < ub:
+        if res.order is not None:
+            ub = res.peak
+        dive, proven = _dives(pc, ub, floor, time.monotonic() + 0.35 * left, ablate)
+        floor = max(floor, proven)
+        if dive is not None and (res.order is None or dive[1] < res.peak):
+            res.order, res.peak = dive
+    return res, floor
+
+
+def _dives(pc: Piece, ub: int, floor: int, until: float, ablate):
+    """Better orders: depth-first dives of the exact search under a trial budget B (every
+    state under B looks alike, so the search goes deep first), bisecting B between the proven
+    floor and the best peak; a dive that stalls just raises the next B. Returns (the best
+    (order, peak) found or None, a proven bound). The bound a dive reports is valid: it is
+    above B only once every state below it was expanded (dp.best_first)."""
+    lo, best, proven = floor, None, floor
+    while ub - lo > max(ub // 200, 1) and time.monotonic() < until:
+        B = (lo + ub) // 2
+        cap = min(until, time.monotonic() + 0.5)
+        r = best_first(pc, ub, B, cap, max_states=20_000, free_moves="free_moves" not in ablate)
+        proven = max(proven, min(r.lower_bound, ub))
+        if r.order is not None and r.peak < ub:
+            best, ub = (r.order, r.peak), r.peak
+        else:
+            lo = B
+    return best, proven
+
+
 def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method, deadline, seed, notes, ablate,
                   below=None, progress=None, t0=0.0):
     """Solve every piece in context; pieces with the highest lower bound first. With `below`,
@@ -247,7 +288,19 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             results[i] = (order, peak, max(res.lower_bound, lbs[i]), res.complete)
             floor = max(floor, res.lower_bound if res.order is None else lbs[i])
             continue
-        res = _search_piece(pc, ub_order, ub, floor, method, now, left, deadline, seed, ablate, methods_used)
+        res = None
+        if method == "auto" and "branch_bound" not in ablate:
+            res, floor = _first_try(pc, ub, floor, now, left, deadline, ablate, methods_used)
+            lbs[i] = max(lbs[i], floor)
+        if res is None or not res.complete:
+            if res is not None and res.order is not None:
+                ub_order, ub = res.order, res.peak  # the short search's order is the one to beat
+            now = time.monotonic()
+            res2 = _search_piece(pc, ub_order, ub, floor, method, now, max(deadline - now, 0.0), deadline,
+                                 seed, ablate, methods_used)
+            if res is not None:
+                res2.lower_bound = max(res2.lower_bound, res.lower_bound)
+            res = res2
         order, peak = (res.order, res.peak) if res.order is not None else (ub_order, ub)
         lb = max(res.lower_bound, lbs[i])
         done = res.complete
