@@ -35,6 +35,7 @@ from toolchain.memory.scratch import scratch_requests
 from toolchain.memory.semantics import align, get_semantics
 from toolchain.schedule import build_model, heuristics, schedule
 from toolchain.schedule.api import _dives
+from toolchain.schedule.beam import beam_order
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces, unit_dag
 from toolchain.schedule.dp import Piece, best_first
@@ -498,6 +499,11 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
     assert proven <= piece_opt
     if found is not None:
         assert is_topological_after(model, found[0], S0) and piece.evaluate(found[0]) == found[1] >= piece_opt
+    for width in (1, 3):  # beams (beam.py): real orders of the piece, never below its optimum
+        found = beam_order(piece, width, time.monotonic() + 5)
+        assert found is not None and is_topological_after(model, found[0], S0)
+        assert sorted(found[0]) == sorted(v for u in units for v in u)
+        assert piece.evaluate(found[0]) == found[1] >= piece_opt
     if ub > piece_opt:
         # with ub = the optimum nothing better exists: the search must prove that, not invent one
         r = best_first(piece, piece_opt, 0, free_moves=True)
@@ -746,6 +752,8 @@ MUTATIONS = [
      "branch bound: a leaf's bound above its cuts"),
     ("api.py", "proven = max(proven, min(r.lower_bound, ub))", "proven = max(proven, B)",
      "dives: the trial budget taken as a bound"),
+    ("beam.py", "if upred[j] & ~U2 == 0 and not", "if not", "beam: a unit ready before its predecessors ran"),
+    ("beam.py", "for ks in reversed(seq)", "for ks in seq", "beam: the moves read back to front"),
     # model.py: the lower bound, the last step, and when TFLite's in-place sharing is static
     ("model.py", "if after == self.full:\n            live += self.final_only",
      "if True:\n            live += self.final_only", "untouched graph outputs at every step"),

@@ -15,6 +15,7 @@ from toolchain.schedule import heuristics
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
+from toolchain.schedule.beam import beam_order
 from toolchain.schedule.branches import body_units
 from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import MemModel, build_model
@@ -71,7 +72,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
     returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
     `ablate` (benchmarks only) switches parts off: "fusion", "branches", "lazy_slices", "cuts",
-    "free_moves", "cut_bound", "branch_bound", "dives"."""
+    "free_moves", "cut_bound", "branch_bound", "beam", "dives"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -202,24 +203,43 @@ def _search_piece(pc: Piece, ub_order, ub: int, floor: int, method: str, now: fl
 
 def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline: float, ablate,
                methods_used: set):
-    """A short exact search (most pieces end here); if it does not finish, the branching
-    min-cut bound (bounds.branch_lower_bound) raises the floor the full search starts from.
-    Returns (the short search's result, the floor)."""
-    res = best_first(pc, ub, floor, now + 0.2 * left, free_moves="free_moves" not in ablate)
+    """A short exact search (most pieces end here, 20 % of the time left); if it does not
+    finish: the branching min-cut bound raises the floor (25 %), beams (25 %) and dives (20 %)
+    look for better orders; the full search gets the rest. Returns (the result, the floor)."""
+    def until(share):
+        return min(time.monotonic() + share * left, deadline)
+
+    res = best_first(pc, ub, floor, until(0.2), free_moves="free_moves" not in ablate)
     methods_used.add("dp")
     if res.complete:
         return res, floor
     floor = max(floor, res.lower_bound)
-    blb = branch_lower_bound(pc, time.monotonic() + 0.2 * left, floor, ub)
-    floor = max(floor, blb)
+    if "branch_bound" not in ablate:
+        floor = max(floor, branch_lower_bound(pc, until(0.25), floor, ub))
+    if res.order is not None:
+        ub = res.peak
+    if "beam" not in ablate and floor < ub:
+        found = _beams(pc, ub, until(0.25))
+        if found is not None and found[1] < ub:
+            res.order, res.peak = found
+            ub = found[1]
     if "dives" not in ablate and floor < ub:
-        if res.order is not None:
-            ub = res.peak
-        dive, proven = _dives(pc, ub, floor, time.monotonic() + 0.35 * left, ablate)
+        dive, proven = _dives(pc, ub, floor, until(0.2), ablate)
         floor = max(floor, proven)
-        if dive is not None and (res.order is None or dive[1] < res.peak):
+        if dive is not None:
             res.order, res.peak = dive
     return res, floor
+
+
+def _beams(pc: Piece, ub: int, until: float) -> tuple[list[int], int] | None:
+    """Beam searches (beam.py) of doubling width while time is left: the best order found."""
+    best, width = None, 48
+    while time.monotonic() < until:
+        found = beam_order(pc, width, until, ub)
+        if found is not None and found[1] < ub:  # None: the beam died under ub, or the time
+            best, ub = found, found[1]
+        width *= 2
+    return best
 
 
 def _dives(pc: Piece, ub: int, floor: int, until: float, ablate):
@@ -289,7 +309,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             floor = max(floor, res.lower_bound if res.order is None else lbs[i])
             continue
         res = None
-        if method == "auto" and "branch_bound" not in ablate:
+        if method == "auto":
             res, floor = _first_try(pc, ub, floor, now, left, deadline, ablate, methods_used)
             lbs[i] = max(lbs[i], floor)
         if res is None or not res.complete:
