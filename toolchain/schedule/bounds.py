@@ -85,6 +85,12 @@ class CutNet:
                         arc(node, idx[c], INF)
                     node += 1
             # else: read before written: ignored (the bound stays valid, only weaker)
+        # op -> its source / sink arc, for toggling many at once from a bitset
+        self.nbytes = (model.n + 7) // 8
+        self.src_of = np.zeros(self.nbytes * 8, dtype=np.int32)
+        self.snk_of = np.zeros(self.nbytes * 8, dtype=np.int32)
+        for v in ops:
+            self.src_of[v], self.snk_of[v] = self.src_arc[v], self.snk_arc[v]
         self.flow = max_flow.SimpleMaxFlow()
         self.flow.add_arcs_with_capacity(np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64),
                                          np.array(caps, dtype=np.int64))
@@ -104,16 +110,20 @@ class CutNet:
             fp = base + model.extra[v] + sum(model.size[t] for t in model.touch[v])
             self.fp[v] = fp + sum(model.size[t] for t in forced if t not in model.touch[v])
 
+    def _ops_of(self, mask: int) -> np.ndarray:
+        """The set bits of an op bitset (all inside the piece), as a boolean array."""
+        raw = np.frombuffer(mask.to_bytes(self.nbytes, "little"), dtype=np.uint8)
+        return np.unpackbits(raw, bitorder="little").astype(bool)
+
     def _toggle(self, v: int, anc: int, desc: int, on: bool) -> None:
         flow, model = self.flow, self.model
         for t in model.touch[v]:
             for a in self.size_arcs.get(t, ()):
                 flow.set_arc_capacity(a, 0 if on else model.size[t])
         cap = self.INF if on else 0
-        for a in bits(anc):
-            flow.set_arc_capacity(self.src_arc[a], cap)
-        for d in bits(desc | (1 << v)):
-            flow.set_arc_capacity(self.snk_arc[d], cap)
+        for arcs_of, mask in ((self.src_of, anc), (self.snk_of, desc | (1 << v))):
+            arcs = arcs_of[self._ops_of(mask)]
+            flow.set_arcs_capacity(arcs, np.full(len(arcs), cap, dtype=np.int64))
 
     def cut(self, v: int, anc: int | None = None, desc: int | None = None,
             source_side: bool = False) -> tuple[int | None, int]:
@@ -204,7 +214,7 @@ def branch_lower_bound(piece, deadline: float, floor: int = 0, ub: int | None = 
         vals = []
         for v in ops:
             anc, desc = _closure(net, v, before)
-            value, S = net.cut(v, anc, desc, source_side=True)
+            value, S = net.cut(v, anc, desc)
             if value is None:
                 return None
             vals.append((value, v, anc, S))
