@@ -186,7 +186,7 @@ def _closure(net: CutNet, v: int, before: tuple[tuple[int, int], ...]) -> tuple[
 
 
 def branch_lower_bound(piece, deadline: float, floor: int = 0, ub: int | None = None,
-                       top: int = 32, max_leaves: int | None = None) -> int:
+                       top: int = 24, max_leaves: int | None = None) -> int:
     """A lower bound at least the min-cut bound, raised by branching on the order of pairs of
     ops: every order runs u before w or w before u, so min over the two branches of the
     constrained bound is a bound, and so is the least bound over the open leaves of a
@@ -208,9 +208,10 @@ def branch_lower_bound(piece, deadline: float, floor: int = 0, ub: int | None = 
     watch = tuple(sorted(net.ops, key=lambda v: -root[v])[:top])
     best = max(floor, max(root.values()))
 
-    def evaluate(before):
-        """(bound, op to branch at, other op) of a leaf; other None when nothing to branch."""
-        ops = set(watch) | {x for p in before for x in p}
+    def evaluate(before, every=False):
+        """(bound, op to branch at, other op) of a leaf, over the watched and branched ops (or
+        every op); the ops are None when no pair among them has its order open."""
+        ops = net.ops if every else set(watch) | {x for p in before for x in p}
         vals = []
         for v in ops:
             anc, desc = _closure(net, v, before)
@@ -235,16 +236,16 @@ def branch_lower_bound(piece, deadline: float, floor: int = 0, ub: int | None = 
         bound, _, before, v, u = heap[0]
         if ub is not None and bound >= ub:
             return ub
-        if v is None and before:
-            break  # the least leaf cannot be split further: its bound is final
-        heapq.heappop(heap)
-        if not before:
-            r = evaluate(before)
+        if v is None:  # nothing open among the watched ops: look at every op of the leaf
+            r = evaluate(before, every=True)
             if r is None:
                 return best
-            bound, v, u = max(r[0], best), r[1], r[2]
-            if v is None:
-                return bound
+            if r[1] is None:
+                break  # the least leaf cannot be split further: its bound is final
+            counter += 1
+            heapq.heapreplace(heap, (max(r[0], bound), counter, before, r[1], r[2]))
+            continue
+        heapq.heappop(heap)
         for pair in ((u, v), (v, u)):
             r = evaluate(before + (pair,))
             if r is None:
