@@ -99,6 +99,8 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
     whole = _apply(graph, sel.variants)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
+    # the variants' own orders reach the selection's peak; the scheduler may only improve on them
+    whole = whole.reordered(_variant_order(whole, sel.variants))
     sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())))
     whole = whole.reordered(sched.order)
     plan = plan_for_tflm(whole, time_limit=None, n_tensors=len(whole.tensors),
@@ -196,6 +198,22 @@ def _from_frontier(frontier, budget, objective) -> Selection | None:
 
 def _selection_of(chosen: list[Variant]) -> Selection:
     return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), True)
+
+
+def _variant_order(whole: Graph, chosen) -> list[int]:
+    """The op order of the applied graph that runs each chosen variant in the order its peak was
+    measured in (ops matched by their first output's name, unique in the graph); the stored order
+    if any op cannot be matched."""
+    pos = {whole.tensors[op.outputs[0]].name: i for i, op in enumerate(whole.ops)}
+    order = []
+    for v in chosen:
+        idx = [pos.get(v.graph.tensors[op.outputs[0]].name) for op in v.graph.ops] if v.graph is not None else [None]
+        if None in idx:
+            return list(range(len(whole.ops)))
+        order += idx
+    if sorted(order) != list(range(len(whole.ops))) or not whole.is_topological(order):
+        return list(range(len(whole.ops)))
+    return order
 
 
 def _apply(graph: Graph, chosen) -> Graph:

@@ -29,6 +29,10 @@ from toolchain.memory.semantics import align
 from toolchain.schedule.api import schedule
 
 MAX_GRID = 8
+# Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
+# parameters and an invoke (tail and latency), and the exact scheduler and the runtimes' checks
+# slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
+MAX_PATCH_OPS = 4096
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,10 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> l
             continue  # no grid can lower the peak of these spans: dominated by running them as is
         lat = sum(v.latency_s for v in as_is[a:b + 1])
         work = sum(v.macs for v in as_is[a:b + 1])
+        region_ops = sum(len(s.ops) for s in spans[a:b + 1])
         for grid in _grids(region.max_grid):  # coarse grids first: they win ties
+            if grid[0] * grid[1] * region_ops > MAX_PATCH_OPS:
+                break  # finer grids only copy more ops
             out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, 0, lat, work, 0, region, grid,
                                stage="bound"))
     return out
