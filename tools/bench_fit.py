@@ -114,8 +114,16 @@ def main() -> int:
     ap.add_argument("--models", default="models")
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fit.md"))
     ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--only", nargs="+", metavar="MODEL", help="only these models (file stems); prints the rows")
     args = ap.parse_args()
     models = Path(args.models)
+    if args.only:  # print the rows only: to refresh single rows of the section
+        global TARGETS, FRONTIER
+        TARGETS = [t for t in TARGETS if t[0] in args.only]
+        FRONTIER = [m for m in FRONTIER if m in args.only]
+        target_rows(models, args.time_limit)
+        frontier_rows(models, args.time_limit)
+        return 0
     lines = [
         "## Fitting a model into an arena budget (`tpu-pipeline fit`)",
         "",

@@ -21,6 +21,7 @@ from toolchain.fit.spans import split_spans
 from toolchain.fit.variants import Variant, as_is_variants, patch_candidates, refine, upgrade
 from toolchain.ir import Graph
 from toolchain.memory.tflm import plan_for_tflm
+from toolchain.rewrite.patch import apply_patches
 from toolchain.schedule.api import Schedule, schedule
 
 OBJECTIVES = ("latency", "memory")
@@ -217,8 +218,6 @@ def _variant_order(whole: Graph, chosen) -> list[int]:
 
 
 def _apply(graph: Graph, chosen) -> Graph:
-    from toolchain.rewrite.patch import apply_patches
-
     for v in chosen:
         if v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)

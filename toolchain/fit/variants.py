@@ -26,9 +26,9 @@ from toolchain.ir import Graph, macs
 from toolchain.memory.bounds import order_free_lower_bound
 from toolchain.memory.lifetimes import lifetimes
 from toolchain.memory.semantics import align
+from toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
 from toolchain.schedule.api import schedule
 
-MAX_GRID = 8
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
 # parameters and an invoke (tail and latency), and the exact scheduler and the runtimes' checks
 # slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
@@ -87,8 +87,6 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> l
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
     peak and latency are floors no grid can beat (the output assembled next to its tiles, the
     input held; the spans' own latency). `upgrade` refines the ones a selection picks."""
-    from toolchain.rewrite.patch import patch_regions
-
     out = []
     for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
         covered = max(v.peak for v in as_is[a:b + 1])
@@ -111,8 +109,6 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, the device model's latency of the built ops, MACs, ops)."""
-    from toolchain.rewrite.patch import apply_patches
-
     if v.stage == "bound":
         positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
         peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
