@@ -98,17 +98,18 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
-    whole = _apply(graph, sel.variants)
-    say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
-    # the variants' own orders reach the selection's peak; the scheduler may only improve on them
-    whole = whole.reordered(_variant_order(whole, sel.variants))
-    sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())))
-    whole = whole.reordered(sched.order)
-    plan = plan_for_tflm(whole, time_limit=None, n_tensors=len(whole.tensors),
-                         deadline=Deadline(max(1.0, deadline.remaining())))
+    whole, sched, plan = _realise(graph, sel, deadline, progress, t0)
+    notes = []
+    if sel is not baseline and plan.head > baseline.peak and (budget is None or baseline.peak <= budget):
+        # the chosen variant's real arena came out above the model as it is (its graph is too big
+        # for the scheduler or the planner in the time left): the model as it is is the answer
+        notes.append(f"the chosen variant's arena ({plan.head:,} B) came out above the model as it is "
+                     f"({baseline.peak:,} B); the model as it is was kept")
+        sel = baseline
+        whole, sched, plan = _realise(graph, sel, deadline, progress, t0)
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
-    notes = [] if complete or not want_pareto else [
-        "the frontier sweep stopped at the time limit: it holds the points found and the smallest arena"]
+    if want_pareto and not complete:
+        notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
     if sched.peak > sel.peak:
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
     fits = budget is None or plan.head <= budget
@@ -199,6 +200,19 @@ def _from_frontier(frontier, budget, objective) -> Selection | None:
 
 def _selection_of(chosen: list[Variant]) -> Selection:
     return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), True)
+
+
+def _realise(graph: Graph, sel: Selection, deadline: Deadline, progress, t0):
+    """(graph, schedule, arena plan) of a selection applied to the whole graph."""
+    whole = _apply(graph, sel.variants)
+    say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
+    # the variants' own orders reach the selection's peak; the scheduler may only improve on them
+    whole = whole.reordered(_variant_order(whole, sel.variants))
+    sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())))
+    whole = whole.reordered(sched.order)
+    plan = plan_for_tflm(whole, time_limit=None, n_tensors=len(whole.tensors),
+                         deadline=Deadline(max(1.0, deadline.remaining())))
+    return whole, sched, plan
 
 
 def _variant_order(whole: Graph, chosen) -> list[int]:
