@@ -1,6 +1,6 @@
 """`fit`: the fastest exact variant of a model whose TFLite Micro arena fits a budget.
 
-    spans (cuts) -> variants per run of spans (as is, patches) -> CP-SAT selection (selection.py)
+    spans (cuts) -> variants per run of spans (as is, patches) -> CP-SAT selection (select.py)
     -> the chosen variants applied to the whole graph -> exact schedule -> arena plan (head)
 
 The answer is checked end to end: the whole rewritten graph is scheduled by the exact scheduler
