@@ -25,6 +25,7 @@ from toolchain.cost.classes import OP_CLASSES, op_class
 from toolchain.cost.devices import load_device
 from toolchain.errors import UsageError
 from toolchain.ir import Graph, macs
+from toolchain.ir.kernels import DIRECT
 from toolchain.memory.scratch import tflm_padding
 
 KERNEL_SETS = ("cmsis-nn", "reference")
@@ -195,13 +196,15 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
         raise UsageError(f"unknown kernel set '{kernels}' (choose from {', '.join(KERNEL_SETS)})")
     name, clock, cpm, active = mcu_params(device)
     cpi = device_dict(device).get("compute", {}).get("cycles_per_instruction")
-    table = fitted_table().get(kernels) if cpi is not None else None
+    tables = fitted_table() if cpi is not None else {}
+    table = tables.get(kernels)
     ops = []
     for i, op in enumerate(graph.ops):
         cls = op_class(op.opcode)
         if table is not None:
             f = op_features(graph, i)
-            instr = predict_instructions(f, table)
+            # the harness's direct convolution is the reference kernel (toolchain.ir.kernels)
+            instr = predict_instructions(f, tables["reference"] if op.kernel == DIRECT else table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

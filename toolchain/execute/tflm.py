@@ -24,7 +24,9 @@ def tflm_interpreter(data: bytes, arena_size: int):
     exception when it cannot allocate the model)."""
     import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's module, not ours
 
-    return runtime.Interpreter.from_bytes(bytes(data), arena_size=int(arena_size))
+    from toolchain.execute.litert import host_view
+
+    return runtime.Interpreter.from_bytes(host_view(bytes(data)), arena_size=int(arena_size))
 
 
 def io_counts(data: bytes) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from toolchain.errors import ModelError
+from toolchain.ir import kernels
 from toolchain.ir import options as opts
 from toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from toolchain.tflite.names import text as _text
@@ -170,6 +171,11 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
         if o.opcodeIndex >= len(model.operatorCodes or []):
             raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
         name, builtin, version = opcode_name(model, o.opcodeIndex)
+        options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
+        kernel = ""
+        if name == f"CUSTOM:{kernels.DIRECT_CONV_CODE}":
+            options, version = kernels.direct_op(o.customOptions, f"operator {i}")
+            name, builtin, kernel = "CONV_2D", kernels.CONV_2D_BUILTIN, kernels.DIRECT
         for t in (*_ints(o.inputs), *_ints(o.outputs)):
             if t >= len(tensors) or t < -1:
                 raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
@@ -187,10 +193,11 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             inputs=_ints(o.inputs),
             outputs=_ints(o.outputs),
             source=i,
-            options=decode_options(int(o.builtinOptionsType or 0), o.builtinOptions),
+            options=options,
             builtin_code=builtin,
             version=version,
             intermediates=_ints(o.intermediates),
+            kernel=kernel,
         ))
     for k, t in enumerate((*_ints(sg.inputs), *_ints(sg.outputs))):
         if not 0 <= t < len(tensors):
@@ -233,6 +240,19 @@ def _new_tensor(t: Tensor, model: schema.ModelT) -> schema.TensorT:
         tt.buffer = len(model.buffers)
         model.buffers.append(buf)
     return tt
+
+
+def _custom_opcode_index(model: schema.ModelT, custom_code: str) -> int:
+    for i, code in enumerate(model.operatorCodes):
+        builtin = max(int(code.builtinCode or 0), int(code.deprecatedBuiltinCode or 0))
+        if builtin == schema.BuiltinOperator.CUSTOM and _text(code.customCode) == custom_code:
+            return i
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+    code.customCode = custom_code
+    code.version = 1
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
 
 
 def _opcode_index(model: schema.ModelT, op: Op) -> int:
@@ -291,6 +311,14 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         if op.intermediates:
             ot.intermediates = list(op.intermediates)
         ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
+        if op.kernel == kernels.DIRECT:
+            ot.opcodeIndex = _custom_opcode_index(out, kernels.DIRECT_CONV_CODE)
+            ot.builtinOptionsType, ot.builtinOptions = 0, None
+            ot.customOptions = list(kernels.direct_options(op))
+        elif op.kernel:
+            raise ValueError(f"unknown kernel '{op.kernel}'")
+        elif op.source is not None and ot.customOptions is not None and not op.is_custom:
+            ot.customOptions = None  # was a custom kernel's op in the source model
         operators.append(ot)
     sg.operators = operators
     sg.inputs = list(graph.inputs)
@@ -394,3 +422,16 @@ def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, l
     model, _ = load(path, check_litert=check_litert)
     model, notes = runtime_exact_model(model)
     return model, from_model(model), notes
+
+
+def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
+    """The model `data` with every op on its builtin kernel (`toolchain.ir.kernels.builtin_view`):
+    what LiteRT and the host's TFLite Micro run for a model that picks harness kernels per op.
+    `data` itself when it picks none."""
+    from toolchain.tflite import model_to_bytes, read_model
+
+    model = read_model(data, name=label)
+    graph = from_model(model)
+    if not kernels.kernel_choices(graph):
+        return data
+    return model_to_bytes(to_model(kernels.builtin_view(graph), model))

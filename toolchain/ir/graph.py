@@ -95,6 +95,9 @@ class Op:
     builtin_code: int = 0
     version: int = 1
     intermediates: tuple[int, ...] = ()
+    # The implementation the deployment runs, where it offers a choice ("" = the kernel set's own;
+    # "direct": see toolchain.ir.kernels). Written as a distinct op code.
+    kernel: str = ""
 
     @property
     def is_custom(self) -> bool:

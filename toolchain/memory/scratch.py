@@ -17,6 +17,7 @@ at run time and are not modelled.
 from __future__ import annotations
 
 from toolchain.ir import Graph
+from toolchain.ir.kernels import DIRECT
 from toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -30,6 +31,8 @@ CMSIS_NN_SCRATCH = ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CO
 
 def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
+    if graph.ops[op_pos].kernel == DIRECT:
+        return []  # the harness's direct convolution (toolchain.ir.kernels) asks for none
     if sem.name == "tflm-cmsis-nn":
         sizes = _cmsis_nn(graph, op_pos)
         if sizes is not None:
