@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolchain.ir import Graph
+from toolchain.ir.kernels import DIRECT
 from toolchain.memory.lifetimes import lifetimes
 from toolchain.memory.runtime_planners import tflm_greedy
 from toolchain.memory.scratch import CMSIS_NN_SCRATCH, CMSIS_NN_UNMODELLED, scratch_requests
@@ -89,6 +90,13 @@ OP_DATA = {
 }
 
 
+# The harness's direct convolution (custom op TPUP_CONV_2D_DIRECT, harness/direct_conv.cc), the same
+# in both builds: no parsed builtin data (a custom op's options stay raw); Init allocates its
+# DirectConvData {OpDataConv (56 B), TfLiteConvParams (28 B)}; Prepare the per-channel multipliers
+# and shifts as CONV_2D's does; no scratch.
+DIRECT_OP_DATA = 84
+
+
 @dataclass(frozen=True)
 class TargetTail:
     kernels: str
@@ -123,7 +131,7 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
         # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
-        # only for int8 and int16
+        # only for int8 and int16 (the harness's direct kernel: int8, in both builds)
         if kernels == "reference" or x.dtype in ("int8", "int16"):
             channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
             return [channels * _INT, channels * _INT]  # output multipliers, shifts
@@ -147,12 +155,14 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
         ("NodeAndRegistration[]", _NODE_AND_REGISTRATION * len(graph.ops), 4)]
     unmodelled = []
     for i, op in enumerate(graph.ops):
+        if op.kernel == DIRECT:
+            continue
         if op.opcode in BUILTIN_DATA:
             allocs.append((f"op {i} {op.opcode} builtin data", *BUILTIN_DATA[op.opcode]))
         elif op.opcode not in NO_BUILTIN_DATA:
             unmodelled.append(op.opcode)
     for i, op in enumerate(graph.ops):
-        size = OP_DATA.get(op.opcode, (None, None))[col]
+        size = DIRECT_OP_DATA if op.kernel == DIRECT else OP_DATA.get(op.opcode, (None, None))[col]
         if size:
             allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
         elif op.opcode not in OP_DATA:
