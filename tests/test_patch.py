@@ -210,3 +210,15 @@ def test_tensor_read_with_two_halos():
     assert any(op.opcode == "STRIDED_SLICE" and patched.tensors[op.inputs[0]].name.startswith(g.tensors[y].name)
                for op in patched.ops)
     assert all(v.bit_exact for v in _exact_both(g, patched))
+
+
+def test_tile_runs_cover_the_axis_longest_first():
+    """The last tiles run while nearly all of the output is held: they get the short runs."""
+    from toolchain.rewrite.patch import _splits
+
+    for n in range(1, 40):
+        for k in range(1, min(n, 8) + 1):
+            runs = _splits(n, k)
+            sizes = [b - a for a, b in runs]
+            assert runs[0][0] == 0 and runs[-1][1] == n and all(runs[i][1] == runs[i + 1][0] for i in range(k - 1))
+            assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1

@@ -18,8 +18,11 @@ from toolchain.errors import UsageError
 from toolchain.cost.mcu import estimate_mcu
 from toolchain.fit.select import Selection, chain_select, pareto, select
 from toolchain.fit.spans import split_spans
-from toolchain.fit.variants import Variant, as_is_variants, patch_candidates, refine, upgrade
+from toolchain.fit.variants import Variant, as_is_variants, direct_twins, patch_candidates, refine, upgrade
 from toolchain.ir import Graph
+from toolchain.ir.kernels import with_kernel
+from toolchain.memory.lifetimes import lifetimes
+from toolchain.memory.semantics import tflm_semantics
 from toolchain.memory.tflm import plan_for_tflm
 from toolchain.rewrite.patch import apply_patches
 from toolchain.schedule.api import Schedule, schedule
@@ -80,8 +83,10 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
     op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=kernels).ops}
-    pool = _Pool(graph, spans, as_is + patch_candidates(graph, spans, as_is), device, kernels, op_seconds)
-    say(progress, t0, f"fit: {len(pool.variants) - len(as_is)} patch candidates; selecting")
+    twins = [t for v in as_is for t in direct_twins(v, device, kernels)]
+    candidates = patch_candidates(graph, spans, as_is)
+    pool = _Pool(graph, spans, as_is + twins + candidates, device, kernels, op_seconds)
+    say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(twins)} kernel variants; selecting")
     baseline = _selection_of(as_is)
     frontier, complete = (), False
     if want_pareto:  # the frontier first: every selection asked for is then a point of it
@@ -98,7 +103,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
-    whole, sched, plan = _realise(graph, sel, deadline, progress, t0)
+    whole, sched, plan = _realise(graph, sel, kernels, deadline, progress, t0)
     notes = []
     if sel is not baseline and plan.head > baseline.peak and (budget is None or baseline.peak <= budget):
         # the chosen variant's real arena came out above the model as it is (its graph is too big
@@ -106,7 +111,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         notes.append(f"the chosen variant's arena ({plan.head:,} B) came out above the model as it is "
                      f"({baseline.peak:,} B); the model as it is was kept")
         sel = baseline
-        whole, sched, plan = _realise(graph, sel, deadline, progress, t0)
+        whole, sched, plan = _realise(graph, sel, kernels, deadline, progress, t0)
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
     if want_pareto and not complete:
         notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
@@ -114,7 +119,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
     fits = budget is None or plan.head <= budget
     return FitResult(whole, sel, sched, plan.head, offsets, plan.head <= sched.peak, budget, fits,
-                     baseline.peak, baseline.latency_s, len(spans), pool.measured, len(pool.variants) - len(as_is),
+                     baseline.peak, baseline.latency_s, len(spans), pool.measured, len(candidates),
                      frontier, complete, probes, time.monotonic() - t0, tuple(notes))
 
 
@@ -148,6 +153,7 @@ class _Pool:
                         self.estimated += 1
                     else:
                         self.measured += 1
+                        self.variants += direct_twins(self.variants[k], self.device, self.kernels)
         measured = [v for v in self.variants if v.stage == "measured"]
         sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
                      deadline=Deadline(max(1.0, deadline.remaining())))
@@ -160,7 +166,7 @@ class _Pool:
 
     def refine(self, budget, deadline) -> bool:
         measured = [v for v in self.variants if v.stage == "measured"]
-        better = refine(measured, budget, deadline)
+        better = refine(measured, budget, deadline, self.kernels)
         changed = [(a, b) for a, b in zip(measured, better) if a != b]
         for old, new in changed:
             self.variants[next(k for k, w in enumerate(self.variants) if w is old)] = new
@@ -202,15 +208,17 @@ def _selection_of(chosen: list[Variant]) -> Selection:
     return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), True)
 
 
-def _realise(graph: Graph, sel: Selection, deadline: Deadline, progress, t0):
-    """(graph, schedule, arena plan) of a selection applied to the whole graph."""
+def _realise(graph: Graph, sel: Selection, kernels: str, deadline: Deadline, progress, t0):
+    """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
+    semantics of the kernel set it will run with."""
+    sem = tflm_semantics(kernels)
     whole = _apply(graph, sel.variants)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     # the variants' own orders reach the selection's peak; the scheduler may only improve on them
     whole = whole.reordered(_variant_order(whole, sel.variants))
-    sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())))
+    sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())), semantics=sem.name)
     whole = whole.reordered(sched.order)
-    plan = plan_for_tflm(whole, time_limit=None, n_tensors=len(whole.tensors),
+    plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(1.0, deadline.remaining())))
     return whole, sched, plan
 
@@ -235,4 +243,7 @@ def _apply(graph: Graph, chosen) -> Graph:
     for v in chosen:
         if v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)
+    direct = frozenset().union(*(v.direct for v in chosen))
+    if direct:  # ops matched by their first output's name, unique in the graph (as _variant_order)
+        graph = with_kernel(graph, [i for i, op in enumerate(graph.ops) if graph.tensors[op.outputs[0]].name in direct])
     return graph

@@ -3,9 +3,11 @@
 A variant covers a run of spans (`first..last`, see spans.py) and says how they run:
 - `as-is`: the span's own ops in their memory-optimal order (one per span, always there);
 - `patch`: the run executed patch by patch on a rows x cols grid (toolchain.rewrite.patch),
-  bit-exact in int8 and float.
+  bit-exact in int8 and float;
+- either of them with some int8 convolutions on the harness's direct kernel, which needs no
+  im2col scratch but is slower (toolchain.ir.kernels; `direct_twins`): a kernel variant.
 
-Memory is the peak of the run under TFLite Micro's semantics (scratch included): for `as-is` the
+Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
 exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
 rewrite emits (achievable, so a selection under a budget really fits); `refine` asks the exact
 scheduler about those whose lower bound says they might do better. Before a patch variant is
@@ -25,7 +27,8 @@ from toolchain.fit.spans import Span, span_graph
 from toolchain.ir import Graph, macs
 from toolchain.memory.bounds import order_free_lower_bound
 from toolchain.memory.lifetimes import lifetimes
-from toolchain.memory.semantics import align
+from toolchain.ir.kernels import DIRECT, can_run_direct, with_kernel
+from toolchain.memory.semantics import align, tflm_semantics
 from toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
 from toolchain.schedule.api import schedule
 
@@ -50,6 +53,7 @@ class Variant:
     grid: tuple[int, int] | None = None
     graph: Graph | None = field(default=None, compare=False, repr=False)
     stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
+    direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
 
     @property
     def proven(self) -> bool:
@@ -61,6 +65,8 @@ class Variant:
              "macs": self.macs, "ops": self.ops}
         if self.grid is not None:
             d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
+        if self.direct:
+            d["direct_convolutions"] = len(self.direct)
         return d
 
 
@@ -73,13 +79,44 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
                    progress: Progress = None) -> list[Variant]:
     """One variant per span: its ops in the proven memory-optimal order."""
     out = []
+    sem = tflm_semantics(kernels).name
     for s in spans:
         g = span_graph(graph, [s])
-        sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2))
+        sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2), semantics=sem)
         lat, work = _costed(g, device, kernels)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
         out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
                            sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
+    return out
+
+
+MAX_TWINS = 4  # direct twins per variant: each moves the convolutions at its predecessor's peak
+
+
+def direct_twins(v: Variant, device, kernels: str) -> list[Variant]:
+    """Kernel variants of measured variant `v`: in its own op order, the int8 convolutions whose
+    im2col scratch is part of the peak move to the direct kernel (no scratch, slower), again while
+    that lowers the peak. Each step is a twin with a lower peak and a higher latency. The order is
+    kept (it stays valid, and its peak is achievable); `lower_bound` is the order-free bound."""
+    sem = tflm_semantics(kernels)
+    g, out, direct = v.graph, [], set()
+    for _ in range(MAX_TWINS):
+        lt = lifetimes(g, None, sem)
+        live = lt.live_bytes()
+        peak = max(live, default=0)
+        at_peak = {b.op for b in lt.buffers if b.tensor is None and live[b.first] == peak
+                   and g.ops[b.op].kernel != DIRECT and can_run_direct(g, b.op)}
+        if not at_peak:
+            break
+        g = with_kernel(g, at_peak)
+        new_peak = lifetimes(g, None, sem).peak
+        if new_peak >= peak:
+            break
+        direct |= {g.tensors[g.ops[i].outputs[0]].name for i in at_peak}
+        lat, work = _costed(g, device, kernels)
+        out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
+                           latency_s=lat, graph=g, direct=frozenset(direct),
+                           label=f"{v.label}, {len(direct)} conv{'s' if len(direct) > 1 else ''} direct"))
     return out
 
 
@@ -117,7 +154,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
     lat, work = _costed(g, device, kernels)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, "tflm").peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
+    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
                    stage="measured")
 
 
@@ -131,17 +168,20 @@ def short_name(name: str, keep: int = 48) -> str:
     return repr(first if len(first) <= keep else "..." + first[-keep:])
 
 
-def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None) -> list[Variant]:
+def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None,
+           kernels: str = "cmsis-nn") -> list[Variant]:
     """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
     ask the exact scheduler (within the deadline) for their true optimum."""
     out = []
+    sem = tflm_semantics(kernels).name
     for v in variants:
         if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
                 and (deadline is None or not deadline.expired()):
-            v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, "tflm")))
+            v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, sem)))
         if v.kind == "patch" and v.graph is not None and v.lower_bound <= budget < v.peak \
                 and (deadline is None or not deadline.expired()):
-            sched = schedule(v.graph, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.5))
+            sched = schedule(v.graph, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.5),
+                             semantics=sem)
             if sched.peak < v.peak or sched.lower_bound > v.lower_bound:
                 v = replace(v, peak=sched.peak, lower_bound=max(v.lower_bound, sched.lower_bound),
                             graph=v.graph.reordered(sched.order))

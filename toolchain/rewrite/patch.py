@@ -96,7 +96,10 @@ def _union(a: Box | None, b: Box) -> Box:
 
 
 def _splits(n: int, k: int) -> list[tuple[int, int]]:
-    return [(n * i // k, n * (i + 1) // k) for i in range(k)]
+    """`n` rows (or columns) in `k` runs, the longer ones first: the last tiles run while nearly
+    all of the output is held, so they are the ones to keep small."""
+    q, r = divmod(n, k)
+    return [(i * q + min(i, r), (i + 1) * q + min(i + 1, r)) for i in range(k)]
 
 
 # ---- which ops are local ----------------------------------------------------------------------
