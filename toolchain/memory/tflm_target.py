@@ -21,6 +21,10 @@ pointers, enums as small as their values, `-fshort-enums` being that ABI's defau
    (32 B) for each, and for a quantized one its TfLiteAffineQuantization (12 B) and zero-point
    TfLiteIntArray (4 + 4 per channel).
 
+The harness's direct convolution (`op.kernel == "direct"`, custom op TPUP_CONV_2D_DIRECT) has no
+parsed options in step 3, its own OpData in step 4 (`DIRECT_OP_DATA`), the per-channel arrays in
+step 5 and no scratch, in both kernel sets.
+
 The struct sizes are `sizeof`/`alignof` as arm-none-eabi-g++ 12 lays them out with the harness's
 flags (read from the compiled object), and were checked against the allocation trace of the real
 firmware on QEMU (docs/runtime.md). An op outside these tables makes the prediction None with the
