@@ -18,7 +18,8 @@ from toolchain.errors import UsageError
 from toolchain.cost.mcu import estimate_mcu
 from toolchain.fit.select import Selection, chain_select, pareto, select
 from toolchain.fit.spans import split_spans
-from toolchain.fit.variants import Variant, as_is_variants, direct_twins, patch_candidates, refine, upgrade
+from toolchain.fit.variants import (Variant, as_is_variants, direct_twins, patch_candidates, refine, rewrite_variants,
+                                   splice, upgrade)
 from toolchain.ir import Graph
 from toolchain.ir.kernels import with_kernel
 from toolchain.memory.lifetimes import lifetimes
@@ -71,10 +72,12 @@ class FitResult:
 def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", device="qemu-mps2-an386",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), deadline: Deadline | None = None,
-              progress: Progress = None) -> FitResult:
+              progress: Progress = None, allow_lossy: bool = False, model=None) -> FitResult:
     """Choose, apply, schedule and plan. `budget=None` with objective "memory" asks for the
     smallest arena; with "latency" for the fastest variant (the model as it is, usually).
-    `probe_budgets`: also report the fastest selection within each of these (benchmarks)."""
+    `probe_budgets`: also report the fastest selection within each of these (benchmarks).
+    `allow_lossy`: also offer the int8 partial-sum splits (requantized: not bit-identical), which
+    calibrate on `model` (the source ModelT, for graphs with custom ops)."""
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     t0 = time.monotonic()
@@ -83,10 +86,12 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
     op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=kernels).ops}
-    twins = [t for v in as_is for t in direct_twins(v, device, kernels)]
+    rewrites = rewrite_variants(graph, spans, as_is, device, kernels, allow_lossy, model, deadline.sub(fraction=0.15))
+    twins = [t for v in as_is + rewrites for t in direct_twins(v, device, kernels)]
     candidates = patch_candidates(graph, spans, as_is)
-    pool = _Pool(graph, spans, as_is + twins + candidates, device, kernels, op_seconds)
-    say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(twins)} kernel variants; selecting")
+    pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, kernels, op_seconds)
+    say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(rewrites)} rewrite variants, "
+                      f"{len(twins)} kernel variants; selecting")
     baseline = _selection_of(as_is)
     frontier, complete = (), False
     if want_pareto:  # the frontier first: every selection asked for is then a point of it
@@ -103,7 +108,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
-    whole, sched, plan = _realise(graph, sel, kernels, deadline, progress, t0)
+    whole, sched, plan = _realise(graph, spans, sel, kernels, deadline, progress, t0)
     notes = []
     if sel is not baseline and plan.head > baseline.peak and (budget is None or baseline.peak <= budget):
         # the chosen variant's real arena came out above the model as it is (its graph is too big
@@ -111,7 +116,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         notes.append(f"the chosen variant's arena ({plan.head:,} B) came out above the model as it is "
                      f"({baseline.peak:,} B); the model as it is was kept")
         sel = baseline
-        whole, sched, plan = _realise(graph, sel, kernels, deadline, progress, t0)
+        whole, sched, plan = _realise(graph, spans, sel, kernels, deadline, progress, t0)
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
     if want_pareto and not complete:
         notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
@@ -208,11 +213,11 @@ def _selection_of(chosen: list[Variant]) -> Selection:
     return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), True)
 
 
-def _realise(graph: Graph, sel: Selection, kernels: str, deadline: Deadline, progress, t0):
+def _realise(graph: Graph, spans, sel: Selection, kernels: str, deadline: Deadline, progress, t0):
     """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
     semantics of the kernel set it will run with."""
     sem = tflm_semantics(kernels)
-    whole = _apply(graph, sel.variants)
+    whole = _apply(graph, sel.variants, spans)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     # the variants' own orders reach the selection's peak; the scheduler may only improve on them
     whole = whole.reordered(_variant_order(whole, sel.variants))
@@ -239,7 +244,11 @@ def _variant_order(whole: Graph, chosen) -> list[int]:
     return order
 
 
-def _apply(graph: Graph, chosen) -> Graph:
+def _apply(graph: Graph, chosen, spans) -> Graph:
+    # rewrites first, spliced by position into the graph their spans index; then the patches,
+    # which find their regions by tensor name
+    for v in sorted((v for v in chosen if v.kind == "rewrite"), key=lambda v: -v.first):
+        graph = splice(graph, v, spans)
     for v in chosen:
         if v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)

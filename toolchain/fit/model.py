@@ -31,7 +31,9 @@ class FittedModel:
     data: bytes  # the model to write (offline plan inside)
     source: bytes  # the input model as made exact for TFLite Micro (the reference of the checks)
     verification: tuple  # toolchain.execute.compare.Verification per runtime
-    head_measured: int | None  # TFLite Micro's head with our plan (real interpreter)
+    head_measured: int | None  # the host's TFLite Micro head with our plan (real interpreter, reference kernels)
+    head_predicted_host: int | None  # what we predict it to be (= result.head for the reference kernels)
+    kernels: str  # the kernel set result.head is for
     tail_measured: int | None  # the host interpreter's tail (64-bit)
     tail_target: int | None  # --device: the tail on the 32-bit target (or the host's, see notes)
     arena_available: int | None  # --device: SRAM - firmware reserve
@@ -40,10 +42,11 @@ class FittedModel:
 
     def to_json(self) -> dict:
         d = self.result.to_json()
-        d.update(budget_from=self.budget_from, arena_head_bytes_measured=self.head_measured,
+        d.update(budget_from=self.budget_from, kernels=self.kernels, arena_head_bytes_measured=self.head_measured,
+                 arena_head_bytes_predicted_host=self.head_predicted_host,
                  arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
                  arena_bytes_available=self.arena_available,
-                 head_matches_prediction=self.head_measured == self.result.head,
+                 head_matches_prediction=self.head_measured == self.head_predicted_host,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
         return d
 
@@ -60,12 +63,15 @@ def device_reserve(device) -> tuple[int, int]:
 
 def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
-              probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None) -> FittedModel:
+              probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
+              allow_lossy: bool = False) -> FittedModel:
     """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
     arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
     target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
     an op keeps its own parameters), so the head budget is lowered by any overflow and the fit
-    redone (at most MAX_DEVICE_ROUNDS times)."""
+    redone (at most MAX_DEVICE_ROUNDS times). `allow_lossy`: the int8 partial-sum splits may be
+    chosen too; the written model is then checked within requantization (its deviation reported),
+    not bit-identical."""
     from toolchain.execute.compare import check_or_raise, verify_models
     from toolchain.execute.tflm_arena import measure_tflm_arena
 
@@ -84,8 +90,8 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     for _ in range(MAX_DEVICE_ROUNDS):
         result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
                            kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
-                           deadline=deadline.sub(fraction=0.8),
-                           progress=progress)
+                           deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
+                           model=model)
         data = _written(result, model, path)
         tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
         if avail is None or not result.fits or result.head + tail <= avail:
@@ -96,16 +102,17 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
                      "for the arena")
     arena = measure_tflm_arena(data, label=str(path))
-    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
-        return FittedModel(result, data, source, (), arena.head, arena.tail, tail, avail, budget_from, tuple(notes))
-    verification = tuple(verify_models(source, data, runs=verify_runs))
-    check_or_raise(list(verification), str(path))
     host_head = _host_head(result, kernels)
+    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
+        return FittedModel(result, data, source, (), arena.head, host_head, kernels, arena.tail, tail, avail,
+                           budget_from, tuple(notes))
+    verification = tuple(verify_models(source, data, runs=verify_runs, lossy_ok=allow_lossy))
+    check_or_raise(list(verification), str(path))
     if arena.head != host_head:
         raise VerificationError(f"{path}: TFLite Micro allocates a {arena.head:,}-byte head with the fitted model's "
                                 f"plan; {host_head:,} B were predicted")
-    return FittedModel(result, data, source, verification, arena.head, arena.tail, tail, avail, budget_from,
-                       tuple(notes))
+    return FittedModel(result, data, source, verification, arena.head, host_head, kernels, arena.tail, tail, avail,
+                       budget_from, tuple(notes))
 
 
 def _host_head(result: FitResult, kernels: str) -> int:

@@ -4,7 +4,10 @@ A variant covers a run of spans (`first..last`, see spans.py) and says how they 
 - `as-is`: the span's own ops in their memory-optimal order (one per span, always there);
 - `patch`: the run executed patch by patch on a rows x cols grid (toolchain.rewrite.patch),
   bit-exact in int8 and float;
-- either of them with some int8 convolutions on the harness's direct kernel, which needs no
+- `rewrite`: one or two spans with the identity rewrites of toolchain.rewrite (partial-convolution
+  and depthwise splits, commutes) that lower their optimal peak: the exact ones (bit-exact in int8,
+  float splits equal within rounding), and with `allow_lossy` the int8 partial-sum splits too;
+- any of them with some int8 convolutions on the harness's direct kernel, which needs no
   im2col scratch but is slower (toolchain.ir.kernels; `direct_twins`): a kernel variant.
 
 Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
@@ -42,7 +45,7 @@ MAX_PATCH_OPS = 4096
 class Variant:
     first: int  # spans covered, inclusive
     last: int
-    kind: str  # "as-is" | "patch"
+    kind: str  # "as-is" | "patch" | "rewrite"
     label: str
     peak: int  # bytes: achievable peak of the covered spans
     lower_bound: int  # no order of this variant peaks below it
@@ -54,6 +57,7 @@ class Variant:
     graph: Graph | None = field(default=None, compare=False, repr=False)
     stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
     direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
+    rewrites: tuple = ()  # rewrite: the AppliedRewrite records (toolchain.rewrite.driver)
 
     @property
     def proven(self) -> bool:
@@ -67,6 +71,8 @@ class Variant:
             d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
         if self.direct:
             d["direct_convolutions"] = len(self.direct)
+        if self.rewrites:
+            d["rewrites"] = [r.to_json() for r in self.rewrites]
         return d
 
 
@@ -87,6 +93,68 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
         out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
                            sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
+    return out
+
+
+def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels: str = "cmsis-nn",
+                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None) -> list[Variant]:
+    """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
+    feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
+    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing."""
+    from toolchain.rewrite.driver import rewrite_graph
+    from toolchain.rewrite.rules import find_candidates
+
+    sem = tflm_semantics(kernels).name
+    runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
+    runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
+    out = []
+    for a, b in runs:
+        if deadline is not None and deadline.expired():
+            break
+        sub = span_graph(graph, spans[a:b + 1])
+        if not find_candidates(sub, allow_lossy):
+            continue
+        covered = max(v.peak for v in as_is[a:b + 1])
+        r = rewrite_graph(sub, time_limit=2.0, semantics=sem, allow_lossy=allow_lossy, model=model,
+                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=graph)
+        if not r.applied or r.peak_after >= covered:
+            continue
+        lat, work = _costed(r.graph, device, kernels)
+        kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
+        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", r.peak_after,
+                           r.lower_bound, lat, work, len(r.graph.ops), graph=r.graph, rewrites=r.applied))
+    return out
+
+
+def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
+    """`graph` with the ops of `v`'s spans (positions in `graph`) replaced by `v.graph`'s, a rewrite
+    of them. Tensors are matched by name (unique in fit's graphs); the rewrite's new ones are
+    appended to `graph`'s table."""
+    index = {t.name: t.index for t in graph.tensors}
+    tensors = list(graph.tensors)
+    remap: dict[int, int] = {}
+    for op in v.graph.ops:
+        for t in (*op.inputs, *op.outputs, *op.intermediates):
+            if t < 0 or t in remap:
+                continue
+            name = v.graph.tensors[t].name
+            if name not in index:
+                index[name] = len(tensors)
+                tensors.append(replace(v.graph.tensors[t], index=len(tensors)))
+            remap[t] = index[name]
+
+    def moved(ts):
+        return tuple(remap[t] if t >= 0 else t for t in ts)
+
+    new_ops = [replace(op, inputs=moved(op.inputs), outputs=moved(op.outputs), intermediates=moved(op.intermediates))
+               for op in v.graph.ops]
+    old = {i for s in spans[v.first:v.last + 1] for i in s.ops}
+    at = min(old)
+    ops = [*graph.ops[:at], *new_ops, *(op for i, op in enumerate(graph.ops) if i > at and i not in old)]
+    out = replace(graph, tensors=tuple(tensors), ops=tuple(ops))
+    written = [t for op in out.ops for t in op.outputs if t >= 0]
+    if len(written) != len(set(written)) or not out.is_topological(list(range(len(out.ops)))):
+        raise ValueError(f"the rewrite of spans {v.first}-{v.last} does not splice into this graph")
     return out
 
 

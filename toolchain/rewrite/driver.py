@@ -99,8 +99,9 @@ CALIBRATION_CACHE_BYTES = 128 * 2**20  # calibration values kept between candida
 
 class _Search:
     def __init__(self, time_limit, semantics, allow_lossy, model, deadline: Deadline, depth, kinds,
-                 progress: Progress = None):
+                 progress: Progress = None, calibrate_on: Graph | None = None):
         self.schedule = schedule
+        self.calibrate_on = calibrate_on
         self.time_limit = time_limit
         self.sem = get_semantics(semantics)
         self.allow_lossy = allow_lossy
@@ -153,12 +154,15 @@ class _Search:
         """Calibration values of the concat inputs (lossy int8 splits only), cached by name."""
         if cand.numerics != LOSSY:
             return None
-        from toolchain.rewrite.numerics import calibration_values
+        from toolchain.rewrite.numerics import calibration_values, calibration_values_within
 
         xs = graph.ops[cand.concat].inputs
         missing = [t for t in xs if graph.tensors[t].name not in self._values]
-        if missing:
+        if missing and self.calibrate_on is not None:  # a part of a model: run the whole one
+            vals = calibration_values_within(graph, missing, self.calibrate_on, model=self.model)
+        elif missing:
             vals = calibration_values(graph, missing, model=self.model)
+        if missing:
             new = sum(int(getattr(v, "nbytes", 0)) for t in missing for v in vals[t])
             if self._values_bytes + new > CALIBRATION_CACHE_BYTES:  # bounded: start afresh
                 self._values = {n: v for n, v in self._values.items()
@@ -274,7 +278,7 @@ def _applied_chain(chain, g2: Graph, s2, peak: int) -> list[AppliedRewrite]:
 def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm", allow_lossy: bool = False,
                   *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
                   joint: bool = True, deadline: Deadline | None = None,
-                  progress: Progress = None) -> RewriteResult:
+                  progress: Progress = None, calibrate_on: Graph | None = None) -> RewriteResult:
     """Apply the identity rewrites that lower the best peak, each checked by rescheduling.
 
     First one rewrite at a time (with chains: commute or depthwise split, then the splits they
@@ -290,13 +294,15 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
     far (at least the input graph in its best order found). Not counted: when an int8 depthwise
     split was kept under the exact policy, both models are run once in LiteRT and TFLite Micro to
     confirm it is bit-exact (a verification; the re-search without it shares the deadline).
-    `progress(msg)` hears one line per pass over the candidates.
+    `progress(msg)` hears one line per pass over the candidates. `calibrate_on`: when `graph` is a
+    part of a model (fit's spans), the whole model's graph, which the calibration runs instead (the
+    part's inputs are activations: random values there are not what the model feeds it).
     """
     t0 = time.monotonic()
     if deadline is None or budget is not None:
         budget = max(60.0, 30.0 * time_limit) if budget is None else budget
     dl = _budget.resolve(budget, deadline)
-    search = _Search(time_limit, semantics, allow_lossy, model, dl, depth, kinds, progress)
+    search = _Search(time_limit, semantics, allow_lossy, model, dl, depth, kinds, progress, calibrate_on)
     try:
         s0 = search.run_schedule(graph)
     except DeadlineExpired:  # no time for a search: the cheap heuristics, no rewrite
@@ -334,6 +340,7 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
         # the exact policy such a split is dropped and the search runs again without it.
         retry = rewrite_graph(graph, time_limit, semantics, allow_lossy, model=model, budget=None,
                               depth=depth, joint=joint, deadline=search.deadline, progress=progress,
+                              calibrate_on=calibrate_on,
                               kinds=(search.kinds or set(ALL_KINDS)) - {"depthwise_split"})
         note = ("int8 depthwise split dropped: LiteRT's optimized kernels round it 1 LSB away from the "
                 "unsplit op on this model (not bit-exact)")

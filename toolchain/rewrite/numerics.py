@@ -48,3 +48,26 @@ def calibration_values(graph: Graph, tensors, runs: int = 4, seed: int = 0, mode
         for t, v in vals.items():
             acc[t].append(v)
     return acc
+
+
+def calibration_values_within(part: Graph, tensors, whole: Graph, runs: int = 4, seed: int = 0,
+                              model=None) -> dict[int, list]:
+    """`calibration_values` of tensors of `part`, a piece of `whole` (same tensor names) that a
+    rewrite may have changed: `whole` runs on random inputs; tensors it has come from it, and the
+    others from `part` fed, run by run, with the values `whole` gave its inputs."""
+    index = {t.name: t.index for t in whole.tensors}
+    feeds = [index[part.tensors[t].name] for t in part.inputs]
+    known = [t for t in tensors if part.tensors[t].name in index]
+    fed = calibration_values(whole, list(dict.fromkeys(feeds + [index[part.tensors[t].name] for t in known])),
+                             runs, seed, model)
+    out = {t: fed[index[part.tensors[t].name]] for t in known}
+    rest = [t for t in tensors if t not in out]
+    if rest:
+        data = model_to_bytes(standalone_model(part, model))
+        for t in rest:
+            out[t] = []
+        for r in range(runs):
+            _, vals = run_litert(data, [fed[f][r] for f in feeds], rest)
+            for t in rest:
+                out[t].append(vals[t])
+    return out

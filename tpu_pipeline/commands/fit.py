@@ -23,6 +23,9 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
                    help="TFLite Micro kernel set whose cost model prices the variants (and, with --device, whose "
                         "persistent allocations count against SRAM); default cmsis-nn")
+    p.add_argument("--allow-lossy", action="store_true",
+                   help="also offer int8 partial-convolution splits (requantized partial sums: not bit-identical; "
+                        "the deviation is measured and reported)")
     p.add_argument("--pareto", action="store_true", help="also print the arena/latency frontier")
     p.add_argument("--plot", metavar="FILE", type=plot_path, help="plot the frontier (.png, .pdf, .svg, ...)")
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
@@ -41,7 +44,7 @@ def run(args) -> int:
     progress = None if args.json else (lambda msg: report.console(stderr=True).print(msg))
     fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
                        kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
-                       verify_runs=args.runs, progress=progress)
+                       verify_runs=args.runs, progress=progress, allow_lossy=args.allow_lossy)
     r = fitted.result
     if not r.fits:
         raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of arena head; the smallest reachable "
@@ -58,6 +61,13 @@ def run(args) -> int:
     return 0
 
 
+def _agreement(v) -> str:
+    if v.bit_exact:
+        return "bit-identical"
+    lsb = v.max_deviation_lsb
+    return f"within {lsb} LSB (lossy)" if lsb else "within float rounding"
+
+
 def _print(args, fitted) -> None:
     r, out = fitted.result, report.console()
     over = (r.selection.latency_s / r.baseline_latency_s - 1) if r.baseline_latency_s else 0.0
@@ -70,10 +80,10 @@ def _print(args, fitted) -> None:
               f"{r.variants_evaluated} variants over {r.spans} spans, {r.seconds:.1f} s")
     for v in r.selection.variants:
         if v.kind != "as-is":
-            out.print(f"  spans {v.first}-{v.last}: {v.label}: peak {v.peak:,} B, +{v.ops} ops")
-    checks = ", ".join(f"{v.runtime} {'bit-identical' if v.bit_exact else 'within tolerance'}"
-                       for v in fitted.verification if not v.skipped)
-    out.print(f"checked: {checks}; TFLite Micro head {fitted.head_measured:,} B (predicted {r.head:,} B)")
+            out.print(f"  spans {v.first}-{v.last}: {v.label}: peak {v.peak:,} B, {v.ops} ops")
+    checks = ", ".join(f"{v.runtime} {_agreement(v)}" for v in fitted.verification if not v.skipped)
+    out.print(f"checked: {checks}; host TFLite Micro head {fitted.head_measured:,} B (predicted "
+              f"{fitted.head_predicted_host:,} B; {r.head:,} B with the {fitted.kernels} kernels)")
     if r.frontier:
         out.print("frontier (fastest first): arena peak B, predicted latency ms, variants")
         for p in r.frontier:

@@ -13,11 +13,14 @@ from toolchain.errors import InfeasibleError
 from toolchain.fit import fit_graph
 
 COST_DEVICE = "qemu-mps2-an386"  # an Edge TPU compile prices variants with the emulated MCU's model
+# The passes after it plan for the reference kernels (the host's TFLite Micro), and a compiled model
+# must run anywhere: no harness-only kernel variants (toolchain.ir.kernels).
+KERNELS = "reference"
 
 
 def fit(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     budget = state.options.budget
-    r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, deadline=Deadline(allowed))
+    r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, kernels=KERNELS, deadline=Deadline(allowed))
     if not r.fits:
         raise InfeasibleError(f"{state.options.label}: no variant fits {budget:,} B of TFLite Micro arena head; "
                               f"the smallest reachable is {r.head:,} B")
