@@ -7,6 +7,8 @@ Micro tree (skips without them, as tests/test_firmware.py does)."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -140,7 +142,7 @@ def test_the_direct_kernel_frees_the_im2col_buffer_at_the_peak(models):
 @needs_qemu
 def test_malformed_options_stop_the_firmware_with_its_message(models, tmp_path):
     from runtime import protocol as P
-    from runtime.backends.qemu import QemuBoard
+    from runtime.backends.qemu import QemuBoard, project_dir
     from runtime.serial_mcu import SerialMcu
     from toolchain.export_mcu import c_array
     from toolchain.firmware.build import build_firmware
@@ -155,9 +157,18 @@ def test_malformed_options_stop_the_firmware_with_its_message(models, tmp_path):
     bad = bytearray(bytes(ops[direct[1]].customOptions))
     bad[4:8] = struct.pack("<i", 9)  # padding 9: neither SAME nor VALID
     ops[direct[1]].customOptions = list(bad)
-    (tmp_path / "model_data.cc").write_text(c_array(model_to_bytes(model), "g_model_data"))
+    data = model_to_bytes(model)
+    # export-mcu refuses such a model: the project is the good one's with the bad model swapped in,
+    # kept in the firmware cache under the bad model's key so later sessions only run make
+    project = project_dir(data, BOARD)
+    if not (project / "export.json").is_file():
+        (tmp_path / "model_data.cc").write_text(c_array(data, "g_model_data"))
+        (tmp_path / "model.tflite").write_bytes(data)
+        project.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tmp_path, f"{project}.tmp{os.getpid()}", dirs_exist_ok=True)
+        os.replace(f"{project}.tmp{os.getpid()}", project)
     try:
-        b = build_firmware(tmp_path, "reference", quiet=True, wait=False)
+        b = build_firmware(project, "reference", quiet=True, wait=False)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     logs, err = [], None
@@ -174,3 +185,23 @@ def test_malformed_options_stop_the_firmware_with_its_message(models, tmp_path):
     assert "AllocateTensors failed" in err
     assert any("TPUP_CONV_2D_DIRECT: 27 bytes of options, expected 28" in line for line in logs), logs
     assert any("TPUP_CONV_2D_DIRECT: invalid options [" in line for line in logs), logs
+
+
+@pytest.mark.slow
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels", ["reference", "cmsis-nn"])
+def test_a_zoo_model_with_every_convolution_direct(tmp_path, kernels):
+    """MobileNetV1 0.25 96x96 int8 (tools/build_zoo.py) with all 15 convolutions (the 3x3 stem and
+    the 1x1 pointwise ones) on the direct kernel: ~40 s per kernel set."""
+    from toolchain.ir.kernels import can_run_direct
+
+    src = Path(__file__).resolve().parent.parent / "models" / "mobilenet_v1_025_96_int8.tflite"
+    if not src.is_file():
+        pytest.skip("the zoo is not built (tools/build_zoo.py --out models)")
+    model = read_model(src)
+    g = from_model(model)
+    direct = [i for i in range(len(g.ops)) if can_run_direct(g, i)]
+    assert len(direct) == 15
+    (tmp_path / "m.tflite").write_bytes(model_to_bytes(to_model(with_kernel(g, direct), model)))
+    _check_target_model(_run(tmp_path / "m.tflite", kernels), direct)
