@@ -205,3 +205,15 @@ def test_a_zoo_model_with_every_convolution_direct(tmp_path, kernels):
     assert len(direct) == 15
     (tmp_path / "m.tflite").write_bytes(model_to_bytes(to_model(with_kernel(g, direct), model)))
     _check_target_model(_run(tmp_path / "m.tflite", kernels), direct)
+
+
+@needs_arm
+@needs_qemu
+def test_the_direct_kernel_costs_what_the_reference_convolution_costs(models):
+    """toolchain.cost.mcu prices a direct op with the reference kernels' coefficients: on the
+    board it takes the reference build's CONV_2D instructions, within 1 %."""
+    root, _, direct = models
+    ref = {o["index"]: o["instructions"] for o in _run(root / "builtin.tflite", "reference").op_instructions}
+    got = {o["index"]: o["instructions"] for o in _run(root / "direct.tflite", "cmsis-nn").op_instructions}
+    for i in direct:
+        assert abs(got[i] - ref[i]) <= 0.01 * ref[i], (i, got[i], ref[i])
