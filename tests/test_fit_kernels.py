@@ -86,3 +86,25 @@ def test_fitted_direct_kernels_run_on_the_emulated_cortex_m_as_predicted(tmp_pat
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences
     assert r.head_bytes == fitted.result.head == 8192
+
+
+def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_sets(tmp_path):
+    """The lazy search is only optimal if every stage bounds the next from below: the tile-geometry
+    estimate (scratch included) never exceeds the built variant's peak or latency."""
+    from test_fit import _stem_heavy_cnn
+
+    from toolchain.cost.mcu import estimate_mcu
+    from toolchain.fit.variants import patch_candidates, upgrade
+
+    _, g = load(_stem_heavy_cnn(tmp_path, seed=23))
+    spans = split_spans(g)
+    for kernels in ("cmsis-nn", "reference"):
+        as_is = as_is_variants(g, spans, "qemu-mps2-an386", kernels)
+        secs = {o.index: o.seconds for o in estimate_mcu(g, "qemu-mps2-an386", kernels=kernels).ops}
+        cands = patch_candidates(g, spans, as_is)
+        assert len(cands) >= 4
+        for v in cands:
+            est = upgrade(g, spans, v, secs, "qemu-mps2-an386", kernels)
+            built = upgrade(g, spans, est, secs, "qemu-mps2-an386", kernels)
+            assert v.peak <= est.peak <= built.peak, (kernels, v.label)
+            assert est.latency_s <= built.latency_s * (1 + 1e-9), (kernels, v.label)

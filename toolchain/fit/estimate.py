@@ -10,8 +10,10 @@ decide it: every variant in a final selection is built and measured.
   pads and joins are left out: a floor);
 - peak: a lower bound on the live bytes of the patch-by-patch order the rewrite emits, tile by
   tile: the region's input (live until the last tile is cut from it), the output tiles done so
-  far, and the largest op footprint (input and output boxes) of the current tile; and the final
-  assembly (all tiles and the output). Explicit pads and row joins only add to it.
+  far, and the largest op footprint (input and output boxes, and the scratch the kernel asks
+  for, which depends on channels and filter only, so every tile's copy asks what the op asks)
+  of the current tile; and the final assembly (all tiles and the output). Explicit pads and row
+  joins only add to it.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ def _aligned(graph: Graph, t: int) -> int:
 
 
 def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
-                     op_seconds: dict[int, float]) -> tuple[int, int, float]:
+                     op_seconds: dict[int, float], scratch: dict[int, int] | None = None) -> tuple[int, int, float]:
     """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
     the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
-    the device model on the whole graph) scaled by the area its tiles compute."""
+    the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
+    scratch each op asks for (toolchain.memory.scratch, aligned)."""
     tiler = _Tiler(graph, None, tin, tout, positions)
     oh, ow = _hw(graph, tout)
     rate, ppx = {}, {}
@@ -60,7 +63,7 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     footprint = np.zeros((len(rows), len(cols)))
     work = seconds = 0.0
     for y, xs, i in steps:
-        f = sum(ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y))
+        f = sum(ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)) + (scratch or {}).get(i, 0)
         np.maximum(footprint, f, out=footprint)
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area

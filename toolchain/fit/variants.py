@@ -31,6 +31,7 @@ from toolchain.ir import Graph, macs
 from toolchain.memory.bounds import order_free_lower_bound
 from toolchain.memory.lifetimes import lifetimes
 from toolchain.ir.kernels import DIRECT, can_run_direct, with_kernel
+from toolchain.memory.scratch import scratch_requests
 from toolchain.memory.semantics import align, tflm_semantics
 from toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
 from toolchain.schedule.api import schedule
@@ -216,8 +217,10 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     achievable, the device model's latency of the built ops, MACs, ops)."""
     if v.stage == "bound":
         positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
+        sem = tflm_semantics(kernels)
+        scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
         peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
-                                           v.grid, op_seconds)
+                                           v.grid, op_seconds, scratch)
         return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
     g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
     lat, work = _costed(g, device, kernels)
