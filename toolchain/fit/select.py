@@ -68,6 +68,9 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
         if best is None or (latency_bound is not None and best[0] > latency_bound * _NS):
             return None
         return best[2]
+    if latency_bound is None:  # the smallest peak of any covering (a minimax path), then the fastest at it
+        top = _smallest_peak(usable, n_spans)
+        return None if top is None else _fastest([v for v in usable if v.peak <= top], n_spans)[2]
     peaks = sorted({v.peak for v in usable})  # the smallest threshold with a covering (under the bound)
     lo, hi, found = 0, len(peaks) - 1, None
     while lo <= hi:
@@ -78,6 +81,19 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
         else:
             lo = mid + 1
     return None if found is None else found[2]
+
+
+def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
+    """The least max-peak over coverings of the spans (None if the variants cover none)."""
+    best: list = [None] * (n_spans + 1)
+    best[0] = 0
+    for v in sorted(variants, key=lambda v: v.last):
+        prev = best[v.first]
+        if prev is not None:
+            cand = max(prev, v.peak)
+            if best[v.last + 1] is None or cand < best[v.last + 1]:
+                best[v.last + 1] = cand
+    return best[n_spans]
 
 
 def _fastest(variants: list[Variant], n_spans: int):
