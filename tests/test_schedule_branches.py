@@ -3,6 +3,7 @@ the best order that keeps every accepted body contiguous, in the inner order cho
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from hypothesis import given, note
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from tests.test_schedule_bruteforce import SEMS, Oracle, check_everything, compact, dags, fast
 from toolchain.ir import Graph, Op, Tensor
 from toolchain.schedule import build_model, schedule
-from toolchain.schedule.branches import body_units
+from toolchain.schedule.branches import _body_tensors, _res, body_order, body_units
 
 SIZES = [16, 32, 48, 64, 96, 128, 256]
 
@@ -136,6 +137,57 @@ def test_no_bodies_with_an_untouched_graph_output():
     _check_units(g, "tflm")
     assert Oracle(g, "tflm").optimum() == 208
 
+
+
+def test_zhong_iv2_condition_on_one_inner_order_is_not_enough():
+    """Zhong et al.'s Theorem IV.2 fuses an isolated sub-graph (one input tensor read only
+    inside, one output) when the transient footprint along its inner schedule never falls below
+    either end. Here that holds along sigma = (op1, op3, op2, op4, op5), an optimal schedule of
+    the sub-graph on its own, yet fusing it loses: 320 B against the optimum 288 B (found by a
+    random search). Another inner order runs op1 and op2 first: x is dead and 64 B remain, below
+    the 96 B entry, and the optimum runs op6 (128 B in, 96 B out) in that valley: 288 B.
+    branches.py checks every down-set, so it rejects the body and the scheduler stays optimal."""
+    sizes = [128, 96, 32, 32, 32, 96, 32, 96, 48]
+    ts = tuple(Tensor(i, f"t{i}", "int8", (s,)) for i, s in enumerate(sizes))
+    ops = (Op("CONV_2D", (0,), (1,)), Op("CONV_2D", (1,), (2,)), Op("CONV_2D", (1,), (3,)),
+           Op("CONV_2D", (2,), (4,)), Op("ADD", (2, 4), (5,)), Op("ADD", (3, 5), (6,)),
+           Op("CONV_2D", (0,), (7,)), Op("ADD", (6, 7), (8,)))
+    g = Graph(ts, ops, (0,), (8,), "zhong")
+    model = build_model(g)
+    x, body, sigma = 1, 0b111110, (1, 3, 2, 4, 5)
+    tensors = _body_tensors(model, x, body)
+    t, D, inner_peak = [_res(model, x, tensors, body, 0)], 0, 0
+    for v in sigma:
+        born = sum(model.size[q] for q in model.touch[v] if model.born[q] == v)
+        inner_peak = max(inner_peak, t[-1] + born)
+        D |= 1 << v
+        t.append(_res(model, x, tensors, body, D))
+    assert all(t[0] <= ti >= t[-1] for ti in t[1:-1]), t  # Zhong's (15) and (16) along sigma
+    assert inner_peak == _inner_optimum(model, x, body, tensors)  # sigma is the sub-graph's optimum
+    oracle = Oracle(g, "tflm")
+    fused = [sigma] + [(v,) for v in range(model.n) if v not in sigma]
+    assert oracle.optimum(fused) == 320 > oracle.optimum() == 288
+    assert body_order(model, x, body) is None  # a down-set dips: branches.py's rule refuses
+    assert not any(len(u) > 1 and set(u) >= set(sigma) for u in _check_units(g, "tflm"))
+    assert schedule(g, time_limit=10).peak == 288
+
+
+def _inner_optimum(model, x, body, tensors) -> int:
+    """The least largest step of the body on its own (every inner order, brute force)."""
+    ops = [v for v in range(model.n) if (body >> v) & 1]
+    best = None
+    for perm in itertools.permutations(ops):
+        D, peak, ok = 0, 0, True
+        for v in perm:
+            if model.preds[v] & body & ~D:
+                ok = False
+                break
+            born = sum(model.size[q] for q in model.touch[v] if model.born[q] == v)
+            peak = max(peak, _res(model, x, tensors, body, D) + born)
+            D |= 1 << v
+        if ok and (best is None or peak < best):
+            best = peak
+    return best
 
 # ---- lazy slices (forks.py) ---------------------------------------------------------------------
 @st.composite
