@@ -780,8 +780,6 @@ MUTATIONS = [
      "windows: the window's order read back to front"),
     ("window.py", "if not (sub.upred[b] >> a) & 1:", "if False:", "neighbourhood: the fixed units may move"),
     ("window.py", "            sub.usucc[a].append(b)\n", "", "neighbourhood: a chained unit never becomes ready"),
-    ("window.py", "if r.order is None or r.peak >= ub:\n        return None", "if r.order is None:\n        return None",
-     "windows: a window order at the peak is taken"),
     ("beam.py", "for ks in reversed(seq)", "for ks in seq", "beam: the moves read back to front"),
     # model.py: the lower bound, the last step, and when TFLite's in-place sharing is static
     ("model.py", "if after == self.full:\n            live += self.final_only",
