@@ -54,8 +54,7 @@ ABLATION = {  # name -> parts of the at-scale search switched off (schedule(abla
     "no branching bound": ("branch_bound",),
     "no beams": ("beam",),
     "no dives": ("dives",),
-    "no windows": ("windows",),
-    "none of the four": ("branch_bound", "beam", "dives", "windows"),
+    "none of the three": ("branch_bound", "beam", "dives"),
 }
 
 
@@ -100,9 +99,8 @@ def ablation(hard: list[dict], models: Path, time_limit: float) -> list[str]:
     lines = ["", "### Ablation on the models not proven", "",
              "Each cell: peak / lower bound (certified gap %), same time limit. `no branching bound`: the "
              "floor from the min-cut bound and the search only; `no beams`, `no dives`: those searches "
-             "for better orders skipped; `no windows`: no exactly re-solved neighbourhoods of the best "
-             "order (window.py); `none of the four`: the search as before issue 15 but with its first "
-             "20 % split off.", "",
+             "for better orders skipped; `none of the three`: the search as before issue 15 but with its "
+             "first 20 % split off.", "",
              "| model | all | " + " | ".join(ABLATION) + " |", "|---|" + "---|" * (len(ABLATION) + 1)]
     for r in hard:
         cells = [f"{r['peak']:,} / {r['lb']:,} ({gap(r['peak'], r['lb'])})"]

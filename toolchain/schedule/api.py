@@ -11,7 +11,7 @@ from toolchain.errors import UsageError
 from toolchain.ir import Graph
 from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.semantics import get_semantics
-from toolchain.schedule import heuristics, window
+from toolchain.schedule import heuristics
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
@@ -72,7 +72,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
     returned is then not necessarily optimal. `progress(msg)` hears one line per hard piece.
 
     `ablate` (benchmarks only) switches parts off: "fusion", "branches", "lazy_slices", "cuts",
-    "free_moves", "cut_bound", "branch_bound", "beam", "dives", "windows"."""
+    "free_moves", "cut_bound", "branch_bound", "beam", "dives"."""
     t0 = time.monotonic()
     if method not in METHODS:
         raise UsageError(f"unknown scheduling method '{method}' (choose from {', '.join(METHODS)})")
@@ -202,11 +202,10 @@ def _search_piece(pc: Piece, ub_order, ub: int, floor: int, method: str, now: fl
 
 
 def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline: float, ablate,
-               methods_used: set, ub_order=None):
+               methods_used: set):
     """A short exact search (most pieces end here, 20 % of the time left); if it does not
-    finish: the branching min-cut bound raises the floor (25 %), beams (20 %), dives (15 %) and
-    exactly re-solved neighbourhoods of the best order (window.py, 15 %) look for better
-    orders; the full search gets the rest. Returns (the result, the floor)."""
+    finish: the branching min-cut bound raises the floor (25 %), beams (25 %) and dives (20 %)
+    look for better orders; the full search gets the rest. Returns (the result, the floor)."""
     def until(share):
         return min(time.monotonic() + share * left, deadline)
 
@@ -220,21 +219,15 @@ def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline
     if res.order is not None:
         ub = res.peak
     if "beam" not in ablate and floor < ub:
-        found = _beams(pc, ub, until(0.2))
+        found = _beams(pc, ub, until(0.25))
         if found is not None and found[1] < ub:
             res.order, res.peak = found
             ub = found[1]
     if "dives" not in ablate and floor < ub:
-        dive, proven = _dives(pc, ub, floor, until(0.15), ablate)
+        dive, proven = _dives(pc, ub, floor, until(0.2), ablate)
         floor = max(floor, proven)
         if dive is not None:
             res.order, res.peak = dive
-            ub = dive[1]
-    start = res.order if res.order is not None else ub_order
-    if "windows" not in ablate and floor < ub and start is not None:
-        found = window.improve(pc, start, floor, until(0.15), "free_moves" not in ablate)
-        if found is not None and found[1] < ub:
-            res.order, res.peak = found
     return res, floor
 
 
@@ -317,7 +310,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             continue
         res = None
         if method == "auto":
-            res, floor = _first_try(pc, ub, floor, now, left, deadline, ablate, methods_used, ub_order)
+            res, floor = _first_try(pc, ub, floor, now, left, deadline, ablate, methods_used)
             lbs[i] = max(lbs[i], floor)
         if res is None or not res.complete:
             if res is not None and res.order is not None:
