@@ -11,15 +11,15 @@ and planned by the arena planner; `head` is what TFLite Micro allocates with tha
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from toolchain.budget import Deadline, Progress, say
 from toolchain.errors import UsageError
 from toolchain.cost.mcu import estimate_mcu
 from toolchain.fit.select import Selection, chain_select, pareto, select
 from toolchain.fit.spans import split_spans
-from toolchain.fit.variants import (Variant, as_is_variants, direct_twins, patch_candidates, refine, rewrite_variants,
-                                   splice, upgrade)
+from toolchain.fit.variants import (Variant, as_is_variants, best_order, direct_twins, patch_candidates, refine,
+                                   rewrite_variants, splice, upgrade)
 from toolchain.ir import Graph
 from toolchain.ir.kernels import with_kernel
 from toolchain.memory.lifetimes import lifetimes
@@ -169,8 +169,21 @@ class _Pool:
                 raise AssertionError(f"fit: CP-SAT's selection {cp} disagrees with the chain DP's {dp}")
         return sel
 
-    def refine(self, budget, deadline) -> bool:
-        measured = [v for v in self.variants if v.stage == "measured"]
+    def order(self, v: Variant, deadline: Deadline, below: int | None = None) -> None:
+        """Build `v` if it is not yet, then ask the exact scheduler for its best order (`below`:
+        for one under this peak)."""
+        k = next(k for k, w in enumerate(self.variants) if w is v)
+        while v.stage != "measured":
+            self.estimated += v.stage == "bound"
+            self.measured += v.stage == "estimate"
+            v = upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
+        v = best_order(v, tflm_semantics(self.kernels).name, deadline, below)
+        self.variants[k] = v
+        self.variants += direct_twins(v, self.device, self.kernels)
+
+    def refine(self, budget, deadline, only=None) -> bool:
+        measured = [v for v in self.variants
+                    if v.stage == "measured" and (only is None or any(v is w for w in only))]
         better = refine(measured, budget, deadline, self.kernels)
         changed = [(a, b) for a, b in zip(measured, better) if a != b]
         for old, new in changed:
@@ -178,19 +191,76 @@ class _Pool:
         return bool(changed)
 
 
+MAX_SMALLEST_ROUNDS = 4
+MAX_ORDER_ROUNDS = 32
+
+
+def _with_best_orders(pool: _Pool, n_spans: int, sel: Selection | None, budget, objective,
+                      deadline: Deadline) -> Selection | None:
+    """A patch variant is measured in the order the rewrite emits it in, which is achievable but not
+    optimal: one whose emitted order misses the budget may have an order that meets it. So select
+    again as if every patch variant not yet scheduled reached its any-order lower bound; if that
+    would beat `sel`, schedule the patch variants it picks exactly, and select again; repeat."""
+    for _ in range(MAX_ORDER_ROUNDS):
+        if deadline.expired():
+            break
+        hopeful = [replace(v, peak=v.lower_bound) if v.kind == "patch" and not v.ordered else v
+                   for v in pool.variants]
+        origin = {id(h): v for h, v in zip(hopeful, pool.variants)}
+        pick = chain_select(hopeful, n_spans, budget=budget, objective=objective)
+        if pick is None or not _beats(pick, sel, objective):
+            break
+        todo = [origin[id(h)] for h in pick if h.kind == "patch" and not origin[id(h)].ordered]
+        if not todo:
+            break
+        below = budget + 1 if budget is not None else (sel.peak if sel is not None else None)
+        for v in todo:
+            pool.order(v, deadline.sub(fraction=0.5), below)
+        sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
+    return sel
+
+
+def _beats(pick: list[Variant], sel: Selection | None, objective: str) -> bool:
+    if sel is None:
+        return True
+    if objective == "memory":
+        return max(v.peak for v in pick) < sel.peak
+    return sum(v.latency_s for v in pick) < sel.latency_s * (1 - 1e-9)
+
+
+def _smallest(pool: _Pool, n_spans: int, deadline: Deadline) -> Selection | None:
+    """The smallest arena: select; then ask the exact scheduler whether the patch variants at the
+    selection's peak have an order below it (the order a patch variant is measured in is
+    achievable, not optimal), and select again while that lowers the peak."""
+    sel = pool.select(n_spans, None, "memory", deadline.sub(fraction=0.5))
+    for _ in range(MAX_SMALLEST_ROUNDS):
+        if sel is None or deadline.expired():
+            break
+        at_peak = [v for v in sel.variants if v.peak == sel.peak and v.kind == "patch" and not v.proven]
+        if not at_peak or not pool.refine(sel.peak - 1, deadline.sub(fraction=0.5), only=at_peak):
+            break
+        again = pool.select(n_spans, None, "memory", deadline.sub(fraction=0.5))
+        if again is None or again.peak >= sel.peak:
+            break
+        sel = again
+    return _with_best_orders(pool, n_spans, sel, None, "memory", deadline.sub(fraction=0.3))
+
+
 def _choose(pool: _Pool, n_spans: int, budget, objective, deadline) -> Selection | None:
     """Select; then let the exact scheduler try the measured variants whose bound says they might
     fit where their emitted order does not, and select again if that changed anything."""
+    if budget is None and objective == "memory":
+        return _smallest(pool, n_spans, deadline)
     sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5))
     if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
-    return sel
+    return _with_best_orders(pool, n_spans, sel, budget, objective, deadline.sub(fraction=0.3))
 
 
 def _frontier(pool: _Pool, n_spans: int, deadline: Deadline) -> tuple[tuple[Selection, ...], bool]:
     """The smallest arena first (so it is known whatever happens), then the sweep from the fastest
     selection down; if the sweep stops at the time limit, the smallest is appended to what it has."""
-    smallest = pool.select(n_spans, None, "memory", deadline.sub(fraction=0.4))
+    smallest = _smallest(pool, n_spans, deadline.sub(fraction=0.4))
     sweep = deadline.sub(fraction=0.8)
     points = list(pareto(lambda b: pool.select(n_spans, b, "latency", sweep), sweep))
     complete = bool(points) and smallest is not None and points[-1].peak <= smallest.peak

@@ -59,6 +59,7 @@ class Variant:
     stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
     direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
     rewrites: tuple = ()  # rewrite: the AppliedRewrite records (toolchain.rewrite.driver)
+    ordered: bool = False  # patch: the exact scheduler has been asked for its best order
 
     @property
     def proven(self) -> bool:
@@ -205,7 +206,7 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> l
         for grid in _grids(region.max_grid):  # coarse grids first: they win ties
             if grid[0] * grid[1] * region_ops > MAX_PATCH_OPS:
                 break  # finer grids only copy more ops
-            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, 0, lat, work, 0, region, grid,
+            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, floor, lat, work, 0, region, grid,
                                stage="bound"))
     return out
 
@@ -251,13 +252,19 @@ def refine(variants: list[Variant], budget: int, deadline: Deadline | None = Non
             v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, sem)))
         if v.kind == "patch" and v.graph is not None and v.lower_bound <= budget < v.peak \
                 and (deadline is None or not deadline.expired()):
-            sched = schedule(v.graph, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.5),
-                             semantics=sem)
-            if sched.peak < v.peak or sched.lower_bound > v.lower_bound:
-                v = replace(v, peak=sched.peak, lower_bound=max(v.lower_bound, sched.lower_bound),
-                            graph=v.graph.reordered(sched.order))
+            v = best_order(v, sem, (deadline or Deadline(10.0)).sub(fraction=0.5))
         out.append(v)
     return out
+
+
+def best_order(v: Variant, sem: str, deadline: Deadline | None = None, below: int | None = None) -> Variant:
+    """Measured patch variant `v` in the best order the exact scheduler finds within the deadline
+    (its emitted order is achievable, not optimal), with the scheduler's lower bound. `below`: only
+    an order under it is of interest (the scheduler stops at the first, or when none can exist)."""
+    sched = schedule(v.graph, time_limit=None, deadline=deadline or Deadline(10.0), semantics=sem, below=below)
+    if sched.peak < v.peak:
+        v = replace(v, peak=sched.peak, graph=v.graph.reordered(sched.order))
+    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True)
 
 
 def _regions_on_spans(graph: Graph, spans: list[Span], regions):
