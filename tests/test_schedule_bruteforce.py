@@ -34,7 +34,6 @@ from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.scratch import scratch_requests
 from toolchain.memory.semantics import align, get_semantics
 from toolchain.schedule import build_model, heuristics, schedule
-from toolchain.schedule import window
 from toolchain.schedule.api import _dives
 from toolchain.schedule.beam import beam_order
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
@@ -505,32 +504,10 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
         assert found is not None and is_topological_after(model, found[0], S0)
         assert sorted(found[0]) == sorted(v for u in units for v in u)
         assert piece.evaluate(found[0]) == found[1] >= piece_opt
-    check_windows(model, piece, order, ub, piece_opt, S0)
     if ub > piece_opt:
         # with ub = the optimum nothing better exists: the search must prove that, not invent one
         r = best_first(piece, piece_opt, 0, free_moves=True)
         assert r.order is None and r.lower_bound <= piece_opt
-
-
-def check_windows(model, piece, order, ub, piece_opt, S0):
-    """window.py: a re-solved window is real and no higher; on these small pieces the first
-    window is the whole piece, so it reaches the optimum. A constrained neighbourhood keeps its
-    fixed units in order, and the order it came from is still one of its orders."""
-    found = window.improve(piece, order, 0, time.monotonic() + 5)
-    if ub > piece_opt and len(piece.units) >= 3:
-        assert found is not None and found[1] == piece_opt
-    if found is not None:
-        assert is_topological_after(model, found[0], S0) and sorted(found[0]) == sorted(order)
-        assert piece.evaluate(found[0]) == found[1] < ub
-    seq = window.unit_sequence(piece, order)
-    free = set(range(0, len(seq), 2))
-    sub = window.constrained(piece, seq, free)
-    r = best_first(sub, ub + 1, 0)
-    assert r.order is not None and is_topological_after(model, r.order, S0)
-    assert piece_opt <= r.peak == piece.evaluate(r.order) <= ub
-    got = window.unit_sequence(sub, r.order)
-    fixed = [i for i in got if i not in free]
-    assert fixed == sorted(fixed), "a fixed unit moved"
 
 
 def is_topological_after(model, order, S0):
@@ -776,10 +753,6 @@ MUTATIONS = [
     ("api.py", "proven = max(proven, min(r.lower_bound, ub))", "proven = max(proven, B)",
      "dives: the trial budget taken as a bound"),
     ("beam.py", "if upred[j] & ~U2 == 0 and not", "if not", "beam: a unit ready before its predecessors ran"),
-    ("window.py", "return seq[:a] + out + seq[b:]", "return seq[:a] + out[::-1] + seq[b:]",
-     "windows: the window's order read back to front"),
-    ("window.py", "if not (sub.upred[b] >> a) & 1:", "if False:", "neighbourhood: the fixed units may move"),
-    ("window.py", "            sub.usucc[a].append(b)\n", "", "neighbourhood: a chained unit never becomes ready"),
     ("beam.py", "for ks in reversed(seq)", "for ks in seq", "beam: the moves read back to front"),
     # model.py: the lower bound, the last step, and when TFLite's in-place sharing is static
     ("model.py", "if after == self.full:\n            live += self.final_only",

@@ -151,7 +151,7 @@ class _Pool:
                 self.stopped = True
                 break  # out of time: the best among the measured variants
             for v in pick:
-                if v.stage != "measured":
+                if v.stage != "measured" and not deadline.expired():  # a build can take seconds
                     k = next(k for k, w in enumerate(self.variants) if w is v)
                     self.variants[k] = upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
                     if v.stage == "bound":
@@ -215,6 +215,8 @@ def _with_best_orders(pool: _Pool, n_spans: int, sel: Selection | None, budget, 
             break
         below = budget + 1 if budget is not None else (sel.peak if sel is not None else None)
         for v in todo:
+            if deadline.expired():
+                break
             pool.order(v, deadline.sub(fraction=0.5), below)
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
