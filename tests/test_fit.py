@@ -182,25 +182,32 @@ def load_bytes(data: bytes):
 def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
     """The fitted model in the real firmware on QEMU: outputs bit-identical to host TFLite Micro
     (reference kernels) and the head the firmware allocates is fit's prediction."""
+    src = _stem_heavy_cnn(tmp_path, seed=17)
+    fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, kernels="reference", time_limit=20)
+    assert fitted.result.fits
+    r = run_fitted_on_qemu(tmp_path, fitted, "reference")
+    assert r.head_bytes == r.planned_head == fitted.result.head
+
+
+def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
+    """The fitted model in the harness firmware for `kernels` on QEMU (skips without the ARM
+    toolchain, QEMU or the TFLite Micro tree); its outputs must match the host's TFLite Micro."""
     from test_firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
 
     if not (HAVE_ARM and HAVE_QEMU):
         pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
-    tree_or_skip("reference")
+    tree_or_skip(kernels)
     from runtime.backends.qemu import run_on_qemu
     from toolchain.firmware.library import LibraryBusy
 
-    src = _stem_heavy_cnn(tmp_path, seed=17)
-    fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, time_limit=20)
-    assert fitted.result.fits
     out = tmp_path / "fitted.tflite"
     out.write_bytes(fitted.data)
     try:
-        r = run_on_qemu(out, "qemu-mps2-an386", "reference", iterations=2, seed=3)
+        r = run_on_qemu(out, "qemu-mps2-an386", kernels, iterations=2, seed=3)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences
-    assert r.head_bytes == r.planned_head == fitted.result.head
+    return r
 
 
 def test_compile_and_export_mcu_run_the_same_fit(tmp_path):

@@ -67,24 +67,11 @@ def test_fit_counts_the_kernel_sets_scratch(tmp_path):
 def test_fitted_direct_kernels_run_on_the_emulated_cortex_m_as_predicted(tmp_path):
     """The fitted model, with its direct convolution, in the CMSIS-NN firmware on QEMU: outputs
     bit-identical to the host's TFLite Micro, and the firmware's head is fit's prediction."""
-    import pytest
-    from test_firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
-
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
-    tree_or_skip("cmsis-nn")
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.firmware.library import LibraryBusy
+    from test_fit import run_fitted_on_qemu
 
     fitted = fit_model(_wide_conv(tmp_path), budget=9000, kernels="cmsis-nn", time_limit=20)
     assert kernel_choices(fitted.result.graph) == {0: DIRECT}
-    out = tmp_path / "fitted.tflite"
-    out.write_bytes(fitted.data)
-    try:
-        r = run_on_qemu(out, "qemu-mps2-an386", "cmsis-nn", iterations=2, seed=3)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, r.output_differences
+    r = run_fitted_on_qemu(tmp_path, fitted, "cmsis-nn")
     assert r.head_bytes == fitted.result.head == 8192
 
 
