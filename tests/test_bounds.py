@@ -197,6 +197,27 @@ def test_schedule_returns_within_its_deadline_on_a_hard_graph():
     assert s.peak <= lifetimes(g, None).peak
 
 
+def test_schedule_returns_within_its_deadline_on_a_large_patched_graph():
+    """A patched region is thousands of ops: the baselines and the branch-body pre-pass must stay
+    inside the deadline too (they took 5.3 s of a 1 s deadline here, and 60 s on a fit's 4,588-op
+    graph, before they watched the clock)."""
+    from tests.cnn_builder import CnnBuilder
+    from toolchain.rewrite.patch import apply_patches, patch_regions
+
+    b = CnnBuilder(seed=1)
+    y = b.conv(b.input((1, 64, 64, 4)), 8, k=3, act="RELU")
+    for _ in range(4):
+        y = b.add(b.conv(b.dw(y, k=3), 8, k=1, act="RELU"), y)
+    g = b.graph([b.conv(y, 4, k=3, stride=2)])
+    region = max(patch_regions(g), key=lambda r: len(r.ops))
+    patched = apply_patches(g, region, (8, 8))
+    assert len(patched.ops) > 1000
+    t0 = time.monotonic()
+    s = schedule(patched, time_limit=None, deadline=Deadline(1.0))
+    assert time.monotonic() - t0 < 1.0 + SLACK + 0.5
+    assert patched.is_topological(s.order) and s.peak <= lifetimes(patched, None).peak
+
+
 def test_schedule_below_answers_the_question_only():
     g = random_dag(40, 3)
     full = schedule(g, time_limit=20.0)

@@ -107,7 +107,9 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
         if "fusion" in ablate:
             units = [(v,) for v in heuristics.kahn(model)]
         else:
-            units = fuse(model, None if "branches" in ablate else body_units(model))
+            # the body search is a pre-pass: it gets at most a quarter of the time
+            bodies = None if "branches" in ablate else body_units(model, until=t0 + 0.25 * (deadline - t0))
+            units = fuse(model, bodies)
         plist = [list(range(len(units)))] if "cuts" in ablate else split_pieces(model, units)
         units_n, pieces_n = len(units), len(plist)
         largest = max(len(p) for p in plist)
@@ -157,11 +159,12 @@ def _with_lazy_slices(pieces: list[Piece], ablate) -> list[Piece]:
     return pieces if "lazy_slices" in ablate else [pc.use_lazy_slices() for pc in pieces]
 
 
-def _piece_upper_bound(model, pc: Piece, base_order) -> tuple[list[int], int]:
-    """Upper bound for the piece: the best global heuristic order restricted to it, or greedy."""
+def _piece_upper_bound(model, pc: Piece, base_order, deadline: float) -> tuple[list[int], int]:
+    """Upper bound for the piece: the best global heuristic order restricted to it, or greedy
+    (while time is left)."""
     cand = [v for v in base_order if (pc.ops >> v) & 1]
     ub_order, ub = cand, pc.evaluate(cand)
-    if len(pc.units) > 1:
+    if len(pc.units) > 1 and time.monotonic() < deadline:
         g = heuristics.greedy(model, pc.units, pc.S0, pc.R0)
         pg = pc.evaluate(g)
         if pg < ub:
@@ -268,7 +271,7 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
     heuristic order already does."""
     piece_objs = _with_lazy_slices(_pieces_in_context(model, units, plist), ablate)
     lbs = [pc.static_lower_bound() for pc in piece_objs]
-    ubs = [_piece_upper_bound(model, pc, base_order) for pc in piece_objs]
+    ubs = [_piece_upper_bound(model, pc, base_order, deadline) for pc in piece_objs]
     floor = max([global_lb, *lbs])
     # min-cut certificates for the pieces whose heuristic is above every bound so far
     for i, pc in enumerate(piece_objs):
@@ -294,6 +297,9 @@ def _solve_pieces(model, units, plist, base_order, base_peak, global_lb, method,
             continue
         if ub <= floor or (below is not None and (ub < below or floor >= below)):
             results[i] = (ub_order, ub, lbs[i], True)
+            continue
+        if time.monotonic() >= deadline:  # out of time (a large graph's linear passes took it)
+            results[i] = (ub_order, ub, lbs[i], False)
             continue
         now = time.monotonic()
         left = max(deadline - now, 0.0)

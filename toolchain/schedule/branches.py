@@ -30,6 +30,8 @@ with a graph output no op touches (live at the last step only) the rule is not a
 
 from __future__ import annotations
 
+import time
+
 from toolchain.schedule.model import MemModel, bits
 
 MAX_BODY = 256  # ops in one body
@@ -77,22 +79,21 @@ def _body_tensors(model: MemModel, x: int, body: int) -> list[int]:
 
 
 def _res(model: MemModel, x: int, tensors, body: int, done: int) -> int:
-    total = 0
-    for t in tensors:
-        m = model.mask[t]
-        if t == x:
-            alive = bool(m & body & ~done)
-        else:
-            alive = bool((done >> model.born[t]) & 1) and (model.pin_end[t] or bool(m & ~done))
-        if alive:
-            total += model.size[t]
-    return total
+    return sum(model.size[t] for t in tensors if _alive(model, x, t, body, done))
+
+
+def _alive(model: MemModel, x: int, t: int, body: int, done: int) -> bool:
+    m = model.mask[t]
+    if t == x:
+        return bool(m & body & ~done)
+    return bool((done >> model.born[t]) & 1) and (model.pin_end[t] or bool(m & ~done))
 
 
 def body_order(model: MemModel, x: int, body: int) -> tuple[int, ...] | None:
     """The inner order of B with the least largest step if the theorem applies, else None."""
     tensors = _body_tensors(model, x, body)
     ops = list(bits(body))
+    touched = {u: set(model.touch[u]) for u in ops}
     start, end = _res(model, x, tensors, body, 0), _res(model, x, tensors, body, body)
     need = max(start, end)
     # best[D] = (least largest step above R_o to reach D, last op, previous D)
@@ -108,7 +109,9 @@ def body_order(model: MemModel, x: int, body: int) -> tuple[int, ...] | None:
                     continue
                 D2 = D | (1 << u)
                 if D2 not in res:
-                    res[D2] = _res(model, x, tensors, body, D2)
+                    # only the tensors u touches can change state between D and D2
+                    res[D2] = res[D] + sum(model.size[t] * (_alive(model, x, t, body, D2) - _alive(model, x, t, body, D))
+                                           for t in touched[u])
                     if D2 != body and res[D2] < need:
                         return None
                     nxt.append(D2)
@@ -152,12 +155,15 @@ def _segments(model: MemModel, x: int, closure: int) -> list[int]:
     return out
 
 
-def body_units(model: MemModel) -> list[tuple[int, ...]]:
-    """Units: the accepted bodies (largest first, disjoint), every other op on its own."""
+def body_units(model: MemModel, until: float | None = None) -> list[tuple[int, ...]]:
+    """Units: the accepted bodies (largest first, disjoint), every other op on its own. At `until`
+    (monotonic seconds) no further body is looked for: leaving ops on their own is always safe."""
     if model.final_only:
         return [(v,) for v in range(model.n)]
     cands = []
     for x in range(len(model.size)):
+        if until is not None and time.monotonic() >= until:
+            break
         if model.born[x] < 0 or model.pin_start[x] or model.pin_end[x]:
             continue
         closure = _grow(model, x)
@@ -169,8 +175,8 @@ def body_units(model: MemModel) -> list[tuple[int, ...]]:
     cands.sort()
     taken = 0
     units: list[tuple[int, ...]] = []
-    for _, x, body in sorted(cands):
-        if body & taken:
+    for _, x, body in cands:
+        if body & taken or (until is not None and time.monotonic() >= until):
             continue
         order = body_order(model, x, body)
         if order is not None:

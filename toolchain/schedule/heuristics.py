@@ -59,24 +59,25 @@ def greedy(model: MemModel, units=None, S: int = 0, R: int | None = None, key: s
         units = [(v,) for v in range(model.n) if not (S >> v) & 1]
     if R is None:
         R = model.resident(S) if S else model.r0
-    all_ops = 0
-    for u in units:
-        for v in u:
-            all_ops |= 1 << v
-    need = []
-    for u in units:
-        inside = sum(1 << v for v in u)
-        p = 0
-        for v in u:
-            p |= model.preds[v]
-        need.append(p & ~inside)
-    remaining = set(range(len(units)))
+    # unit k is ready once the units owning its outside predecessors have run; only ready units
+    # are scored (a step costs O(width), not O(units))
+    owner = {v: k for k, u in enumerate(units) for v in u}
+    waiting = [0] * len(units)
+    users: list[list[int]] = [[] for _ in units]
+    for k, u in enumerate(units):
+        outside = {p for v in u for p in bits(model.preds[v])} - set(u)
+        if any(p not in owner and not (S >> p) & 1 for p in outside):
+            waiting[k] = -1  # a predecessor neither run nor among the units: never ready
+            continue
+        before = {owner[p] for p in outside if p in owner and not (S >> p) & 1}
+        for j in before:
+            users[j].append(k)
+        waiting[k] = len(before)
+    ready = [k for k in range(len(units)) if waiting[k] == 0]
     order: list[int] = []
-    while remaining:
+    for _ in range(len(units)):
         best = None
-        for k in sorted(remaining):
-            if need[k] & ~S:
-                continue
+        for k in ready:
             peak, r, s = 0, R, S
             for v in units[k]:
                 live, r = model.step(v, s, r)
@@ -88,8 +89,12 @@ def greedy(model: MemModel, units=None, S: int = 0, R: int | None = None, key: s
         if best is None:
             raise ValueError("units are not schedulable after the given set (cycle or missing predecessor)")
         _, k, R, S = best
-        remaining.discard(k)
+        ready.remove(k)
         order.extend(units[k])
+        for j in users[k]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
     return order
 
 
