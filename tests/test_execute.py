@@ -133,3 +133,21 @@ def _perturbed(data: bytes) -> bytes:
             buf.data = np.frombuffer(w.tobytes(), dtype=np.uint8)
             break
     return model_to_bytes(model)
+
+
+def test_tflm_check_side_by_side_is_the_same_check():
+    """Large models run the original in a child process next to the rewritten one: the verdicts
+    (and the deviations) are those of the in-process check, for agreeing and for differing models."""
+    from tests.cnn_builder import CnnBuilder, graph_bytes
+    from toolchain.execute.compare import verify_models
+
+    def cnn(seed):
+        b = CnnBuilder(seed=seed)
+        return graph_bytes(b.graph([b.conv(b.dw(b.input((1, 12, 10, 3)), k=3), 5, k=1, act="RELU")]))
+
+    same, other = INT8.read_bytes(), cnn(2)
+    for a, b, agree in ((same, same, True), (cnn(1), other, False)):
+        here = verify_models(a, b, runs=2, runtimes=("tflm",), side_by_side=False)
+        child = verify_models(a, b, runs=2, runtimes=("tflm",), side_by_side=True)
+        assert [v.to_json() for v in child] == [v.to_json() for v in here]
+        assert child[0].bit_exact is agree and child[0].runs == 2 and not child[0].skipped

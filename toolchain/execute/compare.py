@@ -103,21 +103,28 @@ def compare_named(outputs: list[dict], reference: list[dict]) -> tuple[bool, flo
     return exact, worst
 
 
+# A model this large takes seconds per TFLite Micro run (reference kernels; VGG16: 17 s): the
+# original's runs then go to a child process, next to the rewritten model's runs here.
+SIDE_BY_SIDE_BYTES = 8 * 1024 * 1024
+
+
 def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 0,
                   runtimes=("litert", "tflm"), lossy_ok: bool = False,
-                  tflm_arena_size: int = 64 * 1024 * 1024) -> list[Verification]:
-    """Run both models on `runs` random inputs in each runtime and compare the outputs."""
+                  tflm_arena_size: int = 64 * 1024 * 1024, side_by_side: bool | None = None) -> list[Verification]:
+    """Run both models on `runs` random inputs in each runtime and compare the outputs.
+    `side_by_side`: TFLite Micro runs the original in a child process meanwhile (default: for
+    models of SIDE_BY_SIDE_BYTES and more)."""
     rng = np.random.default_rng(seed)
     details = input_details(original)
     inputs = [random_inputs(details, rng) for _ in range(runs)]
+    if side_by_side is None:
+        side_by_side = len(original) >= SIDE_BY_SIDE_BYTES
     results = []
     for rt in runtimes:
-        run = (lambda d, x: run_litert(d, x)[0]) if rt == "litert" else \
-            (lambda d, x: run_tflm(d, x, arena_size=tflm_arena_size))
         seen: dict[int, list] = {}
         try:
-            for x in inputs:
-                for c in compare_outputs(run(original, x), run(rewritten, x), lossy_ok):
+            for want, got in _output_pairs(rt, original, rewritten, inputs, tflm_arena_size, side_by_side):
+                for c in compare_outputs(want, got, lossy_ok):
                     seen.setdefault(c.index, []).append(c)
         except ModelError as exc:
             results.append(Verification(rt, 0, (), skipped=str(exc)))
@@ -126,6 +133,23 @@ def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 
                                    all(c.ok for c in cs)) for i, cs in sorted(seen.items()))
         results.append(Verification(rt, runs, checks))
     return results
+
+
+def _output_pairs(rt: str, original: bytes, rewritten: bytes, inputs, arena_size: int, side_by_side: bool):
+    """(original's outputs, rewritten's outputs) per input set, in runtime `rt`."""
+    if rt == "litert":
+        return [(run_litert(original, x)[0], run_litert(rewritten, x)[0]) for x in inputs]
+    if not side_by_side:
+        return [(run_tflm(original, x, arena_size=arena_size), run_tflm(rewritten, x, arena_size=arena_size))
+                for x in inputs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolchain.execute.tflm import run_tflm_sets_in_child
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the thread only waits for the child
+        theirs = pool.submit(run_tflm_sets_in_child, original, inputs, arena_size)
+        ours = [run_tflm(rewritten, x, arena_size=arena_size) for x in inputs]
+        return list(zip(theirs.result(), ours))
 
 
 def check_or_raise(results: list[Verification], label: str) -> None:

@@ -98,33 +98,54 @@ def run_tflm_in_child(model: bytes | Path, inputs=None, seed: int = 0, arena_siz
     """Outputs of TFLite Micro run in a child Python process (its C++ side may abort), on
     `inputs` or, when None, on `toolchain.execute.inputs.random_inputs` for TFLite Micro's own
     input details from `seed`. ModelError with the child's last stderr line if it fails."""
+    return _in_child(model, None if inputs is None else [inputs], seed, arena_size, timeout)[0]
+
+
+def run_tflm_sets_in_child(model: bytes | Path, input_sets, arena_size: int = 64 * 1024 * 1024,
+                           timeout: float = 1800.0) -> list[list[np.ndarray]]:
+    """Outputs of TFLite Micro on each of `input_sets` (each a list by position), in one child
+    process: what a check runs next to the process's own runs (a large model takes seconds per
+    run in the reference kernels, and the machine has more than one core)."""
+    return _in_child(model, list(input_sets), 0, arena_size, timeout)
+
+
+def _in_child(model, input_sets, seed, arena_size, timeout) -> list[list[np.ndarray]]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(model) if isinstance(model, (str, Path)) else Path(tmp) / "model.tflite"
         if not isinstance(model, (str, Path)):
             path.write_bytes(bytes(model))
         given = Path(tmp) / "inputs.npz"
-        if inputs is not None:
-            np.savez(given, *inputs)
+        if input_sets is not None:
+            np.savez(given, **{f"s{i}_{k}": x for i, xs in enumerate(input_sets) for k, x in enumerate(xs)})
         out = Path(tmp) / "outputs.npz"
         code = "import sys; from toolchain.execute.tflm import _child; _child(*sys.argv[1:])"
-        proc = subprocess.run([sys.executable, "-c", code, str(path.resolve()), str(given if inputs is not None else ""),
+        proc = subprocess.run([sys.executable, "-c", code, str(path.resolve()), str(given if input_sets is not None else ""),
                                str(seed), str(arena_size), str(out)],
                               capture_output=True, text=True, timeout=timeout, cwd=str(CHECKOUT))
         if proc.returncode != 0 or not out.exists():
             last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
             raise ModelError(f"{path.name}: TFLite Micro failed in a child process ({last[:300]})")
         with np.load(out) as z:
-            return [z[f"arr_{k}"] for k in range(len(z.files))]
+            return _unpack_sets(z)
+
+
+def _unpack_sets(z) -> list[list[np.ndarray]]:
+    keys = sorted((tuple(int(p) for p in k[1:].split("_")), k) for k in z.files)
+    sets: list[list[np.ndarray]] = [[] for _ in range(max((i for (i, _), _ in keys), default=-1) + 1)]
+    for (i, _), k in keys:
+        sets[i].append(z[k])
+    return sets
 
 
 def _child(path: str, given: str, seed: str, arena_size: str, out: str) -> None:
-    """Runs in the child of `run_tflm_in_child`."""
+    """Runs in the child of `_in_child`: one run per input set (one seeded set when none given)."""
     from toolchain.execute.inputs import seeded_inputs
 
     data = Path(path).read_bytes()
     if given:
         with np.load(given) as z:
-            inputs = [z[f"arr_{k}"] for k in range(len(z.files))]
+            sets = _unpack_sets(z)
     else:
-        inputs = seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed))
-    np.savez(out, *run_tflm(data, inputs, int(arena_size)))
+        sets = [seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed))]
+    np.savez(out, **{f"s{i}_{k}": y for i, xs in enumerate(sets)
+                     for k, y in enumerate(run_tflm(data, xs, int(arena_size)))})

@@ -29,6 +29,7 @@ from toolchain.rewrite.patch import apply_patches
 from toolchain.schedule.api import Schedule, schedule
 
 OBJECTIVES = ("latency", "memory")
+REALISE_SHARE = 0.25  # of the time limit, kept for scheduling and planning the chosen graph
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,10 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     t0 = time.monotonic()
-    deadline = deadline or Deadline(time_limit)
+    whole_run = deadline or Deadline(time_limit)
+    # the chosen graph is scheduled and planned at the end: a patched graph has thousands of ops,
+    # so that work is not left with what the search happens to leave over
+    deadline = whole_run.sub(fraction=1.0 - REALISE_SHARE)
     spans = split_spans(graph)
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
@@ -108,18 +112,24 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
-    whole, sched, plan = _realise(graph, spans, sel, kernels, deadline, progress, t0)
+    whole, sched, plan = _realise(graph, spans, sel, kernels, whole_run, progress, t0)
     notes = []
-    if sel is not baseline and plan.head > baseline.peak and (budget is None or baseline.peak <= budget):
+    as_is_chosen = len(sel.variants) == len(baseline.variants) and all(
+        a is b for a, b in zip(sel.variants, baseline.variants))
+    if not as_is_chosen and plan.head > baseline.peak and (budget is None or baseline.peak <= budget):
         # the chosen variant's real arena came out above the model as it is (its graph is too big
-        # for the scheduler or the planner in the time left): the model as it is is the answer
-        notes.append(f"the chosen variant's arena ({plan.head:,} B) came out above the model as it is "
-                     f"({baseline.peak:,} B); the model as it is was kept")
-        sel = baseline
-        whole, sched, plan = _realise(graph, spans, sel, kernels, deadline, progress, t0)
+        # for the scheduler or the planner in the time left): keep whichever is smaller
+        again = _realise(graph, spans, baseline, kernels, whole_run, progress, t0)
+        if again[2].head < plan.head:
+            notes.append(f"the chosen variant's arena ({plan.head:,} B) came out above the model as it is "
+                         f"({again[2].head:,} B); the model as it is was kept")
+            sel, (whole, sched, plan) = baseline, again
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
     if want_pareto and not complete:
         notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
+    if plan.head > sched.peak:
+        notes.append(f"the arena head ({plan.head:,} B) is above the order's peak ({sched.peak:,} B): the planner did "
+                     "not reach the peak within the time limit (a longer --time-limit may)")
     if sched.peak > sel.peak:
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
     fits = budget is None or plan.head <= budget
@@ -293,10 +303,13 @@ def _realise(graph: Graph, spans, sel: Selection, kernels: str, deadline: Deadli
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     # the variants' own orders reach the selection's peak; the scheduler may only improve on them
     whole = whole.reordered(_variant_order(whole, sel.variants))
-    sched = schedule(whole, time_limit=None, deadline=Deadline(max(2.0, deadline.remaining())), semantics=sem.name)
+    # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
+    # gains here, while the planner needs its time to reach the peak on thousands of buffers)
+    sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, 0.35 * deadline.remaining())),
+                     semantics=sem.name)
     whole = whole.reordered(sched.order)
     plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
-                         deadline=Deadline(max(1.0, deadline.remaining())))
+                         deadline=Deadline(max(2.0, deadline.remaining())))
     return whole, sched, plan
 
 
