@@ -157,26 +157,31 @@ def _ancestors(graph: Graph) -> list[int]:
     return anc
 
 
-def _articulations(graph: Graph, anc: list[int]) -> dict[int, int]:
+def _articulations(graph: Graph, anc: list[int], only=None) -> dict[int, int]:
     """Activation [1, H, W, C] tensors every path from the inputs to the outputs passes through:
-    tensor -> bitset of the ops that run before it (its producer and ancestors)."""
+    tensor -> bitset of the ops that run before it (its producer and ancestors). `only`: look at
+    these tensors alone (checking one region of a graph of thousands of ops)."""
     out: dict[int, int] = {}
     outputs = set(graph.outputs)
     inputs, producer = set(graph.inputs), graph.producer
     cands = [t for t in graph.inputs if graph.is_activation(t)] + \
         [op.outputs[0] for op in graph.ops if op.outputs and graph.is_activation(op.outputs[0])]
+    if only is not None:
+        cands = [t for t in cands if t in set(only)]
+    act_inputs = [[x for x in op.inputs if graph.is_activation(x)] for op in graph.ops]
+    writes_output = [[o for o in op.outputs if o in outputs] for op in graph.ops]
     for t in cands:
         if not _is_nhwc(graph, t):
             continue
         before = anc[graph.producer[t]] if t in graph.producer else 0
         crossing = {t}
-        for j, op in enumerate(graph.ops):
+        for j in range(len(graph.ops)):
             if (before >> j) & 1:
-                if any(o in outputs and o != t for o in op.outputs):
+                if any(o != t for o in writes_output[j]):
                     crossing.add(-1)
                 continue
-            for x in op.inputs:
-                if graph.is_activation(x) and (x in inputs or (x in producer and (before >> producer[x]) & 1)):
+            for x in act_inputs[j]:
+                if x in inputs or (x in producer and (before >> producer[x]) & 1):
                     crossing.add(x)
         if crossing == {t}:
             out[t] = before
@@ -227,7 +232,7 @@ def _checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[i
         missing = region.input if tin is None else region.output
         raise UsageError(f"patch region: graph '{graph.name}' has no tensor '{missing}'")
     anc = _ancestors(graph)
-    arts = _articulations(graph, anc)
+    arts = _articulations(graph, anc, only=(tin, tout))
     if tin not in arts or tout not in arts:
         bad = region.input if tin not in arts else region.output
         raise UsageError(f"patch region: '{bad}' is not a tensor every path of the graph passes through")
