@@ -143,8 +143,8 @@ def main(argv=None) -> int:
              "Irregular int8 models, smallest file first. Peak and lower bound in bytes (TFLite Micro "
              "semantics); gap = peak / lower bound - 1, the most the peak found can be above the optimum; "
              "`largest` = units in the largest piece. `before` = peak / bound (gap) with the scheduler "
-             "as it was before issue 15, same command. Timings on a loaded 2-core machine shared by "
-             "four sessions.", "",
+             "as it was before issue 15, same command (its timings were taken on a loaded machine). "
+             "Seconds on the 2-core machine at the top of docs/benchmarks.md, nothing else running.", "",
              "| model | ops | units | pieces | largest | peak | lower bound | gap % | proven | seconds | before |",
              "|---|---:|---:|---:|---:|---:|---:|---:|:-:|---:|---|"]
     lines += [row_cells(r) for r in rows]
