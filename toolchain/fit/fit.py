@@ -162,12 +162,9 @@ class _Pool:
                 break  # out of time: the best among the measured variants
             for v in pick:
                 if v.stage != "measured" and not deadline.expired():  # a build can take seconds
-                    k = next(k for k, w in enumerate(self.variants) if w is v)
-                    self.variants[k] = upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
-                    if v.stage == "bound":
-                        self.estimated += 1
-                    else:
-                        self.measured += 1
+                    k = self._index(v)
+                    self.variants[k] = self._upgraded(v)
+                    if self.variants[k].stage == "measured":
                         self.variants += direct_twins(self.variants[k], self.device, self.kernels)
         measured = [v for v in self.variants if v.stage == "measured"]
         sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
@@ -182,11 +179,9 @@ class _Pool:
     def order(self, v: Variant, deadline: Deadline, below: int | None = None) -> None:
         """Build `v` if it is not yet, then ask the exact scheduler for its best order (`below`:
         for one under this peak)."""
-        k = next(k for k, w in enumerate(self.variants) if w is v)
+        k = self._index(v)
         while v.stage != "measured":
-            self.estimated += v.stage == "bound"
-            self.measured += v.stage == "estimate"
-            v = upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
+            v = self._upgraded(v)
         v = best_order(v, tflm_semantics(self.kernels).name, deadline, below)
         self.variants[k] = v
         self.variants += direct_twins(v, self.device, self.kernels)
@@ -197,8 +192,17 @@ class _Pool:
         better = refine(measured, budget, deadline, self.kernels)
         changed = [(a, b) for a, b in zip(measured, better) if a != b]
         for old, new in changed:
-            self.variants[next(k for k, w in enumerate(self.variants) if w is old)] = new
+            self.variants[self._index(old)] = new
         return bool(changed)
+
+    def _index(self, v: Variant) -> int:
+        return next(k for k, w in enumerate(self.variants) if w is v)
+
+    def _upgraded(self, v: Variant) -> Variant:
+        """`v` one stage further (upgrade), counted."""
+        self.estimated += v.stage == "bound"
+        self.measured += v.stage == "estimate"
+        return upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
 
 
 MAX_SMALLEST_ROUNDS = 4

@@ -167,7 +167,8 @@ def _articulations(graph: Graph, anc: list[int], only=None) -> dict[int, int]:
     cands = [t for t in graph.inputs if graph.is_activation(t)] + \
         [op.outputs[0] for op in graph.ops if op.outputs and graph.is_activation(op.outputs[0])]
     if only is not None:
-        cands = [t for t in cands if t in set(only)]
+        wanted = set(only)
+        cands = [t for t in cands if t in wanted]
     act_inputs = [[x for x in op.inputs if graph.is_activation(x)] for op in graph.ops]
     writes_output = [[o for o in op.outputs if o in outputs] for op in graph.ops]
     for t in cands:
