@@ -31,6 +31,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGE_DATA = [
     "toolchain/py.typed",
     "toolchain/memory/_canonical_search.c",
+    "toolchain/schedule/_best_first.c",
     "toolchain/data/devices/sparkfun-edge.toml",
     "toolchain/data/devices/coral-usb.toml",
     "toolchain/data/firmware/PROTOCOL.md",
@@ -119,12 +120,15 @@ def test_the_installed_copy_is_the_one_imported(installed):
     _, bindir, work = installed
     proc = _run(bindir, work, "python", "-c",
                 "import toolchain, toolchain.cost.devices as d, toolchain.memory._native as n; "
-                "print(toolchain.__file__); print(d.available_devices()); print(n._SOURCE.is_file())")
+                "import toolchain.schedule._native_search as s; "
+                "print(toolchain.__file__); print(d.available_devices()); print(n._SOURCE.is_file()); "
+                "print(s._SOURCE.is_file(), s.available())")
     assert proc.returncode == 0, proc.stderr
-    path, devices, c_source = proc.stdout.splitlines()
+    path, devices, c_source, schedule_c = proc.stdout.splitlines()
     assert str(bindir.parent) in path and str(ROOT) not in path
     assert "sparkfun-edge" in devices and "coral-usb" in devices
     assert c_source == "True"
+    assert schedule_c == "True True"  # the C search builds from the installed copy
 
 
 def test_inspect_from_another_folder(installed):

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from tests.test_schedule_bruteforce import SEMS, Oracle, check_everything, compact, dags, fast
+from tests.test_schedule_bruteforce import NATIVE, SEMS, Oracle, check_everything, compact, dags, fast
 from toolchain.ir import Graph, Op, Tensor
 from toolchain.schedule import build_model, schedule
 from toolchain.schedule.branches import _body_tensors, _res, body_order, body_units
@@ -219,7 +219,7 @@ def sliced_forks(draw) -> Graph:
 @fast(120)
 @given(sliced_forks(), st.randoms(use_true_random=False))
 def test_lazy_slices_keep_the_optimum(graph, rnd):
-    from toolchain.schedule.dp import Piece
+    from toolchain.schedule.dp import Piece, best_first
     from toolchain.schedule.fusion import fuse
 
     note(compact(graph))
@@ -231,6 +231,13 @@ def test_lazy_slices_keep_the_optimum(graph, rnd):
     assert s.peak == opt and s.proven_optimal, (s.peak, opt)
     r = schedule(graph, method="dp", time_limit=30, ablate=frozenset({"fusion", "branches", "free_moves"}))
     assert r.peak == opt and r.proven_optimal, (r.peak, opt)
+    # the exact search itself, in C and in Python, with only the moves forks.py allows, on the
+    # fused units and on the ops one by one (where every slice of the fork is a lazy slice)
+    ub = model.peak(list(range(model.n))) + 1
+    ops = Piece(model, [(v,) for v in range(model.n)]).use_lazy_slices()
+    for piece, native in itertools.product((pc, ops), NATIVE):
+        res = best_first(piece, ub, 0, native=native)
+        assert res.complete and res.peak == opt == model.peak(res.order), (native, res.peak, opt)
 
 
 def test_lazy_slices_found_and_the_final_run_needed():
@@ -245,7 +252,7 @@ def test_lazy_slices_found_and_the_final_run_needed():
         ops += [Op("STRIDED_SLICE", (1,), (x,)), Op("CONV_2D", (x,), (y,)), Op("CONV_2D", (y,), (z,))]
     ops.append(Op("CONCATENATION", (4, 7, 10), (11,)))
     g = Graph(ts, tuple(ops), (0,), (11,), "run")
-    from toolchain.schedule.dp import Piece
+    from toolchain.schedule.dp import Piece, best_first
 
     model = build_model(g)
     pc = Piece(model, [(v,) for v in range(model.n)]).use_lazy_slices()
@@ -253,3 +260,6 @@ def test_lazy_slices_found_and_the_final_run_needed():
     opt = Oracle(g, "tflm").optimum()
     s = schedule(g, method="dp", time_limit=10, ablate=frozenset({"fusion", "branches"}))
     assert s.peak == opt and s.proven_optimal
+    for native in NATIVE:
+        res = best_first(pc, model.peak(list(range(model.n))) + 1, 0, native=native)
+        assert res.complete and res.peak == opt == model.peak(res.order), native

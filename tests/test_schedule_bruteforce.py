@@ -38,11 +38,15 @@ from toolchain.schedule.api import _dives
 from toolchain.schedule.beam import beam_order
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces, unit_dag
+from toolchain.schedule import _native_search
 from toolchain.schedule.dp import Piece, best_first
 from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import bits, is_topological
 
 INF = float("inf")
+# The exact search runs in C when a compiler is here (_best_first.c) and in Python otherwise:
+# both are checked against the oracle.
+NATIVE = (True, False) if _native_search.available() else (False,)
 
 # ---- random graphs -------------------------------------------------------------------------
 
@@ -485,29 +489,30 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
         order = heuristics.greedy(model, units, S0, piece.R0)
         ub = piece.evaluate(order)
     assert ub >= piece_opt
-    for floor in sorted({0, piece_opt // 2, max(piece_opt - 1, 0), piece_opt}):
-        for free in (True, False):
-            r = best_first(piece, ub + 1, floor, free_moves=free)
-            what = (floor, free)
-            assert r.complete and r.order is not None, what
-            assert r.peak == piece.evaluate(r.order) == piece_opt, what
-            assert r.lower_bound <= piece_opt, what
-            assert is_topological_after(model, r.order, S0), what
-            assert oracle.peak_from(r.order, start) == piece_opt, what
+    for floor, free, native in itertools.product(sorted({0, piece_opt // 2, max(piece_opt - 1, 0), piece_opt}),
+                                                 (True, False), NATIVE):
+        r = best_first(piece, ub + 1, floor, free_moves=free, native=native)
+        what = (floor, free, native)
+        assert r.complete and r.order is not None, what
+        assert r.peak == piece.evaluate(r.order) == piece_opt, what
+        assert r.lower_bound <= piece_opt, what
+        assert is_topological_after(model, r.order, S0), what
+        assert oracle.peak_from(r.order, start) == piece_opt, what
     # dives (api._dives): real orders only, and the bound they report is proven
     found, proven = _dives(piece, ub + 1, piece.static_lower_bound(), time.monotonic() + 5, frozenset())
     assert proven <= piece_opt
     if found is not None:
         assert is_topological_after(model, found[0], S0) and piece.evaluate(found[0]) == found[1] >= piece_opt
-    for width in (1, 3):  # beams (beam.py): real orders of the piece, never below its optimum
-        found = beam_order(piece, width, time.monotonic() + 5)
+    for width, native in itertools.product((1, 3), NATIVE):  # beams (beam.py): real orders, never below the optimum
+        found = beam_order(piece, width, time.monotonic() + 5, native=native)
         assert found is not None and is_topological_after(model, found[0], S0)
         assert sorted(found[0]) == sorted(v for u in units for v in u)
         assert piece.evaluate(found[0]) == found[1] >= piece_opt
     if ub > piece_opt:
         # with ub = the optimum nothing better exists: the search must prove that, not invent one
-        r = best_first(piece, piece_opt, 0, free_moves=True)
-        assert r.order is None and r.lower_bound <= piece_opt
+        for native in NATIVE:
+            r = best_first(piece, piece_opt, 0, free_moves=True, native=native)
+            assert r.order is None and r.lower_bound <= piece_opt
 
 
 def is_topological_after(model, order, S0):
@@ -728,11 +733,23 @@ MUTATIONS = [
     ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and peak <= cap:",
      "free move may leave more bytes resident"),
     ("dp.py", "if m & self.ops:\n                continue", "pass", "static bound: tensors touched inside counted twice"),
-    ("dp.py", "            if a0 and a1:\n                thru.append", "            if a0 or a1:\n                thru.append",
-     "static bound: tensors alive at one end only counted"),
     ("dp.py", "lb = model.step0 if self.S0 == 0 else 0", "lb = model.step0", "static bound: step 0 in every piece"),
     ("dp.py", "if S_end == model.full:\n            end =", "if True:\n            end =",
      "static bound: graph outputs at the end of every piece"),
+    # forks.py: the moves around a fork of lazy slices
+    ("forks.py", "if fork not in runs_offered:", "if False:", "no run of the remaining slices"),
+    # _best_first.c: the same search in C (checked next to the Python one in check_piece)
+    ("_best_first.c", "if (free_moves && peak <= cap && R2 <= R) {", "if (free_moves && R2 <= R) {",
+     "C: free move may exceed max(g, floor)"),
+    ("_best_first.c", "if (free_moves && peak <= cap && R2 <= R) {", "if (free_moves && peak <= cap) {",
+     "C: free move may leave more bytes resident"),
+    ("_best_first.c", "if (s2 >= 0 && c.g[s2] <= g2) continue;", "if (s2 >= 0) continue;",
+     "C: a set reached again at a lower peak keeps its first path"),
+    ("_best_first.c", "pending = (mk[w] & ~(S[w] | (w == wv ? bv : 0))) != 0;", "pending = (mk[w] & ~S[w]) != 0;",
+     "C: tensors read last by an op live on after its step"),
+    ("_best_first.c", "if (!offered[lazy_fork[k]]) {", "if (0) {", "C: no run of the remaining slices"),
+    ("_best_first.c", "for (int q = len - 1; q >= 0; q--) {", "for (int q = 0; q < len; q++) {",
+     "C beam: the moves replayed back to front"),
     # bounds.py: the min-cut bound
     ("bounds.py", "if a0 and a1:\n                    base +=", "if a0 or a1:\n                    base +=",
      "cut bound: untouched tensors alive at one end counted"),
@@ -799,15 +816,18 @@ def apply_mutation(pkg: Path, group) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("group", _mutations())
 def test_every_mutation_is_caught(group, tmp_path):
-    """Run the fast tests of this module on a mutated copy of the package (the shared tree is
-    never touched): they must fail."""
+    """Run the fast tests of this module and of test_schedule_branches.py (the forks, bodies and
+    lazy slices) on a mutated copy of the package (the shared tree is never touched): they must
+    fail."""
     shutil.copytree(ROOT / "toolchain", tmp_path / "toolchain", ignore=shutil.ignore_patterns("__pycache__"))
     where = apply_mutation(tmp_path, group)
-    env = dict(os.environ, PYTHONPATH=str(tmp_path), SCHEDULE_MUTATION_RUN="1")
+    # the mutated toolchain first; the checkout after it, for `tests.` imports between the modules
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), SCHEDULE_MUTATION_RUN="1")
     probe = subprocess.run([sys.executable, "-c", "import toolchain; print(toolchain.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert probe.stdout.startswith(str(tmp_path)), probe.stdout + probe.stderr
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)), "-x", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)),
+                           str(Path(__file__).with_name("test_schedule_branches.py")), "-x", "-q", "-p", "no:cacheprovider",
                            "-m", "not slow", "--no-header", "-rf"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1800)
     failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]

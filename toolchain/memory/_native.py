@@ -1,71 +1,27 @@
 """The C version of the canonical placement search, compiled on first use and cached.
 
-`toolchain/memory/_canonical_search.c` is compiled with the system C compiler (`cc`, or $CC) into
-a per-user cache directory ($TPU_PIPELINE_CACHE, else $XDG_CACHE_HOME/tpu-pipeline, else
-~/.cache/tpu-pipeline), keyed by a hash of the source. Without a compiler `load()` returns None
-and callers fall back to the pure-Python search (same algorithm, far fewer nodes per second).
+`toolchain/memory/_canonical_search.c` is compiled and cached by toolchain/native.py. Without a
+compiler `load()` returns None and callers fall back to the pure-Python search (same algorithm,
+far fewer nodes per second).
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
+from toolchain.native import load_library
+
 _SOURCE = Path(__file__).with_name("_canonical_search.c")
-_lib = None
-_tried = False
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("TPU_PIPELINE_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "tpu-pipeline" if xdg else Path.home() / ".cache" / "tpu-pipeline"
-
-
-def _compile(target: Path) -> bool:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        return False
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(_SOURCE)],
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            return False
-        os.replace(tmp, target)  # atomic: concurrent first uses never see a partial library
-        return True
-    except (OSError, subprocess.SubprocessError):
-        return False
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+_typed = False
 
 
 def load():
     """The compiled library, or None when it cannot be built here (or TPU_PIPELINE_NO_NATIVE=1)."""
-    global _lib, _tried
-    if _tried:
-        return _lib
-    _tried = True
-    if os.environ.get("TPU_PIPELINE_NO_NATIVE") == "1":
-        return None
-    try:
-        digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
-        target = _cache_dir() / f"canonical_search_{digest}.so"
-        if not target.exists() and not _compile(target):
-            return None
-        lib = ctypes.CDLL(str(target))
-    except OSError:
-        return None
+    global _typed
+    lib = load_library(_SOURCE)
+    if lib is None or _typed:
+        return lib
     i64p = ctypes.POINTER(ctypes.c_longlong)
     ip = ctypes.POINTER(ctypes.c_int)
     lib.canonical_search.restype = ctypes.c_int
@@ -73,8 +29,8 @@ def load():
                                      ctypes.c_longlong, ctypes.c_double, i64p, i64p]
     lib.sweep_first_fit.restype = ctypes.c_int
     lib.sweep_first_fit.argtypes = [ctypes.c_int, ip, i64p, i64p, i64p, ctypes.c_double, i64p]
-    _lib = lib
-    return _lib
+    _typed = True
+    return lib
 
 
 def canonical_search(lo, hi, sizes, widths, sections, overlaps, capacity: int, time_limit: float):

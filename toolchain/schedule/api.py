@@ -11,7 +11,7 @@ from toolchain.errors import UsageError
 from toolchain.ir import Graph
 from toolchain.memory import lifetimes, order_free_lower_bound
 from toolchain.memory.semantics import get_semantics
-from toolchain.schedule import heuristics
+from toolchain.schedule import _native_search, heuristics
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
@@ -21,6 +21,9 @@ from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import MemModel, build_model
 
 METHODS = ("auto", "dp", "cpsat", "greedy")
+# A dive that has kept this many states without an order stalls (about 0.5 s of either search):
+# the next dive gets a higher trial budget. Keyed by "the search runs in C".
+DIVE_STATES = {False: 20_000, True: 500_000}
 CPSAT_MAX_CELLS = 60_000  # (unit, step) pairs of a piece CP-SAT may model in auto mode: about 200 MB
 
 
@@ -255,7 +258,8 @@ def _dives(pc: Piece, ub: int, floor: int, until: float, ablate):
     while ub - lo > max(ub // 200, 1) and time.monotonic() < until:
         B = (lo + ub) // 2
         cap = min(until, time.monotonic() + 0.5)
-        r = best_first(pc, ub, B, cap, max_states=20_000, free_moves="free_moves" not in ablate)
+        r = best_first(pc, ub, B, cap, max_states=DIVE_STATES[_native_search.available()],
+                       free_moves="free_moves" not in ablate)
         proven = max(proven, min(r.lower_bound, ub))
         if r.order is not None and r.peak < ub:
             best, ub = (r.order, r.peak), r.peak

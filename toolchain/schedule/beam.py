@@ -10,15 +10,24 @@ from __future__ import annotations
 
 import time
 
+from toolchain.schedule import _native_search
 from toolchain.schedule.forks import moves
 
 
-def beam_order(piece, width: int, deadline: float, ub: int | None = None) -> tuple[list[int], int] | None:
+# The C beam's memory cap (its levels, candidates and trail): past it the beam gives up.
+MAX_BEAM_BYTES = 256 * 2**20
+
+
+def beam_order(piece, width: int, deadline: float, ub: int | None = None,
+               native: bool = True) -> tuple[list[int], int] | None:
     """(op order, its peak over the piece) of the best complete state of the beam, or None if
-    the beam died (every extension reached `ub`) or the deadline came first."""
+    the beam died (every extension reached `ub`) or the deadline came first. `native`: run the
+    C version (_best_first.c) when it can be built; the Python one below is the reference."""
     m = len(piece.units)
     if m == 0:
         return None
+    if native and _native_search.available():
+        return _native_search.beam(piece, width, deadline, ub, MAX_BEAM_BYTES)
     upred = piece.upred
     g0 = piece.model.step0 if piece.S0 == 0 else 0
     # state: U -> (peak so far, S, R, ready units, trail of moves)

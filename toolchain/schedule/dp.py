@@ -34,6 +34,7 @@ import heapq
 import time
 from dataclasses import dataclass
 
+from toolchain.schedule import _native_search
 from toolchain.schedule.forks import lazy_slices, moves
 from toolchain.schedule.model import MemModel, bits
 
@@ -115,9 +116,8 @@ class Piece:
             m = model.mask[t]
             if m & self.ops:
                 continue
-            a0 = (model.pin_start[t] or m & self.S0) and (model.pin_end[t] or m & ~self.S0)
-            a1 = (model.pin_start[t] or m & S_end) and (model.pin_end[t] or m & ~S_end)
-            if a0 and a1:
+            # untouched by the piece: alive before its first step iff alive after its last
+            if (model.pin_start[t] or m & self.S0) and (model.pin_end[t] or m & ~self.S0):
                 thru.append(model.size[t])
         base = sum(thru) + model.const_all
         lb = model.step0 if self.S0 == 0 else 0
@@ -147,13 +147,15 @@ def state_cap(piece: "Piece", max_bytes: int = MAX_STATE_BYTES) -> int:
 
 
 def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = None,
-               max_states: int | None = None, free_moves: bool = True) -> SearchResult:
+               max_states: int | None = None, free_moves: bool = True, native: bool = True) -> SearchResult:
     """Exact bottleneck search; returns an order with peak < ub if one exists (optimal, or at
     most `floor` — any order within the floor is as good as optimal for the caller).
-    `max_states` (default: `state_cap`, about MAX_STATE_BYTES of memory) caps the states kept
-    plus the heap entries queued."""
+    `max_states` caps the states kept plus the heap entries queued (default: about
+    MAX_STATE_BYTES of memory; the C search also stops at that many bytes).
+    `native`: run the C version (_best_first.c) when it can be built; the Python one below is
+    the same algorithm and the reference the tests compare it with."""
     if max_states is None:
-        max_states = state_cap(piece)
+        max_states = state_cap(piece) if not (native and _native_search.available()) else 2**62
     m = len(piece.units)
     full_u = (1 << m) - 1
     static_lb = piece.static_lower_bound()
@@ -166,16 +168,19 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     g0 = piece.model.step0 if piece.S0 == 0 else 0  # step 0 (graph inputs) belongs to the first piece
     if g0 >= ub:
         return SearchResult(None, ub, max(static_lb, g0), True, 0)
-    best = {0: g0}
-    parent: dict[int, tuple[int, int]] = {}
-    heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]
-    upred, usucc = piece.upred, piece.usucc
-    apply = piece.apply
     # A graph output no op touches is live at the last step only, i.e. at whichever op runs last:
     # a free move can change that op, so the exchange argument fails in the piece that ends the
     # graph (fusion makes the same exception; the brute-force test pins it).
     if piece.model.final_only and (piece.S0 | piece.ops) == piece.model.full:
         free_moves = False
+    if native and _native_search.available():
+        return _native_search.best_first(piece, ub, floor, static_lb, g0, deadline, max_states,
+                                         MAX_STATE_BYTES, free_moves)
+    best = {0: g0}
+    parent: dict[int, tuple[int, int]] = {}
+    heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]
+    upred, usucc = piece.upred, piece.usucc
+    apply = piece.apply
     popped_f = floor
     pops = 0
     while heap:
@@ -238,11 +243,11 @@ def _reconstruct(piece: Piece, parent, U: int) -> list[int]:
     while U:
         U, ks = parent[U]
         seq.append(ks)
-    order: list[int] = []
-    for ks in reversed(seq):
-        for k in ks:
-            order.extend(piece.units[k])
-    return order
+    return _units_to_ops(piece, [k for ks in reversed(seq) for k in ks])
+
+
+def _units_to_ops(piece: Piece, unit_order) -> list[int]:
+    return [v for k in unit_order for v in piece.units[k]]
 
 
 def budgeted_dp(piece: Piece, budget: int, deadline: float | None = None) -> tuple[list[int] | None, bool]:

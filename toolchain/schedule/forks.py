@@ -77,14 +77,13 @@ def moves(piece, U: int, ready) -> list[tuple[int, ...]]:
     """The unit sequences the search may run next from unit set U (see the theorem)."""
     out: list[tuple[int, ...]] = []
     runs_offered: set[int] = set()
-    lazy, groups, upred = piece.lazy, piece.fork_groups, piece.upred
+    lazy, groups = piece.lazy, piece.fork_groups
     for k in ready:
         if k not in lazy:
             out.append((k,))
             continue
         fork, c = lazy[k]
-        if not upred[c] & ~(U | (1 << k)):
-            out.append((k, c))
+        out.append((k, c))  # c's unit waits for nothing but k (lazy_slices), so it is ready now
         if fork not in runs_offered:
             runs_offered.add(fork)
             out.append(tuple(j for j in groups[fork] if not (U >> j) & 1))
