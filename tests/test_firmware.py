@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -462,6 +463,12 @@ def test_harness_links_for_real_boards(tmp_path, board):
     # library is the smaller of the two (CMSIS-NN builds the same way, see the QEMU runs).
     tree_or_skip("reference")
     export_mcu(FIXTURES / "chain_int8.tflite", board, tmp_path)
+    # A cached project outlives the interpreter that exported it (another checkout's venv): the
+    # build runs the library step with its own interpreter, not the one written in the Makefile.
+    makefile = tmp_path / "Makefile"
+    text = makefile.read_text()
+    assert "PYTHON ?= " in text
+    makefile.write_text(re.sub(r"PYTHON \?= .*", "PYTHON ?= /nonexistent/venv/bin/python", text))
     try:
         b = build_firmware(tmp_path, "reference", quiet=True, wait=False)
     except LibraryBusy as exc:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: the ARM toolchain and QEMU for the firmware
-# tests (tests/test_firmware.py). Installed with apt when missing and we are root (CI runs as root
+# System packages the test suite needs beyond Python: a host C compiler for the compiled searches
+# (toolchain/native.py; the tests check the C and the Python versions against each other), the ARM
+# toolchain and QEMU for the firmware tests (tests/test_firmware.py). Installed with apt when missing and we are root (CI runs as root
 # on a bare machine); otherwise the firmware tests skip and say why.
 set -euo pipefail
 need=()
+command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v arm-none-eabi-g++ >/dev/null || need+=(gcc-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
 command -v qemu-system-arm >/dev/null || need+=(qemu-system-arm)
 [ ${#need[@]} -eq 0 ] && exit 0

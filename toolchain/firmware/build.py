@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -120,8 +121,10 @@ def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: st
     tree = find_tree(kernels, tflm_tree)
     lib = ensure_library(tree, kernels, fw["library_cpu"], jobs, quiet=quiet, wait=wait)
     tool("arm-none-eabi-g++")
+    # PYTHON: this interpreter, not the one the Makefile names; a cached project (runtime's QEMU
+    # backend) outlives the checkout and venv that exported it
     cmd = ["make", "-C", str(project), f"KERNELS={kernels}", f"LIB_CPU={fw['library_cpu']}", f"TFLM_TREE={tree}",
-           f"-j{jobs or 2}"]
+           f"PYTHON={sys.executable}", f"-j{jobs or 2}"]
     if arena_size is not None:
         if arena_size <= 0:
             raise UsageError(f"arena size must be > 0, got {arena_size}")
