@@ -390,19 +390,21 @@ class _Garbler:
                     data = bytearray(os.read(self.up, 4096))
                 except OSError:
                     return
-                for i, c in enumerate(data):
+                # Forward whole lines: a bit flipped "before the checksum" must not land on the
+                # edge of a read (it used to flip the previous chunk's last byte, or none).
+                for c in data:
                     self._line.append(c)
-                    if c == ord("\n"):
-                        self.lines += 1
-                        self.done += self._line.startswith(b"DONE ")
-                        self._line.clear()
-                        if self.kill is not None and self.done == self.kill_after_done:
-                            os.write(self.master, bytes(data[:i + 1]))
-                            self.kill()  # the board dies: nothing more comes
-                            return
-                    elif self.lines == self.corrupt_line and c == ord("*"):
-                        data[i - 1] ^= 0x01  # one flipped bit before the checksum
-                os.write(self.master, bytes(data))
+                    if c != ord("\n"):
+                        continue
+                    line, self._line = self._line, bytearray()
+                    if self.lines == self.corrupt_line and b"*" in line:
+                        line[line.rindex(b"*") - 1] ^= 0x01  # one flipped bit before the checksum
+                    self.lines += 1
+                    self.done += line.startswith(b"DONE ")
+                    os.write(self.master, bytes(line))
+                    if self.kill is not None and self.done == self.kill_after_done:
+                        self.kill()  # the board dies: nothing more comes
+                        return
 
     def close(self):
         self.stop = True
