@@ -370,32 +370,37 @@ done:
 
 /* ---- beam search (beam.py): orders only, level by level ---------------------------------------
  * Every state of the beam is extended by each move; a set of units reached twice keeps the
- * smaller (peak, R); the `width` candidates with the smallest (peak, R) survive (ties: the order
- * they were generated in). Returns 1 (a complete order below ub: out_units, out_peak), 0 (the beam
- * died: every extension reached ub), -1 (deadline or memory).
+ * smaller (peak, R); the `width` candidates with the smallest (peak, R, unit set) survive: the
+ * same sets as beam.py's at every level, so the two give the same peaks. Returns 1 (a complete
+ * order below ub: out_units, out_peak), 0 (the beam died: every extension reached ub), -1
+ * (deadline or memory).
  */
 typedef struct { i64 peak, R; int parent, k; unsigned char kind; } Cand;
 
-static const Cand *sel_c;
+typedef struct { const Cand *cand; const u64 *U; int Wu; } Pool;
 
-static int cand_before(int a, int b) {
-    const Cand *x = &sel_c[a], *y = &sel_c[b];
+/* (peak, R, unit set as a number): the order beam.py keeps, so both keep the same sets. */
+static int cand_before(const Pool *pool, int a, int b) {
+    const Cand *x = &pool->cand[a], *y = &pool->cand[b];
     if (x->peak != y->peak) return x->peak < y->peak;
     if (x->R != y->R) return x->R < y->R;
-    return a < b;
+    const u64 *ua = pool->U + (size_t)a * pool->Wu, *ub = pool->U + (size_t)b * pool->Wu;
+    for (int w = pool->Wu - 1; w >= 0; w--)
+        if (ua[w] != ub[w]) return ua[w] < ub[w];
+    return 0;
 }
 
 /* Puts the `want` best of idx[0..n) first (in any order): quickselect. */
-static void select_best(int *idx, int n, int want) {
+static void select_best(const Pool *pool, int *idx, int n, int want) {
     int lo = 0, hi = n - 1;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2, a = idx[lo], b = idx[mid], c = idx[hi], p;
-        if (cand_before(a, b)) p = cand_before(b, c) ? b : (cand_before(a, c) ? c : a);
-        else p = cand_before(a, c) ? a : (cand_before(b, c) ? c : b);
+        if (cand_before(pool, a, b)) p = cand_before(pool, b, c) ? b : (cand_before(pool, a, c) ? c : a);
+        else p = cand_before(pool, a, c) ? a : (cand_before(pool, b, c) ? c : b);
         int i = lo, j = hi;
         while (i <= j) {
-            while (cand_before(idx[i], p)) i++;
-            while (cand_before(p, idx[j])) j--;
+            while (cand_before(pool, idx[i], p)) i++;
+            while (cand_before(pool, p, idx[j])) j--;
             if (i <= j) { int t = idx[i]; idx[i] = idx[j]; idx[j] = t; i++; j--; }
         }
         if (want - 1 <= j) hi = j;
@@ -555,8 +560,8 @@ int beam_search(int W, int Wu, int m,
             goto done;
         int keep = ncand < (size_t)width ? (int)ncand : width;
         for (size_t q = 0; q < ncand; q++) order[q] = (int)q;
-        sel_c = cand;
-        if ((size_t)keep < ncand) select_best(order, (int)ncand, keep);
+        Pool pool = {cand, cU, Wu};
+        if ((size_t)keep < ncand) select_best(&pool, order, (int)ncand, keep);
         if (trail_n + keep > trail_cap) {
             size_t cap2 = (trail_cap + keep) * 2;
             int *a = realloc(tparent, sizeof(int) * cap2);
