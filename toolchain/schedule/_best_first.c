@@ -40,6 +40,7 @@ typedef struct {
     size_t table_size;
     Entry *heap;
     size_t heap_n, heap_cap;
+    size_t max_bytes; /* no growth past this: the search stops instead */
 } Ctx;
 
 static double now(void) {
@@ -118,8 +119,14 @@ static int find_state(const Ctx *c, const u64 *U, size_t *slot) {
     return -1;
 }
 
+static size_t bytes_used(const Ctx *c);
+
+/* Whether growing by `more` bytes stays within the cap. */
+static int may_grow(const Ctx *c, size_t more) { return bytes_used(c) + more <= c->max_bytes; }
+
 static int grow_table(Ctx *c) {
     size_t size = c->table_size * 2;
+    if (!may_grow(c, sizeof(int) * c->table_size)) return 0;
     int *t = malloc(sizeof(int) * size);
     if (!t) return 0;
     memset(t, 0xff, sizeof(int) * size);
@@ -134,8 +141,11 @@ static int grow_table(Ctx *c) {
     return 1;
 }
 
+static size_t state_bytes(const Ctx *c) { return sizeof(u64) * c->Wu + 2 * sizeof(i64) + 2 * sizeof(int) + 1; }
+
 static int grow_states(Ctx *c) {
     int cap = c->cap_states ? c->cap_states * 2 : 1024;
+    if (!may_grow(c, state_bytes(c) * (size_t)(cap - c->cap_states))) return 0;
     u64 *U = realloc(c->U, sizeof(u64) * c->Wu * (size_t)cap);
     if (!U) return 0;
     c->U = U;
@@ -179,6 +189,7 @@ static int before(const Entry *a, const Entry *b) {
 static int push(Ctx *c, Entry e) {
     if (c->heap_n == c->heap_cap) {
         size_t cap = c->heap_cap ? c->heap_cap * 2 : 1024;
+        if (!may_grow(c, sizeof(Entry) * (cap - c->heap_cap))) return 0;
         Entry *h = realloc(c->heap, sizeof(Entry) * cap);
         if (!h) return 0;
         c->heap = h;
@@ -212,8 +223,7 @@ static Entry pop(Ctx *c) {
 }
 
 static size_t bytes_used(const Ctx *c) {
-    return (size_t)c->cap_states * (sizeof(u64) * c->Wu + 2 * sizeof(i64) + 2 * sizeof(int) + 1)
-           + c->table_size * sizeof(int) + c->heap_cap * sizeof(Entry);
+    return (size_t)c->cap_states * state_bytes(c) + c->table_size * sizeof(int) + c->heap_cap * sizeof(Entry);
 }
 
 static int reconstruct(const Ctx *c, int s, int *out) {
@@ -254,6 +264,7 @@ int best_first_search(int W, int Wu, int m,
     c.pin_start = pin_start; c.pin_end = pin_end; c.extra = extra;
     c.const_all = const_all; c.final_only = final_only; c.full = full; c.S0 = S0; c.upred = upred;
     c.lazy_fork = lazy_fork; c.lazy_cons = lazy_cons; c.group_start = group_start; c.group_units = group_units;
+    c.max_bytes = (size_t)max_bytes;
     double deadline = now() + seconds;
     int status = -1;
     *out_f = floor_;
@@ -296,7 +307,7 @@ int best_first_search(int W, int Wu, int m,
         }
         if ((++pops & 511) == 0) {
             if (now() > deadline) goto done;
-            if ((i64)c.n_states + (i64)c.heap_n > max_states || (i64)bytes_used(&c) > max_bytes) goto done;
+            if ((i64)c.n_states + (i64)c.heap_n > max_states) goto done;
         }
         i64 g = e.g, R = c.R[st], cap = g > floor_ ? g : floor_;
         memcpy(S, S0, sizeof(u64) * W);
@@ -409,6 +420,13 @@ static void select_best(const Pool *pool, int *idx, int n, int want) {
     }
 }
 
+/* The beam's memory: two levels of `width` states, the candidates with their hash table, the trail. */
+static size_t beam_bytes(int width, int W, int Wu, size_t cand_cap, size_t tsize, size_t trail_cap) {
+    return (size_t)width * (2 * sizeof(u64) * (W + Wu) + 4 * sizeof(i64) + 2 * sizeof(int))
+           + cand_cap * (sizeof(Cand) + sizeof(u64) * Wu + sizeof(int)) + tsize * sizeof(int)
+           + trail_cap * (2 * sizeof(int) + 1);
+}
+
 int beam_search(int W, int Wu, int m,
                 const int *unit_start, const int *unit_ops, const u64 *unit_mask,
                 const int *touch_start, const int *touch,
@@ -429,7 +447,8 @@ int beam_search(int W, int Wu, int m,
     c.lazy_fork = lazy_fork; c.lazy_cons = lazy_cons; c.group_start = group_start; c.group_units = group_units;
     double deadline = now() + seconds;
     int status = -1;
-    if ((i64)width * (i64)(2 * sizeof(u64) * (Wu + W) + 6 * sizeof(i64)) > max_bytes) return -1;
+    if (beam_bytes(width, W, Wu, (size_t)width * 8, (size_t)width * 16, (size_t)width * 4) > (size_t)max_bytes)
+        return -1; /* the first allocations alone would pass the cap */
     /* the beam: U, S, R, g and a trail entry per state; the trail links each state to its parent */
     u64 *bU = malloc(sizeof(u64) * Wu * (size_t)width), *bS = malloc(sizeof(u64) * W * (size_t)width);
     u64 *nU = malloc(sizeof(u64) * Wu * (size_t)width), *nS = malloc(sizeof(u64) * W * (size_t)width);
@@ -512,6 +531,7 @@ int beam_search(int W, int Wu, int m,
                     if (peak >= ub) continue;
                     if (ncand == cand_cap) {
                         size_t cap2 = cand_cap * 2;
+                        if (beam_bytes(width, W, Wu, cap2, tsize * 2, trail_cap) > (size_t)max_bytes) goto done;
                         Cand *cc = realloc(cand, sizeof(Cand) * cap2);
                         if (!cc) goto done;
                         cand = cc;
@@ -555,15 +575,13 @@ int beam_search(int W, int Wu, int m,
                 }
             }
         }
-        if ((i64)(sizeof(Cand) + sizeof(u64) * Wu + 3 * sizeof(int)) * (i64)cand_cap
-            + (i64)(sizeof(int) * 2 + 1) * (i64)trail_cap > max_bytes)
-            goto done;
         int keep = ncand < (size_t)width ? (int)ncand : width;
         for (size_t q = 0; q < ncand; q++) order[q] = (int)q;
         Pool pool = {cand, cU, Wu};
         if ((size_t)keep < ncand) select_best(&pool, order, (int)ncand, keep);
         if (trail_n + keep > trail_cap) {
             size_t cap2 = (trail_cap + keep) * 2;
+            if (beam_bytes(width, W, Wu, cand_cap, tsize, cap2) > (size_t)max_bytes) goto done;
             int *a = realloc(tparent, sizeof(int) * cap2);
             if (!a) goto done;
             tparent = a;

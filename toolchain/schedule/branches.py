@@ -59,6 +59,8 @@ def _grow(model: MemModel, x: int) -> int:
 
 def _valid(model: MemModel, x: int, body: int) -> bool:
     w = model.born[x]
+    if model.mask[x] & ~(body | (1 << w)):
+        return False  # x has a reader outside: a body cut short at one exit can leave one behind
     for u in bits(body):
         if model.preds[u] & ~(body | (1 << w)):
             return False
