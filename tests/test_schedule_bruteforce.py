@@ -739,7 +739,6 @@ MUTATIONS = [
     ("fusion.py", "if not alive[k] or len(usucc[k]) != 1:", "if not alive[k] or not usucc[k]:",
      "u may have several successor units (fuse with the first)"),
     ("fusion.py", "(j,) = usucc[k]", "j = min(usucc[k])", None),  # companion of the previous one
-    ("fusion.py", "if not alive[j] or len(units[k])", "if len(units[k])", "merge into a unit already merged"),
     ("fusion.py", "if not su.ok:\n                continue", "pass", "u may read a tensor nobody writes"),
     ("fusion.py", "if upred[j] == {k}:", "if True:", "Rule B: v may have predecessors outside u"),
     ("fusion.py", "if sv.ok and _reads_only_from", "if _reads_only_from", "Rule B: v may read unwritten tensors"),
@@ -800,8 +799,6 @@ MUTATIONS = [
     ("_best_first.c", "if (ua[w] != ub[w]) return ua[w] < ub[w];", "if (ua[w] != ub[w]) return ua[w] > ub[w];",
      "C beam: ties kept in another order than beam.py's"),
     # bounds.py: the min-cut bound
-    ("bounds.py", "if a0 and a1:\n                    base +=", "if a0 or a1:\n                    base +=",
-     "cut bound: untouched tensors alive at one end counted"),
     ("bounds.py", "if after:\n                    forced.append(t)\n                    continue",
      "forced.append(t)\n                continue", "cut bound: live-before tensors forced even if they die"),
     ("bounds.py", "if after:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]",

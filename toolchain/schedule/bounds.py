@@ -57,9 +57,8 @@ class CutNet:
             m = model.mask[t]
             inside = m & piece.ops
             if not inside:
-                a0 = (model.pin_start[t] or m & S0) and (model.pin_end[t] or m & ~S0)
-                a1 = (model.pin_start[t] or m & S_end) and (model.pin_end[t] or m & ~S_end)
-                if a0 and a1:
+                # untouched by the piece: alive before its first step iff alive after its last
+                if (model.pin_start[t] or m & S0) and (model.pin_end[t] or m & ~S0):
                     base += model.size[t]
                 continue
             s = model.size[t]

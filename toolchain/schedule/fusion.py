@@ -124,6 +124,8 @@ def fuse(model: MemModel, units=None, max_unit: int = 10_000) -> list[tuple[int,
             if not alive[k] or len(usucc[k]) != 1:
                 continue
             (j,) = usucc[k]
+            # (j is alive: a merge replaces the merged unit in every successor set below; the
+            # check only guards that bookkeeping, no test can make it fire)
             if not alive[j] or len(units[k]) + len(units[j]) > max_unit:
                 continue
             u, v = units[k], units[j]
