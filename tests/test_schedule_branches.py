@@ -157,6 +157,22 @@ def test_a_body_cut_short_keeps_every_reader_of_its_entry():
         assert s.peak == opt and s.proven_optimal, method
 
 
+def test_an_exit_read_before_the_body_ends_is_refused():
+    """Found by the random TFLite-semantics test: the body {op1, op2, op4} off t1 passes the dip
+    condition, but its exit t2 (written by op1) is read by op5, which needs nothing else of the
+    body and can run, freeing t2, between op1 and op2. Every order that keeps the body together
+    peaks at 320 B; the optimum is 256 B (it was 'proven' at 320)."""
+    ts = tuple(Tensor(i, f"t{i}", "int8", (16,)) for i in range(10))
+    ops = (Op("ADD", (0,), (1,)), Op("ADD", (1,), (2,)), Op("ADD", (0, 1), (3, 4)), Op("ADD", (0,), (5,)),
+           Op("ADD", (3,), (6, 7)), Op("RESHAPE", (2, 5), (8,)), Op("ADD", (0,), (9,)))
+    g = Graph(ts, ops, (0,), (9,), "early-exit-reader")
+    assert body_units(build_model(g, "tflite")) == [(v,) for v in range(7)]
+    opt = Oracle(g, "tflite").optimum()
+    assert opt == 256
+    s = schedule(g, method="dp", time_limit=20, semantics="tflite")
+    assert s.peak == opt and s.proven_optimal
+
+
 def test_zhong_iv2_condition_on_one_inner_order_is_not_enough():
     """Zhong et al.'s Theorem IV.2 fuses an isolated sub-graph (one input tensor read only
     inside, one output) when the transient footprint along its inner schedule never falls below

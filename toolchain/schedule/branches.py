@@ -3,7 +3,8 @@ and any other single-entry branch whose memory never dips below its two ends).
 
 A *body* B hangs off one entry tensor x: x is written by an op w outside B and touched otherwise
 only by ops of B; every other tensor an op of B touches is written inside B; its exits are the
-tensors B writes that an op outside B reads (or graph outputs). res(D), for a down-set D of B, is
+tensors B writes that an op outside B reads (or graph outputs), and every such outside reader
+depends on all of B (otherwise it could run, and free an exit, in the middle of B). res(D), for a down-set D of B, is
 the bytes of B's tensors resident between steps once exactly D has run (x until its last reader
 in B; a tensor written in D until its last toucher, exits to the end of B): res({}) = size(x),
 res(B) = the exits.
@@ -57,10 +58,25 @@ def _grow(model: MemModel, x: int) -> int:
     return body
 
 
-def _valid(model: MemModel, x: int, body: int) -> bool:
+def _ancestors(model: MemModel) -> list[int]:
+    """Per op, the bitset of its ancestors (op positions are a topological order)."""
+    anc = [0] * model.n
+    for v in range(model.n):
+        a = model.preds[v]
+        for p in bits(model.preds[v]):
+            a |= anc[p]
+        anc[v] = a
+    return anc
+
+
+def _valid(model: MemModel, x: int, body: int, anc: list[int]) -> bool:
     w = model.born[x]
     if model.mask[x] & ~(body | (1 << w)):
         return False  # x has a reader outside: a body cut short at one exit can leave one behind
+    for t in _exits(model, body):
+        for r in bits(model.mask[t] & ~body):
+            if anc[r] & body != body:
+                return False  # an exit's reader could run, and free it, in the middle of the body
     for u in bits(body):
         if model.preds[u] & ~(body | (1 << w)):
             return False
@@ -163,6 +179,7 @@ def body_units(model: MemModel, until: float | None = None) -> list[tuple[int, .
     if model.final_only:
         return [(v,) for v in range(model.n)]
     cands = []
+    anc = _ancestors(model)
     for x in range(len(model.size)):
         if until is not None and time.monotonic() >= until:
             break
@@ -173,7 +190,7 @@ def body_units(model: MemModel, until: float | None = None) -> list[tuple[int, .
         if not 2 <= k <= MAX_BODY:
             continue
         subs = [closure] + (_segments(model, x, closure) if k <= MAX_SEGMENTED else [])
-        cands.extend((-bin(b).count("1"), x, b) for b in subs if _valid(model, x, b))
+        cands.extend((-bin(b).count("1"), x, b) for b in subs if _valid(model, x, b, anc))
     cands.sort()
     taken = 0
     units: list[tuple[int, ...]] = []
