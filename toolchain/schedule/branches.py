@@ -4,10 +4,10 @@ and any other single-entry branch whose memory never dips below its two ends).
 A *body* B hangs off one entry tensor x: x is written by an op w outside B and touched otherwise
 only by ops of B; every other tensor an op of B touches is written inside B; its exits are the
 tensors B writes that an op outside B reads (or graph outputs), and every such outside reader
-depends on all of B (otherwise it could run, and free an exit, in the middle of B). res(D), for a down-set D of B, is
-the bytes of B's tensors resident between steps once exactly D has run (x until its last reader
-in B; a tensor written in D until its last toucher, exits to the end of B): res({}) = size(x),
-res(B) = the exits.
+depends on all of B (otherwise it could run, and free an exit, in the middle of B). res(D), for
+a down-set D of B, is the bytes of B's tensors resident between steps once exactly D has run (x
+until its last reader in B; a tensor written in D until its last toucher, exits to the end of
+B): res({}) = size(x), res(B) = the exits.
 
 Theorem (one valley at each end). If res(D) >= max(res({}), res(B)) for every proper, non-empty
 down-set D of B, some optimal order runs B contiguously, in an order of B whose largest step
