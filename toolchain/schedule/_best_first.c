@@ -97,6 +97,40 @@ static int move_units(const Ctx *c, int k, int kind, const u64 *U, int *out) {
     return n;
 }
 
+/* The moves from unit set U, in forks.moves' order: each ready unit on its own or, for a lazy
+ * slice, paired with its consumer's unit (which waits for nothing but the slice, so it is ready
+ * now), plus once per fork the run of its remaining slices. Returns their number (at most 2m). */
+static int list_moves(const Ctx *c, const u64 *U, int *ready, unsigned char *offered, int *mk,
+                      unsigned char *mkind) {
+    int nready = 0, n = 0;
+    for (int k = 0; k < c->m; k++) {
+        if (has(U, k)) continue;
+        const u64 *pk = c->upred + (size_t)k * c->Wu;
+        int waiting = 0;
+        for (int w = 0; w < c->Wu && !waiting; w++) waiting = (pk[w] & ~U[w]) != 0;
+        if (!waiting) ready[nready++] = k;
+    }
+    memset(offered, 0, c->m + 1);
+    for (int i = 0; i < nready; i++) {
+        int k = ready[i];
+        if (c->lazy_fork[k] < 0) { mk[n] = k; mkind[n++] = SINGLE; continue; }
+        mk[n] = k; mkind[n++] = PAIR;
+        if (!offered[c->lazy_fork[k]]) {
+            offered[c->lazy_fork[k]] = 1;
+            mk[n] = k; mkind[n++] = RUN;
+        }
+    }
+    return n;
+}
+
+/* Grows *p to `bytes` (realloc); 0 when out of memory, *p then unchanged. */
+static int grow_array(void **p, size_t bytes) {
+    void *q = realloc(*p, bytes);
+    if (!q) return 0;
+    *p = q;
+    return 1;
+}
+
 static u64 hash_set(const u64 *U, int Wu) {
     u64 h = 0x9E3779B97F4A7C15ULL;
     for (int w = 0; w < Wu; w++) {
@@ -146,24 +180,11 @@ static size_t state_bytes(const Ctx *c) { return sizeof(u64) * c->Wu + 2 * sizeo
 static int grow_states(Ctx *c) {
     int cap = c->cap_states ? c->cap_states * 2 : 1024;
     if (!may_grow(c, state_bytes(c) * (size_t)(cap - c->cap_states))) return 0;
-    u64 *U = realloc(c->U, sizeof(u64) * c->Wu * (size_t)cap);
-    if (!U) return 0;
-    c->U = U;
-    i64 *R = realloc(c->R, sizeof(i64) * cap);
-    if (!R) return 0;
-    c->R = R;
-    i64 *g = realloc(c->g, sizeof(i64) * cap);
-    if (!g) return 0;
-    c->g = g;
-    int *p = realloc(c->parent, sizeof(int) * cap);
-    if (!p) return 0;
-    c->parent = p;
-    int *mv = realloc(c->mv, sizeof(int) * cap);
-    if (!mv) return 0;
-    c->mv = mv;
-    unsigned char *kind = realloc(c->kind, cap);
-    if (!kind) return 0;
-    c->kind = kind;
+    if (!grow_array((void **)&c->U, sizeof(u64) * c->Wu * (size_t)cap)
+        || !grow_array((void **)&c->R, sizeof(i64) * cap) || !grow_array((void **)&c->g, sizeof(i64) * cap)
+        || !grow_array((void **)&c->parent, sizeof(int) * cap) || !grow_array((void **)&c->mv, sizeof(int) * cap)
+        || !grow_array((void **)&c->kind, cap))
+        return 0;
     c->cap_states = cap;
     return 1;
 }
@@ -189,10 +210,8 @@ static int before(const Entry *a, const Entry *b) {
 static int push(Ctx *c, Entry e) {
     if (c->heap_n == c->heap_cap) {
         size_t cap = c->heap_cap ? c->heap_cap * 2 : 1024;
-        if (!may_grow(c, sizeof(Entry) * (cap - c->heap_cap))) return 0;
-        Entry *h = realloc(c->heap, sizeof(Entry) * cap);
-        if (!h) return 0;
-        c->heap = h;
+        if (!may_grow(c, sizeof(Entry) * (cap - c->heap_cap)) || !grow_array((void **)&c->heap, sizeof(Entry) * cap))
+            return 0;
         c->heap_cap = cap;
     }
     size_t i = c->heap_n++;
@@ -274,13 +293,13 @@ int best_first_search(int W, int Wu, int m,
     u64 *S = calloc(W, sizeof(u64)), *S2 = calloc(W, sizeof(u64));
     int *ready = malloc(sizeof(int) * (m + 1)), *units = malloc(sizeof(int) * (m + 1));
     /* children of one state: (first unit, kind, peak, R after) */
-    int *ck = malloc(sizeof(int) * (2 * m + 1));
-    unsigned char *ckind = malloc(2 * m + 1), *offered = calloc(m + 1, 1);
+    int *ck = malloc(sizeof(int) * (2 * m + 1)), *mk = malloc(sizeof(int) * (2 * m + 1));
+    unsigned char *ckind = malloc(2 * m + 1), *mkind = malloc(2 * m + 1), *offered = calloc(m + 1, 1);
     i64 *cpeak = malloc(sizeof(i64) * (2 * m + 1)), *cR = malloc(sizeof(i64) * (2 * m + 1));
     c.table_size = 1024;
     c.table = malloc(sizeof(int) * c.table_size);
-    if (!U || !U2 || !full_u || !S || !S2 || !ready || !units || !ck || !ckind || !offered || !cpeak || !cR
-        || !c.table)
+    if (!U || !U2 || !full_u || !S || !S2 || !ready || !units || !ck || !mk || !ckind || !mkind || !offered
+        || !cpeak || !cR || !c.table)
         goto done;
     memset(c.table, 0xff, sizeof(int) * c.table_size);
     for (int k = 0; k < m; k++) full_u[k >> 6] |= 1ULL << (k & 63);
@@ -311,51 +330,22 @@ int best_first_search(int W, int Wu, int m,
         }
         i64 g = e.g, R = c.R[st], cap = g > floor_ ? g : floor_;
         memcpy(S, S0, sizeof(u64) * W);
-        int nready = 0;
-        for (int k = 0; k < m; k++) {
-            if (has(U, k)) {
+        for (int k = 0; k < m; k++)
+            if (has(U, k))
                 for (int w = 0; w < W; w++) S[w] |= unit_mask[(size_t)k * W + w];
-                continue;
+        int nmoves = list_moves(&c, U, ready, offered, mk, mkind), nch = 0;
+        for (int j = 0; j < nmoves; j++) {
+            int n = move_units(&c, mk[j], mkind[j], U, units);
+            memcpy(S2, S, sizeof(u64) * W);
+            i64 R2 = R, peak = 0;
+            for (int q = 0; q < n; q++) {
+                i64 p = apply_unit(&c, units[q], S2, &R2);
+                if (p > peak) peak = p;
             }
-            const u64 *pk = upred + (size_t)k * Wu;
-            int waiting = 0;
-            for (int w = 0; w < Wu && !waiting; w++) waiting = (pk[w] & ~U[w]) != 0;
-            if (!waiting) ready[nready++] = k;
-        }
-        /* the moves, as in forks.moves */
-        int nch = 0;
-        memset(offered, 0, m + 1);
-        for (int i = 0; i < nready; i++) {
-            int k = ready[i];
-            int cand_k[2], cand_kind[2], nc = 0;
-            if (lazy_fork[k] < 0) {
-                cand_k[nc] = k; cand_kind[nc++] = SINGLE;
-            } else {
-                /* its consumer's unit waits for nothing but k (forks.lazy_slices): ready now */
-                cand_k[nc] = k; cand_kind[nc++] = PAIR;
-                if (!offered[lazy_fork[k]]) {
-                    offered[lazy_fork[k]] = 1;
-                    cand_k[nc] = k; cand_kind[nc++] = RUN;
-                }
-            }
-            int free_found = 0;
-            for (int j = 0; j < nc; j++) {
-                int n = move_units(&c, cand_k[j], cand_kind[j], U, units);
-                memcpy(S2, S, sizeof(u64) * W);
-                i64 R2 = R, peak = 0;
-                for (int q = 0; q < n; q++) {
-                    i64 p = apply_unit(&c, units[q], S2, &R2);
-                    if (p > peak) peak = p;
-                }
-                if (free_moves && peak <= cap && R2 <= R) {
-                    nch = 0;
-                    free_found = 1;
-                }
-                ck[nch] = cand_k[j]; ckind[nch] = (unsigned char)cand_kind[j];
-                cpeak[nch] = peak; cR[nch] = R2; nch++;
-                if (free_found) break;
-            }
-            if (free_found) break;
+            int free_move = free_moves && peak <= cap && R2 <= R;
+            if (free_move) nch = 0; /* the only child expanded */
+            ck[nch] = mk[j]; ckind[nch] = mkind[j]; cpeak[nch] = peak; cR[nch] = R2; nch++;
+            if (free_move) break;
         }
         for (int j = 0; j < nch; j++) {
             i64 g2 = cpeak[j] > g ? cpeak[j] : g;
@@ -374,7 +364,7 @@ int best_first_search(int W, int Wu, int m,
 done:
     *out_states = c.n_states;
     free(U); free(U2); free(full_u); free(S); free(S2); free(ready); free(units);
-    free(ck); free(ckind); free(offered); free(cpeak); free(cR);
+    free(ck); free(mk); free(ckind); free(mkind); free(offered); free(cpeak); free(cR);
     release(&c);
     return status;
 }
@@ -466,12 +456,12 @@ int beam_search(int W, int Wu, int m,
     while (tsize < cand_cap * 2) tsize <<= 1;
     int *table = malloc(sizeof(int) * tsize);
     int *ready = malloc(sizeof(int) * (m + 1)), *units = malloc(sizeof(int) * (m + 1));
-    int *chain = malloc(sizeof(int) * (m + 1));
-    unsigned char *offered = calloc(m + 1, 1);
+    int *chain = malloc(sizeof(int) * (m + 1)), *mk = malloc(sizeof(int) * (2 * m + 1));
+    unsigned char *offered = calloc(m + 1, 1), *mkind = malloc(2 * m + 1);
     u64 *S2 = malloc(sizeof(u64) * W), *full_u = calloc(Wu, sizeof(u64)), *U = calloc(Wu, sizeof(u64));
     if (!bU || !bS || !nU || !nS || !bR || !bg || !nR || !ng || !btrail || !ntrail || !tparent || !tk
-        || !tkind || !cand || !cU || !order || !table || !ready || !units || !chain || !offered || !S2
-        || !full_u || !U)
+        || !tkind || !cand || !cU || !order || !table || !ready || !units || !chain || !mk || !offered
+        || !mkind || !S2 || !full_u || !U)
         goto done;
     for (int k = 0; k < m; k++) full_u[k >> 6] |= 1ULL << (k & 63);
     int n = 1;
@@ -504,75 +494,53 @@ int beam_search(int W, int Wu, int m,
         for (int i = 0; i < n; i++) {
             if (now() > deadline) goto done;
             const u64 *Ui = bU + (size_t)i * Wu, *Si = bS + (size_t)i * W;
-            int nready = 0;
-            for (int k = 0; k < m; k++) {
-                if (has(Ui, k)) continue;
-                const u64 *pk = upred + (size_t)k * Wu;
-                int waiting = 0;
-                for (int w = 0; w < Wu && !waiting; w++) waiting = (pk[w] & ~Ui[w]) != 0;
-                if (!waiting) ready[nready++] = k;
-            }
-            memset(offered, 0, m + 1);
-            for (int r = 0; r < nready; r++) {
-                int k = ready[r], cand_k[2], cand_kind[2], nc = 0;
-                if (lazy_fork[k] < 0) { cand_k[nc] = k; cand_kind[nc++] = SINGLE; }
-                else {
-                    cand_k[nc] = k; cand_kind[nc++] = PAIR;
-                    if (!offered[lazy_fork[k]]) { offered[lazy_fork[k]] = 1; cand_k[nc] = k; cand_kind[nc++] = RUN; }
+            int nmoves = list_moves(&c, Ui, ready, offered, mk, mkind);
+            for (int j = 0; j < nmoves; j++) {
+                int cnt = move_units(&c, mk[j], mkind[j], Ui, units);
+                memcpy(S2, Si, sizeof(u64) * W);
+                i64 R2 = bR[i], peak = bg[i];
+                for (int q = 0; q < cnt; q++) {
+                    i64 p = apply_unit(&c, units[q], S2, &R2);
+                    if (p > peak) peak = p;
                 }
-                for (int j = 0; j < nc; j++) {
-                    int cnt = move_units(&c, cand_k[j], cand_kind[j], Ui, units);
-                    memcpy(S2, Si, sizeof(u64) * W);
-                    i64 R2 = bR[i], peak = bg[i];
-                    for (int q = 0; q < cnt; q++) {
-                        i64 p = apply_unit(&c, units[q], S2, &R2);
-                        if (p > peak) peak = p;
+                if (peak >= ub) continue;
+                if (ncand == cand_cap) {
+                    size_t cap2 = cand_cap * 2;
+                    if (beam_bytes(width, W, Wu, cap2, tsize * 2, trail_cap) > (size_t)max_bytes) goto done;
+                    if (!grow_array((void **)&cand, sizeof(Cand) * cap2) || !grow_array((void **)&cU, sizeof(u64) * Wu * cap2)
+                        || !grow_array((void **)&order, sizeof(int) * cap2))
+                        goto done;
+                    cand_cap = cap2;
+                    /* rehash into a table twice the size */
+                    size_t ts2 = tsize * 2;
+                    int *t2 = malloc(sizeof(int) * ts2);
+                    if (!t2) goto done;
+                    memset(t2, 0xff, sizeof(int) * ts2);
+                    for (size_t q = 0; q < ncand; q++) {
+                        size_t h = hash_set(cU + q * Wu, Wu) & (ts2 - 1);
+                        while (t2[h] >= 0) h = (h + 1) & (ts2 - 1);
+                        t2[h] = (int)q;
                     }
-                    if (peak >= ub) continue;
-                    if (ncand == cand_cap) {
-                        size_t cap2 = cand_cap * 2;
-                        if (beam_bytes(width, W, Wu, cap2, tsize * 2, trail_cap) > (size_t)max_bytes) goto done;
-                        Cand *cc = realloc(cand, sizeof(Cand) * cap2);
-                        if (!cc) goto done;
-                        cand = cc;
-                        u64 *cu = realloc(cU, sizeof(u64) * Wu * cap2);
-                        if (!cu) goto done;
-                        cU = cu;
-                        int *oo = realloc(order, sizeof(int) * cap2);
-                        if (!oo) goto done;
-                        order = oo;
-                        cand_cap = cap2;
-                        /* rehash into a table twice the size */
-                        size_t ts2 = tsize * 2;
-                        int *t2 = malloc(sizeof(int) * ts2);
-                        if (!t2) goto done;
-                        memset(t2, 0xff, sizeof(int) * ts2);
-                        for (size_t q = 0; q < ncand; q++) {
-                            size_t h = hash_set(cU + q * Wu, Wu) & (ts2 - 1);
-                            while (t2[h] >= 0) h = (h + 1) & (ts2 - 1);
-                            t2[h] = (int)q;
-                        }
-                        free(table);
-                        table = t2;
-                        tsize = ts2;
-                    }
-                    u64 *Uc = cU + ncand * Wu;
-                    memcpy(Uc, Ui, sizeof(u64) * Wu);
-                    for (int q = 0; q < cnt; q++) Uc[units[q] >> 6] |= 1ULL << (units[q] & 63);
-                    size_t h = hash_set(Uc, Wu) & (tsize - 1);
-                    int dup = -1;
-                    while (table[h] >= 0) {
-                        if (memcmp(cU + (size_t)table[h] * Wu, Uc, sizeof(u64) * Wu) == 0) { dup = table[h]; break; }
-                        h = (h + 1) & (tsize - 1);
-                    }
-                    Cand nc_ = {peak, R2, i, cand_k[j], (unsigned char)cand_kind[j]};
-                    if (dup >= 0) {
-                        if (peak < cand[dup].peak || (peak == cand[dup].peak && R2 < cand[dup].R)) cand[dup] = nc_;
-                        continue;
-                    }
-                    table[h] = (int)ncand;
-                    cand[ncand++] = nc_;
+                    free(table);
+                    table = t2;
+                    tsize = ts2;
                 }
+                u64 *Uc = cU + ncand * Wu;
+                memcpy(Uc, Ui, sizeof(u64) * Wu);
+                for (int q = 0; q < cnt; q++) Uc[units[q] >> 6] |= 1ULL << (units[q] & 63);
+                size_t h = hash_set(Uc, Wu) & (tsize - 1);
+                int dup = -1;
+                while (table[h] >= 0) {
+                    if (memcmp(cU + (size_t)table[h] * Wu, Uc, sizeof(u64) * Wu) == 0) { dup = table[h]; break; }
+                    h = (h + 1) & (tsize - 1);
+                }
+                Cand nc_ = {peak, R2, i, mk[j], mkind[j]};
+                if (dup >= 0) {
+                    if (peak < cand[dup].peak || (peak == cand[dup].peak && R2 < cand[dup].R)) cand[dup] = nc_;
+                    continue;
+                }
+                table[h] = (int)ncand;
+                cand[ncand++] = nc_;
             }
         }
         int keep = ncand < (size_t)width ? (int)ncand : width;
@@ -582,15 +550,9 @@ int beam_search(int W, int Wu, int m,
         if (trail_n + keep > trail_cap) {
             size_t cap2 = (trail_cap + keep) * 2;
             if (beam_bytes(width, W, Wu, cand_cap, tsize, cap2) > (size_t)max_bytes) goto done;
-            int *a = realloc(tparent, sizeof(int) * cap2);
-            if (!a) goto done;
-            tparent = a;
-            int *b = realloc(tk, sizeof(int) * cap2);
-            if (!b) goto done;
-            tk = b;
-            unsigned char *d = realloc(tkind, cap2);
-            if (!d) goto done;
-            tkind = d;
+            if (!grow_array((void **)&tparent, sizeof(int) * cap2) || !grow_array((void **)&tk, sizeof(int) * cap2)
+                || !grow_array((void **)&tkind, cap2))
+                goto done;
             trail_cap = cap2;
         }
         for (int q = 0; q < keep; q++) {
@@ -619,6 +581,6 @@ int beam_search(int W, int Wu, int m,
 done:
     free(bU); free(bS); free(nU); free(nS); free(bR); free(bg); free(nR); free(ng); free(btrail);
     free(ntrail); free(tparent); free(tk); free(tkind); free(cand); free(cU); free(order); free(table);
-    free(ready); free(units); free(chain); free(offered); free(S2); free(full_u); free(U);
+    free(ready); free(units); free(chain); free(mk); free(offered); free(mkind); free(S2); free(full_u); free(U);
     return status;
 }

@@ -105,24 +105,28 @@ def _piece_arrays(piece) -> dict:
     return arrays
 
 
+def _problem(piece, g0: int) -> tuple:
+    """The first 24 arguments of both C searches: the memory model, the piece and its start."""
+    model = piece.model
+    ma, pa = _model_arrays(model), _piece_arrays(piece)
+    return (ma["W"], pa["Wu"], pa["m"], pa["unit_start"], pa["unit_ops"], pa["unit_mask"],
+            ma["touch_start"], ma["touch"], ma["size"], ma["mask"], ma["pin_start"], ma["pin_end"],
+            ma["extra"], model.const_all, model.final_only, ma["full"], pa["S0"], piece.R0, g0,
+            pa["upred"], pa["lazy_fork"], pa["lazy_cons"], pa["group_start"], pa["group_units"])
+
+
 def best_first(piece, ub: int, floor: int, static_lb: int, g0: int, deadline: float | None,
                max_states: int, max_bytes: int, free_moves: bool):
     """dp.best_first's search in C, from the point where the trivial cases are settled."""
     from toolchain.schedule.dp import SearchResult, _units_to_ops
 
     lib = _load()
-    model = piece.model
-    ma, pa = _model_arrays(model), _piece_arrays(piece)
-    m = pa["m"]
+    m = len(piece.units)
     seconds = 1e9 if deadline is None else max(deadline - time.monotonic(), 0.0)
     out_units = (c_int * (m + 1))()
     out_n, out_peak, out_f, out_states = c_int(0), i64(0), i64(0), i64(0)
     status = lib.best_first_search(
-        ma["W"], pa["Wu"], m, pa["unit_start"], pa["unit_ops"], pa["unit_mask"],
-        ma["touch_start"], ma["touch"], ma["size"], ma["mask"], ma["pin_start"], ma["pin_end"],
-        ma["extra"], model.const_all, model.final_only, ma["full"], pa["S0"], piece.R0, g0,
-        pa["upred"], pa["lazy_fork"], pa["lazy_cons"], pa["group_start"], pa["group_units"],
-        ub, floor, seconds, min(max_states, 2**62), max_bytes, int(free_moves),
+        *_problem(piece, g0), ub, floor, seconds, min(max_states, 2**62), max_bytes, int(free_moves),
         out_units, ctypes.byref(out_n), ctypes.byref(out_peak), ctypes.byref(out_f),
         ctypes.byref(out_states))
     states = int(out_states.value)
@@ -144,18 +148,12 @@ def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int):
     from toolchain.schedule.dp import _units_to_ops
 
     lib = _load()
-    model = piece.model
-    ma, pa = _model_arrays(model), _piece_arrays(piece)
-    m = pa["m"]
-    g0 = model.step0 if piece.S0 == 0 else 0
+    m = len(piece.units)
+    g0 = piece.model.step0 if piece.S0 == 0 else 0
     out_units = (c_int * (m + 1))()
     out_n, out_peak = c_int(0), i64(0)
     status = lib.beam_search(
-        ma["W"], pa["Wu"], m, pa["unit_start"], pa["unit_ops"], pa["unit_mask"],
-        ma["touch_start"], ma["touch"], ma["size"], ma["mask"], ma["pin_start"], ma["pin_end"],
-        ma["extra"], model.const_all, model.final_only, ma["full"], pa["S0"], piece.R0, g0,
-        pa["upred"], pa["lazy_fork"], pa["lazy_cons"], pa["group_start"], pa["group_units"],
-        width, 2**62 if ub is None else ub, max(deadline - time.monotonic(), 0.0), max_bytes,
+        *_problem(piece, g0), width, 2**62 if ub is None else ub, max(deadline - time.monotonic(), 0.0), max_bytes,
         out_units, ctypes.byref(out_n), ctypes.byref(out_peak))
     if status != 1:
         return None
