@@ -503,10 +503,12 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
     assert proven <= piece_opt
     if found is not None:
         assert is_topological_after(model, found[0], S0) and piece.evaluate(found[0]) == found[1] >= piece_opt
-    for width in (1, 3):  # beams (beam.py): real orders, never below the optimum
+    # beams (beam.py), also ranking under a proven floor: real orders with their real peak
+    # (not the floor), never below the optimum
+    for width, floor in itertools.product((1, 3), (0, piece_opt)):
         peaks = set()
         for native in NATIVE:
-            found = beam_order(piece, width, time.monotonic() + 5, native=native)
+            found = beam_order(piece, width, time.monotonic() + 5, native=native, floor=floor)
             assert found is not None and is_topological_after(model, found[0], S0)
             assert sorted(found[0]) == sorted(v for u in units for v in u)
             assert piece.evaluate(found[0]) == found[1] >= piece_opt
@@ -548,8 +550,8 @@ def random_wiring(n: int, seed: int) -> Graph:
 
 
 def test_c_and_python_searches_agree_on_random_wirings():
-    """The C and Python exact searches prove the same optimum, and the beams of each width give
-    the same peak (they keep the same sets at every level, ties included), on the example
+    """The C and Python exact searches prove the same optimum, and the beams of each width and
+    floor give the same peak (they keep the same sets at every level, ties included), on the example
     RandWire and on randomly wired graphs whose equal tensors make ties everywhere. Skips where
     no C compiler is found."""
     from conftest import EXAMPLE
@@ -566,9 +568,10 @@ def test_c_and_python_searches_agree_on_random_wirings():
         ub = pc.evaluate(heuristics.greedy(model)) + 1
         c, py = (best_first(pc, ub, 0, native=native) for native in (True, False))
         assert c.complete and py.complete and c.peak == py.peak == pc.evaluate(c.order), graph.name
-        for width in (1, 2, 4, 16):
-            c, py = (beam_order(pc, width, time.monotonic() + 60, native=native) for native in (True, False))
-            assert c[1] == py[1], (graph.name, width)
+        for width, floor in itertools.product((1, 2, 4, 16), (0, c.peak // 2, c.peak)):
+            c_beam, py_beam = (beam_order(pc, width, time.monotonic() + 60, native=native, floor=floor)
+                               for native in (True, False))
+            assert c_beam[1] == py_beam[1] >= c.peak, (graph.name, width, floor)
 
 
 @fast(40)

@@ -54,6 +54,7 @@ def model_files(models: Path) -> list[Path]:
 ABLATION = {  # name -> parts of the at-scale search switched off (schedule(ablate=...))
     "no branching bound": ("branch_bound",),
     "no beams": ("beam",),
+    "beams without the floor": ("beam_floor",),
     "no dives": ("dives",),
     "none of the three": ("branch_bound", "beam", "dives"),
     "Python search": ("python",),  # the exact search and the beams in Python, not C
@@ -105,7 +106,8 @@ def ablation(hard: list[dict], models: Path, time_limit: float) -> list[str]:
     lines = ["", "### Ablation on the models not proven before issue 15", "",
              "Each cell: peak / lower bound (certified gap %), same time limit. `no branching bound`: the "
              "floor from the min-cut bound and the search only; `no beams`, `no dives`: those searches "
-             "for better orders skipped; `none of the three`: the search as before issue 15 but with its "
+             "for better orders skipped; `beams without the floor`: the beams rank partial orders by their "
+             "own peak even below the proven floor (beam.py); `none of the three`: the search as before issue 15 but with its "
              "first 20 % split off; `Python search`: everything on, but the exact search and the beams "
              "in Python instead of C (`TPU_PIPELINE_NO_NATIVE=1`).", "",
              "| model | all | " + " | ".join(ABLATION) + " |", "|---|" + "---|" * (len(ABLATION) + 1)]

@@ -142,14 +142,15 @@ def best_first(piece, ub: int, floor: int, static_lb: int, g0: int, deadline: fl
     return SearchResult(None, ub, max(lb, static_lb), False, states)
 
 
-def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int):
+def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int, floor: int = 0):
     """beam.beam_order's search in C: (op order, peak) or None (the beam died under ub, or the
-    deadline or the memory cap came first)."""
+    deadline or the memory cap came first). Starting from a peak of `floor` ranks the states
+    under it by their resident bytes alone."""
     from toolchain.schedule.dp import _units_to_ops
 
     lib = _load()
     m = len(piece.units)
-    g0 = piece.model.step0 if piece.S0 == 0 else 0
+    g0 = max(piece.model.step0 if piece.S0 == 0 else 0, floor)
     out_units = (c_int * (m + 1))()
     out_n, out_peak = c_int(0), i64(0)
     status = lib.beam_search(

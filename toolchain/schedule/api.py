@@ -225,7 +225,7 @@ def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline
     if res.order is not None:
         ub = res.peak
     if "beam" not in ablate and floor < ub:
-        found = _beams(pc, ub, until(0.25))
+        found = _beams(pc, ub, until(0.25), 0 if "beam_floor" in ablate else floor)
         if found is not None and found[1] < ub:
             res.order, res.peak = found
             ub = found[1]
@@ -237,11 +237,12 @@ def _first_try(pc: Piece, ub: int, floor: int, now: float, left: float, deadline
     return res, floor
 
 
-def _beams(pc: Piece, ub: int, until: float) -> tuple[list[int], int] | None:
-    """Beam searches (beam.py) of doubling width while time is left: the best order found."""
+def _beams(pc: Piece, ub: int, until: float, floor: int) -> tuple[list[int], int] | None:
+    """Beam searches (beam.py) of doubling width while time is left: the best order found.
+    `floor` is a proven bound: no order of the piece peaks below it (beam.py)."""
     best, width = None, 48
     while time.monotonic() < until:
-        found = beam_order(pc, width, until, ub)
+        found = beam_order(pc, width, until, ub, floor=floor)
         if found is not None and found[1] < ub:  # None: the beam died under ub, or the time
             best, ub = found, found[1]
         width *= 2
