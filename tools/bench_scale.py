@@ -2,12 +2,18 @@
 """Scheduling at scale (issue 15): proofs and certified gaps on the irregular int8 models.
 
     python tools/bench_scale.py --models models [--out docs/bench/scale.md] [--time-limit 10]
+    python tools/bench_scale.py --exhaust models/randwire_ws64_int8.tflite [--seconds 240] [--gib 6]
 
 Per model (the zoo's irregular int8 models, including the large RandWire stages, HRNet-W18/W32
 and the 20-cell DARTS): ops, units after fusion, pieces after the cuts, the peak found, the
 certified lower bound, the gap (peak / bound - 1), proven or not, seconds. Each model runs in a
 child process with a hard timeout. `BEFORE` holds the same figures measured before the issue's
 work (same command, same machine), shown next to today's.
+
+`--exhaust MODEL` asks how far the exact search is from a proof on a model's largest piece: the
+floor from the min-cut and branching bounds (2.5 s), the beams' best order (2.5 s), then the
+exact search alone with `--seconds` and a `--gib` memory cap. It prints the states it kept and
+the key it reached (a proven lower bound); nothing is written.
 """
 
 from __future__ import annotations
@@ -72,6 +78,37 @@ def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
                 peak=res.peak, lb=res.lower_bound, proven=res.proven_optimal, seconds=res.seconds)
 
 
+def exhaust(path: Path, seconds: float, gib: float) -> int:
+    """The exact search on the largest piece with a large time and memory budget (see above)."""
+    from toolchain.ir import load
+    from toolchain.schedule import dp, heuristics
+    from toolchain.schedule.api import _beams, _piece_upper_bound, _pieces_in_context
+    from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+    from toolchain.schedule.branches import body_units
+    from toolchain.schedule.divide import pieces
+    from toolchain.schedule.fusion import fuse
+    from toolchain.schedule.model import build_model
+
+    model = build_model(load(str(path))[1], "tflm")
+    units = fuse(model, body_units(model, until=time.monotonic() + 5))
+    piece = max(_pieces_in_context(model, units, pieces(model, units)), key=lambda p: len(p.units))
+    piece.use_lazy_slices()
+    _, ub = _piece_upper_bound(model, piece, heuristics.greedy(model), time.monotonic() + 5)
+    floor = max(piece.static_lower_bound(), cut_lower_bound(piece, time.monotonic() + 5))
+    floor = max(floor, branch_lower_bound(piece, time.monotonic() + 2.5, floor, ub))
+    found = _beams(piece, ub, time.monotonic() + 2.5, floor)
+    ub = found[1] if found else ub
+    print(f"{path.name}: {len(piece.units)} units; floor {floor:,} B, best order {ub:,} B; exact search "
+          f"for {seconds:g} s within {gib:g} GiB ...", flush=True)
+    dp.MAX_STATE_BYTES = int(gib * 2**30)
+    t = time.monotonic()
+    r = dp.best_first(piece, ub, floor, time.monotonic() + seconds)
+    verdict = ("proven optimal" if r.complete else
+               f"stopped after {time.monotonic() - t:.0f} s, key {max(r.lower_bound, floor):,} B")
+    print(f"{r.states:,} states kept; best {r.peak:,} B; {verdict}")
+    return 0
+
+
 def gap(peak: int, lb: int) -> str:
     return f"{100.0 * (peak / lb - 1):.1f}" if lb else "-"
 
@@ -128,12 +165,17 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     ap.add_argument("--no-ablation", action="store_true", help="skip the ablation table")
+    ap.add_argument("--exhaust", type=Path, metavar="MODEL", help="only the exact search on MODEL (see above)")
+    ap.add_argument("--seconds", type=float, default=240.0, help="--exhaust: time of the exact search")
+    ap.add_argument("--gib", type=float, default=6.0, help="--exhaust: memory cap of the exact search")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--off", nargs="*", default=[], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(one(args.child, args.time_limit, tuple(args.off))))
         return 0
+    if args.exhaust:
+        return exhaust(args.exhaust, args.seconds, args.gib)
     rows = []
     for f in model_files(args.models):
         t = time.monotonic()
