@@ -632,6 +632,20 @@ def test_model_is_lifetimes(graph, semantics, rnd):
             assert Oracle(graph, semantics).peak(order) == lifetimes(graph, order, semantics).peak
 
 
+def test_model_is_lifetimes_on_a_reshape_chain_into_an_empty_tensor():
+    """TFLite: op1 reshapes t0 into t1 in place; op2 reshapes t1 into the 0-byte t2. t1's bytes
+    are t0's, so lifetimes() gives op2's sharing no effect: t0 dies at op2. The model once
+    merged t2 into t0's buffer too, keeping t0 alive until op3 reads t2 (128 B at the last step
+    for lifetimes' 64). Found by a random search (the random graphs here rarely build it)."""
+    sizes = [64, 64, 0, 64]
+    graph = Graph(tuple(Tensor(i, f"t{i}", "int8", (s,)) for i, s in enumerate(sizes)),
+                  (Op("ADD", (), (0,)), Op("RESHAPE", (0,), (1,)), Op("RESHAPE", (1,), (2,)),
+                   Op("ADD", (2,), (3,))), (), (3,), "chain")
+    model = build_model(graph, "tflite")
+    assert model.exact
+    assert model.profile([0, 1, 2, 3]) == lifetimes(graph, [0, 1, 2, 3], "tflite").live_bytes() == [0, 64, 64, 64, 64]
+
+
 @fast(300)
 @given(dags(max_ops=7), SEMS)
 def test_fusion_keeps_the_optimum_many(graph, semantics):
@@ -735,6 +749,10 @@ def test_scheduler_and_parts_many(graph, semantics, rnd):
 # Each guard that restricts when fusion, a free move, a forced cut or a lower bound applies,
 # removed (or its condition made always true) on a copy of the package: the fast tests above must
 # fail on every one. (file, exact text, replacement, what the mutation does).
+# Not listed, as no test can catch them (equivalent mutants; the argument for each is at the end
+# of test_schedule_fusion_witnesses.py, and 100,000 random graphs found no witness): fusion's
+# refusals of units that touch a tensor nobody writes (`su.ok`, Rule C's `sv.ok`, `s.ok = False`)
+# and _reads_only_from's "written inside u or v". They only fuse less, which is always safe.
 MUTATIONS = [
     # fusion.py
     ("fusion.py", "if model.final_only:\n        return units", "if False:\n        return units",
@@ -742,15 +760,11 @@ MUTATIONS = [
     ("fusion.py", "if not alive[k] or len(usucc[k]) != 1:", "if not alive[k] or not usucc[k]:",
      "u may have several successor units (fuse with the first)"),
     ("fusion.py", "(j,) = usucc[k]", "j = min(usucc[k])", None),  # companion of the previous one
-    ("fusion.py", "if not su.ok:\n                continue", "pass", "u may read a tensor nobody writes"),
     ("fusion.py", "if upred[j] == {k}:", "if True:", "Rule B: v may have predecessors outside u"),
-    ("fusion.py", "if sv.ok and _reads_only_from", "if _reads_only_from", "Rule B: v may read unwritten tensors"),
     ("fusion.py", "_reads_only_from(model, v, su.inside) and sv.out_surv", "sv.out_surv",
      "Rule B: v may read tensors written outside u"),
     ("fusion.py", "sv.out_surv <= sv.in_free \\", "True \\", "Rule B: v may leave more than it frees"),
     ("fusion.py", "and sv.peak_rel <= su.slack_end", "", "Rule B: v's steps may exceed what u's last step frees"),
-    ("fusion.py", "if sv.ok and su.in_free <= su.out_surv", "if su.in_free <= su.out_surv",
-     "Rule C: v may read unwritten tensors"),
     ("fusion.py", "if sv.ok and su.in_free <= su.out_surv and", "if sv.ok and",
      "Rule C: u may free more than it leaves"),
     ("fusion.py", "su.peak_rel - su.out_surv + su.in_free <= sv.first_born_extra", "True",
@@ -759,8 +773,6 @@ MUTATIONS = [
      "out_surv: graph outputs written inside do not count as surviving"),
     ("fusion.py", "if pe[t] or mask[t] & ~inside:", "if pe[t]:",
      "out_surv: outputs read outside do not count as surviving"),
-    ("fusion.py", "if b < 0 and not model.pin_start[t]:\n                s.ok = False", "if False:\n                pass",
-     "summary: reads of unwritten tensors are accepted"),
     ("fusion.py", "if not pe[t]:\n                in_free += size[t]", "if True:\n                in_free += size[t]",
      "in_free: graph outputs read count as freed"),
     ("fusion.py", "if not pe[t] and not (m & ~scope)", "if not (m & ~scope)", "deaths: graph outputs die"),
@@ -768,8 +780,6 @@ MUTATIONS = [
     ("fusion.py", "and not (m & inside & ~seen):", ":", "deaths: tensors read later in the unit die"),
     ("fusion.py", "if b < 0:\n                return False", "if b < 0:\n                continue",
      "Rule B: v may read graph inputs"),
-    ("fusion.py", "if not ((inside >> b) & 1 or (u_inside >> b) & 1):\n                return False",
-     "pass", "Rule B: v may read any written tensor"),
     # divide.py
     ("divide.py", "if (anc[k] | desc[k] | (1 << k)) == full]", "]", "every unit is a cut point"),
     ("divide.py", "if between:\n            out.append", "if True:\n            out.append", "empty pieces"),
@@ -878,7 +888,8 @@ def test_every_mutation_is_caught(group, tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert probe.stdout.startswith(str(tmp_path)), probe.stdout + probe.stderr
     proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)),
-                           str(Path(__file__).with_name("test_schedule_branches.py")), "-x", "-q", "-p", "no:cacheprovider",
+                           str(Path(__file__).with_name("test_schedule_branches.py")),
+                           str(Path(__file__).with_name("test_schedule_fusion_witnesses.py")), "-x", "-q", "-p", "no:cacheprovider",
                            "-m", "not slow", "--no-header", "-rf"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1800)
     failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]

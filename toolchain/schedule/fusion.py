@@ -135,7 +135,8 @@ def fuse(model: MemModel, units=None, max_unit: int = 10_000) -> list[tuple[int,
             merged = False
             if upred[j] == {k}:  # Rule B candidate
                 sv = _summary(model, v, done=su.inside)
-                if sv.ok and _reads_only_from(model, v, su.inside) and sv.out_surv <= sv.in_free \
+                # (sv.ok is implied: _reads_only_from refuses the unwritten tensors it excludes)
+                if _reads_only_from(model, v, su.inside) and sv.out_surv <= sv.in_free \
                         and sv.peak_rel <= su.slack_end:
                     merged = True
             if not merged:  # Rule C

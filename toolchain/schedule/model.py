@@ -148,8 +148,9 @@ def _share_groups(graph: Graph, sem: Semantics, involved: set[int], sizes: dict[
                 continue
             if src in outputs or src in inputs:
                 continue
-            src_size = 0 if src in zeroed else sizes[src]
-            if src_size < sizes[dst]:
+            # an input that already lives in another tensor's bytes lends none: lifetimes() gives
+            # its sharing no effect (even into a 0-byte output)
+            if src in zeroed or sizes[src] < sizes[dst]:
                 continue
             cons = graph.consumers.get(src, ())
             if tuple(cons) != (i,):
