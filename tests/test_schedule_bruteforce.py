@@ -549,6 +549,45 @@ def random_wiring(n: int, seed: int) -> Graph:
     return Graph(tuple(tensors), tuple(ops), (0,), outs, f"wired{seed}")
 
 
+BEAMS_AT_A_TINY_CAP = """
+import sys, time
+from toolchain.ir import Graph, Op, Tensor
+from toolchain.schedule import api, beam, build_model
+from toolchain.schedule.dp import Piece
+from toolchain.schedule.fusion import fuse
+
+tensors = [Tensor(i, f"t{i}", "int8", (64,)) for i in range(7)]
+ops = [Op("ADD", (0,), (1,)), Op("ADD", (0,), (2,)), Op("ADD", (0,), (3,)),
+       Op("ADD", (1, 2), (4,)), Op("ADD", (3, 4), (5,)), Op("ADD", (1, 5), (6,))]
+model = build_model(Graph(tuple(tensors), tuple(ops), (0,), (6,), "fork"))
+piece = Piece(model, fuse(model)).use_lazy_slices()
+assert len(piece.units) > 1
+try:
+    beam.beam_order(piece, 48 * 2**28, time.monotonic() + 5)  # 0 as a C int
+    sys.exit("a width past a C int was run")
+except beam.TooWide:
+    pass
+beam.MAX_BEAM_BYTES = 1024  # not even width 48 fits
+t = time.monotonic()
+found = api._beams(piece, 10**9, t + 5, 0)
+print(found, time.monotonic() - t)
+"""
+
+
+def test_beams_stop_at_their_memory_cap():
+    """When no beam fits MAX_BEAM_BYTES, api._beams stops at once. It used to keep doubling the
+    width until, passed as a C int, it wrapped to 0 (48 * 2**28) and the C beam wrote into
+    0-byte buffers: a heap corruption, seen as `fit` aborting on Xception ("munmap_chunk():
+    invalid pointer"). In a child process, as a regression aborts it."""
+    if not _native_search.available():
+        pytest.skip("no C compiler: the Python beam has no memory cap")
+    proc = subprocess.run([sys.executable, "-c", BEAMS_AT_A_TINY_CAP], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found, seconds = proc.stdout.split()
+    assert found == "None" and float(seconds) < 4, proc.stdout  # stopped, not spun to the deadline
+
+
 def test_c_and_python_searches_agree_on_random_wirings():
     """The C and Python exact searches prove the same optimum, and the beams of each width and
     floor give the same peak (they keep the same sets at every level, ties included), on the example

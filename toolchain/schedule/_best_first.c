@@ -374,7 +374,7 @@ done:
  * smaller (peak, R); the `width` candidates with the smallest (peak, R, unit set) survive: the
  * same sets as beam.py's at every level, so the two give the same peaks. Returns 1 (a complete
  * order below ub: out_units, out_peak), 0 (the beam died: every extension reached ub), -1
- * (deadline or memory).
+ * (deadline or memory), -2 (a beam this wide does not fit max_bytes at all: wider ones neither).
  */
 typedef struct { i64 peak, R; int parent, k; unsigned char kind; } Cand;
 
@@ -437,8 +437,9 @@ int beam_search(int W, int Wu, int m,
     c.lazy_fork = lazy_fork; c.lazy_cons = lazy_cons; c.group_start = group_start; c.group_units = group_units;
     double deadline = now() + seconds;
     int status = -1;
-    if (beam_bytes(width, W, Wu, (size_t)width * 8, (size_t)width * 16, (size_t)width * 4) > (size_t)max_bytes)
-        return -1; /* the first allocations alone would pass the cap */
+    if (width < 1 || beam_bytes(width, W, Wu, (size_t)width * 8, (size_t)width * 16, (size_t)width * 4)
+                         > (size_t)max_bytes)
+        return -2; /* the first allocations alone would pass the cap */
     /* the beam: U, S, R, g and a trail entry per state; the trail links each state to its parent */
     u64 *bU = malloc(sizeof(u64) * Wu * (size_t)width), *bS = malloc(sizeof(u64) * W * (size_t)width);
     u64 *nU = malloc(sizeof(u64) * Wu * (size_t)width), *nS = malloc(sizeof(u64) * W * (size_t)width);

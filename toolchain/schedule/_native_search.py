@@ -142,12 +142,18 @@ def best_first(piece, ub: int, floor: int, static_lb: int, g0: int, deadline: fl
     return SearchResult(None, ub, max(lb, static_lb), False, states)
 
 
+class TooWide(Exception):
+    """A beam of this width does not fit its memory cap (nor does any wider one)."""
+
+
 def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int, floor: int = 0):
     """beam.beam_order's search in C: (op order, peak) or None (the beam died under ub, or the
-    deadline or the memory cap came first). Starting from a peak of `floor` ranks the states
-    under it by their resident bytes alone."""
+    deadline or the memory cap came first); raises TooWide. Starting from a peak of `floor`
+    ranks the states under it by their resident bytes alone."""
     from toolchain.schedule.dp import _units_to_ops
 
+    if not 1 <= width < 2**31:  # a C int: a wider one would wrap around (to 0 at 48 * 2**28)
+        raise TooWide(width)
     lib = _load()
     m = len(piece.units)
     g0 = max(piece.model.step0 if piece.S0 == 0 else 0, floor)
@@ -156,6 +162,8 @@ def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int, flo
     status = lib.beam_search(
         *_problem(piece, g0), width, 2**62 if ub is None else ub, max(deadline - time.monotonic(), 0.0), max_bytes,
         out_units, ctypes.byref(out_n), ctypes.byref(out_peak))
+    if status == -2:
+        raise TooWide(width)
     if status != 1:
         return None
     order = _units_to_ops(piece, [out_units[i] for i in range(out_n.value)])

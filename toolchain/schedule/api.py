@@ -15,7 +15,7 @@ from toolchain.schedule import _native_search, heuristics
 from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 from toolchain.schedule.divide import pieces as split_pieces
 from toolchain.schedule.dp import Piece, best_first
-from toolchain.schedule.beam import beam_order
+from toolchain.schedule.beam import TooWide, beam_order
 from toolchain.schedule.branches import body_units
 from toolchain.schedule.fusion import fuse
 from toolchain.schedule.model import MemModel, build_model
@@ -242,7 +242,10 @@ def _beams(pc: Piece, ub: int, until: float, floor: int) -> tuple[list[int], int
     `floor` is a proven bound: no order of the piece peaks below it (beam.py)."""
     best, width = None, 48
     while time.monotonic() < until:
-        found = beam_order(pc, width, until, ub, floor=floor)
+        try:
+            found = beam_order(pc, width, until, ub, floor=floor)
+        except TooWide:  # the memory cap: wider beams fit even less
+            break
         if found is not None and found[1] < ub:  # None: the beam died under ub, or the time
             best, ub = found, found[1]
         width *= 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from toolchain.schedule import _native_search
+from toolchain.schedule._native_search import TooWide  # noqa: F401 (raised through beam_order)
 from toolchain.schedule.forks import moves
 
 
@@ -28,7 +29,8 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
     """(op order, its peak over the piece) of the best complete state of the beam, or None if
     the beam died (every extension reached `ub`) or the deadline came first. `native`: run the
     C version (_best_first.c) when it can be built; the Python one below is the reference.
-    `floor`: a proven lower bound of the piece, the least peak the ranking tells apart."""
+    `floor`: a proven lower bound of the piece, the least peak the ranking tells apart.
+    Raises TooWide when the C beam cannot hold `width` states within MAX_BEAM_BYTES."""
     m = len(piece.units)
     if m == 0:
         return None
