@@ -178,6 +178,7 @@ static int grow_table(Ctx *c) {
 static size_t state_bytes(const Ctx *c) { return sizeof(u64) * c->Wu + 2 * sizeof(i64) + 2 * sizeof(int) + 1; }
 
 static int grow_states(Ctx *c) {
+    if (c->cap_states >= 1 << 29) return 0; /* state indices are ints (the table's too) */
     int cap = c->cap_states ? c->cap_states * 2 : 1024;
     if (!may_grow(c, state_bytes(c) * (size_t)(cap - c->cap_states))) return 0;
     if (!grow_array((void **)&c->U, sizeof(u64) * c->Wu * (size_t)cap)
