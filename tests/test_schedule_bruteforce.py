@@ -828,7 +828,7 @@ MUTATIONS = [
     ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and peak <= cap:",
      "free move may leave more bytes resident"),
     ("dp.py", "if m & self.ops:\n                continue", "pass", "static bound: tensors touched inside counted twice"),
-    ("dp.py", "lb = model.step0 if self.S0 == 0 else 0", "lb = model.step0", "static bound: step 0 in every piece"),
+    ("dp.py", "lb = self.step0\n", "lb = model.step0\n", "static bound: step 0 in every piece"),
     ("dp.py", "if S_end == model.full:\n            end =", "if True:\n            end =",
      "static bound: graph outputs at the end of every piece"),
     # forks.py: the moves around a fork of lazy slices

@@ -146,17 +146,15 @@ class TooWide(Exception):
     """A beam of this width does not fit its memory cap (nor does any wider one)."""
 
 
-def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int, floor: int = 0):
-    """beam.beam_order's search in C: (op order, peak) or None (the beam died under ub, or the
-    deadline or the memory cap came first); raises TooWide. Starting from a peak of `floor`
-    ranks the states under it by their resident bytes alone."""
+def beam(piece, width: int, deadline: float, ub: int | None, max_bytes: int, g0: int):
+    """beam.beam_order's search in C, from a peak of g0 so far: (op order, peak) or None (the
+    beam died under ub, or the deadline or the memory cap came first); raises TooWide."""
     from toolchain.schedule.dp import _units_to_ops
 
     if not 1 <= width < 2**31:  # a C int: a wider one would wrap around (to 0 at 48 * 2**28)
         raise TooWide(width)
     lib = _load()
     m = len(piece.units)
-    g0 = max(piece.model.step0 if piece.S0 == 0 else 0, floor)
     out_units = (c_int * (m + 1))()
     out_n, out_peak = c_int(0), i64(0)
     status = lib.beam_search(

@@ -34,10 +34,10 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
     m = len(piece.units)
     if m == 0:
         return None
+    g0 = max(piece.step0, floor)  # peaks under the floor rank alike (see above)
     if native and _native_search.available():
-        return _native_search.beam(piece, width, deadline, ub, MAX_BEAM_BYTES, floor)
+        return _native_search.beam(piece, width, deadline, ub, MAX_BEAM_BYTES, g0)
     upred = piece.upred
-    g0 = max(piece.model.step0 if piece.S0 == 0 else 0, floor)
     # state: U -> (peak so far, S, R, ready units, trail of moves)
     beam = {0: (g0, piece.S0, piece.R0, tuple(k for k in range(m) if upred[k] == 0), ())}
     full = (1 << m) - 1

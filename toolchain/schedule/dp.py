@@ -105,6 +105,12 @@ class Piece:
                 peak = live
         return peak, S, R
 
+    @property
+    def step0(self) -> int:
+        """Bytes live at step 0 (the graph inputs) if this piece starts the graph, else 0: step 0
+        belongs to the first piece."""
+        return self.model.step0 if self.S0 == 0 else 0
+
     def evaluate(self, order) -> int:
         """Peak over the piece's steps for an op order of the piece's ops."""
         return self.model.peak(order, self.S0, self.R0) if order else 0
@@ -123,7 +129,7 @@ class Piece:
             if (model.pin_start[t] or m & self.S0) and (model.pin_end[t] or m & ~self.S0):
                 thru.append(model.size[t])
         base = sum(thru) + model.const_all
-        lb = model.step0 if self.S0 == 0 else 0
+        lb = self.step0
         for v in bits(self.ops):
             fp = base + model.extra[v] + sum(model.size[t] for t in model.touch[v])
             lb = max(lb, fp)
@@ -168,7 +174,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     if ub <= floor:
         return SearchResult(None, ub, static_lb, True, 0)
     ready0 = tuple(k for k in range(m) if piece.upred[k] == 0)
-    g0 = piece.model.step0 if piece.S0 == 0 else 0  # step 0 (graph inputs) belongs to the first piece
+    g0 = piece.step0
     if g0 >= ub:
         return SearchResult(None, ub, max(static_lb, g0), True, 0)
     # A graph output no op touches is live at the last step only, i.e. at whichever op runs last:
@@ -281,7 +287,7 @@ def budgeted_dp(piece: Piece, budget: int, deadline: float | None = None) -> tup
         return out
 
     U, S, R = 0, piece.S0, piece.R0
-    if piece.S0 == 0 and piece.model.step0 > budget:
+    if piece.step0 > budget:
         return None, True
     if U == full_u:
         return [], True
