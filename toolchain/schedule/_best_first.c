@@ -140,17 +140,33 @@ static u64 hash_set(const u64 *U, int Wu) {
     return h ^ (h >> 31);
 }
 
-static int find_state(const Ctx *c, const u64 *U, size_t *slot) {
-    size_t mask = c->table_size - 1, i = hash_set(U, c->Wu) & mask;
-    while (c->table[i] >= 0) {
-        if (memcmp(c->U + (size_t)c->table[i] * c->Wu, U, sizeof(u64) * c->Wu) == 0) {
+/* Open addressing over unit sets (both searches): `table` (a power of 2 in size) holds indices
+ * into `sets`, -1 for free. Returns the index of U, or -1 with *slot where it would go. */
+static int probe(const int *table, size_t size, const u64 *sets, int Wu, const u64 *U, size_t *slot) {
+    size_t mask = size - 1, i = hash_set(U, Wu) & mask;
+    while (table[i] >= 0) {
+        if (memcmp(sets + (size_t)table[i] * Wu, U, sizeof(u64) * Wu) == 0) {
             *slot = i;
-            return c->table[i];
+            return table[i];
         }
         i = (i + 1) & mask;
     }
     *slot = i;
     return -1;
+}
+
+/* Fills `table` with the first n of `sets`. */
+static void fill_table(int *table, size_t size, const u64 *sets, size_t n, int Wu) {
+    memset(table, 0xff, sizeof(int) * size);
+    for (size_t s = 0; s < n; s++) {
+        size_t i = hash_set(sets + s * Wu, Wu) & (size - 1);
+        while (table[i] >= 0) i = (i + 1) & (size - 1);
+        table[i] = (int)s;
+    }
+}
+
+static int find_state(const Ctx *c, const u64 *U, size_t *slot) {
+    return probe(c->table, c->table_size, c->U, c->Wu, U, slot);
 }
 
 static size_t bytes_used(const Ctx *c);
@@ -163,12 +179,7 @@ static int grow_table(Ctx *c) {
     if (!may_grow(c, sizeof(int) * c->table_size)) return 0;
     int *t = malloc(sizeof(int) * size);
     if (!t) return 0;
-    memset(t, 0xff, sizeof(int) * size);
-    for (int s = 0; s < c->n_states; s++) {
-        size_t i = hash_set(c->U + (size_t)s * c->Wu, c->Wu) & (size - 1);
-        while (t[i] >= 0) i = (i + 1) & (size - 1);
-        t[i] = s;
-    }
+    fill_table(t, size, c->U, (size_t)c->n_states, c->Wu);
     free(c->table);
     c->table = t;
     c->table_size = size;
@@ -517,12 +528,7 @@ int beam_search(int W, int Wu, int m,
                     size_t ts2 = tsize * 2;
                     int *t2 = malloc(sizeof(int) * ts2);
                     if (!t2) goto done;
-                    memset(t2, 0xff, sizeof(int) * ts2);
-                    for (size_t q = 0; q < ncand; q++) {
-                        size_t h = hash_set(cU + q * Wu, Wu) & (ts2 - 1);
-                        while (t2[h] >= 0) h = (h + 1) & (ts2 - 1);
-                        t2[h] = (int)q;
-                    }
+                    fill_table(t2, ts2, cU, ncand, Wu);
                     free(table);
                     table = t2;
                     tsize = ts2;
@@ -530,12 +536,8 @@ int beam_search(int W, int Wu, int m,
                 u64 *Uc = cU + ncand * Wu;
                 memcpy(Uc, Ui, sizeof(u64) * Wu);
                 for (int q = 0; q < cnt; q++) Uc[units[q] >> 6] |= 1ULL << (units[q] & 63);
-                size_t h = hash_set(Uc, Wu) & (tsize - 1);
-                int dup = -1;
-                while (table[h] >= 0) {
-                    if (memcmp(cU + (size_t)table[h] * Wu, Uc, sizeof(u64) * Wu) == 0) { dup = table[h]; break; }
-                    h = (h + 1) & (tsize - 1);
-                }
+                size_t h;
+                int dup = probe(table, tsize, cU, Wu, Uc, &h);
                 Cand nc_ = {peak, R2, i, mk[j], mkind[j]};
                 if (dup >= 0) {
                     if (peak < cand[dup].peak || (peak == cand[dup].peak && R2 < cand[dup].R)) cand[dup] = nc_;
