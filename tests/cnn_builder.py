@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from toolchain.ir import Graph, Quantization, Tensor
-from toolchain.ir import ops as irops
-from toolchain.ir.convert import standalone_model
-from toolchain.ir.options import AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions, Pool2DOptions
-from toolchain.tflite import model_to_bytes
+from tpu_pipeline.toolchain.ir import Graph, Quantization, Tensor
+from tpu_pipeline.toolchain.ir import ops as irops
+from tpu_pipeline.toolchain.ir.convert import standalone_model
+from tpu_pipeline.toolchain.ir.options import AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions, Pool2DOptions
+from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 _NP = {"int8": np.int8, "int32": np.int32, "float32": np.float32}
 

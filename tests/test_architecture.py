@@ -19,10 +19,10 @@ _CONSTRUCTS_INTERPRETER = re.compile(r"\bInterpreter(\.from_bytes)?\(")
 
 def test_interpreters_are_built_only_in_the_execute_room():
     """One room runs models: every LiteRT and TFLite Micro interpreter is constructed in
-    toolchain/execute/ (tools/build_zoo.py runs in TensorFlow's own environment and is left out)."""
-    execute = ROOT / "toolchain" / "execute"
+    tpu_pipeline/toolchain/execute/ (tools/build_zoo.py runs in TensorFlow's own environment and is left out)."""
+    execute = ROOT / "tpu_pipeline" / "toolchain" / "execute"
     offenders = []
-    for path in _python_files("toolchain", "runtime", "tests", "tools"):
+    for path in _python_files("tpu_pipeline", "tests", "tools"):
         if execute in path.parents or path == Path(__file__).resolve() or path.name == "build_zoo.py":
             continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -31,10 +31,10 @@ def test_interpreters_are_built_only_in_the_execute_room():
     assert offenders == []
 
 
-# ---- H8: only toolchain/tflite and toolchain/ir/convert*.py know the flatbuffer schema ----------
+# ---- H8: only tpu_pipeline/toolchain/tflite and tpu_pipeline/toolchain/ir/convert*.py know the flatbuffer schema ----------
 def _schema_imports(source: str, label: str) -> list[str]:
     """Import statements in `source` that reach the flatbuffer schema: the generated module itself
-    (however it is spelled) or the `schema` name toolchain.tflite re-exports."""
+    (however it is spelled) or the `schema` name tpu_pipeline.toolchain.tflite re-exports."""
     import ast
 
     found = []
@@ -44,8 +44,8 @@ def _schema_imports(source: str, label: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             names = [f"{module}.{a.name}" for a in node.names]
-            if module.startswith("toolchain.tflite") and any(a.name == "schema" for a in node.names):
-                names.append("schema_py_generated (re-exported by toolchain.tflite)")
+            if module.startswith("tpu_pipeline.toolchain.tflite") and any(a.name == "schema" for a in node.names):
+                names.append("schema_py_generated (re-exported by tpu_pipeline.toolchain.tflite)")
         else:
             continue
         if any("schema_py_generated" in n for n in names):
@@ -54,12 +54,12 @@ def _schema_imports(source: str, label: str) -> list[str]:
 
 
 def _schema_room(path: Path) -> bool:
-    rel = path.relative_to(ROOT / "toolchain")
+    rel = path.relative_to(ROOT / "tpu_pipeline" / "toolchain")
     return rel.parts[0] == "tflite" or (rel.parts[0] == "ir" and rel.name.startswith("convert"))
 
 
 def test_only_tflite_and_ir_convert_import_the_flatbuffer_schema():
-    offenders = [hit for path in _python_files("toolchain") if not _schema_room(path)
+    offenders = [hit for path in _python_files("tpu_pipeline/toolchain") if not _schema_room(path)
                  for hit in _schema_imports(path.read_text(), str(path.relative_to(ROOT)))]
     assert offenders == []
 
@@ -69,13 +69,13 @@ def test_schema_import_check_sees_every_spelling():
     for line in ["from ai_edge_litert import schema_py_generated as schema",
                  "import ai_edge_litert.schema_py_generated",
                  "from ai_edge_litert.schema_py_generated import ModelT",
-                 "from toolchain.tflite import read_model, schema",
-                 "def f():\n    from toolchain.tflite.io import schema"]:
+                 "from tpu_pipeline.toolchain.tflite import read_model, schema",
+                 "def f():\n    from tpu_pipeline.toolchain.tflite.io import schema"]:
         assert _schema_imports(line, "probe.py"), line
-    assert _schema_imports("from toolchain.tflite import read_model", "probe.py") == []
-    assert _schema_room(ROOT / "toolchain" / "ir" / "convert.py")
-    assert _schema_room(ROOT / "toolchain" / "tflite" / "extract.py")
-    assert not _schema_room(ROOT / "toolchain" / "ir" / "graph.py")
+    assert _schema_imports("from tpu_pipeline.toolchain.tflite import read_model", "probe.py") == []
+    assert _schema_room(ROOT / "tpu_pipeline" / "toolchain" / "ir" / "convert.py")
+    assert _schema_room(ROOT / "tpu_pipeline" / "toolchain" / "tflite" / "extract.py")
+    assert not _schema_room(ROOT / "tpu_pipeline" / "toolchain" / "ir" / "graph.py")
 
 
 # ---- H10: the memory planners and the scheduler do not import each other -------------------------
@@ -91,27 +91,27 @@ def _imported_rooms(source: str, label: str) -> set[str]:
             modules = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        rooms.update(m.split(".")[1] for m in modules if m.startswith("toolchain."))
+        rooms.update(m.split(".")[2] for m in modules if m.startswith("tpu_pipeline.toolchain."))
     return rooms
 
 
 def _room_imports(room: str) -> dict[str, set[str]]:
     return {str(p.relative_to(ROOT)): _imported_rooms(p.read_text(), str(p))
-            for p in _python_files(f"toolchain/{room}")}
+            for p in _python_files(f"tpu_pipeline/toolchain/{room}")}
 
 
 def test_no_import_cycle_between_memory_and_schedule():
     """The scheduler uses the memory model; the memory room never imports the scheduler (not even
-    lazily), so the two cannot form a cycle. `plan_order_and_offsets` lives in toolchain/schedule."""
+    lazily), so the two cannot form a cycle. `plan_order_and_offsets` lives in tpu_pipeline/toolchain/schedule."""
     memory_to_schedule = [f for f, rooms in _room_imports("memory").items() if "schedule" in rooms]
     assert memory_to_schedule == []
     assert any("memory" in rooms for rooms in _room_imports("schedule").values())  # the allowed direction
 
 
 def test_import_room_check_sees_lazy_imports():
-    probe = "def f():\n    from toolchain.schedule import schedule\n    import toolchain.schedule.api\n"
+    probe = "def f():\n    from tpu_pipeline.toolchain.schedule import schedule\n    import tpu_pipeline.toolchain.schedule.api\n"
     assert _imported_rooms(probe, "probe.py") == {"schedule"}
-    assert _imported_rooms("from toolchain import schedule", "probe.py") == {"schedule"}
+    assert _imported_rooms("from tpu_pipeline.toolchain import schedule", "probe.py") == {"schedule"}
     assert _imported_rooms("from . import lifetimes", "probe.py") == set()
 
 
@@ -120,21 +120,21 @@ _DRAWS_TENSORS = re.compile(r"\.(standard_normal|uniform|integers)\(")
 
 
 def test_random_inputs_come_from_one_generator():
-    """toolchain/execute/inputs.py is the only code in toolchain/ and runtime/ that draws random
+    """tpu_pipeline/toolchain/execute/inputs.py is the only code in tpu_pipeline/toolchain/ and tpu_pipeline/runtime/ that draws random
     tensors (there were four generators with different distributions)."""
-    allowed = ROOT / "toolchain" / "execute" / "inputs.py"
-    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("toolchain", "runtime") if path != allowed
+    allowed = ROOT / "tpu_pipeline" / "toolchain" / "execute" / "inputs.py"
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("tpu_pipeline/toolchain", "tpu_pipeline/runtime") if path != allowed
                  for n, line in enumerate(path.read_text().splitlines(), 1) if _DRAWS_TENSORS.search(line)]
     assert offenders == []
 
 
 def test_memory_room_takes_no_flatbuffer_models():
-    """The planners work on plain values: nothing in toolchain/memory imports from toolchain.tflite
+    """The planners work on plain values: nothing in tpu_pipeline/toolchain/memory imports from tpu_pipeline.toolchain.tflite
     but its atomic file writer (the offline plan reaches a model only through with_offline_plan)."""
     import ast
 
     offenders = []
-    for path in _python_files("toolchain/memory"):
+    for path in _python_files("tpu_pipeline/toolchain/memory"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and not node.level:
                 modules = [node.module or ""]
@@ -143,5 +143,5 @@ def test_memory_room_takes_no_flatbuffer_models():
             else:
                 continue
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in modules
-                          if m.startswith(("toolchain.tflite", "ai_edge_litert")) and m != "toolchain.tflite.io"]
+                          if m.startswith(("tpu_pipeline.toolchain.tflite", "ai_edge_litert")) and m != "tpu_pipeline.toolchain.tflite.io"]
     assert offenders == []

@@ -15,25 +15,25 @@ import time
 import numpy as np
 import pytest
 
-from toolchain.budget import SLACK, Deadline, DeadlineExpired, resolve
-from toolchain.ir import Graph, Quantization, Tensor
-from toolchain.ir import ops as ir_ops
-from toolchain.ir.options import (ACTIVATIONS, AddOptions, ConcatenationOptions, Conv2DOptions, MulOptions,
+from tpu_pipeline.toolchain.budget import SLACK, Deadline, DeadlineExpired, resolve
+from tpu_pipeline.toolchain.ir import Graph, Quantization, Tensor
+from tpu_pipeline.toolchain.ir import ops as ir_ops
+from tpu_pipeline.toolchain.ir.options import (ACTIVATIONS, AddOptions, ConcatenationOptions, Conv2DOptions, MulOptions,
                                   ReducerOptions)
-from toolchain.memory import lifetimes
-from toolchain.memory.lifetimes import Buffer
-from toolchain.memory.minimalloc import read_csv
-from toolchain.memory.greedy import greedy_portfolio, sweep_first_fit
-from toolchain.memory.plan import arena_size, check_plan, first_conflict
-from toolchain.memory.planners import plan_buffers
-from toolchain.memory.preprocess import MAX_OVERLAP_PAIRS, overlap_lists, overlap_pairs
-from toolchain.rewrite import rewrite_graph
-from toolchain.rewrite.driver import ancestry_lower_bound
-from toolchain.rewrite.rules import apply_candidate, find_candidates
-from toolchain.schedule import schedule
-from toolchain.schedule.dp import MAX_STATE_BYTES, Piece, best_first, state_cap
-from toolchain.schedule.model import build_model
-from toolchain.schedule import heuristics
+from tpu_pipeline.toolchain.memory import lifetimes
+from tpu_pipeline.toolchain.memory.lifetimes import Buffer
+from tpu_pipeline.toolchain.memory.minimalloc import read_csv
+from tpu_pipeline.toolchain.memory.greedy import greedy_portfolio, sweep_first_fit
+from tpu_pipeline.toolchain.memory.plan import arena_size, check_plan, first_conflict
+from tpu_pipeline.toolchain.memory.planners import plan_buffers
+from tpu_pipeline.toolchain.memory.preprocess import MAX_OVERLAP_PAIRS, overlap_lists, overlap_pairs
+from tpu_pipeline.toolchain.rewrite import rewrite_graph
+from tpu_pipeline.toolchain.rewrite.driver import ancestry_lower_bound
+from tpu_pipeline.toolchain.rewrite.rules import apply_candidate, find_candidates
+from tpu_pipeline.toolchain.schedule import schedule
+from tpu_pipeline.toolchain.schedule.dp import MAX_STATE_BYTES, Piece, best_first, state_cap
+from tpu_pipeline.toolchain.schedule.model import build_model
+from tpu_pipeline.toolchain.schedule import heuristics
 from tests.test_schedule import topological_orders
 
 
@@ -202,7 +202,7 @@ def test_schedule_returns_within_its_deadline_on_a_large_patched_graph():
     inside the deadline too (they took 5.3 s of a 1 s deadline here, and 60 s on a fit's 4,588-op
     graph, before they watched the clock)."""
     from tests.cnn_builder import CnnBuilder
-    from toolchain.rewrite.patch import apply_patches, patch_regions
+    from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 
     b = CnnBuilder(seed=1)
     y = b.conv(b.input((1, 64, 64, 4)), 8, k=3, act="RELU")
@@ -355,7 +355,7 @@ def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
     bound it starts from: on these random DAGs of 14 ops it reaches the optimum on most."""
     import time as _time
 
-    from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
 
     raised = reached = 0
     for seed in range(8):

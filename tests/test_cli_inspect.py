@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import run_cli
-from toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
 
 def test_inspect_json_figures(example_model):

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from tpu_pipeline.cli import main
-from toolchain.execute.inputs import seeded_inputs
-from toolchain.execute.litert import litert_interpreter, run_named
-from toolchain.ir import load
-from toolchain.tflite import read_model
+from tpu_pipeline.toolchain.execute.inputs import seeded_inputs
+from tpu_pipeline.toolchain.execute.litert import litert_interpreter, run_named
+from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.toolchain.tflite import read_model
 from tests.conftest import EXAMPLE, FIXTURES
 
 
@@ -88,8 +88,8 @@ def test_bad_n_is_a_usage_error_and_writes_nothing(tmp_path, capsys, n, code, me
 
 def test_infeasible_n_exits_3(tmp_path, capsys):
     _, g = load(FIXTURES / "multi_output_int8.tflite")
-    from toolchain.partition import PartitionProblem
-    from toolchain.cost import EdgeTpuCostModel
+    from tpu_pipeline.toolchain.partition import PartitionProblem
+    from tpu_pipeline.toolchain.cost import EdgeTpuCostModel
     limit = PartitionProblem(g, EdgeTpuCostModel()).max_stages()
     if limit >= len(g.ops):
         pytest.skip("every op can have its own segment in this fixture")
@@ -144,10 +144,10 @@ def test_example_model_n4_verifies(tmp_path):
 def test_compile_passes_reorder_and_plan_for_tflite_micro(tmp_path):
     """The whole model compile writes is reordered to the proven optimum and carries an offline
     plan that real TFLite Micro follows to the byte, below TFLM's own planner."""
-    from toolchain.execute.tflm_arena import measure_tflm_arena
-    from toolchain.ir import load
-    from toolchain.memory import lifetimes, tflm_greedy
-    from toolchain.tflite import read_offline_plan
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.tflite import read_offline_plan
 
     assert main(["compile", str(EXAMPLE), "-n", "2", "-o", str(tmp_path), "--semantics", "tflm", "--json"]) == 0
     report = json.loads((tmp_path / "report.json").read_text())

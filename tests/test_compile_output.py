@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tpu_pipeline.cli import main
-from toolchain.compile import PASSES, Pass, compile_models, run_passes
-from toolchain.compile.driver import BUDGET_FACTOR, Budget, PassError
-from toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.compile import PASSES, Pass, compile_models, run_passes
+from tpu_pipeline.toolchain.compile.driver import BUDGET_FACTOR, Budget, PassError
+from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tests.conftest import EXAMPLE, FIXTURES
 
 TINY = FIXTURES / "tiny_irregular_int8.tflite"
@@ -144,7 +144,7 @@ def test_progress_is_one_line_per_pass_with_elapsed_time_when_not_a_terminal(tmp
 
 
 def _state(time_limit=1.0):
-    from toolchain.compile import compile_options
+    from tpu_pipeline.toolchain.compile import compile_options
     return CompileState(compile_options(TINY, 2, None, time_limit=time_limit))
 
 
@@ -182,7 +182,7 @@ def test_a_bug_in_a_pass_names_the_pass_and_a_broken_graph_is_caught():
 
     with pytest.raises(PassError, match="pass 'boom' failed"):
         run_passes([Pass("boom", boom)], _state())
-    from toolchain.compile.passes.load import load
+    from tpu_pipeline.toolchain.compile.passes.load import load
 
     def drop_first_op(state, allowed):
         g = state.graph
@@ -205,7 +205,7 @@ def test_budget_allowance():
 # ---- real-model cases from issue 10, end to end through compile ---------------------------------
 
 def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_is_unverified(tmp_path, capsys):
-    from toolchain.tflite import write_model
+    from tpu_pipeline.toolchain.tflite import write_model
     from tests.test_real_models import _with_custom_op
 
     src = tmp_path / "decoder.tflite"
@@ -219,7 +219,7 @@ def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_
     assert "skipped" in rep["verification"]["whole_vs_source_tflm"]
     assert any("cannot run here" in n for n in rep["notes"])
     last = rep["segments"][-1]["file"]
-    from toolchain.ir import load
+    from tpu_pipeline.toolchain.ir import load
     _, g = load(out / last)
     assert any(op.is_custom for op in g.ops)  # the custom op and what follows it: last segment
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tpu_pipeline.cli import main
-from toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, available_devices, load_device, op_class
-from toolchain.errors import UsageError
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, available_devices, load_device, op_class
+from tpu_pipeline.toolchain.errors import UsageError
 
 EDGETPU = """
 name = "toy"

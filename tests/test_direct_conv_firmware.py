@@ -17,16 +17,16 @@ import pytest
 
 from cnn_builder import CnnBuilder
 from test_firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
-from toolchain.errors import UsageError
-from toolchain.export_mcu import export_mcu, resolver_method
-from toolchain.ir import from_model
-from toolchain.ir.convert import to_model
-from toolchain.ir.kernels import DIRECT_CONV_CODE, with_kernel
-from toolchain.memory.scratch import scratch_requests
-from toolchain.memory.semantics import get_semantics
-from toolchain.memory.tflm_target import target_arena, target_tail
-from toolchain.tflite import model_to_bytes, read_model
-from toolchain.tflite.metadata import read_offline_plan
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.export_mcu import export_mcu, resolver_method
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.ir.convert import to_model
+from tpu_pipeline.toolchain.ir.kernels import DIRECT_CONV_CODE, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
 BOARD = "qemu-mps2-an386"
 
@@ -95,8 +95,8 @@ def models(tmp_path_factory):
 
 
 def _run(path, kernels):
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     tree_or_skip(kernels)
     try:
@@ -141,12 +141,12 @@ def test_the_direct_kernel_frees_the_im2col_buffer_at_the_peak(models):
 @needs_arm
 @needs_qemu
 def test_malformed_options_stop_the_firmware_with_its_message(models, tmp_path):
-    from runtime import protocol as P
-    from runtime.backends.qemu import QemuBoard, project_dir
-    from runtime.serial_mcu import SerialMcu
-    from toolchain.export_mcu import c_array
-    from toolchain.firmware.build import build_firmware
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.runtime import protocol as P
+    from tpu_pipeline.runtime.backends.qemu import QemuBoard, project_dir
+    from tpu_pipeline.runtime.serial_mcu import SerialMcu
+    from tpu_pipeline.toolchain.export_mcu import c_array
+    from tpu_pipeline.toolchain.firmware.build import build_firmware
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     root, _, direct = models
     tree_or_skip("reference")
@@ -194,7 +194,7 @@ def test_malformed_options_stop_the_firmware_with_its_message(models, tmp_path):
 def test_a_zoo_model_with_every_convolution_direct(tmp_path, kernels):
     """MobileNetV1 0.25 96x96 int8 (tools/build_zoo.py) with all 15 convolutions (the 3x3 stem and
     the 1x1 pointwise ones) on the direct kernel: ~40 s per kernel set."""
-    from toolchain.ir.kernels import can_run_direct
+    from tpu_pipeline.toolchain.ir.kernels import can_run_direct
 
     src = Path(__file__).resolve().parent.parent / "models" / "mobilenet_v1_025_96_int8.tflite"
     if not src.is_file():
@@ -210,7 +210,7 @@ def test_a_zoo_model_with_every_convolution_direct(tmp_path, kernels):
 @needs_arm
 @needs_qemu
 def test_the_direct_kernel_costs_what_the_reference_convolution_costs(models):
-    """toolchain.cost.mcu prices a direct op with the reference kernels' coefficients: on the
+    """tpu_pipeline.toolchain.cost.mcu prices a direct op with the reference kernels' coefficients: on the
     board it takes the reference build's CONV_2D instructions, within 1 %."""
     root, _, direct = models
     ref = {o["index"]: o["instructions"] for o in _run(root / "builtin.tflite", "reference").op_instructions}

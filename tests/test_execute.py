@@ -1,4 +1,4 @@
-"""toolchain/execute: the one place models are run (LiteRT, TFLite Micro), their random inputs made
+"""tpu_pipeline/toolchain/execute: the one place models are run (LiteRT, TFLite Micro), their random inputs made
 and their outputs compared."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from toolchain.errors import ModelError, VerificationError
-from toolchain.execute.compare import compare_named, compare_outputs, max_abs_diff, verify_chain
-from toolchain.execute.inputs import input_stream, random_inputs, seeded_inputs
-from toolchain.execute.litert import (input_details, litert_interpreter, litert_load_error, run_litert, run_named,
+from tpu_pipeline.toolchain.errors import ModelError, VerificationError
+from tpu_pipeline.toolchain.execute.compare import compare_named, compare_outputs, max_abs_diff, verify_chain
+from tpu_pipeline.toolchain.execute.inputs import input_stream, random_inputs, seeded_inputs
+from tpu_pipeline.toolchain.execute.litert import (input_details, litert_interpreter, litert_load_error, run_litert, run_named,
                                       seeded_outputs)
-from toolchain.execute.tflm import TflmModel, run_tflm, run_tflm_in_child
+from tpu_pipeline.toolchain.execute.tflm import TflmModel, run_tflm, run_tflm_in_child
 
 INT8 = FIXTURES / "tiny_irregular_int8.tflite"
 FLOAT = FIXTURES / "tiny_irregular_float32.tflite"
@@ -123,7 +123,7 @@ def test_verify_chain_names_the_output_that_differs():
 
 def _perturbed(data: bytes) -> bytes:
     """The float model with one weight changed."""
-    from toolchain.tflite import model_to_bytes, read_model
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
     model = read_model(data)
     for buf in model.buffers:
@@ -139,7 +139,7 @@ def test_tflm_check_side_by_side_is_the_same_check():
     """Large models run the original in a child process next to the rewritten one: the verdicts
     (and the deviations) are those of the in-process check, for agreeing and for differing models."""
     from tests.cnn_builder import CnnBuilder, graph_bytes
-    from toolchain.execute.compare import verify_models
+    from tpu_pipeline.toolchain.execute.compare import verify_models
 
     def cnn(seed):
         b = CnnBuilder(seed=seed)

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolchain.errors import DeviceError, InfeasibleError, UsageError
+from tpu_pipeline.toolchain.errors import DeviceError, InfeasibleError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -36,7 +36,7 @@ needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="qemu-system-arm not insta
 
 
 def tree_or_skip(kernels: str) -> Path:
-    from toolchain.firmware.library import find_tree
+    from tpu_pipeline.toolchain.firmware.library import find_tree
 
     try:
         return find_tree(kernels)
@@ -60,7 +60,7 @@ def one_line(stderr: str) -> str:
 
 # ---- no toolchain needed ----------------------------------------------------------------------
 def test_tree_not_found_is_one_clear_usage_error(tmp_path, monkeypatch):
-    from toolchain.firmware import library
+    from tpu_pipeline.toolchain.firmware import library
 
     monkeypatch.delenv("TFLM_TREE", raising=False)
     monkeypatch.setattr(library, "__file__", str(tmp_path / "pkg" / "library.py"))
@@ -72,7 +72,7 @@ def test_tree_not_found_is_one_clear_usage_error(tmp_path, monkeypatch):
 
 
 def test_tree_found_next_to_the_checkout(tmp_path, monkeypatch):
-    from toolchain.firmware import library
+    from tpu_pipeline.toolchain.firmware import library
 
     monkeypatch.delenv("TFLM_TREE", raising=False)
     tree = tmp_path / "shared" / "tflm" / "reference"
@@ -85,7 +85,7 @@ def test_tree_found_next_to_the_checkout(tmp_path, monkeypatch):
 
 
 def test_build_firmware_without_a_tree_exits_2(tmp_path, monkeypatch):
-    from toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     export_mcu(FIXTURES / "chain_int8.tflite", "qemu-mps2-an386", tmp_path / "fw")
     env = dict(os.environ, TFLM_TREE=str(tmp_path / "nothing"))
@@ -96,7 +96,7 @@ def test_build_firmware_without_a_tree_exits_2(tmp_path, monkeypatch):
 
 
 def test_export_writes_the_board_memory_map_and_makefile(tmp_path):
-    from toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     r = export_mcu(FIXTURES / "chain_int8.tflite", "nucleo-l4r5zi", tmp_path)
     ld = (tmp_path / "link.ld").read_text()
@@ -119,9 +119,9 @@ def test_export_writes_the_board_memory_map_and_makefile(tmp_path):
 def test_bad_firmware_section_is_refused_naming_the_key(tmp_path, key, value, message):
     import tomllib
 
-    from toolchain.cost.devices import load_device
+    from tpu_pipeline.toolchain.cost.devices import load_device
 
-    raw = tomllib.loads((ROOT / "toolchain/data/devices/qemu-mps2-an386.toml").read_text())
+    raw = tomllib.loads((ROOT / "tpu_pipeline/toolchain/data/devices/qemu-mps2-an386.toml").read_text())
     raw["firmware"][key] = value
 
     def dump(v):
@@ -140,7 +140,7 @@ def test_bad_firmware_section_is_refused_naming_the_key(tmp_path, key, value, me
 
 
 def test_memory_regions_from_a_map_file():
-    from toolchain.firmware.build import memory_regions
+    from tpu_pipeline.toolchain.firmware.build import memory_regions
 
     text = ("Memory Configuration\n\nName             Origin             Length             Attributes\n"
             "FLASH            0x08000000         0x00200000         xr\n"
@@ -161,7 +161,7 @@ def _tiny_tree(root: Path) -> Path:
 
 @needs_arm
 def test_library_is_built_once_and_resumes_from_its_objects(tmp_path, monkeypatch):
-    from toolchain.firmware import library
+    from tpu_pipeline.toolchain.firmware import library
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     tree = _tiny_tree(tmp_path)
@@ -184,7 +184,7 @@ def test_library_is_built_once_and_resumes_from_its_objects(tmp_path, monkeypatc
 def test_two_library_builds_at_once_leave_one_good_archive(tmp_path):
     tree = _tiny_tree(tmp_path)
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "toolchain.firmware.library", "--kernels", "reference", "--tflm-tree", str(tree)]
+    cmd = [sys.executable, "-m", "tpu_pipeline.toolchain.firmware.library", "--kernels", "reference", "--tflm-tree", str(tree)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for _ in range(3)]
     outs = [p.communicate(timeout=300) for p in procs]
@@ -198,7 +198,7 @@ def test_two_library_builds_at_once_leave_one_good_archive(tmp_path):
 
 
 def build_firmware_lib_ready(kernels: str, cpu: str = "cortex-m4+fp"):
-    from toolchain.firmware.library import ensure_library, find_tree
+    from tpu_pipeline.toolchain.firmware.library import ensure_library, find_tree
 
     return ensure_library(find_tree(kernels), kernels, cpu, quiet=True, wait=False)
 
@@ -210,8 +210,8 @@ def built():
     qemu-mps2-an386, built once per session and kernel set (and cached on disk across sessions)."""
     if not HAVE_ARM:
         pytest.skip("ARM toolchain not installed (.ci/run installs it)")
-    from runtime.backends.qemu import build_for_board
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.runtime.backends.qemu import build_for_board
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     done = {}
 
@@ -244,9 +244,9 @@ def test_harness_builds_for_the_emulated_board(built, kernels):
 @pytest.mark.parametrize("kernels", ["reference", "cmsis-nn"])
 @pytest.mark.parametrize("model", MODELS)
 def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.ir import from_model
-    from toolchain.tflite import read_model
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.tflite import read_model
 
     built(model, kernels)
     r = run_on_qemu(FIXTURES / f"{model}.tflite", "qemu-mps2-an386", kernels, iterations=3, seed=5)
@@ -261,7 +261,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     assert r.arena_used_bytes == r.head_bytes + r.tail_bytes <= r.arena_size
     if kernels == "reference":  # our offline plan is what the firmware allocates
         assert r.head_bytes == r.planned_head
-    # The 32-bit target model (toolchain.memory.tflm_target), to the byte, for both kernel sets:
+    # The 32-bit target model (tpu_pipeline.toolchain.memory.tflm_target), to the byte, for both kernel sets:
     # head = our plan + the kernels' scratch as TFLite Micro places it, tail = the persistent part.
     assert (r.head_predicted, r.tail_predicted) == (r.head_bytes, r.tail_bytes)
     assert r.arena_bytes_predicted == r.arena_used_bytes
@@ -277,7 +277,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
 @needs_arm
 @needs_qemu
 def test_instruction_counts_are_deterministic(built):
-    from runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
 
     built("chain_int8", "reference")
     a = run_on_qemu(FIXTURES / "chain_int8.tflite", kernels="reference", iterations=2, seed=3)
@@ -291,8 +291,8 @@ def test_instruction_counts_are_deterministic(built):
 @needs_qemu
 def test_the_cortex_m7_board_runs_too():
     """qemu-mps2-an500: the harness built for the M7 (linked with the shared ARMv7E-M library)."""
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     tree_or_skip("reference")
     try:
@@ -338,7 +338,7 @@ def test_qemu_backend_refuses_a_board_it_cannot_emulate():
 @needs_qemu
 def test_qemu_killed_mid_run_exits_4_in_one_line(built):
     """The real-board path (--backend mcu --port) on QEMU's pty; QEMU dies mid-run."""
-    from runtime.backends.qemu import QemuBoard
+    from tpu_pipeline.runtime.backends.qemu import QemuBoard
 
     _, b = built("tiny_irregular_int8", "reference")
     with QemuBoard(b.elf, "mps2-an386") as board:
@@ -418,7 +418,7 @@ class _Garbler:
 @needs_arm
 @needs_qemu
 def test_garbage_on_the_line_exits_4_in_one_line(built):
-    from runtime.backends.qemu import QemuBoard
+    from tpu_pipeline.runtime.backends.qemu import QemuBoard
 
     _, b = built("chain_int8", "reference")
     with QemuBoard(b.elf, "mps2-an386") as board:
@@ -434,8 +434,8 @@ def test_garbage_on_the_line_exits_4_in_one_line(built):
 
 @needs_qemu
 def test_qemu_that_cannot_boot_or_a_silent_board_is_a_device_error(tmp_path):
-    from runtime.backends.qemu import QemuBoard
-    from runtime.serial_mcu import SerialMcu
+    from tpu_pipeline.runtime.backends.qemu import QemuBoard
+    from tpu_pipeline.runtime.serial_mcu import SerialMcu
 
     bad = tmp_path / "firmware.elf"
     # A raw image whose reset vector points at `b .`: it boots and never says a word.
@@ -455,11 +455,11 @@ def test_qemu_that_cannot_boot_or_a_silent_board_is_a_device_error(tmp_path):
 @needs_arm
 @pytest.mark.parametrize("board", LINK_BOARDS)
 def test_harness_links_for_real_boards(tmp_path, board):
-    from toolchain.cost.devices import load_device
-    from toolchain.export_mcu import export_mcu
-    from toolchain.firmware.build import build_firmware
+    from tpu_pipeline.toolchain.cost.devices import load_device
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.firmware.build import build_firmware
 
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     # The reference kernels: the link check is about the board layer and memory map, and this
     # library is the smaller of the two (CMSIS-NN builds the same way, see the QEMU runs).
@@ -483,9 +483,9 @@ def test_harness_links_for_real_boards(tmp_path, board):
 
 @needs_arm
 def test_a_firmware_that_does_not_fit_exits_3_naming_the_region(tmp_path):
-    from toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
 
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     tree_or_skip("reference")
     export_mcu(FIXTURES / "chain_int8.tflite", "sparkfun-edge", tmp_path)

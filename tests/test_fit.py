@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from cnn_builder import CnnBuilder
-from toolchain.execute.compare import verify_models
-from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.fit import fit_model
-from toolchain.ir.convert import load
-from toolchain.schedule.api import schedule
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.fit import fit_model
+from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.schedule.api import schedule
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -116,9 +116,9 @@ def test_fit_float_model_is_exact_too(tmp_path, dtype):
 def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_path):
     """Brute force over every (region from the input, grid): the tightest budget one region can
     meet; fit must meet it, and be at least as fast as the fastest single region that does."""
-    from toolchain.fit.variants import _grids
-    from toolchain.fit.variants import _costed
-    from toolchain.rewrite.patch import apply_patches, patch_regions
+    from tpu_pipeline.toolchain.fit.variants import _grids
+    from tpu_pipeline.toolchain.fit.variants import _costed
+    from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 
     src = _stem_heavy_cnn(tmp_path, seed=13)
     _, g = load(src)
@@ -141,13 +141,13 @@ def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_p
 def test_fit_for_a_device_counts_the_target_tail(tmp_path):
     """--device: what is left of SRAM after the firmware reserve must hold head + the 32-bit tail
     of the FITTED model (its tiles' ops carry their own parameters)."""
-    from toolchain.fit.model import device_reserve
-    from toolchain.memory.tflm_target import target_tail
+    from tpu_pipeline.toolchain.fit.model import device_reserve
+    from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
     src = _stem_heavy_cnn(tmp_path, seed=15)
     _, g = load(src)
     optimum = _optimal_peak(src)
-    base = (REPO / "toolchain/data/devices/qemu-mps2-an386.toml").read_text()
+    base = (REPO / "tpu_pipeline/toolchain/data/devices/qemu-mps2-an386.toml").read_text()
     _, reserve = device_reserve("qemu-mps2-an386")
     sram = reserve + target_tail(g).bytes + optimum * 9 // 10
     dev = tmp_path / "tiny-board.toml"
@@ -173,8 +173,8 @@ def _sram_line(toml: str) -> str:
 
 
 def load_bytes(data: bytes):
-    from toolchain.ir.convert import from_model
-    from toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.ir.convert import from_model
+    from tpu_pipeline.toolchain.tflite import read_model
 
     return from_model(read_model(data, name="fitted"))
 
@@ -197,8 +197,8 @@ def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
     if not (HAVE_ARM and HAVE_QEMU):
         pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
     tree_or_skip(kernels)
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.firmware.library import LibraryBusy
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     out = tmp_path / "fitted.tflite"
     out.write_bytes(fitted.data)

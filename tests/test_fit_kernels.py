@@ -1,18 +1,18 @@
 """`fit`'s kernel variants: int8 convolutions moved to the harness's direct kernel (no im2col
-scratch, slower) where their scratch is part of the peak (toolchain.fit.variants.direct_twins)."""
+scratch, slower) where their scratch is part of the peak (tpu_pipeline.toolchain.fit.variants.direct_twins)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from cnn_builder import CnnBuilder
-from toolchain.fit import fit_model
-from toolchain.fit.variants import as_is_variants, direct_twins
-from toolchain.fit.spans import split_spans
-from toolchain.ir.convert import load
-from toolchain.ir.kernels import DIRECT, kernel_choices
-from toolchain.memory.lifetimes import lifetimes
-from toolchain.schedule.api import schedule
+from tpu_pipeline.toolchain.fit import fit_model
+from tpu_pipeline.toolchain.fit.variants import as_is_variants, direct_twins
+from tpu_pipeline.toolchain.fit.spans import split_spans
+from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, kernel_choices
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.schedule.api import schedule
 
 
 def _wide_conv(tmp_path: Path) -> Path:
@@ -80,8 +80,8 @@ def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_s
     estimate (scratch included) never exceeds the built variant's peak or latency."""
     from test_fit import _stem_heavy_cnn
 
-    from toolchain.cost.mcu import estimate_mcu
-    from toolchain.fit.variants import patch_candidates, upgrade
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.fit.variants import patch_candidates, upgrade
 
     _, g = load(_stem_heavy_cnn(tmp_path, seed=23))
     spans = split_spans(g)

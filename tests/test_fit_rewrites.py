@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from toolchain.execute.compare import verify_models
-from toolchain.fit.spans import split_spans
-from toolchain.fit.variants import as_is_variants, rewrite_variants, splice
-from toolchain.ir.convert import load_exact, rewritten_model
-from toolchain.schedule.api import schedule
-from toolchain.tflite import model_to_bytes
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.fit.spans import split_spans
+from tpu_pipeline.toolchain.fit.variants import as_is_variants, rewrite_variants, splice
+from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.schedule.api import schedule
+from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 FIX = Path(__file__).parent / "fixtures"
 DEVICE = "qemu-mps2-an386"
@@ -70,8 +70,8 @@ def test_calibration_of_a_part_feeds_it_what_the_whole_model_gives_it():
 
     import numpy as np
 
-    from toolchain.fit.spans import span_graph
-    from toolchain.rewrite.numerics import calibration_values, calibration_values_within
+    from tpu_pipeline.toolchain.fit.spans import span_graph
+    from tpu_pipeline.toolchain.rewrite.numerics import calibration_values, calibration_values_within
 
     model, g, spans, _ = _setup("concat_conv_int8.tflite")
     part = span_graph(g, [spans[1]])

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from toolchain.fit.select import chain_select, pareto, select
-from toolchain.fit.spans import split_spans, span_graph
-from toolchain.fit.variants import Variant
-from toolchain.ir.convert import load
-from toolchain.memory.lifetimes import lifetimes
-from toolchain.schedule.api import schedule
+from tpu_pipeline.toolchain.fit.select import chain_select, pareto, select
+from tpu_pipeline.toolchain.fit.spans import split_spans, span_graph
+from tpu_pipeline.toolchain.fit.variants import Variant
+from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.schedule.api import schedule
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

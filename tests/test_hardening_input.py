@@ -17,11 +17,11 @@ from ai_edge_litert import schema_py_generated as schema
 
 from conftest import FIXTURES, ROOT
 from tpu_pipeline.cli import main
-from toolchain.cost.devices import DEVICES_DIR, load_device
-from toolchain.errors import DeviceError, ModelError, UsageError
-from toolchain import tflite
-from toolchain.tflite import io as tflite_io
-from toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.cost.devices import DEVICES_DIR, load_device
+from tpu_pipeline.toolchain.errors import DeviceError, ModelError, UsageError
+from tpu_pipeline.toolchain import tflite
+from tpu_pipeline.toolchain.tflite import io as tflite_io
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 CHAIN = FIXTURES / "chain_int8.tflite"      # 8 CONV_2D; tensor 0 input, 24 output
 TINY = FIXTURES / "tiny_irregular_int8.tflite"

@@ -29,15 +29,15 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 # Files the code opens at run time; each must be in the wheel.
 PACKAGE_DATA = [
-    "toolchain/py.typed",
-    "toolchain/memory/_canonical_search.c",
-    "toolchain/schedule/_best_first.c",
-    "toolchain/data/devices/sparkfun-edge.toml",
-    "toolchain/data/devices/coral-usb.toml",
-    "toolchain/data/firmware/PROTOCOL.md",
-    "toolchain/data/firmware/harness/main.cc",
-    "toolchain/data/firmware/harness/harness_platform.h",
-    "toolchain/data/firmware/sparkfun-edge/platform.cc",
+    "tpu_pipeline/py.typed",
+    "tpu_pipeline/toolchain/memory/_canonical_search.c",
+    "tpu_pipeline/toolchain/schedule/_best_first.c",
+    "tpu_pipeline/toolchain/data/devices/sparkfun-edge.toml",
+    "tpu_pipeline/toolchain/data/devices/coral-usb.toml",
+    "tpu_pipeline/toolchain/data/firmware/PROTOCOL.md",
+    "tpu_pipeline/toolchain/data/firmware/harness/main.cc",
+    "tpu_pipeline/toolchain/data/firmware/harness/harness_platform.h",
+    "tpu_pipeline/toolchain/data/firmware/sparkfun-edge/platform.cc",
 ]
 
 
@@ -85,7 +85,7 @@ def installed(tmp_path_factory):
     purelib = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip())
     # This environment's dependencies, as plain path lines: its .pth files (the editable install's
-    # finder among them) are not processed, so `toolchain` can only come from the wheel.
+    # finder among them) are not processed, so `tpu_pipeline` can only come from the wheel.
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     (purelib / "_tpu_pipeline_test_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
@@ -103,13 +103,28 @@ def _run(bindir: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+def test_the_wheel_installs_one_top_level_package(installed):
+    """One import name, the tool's own: a generic top-level name (`runtime`, `toolchain`) would
+    overwrite, or be overwritten by, an unrelated distribution of that name."""
+    wheel, _, _ = installed
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"tpu_pipeline"}
+    info = next(n for n in names if n.endswith(".dist-info/top_level.txt")) if any(
+        n.endswith("top_level.txt") for n in names) else None
+    if info is not None:
+        with zipfile.ZipFile(wheel) as z:
+            assert z.read(info).decode().split() == ["tpu_pipeline"]
+
+
 def test_wheel_holds_the_package_data(installed):
     wheel, _, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [f for f in PACKAGE_DATA if f not in names]
     assert not missing, f"not in the wheel: {missing}"
     # every data file, including ones added after this test was written
-    data = [p for p in (ROOT / "toolchain" / "data").rglob("*")
+    data = [p for p in (ROOT / "tpu_pipeline" / "toolchain" / "data").rglob("*")
             if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"]
     assert len(data) > len(PACKAGE_DATA) // 2
     missing = [str(p.relative_to(ROOT)) for p in data if str(p.relative_to(ROOT)) not in names]
@@ -119,9 +134,9 @@ def test_wheel_holds_the_package_data(installed):
 def test_the_installed_copy_is_the_one_imported(installed):
     _, bindir, work = installed
     proc = _run(bindir, work, "python", "-c",
-                "import toolchain, toolchain.cost.devices as d, toolchain.memory._native as n; "
-                "import toolchain.schedule._native_search as s; "
-                "print(toolchain.__file__); print(d.available_devices()); print(n._SOURCE.is_file()); "
+                "import tpu_pipeline.toolchain, tpu_pipeline.toolchain.cost.devices as d, tpu_pipeline.toolchain.memory._native as n; "
+                "import tpu_pipeline.toolchain.schedule._native_search as s; "
+                "print(tpu_pipeline.toolchain.__file__); print(d.available_devices()); print(n._SOURCE.is_file()); "
                 "print(s._SOURCE.is_file(), s.available())")
     assert proc.returncode == 0, proc.stderr
     path, devices, c_source, schedule_c = proc.stdout.splitlines()
@@ -169,7 +184,7 @@ def _guarded(tree) -> set[int]:
 
 def _third_party_imports() -> set[str]:
     found = set()
-    for pkg in ("toolchain", "runtime"):
+    for pkg in ("tpu_pipeline",):
         for f in (ROOT / pkg).rglob("*.py"):
             tree = ast.parse(f.read_text(), str(f))
             optional = _guarded(tree)
@@ -180,7 +195,7 @@ def _third_party_imports() -> set[str]:
                     found.update(a.name.split(".")[0] for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     found.add(node.module.split(".")[0])
-    return {m for m in found if m not in sys.stdlib_module_names and m not in ("toolchain", "runtime")}
+    return {m for m in found if m not in sys.stdlib_module_names and m != "tpu_pipeline"}
 
 
 def _dist_name(requirement: str) -> str:

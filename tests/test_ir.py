@@ -9,11 +9,11 @@ import pytest
 from ai_edge_litert import schema_py_generated as schema
 
 from conftest import FIXTURES, fixture_models
-from toolchain.execute.litert import seeded_outputs
-from toolchain.errors import ModelError
-from toolchain.ir import Graph, Op, Tensor, from_model, load, macs, param_bytes, to_model
-from toolchain.memory import lifetimes, peak_memory
-from toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.execute.litert import seeded_outputs
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, from_model, load, macs, param_bytes, to_model
+from tpu_pipeline.toolchain.memory import lifetimes, peak_memory
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 
 def _act(i, n, name=None):
@@ -156,8 +156,8 @@ def _packed(obj) -> bytes:
 def test_every_options_type_in_the_fixtures_round_trips_to_the_same_bytes():
     """Each operator's options (every subgraph of every committed model) decode to a typed record,
     not an opaque one, and encode back to the same packed table."""
-    from toolchain.ir.convert import OPTION_TYPE_NAMES, decode_options, encode_options
-    from toolchain.ir.options import OpaqueOptions
+    from tpu_pipeline.toolchain.ir.convert import OPTION_TYPE_NAMES, decode_options, encode_options
+    from tpu_pipeline.toolchain.ir.options import OpaqueOptions
 
     seen = set()
     for path in fixture_models():
@@ -186,8 +186,8 @@ def test_option_records_name_every_scalar_field_of_the_schema():
     which stay opaque when set, are not named)."""
     import dataclasses
 
-    from toolchain.ir.convert import _camel
-    from toolchain.ir.options import RECORDS
+    from tpu_pipeline.toolchain.ir.convert import _camel
+    from tpu_pipeline.toolchain.ir.options import RECORDS
 
     for record in RECORDS:
         fields = vars(getattr(schema, record.KIND + "T")())
@@ -197,8 +197,8 @@ def test_option_records_name_every_scalar_field_of_the_schema():
 
 
 def test_options_a_record_cannot_describe_stay_opaque_and_are_written_back_unchanged():
-    from toolchain.ir.convert import decode_options, encode_options
-    from toolchain.ir.options import FullyConnectedOptions, OpaqueOptions, fused_activation
+    from tpu_pipeline.toolchain.ir.convert import decode_options, encode_options
+    from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions, OpaqueOptions, fused_activation
 
     fc = schema.FullyConnectedOptionsT()
     fc.fusedActivationFunction = 1
@@ -217,8 +217,8 @@ def test_ops_are_built_without_the_schema_and_written_with_it():
     """Op constructors give records; the writer turns them into the schema's tables."""
     import dataclasses
 
-    from toolchain.ir import ops
-    from toolchain.ir.options import AddOptions, ConcatenationOptions
+    from tpu_pipeline.toolchain.ir import ops
+    from tpu_pipeline.toolchain.ir.options import AddOptions, ConcatenationOptions
 
     assert not hasattr(Op("ADD", (), ()), "options_type")
     add = ops.add(0, 1, 2, activation="RELU6", version=2)
@@ -233,7 +233,7 @@ def test_ops_are_built_without_the_schema_and_written_with_it():
         ops.op("NO_SUCH_OP", (), ())
     t = (Tensor(0, "a", "float32", (1, 2)), Tensor(1, "b", "float32", (1, 2)), Tensor(2, "c", "float32", (1, 2)))
     g = Graph(t, (add,), (0, 1), (2,), "g")
-    from toolchain.ir.convert import standalone_model
+    from tpu_pipeline.toolchain.ir.convert import standalone_model
 
     written = standalone_model(g).subgraphs[0].operators[0]
     assert written.builtinOptionsType == schema.BuiltinOptions.AddOptions
@@ -244,7 +244,7 @@ def test_ops_are_built_without_the_schema_and_written_with_it():
 def test_unique_tensor_names_are_given_in_the_ir_and_written_by_to_model():
     import dataclasses
 
-    from toolchain.ir import from_model, load, to_model
+    from tpu_pipeline.toolchain.ir import from_model, load, to_model
 
     model, graph = load(FIXTURES / "chain_int8.tflite")
     t0, t1 = graph.tensors[0], graph.tensors[1]

@@ -1,4 +1,4 @@
-"""Per-op kernel choices (toolchain.ir.kernels): the direct convolution as a distinct op code."""
+"""Per-op kernel choices (tpu_pipeline.toolchain.ir.kernels): the direct convolution as a distinct op code."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import struct
 import pytest
 
 from cnn_builder import CnnBuilder
-from toolchain.errors import ModelError
-from toolchain.execute.compare import verify_models
-from toolchain.ir.convert import builtin_view_bytes, from_model, standalone_model, to_model
-from toolchain.ir.kernels import DIRECT, DIRECT_CONV_CODE, can_run_direct, kernel_choices, with_kernel
-from toolchain.memory.scratch import scratch_requests
-from toolchain.memory.semantics import get_semantics
-from toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, from_model, standalone_model, to_model
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, DIRECT_CONV_CODE, can_run_direct, kernel_choices, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 
 def _cnn(seed=1, dtype="int8"):

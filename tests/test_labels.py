@@ -9,9 +9,9 @@ import threading
 import zlib
 from pathlib import Path
 
-from runtime import protocol as P
-from runtime.fake_mcu import FakeMcu
-from runtime.serial_mcu import SerialMcu
+from tpu_pipeline.runtime import protocol as P
+from tpu_pipeline.runtime.fake_mcu import FakeMcu
+from tpu_pipeline.runtime.serial_mcu import SerialMcu
 from tpu_pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent

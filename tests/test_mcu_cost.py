@@ -1,4 +1,4 @@
-"""The MCU cost model fitted on QEMU instruction counts (toolchain/data/mcu_cost.toml) and the
+"""The MCU cost model fitted on QEMU instruction counts (tpu_pipeline/toolchain/data/mcu_cost.toml) and the
 per-board conversion to time; `profile --kernels` predictions."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
-from toolchain.cost.devices import load_device
-from toolchain.cost.mcu import KERNEL_SETS, estimate_mcu, fitted_table, op_features, predict_instructions
-from toolchain.errors import UsageError
-from toolchain.ir import load
+from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.cost.mcu import KERNEL_SETS, estimate_mcu, fitted_table, op_features, predict_instructions
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.ir import load
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "bench" / "mcu_ops.json"
@@ -93,7 +93,7 @@ def test_bad_kernels_and_cpi_are_usage_errors(tmp_path):
     _, g = load(FIXTURES / "chain_int8.tflite")
     with pytest.raises(UsageError, match="kernel set"):
         estimate_mcu(g, "sparkfun-edge", kernels="arm-nn")
-    text = (ROOT / "toolchain" / "data" / "devices" / "sparkfun-edge.toml").read_text()
+    text = (ROOT / "tpu_pipeline" / "toolchain" / "data" / "devices" / "sparkfun-edge.toml").read_text()
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace("cycles_per_instruction = 1.25", "cycles_per_instruction = 0.0"))
     with pytest.raises(UsageError, match="cycles_per_instruction"):

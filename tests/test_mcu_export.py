@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolchain.execute.tflm import TflmModel
-from toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.execute.tflm import TflmModel
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
-from toolchain.cost.mcu import estimate_mcu, op_class
-from toolchain.data import DEVICES_DIR
-from toolchain.export_mcu import resolver_method
-from toolchain.ir import from_model
-from toolchain.tflite import read_model, read_offline_plan
-from toolchain.tflite.metadata import total_tensor_count
+from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, op_class
+from tpu_pipeline.toolchain.data import DEVICES_DIR
+from tpu_pipeline.toolchain.export_mcu import resolver_method
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.tflite import read_model, read_offline_plan
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime import protocol as P
-from runtime.fake_mcu import FakeMcu
-from runtime.serial_mcu import McuRunAborted, SerialMcu
-from toolchain.execute.tflm import TflmModel
-from toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.runtime import protocol as P
+from tpu_pipeline.runtime.fake_mcu import FakeMcu
+from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.toolchain.execute.tflm import TflmModel
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
-from toolchain.cost.mcu import estimate_mcu
-from toolchain.errors import DeviceError
-from toolchain.ir import from_model
-from toolchain.tflite import read_model
+from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+from tpu_pipeline.toolchain.errors import DeviceError
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.tflite import read_model
 
 MODEL = Path(__file__).parent / "fixtures" / "tiny_irregular_int8.tflite"
 DATA = MODEL.read_bytes()
@@ -175,7 +175,7 @@ def test_run_cli_no_device_exits_4(capsys):
 
 
 def test_run_cli_with_a_power_meter(capsys):
-    from runtime.power import FakeUmMeter
+    from tpu_pipeline.runtime.power import FakeUmMeter
 
     with FakeMcu(DATA, arena_used=1) as dev, FakeUmMeter("UM25C", 5.0, 0.02) as meter:
         code = bounded(lambda: main(["run", str(MODEL), "--backend", "mcu", "--port", dev.port,

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from conftest import tflm_models
-from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.ir import from_model, load, to_model
-from toolchain.memory import check_plan, lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy
-from toolchain.tflite import model_to_bytes
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.ir import from_model, load, to_model
+from tpu_pipeline.toolchain.memory import check_plan, lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 MODELS = tflm_models()
 
@@ -47,7 +47,7 @@ def test_prediction_holds_for_reordered_models(path, seed):
     order = _random_topological_order(graph, seed)
     reordered = graph.reordered(order)
     data = model_to_bytes(to_model(reordered, model))
-    again = from_model(__import__("toolchain.tflite", fromlist=["read_model"]).read_model(data))
+    again = from_model(__import__("tpu_pipeline.toolchain.tflite", fromlist=["read_model"]).read_model(data))
     plan = tflm_greedy(lifetimes(again, semantics="tflm"))
     assert measure_tflm_arena(data).head == plan.size
     assert lifetimes(again).peak == lifetimes(graph, order).peak
@@ -64,7 +64,7 @@ def test_bounds_are_ordered(path):
     assert lt2.peak <= plan.size
 
 
-# ---- the 32-bit Cortex-M target (toolchain.memory.tflm_target) ---------------------------------
+# ---- the 32-bit Cortex-M target (tpu_pipeline.toolchain.memory.tflm_target) ---------------------------------
 # arena_used_bytes(), head and tail that the harness firmware reported on QEMU mps2-an386 (the
 # READY line) for these fixtures exported by export-mcu: (cmsis-nn, reference) each.
 TARGET = {"chain_int8": ((5232, 2868), (5120, 2836)), "pool_softmax_int8": ((2928, 1204), (2816, 1140)),
@@ -76,7 +76,7 @@ TARGET = {"chain_int8": ((5232, 2868), (5120, 2836)), "pool_softmax_int8": ((292
 @pytest.mark.parametrize("name", sorted(TARGET))
 def test_target_arena_equals_what_the_firmware_reported(name):
     from conftest import FIXTURES
-    from toolchain.memory.tflm_target import export_plan_offsets, target_arena
+    from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena
 
     _, graph = load(FIXTURES / f"{name}.tflite")
     offsets = export_plan_offsets(graph)
@@ -87,8 +87,8 @@ def test_target_arena_equals_what_the_firmware_reported(name):
 
 def test_cmsis_nn_scratch_is_what_its_kernels_request():
     from conftest import FIXTURES
-    from toolchain.memory.scratch import scratch_requests
-    from toolchain.memory.semantics import TFLM, TFLM_CMSIS_NN
+    from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+    from tpu_pipeline.toolchain.memory.semantics import TFLM, TFLM_CMSIS_NN
 
     _, graph = load(FIXTURES / "chain_int8.tflite")
     # arm_convolve_s8's im2col: 2 columns x (kh*kw*cin rounded up to 4) int16; as the firmware asked
@@ -106,8 +106,8 @@ def test_target_tail_names_an_op_it_does_not_model():
     from dataclasses import replace
 
     from conftest import FIXTURES
-    from toolchain.errors import UsageError
-    from toolchain.memory.tflm_target import target_arena, target_tail
+    from tpu_pipeline.toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
 
     _, graph = load(FIXTURES / "chain_int8.tflite")
     odd = replace(graph, ops=(replace(graph.ops[0], opcode="CUMSUM"),) + graph.ops[1:])

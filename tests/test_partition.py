@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from toolchain.cost import EdgeTpuCostModel, load_device
-from toolchain.errors import InfeasibleError, UsageError
-from toolchain.ir import Graph, Op, Tensor, load
-from toolchain.partition import (PartitionProblem, baseline_partition, coral_heuristic, partition,
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device
+from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, load
+from tpu_pipeline.toolchain.partition import (PartitionProblem, baseline_partition, coral_heuristic, partition,
                                  refine_by_simulation, solve)
-from toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
+from tpu_pipeline.toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
 from tests.conftest import FIXTURES
 from tests.test_cost import EDGETPU
 
@@ -233,7 +233,7 @@ def test_solve_is_deterministic(toy_device):
 @settings(max_examples=20, deadline=None)
 @given(dags(max_ops=8), st.integers(2, 4))
 def test_contiguous_dp_is_the_best_cut_of_its_order(toy_device, graph, n):
-    from toolchain.partition.contiguous import best_contiguous
+    from tpu_pipeline.toolchain.partition.contiguous import best_contiguous
     problem = PartitionProblem(graph, EdgeTpuCostModel(toy_device))
     order = list(range(problem.n_ops))
     got = best_contiguous(problem, order, n)
@@ -258,7 +258,7 @@ def test_contiguous_dp_is_the_best_cut_of_its_order(toy_device, graph, n):
 
 
 def test_profiling_partitioner_bisects_on_simulated_segment_latencies(tmp_path):
-    from toolchain.partition import profiled_partition
+    from tpu_pipeline.toolchain.partition import profiled_partition
     p = tmp_path / "fast_link.toml"  # transfers negligible: a segment's latency is 1 ms + its compute
     p.write_text(EDGETPU.replace("host_bandwidth_bytes_per_s = 1e9", "host_bandwidth_bytes_per_s = 1e12"))
     dev = load_device(p)

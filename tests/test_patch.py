@@ -1,4 +1,4 @@
-"""Patch-based execution (toolchain/rewrite/patch.py): regions, the rewrite's structure, and its
+"""Patch-based execution (tpu_pipeline/toolchain/rewrite/patch.py): regions, the rewrite's structure, and its
 outputs against the original in LiteRT and TFLite Micro (each compared with itself)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from tests.cnn_builder import CnnBuilder, graph_bytes
-from toolchain.errors import UsageError
-from toolchain.execute.compare import verify_models
-from toolchain.ir import macs
-from toolchain.memory import lifetimes
-from toolchain.rewrite.patch import PatchRegion, apply_patches, patch_regions
-from toolchain.schedule import schedule
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.ir import macs
+from tpu_pipeline.toolchain.memory import lifetimes
+from tpu_pipeline.toolchain.rewrite.patch import PatchRegion, apply_patches, patch_regions
+from tpu_pipeline.toolchain.schedule import schedule
 
 
 def _total_macs(graph) -> int:
@@ -143,7 +143,7 @@ def test_same_max_pool_pads_with_the_minimum():
     patched = apply_patches(g, region, (3, 3))
     pads = [op for op in patched.ops if op.opcode == "PADV2"]
     assert pads
-    from toolchain.rewrite.edit import tensor_values
+    from tpu_pipeline.toolchain.rewrite.edit import tensor_values
     assert {int(tensor_values(patched.tensors[op.inputs[2]])[0]) for op in pads} == {-128}
     assert all(v.bit_exact for v in _exact_both(g, patched, runs=3))
     # break it on purpose: the pooled tensor's zero point as the pad value
@@ -214,7 +214,7 @@ def test_tensor_read_with_two_halos():
 
 def test_tile_runs_cover_the_axis_longest_first():
     """The last tiles run while nearly all of the output is held: they get the short runs."""
-    from toolchain.rewrite.patch import _splits
+    from tpu_pipeline.toolchain.rewrite.patch import _splits
 
     for n in range(1, 40):
         for k in range(1, min(n, 8) + 1):

@@ -1,10 +1,10 @@
-"""The pipeline simulator (toolchain/cost/pipeline.py) on cases computed by hand."""
+"""The pipeline simulator (tpu_pipeline/toolchain/cost/pipeline.py) on cases computed by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from toolchain.cost.pipeline import StageLoad as S, period_bound, simulate, simulate_pipelines
+from tpu_pipeline.toolchain.cost.pipeline import StageLoad as S, period_bound, simulate, simulate_pipelines
 
 B = 1e6  # 1 MB/s: one byte = one microsecond, 1e6 bytes = 1 s of link time
 

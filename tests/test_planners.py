@@ -8,27 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from toolchain.errors import ModelError
+from tpu_pipeline.toolchain.errors import ModelError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT, run_cli, tflm_models
-from toolchain.execute.tflm import run_tflm_in_child
-from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.ir import load
-from toolchain.ir.convert import load_exact
-from toolchain.memory import (
+from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.memory import (
     Buffer, Lifetimes, check_plan, lifetimes, live_lower_bound, plan_arena, plan_buffers, plan_for_tflm,
     tflm_greedy,
 )
-from toolchain.memory import _native
-from toolchain.memory.minimalloc import read_csv
-from toolchain.memory.cpsat import cpsat_plan
-from toolchain.memory.plan import arena_size
-from toolchain.memory.planners import PLANNERS
-from toolchain.memory.search import SearchParams, search_plan
-from toolchain.tflite import model_to_bytes, read_offline_plan, with_offline_plan
-from toolchain.tflite.metadata import total_tensor_count
+from tpu_pipeline.toolchain.memory import _native
+from tpu_pipeline.toolchain.memory.minimalloc import read_csv
+from tpu_pipeline.toolchain.memory.cpsat import cpsat_plan
+from tpu_pipeline.toolchain.memory.plan import arena_size
+from tpu_pipeline.toolchain.memory.planners import PLANNERS
+from tpu_pipeline.toolchain.memory.search import SearchParams, search_plan
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_offline_plan, with_offline_plan
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
 MINIMALLOC = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "minimalloc"  # ../shared beside the clone
 EXAMPLE_CSV = ROOT / "tests" / "fixtures" / "minimalloc_input.12.csv"
@@ -110,8 +110,8 @@ def test_each_search_pruning_switch_is_wired():
     import random
     import time
 
-    from toolchain.memory.preprocess import sections
-    from toolchain.memory.search import _Search
+    from tpu_pipeline.toolchain.memory.preprocess import sections
+    from tpu_pipeline.toolchain.memory.search import _Search
 
     def nodes(bufs, cap, **switches):
         search = _Search(sections(bufs), cap, time.monotonic() + 10.0, SearchParams(native=False, **switches))
@@ -136,7 +136,7 @@ def test_each_search_pruning_switch_is_wired():
 
 def test_search_with_prepared_sections_is_the_search_without():
     problem = read_csv(EXAMPLE_CSV)
-    from toolchain.memory.preprocess import sections
+    from tpu_pipeline.toolchain.memory.preprocess import sections
 
     prepared = sections(problem.buffers)
     for cap in (11, 12, 20):
@@ -145,8 +145,8 @@ def test_search_with_prepared_sections_is_the_search_without():
 
 
 def test_planners_come_from_one_registry():
-    from toolchain.errors import UsageError
-    from toolchain.memory.planners import REGISTRY, Request, register
+    from tpu_pipeline.toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.memory.planners import REGISTRY, Request, register
 
     assert PLANNERS == tuple(REGISTRY) == ("auto", "search", "cpsat", "greedy-size", "greedy-conflicts", "tflm",
                                            "tflite")
@@ -293,7 +293,7 @@ def test_plan_for_tflm_takes_plain_values():
     will be written into (by with_offline_plan, the only writer of the metadata)."""
     import inspect
 
-    from toolchain.ir import Graph, Op, Tensor
+    from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
 
     sizes = {"x": 160, "a": 320, "b": 320, "c": 160}
     tensors = tuple(Tensor(i, name, "int8", (size,)) for i, (name, size) in enumerate(sizes.items()))
@@ -308,8 +308,8 @@ def test_plan_for_tflm_takes_plain_values():
 
 
 def test_order_and_offsets_never_worse_than_the_schedule_alone():
-    from toolchain.schedule import schedule
-    from toolchain.schedule.offsets import plan_order_and_offsets
+    from tpu_pipeline.toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.schedule.offsets import plan_order_and_offsets
 
     path = MODELS[-1]
     _, graph = load(path)

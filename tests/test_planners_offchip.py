@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from conftest import tflm_models
-from toolchain.ir import Graph, Op, Tensor, load
-from toolchain.memory import lifetimes, offchip_traffic, order_free_lower_bound
-from toolchain.memory.semantics import align
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, load
+from tpu_pipeline.toolchain.memory import lifetimes, offchip_traffic, order_free_lower_bound
+from tpu_pipeline.toolchain.memory.semantics import align
 
 
 def _graph():

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from runtime.power import (FakeUmMeter, PowerRecorder, PowerSummary, RECORD_BYTES, build_record,
+from tpu_pipeline.runtime.power import (FakeUmMeter, PowerRecorder, PowerSummary, RECORD_BYTES, build_record,
                            parse_record, UmMeter)
-from toolchain.errors import DeviceError
+from tpu_pipeline.toolchain.errors import DeviceError
 
 
 @pytest.mark.parametrize("model, volts, amps", [("UM25C", 5.123, 0.4567), ("UM34C", 5.12, 0.456),

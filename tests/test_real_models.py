@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from toolchain.ir import from_model
-from toolchain.partition import PartitionProblem, partition
-from toolchain.cost.edgetpu import EdgeTpuCostModel
-from toolchain.execute.compare import verify_chain, verify_models
-from toolchain.execute.inputs import random_inputs
-from toolchain.execute.litert import input_details, litert_interpreter, run_litert
-from toolchain.execute.tflm import run_tflm, run_tflm_in_child
-from toolchain.tflite import model_to_bytes, read_model, schema
-from toolchain.tflite.extract import extract_segment, runtime_shapes, stale_shapes, with_static_shapes
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.partition import PartitionProblem, partition
+from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
+from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
+from tpu_pipeline.toolchain.execute.inputs import random_inputs
+from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert
+from tpu_pipeline.toolchain.execute.tflm import run_tflm, run_tflm_in_child
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, schema
+from tpu_pipeline.toolchain.tflite.extract import extract_segment, runtime_shapes, stale_shapes, with_static_shapes
 
 FIX = Path(__file__).parent / "fixtures"
 DARTS = ["darts_s2b_int8", "darts_s2b_float32", "darts_s2b_dynbatch_int8", "darts_s2b_dynbatch_float32"]
@@ -126,7 +126,7 @@ def _first_pair(model):
 
 
 def _planned(model, offsets: dict[int, int]):
-    from toolchain.tflite import with_offline_plan
+    from tpu_pipeline.toolchain.tflite import with_offline_plan
     plan = [-1] * len(model.subgraphs[0].tensors)
     for t, off in offsets.items():
         plan[t] = off
@@ -183,7 +183,7 @@ def _reordered(model, order):
 def test_reordering_changes_tflm_outputs_only_on_placeholder_shapes(dtype):
     """The issue's symptom: another topological order gives other TFLite Micro outputs (LiteRT:
     identical) on the dynamic-batch model; with the real shapes written, every order agrees."""
-    from toolchain.partition.heuristic import coral_topological_sort
+    from tpu_pipeline.toolchain.partition.heuristic import coral_topological_sort
 
     dyn = _load(f"darts_s2b_dynbatch_{dtype}")
     order = coral_topological_sort(from_model(dyn))
@@ -214,14 +214,14 @@ def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
     import sys
     import textwrap
 
-    from toolchain.rewrite.verify import tflm_hazards
+    from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
 
     code = textwrap.dedent(f"""
         import copy, numpy as np
-        from toolchain.tflite import read_model, model_to_bytes
-        from toolchain.ir import from_model
-        from toolchain.execute.litert import run_litert
-        from toolchain.execute.tflm import run_tflm, run_tflm_in_child
+        from tpu_pipeline.toolchain.tflite import read_model, model_to_bytes
+        from tpu_pipeline.toolchain.ir import from_model
+        from tpu_pipeline.toolchain.execute.litert import run_litert
+        from tpu_pipeline.toolchain.execute.tflm import run_tflm, run_tflm_in_child
         m = read_model({str(FIX / 'darts_s2b_int8.tflite')!r})
         g = from_model(m)
         i = [k for k, op in enumerate(g.ops) if op.opcode == "SPACE_TO_BATCH_ND"][0]
@@ -250,10 +250,10 @@ def test_tflm_space_to_batch_pads_with_whatever_the_arena_held():
 
 _PARTITION_CHILD = """
 import sys
-import toolchain.partition.cpsat as pc
-from toolchain.ir import from_model
-from toolchain.partition import partition
-from toolchain.tflite import read_model
+import tpu_pipeline.toolchain.partition.cpsat as pc
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.partition import partition
+from tpu_pipeline.toolchain.tflite import read_model
 pc.DTIME_PER_SECOND = float(sys.argv[3])
 p = partition(from_model(read_model(sys.argv[1])), int(sys.argv[2]), time_limit=float(sys.argv[4]))
 print(p.reproducible, ",".join(p.stopped_by), ",".join(map(str, p.stages)), sep="|")
@@ -323,8 +323,8 @@ def _with_custom_op(name: str, after_op: int | None, code: str = "MyCustomDecode
 
 
 def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
-    from toolchain.errors import InfeasibleError
-    from toolchain.partition.host import litert_missing_kernels, verification_scope
+    from tpu_pipeline.toolchain.errors import InfeasibleError
+    from tpu_pipeline.toolchain.partition.host import litert_missing_kernels, verification_scope
 
     model = _with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
     g = from_model(model)
@@ -351,7 +351,7 @@ def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
 
 
 def test_custom_decoder_at_the_end_leaves_every_other_output_verifiable():
-    from toolchain.partition.host import verification_scope
+    from tpu_pipeline.toolchain.partition.host import verification_scope
 
     model = _with_custom_op("multi_output_int8", after_op=None)
     g = from_model(model)
@@ -366,7 +366,7 @@ def test_custom_decoder_at_the_end_leaves_every_other_output_verifiable():
 
 
 def test_a_model_without_custom_ops_is_verified_whole():
-    from toolchain.partition.host import verification_scope
+    from tpu_pipeline.toolchain.partition.host import verification_scope
 
     model = _load("darts_s2b_dynbatch_int8")
     g = from_model(model)
@@ -381,8 +381,8 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
     PAD (which TFLite Micro fills with the zero point) and pads nothing itself. LiteRT: the same
     outputs bit for bit; TFLite Micro: no hazard left, and within 1 LSB of LiteRT where it was
     far off before."""
-    from toolchain.rewrite.verify import tflm_hazards
-    from toolchain.tflite.extract import explicit_space_to_batch_padding, runtime_exact_model
+    from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
+    from tpu_pipeline.toolchain.tflite.extract import explicit_space_to_batch_padding, runtime_exact_model
 
     for name in ("darts_s2b_int8", "darts_s2b_dynbatch_int8", "darts_s2b_float32"):
         src = _load(name)
@@ -407,8 +407,8 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
 
 
 def test_runnable_part_of_the_input_and_of_a_reordered_model_compare_by_name():
-    from toolchain.partition.heuristic import coral_topological_sort
-    from toolchain.partition.host import runnable_part
+    from tpu_pipeline.toolchain.partition.heuristic import coral_topological_sort
+    from tpu_pipeline.toolchain.partition.host import runnable_part
 
     model = _with_custom_op("tiny_irregular_int8", after_op=None)
     g = from_model(model)
@@ -426,7 +426,7 @@ def test_dynamic_batch_model_with_a_custom_op_gets_its_real_shapes_and_segments(
     """LiteRT cannot prepare the whole model (no kernel for the custom op), so the real shapes
     come from the part before it; the space-to-batch tensors get batch 4 and every segment
     before the last loads and chains."""
-    from toolchain.partition.host import verification_scope
+    from tpu_pipeline.toolchain.partition.host import verification_scope
 
     plain = from_model(_load("darts_s2b_dynbatch_int8"))
     mean = next(i for i, op in enumerate(plain.ops) if op.opcode == "MEAN")

@@ -10,20 +10,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolchain.ir import Graph, Op, Quantization, Tensor, load
-from toolchain.ir import ops as ir_ops
-from toolchain.ir.convert import rewritten_model, standalone_model
-from toolchain.ir.options import (ACTIVATIONS, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
+from tpu_pipeline.toolchain.ir import Graph, Op, Quantization, Tensor, load
+from tpu_pipeline.toolchain.ir import ops as ir_ops
+from tpu_pipeline.toolchain.ir.convert import rewritten_model, standalone_model
+from tpu_pipeline.toolchain.ir.options import (ACTIVATIONS, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
                                   FieldlessOptions, FullyConnectedOptions, ReshapeOptions)
-from toolchain.memory import peak_memory
-from toolchain.rewrite import EXACT, FLOAT_ROUNDING, LOSSY, apply_candidate, find_candidates, rewrite_graph
-from toolchain.rewrite.edit import tensor_values
-from toolchain.execute.compare import verify_models
-from toolchain.execute.inputs import random_inputs
-from toolchain.execute.litert import input_details, run_litert
-from toolchain.execute.tflm import run_tflm
-from toolchain.rewrite.numerics import conv2d_nhwc
-from toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.memory import peak_memory
+from tpu_pipeline.toolchain.rewrite import EXACT, FLOAT_ROUNDING, LOSSY, apply_candidate, find_candidates, rewrite_graph
+from tpu_pipeline.toolchain.rewrite.edit import tensor_values
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.execute.inputs import random_inputs
+from tpu_pipeline.toolchain.execute.litert import input_details, run_litert
+from tpu_pipeline.toolchain.execute.tflm import run_tflm
+from tpu_pipeline.toolchain.rewrite.numerics import conv2d_nhwc
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 FIX = Path(__file__).parent / "fixtures"
 U = 2.0 ** -24  # float32 unit roundoff
@@ -417,7 +417,7 @@ def test_fully_connected_split_float_and_lossy_int8():
 
 
 def _values(g, cand):
-    from toolchain.rewrite.numerics import calibration_values
+    from tpu_pipeline.toolchain.rewrite.numerics import calibration_values
 
     vals = calibration_values(g, g.ops[cand.concat].inputs)
     return lambda t: vals[t]
@@ -460,7 +460,7 @@ def test_generated_wide_cell_peak_drops_outputs_match():
 def test_runtime_exactness_check_that_guards_int8_depthwise_splits():
     """Under the exact policy an int8 depthwise split is kept only if LiteRT's optimized kernels
     (which pick a path by channel count) and TFLite Micro both reproduce the unsplit outputs."""
-    from toolchain.rewrite.driver import _bit_exact_in_runtimes
+    from tpu_pipeline.toolchain.rewrite.driver import _bit_exact_in_runtimes
 
     model, graph = load(FIX / "concat_conv_int8.tflite")
     assert _bit_exact_in_runtimes(graph, graph, model)

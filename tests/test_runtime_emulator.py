@@ -8,17 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.backends import select_backend
-from runtime.backends.coral import list_edgetpus, run_coral
-from runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
-from runtime.deployment import load_deployment
-from toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.runtime.backends import select_backend
+from tpu_pipeline.runtime.backends.coral import list_edgetpus, run_coral
+from tpu_pipeline.runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
+from tpu_pipeline.runtime.deployment import load_deployment
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
-from toolchain.data import DEVICES_DIR
-from toolchain.errors import DeviceError, ModelError
-from toolchain.ir import from_model
-from toolchain.tflite import read_model, write_model
-from toolchain.tflite.extract import extract_segment
+from tpu_pipeline.toolchain.data import DEVICES_DIR
+from tpu_pipeline.toolchain.errors import DeviceError, ModelError
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.tflite import read_model, write_model
+from tpu_pipeline.toolchain.tflite.extract import extract_segment
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "tiny_irregular_int8.tflite"
@@ -75,9 +75,9 @@ def test_three_segment_pipeline_reproduces_the_whole_model_bit_exactly(tmp_path)
     assert rep.throughput_per_s and rep.throughput_per_s > 0
     p = rep.predicted
     # the pipeline simulator on the three segments' loads, recomputed here from the files
-    from toolchain.cost.edgetpu import EdgeTpuCostModel
-    from toolchain.cost.pipeline import simulate
-    from toolchain.ir import total_param_bytes
+    from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
+    from tpu_pipeline.toolchain.cost.pipeline import simulate
+    from tpu_pipeline.toolchain.ir import total_param_bytes
     m = EdgeTpuCostModel("coral-usb")
     loads = []
     for seg in dep.segments:

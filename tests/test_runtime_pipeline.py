@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.measure import LatencyStats
-from runtime.pipeline import PipelinedRunner, PipelineError, Stage, run_pipeline
-from toolchain.errors import DeviceError, ToolchainError
+from tpu_pipeline.runtime.measure import LatencyStats
+from tpu_pipeline.runtime.pipeline import PipelinedRunner, PipelineError, Stage, run_pipeline
+from tpu_pipeline.toolchain.errors import DeviceError, ToolchainError
 
 
 def add_stage(name, src, dst, k, fail_at=None, seen=None):
@@ -80,7 +80,7 @@ def test_failing_stage_stops_pipeline_with_its_error_and_keeps_earlier_results()
 
 
 def test_toolchain_error_of_a_stage_keeps_its_exit_code():
-    from toolchain.errors import InfeasibleError
+    from tpu_pipeline.toolchain.errors import InfeasibleError
 
     def bad(t):
         raise InfeasibleError("stage says no")

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolchain.ir import Graph, Op, Tensor
-from toolchain.memory import lifetimes, order_free_lower_bound
-from toolchain.schedule import build_model, schedule
-from toolchain.schedule import heuristics
-from toolchain.schedule.cpsat import cpsat_piece
-from toolchain.schedule.dp import Piece, best_first, bisect_budget
-from toolchain.schedule.fusion import fuse
-from toolchain.schedule.divide import pieces
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound
+from tpu_pipeline.toolchain.schedule import build_model, schedule
+from tpu_pipeline.toolchain.schedule import heuristics
+from tpu_pipeline.toolchain.schedule.cpsat import cpsat_piece
+from tpu_pipeline.toolchain.schedule.dp import Piece, best_first, bisect_budget
+from tpu_pipeline.toolchain.schedule.fusion import fuse
+from tpu_pipeline.toolchain.schedule.divide import pieces
 
 
 def random_graph(draw, max_ops=8, reshape=False) -> Graph:
@@ -138,7 +138,7 @@ def test_cpsat_equals_brute_force(graph):
 @FAST
 @given(graphs())
 def test_cut_lower_bound_is_valid(graph):
-    from toolchain.schedule.bounds import cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds import cut_lower_bound
 
     best = brute_force(graph)
     model = build_model(graph)
@@ -197,7 +197,7 @@ def test_deterministic_and_bounds(graph):
 
 def test_baselines_are_topological():
     from conftest import EXAMPLE
-    from toolchain.ir import load
+    from tpu_pipeline.toolchain.ir import load
 
     if not EXAMPLE.exists():
         pytest.skip("example model missing")
@@ -209,7 +209,7 @@ def test_baselines_are_topological():
 
 
 def test_errors():
-    from toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.errors import UsageError
 
     g = Graph((Tensor(0, "a", "int8", (4,)), Tensor(1, "b", "int8", (4,))),
               (Op("RELU", (0,), (1,)),), (0,), (1,))

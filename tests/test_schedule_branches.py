@@ -1,4 +1,4 @@
-"""Branch bodies run back to back (toolchain/schedule/branches.py), against the brute-force oracle:
+"""Branch bodies run back to back (tpu_pipeline/toolchain/schedule/branches.py), against the brute-force oracle:
 the best order that keeps every accepted body contiguous, in the inner order chosen, is optimal."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from tests.test_schedule_bruteforce import NATIVE, SEMS, Oracle, check_everything, compact, dags, fast
-from toolchain.ir import Graph, Op, Tensor
-from toolchain.schedule import build_model, schedule
-from toolchain.schedule.branches import _body_tensors, _res, body_order, body_units
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.schedule import build_model, schedule
+from tpu_pipeline.toolchain.schedule.branches import _body_tensors, _res, body_order, body_units
 
 SIZES = [16, 32, 48, 64, 96, 128, 256]
 
@@ -253,8 +253,8 @@ def sliced_forks(draw) -> Graph:
 @fast(120)
 @given(sliced_forks(), st.randoms(use_true_random=False))
 def test_lazy_slices_keep_the_optimum(graph, rnd):
-    from toolchain.schedule.dp import Piece, best_first
-    from toolchain.schedule.fusion import fuse
+    from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
+    from tpu_pipeline.toolchain.schedule.fusion import fuse
 
     note(compact(graph))
     model = build_model(graph)
@@ -286,7 +286,7 @@ def test_lazy_slices_found_and_the_final_run_needed():
         ops += [Op("STRIDED_SLICE", (1,), (x,)), Op("CONV_2D", (x,), (y,)), Op("CONV_2D", (y,), (z,))]
     ops.append(Op("CONCATENATION", (4, 7, 10), (11,)))
     g = Graph(ts, tuple(ops), (0,), (11,), "run")
-    from toolchain.schedule.dp import Piece, best_first
+    from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
 
     model = build_model(g)
     pc = Piece(model, [(v,) for v in range(model.n)]).use_lazy_slices()

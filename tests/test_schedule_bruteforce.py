@@ -1,7 +1,7 @@
 """The scheduler and each of its parts against an exact brute-force oracle on random DAGs.
 
-The oracle is independent of `toolchain.schedule.model`: it evaluates the live bytes of a step
-straight from the lifetime rules of `toolchain.memory.lifetimes` (pinned to it by a test here),
+The oracle is independent of `tpu_pipeline.toolchain.schedule.model`: it evaluates the live bytes of a step
+straight from the lifetime rules of `tpu_pipeline.toolchain.memory.lifetimes` (pinned to it by a test here),
 and finds the optimum by a DP over (set of executed ops, which in-place ops shared). Under TFLite
 the buffer sharing of reshape-like ops depends on the order when the input has other readers; the
 extra state makes the DP exact there too.
@@ -29,19 +29,19 @@ import pytest
 from hypothesis import HealthCheck, Phase, currently_in_test_context, given, note, settings
 from hypothesis import strategies as st
 
-from toolchain.ir import Graph, Op, Tensor
-from toolchain.memory import lifetimes, order_free_lower_bound
-from toolchain.memory.scratch import scratch_requests
-from toolchain.memory.semantics import align, get_semantics
-from toolchain.schedule import build_model, heuristics, schedule
-from toolchain.schedule.api import _dives
-from toolchain.schedule.beam import beam_order
-from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
-from toolchain.schedule.divide import pieces, unit_dag
-from toolchain.schedule import _native_search
-from toolchain.schedule.dp import Piece, best_first
-from toolchain.schedule.fusion import fuse
-from toolchain.schedule.model import bits, is_topological
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import align, get_semantics
+from tpu_pipeline.toolchain.schedule import build_model, heuristics, schedule
+from tpu_pipeline.toolchain.schedule.api import _dives
+from tpu_pipeline.toolchain.schedule.beam import beam_order
+from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+from tpu_pipeline.toolchain.schedule.divide import pieces, unit_dag
+from tpu_pipeline.toolchain.schedule import _native_search
+from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
+from tpu_pipeline.toolchain.schedule.fusion import fuse
+from tpu_pipeline.toolchain.schedule.model import bits, is_topological
 
 INF = float("inf")
 # The exact search runs in C when a compiler is here (_best_first.c) and in Python otherwise:
@@ -551,10 +551,10 @@ def random_wiring(n: int, seed: int) -> Graph:
 
 BEAMS_AT_A_TINY_CAP = """
 import sys, time
-from toolchain.ir import Graph, Op, Tensor
-from toolchain.schedule import api, beam, build_model
-from toolchain.schedule.dp import Piece
-from toolchain.schedule.fusion import fuse
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.schedule import api, beam, build_model
+from tpu_pipeline.toolchain.schedule.dp import Piece
+from tpu_pipeline.toolchain.schedule.fusion import fuse
 
 tensors = [Tensor(i, f"t{i}", "int8", (64,)) for i in range(7)]
 ops = [Op("ADD", (0,), (1,)), Op("ADD", (0,), (2,)), Op("ADD", (0,), (3,)),
@@ -594,8 +594,8 @@ def test_c_and_python_searches_agree_on_random_wirings():
     RandWire and on randomly wired graphs whose equal tensors make ties everywhere. Skips where
     no C compiler is found."""
     from conftest import EXAMPLE
-    from toolchain.ir import load
-    from toolchain.schedule.branches import body_units
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule.branches import body_units
 
     if not _native_search.available():
         pytest.skip("no C compiler: only the Python search runs here")
@@ -905,7 +905,7 @@ def apply_mutation(pkg: Path, group) -> list[str]:
     """Apply one mutation to the copy at `pkg`; returns 'file:line' of each edit."""
     where = []
     for fname, old, new in group:
-        path = pkg / "toolchain" / "schedule" / fname
+        path = pkg / "tpu_pipeline" / "toolchain" / "schedule" / fname
         text = path.read_text()
         assert text.count(old) >= 1, f"mutation no longer applies: {fname}: {old!r}"
         line = text[: text.index(old)].count("\n") + 1
@@ -920,11 +920,11 @@ def test_every_mutation_is_caught(group, tmp_path):
     """Run the fast tests of this module and of test_schedule_branches.py (the forks, bodies and
     lazy slices) on a mutated copy of the package (the shared tree is never touched): they must
     fail."""
-    shutil.copytree(ROOT / "toolchain", tmp_path / "toolchain", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tpu_pipeline", tmp_path / "tpu_pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     where = apply_mutation(tmp_path, group)
     # the mutated toolchain first; the checkout after it, for `tests.` imports between the modules
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), SCHEDULE_MUTATION_RUN="1")
-    probe = subprocess.run([sys.executable, "-c", "import toolchain; print(toolchain.__file__)"],
+    probe = subprocess.run([sys.executable, "-c", "import tpu_pipeline.toolchain as t; print(t.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True)
     assert probe.stdout.startswith(str(tmp_path)), probe.stdout + probe.stderr
     proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)),

@@ -1,4 +1,4 @@
-"""Hand-built witnesses for guards of `toolchain.schedule.fusion` that the random tests of
+"""Hand-built witnesses for guards of `tpu_pipeline.toolchain.schedule.fusion` that the random tests of
 test_schedule_bruteforce.py do not reach (each found by a random search against the mutated guard,
 then shrunk by hand).
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import itertools
 
-from toolchain.ir import Graph, Op, Tensor
-from toolchain.memory import lifetimes
-from toolchain.schedule import build_model
-from toolchain.schedule.fusion import fuse
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.memory import lifetimes
+from tpu_pipeline.toolchain.schedule import build_model
+from tpu_pipeline.toolchain.schedule.fusion import fuse
 
 
 def _graph(sizes, ops, inputs, outputs) -> Graph:

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import fixture_models, run_cli, tflm_models
-from toolchain.execute.litert import seeded_outputs
-from toolchain.execute.tflm import run_tflm_in_child
-from toolchain.execute.tflm_arena import measure_tflm_arena
-from toolchain.ir import from_model, load, to_model
-from toolchain.memory import lifetimes, order_free_lower_bound, tflm_greedy
-from toolchain.schedule import schedule
-from toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.execute.litert import seeded_outputs
+from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+from tpu_pipeline.toolchain.ir import from_model, load, to_model
+from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound, tflm_greedy
+from tpu_pipeline.toolchain.schedule import schedule
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 MODELS = [p for p in tflm_models() if "irregular" in p.name or "randwire" in p.name or "concat" in p.name
           or "multi_output" in p.name]

@@ -7,11 +7,11 @@ import pytest
 from ai_edge_litert import schema_py_generated as schema
 
 from conftest import FIXTURES, fixture_models, run_cli, tflm_models
-from toolchain.execute.litert import seeded_outputs
-from toolchain.execute.tflm import run_tflm_in_child
-from toolchain.errors import ModelError
-from toolchain.tflite import model_to_bytes, read_model, write_model
-from toolchain.tflite.metadata import get_metadata, set_metadata
+from tpu_pipeline.toolchain.execute.litert import seeded_outputs
+from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, write_model
+from tpu_pipeline.toolchain.tflite.metadata import get_metadata, set_metadata
 
 MODELS = fixture_models()
 
@@ -151,8 +151,8 @@ def test_missing_file_and_directory(tmp_path):
 
 
 def test_tensor_names_of_type_reads_objects_and_bytes_alike():
-    """TFLite Micro's float16 refusal asks this room, not the schema (toolchain/execute/tflm_arena)."""
-    from toolchain.tflite import tensor_names_of_type
+    """TFLite Micro's float16 refusal asks this room, not the schema (tpu_pipeline/toolchain/execute/tflm_arena)."""
+    from tpu_pipeline.toolchain.tflite import tensor_names_of_type
 
     model = read_model(FIXTURES / "concat_conv_float32.tflite")
     assert tensor_names_of_type(model, "float16") == []

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark `tpu-pipeline fit` (toolchain/fit) on the zoo and write docs/bench/fit.md.
+"""Benchmark `tpu-pipeline fit` (tpu_pipeline/toolchain/fit) on the zoo and write docs/bench/fit.md.
 
     python tools/bench_fit.py --models models [--out docs/bench/fit.md] [--time-limit 30] [--wall-time]
 
@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
-from toolchain.fit import fit_model  # noqa: E402
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
+from tpu_pipeline.toolchain.fit import fit_model  # noqa: E402
 
 TARGETS = [("mobilenet_v2_int8", 320 * 1024, "320 KiB: a SparkFun Edge's 384 KB SRAM with room for the rest"),
            ("mobilenet_v1_025_96_int8", None, "half of today's arena")]
@@ -47,10 +47,10 @@ def checked(f) -> str:
 
 def today(path: Path) -> int:
     """TFLite Micro's own arena head for the model as converted (no offline plan), with the CMSIS-NN
-    kernels' scratch (toolchain.memory.tflm_target: equal to the firmware's on every QEMU run); never
+    kernels' scratch (tpu_pipeline.toolchain.memory.tflm_target: equal to the firmware's on every QEMU run); never
     below what the host's TFLite Micro (reference kernels) measures."""
-    from toolchain.ir.convert import load_exact
-    from toolchain.memory.tflm_target import target_head
+    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.memory.tflm_target import target_head
 
     return max(measure_tflm_arena(path).head, target_head(load_exact(path)[1], "cmsis-nn")[0])
 
@@ -91,8 +91,8 @@ def _cell(p, r) -> str:
 
 def fit_model_optimum(path: Path) -> int:
     """The proven optimal peak of the model as it is (the baseline every fit reports)."""
-    from toolchain.ir.convert import load_exact
-    from toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.schedule import schedule
 
     return schedule(load_exact(path)[1], time_limit=10).peak
 

@@ -15,10 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
-from toolchain.errors import ToolchainError  # noqa: E402
-from toolchain.ir import load, total_param_bytes  # noqa: E402
-from toolchain.memory import lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy  # noqa: E402
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
+from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
+from tpu_pipeline.toolchain.ir import load, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy  # noqa: E402
 
 
 def zoo(models: Path) -> list[Path]:

@@ -5,7 +5,7 @@
 
 Per int8 model that fits the board (the committed fixtures, the example, the zoo's int8 models
 that fit, tools/build_mcu_sweep.py's small models) and kernel set (CMSIS-NN, reference): the firmware's flash and RAM (the linker's), the
-arena the 32-bit target model predicts (toolchain.memory.tflm_target) against what the firmware
+arena the 32-bit target model predicts (tpu_pipeline.toolchain.memory.tflm_target) against what the firmware
 reports, its head against our offline plan, instructions per invoke (SysTick under -icount
 shift=0) measured and predicted by the fitted cost model, whether the outputs equal host TFLite
 Micro's; then the per-op rms error of the cost model (fitted and held-out models apart) and the
@@ -42,7 +42,7 @@ def _outputs(run: dict) -> str:
 
 
 def _graph(run: dict, dirs):
-    from toolchain.ir import load
+    from tpu_pipeline.toolchain.ir import load
 
     path = REPO / run["model"]
     if not path.exists():
@@ -51,7 +51,7 @@ def _graph(run: dict, dirs):
 
 
 def arena_table(data: dict, dirs) -> list[str]:
-    from toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 
     rows = ["| model | kernels | flash B | RAM B | arena predicted / measured B | head predicted / measured B "
             "(offline plan) | tail predicted / measured B | instructions measured / predicted | outputs |",
@@ -73,7 +73,7 @@ def arena_table(data: dict, dirs) -> list[str]:
 
 
 def error_table(data: dict, dirs) -> list[str]:
-    from toolchain.cost.mcu import fitted_table, predict_instructions
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table, predict_instructions
 
     rows = fit.samples(data, dirs)
     table = fitted_table()
@@ -98,8 +98,8 @@ def error_table(data: dict, dirs) -> list[str]:
 
 
 def latency_table(data: dict, dirs) -> list[str]:
-    from toolchain.cost.devices import load_device
-    from toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.cost.devices import load_device
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 
     head = "| model | " + " | ".join(f"{b} {k} ms" for b in BOARDS for k in fit.KERNEL_SETS) + " |"
     out = [head, "|---|" + "---:|" * (len(BOARDS) * len(fit.KERNEL_SETS))]
@@ -141,12 +141,12 @@ def main(argv=None) -> int:
             f"for `{args.device}` with each kernel set, run in `qemu-system-arm -icount shift=0` over the serial "
             "protocol (one inference per model and kernel set, stored in docs/bench/mcu_ops.json). Flash and RAM "
             "are the linker's (RAM includes the arena, a 32 KiB stack and 4 KiB heap reservation). Arena: "
-            "*predicted* is the 32-bit target model (toolchain/memory/tflm_target.py: head with the firmware's "
+            "*predicted* is the 32-bit target model (tpu_pipeline/toolchain/memory/tflm_target.py: head with the firmware's "
             "offline plan and the kernels' scratch placed as TFLite Micro places it, plus the persistent tail "
             "allocation by allocation), *measured* is `arena_used_bytes()` and the head/tail split the firmware "
             "reports; in brackets our offline plan's head. Instructions per invoke: SysTick ticks x 40 (25 MHz "
             "SysTick, 1 ns per instruction), a deterministic count, not a board's latency; *predicted* by the "
-            "fitted cost model (toolchain/data/mcu_cost.toml). *outputs* compares with the host's `tflite_micro` "
+            "fitted cost model (tpu_pipeline/toolchain/data/mcu_cost.toml). *outputs* compares with the host's `tflite_micro` "
             "wheel on the same random input.", ""]
     missing = [t for t in ("arm-none-eabi-g++", "qemu-system-arm") if not shutil.which(t)]
     if missing and not args.measurements.exists():

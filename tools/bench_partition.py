@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.ir import load  # noqa: E402
-from toolchain.partition import partition  # noqa: E402
-from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tpu_pipeline.toolchain.ir import load  # noqa: E402
+from tpu_pipeline.toolchain.partition import partition  # noqa: E402
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 
 MODELS = ["resnet50", "resnet101", "resnet152", "resnet50v2", "resnet101v2", "resnet152v2",
           "densenet121", "densenet169", "densenet201", "xception", "inception_resnet_v2"]
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     lines = ["## Edge TPU pipeline partitioning (CP-SAT vs Coral's two partitioners, simulated)", "",
              f"`{cmd}`", "",
              f"Device model `{a.device}` (fitted with the pipeline simulator, see the fidelity section). Every "
-             "figure is the simulated steady state (toolchain/cost/pipeline.py: one USB link and one host shared "
+             "figure is the simulated steady state (tpu_pipeline/toolchain/cost/pipeline.py: one USB link and one host shared "
              "by all TPUs). *Ours* = strategy `latency`: CP-SAT minimises the exact lower bound P = max(slowest "
              "stage, shared-link bytes / bandwidth, host work), then `refine_by_simulation` searches the "
              "assignments with P below the incumbent's simulated period (no-good cuts) for a smaller simulated "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark patch-based execution (toolchain/rewrite/patch.py) and write docs/bench/patch.md.
+"""Benchmark patch-based execution (tpu_pipeline/toolchain/rewrite/patch.py) and write docs/bench/patch.md.
 
     python tools/bench_patch.py --models models [--out docs/bench/patch.md] [--time-limit 10]
 
@@ -21,14 +21,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolchain.execute.compare import verify_models  # noqa: E402
-from toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
-from toolchain.ir import load, macs  # noqa: E402
-from toolchain.ir.convert import rewritten_model  # noqa: E402
-from toolchain.memory import plan_for_tflm  # noqa: E402
-from toolchain.rewrite.patch import apply_patches, patch_regions  # noqa: E402
-from toolchain.schedule import schedule  # noqa: E402
-from toolchain.tflite import model_to_bytes, with_offline_plan  # noqa: E402
+from tpu_pipeline.toolchain.execute.compare import verify_models  # noqa: E402
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
+from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.ir.convert import rewritten_model  # noqa: E402
+from tpu_pipeline.toolchain.memory import plan_for_tflm  # noqa: E402
+from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions  # noqa: E402
+from tpu_pipeline.toolchain.schedule import schedule  # noqa: E402
+from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan  # noqa: E402
 
 # (model, the region ends at 1/f of the input's resolution, grids)
 CASES = [("mobilenet_v2_int8.tflite", 8, [(2, 2), (4, 4), (6, 6), (8, 8)]),

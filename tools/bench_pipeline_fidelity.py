@@ -3,7 +3,7 @@
 
     python tools/bench_pipeline_fidelity.py --models models [--write] [--out docs/bench/pipeline_fidelity.md]
 
-Model: toolchain/cost/pipeline.py (every TPU on one USB link and one host; parameter streaming
+Model: tpu_pipeline/toolchain/cost/pipeline.py (every TPU on one USB link and one host; parameter streaming
 overlaps on-chip compute; period and latency from the discrete-event steady state).
 
 Fit (honest split): Coral's published single-TPU `usb3_ms` latencies of the zoo models and the
@@ -13,7 +13,7 @@ ResNet152 row is the TEST set and is never looked at while fitting. Parameters: 
 TPU (7.0-7.9 MiB grid), shared link bandwidth (190-500 MB/s), per-invoke host cost (0.2-1.5 ms),
 compute efficiency (one rate, <= 1) and a cost per op. Least squares on relative errors: a coarse
 grid with the closed-form lower bound for the pipeline rows, then coordinate descent with the
-simulator itself. `--write` stores the fit in toolchain/data/devices/coral-usb.toml.
+simulator itself. `--write` stores the fit in tpu_pipeline/toolchain/data/devices/coral-usb.toml.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.cost import EdgeTpuCostModel, load_device  # noqa: E402
-from toolchain.cost.pipeline import StageLoad, simulate, simulate_pipelines  # noqa: E402
-from toolchain.ir import load, macs  # noqa: E402
-from toolchain.partition import PartitionProblem, coral_heuristic  # noqa: E402
-from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device  # noqa: E402
+from tpu_pipeline.toolchain.cost.pipeline import StageLoad, simulate, simulate_pipelines  # noqa: E402
+from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.partition import PartitionProblem, coral_heuristic  # noqa: E402
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 from tools.calibrate_edgetpu import DEFAULT_CSV, read_csv, zoo_models  # noqa: E402
 
 MiB = 1 << 20
@@ -72,7 +72,7 @@ def predict(stages: list[dict], x: dict, exact: bool = True) -> float:
     ld = loads(stages, x)
     if exact:
         return simulate(ld, x["bw"]).period_s
-    from toolchain.cost.pipeline import period_bound
+    from tpu_pipeline.toolchain.cost.pipeline import period_bound
     return period_bound(ld, x["bw"])
 
 
@@ -114,7 +114,7 @@ def fit(cases) -> dict:
 
 
 def write_device(x: dict, rms_fit: float, rms_test: float, n_pub: int) -> None:
-    path = REPO / "toolchain" / "data" / "devices" / "coral-usb.toml"
+    path = REPO / "tpu_pipeline" / "toolchain" / "data" / "devices" / "coral-usb.toml"
     text = path.read_text()
     subs = {
         r"param_sram_bytes = [0-9.e+]+": f"param_sram_bytes = {int(x['sram'])}",
@@ -150,7 +150,7 @@ def _co_deployment(models: dict[str, Path], x: dict) -> list[str]:
     shared = simulate_pipelines(pipes, x["bw"])
     lines = ["### Several models on one host", "",
              "Each model on its own Edge TPUs (Coral's segmentation), all behind one USB link and host, "
-             "simulated together (`toolchain.cost.pipeline.simulate_pipelines`): the per-model throughput "
+             "simulated together (`tpu_pipeline.toolchain.cost.pipeline.simulate_pipelines`): the per-model throughput "
              "drops where they share the link.", "",
              "| model | TPUs | alone /s | shared /s | link utilisation (all) |", "|---|---:|---:|---:|---:|"]
     for (m, n), a, s in zip(pick, alone, shared):
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, nargs="+", default=[REPO / "models"])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    ap.add_argument("--write", action="store_true", help="store the fit in toolchain/data/devices/coral-usb.toml")
+    ap.add_argument("--write", action="store_true", help="store the fit in tpu_pipeline/toolchain/data/devices/coral-usb.toml")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "pipeline_fidelity.md")
     a = ap.parse_args(argv)
     table = read_csv(a.csv)
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     lines = ["## Edge TPU pipeline model fidelity (Table I, fit/test split)", "",
              f"`python tools/bench_pipeline_fidelity.py --models {' '.join(rel(m) for m in a.models)}"
              + (" --write" if a.write else "") + "`", "",
-             "Model: `toolchain/cost/pipeline.py`, a discrete-event simulator of the steady state (one USB link "
+             "Model: `tpu_pipeline/toolchain/cost/pipeline.py`, a discrete-event simulator of the steady state (one USB link "
              "and one host shared by every TPU, queues of one, parameter streaming overlapping compute). Table I "
              "of the pipelined Edge TPU paper measures the average per-frame time over many inferences of a "
              "pipeline with Coral's own segmentation: that is the period (1 / throughput), compared here with the "
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     for (m, n), (st, y) in rows.items():
         ld = loads(st, x)
         sim = simulate(ld, x["bw"])
-        from toolchain.cost.pipeline import period_bound, uncontended_s
+        from tpu_pipeline.toolchain.cost.pipeline import period_bound, uncontended_s
         link = sum((s.stream_bytes + s.in_bytes + s.out_bytes) for s in ld) / x["bw"]
         limit = "link" if link >= max(uncontended_s(s, x["bw"]) for s in ld) else "a stage"
         lines.append(f"| {m} | {'fit' if m in FIT_ROWS else '**test**'} | {n} | {y * 1e3:.1f} | {sim.period_s * 1e3:.1f} | "

@@ -22,14 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolchain.errors import ToolchainError  # noqa: E402
-from toolchain.ir import load  # noqa: E402
-from toolchain.memory import Lifetimes, lifetimes, live_lower_bound, plan_buffers, plan_for_tflm  # noqa: E402
-from toolchain.memory import tflite_arena, tflm_greedy  # noqa: E402
-from toolchain.memory.minimalloc import read_csv  # noqa: E402
-from toolchain.tflite import model_to_bytes, with_offline_plan  # noqa: E402
-from toolchain.tflite.metadata import total_tensor_count  # noqa: E402
-from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
+from tpu_pipeline.toolchain.ir import load  # noqa: E402
+from tpu_pipeline.toolchain.memory import Lifetimes, lifetimes, live_lower_bound, plan_buffers, plan_for_tflm  # noqa: E402
+from tpu_pipeline.toolchain.memory import tflite_arena, tflm_greedy  # noqa: E402
+from tpu_pipeline.toolchain.memory.minimalloc import read_csv  # noqa: E402
+from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan  # noqa: E402
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count  # noqa: E402
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 
 MINIMALLOC = ROOT.parent / "shared" / "benchmarks" / "minimalloc"
 
@@ -86,7 +86,7 @@ def bench_models(paths, time_limit: float, verify: bool) -> list[str]:
         tfl = tflite_arena(lt, alignment=16).size
         measured = "-"
         if verify:
-            from toolchain.execute.tflm_arena import measure_tflm_arena
+            from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
             try:
                 head = measure_tflm_arena(model_to_bytes(with_offline_plan(model, list(res.tensor_offsets)))).head

@@ -21,12 +21,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from toolchain.errors import ToolchainError  # noqa: E402
-from toolchain.ir import load, macs  # noqa: E402
-from toolchain.rewrite import rewrite_graph  # noqa: E402
-from toolchain.ir.convert import rewritten_model  # noqa: E402
-from toolchain.execute.compare import verify_models  # noqa: E402
-from toolchain.tflite import model_to_bytes  # noqa: E402
+from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
+from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.rewrite import rewrite_graph  # noqa: E402
+from tpu_pipeline.toolchain.ir.convert import rewritten_model  # noqa: E402
+from tpu_pipeline.toolchain.execute.compare import verify_models  # noqa: E402
+from tpu_pipeline.toolchain.tflite import model_to_bytes  # noqa: E402
 
 EXTRA = ["tests/fixtures/concat_conv_float32.tflite", "tests/fixtures/concat_conv_int8.tflite",
          "examples/randwire_small_int8.tflite"]
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     lines = [
         "## Identity rewrites (partial-conv and depthwise splitting)", "",
         f"Command: `{cmd.strip()}`", "",
-        "Optimal peak (TFLite Micro semantics, KiB) from `toolchain.schedule.schedule` before and after "
+        "Optimal peak (TFLite Micro semantics, KiB) from `tpu_pipeline.toolchain.schedule.schedule` before and after "
         "`rewrite_graph`; a rewrite is kept only where the rescheduled peak drops. *exact* = default policy "
         "(bit-exact rewrites, and float splits equal within rounding); *lossy* = `--allow-lossy` (int8 partial "
         "sums requantized). Time = the whole rewrite search including every scheduler call "
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     if notes:
         lines += ["", "Notes: " + "; ".join(notes)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from toolchain.tflite.io import write_bytes_atomic
+    from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
     write_bytes_atomic(args.out, ("\n".join(lines) + "\n").encode())
     print(f"wrote {args.out}")

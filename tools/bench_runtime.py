@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 from bench_partition import find  # noqa: E402  (tools/ is the script's directory)
 
 EDGETPU_MODELS = ["mobilenet_v2", "inception_v1", "resnet50", "densenet121", "nasnet_mobile", "xception",
@@ -38,11 +38,11 @@ EXTRA = [REPO / "examples" / "randwire_small_int8.tflite"]
 
 
 def edgetpu_rows(path: Path, stages: list[int], iterations: int, time_limit: float) -> list[str]:
-    from runtime.backends.emulator import run_edgetpu_emulation
-    from runtime.deployment import load_deployment
-    from toolchain.compile import compile_models
-    from toolchain.errors import ToolchainError
-    from toolchain.ir import load
+    from tpu_pipeline.runtime.backends.emulator import run_edgetpu_emulation
+    from tpu_pipeline.runtime.deployment import load_deployment
+    from tpu_pipeline.toolchain.compile import compile_models
+    from tpu_pipeline.toolchain.errors import ToolchainError
+    from tpu_pipeline.toolchain.ir import load
 
     _, g = load(path)
     rows = []
@@ -67,15 +67,15 @@ def edgetpu_rows(path: Path, stages: list[int], iterations: int, time_limit: flo
 
 
 def mcu_row(path: Path, iterations: int) -> str:
-    from runtime.backends.emulator import run_mcu_emulation
-    from toolchain.errors import ToolchainError
+    from tpu_pipeline.runtime.backends.emulator import run_mcu_emulation
+    from tpu_pipeline.toolchain.errors import ToolchainError
 
     rep = run_mcu_emulation(path, "sparkfun-edge", iterations, 1)
     a = rep.arena
     kib = lambda b: "-" if b is None else f"{b / 1024:,.1f}"  # noqa: E731
     exported = "-"
     if a["fits"]:
-        from toolchain.export_mcu import export_mcu
+        from tpu_pipeline.toolchain.export_mcu import export_mcu
 
         with tempfile.TemporaryDirectory() as tmp:
             try:

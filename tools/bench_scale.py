@@ -69,8 +69,8 @@ ABLATION = {  # name -> parts of the at-scale search switched off (schedule(abla
 
 def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
     """Runs in a child: the schedule's figures for one model, as JSON."""
-    from toolchain.ir import load
-    from toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule import schedule
 
     _, graph = load(path)
     res = schedule(graph, time_limit=time_limit, ablate=frozenset(off))
@@ -80,14 +80,14 @@ def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
 
 def exhaust(path: Path, seconds: float, gib: float) -> int:
     """The exact search on the largest piece with a large time and memory budget (see above)."""
-    from toolchain.ir import load
-    from toolchain.schedule import dp, heuristics
-    from toolchain.schedule.api import _beams, _piece_upper_bound, _pieces_in_context
-    from toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
-    from toolchain.schedule.branches import body_units
-    from toolchain.schedule.divide import pieces
-    from toolchain.schedule.fusion import fuse
-    from toolchain.schedule.model import build_model
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule import dp, heuristics
+    from tpu_pipeline.toolchain.schedule.api import _beams, _piece_upper_bound, _pieces_in_context
+    from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.branches import body_units
+    from tpu_pipeline.toolchain.schedule.divide import pieces
+    from tpu_pipeline.toolchain.schedule.fusion import fuse
+    from tpu_pipeline.toolchain.schedule.model import build_model
 
     model = build_model(load(str(path))[1], "tflm")
     units = fuse(model, body_units(model, until=time.monotonic() + 5))
@@ -125,7 +125,7 @@ def row_cells(r: dict) -> str:
 
 def run_child(f: Path, time_limit: float, off: tuple[str, ...] = ()) -> dict:
     env = dict(os.environ)
-    if "python" in off:  # toolchain/native.py: no compiled search, the Python versions run
+    if "python" in off:  # tpu_pipeline/toolchain/native.py: no compiled search, the Python versions run
         env["TPU_PIPELINE_NO_NATIVE"] = "1"
         off = tuple(o for o in off if o != "python")
     try:
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     if hard and not args.no_ablation:
         lines += ablation(hard, args.models, args.time_limit)
     lines.append("")
-    from toolchain.tflite.io import write_bytes_atomic
+    from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(args.out, "\n".join(lines).encode())

@@ -65,8 +65,8 @@ VARIANTS = {  # ablation: name -> (method, parts switched off)
 
 
 def variant(path: str, name: str, time_limit: float) -> dict:
-    from toolchain.ir import load
-    from toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule import schedule
 
     _, graph = load(path)
     method, off = VARIANTS[name]
@@ -91,9 +91,9 @@ def irregular(files: list[Path], dirs: list[Path]) -> list[Path]:
 
 def one(path: str, time_limit: float) -> dict:
     """Runs in a child: every figure for one model, as JSON."""
-    from toolchain.ir import load
-    from toolchain.memory import lifetimes, tflm_greedy
-    from toolchain.schedule import build_model, heuristics, schedule
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.schedule import build_model, heuristics, schedule
 
     _, graph = load(path)
     model = build_model(graph)
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
                 print(f"ablation {f.stem}: {cells}", file=sys.stderr)
                 lines.append(f"| {f.stem} | " + " | ".join(cells) + " |")
     lines.append("")
-    from toolchain.tflite.io import write_bytes_atomic
+    from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(args.out, "\n".join(lines).encode())

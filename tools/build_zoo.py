@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the tpu-pipeline model zoo and the committed test fixtures.
 
-This is the ONLY place in the repository that imports TensorFlow; ``toolchain/`` and
-``runtime/`` never do.  TensorFlow is imported lazily, so ``--list`` works without it.
+This is the ONLY place in the repository that imports TensorFlow; ``tpu_pipeline/toolchain/`` and
+``tpu_pipeline/runtime/`` never do.  TensorFlow is imported lazily, so ``--list`` works without it.
 
     python tools/build_zoo.py --out models                 # the whole zoo (cached)
     python tools/build_zoo.py --out models --only darts_v2_cifar resnet50
@@ -889,7 +889,7 @@ def _check_child(path: str) -> dict:
         res["litert_error"] = str(e).splitlines()[0][:300]
     print(json.dumps(res), flush=True)  # survives a TFLM crash
     try:
-        from tflite_micro import runtime
+        from tflite_micro import tpu_pipeline.runtime
         arena = _arena_guess(data)
         t0 = time.time()
         ip = runtime.Interpreter.from_bytes(data, arena_size=arena)

@@ -26,8 +26,8 @@ accelerator, so they use the same overhead and bound (see CONSTRAINTS). The unco
 three-parameter fit (overhead, efficiency, bandwidth all free, non-negative) is still computed and
 reported for comparison, never written.
 
-`--write` stores the constrained fit in toolchain/data/devices/coral-usb.toml (usb3_ms) and
-toolchain/data/devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe figures
+`--write` stores the constrained fit in tpu_pipeline/toolchain/data/devices/coral-usb.toml (usb3_ms) and
+tpu_pipeline/toolchain/data/devices/coral-devboard.toml + coral-pcie.toml (devboard_ms; Coral publishes no separate PCIe figures
 and the Dev Board's Edge TPU sits on PCIe).
 """
 
@@ -47,9 +47,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
-from toolchain.ir import load, macs, total_param_bytes  # noqa: E402
-from toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
+from tpu_pipeline.toolchain.ir import load, macs, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "coral_published_latency.csv"
 MiB = 1 << 20
@@ -215,7 +215,7 @@ def _summary(sram: int, x: np.ndarray, peak: float, rms: float) -> str:
 
 def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, n_models: int, rms: float,
                  constraint: dict) -> None:
-    path = REPO / "toolchain" / "data" / "devices" / f"{name}.toml"
+    path = REPO / "tpu_pipeline" / "toolchain" / "data" / "devices" / f"{name}.toml"
     text = path.read_text()
     overhead, k_dense, k_dw, k_byte, k_op = x
     eff_dense = min(1.0, 2 / (k_dense * peak)) if k_dense > 0 else 1.0
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, nargs="+", default=[REPO / "models"])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    ap.add_argument("--write", action="store_true", help="store the fit in toolchain/data/devices/coral-*.toml")
+    ap.add_argument("--write", action="store_true", help="store the fit in tpu_pipeline/toolchain/data/devices/coral-*.toml")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "calibration.md")
     a = ap.parse_args(argv)
     table = read_csv(a.csv)
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
             m = EdgeTpuCostModel(devices[0])
             for n, p in usable.items():
                 _, g = load(p)
-                from toolchain.partition import PartitionProblem
+                from tpu_pipeline.toolchain.partition import PartitionProblem
                 prob = PartitionProblem(g, m)
                 got = prob.evaluate(tuple([0] * len(g.ops)), 1).latency_s
                 lines_check = abs(got / pred[n] - 1)

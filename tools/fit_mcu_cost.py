@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fit the MCU cost model (toolchain/data/mcu_cost.toml) to per-op instruction counts from QEMU.
+"""Fit the MCU cost model (tpu_pipeline/toolchain/data/mcu_cost.toml) to per-op instruction counts from QEMU.
 
     python tools/fit_mcu_cost.py --collect --models models   # QEMU, both kernel sets (slow, once)
     python tools/fit_mcu_cost.py                              # fit from the collected counts
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 MEASUREMENTS = REPO / "docs" / "bench" / "mcu_ops.json"
-OUT = REPO / "toolchain" / "data" / "mcu_cost.toml"
+OUT = REPO / "tpu_pipeline" / "toolchain" / "data" / "mcu_cost.toml"
 FIXTURES = ["chain_int8", "pool_softmax_int8", "multi_output_int8", "tiny_irregular_int8", "concat_conv_int8",
             "darts_s2b_int8"]
 ZOO = ["swiftnet_cell_a", "swiftnet_hpd", "hrnet_small", "darts_v2_cifar", "nasnet_a_cifar", "amoebanet_a_cifar",
@@ -63,8 +63,8 @@ def load_measurements(path: Path = MEASUREMENTS) -> dict:
 
 def collect(paths: list[Path], device: str, out: Path, force: bool = False, iterations: int = 1) -> dict:
     """Run each model with each kernel set in QEMU; store the per-op counts (one run at a time)."""
-    from runtime.backends.qemu import run_on_qemu
-    from toolchain.errors import ToolchainError
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.errors import ToolchainError
 
     data = load_measurements(out)
     runs = data.setdefault("runs", {})
@@ -106,8 +106,8 @@ def dump(data: dict) -> str:
 
 def samples(data: dict, models_dirs: list[Path]):
     """(model stem, kernels, features, measured instructions) per measured op."""
-    from toolchain.cost.mcu import op_features
-    from toolchain.ir import load
+    from tpu_pipeline.toolchain.cost.mcu import op_features
+    from tpu_pipeline.toolchain.ir import load
 
     out = []
     for key, run in sorted(data["runs"].items()):
@@ -131,7 +131,7 @@ def fit(rows) -> dict:
     relative error."""
     import numpy as np
 
-    from toolchain.cost.mcu import DATA_MOVEMENT, OpFeatures
+    from tpu_pipeline.toolchain.cost.mcu import DATA_MOVEMENT, OpFeatures
 
     unions = {"data_movement": DATA_MOVEMENT, "elementwise": ("add", "mul", "relu", "quantize"),
               "pool": ("max_pool", "average_pool")}
@@ -185,7 +185,7 @@ def rms_relative(rows, table) -> dict:
     """{kernels: (rms relative error of the per-op prediction, ops)}."""
     import math
 
-    from toolchain.cost.mcu import predict_instructions
+    from tpu_pipeline.toolchain.cost.mcu import predict_instructions
 
     acc: dict[str, list[float]] = {}
     for _, kernels, f, y in rows:
@@ -201,7 +201,7 @@ def write_toml(table: dict, fitted: list[str], held: list[str], errors: dict, ou
              "# -icount shift=0). instructions = per_unit x work + per_output x output elements + overhead;",
              "# work is MACs for conv/depthwise/fully_connected, window reads for pooling, input elements",
              "# for reductions, contiguous runs copied for data movement, output elements otherwise",
-             "# (toolchain/cost/mcu.py: op_features).",
+             "# (tpu_pipeline/toolchain/cost/mcu.py: op_features).",
              f"# fitted on: {', '.join(fitted)}", f"# held out (test set): {', '.join(held)}"]
     for k, (train, test) in errors.items():
         lines.append(f"# rms relative error per op, {k}: fitted {train:.3f}, held out {test:.3f}")

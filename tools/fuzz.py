@@ -221,7 +221,7 @@ def _child(argv: list[str], log: Path) -> None:
 def warm_up() -> None:
     """Import what the commands import once, in the parent, so each forked child starts warm."""
     import ai_edge_litert.interpreter  # noqa: F401
-    import toolchain.compile  # noqa: F401
+    import tpu_pipeline.toolchain.compile  # noqa: F401
     from tpu_pipeline.cli import build_parser
 
     build_parser()
@@ -258,7 +258,7 @@ def loads_in_litert(path: Path) -> str | None:
     if pid == 0:
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         try:
-            from toolchain.execute.litert import new_interpreter
+            from tpu_pipeline.toolchain.execute.litert import new_interpreter
 
             new_interpreter(path.read_bytes(), builtin_only=False, num_threads=None)
             os._exit(0)
@@ -322,7 +322,7 @@ def campaign(count: int, seed: int, commands=COMMANDS, fixtures: list[Path] | No
                     if progress:
                         progress(o)
         toml_count = count if toml_count is None else toml_count
-        from toolchain.cost.devices import DEVICES_DIR
+        from tpu_pipeline.toolchain.cost.devices import DEVICES_DIR
 
         base = (DEVICES_DIR / "coral-usb.toml").read_text()
         rng = random.Random(f"{seed}:device")

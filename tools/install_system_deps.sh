@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite needs beyond Python: a host C compiler for the compiled searches
-# (toolchain/native.py; the tests check the C and the Python versions against each other), the ARM
+# (tpu_pipeline/toolchain/native.py; the tests check the C and the Python versions against each other), the ARM
 # toolchain and QEMU for the firmware tests (tests/test_firmware.py). Installed with apt when missing and we are root (CI runs as root
 # on a bare machine); otherwise the firmware tests skip and say why.
 set -euo pipefail

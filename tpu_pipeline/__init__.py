@@ -1,3 +1,6 @@
-"""tpu-pipeline's command line: `cli` parses arguments and prints, `commands/<name>.py` is one
-command each, `entry` is the console script. It may use the runtime and the compiler; the
-compiler (`toolchain`) never imports this package or the runtime."""
+"""tpu-pipeline: TensorFlow Lite models onto memory-starved edge hardware.
+
+One import package. `toolchain` is the compiler (.tflite in, .tflite out), `runtime` the harness
+that runs and measures what it wrote, `cli` / `commands` / `entry` the command line. The compiler
+never imports the runtime or the command line.
+"""

@@ -11,8 +11,8 @@ import argparse
 import importlib
 import sys
 
-from toolchain import __version__, interrupts
-from toolchain.errors import EXIT_CODES, ModelError, ToolchainError
+from tpu_pipeline.toolchain import __version__, interrupts
+from tpu_pipeline.toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
 # (command, module under tpu_pipeline.commands). Each module has HELP, add_arguments, run.
 COMMANDS = (

@@ -19,7 +19,7 @@ for _sig in (signal.SIGINT, signal.SIGTERM):
 def main() -> None:
     import sys
 
-    from toolchain import interrupts
+    from tpu_pipeline.toolchain import interrupts
 
     interrupts.install()
     from tpu_pipeline.cli import main as cli_main

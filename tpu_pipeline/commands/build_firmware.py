@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolchain import report as out
+from tpu_pipeline.toolchain import report as out
 
 HELP = "build the harness firmware ELF of an export-mcu project (make, cached TFLite Micro library); flash and RAM"
 
@@ -20,8 +20,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from toolchain.errors import UsageError
-    from toolchain.firmware.build import build_firmware
+    from tpu_pipeline.toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.firmware.build import build_firmware
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")

@@ -7,9 +7,9 @@ import sys
 
 from rich.table import Table
 
-from toolchain import report
+from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import non_negative_int, seconds
-from toolchain.partition import STRATEGY_NAMES
+from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
 
@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from toolchain.compile import compile_models
+    from tpu_pipeline.toolchain.compile import compile_models
 
     passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
                                     ("plan", args.no_plan)) if not off)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolchain import report as out
+from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.commands.options import check_output_folder, positive_int, seconds
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
@@ -24,13 +24,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     check_output_folder(args.out, inputs=[args.model])
     fitted = None
     if args.fit or args.budget is not None:
-        from toolchain.errors import InfeasibleError
-        from toolchain.fit import fit_model
+        from tpu_pipeline.toolchain.errors import InfeasibleError
+        from tpu_pipeline.toolchain.fit import fit_model
 
         fitted = fit_model(args.model, budget=args.budget, device=args.device, kernels=args.kernels,
                            time_limit=args.time_limit)

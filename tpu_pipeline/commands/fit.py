@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from toolchain import report
-from toolchain.errors import InfeasibleError
+from tpu_pipeline.toolchain import report
+from tpu_pipeline.toolchain.errors import InfeasibleError
 from tpu_pipeline.commands.options import check_output, non_negative_int, plot_path, positive_int, seconds
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
@@ -35,8 +35,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from toolchain.fit import fit_model
-    from toolchain.tflite import write_bytes_atomic
+    from tpu_pipeline.toolchain.fit import fit_model
+    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
 
     check_output(args.output, inputs=[args.model])
     if args.plot:
@@ -101,7 +101,7 @@ def plot_frontier(r, path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from toolchain.tflite import write_bytes_atomic
+    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = [p.peak / 1024 for p in r.frontier]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from toolchain import report
-from toolchain.inspect import summarize
+from tpu_pipeline.toolchain import report
+from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.commands.options import check_output, plot_path
-from toolchain.ir import load
+from tpu_pipeline.toolchain.ir import load
 
 HELP = "op histogram, parameter bytes, activation peak and arena predictions"
 

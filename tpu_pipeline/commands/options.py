@@ -13,8 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from toolchain.errors import DeviceError, UsageError
-from toolchain.tflite.io import check_output_folder, check_output_path  # noqa: F401 (re-exported)
+from tpu_pipeline.toolchain.errors import DeviceError, UsageError
+from tpu_pipeline.toolchain.tflite.io import check_output_folder, check_output_path  # noqa: F401 (re-exported)
 
 # What matplotlib's Agg canvas writes (FigureCanvasBase.get_supported_filetypes()), without
 # importing matplotlib just to parse the options.
@@ -65,7 +65,7 @@ def plot_path(text: str) -> str:
 
 def check_output(path: str | os.PathLike, inputs=()) -> Path:
     """Refuse, before any work, an output file that cannot or must not be written (see
-    `toolchain.tflite.io.check_output_path`), and one whose existing folder refuses a new file."""
+    `tpu_pipeline.toolchain.tflite.io.check_output_path`), and one whose existing folder refuses a new file."""
     target = check_output_path(path, inputs)
     folder = target.parent
     if folder.is_dir():

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from toolchain import report
+from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, non_negative_int, seconds
-from toolchain.errors import VerificationError
-from toolchain.ir.convert import load_exact
-from toolchain.memory import PLANNERS, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
-from toolchain.memory.offchip import offchip_traffic
-from toolchain.tflite import with_offline_plan, write_model
-from toolchain.tflite.metadata import total_tensor_count
+from tpu_pipeline.toolchain.errors import VerificationError
+from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.memory import PLANNERS, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
+from tpu_pipeline.toolchain.tflite import with_offline_plan, write_model
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
 HELP = "plan arena offsets (down to the live-bytes bound) and write them as TFLite Micro's offline plan"
 
@@ -47,8 +47,8 @@ def run(args) -> int:
         "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
     }
     if args.verify:
-        from toolchain.execute.tflm_arena import measure_tflm_arena
-        from toolchain.tflite import model_to_bytes
+        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+        from tpu_pipeline.toolchain.tflite import model_to_bytes
 
         head = measure_tflm_arena(model_to_bytes(out_model)).head
         data["tflm_measured_head"] = head

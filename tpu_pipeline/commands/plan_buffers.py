@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from toolchain import report
-from toolchain.budget import Deadline
-from toolchain.errors import InfeasibleError, UsageError
-from toolchain.memory.minimalloc import read_csv, write_csv
-from toolchain.memory.plan import arena_size, first_conflict
-from toolchain.memory.planners import PLANNERS, plan_buffers
-from toolchain.memory.preprocess import live_lower_bound
-from toolchain.memory.search import search_plan
+from tpu_pipeline.toolchain import report
+from tpu_pipeline.toolchain.budget import Deadline
+from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
+from tpu_pipeline.toolchain.memory.minimalloc import read_csv, write_csv
+from tpu_pipeline.toolchain.memory.plan import arena_size, first_conflict
+from tpu_pipeline.toolchain.memory.planners import PLANNERS, plan_buffers
+from tpu_pipeline.toolchain.memory.preprocess import live_lower_bound
+from tpu_pipeline.toolchain.memory.search import search_plan
 
 HELP = "place buffers of a MiniMalloc CSV (id,lower,upper,size) at offsets; writes the CSV with offset"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tpu_pipeline.commands import run as run_cmd
 from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
-from toolchain.errors import UsageError
+from tpu_pipeline.toolchain.errors import UsageError
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
@@ -44,14 +44,14 @@ def run(args) -> int:
     if kind == "mcu" and target.is_file():
         rep = _McuProfile(rep, _mcu_predictions(rep, target, args.device, kernels or "cmsis-nn"))
     if kind == "mcu" and args.host_ops and choice.backend == "emulator" and not rep.error:
-        from toolchain.cost.op_timing import tflm_op_times
+        from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
 
         times = tflm_op_times(target.read_bytes(), iterations=max(1, min(args.iterations, 5)))
         for o in rep.ops:
             o["host_s"] = times.get(o["index"])
     if kind == "edgetpu" and target.is_file() and not rep.ops:
-        from toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
-        from toolchain.ir import load
+        from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
+        from tpu_pipeline.toolchain.ir import load
 
         _, graph = load(target)
         costs = EdgeTpuCostModel(args.device).op_costs(graph)
@@ -79,11 +79,11 @@ class _McuProfile:
 
 def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
     """Arena (32-bit target, export-mcu's plan), latency and energy for `kernels` on `device`."""
-    from toolchain.cost.mcu import estimate_mcu
-    from toolchain.errors import ToolchainError
-    from toolchain.ir import load
-    from toolchain.memory.tflm_target import export_plan_offsets, target_arena
-    from toolchain.tflite.metadata import total_tensor_count
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.errors import ToolchainError
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena
+    from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
     model, graph = load(target)
     est = estimate_mcu(graph, device, kernels=kernels)
@@ -113,6 +113,6 @@ def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
 
 
 def target_tail_unmodelled(graph, kernels: str) -> tuple[str, ...]:
-    from toolchain.memory.tflm_target import target_tail
+    from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
     return target_tail(graph, kernels).unmodelled

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from toolchain import report
+from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, positive_int, seconds
-from toolchain.ir.convert import load_exact
-from toolchain.rewrite import LOSSY, rewrite_graph
-from toolchain.ir.convert import rewritten_model
-from toolchain.tflite import model_to_bytes, write_model
+from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.rewrite import LOSSY, rewrite_graph
+from tpu_pipeline.toolchain.ir.convert import rewritten_model
+from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model
 
 HELP = "identity rewrites (partial-conv and depthwise splitting) kept only where the optimal peak drops"
 
@@ -37,7 +37,7 @@ def run(args) -> int:
     new_model = rewritten_model(result.graph, model)
     verification = None
     if args.verify or result.lossy:
-        from toolchain.execute.compare import check_or_raise, verify_models
+        from tpu_pipeline.toolchain.execute.compare import check_or_raise, verify_models
 
         verification = verify_models(model_to_bytes(model), model_to_bytes(new_model), runs=args.runs,
                                      lossy_ok=result.lossy)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from toolchain import report as out
-from toolchain.errors import DeviceError, InfeasibleError, ModelError, UsageError, VerificationError
+from tpu_pipeline.toolchain import report as out
+from tpu_pipeline.toolchain.errors import DeviceError, InfeasibleError, ModelError, UsageError, VerificationError
 
 HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the host emulator; measure it"
 
@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 
 def device_kind(name: str) -> str:
-    from toolchain.cost.mcu import device_dict
+    from tpu_pipeline.toolchain.cost.mcu import device_dict
 
     return str(device_dict(name).get("kind", "edgetpu"))
 
@@ -40,7 +40,7 @@ def _compiled_for(dep) -> str | None:
     the runtime open a path of its choosing."""
     if dep.device is None:
         return None
-    from toolchain.cost.devices import available_devices
+    from tpu_pipeline.toolchain.cost.devices import available_devices
 
     known = available_devices()
     if dep.device not in known:
@@ -51,7 +51,7 @@ def _compiled_for(dep) -> str | None:
 
 def execute(args, target: Path, device: str | None, kind_hint: str | None = None):
     """Shared by run and profile: choose a backend, run, return (report, choice)."""
-    from runtime import backends, deployment, render  # the CLI sits above the runtime
+    from tpu_pipeline.runtime import backends, deployment, render  # the CLI sits above the runtime
 
     if args.iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {args.iterations}")
@@ -81,7 +81,7 @@ def finish(rep, args) -> int:
     if args.json:
         out.print_json(rep.to_json())
     else:
-        from runtime import render
+        from tpu_pipeline.runtime import render
 
         render.print_run_report(rep, out.console(), getattr(args, "top", 10))
     sys.stdout.flush()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from toolchain import report
+from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, seconds
-from toolchain.ir import load, to_model
-from toolchain.ir.convert import load_exact
-from toolchain.memory import lifetimes, tflm_greedy
-from toolchain.schedule import METHODS, schedule
+from tpu_pipeline.toolchain.ir import load, to_model
+from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+from tpu_pipeline.toolchain.schedule import METHODS, schedule
 
 HELP = "reorder ops for the smallest peak activation memory, with a proof of optimality"
 
@@ -32,7 +32,7 @@ def run(args) -> int:
     head_before = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     head_after = tflm_greedy(lifetimes(new_graph, semantics="tflm")).size
     if args.output:
-        from toolchain.tflite import write_model
+        from tpu_pipeline.toolchain.tflite import write_model
 
         write_model(to_model(new_graph, model), args.output, inputs=[args.model])
     if args.json:

@@ -1,0 +1,100 @@
+"""An MCU running the harness firmware, over a serial port.
+
+The device's own figures (latency in ticks, arena bytes used, per-op PROF lines) are reported;
+outputs are checked bit-exactly against TFLite Micro on the host (same reference kernels). A
+fault mid-run (timeout, garbled line, reset, device error) ends the run with the error recorded
+in the report and every inference measured before it kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tpu_pipeline.runtime.backends.common import Backend, RunRequest
+from tpu_pipeline.toolchain.execute.inputs import input_stream
+from tpu_pipeline.runtime.measure import LatencyStats, RunReport
+from tpu_pipeline.runtime.serial_mcu import DEFAULT_BAUD, McuRunAborted, SerialMcu
+from tpu_pipeline.toolchain.errors import UsageError
+
+
+class McuBackend(Backend):
+    name = "mcu"
+    kinds = ("mcu",)
+    power_meter = True  # the meter sits on the board's USB supply
+
+    def readiness(self, port=None, deployment=None) -> tuple[bool, str]:
+        return (True, f"serial port {port} given") if port else (False, "no --port given for the MCU")
+
+    def check(self, request: RunRequest) -> None:
+        if not request.port:
+            raise UsageError("--backend mcu needs --port (the harness's serial port)")
+
+    def progress_total(self, request: RunRequest) -> int:
+        return request.iterations
+
+    def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
+        r = request
+        return run_mcu(r.deployment.segments[0].path, r.port, r.device, r.iterations, r.seed, r.baud, r.timeout,
+                       progress, power)
+
+
+def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iterations: int = 10, seed: int = 0,
+            baud: int | None = None, timeout: float = 5.0, progress=None, power=None) -> RunReport:
+    from tpu_pipeline.toolchain.execute.tflm import TflmModel
+    from tpu_pipeline.toolchain.cost.mcu import device_dict
+    from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
+
+    data = Path(model_path).read_bytes()
+    check_tflm_dtypes(data, str(model_path))
+    d = device_dict(device)
+    baud = baud or int(d.get("link", {}).get("baud", DEFAULT_BAUD))
+    host = TflmModel(data, 64 * 1024 * 1024, str(model_path))  # the host reference, any arena
+    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
+    inputs = input_stream(specs, iterations, seed)
+    arrays = [[x[n] for n in host.input_names] for x in inputs]
+    out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
+    report = RunReport("mcu", f"{d.get('name', device)} on {port}", str(model_path), iterations)
+    results = []
+    with SerialMcu(port, baud, timeout) as mcu:
+        info = mcu.handshake(data)
+        recorder = power.start() if power is not None else None
+        try:
+            results = mcu.run_many(arrays, out_sizes, progress)
+        except McuRunAborted as exc:
+            results = exc.results
+            report.error = str(exc)
+        finally:
+            if recorder is not None:
+                summary = recorder.stop()
+                report.energy = summary.to_json(len(results), float(d.get("power", {}).get("idle_w", 0.0)))
+    report.arena = {"configured": info.arena, "used": info.used, "fits": True, "board": info.board}
+    if info.simulated:  # the fake MCU: its ticks come from the cost model, not a clock
+        report.simulated = True
+        report.device += " (simulated)"
+    if results:
+        report.arena["used"] = max(r.arena_used for r in results)
+    report.latency = LatencyStats.of([r.seconds for r in results])
+    if report.latency:
+        report.throughput_per_s = 1.0 / report.latency.median_s if report.latency.median_s else None
+    host_lat = LatencyStats.of([r.host_s for r in results])
+    if host_lat:
+        report.notes.append(f"host round trip (link included): median {host_lat.median_s * 1e3:.2f} ms")
+    # Per-op: median ticks per op index over the inferences.
+    per_op: dict[tuple[int, str], list[int]] = {}
+    for r in results:
+        for idx, tag, ticks in r.ops:
+            per_op.setdefault((idx, tag), []).append(ticks)
+    tps = max(1, info.ticks_per_s)
+    report.ops = [{"index": idx, "opcode": tag, "ticks": int(np.median(t)), "seconds": float(np.median(t)) / tps}
+                  for (idx, tag), t in sorted(per_op.items())]
+    # Outputs against TFLite Micro on the host.
+    exact = True
+    for x, r in zip(arrays, results):
+        want = host.run(x)
+        for w, got in zip(want, r.outputs):
+            if np.ascontiguousarray(w).tobytes() != got:
+                exact = False
+    report.verified = exact if results else None
+    return report

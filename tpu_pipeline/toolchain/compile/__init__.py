@@ -1,0 +1,111 @@
+"""`tpu-pipeline compile`: the passes in order, run by the driver, then one atomic write.
+
+    load -> fit (--budget) or rewrite -> schedule -> plan -> emit -> partition -> segments -> [verify] -> edgetpu_compiler
+    -> report.json -> the output folder, swapped in whole
+
+`semantics` says whose memory model the rewrite and schedule passes minimise: "tflite" (default:
+the Coral host runs the segments in LiteRT) or "tflm". The plan pass writes TFLite Micro's offline
+memory plan for the final order into the whole model (LiteRT ignores that metadata).
+
+To add a pass: write `passes/<name>.py` with `def <name>(state, allowed) -> (state, PassRecord)`
+and put a `Pass` for it in `PASSES` (driver.py says what `share` and `optional` mean).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_pipeline.toolchain.compile.driver import BUDGET_FACTOR, Pass, PassError, run_passes
+from tpu_pipeline.toolchain.compile.report import build_report
+from tpu_pipeline.toolchain.compile.output import check_result_folder, write_result_folder
+from tpu_pipeline.toolchain.compile.passes.edgetpu import edgetpu
+from tpu_pipeline.toolchain.compile.passes.emit import emit
+from tpu_pipeline.toolchain.compile.passes.fit import fit
+from tpu_pipeline.toolchain.compile.passes.load import load
+from tpu_pipeline.toolchain.compile.passes.partition import partition
+from tpu_pipeline.toolchain.compile.passes.plan import plan
+from tpu_pipeline.toolchain.compile.passes.rewrite import rewrite
+from tpu_pipeline.toolchain.compile.passes.schedule import schedule
+from tpu_pipeline.toolchain.compile.passes.segments import segments
+from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
+from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
+from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.memory import get_semantics
+from tpu_pipeline.toolchain.partition import STRATEGY_NAMES, Partition
+from tpu_pipeline.toolchain.report import json_default
+
+PASSES: list[Pass] = [
+    Pass("load", load),
+    Pass("fit", fit, share=1.0, when=lambda o: o.budget is not None),
+    Pass("rewrite", rewrite, share=1.0, optional=True, when=lambda o: o.budget is None),
+    Pass("schedule", schedule, share=1.0, optional=True),
+    Pass("plan", plan, share=0.5, optional=True),
+    Pass("emit", emit),
+    Pass("partition", partition, share=1.0),
+    Pass("segments", segments, share=0.3),
+    Pass("verify", verify, when=lambda o: o.verify),
+    Pass("edgetpu_compiler", edgetpu),
+]
+# fit and rewrite never run together (`when`): each configuration stays within the budget
+assert all(sum(p.share for p in PASSES if p.name != skip) < BUDGET_FACTOR for skip in ("fit", "rewrite"))
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    stem: str
+    report: dict
+    files: list[str]
+    partition: Partition
+    passes: list[PassRecord]
+    notes: list[str]
+
+
+def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
+                    time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
+                    passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
+                    semantics: str = "tflite", budget: int | None = None) -> CompileOptions:
+    """Check the options (UsageError) and the output folder before any work."""
+    paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
+    if not paths:
+        raise UsageError("no model given")
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise UsageError("the same model is given twice; co-deployment needs distinct files")
+    if strategy not in STRATEGY_NAMES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
+    if not (0 < time_limit < float("inf")):
+        raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
+    get_semantics(semantics)  # UsageError for an unknown name
+    if budget is not None:
+        if budget <= 0:
+            raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
+        semantics = "tflm"  # the budget is a TFLite Micro arena: every pass minimises that
+    dev = load_device(device)
+    if dev.kind != "edgetpu":
+        raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
+                         "(use `tpu-pipeline profile` for MCUs)")
+    stem = "+".join(p.stem for p in paths)
+    out = Path(out_dir) if out_dir is not None else Path("out") / stem
+    check_result_folder(out, list(paths))
+    return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
+                          semantics, budget)
+
+
+def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:
+    opts = compile_options(paths, n, out_dir, **options)
+    state, records = run_passes(PASSES, CompileState(opts), progress)
+    files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
+    names = [*files, "report.json"]
+    report = build_report(state, records, names)
+    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
+                                   list(opts.paths))
+    return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
+                         list(report["notes"]))
+
+
+__all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",
+           "compile_options", "compile_models", "verify_chain"]

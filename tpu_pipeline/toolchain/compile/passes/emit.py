@@ -1,0 +1,19 @@
+"""Serialise the optimised whole model: the graph written back into the model as read, with the
+plan pass's offsets as TFLite Micro's offline memory plan. `to_model` keeps tensor and op
+positions, so the graph indexes these bytes as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.ir import to_model
+from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
+
+
+def emit(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
+    whole = to_model(state.graph, state.template)
+    if state.offline_plan is not None:
+        whole = with_offline_plan(whole, list(state.offline_plan))
+    data = model_to_bytes(whole)
+    return dataclasses.replace(state, whole=data), PassRecord("emit", "ran", 0.0, {"bytes": len(data)})

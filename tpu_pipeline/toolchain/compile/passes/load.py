@@ -1,0 +1,49 @@
+"""Read the input model(s) (validated by our reader, then loaded once by LiteRT), merge
+co-deployed ones, give every tensor a unique name (segments chain by name) and check that -n can
+be met before anything expensive runs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.partition import PartitionProblem
+from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
+from tpu_pipeline.toolchain.tflite.extract import merge_models, runtime_exact_model
+
+
+def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
+    opts = state.options
+    sources, models, notes = [], [], []
+    for p in opts.paths:
+        data = read_bytes(p)  # ModelError naming what is wrong with the path
+        models.append(read_model(data, name=str(p)))
+        sources.append((str(p), data))
+        unresolved = check_loads_in_litert(data, str(p))  # ModelError when LiteRT cannot load it
+        if unresolved:
+            notes.append(unresolved)
+    if len(models) == 1:
+        model, prefixes = models[0], ("",)
+    else:
+        prefixes = tuple(f"{p.stem}/" for p in opts.paths)
+        model = merge_models(models, list(prefixes), name=opts.stem)
+    # what would make TFLite Micro read bytes it never wrote (placeholder shapes, SPACE_TO_BATCH_ND
+    # padding) is taken out first, so every order and plan below gives the same TFLM outputs
+    model, exact_notes = runtime_exact_model(model)
+    notes += exact_notes
+    graph, renamed = from_model(model).with_unique_tensor_names()
+    if renamed:
+        notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")
+    if not graph.ops:
+        raise ModelError(f"{opts.paths[0]}: the model has no operators")
+    for t in (*graph.inputs, *graph.outputs):
+        graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
+    PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
+    state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph,
+                                other_subgraph_tensors=total_tensor_count(model) - len(graph.tensors),
+                                notes=state.noted(*notes))
+    return state, PassRecord("load", "ran", 0.0, {"ops": len(graph.ops), "models": len(opts.paths)})

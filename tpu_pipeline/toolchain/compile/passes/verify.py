@@ -1,0 +1,76 @@
+"""--verify: the segments chained in LiteRT against the optimised whole model (bit-identical), the
+optimised whole model against the input(s) in LiteRT, and in TFLite Micro where it is fast enough."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.errors import VerificationError
+from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
+from tpu_pipeline.toolchain.ir import from_model, macs
+from tpu_pipeline.toolchain.partition.host import runnable_part, verification_scope
+from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.extract import runtime_exact_model
+
+# TFLite Micro runs the reference kernels: seconds per inference for the largest zoo models.
+TFLM_VERIFY_MAX_MACS = 300_000_000
+
+
+def _verify_in_tflm(source: bytes, whole: bytes, whole_model, graph) -> dict:
+    """The optimised whole model against the input model in TFLite Micro: integer outputs
+    bit-identical, float within rounding. The reference is the input with what TFLite Micro would
+    read unwritten taken out (`runtime_exact_model`: on the raw input its outputs depend on the
+    arena's earlier contents), in the input's own op order."""
+    total = sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
+    if total > TFLM_VERIFY_MAX_MACS:
+        return {"skipped": f"{total / 1e9:.1f} GMACs: too slow for TFLite Micro's reference kernels here"}
+    reference = model_to_bytes(runtime_exact_model(read_model(source))[0])
+    result = verify_models(reference, whole, runs=2, runtimes=("tflm",))[0]
+    if result.outputs and not result.ok:
+        worst = max(o.max_abs for o in result.outputs)
+        raise VerificationError(f"the optimised model differs from the input in TFLite Micro (max |diff| {worst:g})")
+    return {**result.to_json(), "hazards": tflm_hazards(whole_model)}
+
+
+def is_integer_model(graph) -> bool:
+    return not any(t.dtype.startswith("float") for t in graph.tensors if t.kind == "activation")
+
+
+def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
+    o, graph, part = state.options, state.graph, state.partition
+    whole = read_model(state.whole)
+    # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
+    scope = verification_scope(whole, graph, part.stages, part.interfaces)
+    verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
+    verification["scope"] = scope.to_json()
+    notes = []
+    if scope.complete:
+        reference = [(label, data, pre) for (label, data), pre in zip(state.sources, state.prefixes)]
+        optimised = state.whole
+    elif len(state.sources) == 1:  # compare the runnable parts of the input and of the result
+        label, data = state.sources[0]
+        source = runtime_exact_model(read_model(data))[0]
+        reference = [(label, runnable_part(source, from_model(source))[0], "")]
+        optimised = runnable_part(whole, graph)[0]
+    else:
+        reference = None
+    if reference is not None:
+        # the optimised whole model against the input(s): integer models must match exactly;
+        # float models may differ by rounding where a rewrite reassociated sums (reported)
+        src = verify_chain(reference, [optimised], exact=is_integer_model(graph))
+        verification["whole_vs_source"] = {k: src[k] for k in ("bit_identical", "max_abs_diff", "outputs_compared")}
+        if not src["bit_identical"]:
+            notes.append(f"float model: the optimised model differs from the input by at most "
+                         f"{src['max_abs_diff']:g} (rewrites reassociate float sums); the segments match the "
+                         "optimised model exactly")
+    if not scope.complete:
+        notes.append(f"verification skipped {len(scope.skipped_ops)} op(s) LiteRT cannot run here "
+                     f"({'; '.join(scope.reasons)}); outputs not compared: "
+                     f"{', '.join(scope.unverified_outputs) or 'none'}")
+        verification["whole_vs_source_tflm"] = {"skipped": "the model has ops TFLite Micro cannot run here"}
+    elif len(state.sources) == 1:
+        verification["whole_vs_source_tflm"] = _verify_in_tflm(state.sources[0][1], state.whole, whole, graph)
+    state = dataclasses.replace(state, verification=verification, notes=state.noted(*notes))
+    return state, PassRecord("verify", "ran", 0.0, verification)

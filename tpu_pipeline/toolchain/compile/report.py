@@ -1,0 +1,57 @@
+"""report.json's content: what compile found and wrote, for people and for `tpu-pipeline run`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tpu_pipeline.toolchain.compile.passes.verify import is_integer_model
+from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+
+
+def build_report(state: CompileState, records: list[PassRecord], files: list[str]) -> dict:
+    o, graph, part = state.options, state.graph, state.partition
+    name = lambda t: graph.tensors[t].name  # noqa: E731
+    notes = list(state.notes)
+    if not is_integer_model(graph):
+        notes.append("the model is not fully int8/uint8: the Edge TPU runs only quantized models, so these "
+                     "predictions describe a hypothetical int8 version")
+    base = part.baseline
+    report = {
+        "model": f"{o.stem}.tflite",
+        "source": str(o.paths[0]) if len(o.paths) == 1 else [str(p) for p in o.paths],
+        "num_segments": o.n,
+        "device": o.device.name,
+        "strategy": o.strategy,
+        "inputs": [name(t) for t in graph.inputs],
+        "outputs": [name(t) for t in graph.outputs],
+        "segments": [s.report for s in state.segments],
+        "predicted": part.cost.to_json(),
+        "solver": {"proven_optimal": part.proven_optimal, "primary_proven": part.primary_proven,
+                   "proven_steps": list(part.proven_steps), "seconds": part.seconds, "objectives": part.objectives,
+                   "lower_bounds": part.bounds, "time_limit_s": o.time_limit, "colocate_consumers": o.colocate,
+                   "stopped_by": list(part.stopped_by), "reproducible": part.reproducible,
+                   # the period is the pipeline simulator's; the solver's bound and its proof (cpsat.refine_by_simulation)
+                   "simulator_optimal": part.sim_proven, "simulated_candidates": part.sim_candidates,
+                   "period_lower_bound_s": part.period_lower_bound_ps / 1e12},
+        "baseline": None if base is None else {
+            "name": "coral parameter-count heuristic (libcoral)",
+            "segments": [{"index": k, "ops": s.ops, "parameter_bytes": s.param_bytes, "offchip_bytes": s.offchip_bytes,
+                          "in_bytes": s.in_bytes, "out_bytes": s.out_bytes, "predicted_latency_s": s.latency_s}
+                         for k, s in enumerate(base.cost.stages)],
+            "predicted": base.cost.to_json(), "note": base.note},
+        "gain_throughput": part.gain,
+        "passes": [dataclasses.asdict(r) for r in records],
+        "verification": state.verification,
+        "edgetpu_compiler": state.edgetpu_compiler,
+        "notes": notes,
+        "files": files,
+    }
+    if len(o.paths) > 1:
+        # one push runs every model once through the shared TPUs and link: each model's simulated
+        # throughput is the pipeline's
+        report["models"] = [{"model": str(p), "prefix": pre,
+                             "inputs": [name(t) for t in graph.inputs if name(t).startswith(pre)],
+                             "outputs": [name(t) for t in graph.outputs if name(t).startswith(pre)],
+                             "predicted_throughput_per_s": part.cost.throughput_per_s}
+                            for p, pre in zip(o.paths, state.prefixes)]
+    return report

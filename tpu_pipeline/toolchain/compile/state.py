@@ -1,0 +1,76 @@
+"""The plain values the compile passes hand each other.
+
+A pass never edits a state: it returns a new one (`dataclasses.replace`) and a `PassRecord`
+saying what it did. The options are fixed for the whole run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpu_pipeline.toolchain.cost.devices import Device
+from tpu_pipeline.toolchain.ir import Graph
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    paths: tuple[Path, ...]
+    n: int
+    out_dir: Path
+    device: Device
+    strategy: str = "latency"
+    time_limit: float = 10.0
+    verify: bool = False
+    colocate: bool = False
+    passes: tuple[str, ...] = ("rewrite", "schedule", "plan")   # the optional passes that run
+    workers: int = 2
+    semantics: str = "tflite"
+    budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
+
+    @property
+    def stem(self) -> str:
+        return "+".join(p.stem for p in self.paths)
+
+    @property
+    def label(self) -> str:
+        """How messages name the input: its path, or the co-deployment's stem."""
+        return str(self.paths[0]) if len(self.paths) == 1 else self.stem
+
+
+@dataclass(frozen=True)
+class SegmentFile:
+    """One pipeline segment as written: its file name, bytes and report entry."""
+    file: str
+    data: bytes
+    report: dict
+
+
+@dataclass(frozen=True)
+class CompileState:
+    options: CompileOptions
+    sources: tuple[tuple[str, bytes], ...] = ()    # (label, bytes) of each input model
+    prefixes: tuple[str, ...] = ()                 # tensor-name prefix of each input (co-deployment)
+    template: Any = None                           # the model as read: `emit` writes the graph back into it
+    other_subgraph_tensors: int = 0                # tensors of WHILE/IF bodies, which the IR leaves alone
+    graph: Graph | None = None                     # the IR; tensor k and op k are those of `whole`
+    offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
+    whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
+    partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition
+    segments: tuple[SegmentFile, ...] = ()
+    verification: dict | None = None
+    edgetpu_compiler: dict | None = None           # what edgetpu_compiler did, when it is on PATH
+    extra_files: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) written beside the segments
+    notes: tuple[str, ...] = ()
+
+    def noted(self, *notes: str) -> tuple[str, ...]:
+        return self.notes + tuple(notes)
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    name: str
+    status: str                 # "ran", "no gain" or "skipped"
+    seconds: float = 0.0
+    detail: dict = field(default_factory=dict)

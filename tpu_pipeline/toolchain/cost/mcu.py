@@ -1,0 +1,220 @@
+"""MCU latency and energy model: instructions fitted on QEMU, converted to time per board.
+
+Each op's instructions = per_unit x work + per_output x output elements + overhead, with the
+coefficients of its fit class and kernel set from tpu_pipeline.toolchain/data/mcu_cost.toml (least squares on
+the per-op instruction counts the harness firmware reports in QEMU; `tools/fit_mcu_cost.py`
+refits them). Work is the op's multiply-accumulates (`tpu_pipeline.toolchain.ir.macs`: MACs for convolutions
+and fully connected layers, window reads for pooling, input elements for reductions), its output
+elements for other element-wise ops, and for ops that only move data (concatenation, pad,
+slices, space/batch, resize, reshape) the contiguous runs they copy. A board turns instructions into cycles with its
+`[compute] cycles_per_instruction` (core timing and flash wait states, cited in its TOML) at
+`clock_hz`; energy = latency x `[power] active_w`.
+
+A descriptor without `cycles_per_instruction` (a user's own TOML) keeps the older per-class
+`[compute.cycles_per_mac]` rates: cycles = rate x work.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from tpu_pipeline.toolchain.cost.classes import OP_CLASSES, op_class
+from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.ir import Graph, macs
+from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.memory.scratch import tflm_padding
+
+KERNEL_SETS = ("cmsis-nn", "reference")
+# Fit classes with no measurements of their own fall back along this chain.
+_FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_batch": "data_movement",
+             "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
+             "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
+             "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
+             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other"}
+DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
+_FIT_CLASS = {
+    "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
+    "QUANTIZE": "quantize", "DEQUANTIZE": "quantize", "MAX_POOL_2D": "max_pool", "AVERAGE_POOL_2D": "average_pool",
+    "MEAN": "mean", "SUM": "mean", "SOFTMAX": "softmax", "CONCATENATION": "concatenation", "PAD": "pad",
+    "PADV2": "pad", "STRIDED_SLICE": "strided_slice", "SLICE": "strided_slice", "SPACE_TO_BATCH_ND": "space_batch",
+    "BATCH_TO_SPACE_ND": "space_batch", "RESIZE_NEAREST_NEIGHBOR": "resize", "RESIZE_BILINEAR": "resize",
+    "RESHAPE": "reshape", "SQUEEZE": "reshape", "EXPAND_DIMS": "reshape"}
+
+
+def device_dict(device: Any) -> dict:
+    """The parsed descriptor of a Device (its `.raw`), a dict, or a name/path to load (validated)."""
+    if isinstance(device, dict):
+        return device
+    if hasattr(device, "raw"):
+        return dict(device.raw)
+    return dict(load_device(str(device)).raw)
+
+
+@dataclass(frozen=True)
+class OpFeatures:
+    fit_class: str
+    work: int  # MACs (or window reads, input elements); output elements for data movement
+    outputs: int  # output elements
+
+
+def op_features(graph: Graph, i: int) -> OpFeatures:
+    """The fit class and work of op `i` (what the fitted coefficients multiply)."""
+    op = graph.ops[i]
+    outputs = sum(graph.tensors[t].num_elements for t in op.outputs if t >= 0)
+    cls = _FIT_CLASS.get(op.opcode) or {"conv": "conv", "depthwise": "depthwise"}.get(op_class(op.opcode), "other")
+    if op.opcode == "CONV_2D" and _is_1x1(graph, op):
+        cls = "conv_1x1"
+    elif op.opcode == "DEPTHWISE_CONV_2D":
+        cls = _depthwise_path(graph, op)
+    if cls in DATA_MOVEMENT:
+        return OpFeatures(cls, _chunks(graph, op), int(outputs))
+    m = macs(graph, i)
+    work = outputs if cls == "other" or not m else m
+    return OpFeatures(cls, int(work), int(outputs))
+
+
+def _chunks(graph: Graph, op) -> int:
+    """Contiguous runs a data-movement kernel copies (each a memcpy or an inner loop): the output's
+    rows (all dimensions but the last); for a concatenation, the outer size times the inputs."""
+    out = graph.tensors[op.outputs[0]].shape if op.outputs and op.outputs[0] >= 0 else ()
+    if op.opcode == "CONCATENATION" and out:
+        axis = getattr(op.options, "axis", -1) % len(out)
+        outer = 1
+        for d in out[:axis]:
+            outer *= d
+        return outer * sum(1 for t in op.inputs if t >= 0)
+    rows = 1
+    for d in out[:-1]:
+        rows *= d
+    return rows
+
+
+def _is_1x1(graph: Graph, op) -> bool:
+    w = graph.tensors[op.inputs[1]].shape
+    o = op.options
+    return w[1] == 1 and w[2] == 1 and getattr(o, "dilation_w", 1) == 1 and getattr(o, "dilation_h", 1) == 1
+
+
+def _depthwise_path(graph: Graph, op) -> str:
+    """The kernel arm_depthwise_conv_wrapper_s8 picks (Cortex-M4, no MVE): the 3x3 kernel, the
+    "opt" im2col kernel (both batch 1, one output channel per input channel, no dilation), else the
+    generic one; also a shape class for the reference kernels."""
+    x, w = graph.tensors[op.inputs[0]].shape, graph.tensors[op.inputs[1]].shape
+    o = op.options
+    if x[0] != 1 or getattr(o, "depth_multiplier", 1) != 1 or o.dilation_w != 1 or o.dilation_h != 1:
+        return "depthwise"
+    if w[1] == 3 and w[2] == 3 and tflm_padding(x[1], 3, o.stride_h, 1, o.padding) <= 1 \
+            and tflm_padding(x[2], 3, o.stride_w, 1, o.padding) <= 1:
+        return "depthwise_3x3"
+    return "depthwise_opt"
+
+
+@lru_cache(maxsize=1)
+def fitted_table() -> dict:
+    """tpu_pipeline/toolchain/data/mcu_cost.toml: {kernels: {fit class: {per_unit, per_output, overhead}}}."""
+    from tpu_pipeline.toolchain.data import DATA_DIR
+
+    path = DATA_DIR / "mcu_cost.toml"
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{path}: the fitted MCU cost model cannot be read ({exc}); "
+                         "refit it with tools/fit_mcu_cost.py") from None
+
+
+def coefficients(table: dict, cls: str) -> dict:
+    """The coefficients for fit class `cls`, following the fallback chain to a fitted class."""
+    c = cls
+    while c not in table:
+        if c not in _FALLBACK:
+            raise UsageError(f"the MCU cost model has no coefficients for op class '{cls}' (nor 'other')")
+        c = _FALLBACK[c]
+    return table[c]
+
+
+def predict_instructions(f: OpFeatures, table: dict) -> float:
+    c = coefficients(table, f.fit_class)
+    return c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c["overhead"]
+
+
+@dataclass(frozen=True)
+class McuOpCost:
+    index: int  # position in graph.ops
+    opcode: str
+    op_class: str
+    work: int  # MACs, or output elements for ops without MACs
+    cycles: float
+    seconds: float
+    instructions: float | None = None  # fitted model (None with a descriptor's cycles_per_mac)
+    fit_class: str | None = None
+
+
+@dataclass(frozen=True)
+class McuEstimate:
+    device: str
+    clock_hz: float
+    ops: tuple[McuOpCost, ...]
+    cycles: float
+    latency_s: float
+    energy_j: float
+    active_w: float
+    kernels: str = "cmsis-nn"
+    instructions: float | None = None
+    cycles_per_instruction: float | None = None
+    source: str = "fitted"  # "fitted" (QEMU instructions x CPI) or "cycles_per_mac" (descriptor rates)
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "clock_hz": self.clock_hz, "cycles": self.cycles,
+                "latency_s": self.latency_s, "energy_j": self.energy_j, "active_w": self.active_w,
+                "kernels": self.kernels, "instructions": self.instructions,
+                "cycles_per_instruction": self.cycles_per_instruction, "source": self.source,
+                "ops": [o.__dict__ for o in self.ops]}
+
+
+def mcu_params(device: Any) -> tuple[str, float, dict[str, float], float]:
+    d = device_dict(device)
+    try:
+        clock = float(d["compute"]["clock_hz"])
+        cpm = {k: float(v) for k, v in d["compute"]["cycles_per_mac"].items()}
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"device '{d.get('name', '?')}' has no [compute] clock_hz and cycles_per_mac "
+                         "(is it an MCU descriptor?)") from None
+    for c in OP_CLASSES:
+        cpm.setdefault(c, cpm.get("other", 4.0))
+    active = float(d.get("power", {}).get("active_w", 0.0))
+    return str(d.get("name", "mcu")), clock, cpm, active
+
+
+def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEstimate:
+    """Predicted cycles, latency and energy of one inference of `graph` on an MCU with the
+    TFLite Micro `kernels` ("cmsis-nn" or "reference")."""
+    if kernels not in KERNEL_SETS:
+        raise UsageError(f"unknown kernel set '{kernels}' (choose from {', '.join(KERNEL_SETS)})")
+    name, clock, cpm, active = mcu_params(device)
+    cpi = device_dict(device).get("compute", {}).get("cycles_per_instruction")
+    tables = fitted_table() if cpi is not None else {}
+    table = tables.get(kernels)
+    ops = []
+    for i, op in enumerate(graph.ops):
+        cls = op_class(op.opcode)
+        if table is not None:
+            f = op_features(graph, i)
+            # the harness's direct convolution is the reference kernel (tpu_pipeline.toolchain.ir.kernels)
+            instr = predict_instructions(f, tables["reference"] if op.kernel == DIRECT else table)
+            cycles = instr * float(cpi)
+            ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
+            continue
+        m = macs(graph, i)
+        if not m:
+            m = sum(graph.tensors[t].num_elements for t in op.outputs if t >= 0)
+        cycles = cpm[cls] * m
+        ops.append(McuOpCost(i, op.opcode, cls, int(m), cycles, cycles / clock))
+    total = sum(o.cycles for o in ops)
+    latency = total / clock
+    instructions = sum(o.instructions for o in ops) if table is not None else None
+    return McuEstimate(name, clock, tuple(ops), total, latency, latency * active, active, kernels, instructions,
+                       float(cpi) if table is not None else None, "fitted" if table is not None else "cycles_per_mac")

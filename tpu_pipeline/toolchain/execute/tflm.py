@@ -1,0 +1,151 @@
+"""TFLite Micro on the host (its reference kernels): in this process, or in a child process when
+its C++ side may abort or its stderr (file descriptor 2) must be read.
+
+Outputs of TFLite Micro are only ever compared with outputs of TFLite Micro (FACTS.md: its
+kernels can differ from LiteRT's by 1 LSB on int8 models).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError
+
+CHECKOUT = Path(__file__).resolve().parents[3]  # the checkout, so a child imports this same toolchain
+
+
+def tflm_interpreter(data: bytes, arena_size: int):
+    """TFLite Micro's interpreter over `data` with an arena of `arena_size` bytes (its own
+    exception when it cannot allocate the model)."""
+    import tflite_micro.python.tflite_micro.runtime as runtime  # TFLite Micro's module, not ours
+
+    from tpu_pipeline.toolchain.execute.litert import host_view
+
+    return runtime.Interpreter.from_bytes(host_view(bytes(data)), arena_size=int(arena_size))
+
+
+def io_counts(data: bytes) -> tuple[int, int]:
+    """(inputs, outputs) of the main subgraph. The binding has no count, and asking it for one
+    past the end prints an error on the C++ side, so the count comes from the model itself."""
+    from tpu_pipeline.toolchain.tflite import read_model
+
+    sg = read_model(bytes(data)).subgraphs[0]
+    return len(sg.inputs if sg.inputs is not None else []), len(sg.outputs if sg.outputs is not None else [])
+
+
+def io_details(interp, which: str, data: bytes) -> list[dict]:
+    """Input ("input") or output ("output") details of a TFLite Micro interpreter over `data`."""
+    n_in, n_out = io_counts(data)
+    get = interp.get_input_details if which == "input" else interp.get_output_details
+    return [get(i) for i in range(n_in if which == "input" else n_out)]
+
+
+def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np.ndarray]:
+    """Outputs of one TFLite Micro run on `inputs` (by position); ModelError if it cannot run."""
+    try:
+        it = tflm_interpreter(data, arena_size)
+        for i, x in enumerate(inputs):
+            it.set_input(x, i)
+        it.invoke()
+        return [np.array(it.get_output(i)) for i in range(io_counts(data)[1])]
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+
+
+class TflmModel:
+    """A TFLite Micro interpreter over `model_bytes` with an arena of `arena_size` bytes, as an
+    MCU would run it.
+
+    Raises InfeasibleError when the model does not fit the arena, ModelError when TFLM cannot
+    run it at all (an unsupported op, say)."""
+
+    def __init__(self, model_bytes: bytes, arena_size: int, label: str = "model"):
+        try:
+            self._interp = tflm_interpreter(model_bytes, arena_size)
+        except RuntimeError as exc:
+            text = " ".join(str(exc).split())
+            if "allocate" in text.lower() or "memory" in text.lower():
+                raise InfeasibleError(f"{label}: does not fit a {arena_size:,}-byte TFLite Micro arena ({text[:160]})") from None
+            raise ModelError(f"{label}: TFLite Micro cannot load it ({text[:160]})") from None
+        from tpu_pipeline.toolchain.ir import from_model
+        from tpu_pipeline.toolchain.tflite import read_model
+
+        graph = from_model(read_model(bytes(model_bytes), name=label))
+        self.input_names = tuple(graph.tensors[t].name for t in graph.inputs)
+        self.output_names = tuple(graph.tensors[t].name for t in graph.outputs)
+        def spec(d):
+            return np.dtype(d["dtype"]), tuple(int(x) for x in d["shape"])
+
+        # (dtype, shape) of each input and output, in the model's order
+        self.inputs = [spec(self._interp.get_input_details(i)) for i in range(len(graph.inputs))]
+        self.outputs = [spec(self._interp.get_output_details(i)) for i in range(len(graph.outputs))]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        for k, x in enumerate(inputs):
+            dtype, shape = self.inputs[k]
+            self._interp.set_input(np.asarray(x, dtype=dtype).reshape(shape), k)
+        self._interp.invoke()
+        return [np.array(self._interp.get_output(k)) for k in range(len(self.outputs))]
+
+
+def run_tflm_in_child(model: bytes | Path, inputs=None, seed: int = 0, arena_size: int = 64 * 1024 * 1024,
+                      timeout: float = 300.0) -> list[np.ndarray]:
+    """Outputs of TFLite Micro run in a child Python process (its C++ side may abort), on
+    `inputs` or, when None, on `tpu_pipeline.toolchain.execute.inputs.random_inputs` for TFLite Micro's own
+    input details from `seed`. ModelError with the child's last stderr line if it fails."""
+    return _in_child(model, None if inputs is None else [inputs], seed, arena_size, timeout)[0]
+
+
+def run_tflm_sets_in_child(model: bytes | Path, input_sets, arena_size: int = 64 * 1024 * 1024,
+                           timeout: float = 1800.0) -> list[list[np.ndarray]]:
+    """Outputs of TFLite Micro on each of `input_sets` (each a list by position), in one child
+    process: what a check runs next to the process's own runs (a large model takes seconds per
+    run in the reference kernels, and the machine has more than one core)."""
+    return _in_child(model, list(input_sets), 0, arena_size, timeout)
+
+
+def _in_child(model, input_sets, seed, arena_size, timeout) -> list[list[np.ndarray]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(model) if isinstance(model, (str, Path)) else Path(tmp) / "model.tflite"
+        if not isinstance(model, (str, Path)):
+            path.write_bytes(bytes(model))
+        given = Path(tmp) / "inputs.npz"
+        if input_sets is not None:
+            np.savez(given, **{f"s{i}_{k}": x for i, xs in enumerate(input_sets) for k, x in enumerate(xs)})
+        out = Path(tmp) / "outputs.npz"
+        code = "import sys; from tpu_pipeline.toolchain.execute.tflm import _child; _child(*sys.argv[1:])"
+        proc = subprocess.run([sys.executable, "-c", code, str(path.resolve()), str(given if input_sets is not None else ""),
+                               str(seed), str(arena_size), str(out)],
+                              capture_output=True, text=True, timeout=timeout, cwd=str(CHECKOUT))
+        if proc.returncode != 0 or not out.exists():
+            last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+            raise ModelError(f"{path.name}: TFLite Micro failed in a child process ({last[:300]})")
+        with np.load(out) as z:
+            return _unpack_sets(z)
+
+
+def _unpack_sets(z) -> list[list[np.ndarray]]:
+    keys = sorted((tuple(int(p) for p in k[1:].split("_")), k) for k in z.files)
+    sets: list[list[np.ndarray]] = [[] for _ in range(max((i for (i, _), _ in keys), default=-1) + 1)]
+    for (i, _), k in keys:
+        sets[i].append(z[k])
+    return sets
+
+
+def _child(path: str, given: str, seed: str, arena_size: str, out: str) -> None:
+    """Runs in the child of `_in_child`: one run per input set (one seeded set when none given)."""
+    from tpu_pipeline.toolchain.execute.inputs import seeded_inputs
+
+    data = Path(path).read_bytes()
+    if given:
+        with np.load(given) as z:
+            sets = _unpack_sets(z)
+    else:
+        sets = [seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed))]
+    np.savez(out, **{f"s{i}_{k}": y for i, xs in enumerate(sets)
+                     for k, y in enumerate(run_tflm(data, xs, int(arena_size)))})

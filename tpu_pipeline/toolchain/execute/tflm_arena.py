@@ -1,0 +1,97 @@
+"""Ask the real TFLite Micro interpreter how much arena a model takes.
+
+`tflite_micro.runtime.Interpreter` has no getter for the arena: `print_allocations()` writes
+`[RecordingMicroAllocator] Arena allocation head N bytes` (and tail, total) to C stderr. Reading
+file descriptor 2 from inside the same process is fragile, so the measurement runs in a child
+Python process that prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.tflm import CHECKOUT
+
+_FIGURE = re.compile(r"Arena allocation (head|tail|total) (\d+) bytes")
+
+
+@dataclass(frozen=True)
+class TflmArena:
+    head: int
+    tail: int
+    total: int
+
+
+def check_tflm_dtypes(model, label: str | None = None) -> None:
+    """ModelError when the model has tensors TFLite Micro has no kernels for (float16).
+
+    `model` is a ModelT, the .tflite bytes or a path. Without this check TFLite Micro fails to
+    allocate and the caller can only say "cannot run with any arena", which reads like a size
+    problem."""
+    from tpu_pipeline.toolchain.tflite import tensor_names_of_type
+
+    if isinstance(model, (str, Path)):
+        label = label or str(model)
+        try:
+            model = Path(model).read_bytes()
+        except OSError:
+            return  # the caller's own read says what is wrong with the file
+    found = tensor_names_of_type(model, "float16")
+    if found:
+        where = f"{label}: " if label else ""
+        raise ModelError(f"{where}TFLite Micro cannot run float16 tensors ({len(found)} in the model, e.g. "
+                         f"'{found[0]}'; convert it without float16 quantization, as float32 or int8)")
+
+
+def _child(path: str, arena_size: int, invoke: bool) -> None:
+    """Runs in the child: allocate (and optionally invoke), then print the allocation report."""
+    import numpy as np
+
+    from tpu_pipeline.toolchain.execute.tflm import io_details, tflm_interpreter
+
+    data = Path(path).read_bytes()
+    interp = tflm_interpreter(data, arena_size)
+    if invoke:
+        for i, d in enumerate(io_details(interp, "input", data)):
+            interp.set_input(np.zeros(d["shape"], dtype=d["dtype"]), i)
+        interp.invoke()
+    sys.stdout.flush()
+    interp.print_allocations()
+
+
+def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 1024,
+                       invoke: bool = False, timeout: float = 300.0, label: str | None = None) -> TflmArena:
+    """Head, tail and total arena bytes that real TFLite Micro allocates for `model`.
+
+    ModelError (exit 2) when TFLite Micro cannot allocate the model: float16 tensors, or any other
+    refusal in an arena of `arena_size` bytes (64 MiB by default: far more than any model needs,
+    so a refusal is the model's, not a device's)."""
+    check_tflm_dtypes(model, label)
+    with tempfile.TemporaryDirectory() as tmp:
+        if isinstance(model, (bytes, bytearray)):
+            path = Path(tmp) / "model.tflite"
+            path.write_bytes(model)
+        else:
+            path = Path(model).resolve()
+        code = ("import sys; from tpu_pipeline.toolchain.execute.tflm_arena import _child; "
+                "_child(sys.argv[1], int(sys.argv[2]), sys.argv[3] == '1')")
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(path), str(arena_size), "1" if invoke else "0"],
+            capture_output=True, text=True, timeout=timeout, cwd=str(CHECKOUT),
+        )
+    figures = dict((k, int(v)) for k, v in _FIGURE.findall(proc.stderr + proc.stdout))
+    if proc.returncode != 0 or "head" not in figures:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"{label or 'model'}: TFLite Micro cannot allocate it: {last}")
+    return TflmArena(figures["head"], figures.get("tail", 0), figures.get("total", 0))
+
+
+if __name__ == "__main__":  # pragma: no cover - manual use
+    print(json.dumps(measure_tflm_arena(sys.argv[1]).__dict__))

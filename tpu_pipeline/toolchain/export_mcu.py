@@ -1,0 +1,196 @@
+"""Export a model for the TFLite Micro harness firmware (tpu_pipeline/toolchain/data/firmware/harness).
+
+Writes into DIR: `model.tflite` (the model with our arena plan inside as TFLM's offline plan),
+`model_data.cc/.h` (that model as a 16-byte aligned C array), `op_resolver.h`
+(a MicroMutableOpResolver<N> registering only the ops the model uses), `harness_config.h` (arena
+size from our plan plus the measured tail, baud rate, clock, model CRC), the harness sources, and
+`export.json` (every figure, for tools). The arena head is checked against TFLite Micro itself.
+For a board with a `[firmware]` section it also writes the board layer (startup.c, platform.cc,
+board_uart.cc, board_config.h), a linker script with the board's flash and SRAM, and a Makefile:
+`make -C DIR` (or `tpu-pipeline build-firmware DIR`) then builds the ELF (tpu_pipeline/toolchain/firmware/).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tpu_pipeline.toolchain.data import HARNESS_DIR  # package data: found from any folder, in a wheel too
+from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError, UsageError
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, DIRECT_CONV_CODE
+from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
+
+# TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
+_ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
+                   "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV"}
+
+
+# The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom ops: the op code
+# the model names them by -> the registration call (tpu_pipeline.toolchain.ir.kernels).
+HARNESS_CUSTOM_OPS = {DIRECT_CONV_CODE: "AddCustom(tpup::kDirectConvName, tpup::Register_CONV_2D_DIRECT())"}
+
+
+def resolver_opcode(op) -> str:
+    """The op code the resolver registers `op` under: its builtin, or the harness kernel it picks."""
+    return DIRECT_CONV_CODE if op.kernel == DIRECT else op.opcode
+
+
+def resolver_method(opcode: str) -> str:
+    if opcode in HARNESS_CUSTOM_OPS:
+        return "AddCustom"
+    if opcode.startswith("CUSTOM"):
+        raise UsageError(f"custom op '{opcode}' has no TFLite Micro kernel the harness can register")
+    if opcode in _ADD_EXCEPTIONS:
+        return _ADD_EXCEPTIONS[opcode]
+    return "Add" + "".join(w if w[:1].isdigit() else w[:1] + w[1:].lower() for w in opcode.split("_"))
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: str
+    files: tuple[str, ...]
+    device: str
+    ops: tuple[str, ...]  # distinct op codes the resolver registers, in first-use order
+    model_bytes: int
+    planned_head: int  # arena head our plan gives TFLM (scratch placed by TFLM's own rule)
+    tflm_own_head: int  # what TFLM would allocate without our plan
+    measured_head: int  # what TFLM allocated with the exported model
+    measured_tail: int
+    arena_size: int  # HARNESS_ARENA_SIZE
+    sram_bytes: int
+    flash_bytes: int
+    planner: str
+    pinned_tensors: int
+    model_crc: str
+    firmware: dict | None = None  # the board's [firmware] facts when a buildable project was written
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _plan(model, graph):
+    """(tensor offsets for all subgraphs, head, planner name) from our planner."""
+    from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm
+    from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
+
+    lt = lifetimes(graph, semantics="tflm")
+    off = plan_for_tflm(graph, lt, "auto", 5.0, n_tensors=total_tensor_count(model))
+    return list(off.tensor_offsets), off.head, off.plan.planner
+
+
+def c_array(data: bytes, name: str) -> str:
+    table = [f"0x{b:02x}" for b in range(256)]
+    hexes = [table[b] for b in data]
+    rows = [", ".join(hexes[i:i + 12]) for i in range(0, len(hexes), 12)]
+    body = ",\n  ".join(rows)
+    return (f'#include "model_data.h"\n\n// {len(data)} bytes; TFLite Micro needs the flatbuffer 16-byte aligned.\n'
+            f"alignas(16) const unsigned char {name}[] = {{\n  {body}\n}};\n"
+            f"const unsigned int {name}_len = {len(data)};\n")
+
+
+def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True,
+               model_data: bytes | None = None) -> ExportResult:
+    """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.cost.mcu import device_dict
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
+
+    src = Path(model_path)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: exists and is not a directory")
+    d = device_dict(device)
+    if d.get("kind") != "mcu":
+        raise UsageError(f"device '{d.get('name', device)}' is not an MCU (kind = {d.get('kind')!r})")
+    sram = int(d["memory"]["sram_bytes"])
+    flash = int(d["memory"].get("flash_bytes", 0))
+    model = read_model(model_data, name=str(src)) if model_data is not None else read_model(src)
+    graph = from_model(model)
+    if len(model.subgraphs) > 1:
+        raise ModelError(f"{src}: {len(model.subgraphs)} subgraphs; the harness runs single-subgraph models")
+    opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
+    methods = [resolver_method(o) for o in opcodes]
+    offsets, planned_head, planner = _plan(model, graph)
+    own_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+    planned = with_offline_plan(model, offsets) if any(o >= 0 for o in offsets) else model
+    data = model_to_bytes(planned)
+    if flash and len(data) > flash:
+        raise InfeasibleError(f"{src}: the model is {len(data):,} bytes; {d['name']} has {flash:,} bytes of flash")
+    measured = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
+    if verify and measured.head > planned_head:
+        raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
+                              f"{planned_head:,} (the offline plan was not honoured)")
+    arena_size = -(-(measured.head + measured.tail) // 16) * 16
+    if arena_size > sram:
+        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena (head {measured.head:,} + tail "
+                              f"{measured.tail:,}); {d['name']} has {sram:,} bytes of SRAM")
+    crc = f"{zlib.crc32(data):08X}"
+    sg = planned.subgraphs[0]
+    files: dict[str, bytes] = {
+        "model.tflite": data,
+        "model_data.h": (b"#pragma once\n\nextern const unsigned char g_model_data[];\n"
+                         b"extern const unsigned int g_model_data_len;\n"),
+        "model_data.cc": c_array(data, "g_model_data").encode(),
+        "op_resolver.h": _resolver_header(opcodes, methods).encode(),
+    }
+    firmware = None
+    if "firmware" in d:
+        from tpu_pipeline.toolchain.firmware.project import board_firmware, project_files
+
+        firmware = board_firmware(d)
+        files.update(project_files(d))
+    files["harness_config.h"] = _config_header(d, arena_size, measured.head, crc, len(sg.inputs), len(sg.outputs),
+                                               src.name, firmware.core_clock_hz if firmware else None).encode()
+    if HARNESS_DIR.is_dir():
+        for f in sorted(HARNESS_DIR.iterdir()):
+            if f.is_file():
+                files[f.name] = f.read_bytes()
+    result = ExportResult(str(out), tuple(sorted([*files, "export.json"])), str(d.get("name", device)), opcodes,
+                          len(data), planned_head, own_head, measured.head, measured.tail, arena_size, sram,
+                          flash, planner, sum(1 for o in offsets if o >= 0), crc,
+                          firmware.to_json() if firmware else None)
+    files["export.json"] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        write_bytes_atomic(str(out / name), content)
+    return result
+
+
+def _resolver_header(opcodes, methods) -> str:
+    lines = ["#pragma once", "// Generated by tpu-pipeline export-mcu: only the ops the model uses.", "",
+             '#include "direct_conv.h"',
+             '#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"', "",
+             f"constexpr int kHarnessNumOps = {len(opcodes)};",
+             "using HarnessOpResolver = tflite::MicroMutableOpResolver<kHarnessNumOps>;", "",
+             "inline TfLiteStatus RegisterHarnessOps(HarnessOpResolver& resolver) {"]
+    for op, m in zip(opcodes, methods):
+        call = HARNESS_CUSTOM_OPS[op] if op in HARNESS_CUSTOM_OPS else f"{m}()"
+        lines.append(f"  TF_LITE_ENSURE_STATUS(resolver.{call});  // {op}")
+    lines += ["  return kTfLiteOk;", "}", ""]
+    return "\n".join(lines)
+
+
+def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: int, model_name: str,
+                   core_clock_hz: int | None = None) -> str:
+    # Ticks count at the clock the board layer really runs the core at (its [firmware] section),
+    # which may differ from the chip's maximum in [compute] clock_hz.
+    ticks = core_clock_hz or int(d["compute"]["clock_hz"])
+    return "\n".join([
+        "#pragma once", "// Generated by tpu-pipeline export-mcu.", "",
+        f'#define HARNESS_BOARD "{d.get("name", "mcu")}"',
+        f'#define HARNESS_MODEL_NAME "{model_name}"',
+        "#ifndef HARNESS_ARENA_SIZE  // make ARENA_SIZE=N overrides it",
+        f"#define HARNESS_ARENA_SIZE {arena}  // head {head} (planned, offline plan inside the model) + tail",
+        "#endif",
+        f"#define HARNESS_BAUD {int(d.get('link', {}).get('baud', 115200))}",
+        f"#define HARNESS_TICKS_PER_S {ticks}u",
+        f"#define HARNESS_NUM_INPUTS {n_in}",
+        f"#define HARNESS_NUM_OUTPUTS {n_out}",
+        f'#define HARNESS_MODEL_CRC "{crc}"',
+        "",
+    ])

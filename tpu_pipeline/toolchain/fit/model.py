@@ -1,0 +1,148 @@
+"""`fit` on a .tflite file: budget from a device, the fit, the model written and checked.
+
+Every model `fit` writes is checked before it is returned: its outputs against the input model's
+on random inputs in LiteRT and in TFLite Micro (bit-identical for integer outputs), and the arena
+head real TFLite Micro allocates with our offline plan against the predicted head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.cost.mcu import device_dict
+from tpu_pipeline.toolchain.errors import UsageError, VerificationError
+from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
+from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
+
+# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
+# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
+# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
+# reserved with headroom.
+HARNESS_STATIC_BYTES = 16 * 1024
+MAX_DEVICE_ROUNDS = 3
+DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    result: FitResult
+    data: bytes  # the model to write (offline plan inside)
+    source: bytes  # the input model as made exact for TFLite Micro (the reference of the checks)
+    verification: tuple  # tpu_pipeline.toolchain.execute.compare.Verification per runtime
+    head_measured: int | None  # the host's TFLite Micro head with our plan (real interpreter, reference kernels)
+    head_predicted_host: int | None  # what we predict it to be (= result.head for the reference kernels)
+    kernels: str  # the kernel set result.head is for
+    tail_measured: int | None  # the host interpreter's tail (64-bit)
+    tail_target: int | None  # --device: the tail on the 32-bit target (or the host's, see notes)
+    arena_available: int | None  # --device: SRAM - firmware reserve
+    budget_from: str  # "--budget" or the device it was derived from
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        d = self.result.to_json()
+        d.update(budget_from=self.budget_from, kernels=self.kernels, arena_head_bytes_measured=self.head_measured,
+                 arena_head_bytes_predicted_host=self.head_predicted_host,
+                 arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
+                 arena_bytes_available=self.arena_available,
+                 head_matches_prediction=self.head_measured == self.head_predicted_host,
+                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
+        return d
+
+
+def device_reserve(device) -> tuple[int, int]:
+    """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU descriptor."""
+    d = device_dict(device)
+    if d.get("kind") != "mcu":
+        raise UsageError(f"device '{d.get('name', device)}' is not an MCU; fit budgets come from MCU SRAM")
+    fw = d.get("firmware", {})
+    return int(d["memory"]["sram_bytes"]), int(fw.get("stack_bytes", 0)) + int(fw.get("heap_bytes", 0)) + \
+        HARNESS_STATIC_BYTES
+
+
+def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
+              kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
+              probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
+              allow_lossy: bool = False) -> FittedModel:
+    """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
+    arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
+    target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
+    an op keeps its own parameters), so the head budget is lowered by any overflow and the fit
+    redone (at most MAX_DEVICE_ROUNDS times). `allow_lossy`: the int8 partial-sum splits may be
+    chosen too; the written model is then checked within requantization (its deviation reported),
+    not bit-identical."""
+    from tpu_pipeline.toolchain.execute.compare import check_or_raise, verify_models
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+
+    if budget is None and device is None and objective == "latency":
+        raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
+    model, graph, notes = load_exact(path)
+    graph, _ = graph.with_unique_tensor_names()
+    source = model_to_bytes(model)
+    notes = list(notes)
+    deadline = Deadline(time_limit)
+    head_budget, budget_from, avail = budget, "--budget", None
+    if device is not None and budget is None:
+        sram, reserve = device_reserve(device)
+        avail, budget_from = sram - reserve, device
+        head_budget = avail - _tail(graph, kernels, source, notes)
+    for _ in range(MAX_DEVICE_ROUNDS):
+        result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
+                           kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
+                           deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
+                           model=model)
+        data = _written(result, model, path)
+        tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
+        if avail is None or not result.fits or result.head + tail <= avail:
+            break
+        head_budget -= result.head + tail - avail  # the fitted model's own tail is larger: leave room for it
+    if avail is not None and result.head + tail > avail:
+        result = replace(result, fits=False)
+        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
+                     "for the arena")
+    arena = measure_tflm_arena(data, label=str(path))
+    host_head = _host_head(result, kernels)
+    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
+        return FittedModel(result, data, source, (), arena.head, host_head, kernels, arena.tail, tail, avail,
+                           budget_from, tuple(notes))
+    verification = tuple(verify_models(source, data, runs=verify_runs, lossy_ok=allow_lossy))
+    check_or_raise(list(verification), str(path))
+    if arena.head != host_head:
+        raise VerificationError(f"{path}: TFLite Micro allocates a {arena.head:,}-byte head with the fitted model's "
+                                f"plan; {host_head:,} B were predicted")
+    return FittedModel(result, data, source, verification, arena.head, host_head, kernels, arena.tail, tail, avail,
+                       budget_from, tuple(notes))
+
+
+def _host_head(result: FitResult, kernels: str) -> int:
+    """The head the host's TFLite Micro (reference kernels, the builtin view) allocates for the
+    written model: `result.head` itself when the fit was for the reference kernels; for another
+    kernel set the same offline plan with the reference kernels' scratch placed online."""
+    if kernels == "reference" or result.offline_plan is None:
+        return result.head
+    from tpu_pipeline.toolchain.memory.tflm_target import target_head
+
+    return target_head(result.graph, "reference", result.offline_plan)[0]
+
+
+def _written(result: FitResult, model, path) -> bytes:
+    written = rewritten_model(result.graph, model)
+    if result.offline_plan is not None:
+        written = with_offline_plan(written, list(result.offline_plan), str(path))
+    return model_to_bytes(written)
+
+
+def _tail(graph, kernels: str, data: bytes, notes: list) -> int:
+    """The persistent tail on the 32-bit target (tpu_pipeline.toolchain.memory.tflm_target); where an op's
+    allocations are not modelled there, the host interpreter's tail (64-bit pointers: larger)."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.memory.tflm_target import target_tail
+
+    t = target_tail(graph, kernels)
+    if t.bytes is not None:
+        return t.bytes
+    note = f"target tail not modelled for {', '.join(t.unmodelled)}: the host's (64-bit) tail is used"
+    if note not in notes:
+        notes.append(note)
+    return measure_tflm_arena(data).tail

@@ -1,0 +1,303 @@
+"""The variants `fit` chooses from, each with a memory and a time cost.
+
+A variant covers a run of spans (`first..last`, see spans.py) and says how they run:
+- `as-is`: the span's own ops in their memory-optimal order (one per span, always there);
+- `patch`: the run executed patch by patch on a rows x cols grid (tpu_pipeline.toolchain.rewrite.patch),
+  bit-exact in int8 and float;
+- `rewrite`: one or two spans with the identity rewrites of tpu_pipeline.toolchain.rewrite (partial-convolution
+  and depthwise splits, commutes) that lower their optimal peak: the exact ones (bit-exact in int8,
+  float splits equal within rounding), and with `allow_lossy` the int8 partial-sum splits too;
+- any of them with some int8 convolutions on the harness's direct kernel, which needs no
+  im2col scratch but is slower (tpu_pipeline.toolchain.ir.kernels; `direct_twins`): a kernel variant.
+
+Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
+exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
+rewrite emits (achievable, so a selection under a budget really fits); `refine` asks the exact
+scheduler about those whose lower bound says they might do better. Before a patch variant is
+measured its figures are floors (`upgrade`). Time is the device cost model's prediction (MACs,
+halo recompute, per-op overhead): a prediction, labelled so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+from tpu_pipeline.toolchain.fit.estimate import estimate_patches
+from tpu_pipeline.toolchain.fit.spans import Span, span_graph
+from tpu_pipeline.toolchain.ir import Graph, macs
+from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, can_run_direct, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
+from tpu_pipeline.toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
+from tpu_pipeline.toolchain.schedule.api import schedule
+
+# Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
+# parameters and an invoke (tail and latency), and the exact scheduler and the runtimes' checks
+# slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
+MAX_PATCH_OPS = 4096
+
+
+@dataclass(frozen=True)
+class Variant:
+    first: int  # spans covered, inclusive
+    last: int
+    kind: str  # "as-is" | "patch" | "rewrite"
+    label: str
+    peak: int  # bytes: achievable peak of the covered spans
+    lower_bound: int  # no order of this variant peaks below it
+    latency_s: float  # predicted by the device cost model
+    macs: int
+    ops: int
+    region: Any = None  # patch: the PatchRegion
+    grid: tuple[int, int] | None = None
+    graph: Graph | None = field(default=None, compare=False, repr=False)
+    stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
+    direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
+    rewrites: tuple = ()  # rewrite: the AppliedRewrite records (tpu_pipeline.toolchain.rewrite.driver)
+    ordered: bool = False  # patch: the exact scheduler has been asked for its best order
+
+    @property
+    def proven(self) -> bool:
+        return self.stage == "measured" and self.peak <= self.lower_bound
+
+    def to_json(self) -> dict:
+        d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label,
+             "peak_bytes": self.peak, "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s,
+             "macs": self.macs, "ops": self.ops}
+        if self.grid is not None:
+            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
+        if self.direct:
+            d["direct_convolutions"] = len(self.direct)
+        if self.rewrites:
+            d["rewrites"] = [r.to_json() for r in self.rewrites]
+        return d
+
+
+def _costed(graph: Graph, device, kernels: str) -> tuple[float, int]:
+    est = estimate_mcu(graph, device, kernels=kernels)
+    return est.latency_s, sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
+
+
+def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", deadline: Deadline | None = None,
+                   progress: Progress = None) -> list[Variant]:
+    """One variant per span: its ops in the proven memory-optimal order."""
+    out = []
+    sem = tflm_semantics(kernels).name
+    for s in spans:
+        g = span_graph(graph, [s])
+        sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2), semantics=sem)
+        lat, work = _costed(g, device, kernels)
+        name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
+        out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
+                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
+    return out
+
+
+def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels: str = "cmsis-nn",
+                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None) -> list[Variant]:
+    """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
+    feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
+    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing."""
+    from tpu_pipeline.toolchain.rewrite.driver import rewrite_graph
+    from tpu_pipeline.toolchain.rewrite.rules import find_candidates
+
+    sem = tflm_semantics(kernels).name
+    runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
+    runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
+    out = []
+    for a, b in runs:
+        if deadline is not None and deadline.expired():
+            break
+        sub = span_graph(graph, spans[a:b + 1])
+        if not find_candidates(sub, allow_lossy):
+            continue
+        covered = max(v.peak for v in as_is[a:b + 1])
+        r = rewrite_graph(sub, time_limit=2.0, semantics=sem, allow_lossy=allow_lossy, model=model,
+                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=graph)
+        if not r.applied or r.peak_after >= covered:
+            continue
+        lat, work = _costed(r.graph, device, kernels)
+        kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
+        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", r.peak_after,
+                           r.lower_bound, lat, work, len(r.graph.ops), graph=r.graph, rewrites=r.applied))
+    return out
+
+
+def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
+    """`graph` with the ops of `v`'s spans (positions in `graph`) replaced by `v.graph`'s, a rewrite
+    of them. Tensors are matched by name (unique in fit's graphs); the rewrite's new ones are
+    appended to `graph`'s table."""
+    index = {t.name: t.index for t in graph.tensors}
+    tensors = list(graph.tensors)
+    remap: dict[int, int] = {}
+    for op in v.graph.ops:
+        for t in (*op.inputs, *op.outputs, *op.intermediates):
+            if t < 0 or t in remap:
+                continue
+            name = v.graph.tensors[t].name
+            if name not in index:
+                index[name] = len(tensors)
+                tensors.append(replace(v.graph.tensors[t], index=len(tensors)))
+            remap[t] = index[name]
+
+    def moved(ts):
+        return tuple(remap[t] if t >= 0 else t for t in ts)
+
+    new_ops = [replace(op, inputs=moved(op.inputs), outputs=moved(op.outputs), intermediates=moved(op.intermediates))
+               for op in v.graph.ops]
+    old = {i for s in spans[v.first:v.last + 1] for i in s.ops}
+    at = min(old)
+    ops = [*graph.ops[:at], *new_ops, *(op for i, op in enumerate(graph.ops) if i > at and i not in old)]
+    out = replace(graph, tensors=tuple(tensors), ops=tuple(ops))
+    written = [t for op in out.ops for t in op.outputs if t >= 0]
+    if len(written) != len(set(written)) or not out.is_topological(list(range(len(out.ops)))):
+        raise ValueError(f"the rewrite of spans {v.first}-{v.last} does not splice into this graph")
+    return out
+
+
+MAX_TWINS = 4  # direct twins per variant: each moves the convolutions at its predecessor's peak
+
+
+def direct_twins(v: Variant, device, kernels: str) -> list[Variant]:
+    """Kernel variants of measured variant `v`: in its own op order, the int8 convolutions whose
+    im2col scratch is part of the peak move to the direct kernel (no scratch, slower), again while
+    that lowers the peak. Each step is a twin with a lower peak and a higher latency. The order is
+    kept (it stays valid, and its peak is achievable); `lower_bound` is the order-free bound."""
+    sem = tflm_semantics(kernels)
+    g, out, direct = v.graph, [], set()
+    for _ in range(MAX_TWINS):
+        lt = lifetimes(g, None, sem)
+        live = lt.live_bytes()
+        peak = max(live, default=0)
+        at_peak = {b.op for b in lt.buffers if b.tensor is None and live[b.first] == peak
+                   and g.ops[b.op].kernel != DIRECT and can_run_direct(g, b.op)}
+        if not at_peak:
+            break
+        g = with_kernel(g, at_peak)
+        new_peak = lifetimes(g, None, sem).peak
+        if new_peak >= peak:
+            break
+        direct |= {g.tensors[g.ops[i].outputs[0]].name for i in at_peak}
+        lat, work = _costed(g, device, kernels)
+        out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
+                           latency_s=lat, graph=g, direct=frozenset(direct),
+                           label=f"{v.label}, {len(direct)} conv{'s' if len(direct) > 1 else ''} direct"))
+    return out
+
+
+def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> list[Variant]:
+    """Every patch variant of every legal region whose peak could drop, at stage "bound": its
+    peak and latency are floors no grid can beat (the output assembled next to its tiles, the
+    input held; the spans' own latency). `upgrade` refines the ones a selection picks."""
+    out = []
+    for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
+        covered = max(v.peak for v in as_is[a:b + 1])
+        floor = _region_floor(graph, region)
+        if floor >= covered:
+            continue  # no grid can lower the peak of these spans: dominated by running them as is
+        lat = sum(v.latency_s for v in as_is[a:b + 1])
+        work = sum(v.macs for v in as_is[a:b + 1])
+        region_ops = sum(len(s.ops) for s in spans[a:b + 1])
+        for grid in _grids(region.max_grid):  # coarse grids first: they win ties
+            if grid[0] * grid[1] * region_ops > MAX_PATCH_OPS:
+                break  # finer grids only copy more ops
+            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, floor, lat, work, 0, region, grid,
+                               stage="bound"))
+    return out
+
+
+def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
+            kernels="cmsis-nn") -> Variant:
+    """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
+    "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
+    achievable, the device model's latency of the built ops, MACs, ops)."""
+    if v.stage == "bound":
+        positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
+        sem = tflm_semantics(kernels)
+        scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+        peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
+                                           v.grid, op_seconds, scratch)
+        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
+    g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
+    lat, work = _costed(g, device, kernels)
+    # (its order-free lower bound is computed only where it can matter: `refine`)
+    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
+                   stage="measured")
+
+
+def _patch_label(region, grid) -> str:
+    return f"patches {grid[0]}x{grid[1]} from {short_name(region.input)} to {short_name(region.output)}"
+
+
+def short_name(name: str, keep: int = 48) -> str:
+    """A converter's fused tensor name ('a/b/Relu6;a/b/add;...') cut to its first part, quoted."""
+    first = name.split(";")[0]
+    return repr(first if len(first) <= keep else "..." + first[-keep:])
+
+
+def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None,
+           kernels: str = "cmsis-nn") -> list[Variant]:
+    """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
+    ask the exact scheduler (within the deadline) for their true optimum."""
+    out = []
+    sem = tflm_semantics(kernels).name
+    for v in variants:
+        if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
+                and (deadline is None or not deadline.expired()):
+            v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, sem)))
+        if v.kind == "patch" and v.graph is not None and v.lower_bound <= budget < v.peak \
+                and (deadline is None or not deadline.expired()):
+            v = best_order(v, sem, (deadline or Deadline(10.0)).sub(fraction=0.5))
+        out.append(v)
+    return out
+
+
+def best_order(v: Variant, sem: str, deadline: Deadline | None = None, below: int | None = None) -> Variant:
+    """Measured patch variant `v` in the best order the exact scheduler finds within the deadline
+    (its emitted order is achievable, not optimal), with the scheduler's lower bound. `below`: only
+    an order under it is of interest (the scheduler stops at the first, or when none can exist)."""
+    sched = schedule(v.graph, time_limit=None, deadline=deadline or Deadline(10.0), semantics=sem, below=below)
+    if sched.peak < v.peak:
+        v = replace(v, peak=sched.peak, graph=v.graph.reordered(sched.order))
+    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True)
+
+
+def _regions_on_spans(graph: Graph, spans: list[Span], regions):
+    """(region, first span, last span) for regions whose boundary tensors are span boundaries and
+    whose ops are exactly those spans' ops."""
+    by_name = {t.name: t.index for t in graph.tensors}
+    starts = {s.inputs[0]: s.index for s in spans if len(s.inputs) == 1}
+    ends = {s.outputs[0]: s.index for s in spans if len(s.outputs) == 1}
+    first_out = {graph.tensors[op.outputs[0]].name: i for i, op in enumerate(graph.ops) if op.outputs}
+    for r in regions:
+        a, b = starts.get(by_name.get(r.input, -1)), ends.get(by_name.get(r.output, -1))
+        if a is None or b is None or a > b:
+            continue
+        ops = {first_out.get(name) for name in r.ops}
+        if ops == {i for s in spans[a:b + 1] for i in s.ops}:
+            yield r, a, b
+
+
+def _region_floor(graph: Graph, region) -> int:
+    """A peak no grid can go below: the final assembly holds the output tiles and the output
+    (2x the output), and the region's input is live until its last patch is cut from it."""
+    by_name = {t.name: t for t in graph.tensors}
+    inp, out = by_name[region.input], by_name[region.output]
+    return max(align(inp.nbytes, 16), 2 * align(out.nbytes, 16))
+
+
+def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
+    """Square grids 2x2 .. 8x8 within the region's limit (a side capped by a small output keeps
+    the other side square), coarse first."""
+    rows, cols = min(max_grid[0], MAX_GRID), min(max_grid[1], MAX_GRID)
+    out = []
+    for p in range(2, MAX_GRID + 1):
+        g = (min(p, rows), min(p, cols))
+        if g[0] * g[1] >= 2 and g not in out:
+            out.append(g)
+    return out

@@ -1,0 +1,127 @@
+"""Scratch buffers that kernels request from the arena, for their own op's step only.
+
+Under TFLite Micro these are the kernels' `RequestScratchBufferInArena` calls, in the order each
+kernel makes them. Two kernel sets:
+
+- `tflm` (reference kernels, the `tflite_micro` wheel): sizes measured against the real
+  interpreter and pinned by tests/test_memory_tflm.py.
+- `tflm-cmsis-nn` (TFLite Micro's cmsis_nn kernels, CMSIS-NN built for a Cortex-M4/M7 with the
+  DSP extension and without MVE, compiled by GCC): each size is what the kernel's Prepare asks
+  CMSIS-NN's `arm_*_get_buffer_size*` for on that target. Ops without a CMSIS-NN kernel run the
+  reference kernel in that build and request what it requests.
+
+Under TFLite the CPU kernels' temporaries (im2col and the like) depend on the kernel path chosen
+at run time and are not modelled.
+"""
+
+from __future__ import annotations
+
+from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.memory.semantics import Semantics
+
+_INT32 = 4
+_INT16 = 2
+
+# Ops with a cmsis_nn kernel whose scratch requests are not modelled here (none of the zoo's).
+CMSIS_NN_UNMODELLED = frozenset({"TRANSPOSE_CONV", "SVDF", "UNIDIRECTIONAL_SEQUENCE_LSTM", "BATCH_MATMUL"})
+# Ops whose cmsis_nn kernel asks CMSIS-NN for a buffer (int8 modelled below; int16 is not).
+CMSIS_NN_SCRATCH = ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CONNECTED")
+
+
+def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
+    """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
+    if graph.ops[op_pos].kernel == DIRECT:
+        return []  # the harness's direct convolution (tpu_pipeline.toolchain.ir.kernels) asks for none
+    if sem.name == "tflm-cmsis-nn":
+        sizes = _cmsis_nn(graph, op_pos)
+        if sizes is not None:
+            return sizes
+    elif sem.name != "tflm":
+        return []
+    return _reference(graph, op_pos)
+
+
+def _reference(graph: Graph, op_pos: int) -> list[int]:
+    op = graph.ops[op_pos]
+    name = op.opcode
+    if name in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN") and len(op.inputs) >= 2:
+        x = graph.tensors[op.inputs[0]]
+        axis = graph.tensors[op.inputs[1]]
+        out = graph.tensors[op.outputs[0]]
+        sizes = []
+        if name in ("MEAN", "SUM") and x.dtype in ("int8", "int16"):
+            sizes.append(out.num_elements * _INT32)  # int32 accumulators
+        sizes.append(len(x.shape) * _INT32)  # the iteration index
+        sizes.append(axis.num_elements * _INT32)  # the resolved axes
+        return sizes
+    if name == "TRANSPOSE_CONV" and op.outputs:
+        out = graph.tensors[op.outputs[0]]
+        acc = {"int8": 4, "int16": 8}.get(out.dtype)  # int32 / int64 accumulators
+        return [out.num_elements * acc] if acc else []
+    return []
+
+
+def tflm_padding(in_size: int, filter_size: int, stride: int, dilation: int, padding: str) -> int:
+    """TFLite Micro's ComputePaddingHeightWidth for one axis: the leading padding."""
+    eff = (filter_size - 1) * dilation + 1
+    out = (in_size + stride - 1) // stride if padding == "SAME" else (in_size + stride - eff) // stride
+    total = (out - 1) * stride + eff - in_size
+    return max(total, 0) // 2
+
+
+def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
+    """CMSIS-NN kernel requests (int8), or None where the reference kernel runs."""
+    op = graph.ops[op_pos]
+    name = op.opcode
+    if name not in CMSIS_NN_SCRATCH:
+        return None
+    x = graph.tensors[op.inputs[0]]
+    if x.dtype != "int8":
+        return []  # float32 runs the reference path inside the cmsis_nn kernel; int16 not modelled
+    if name == "AVERAGE_POOL_2D":
+        # arm_avgpool_s8_get_buffer_size_dsp: one int32 accumulator per channel
+        return [x.shape[-1] * _INT32]
+    if name == "FULLY_CONNECTED":
+        return _cmsis_fc(graph, op)
+    w = graph.tensors[op.inputs[1]]
+    o = op.options
+    ph = tflm_padding(x.shape[1], w.shape[1], o.stride_h, o.dilation_h, o.padding)
+    pw = tflm_padding(x.shape[2], w.shape[2], o.stride_w, o.dilation_w, o.padding)
+    if name == "CONV_2D":
+        return _positive(_cmsis_conv(x.shape, w.shape, o, ph, pw))
+    out = graph.tensors[op.outputs[0]]
+    # arm_depthwise_conv_wrapper_s8_get_buffer_size (DSP, no MVE): the 3x3 kernel needs none;
+    # the "opt" kernel an int16 im2col of one filter window over all channels.
+    if x.shape[-1] == out.shape[-1] and x.shape[0] == 1 and o.dilation_w == 1 and o.dilation_h == 1:
+        if w.shape[1] == 3 and w.shape[2] == 3 and ph <= 1 and pw <= 1:
+            return []
+        return _positive(x.shape[-1] * w.shape[1] * w.shape[2] * _INT16)
+    return []
+
+
+def _cmsis_conv(xs, ws, o, ph: int, pw: int) -> int:
+    """arm_convolve_wrapper_s8_get_buffer_size_dsp for input NHWC `xs`, filter OHWI `ws`."""
+    cin, kh, kw = xs[3], ws[1], ws[2]
+    if ph == 0 and pw == 0 and kh == 1 and kw == 1 and o.dilation_w == 1 and o.dilation_h == 1 and cin == ws[3]:
+        return 0  # 1x1: the fast path's buffer is 0 unless built by Arm Compiler 6
+    # 1xN (input height 1, ...) uses arm_convolve_s8_get_buffer_size too without MVE: the general rule.
+    rhs_cols = kw * kh * cin
+    aligned = rhs_cols + (-rhs_cols) % 4
+    return 2 * aligned * _INT16  # two int16 im2col columns
+
+
+def _cmsis_fc(graph: Graph, op) -> list[int]:
+    w = graph.tensors[op.inputs[1]]
+    out = graph.tensors[op.outputs[0]]
+    per_channel = w.quant is not None and len(w.quant.scale) > 1
+    accum_depth = w.shape[-1]
+    if len(out.shape) > 2 and accum_depth % 4 == 0:
+        # conv 1x1 path: per-tensor quantization faked per channel in a scratch buffer; the
+        # 1x1 fast buffer itself is 0 under GCC
+        return [] if per_channel else [out.shape[-1] * _INT32 * 2]
+    return []  # arm_fully_connected_s8_get_buffer_size_dsp is 0
+
+
+def _positive(size: int) -> list[int]:
+    return [size] if size > 0 else []

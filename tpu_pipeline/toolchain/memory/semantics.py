@@ -1,0 +1,49 @@
+"""How a runtime turns an op order into buffer lifetimes: one definition, used everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_pipeline.toolchain.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Semantics:
+    name: str
+    alignment: int  # every buffer size is rounded up to this
+    inputs_live_whole_run: bool  # TFLite keeps graph inputs allocated for the whole invocation
+    in_place_ops: frozenset[str]  # ops whose output shares its first input's buffer when that dies there
+
+
+# TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
+# fit, is runtime_planners.tflm_greedy).
+TFLM = Semantics("tflm", 16, False, frozenset())
+# TFLite Micro built with CMSIS-NN kernels (what Cortex-M deployments run): the same planner and
+# lifetimes, but the optimised kernels request their own scratch buffers (tpu_pipeline/toolchain/memory/scratch.py).
+TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset())
+# TFLite / LiteRT: 64-byte alignment, reshape-like ops share their input's buffer (its ArenaPlanner,
+# best fit, is runtime_planners.tflite_arena).
+TFLITE = Semantics("tflite", 64, True, frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}))
+
+SEMANTICS = {s.name: s for s in (TFLM, TFLM_CMSIS_NN, TFLITE)}
+
+
+def get_semantics(name: str | Semantics) -> Semantics:
+    if isinstance(name, Semantics):
+        return name
+    try:
+        return SEMANTICS[name]
+    except KeyError:
+        raise UsageError(f"unknown semantics '{name}' (choose from {', '.join(SEMANTICS)})") from None
+
+
+def tflm_semantics(kernels: str) -> Semantics:
+    """The TFLite Micro semantics of a kernel set: "reference" (the Python wheel) or "cmsis-nn"."""
+    try:
+        return {"reference": TFLM, "cmsis-nn": TFLM_CMSIS_NN}[kernels]
+    except KeyError:
+        raise UsageError(f"unknown kernel set '{kernels}' (choose from cmsis-nn, reference)") from None
+
+
+def align(size: int, alignment: int) -> int:
+    return (size + alignment - 1) // alignment * alignment

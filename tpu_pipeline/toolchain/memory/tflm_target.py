@@ -1,0 +1,229 @@
+"""The arena TFLite Micro uses on a 32-bit Cortex-M target, byte for byte: head and tail.
+
+`arena_used_bytes()` = head + tail. The head is the memory plan (our offline offsets pinned, the
+kernels' scratch buffers placed by TFLite Micro's greedy planner): `target_head`. The tail is the
+sequence of persistent allocations the interpreter makes while `AllocateTensors()` runs, each
+taken downwards from the arena's end and aligned down (`SingleArenaBufferAllocator::
+AllocatePersistentBuffer`), so the tail is that sequence with every step rounded up:
+`target_tail`. The sequence, as micro_allocator.cc and micro_interpreter.cc make it, for the
+harness firmware (tpu_pipeline/toolchain/data/firmware/harness/main.cc) built for arm-none-eabi (AAPCS: 4-byte
+pointers, enums as small as their values, `-fshort-enums` being that ABI's default):
+
+1. the arena allocator (36 B), the greedy planner (44 B) and the MicroAllocator (36 B);
+2. StartModelAllocation: the builtin-data allocator (8 B), one SubgraphAllocations per subgraph
+   (8 B), a TfLiteEvalTensor per tensor (12 B), a NodeAndRegistration per op (32 B);
+3. per op in order, the parsed builtin options (`Parse*` of flatbuffer_conversions.cc allocates
+   the `TfLite*Params` struct whenever it has one, at the struct's own alignment);
+4. per op in order, the kernel's Init: `AllocatePersistentBuffer(sizeof(OpData))` (16-aligned);
+5. per op in order, the kernel's Prepare: per-channel output multipliers and shifts;
+6. one 4-byte ScratchBufferHandle per scratch request (when there is any);
+7. the interpreter's input and output TfLiteTensor* arrays (16-aligned), a persistent TfLiteTensor
+   (32 B) for each, and for a quantized one its TfLiteAffineQuantization (12 B) and zero-point
+   TfLiteIntArray (4 + 4 per channel).
+
+The harness's direct convolution (`op.kernel == "direct"`, custom op TPUP_CONV_2D_DIRECT) has no
+parsed options in step 3, its own OpData in step 4 (`DIRECT_OP_DATA`), the per-channel arrays in
+step 5 and no scratch, in both kernel sets.
+
+The struct sizes are `sizeof`/`alignof` as arm-none-eabi-g++ 12 lays them out with the harness's
+flags (read from the compiled object), and were checked against the allocation trace of the real
+firmware on QEMU (docs/runtime.md). An op outside these tables makes the prediction None with the
+op named, never a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
+from tpu_pipeline.toolchain.memory.scratch import CMSIS_NN_SCRATCH, CMSIS_NN_UNMODELLED, scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
+
+KERNEL_SETS = ("cmsis-nn", "reference")
+_ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's persistent buffers
+
+# (size, alignment) of the fixed allocations of step 1-2 and 6-7 (32-bit target).
+_SINGLE_ARENA_ALLOCATOR = (36, 4)
+_GREEDY_PLANNER = (44, 4)
+_MICRO_ALLOCATOR = (36, 4)
+_BUILTIN_DATA_ALLOCATOR = (8, 4)
+_SUBGRAPH_ALLOCATIONS = 8
+_EVAL_TENSOR = 12
+_NODE_AND_REGISTRATION = 32
+_SCRATCH_HANDLE = 4
+_TFLITE_TENSOR = 32
+_AFFINE_QUANTIZATION = 12
+_POINTER = 4
+_INT = 4
+
+# Step 3: the TfLite*Params struct each builtin's parser allocates, (sizeof, alignof); ops absent
+# here have a parser that allocates nothing (QUANTIZE, RELU, PAD, SPACE_TO_BATCH_ND, ...).
+BUILTIN_DATA = {
+    "CONV_2D": (28, 4), "DEPTHWISE_CONV_2D": (28, 4),  # TfLiteConvParams / TfLiteDepthwiseConvParams
+    "MAX_POOL_2D": (40, 4), "AVERAGE_POOL_2D": (40, 4),  # TfLitePoolParams (with computed padding)
+    "FULLY_CONNECTED": (5, 1),  # five one-byte enums and bools
+    "SOFTMAX": (4, 4), "RESHAPE": (36, 4),  # float beta; int shape[8] + count
+    "ADD": (2, 1), "SUB": (2, 1), "MUL": (1, 1),  # activation (+ pot_scale_int16)
+    "MEAN": (1, 1), "SUM": (1, 1), "REDUCE_MAX": (1, 1), "REDUCE_MIN": (1, 1),  # bool keep_dims
+    "CONCATENATION": (8, 4), "STRIDED_SLICE": (24, 4), "RESIZE_NEAREST_NEIGHBOR": (2, 1),
+}
+NO_BUILTIN_DATA = frozenset({"QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "PAD", "SPACE_TO_BATCH_ND",
+                             "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH"})
+
+# Step 4: sizeof the struct each kernel's Init allocates, (reference, cmsis-nn); None: no Init
+# allocation. cmsis-nn's own kernels wrap the reference OpData with their buffer index etc.
+OP_DATA = {
+    "CONV_2D": (56, 60),  # OpDataConv; cmsis_nn OpData{OpDataConv, int buffer_idx}
+    "DEPTHWISE_CONV_2D": (56, 60),  # same structs
+    "FULLY_CONNECTED": (48, 72),  # OpDataFullyConnected; cmsis_nn OpData (+ indices, dims, sums)
+    "ADD": (60, 60),  # OpDataAdd; cmsis_nn OpData (same fields)
+    "MAX_POOL_2D": (32, 36), "AVERAGE_POOL_2D": (32, 36),  # OpDataPooling; + buffer_idx
+    "SOFTMAX": (56, 64),  # SoftmaxParams; CMSISNNSoftmaxParams{SoftmaxParams, rows, row size}
+    "MEAN": (44, 44), "SUM": (44, 44), "REDUCE_MAX": (44, 44), "REDUCE_MIN": (44, 44),  # OpDataReduce
+    "QUANTIZE": (32, 32),  # OpDataQuantizeReference
+    "CONCATENATION": (24, 24),  # concatenation.cc OpData (ConcatenationParams)
+    "RELU": (28, 28), "RELU6": (28, 28),  # ReluOpData / Relu6OpData
+    "SPACE_TO_BATCH_ND": (4, 4),  # SpaceToBatchParams
+    "STRIDED_SLICE": (84, 84),  # StridedSliceParams (+ the op's shapes)
+    "MUL": (36, 36),  # OpDataMul
+    "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
+    "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
+}
+
+
+# The harness's direct convolution (custom op TPUP_CONV_2D_DIRECT, harness/direct_conv.cc), the same
+# in both builds: no parsed builtin data (a custom op's options stay raw); Init allocates its
+# DirectConvData {OpDataConv (56 B), TfLiteConvParams (28 B)}; Prepare the per-channel multipliers
+# and shifts as CONV_2D's does; no scratch.
+DIRECT_OP_DATA = 84
+
+
+@dataclass(frozen=True)
+class TargetTail:
+    kernels: str
+    bytes: int | None  # None when an op is not modelled
+    allocations: tuple[tuple[str, int, int], ...]  # (what, size, alignment) in allocation order
+    unmodelled: tuple[str, ...]  # opcodes whose kernel allocations are not in the tables
+
+
+@dataclass(frozen=True)
+class TargetArena:
+    kernels: str
+    head: int  # the memory plan the target reports (non-persistent bytes)
+    tail: int | None
+    scratch: tuple[tuple[int, int], ...]  # (op position, bytes) in request order
+
+    @property
+    def total(self) -> int | None:
+        return None if self.tail is None else self.head + self.tail
+
+
+def _check_kernels(kernels: str) -> int:
+    tflm_semantics(kernels)  # UsageError for an unknown set
+    return {"reference": 0, "cmsis-nn": 1}[kernels]  # the column of OP_DATA
+
+
+def _quantized(t) -> bool:
+    return t.quant is not None and len(t.quant.scale) > 0 and len(t.quant.zero_point) > 0
+
+
+def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
+    """Step 5: what a kernel's Prepare allocates persistently."""
+    if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+        # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
+        # only for int8 and int16 (the harness's direct kernel: int8, in both builds)
+        if kernels == "reference" or x.dtype in ("int8", "int16"):
+            channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
+            return [channels * _INT, channels * _INT]  # output multipliers, shifts
+        return []
+    if op.opcode == "FULLY_CONNECTED":
+        w = graph.tensors[op.inputs[1]]
+        if w.quant is not None and len(w.quant.scale) > 1:  # per-channel weights
+            return [len(w.quant.scale) * _INT] * 2
+    return []
+
+
+def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -> TargetTail:
+    """The persistent allocations of `graph` on the 32-bit target with `kernels`, in order."""
+    col = _check_kernels(kernels)
+    sem = tflm_semantics(kernels)
+    allocs: list[tuple[str, int, int]] = [
+        ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR), ("GreedyMemoryPlanner", *_GREEDY_PLANNER),
+        ("MicroAllocator", *_MICRO_ALLOCATOR), ("MicroBuiltinDataAllocator", *_BUILTIN_DATA_ALLOCATOR),
+        ("SubgraphAllocations", _SUBGRAPH_ALLOCATIONS * n_subgraphs, 4),
+        ("TfLiteEvalTensor[]", _EVAL_TENSOR * len(graph.tensors), 4),
+        ("NodeAndRegistration[]", _NODE_AND_REGISTRATION * len(graph.ops), 4)]
+    unmodelled = []
+    for i, op in enumerate(graph.ops):
+        if op.kernel == DIRECT:
+            continue
+        if op.opcode in BUILTIN_DATA:
+            allocs.append((f"op {i} {op.opcode} builtin data", *BUILTIN_DATA[op.opcode]))
+        elif op.opcode not in NO_BUILTIN_DATA:
+            unmodelled.append(op.opcode)
+    for i, op in enumerate(graph.ops):
+        size = DIRECT_OP_DATA if op.kernel == DIRECT else OP_DATA.get(op.opcode, (None, None))[col]
+        if size:
+            allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
+        elif op.opcode not in OP_DATA:
+            unmodelled.append(op.opcode)
+        if kernels == "cmsis-nn" and op.opcode in CMSIS_NN_UNMODELLED:
+            unmodelled.append(op.opcode)
+        if kernels == "cmsis-nn" and op.opcode in CMSIS_NN_SCRATCH and graph.tensors[op.inputs[0]].dtype == "int16":
+            unmodelled.append(f"{op.opcode} (int16)")  # its s16 buffer sizes are not modelled
+    requests = 0
+    for i, op in enumerate(graph.ops):
+        for size in _prepare_allocations(graph, op, kernels):
+            allocs.append((f"op {i} {op.opcode} per-channel", size, _ARENA_ALIGN))
+        requests += len(scratch_requests(graph, i, sem))
+    if requests:
+        allocs.append(("ScratchBufferHandle[]", _SCRATCH_HANDLE * requests, 4))
+    for t in graph.tensors:
+        if t.is_variable:
+            unmodelled.append("variable tensors")
+            break
+    for what, ios in (("input", graph.inputs), ("output", graph.outputs)):
+        allocs.append((f"{what} TfLiteTensor*[]", _POINTER * len(ios), _ARENA_ALIGN))
+        for t in ios:
+            allocs.append((f"{what} TfLiteTensor", _TFLITE_TENSOR, 4))
+            tensor = graph.tensors[t]
+            if _quantized(tensor):
+                allocs.append((f"{what} TfLiteAffineQuantization", _AFFINE_QUANTIZATION, 4))
+                allocs.append((f"{what} zero points", _INT + _INT * len(tensor.quant.scale), 4))
+    used = 0
+    for _, size, alignment in allocs:
+        used = -(-(used + size) // alignment) * alignment
+    missing = tuple(dict.fromkeys(unmodelled))
+    return TargetTail(kernels, None if missing else used, tuple(allocs), missing)
+
+
+def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) -> tuple[int, tuple]:
+    """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
+    per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
+    sem = tflm_semantics(kernels)
+    lt = lifetimes(graph, semantics=sem)
+    pinned = [-1] * len(lt.buffers)
+    if tensor_offsets is not None:
+        for i, b in enumerate(lt.buffers):
+            if b.tensor is not None and b.tensor < len(tensor_offsets):
+                pinned[i] = int(tensor_offsets[b.tensor])
+    scratch = tuple((b.op, b.size) for b in lt.buffers if b.tensor is None)
+    return tflm_greedy(lt, offline=pinned).size, scratch
+
+
+def target_arena(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) -> TargetArena:
+    """Predicted `arena_used_bytes()` of the harness firmware on a 32-bit Cortex-M."""
+    head, scratch = target_head(graph, kernels, tensor_offsets)
+    return TargetArena(kernels, head, target_tail(graph, kernels).bytes, scratch)
+
+
+def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: float = 5.0) -> tuple[int, ...]:
+    """The offline plan `export-mcu` writes for `graph` (TFLite Micro semantics, planner "auto")."""
+    from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
+
+    lt = lifetimes(graph, semantics="tflm")
+    return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets

@@ -1,0 +1,163 @@
+"""Edge TPU pipeline partitioning: CP-SAT stage assignment, Coral's heuristic baseline, interfaces.
+
+    from tpu_pipeline.toolchain.partition import partition
+    p = partition(graph, 4, device="coral-usb", strategy="latency", time_limit=10.0)
+    p.stages            # stage of each op (position in graph.ops)
+    p.cost              # PipelineCost under the device's cost model
+    p.baseline          # Coral's parameter-count heuristic, same cost model
+    p.cost.period_ps    # the simulator's period (shared link and host); p.sim_proven: no other
+                        # assignment has a smaller simulated period (see cpsat.refine_by_simulation)
+    p.profiled          # with profiled=True: libcoral's profiling-based partitioner (simulated profiles)
+    p.interfaces        # per segment: input and output tensor indices (Coral's rules)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel, PipelineCost
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.partition.cpsat import STRATEGIES, refine_by_simulation, solve
+from tpu_pipeline.toolchain.partition.contiguous import best_contiguous
+from tpu_pipeline.toolchain.partition.heuristic import HeuristicResult, coral_heuristic, coral_topological_sort
+from tpu_pipeline.toolchain.partition.problem import BoundaryTensor, PartitionProblem, SegmentInterface
+
+STRATEGY_NAMES = tuple(STRATEGIES) + ("coral",)
+
+
+@dataclass(frozen=True)
+class Partition:
+    n: int
+    stages: tuple[int, ...]
+    strategy: str
+    cost: PipelineCost
+    interfaces: tuple[SegmentInterface, ...]
+    objectives: dict
+    bounds: dict
+    proven_optimal: bool
+    seconds: float
+    baseline: "Partition | None" = None
+    note: str = ""
+    proven_steps: tuple = ()   # per objective of the strategy, in order
+    stopped_by: tuple = ()     # per CP-SAT step: "optimal", "deterministic limit", "wall clock", ...
+    reproducible: bool = True  # the same graph and options give these stages again (see cpsat.solve)
+    sim_proven: bool = False   # strategy latency: no assignment has a smaller simulated period
+    sim_candidates: int = 0    # assignments simulated to establish that
+    period_lower_bound_ps: int = 0  # every assignment's simulated period is at least this
+    profiled: "Partition | None" = None
+
+    @property
+    def primary_proven(self) -> bool:
+        """The strategy's first objective (for `latency`: the throughput) is proven optimal."""
+        return bool(self.proven_steps and self.proven_steps[0])
+
+    def ops_of(self, k: int) -> tuple[int, ...]:
+        return tuple(v for v, s in enumerate(self.stages) if s == k)
+
+    @property
+    def gain(self) -> float | None:
+        """Throughput of this partition / throughput of the baseline."""
+        if self.baseline is None:
+            return None
+        return self.cost.throughput_per_s / self.baseline.cost.throughput_per_s
+
+
+def _make(problem: PartitionProblem, n, stages, strategy, bounds, proven, seconds, note="", baseline=None,
+          proven_steps=(), stopped_by=(), reproducible=True):
+    return Partition(n, tuple(stages), strategy, problem.evaluate(stages, n), problem.interfaces(stages, n),
+                     problem.objectives(stages, n), bounds, proven, seconds, baseline, note, tuple(proven_steps),
+                     tuple(stopped_by), reproducible)
+
+
+def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
+    """Coral's parameter-count heuristic (libcoral) scored with the same cost model."""
+    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem.check_n(n, graph.name or "model")
+    t0 = time.perf_counter()
+    h = coral_heuristic(graph, n)
+    note = h.note
+    if not problem.is_valid(h.stages, n):
+        note = (note + "; " if note else "") + "violates Coral's segment rules for this graph"
+    return _make(problem, n, h.stages, "coral", {}, False, time.perf_counter() - t0, note)
+
+
+def profiled_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
+    """libcoral's profiling-based partitioner, every profile simulated (tpu_pipeline/toolchain/partition/profiling.py)."""
+    from tpu_pipeline.toolchain.partition.profiling import profiling_partition
+
+    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem.check_n(n, graph.name or "model")
+    t0 = time.perf_counter()
+    r = profiling_partition(problem, n)
+    note = r.note
+    if not problem.is_valid(r.stages, n):
+        note = (note + "; " if note else "") + "violates Coral's segment rules for this graph"
+    return _make(problem, n, r.stages, "coral-profiling", {"measurements": r.measurements}, False,
+                 time.perf_counter() - t0, note)
+
+
+def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
+              colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
+              deterministic: bool = True, profiled: bool = False) -> Partition:
+    """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
+    predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
+    heuristic only). The result is never slower than the heuristic under the cost model for
+    `latency` (the heuristic's period is an upper bound and its solution the hint).
+
+    `deterministic` (default): the same graph and options give the same stages on every run and
+    machine load (one CP-SAT worker, budgets in deterministic time); `p.reproducible` is False
+    only if the wall-clock limit cut a step short first. `deterministic=False` races `workers`
+    workers against the wall clock instead."""
+    if strategy not in STRATEGY_NAMES:
+        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
+    if time_limit <= 0:
+        raise UsageError(f"--time-limit must be > 0, got {time_limit:g}")
+    t_start = time.perf_counter()
+    problem = PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem.check_n(n, label or graph.name or "model")
+    base = baseline_partition(graph, n, device, problem)
+    if strategy == "coral":
+        return dataclasses.replace(base, baseline=base)
+    # warm starts: the heuristic, and the best contiguous cut of two topological orders (DP)
+    candidates = [base.stages] if problem.is_valid(base.stages, n) else []
+    for order in (range(problem.n_ops), coral_topological_sort(graph)):
+        cut = best_contiguous(problem, list(order), n)
+        if cut is not None and not colocate:
+            candidates.append(cut)
+    hint, ub = None, None
+    if candidates:
+        keys = STRATEGIES[strategy]
+        hint = min(candidates, key=lambda st: tuple(problem.objectives(st, n)[k] for k in keys))
+        if strategy == "latency" and problem.is_valid(base.stages, n):
+            ub = {"period_ps": problem.objectives(hint, n)["period_ps"]}
+    if colocate:
+        hint = None  # the warm starts need not keep consumers together
+    res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
+                workers=workers, seed=seed, deterministic=deterministic)
+    stages, extra = res.stages, {}
+    prof = profiled_partition(graph, n, device, problem) if profiled else None
+    if strategy == "latency":
+        low = res.bounds.get("period_ps", 0) if res.proven_steps and res.proven_steps[0] else 0
+        # the incumbent: the best simulated period among the solver's answer and the warm starts
+        # (and the profiled baseline), so the result is never slower than either baseline
+        known = [res.stages] + [c for c in candidates if problem.is_valid(c, n) and not colocate]
+        if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
+            known.append(prof.stages)
+        inc = min(known, key=lambda st: (problem.evaluate(st, n).period_ps, problem.objectives(st, n)["sum_stage_ps"]))
+        # deterministic budget: half the time limit's; wall clock: what is left of the time limit
+        ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, colocate=colocate, seed=seed,
+                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)))
+        stages = ref.stages
+        extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
+                 "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped}
+    out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
+                res.proven_steps, res.stopped_by, res.reproducible)
+    return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, **extra)
+
+
+__all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",
+           "STRATEGIES", "STRATEGY_NAMES", "partition", "baseline_partition", "profiled_partition", "coral_heuristic",
+           "solve", "refine_by_simulation"]

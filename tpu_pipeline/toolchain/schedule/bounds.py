@@ -1,0 +1,257 @@
+"""Order-independent lower bounds on the best peak (certificates).
+
+`static`: every op's own footprint (what it reads, writes and its scratch) plus what is resident
+through the whole piece — `Piece.static_lower_bound`.
+
+`cut_lower_bound`: for each op v, the least that can be live at v's step over ALL topological
+orders: min over down-sets S (ancestors of v in S, v and its descendants not) of live(v, S). The
+bytes live at v's step are v's footprint plus every other tensor that is written inside S and read
+outside it (or is a graph output), plus graph inputs still to be read: a closure problem, solved
+exactly as a minimum s-t cut (source side = S). No order peaks below max over v of this value,
+which is at least the footprint bound and often much closer to the optimum; it also raises the
+search's floor.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import numpy as np
+from ortools.graph.python import max_flow
+
+from tpu_pipeline.toolchain.schedule.model import bits
+
+
+class CutNet:
+    """The min-cut network of a piece, built once: `cut(v, anc, desc)` is the least number of
+    bytes live at v's step over the down-sets S with `anc` inside S and `desc` (v included)
+    outside it; `anc`/`desc` may hold more than v's ancestors/descendants (a branch of the
+    order), which only raises the value. One network, capacities toggled per query."""
+
+    def __init__(self, piece):
+        model = self.model = piece.model
+        self.ops = ops = sorted(bits(piece.ops))
+        self.idx = idx = {v: 2 + k for k, v in enumerate(ops)}
+        S0, S_end = piece.S0, piece.S0 | piece.ops
+        self.INF = INF = int(sum(model.size) + sum(model.extra) + model.const_all + 1)
+        tails, heads, caps = [], [], []
+
+        def arc(a, b, c):
+            tails.append(a)
+            heads.append(b)
+            caps.append(c)
+            return len(tails) - 1
+
+        # closure: b in S => a in S for every predecessor a of b inside the piece
+        for v in ops:
+            for a in bits(model.preds[v] & piece.ops):
+                arc(idx[v], idx[a], INF)
+        self.src_arc = {v: arc(0, idx[v], 0) for v in ops}
+        self.snk_arc = {v: arc(idx[v], 1, 0) for v in ops}
+        base = model.const_all
+        forced = []  # tensors alive at every step of the piece
+        self.size_arcs = size_arcs = {}  # tensor -> arcs carrying its size
+        node = 2 + len(ops)
+        for t in range(len(model.size)):
+            m = model.mask[t]
+            inside = m & piece.ops
+            if not inside:
+                # untouched by the piece: alive before its first step iff alive after its last
+                if (model.pin_start[t] or m & S0) and (model.pin_end[t] or m & ~S0):
+                    base += model.size[t]
+                continue
+            s = model.size[t]
+            after = model.pin_end[t] or bool(m & ~S_end)
+            writer = model.born[t]
+            if model.pin_start[t] or (writer >= 0 and (S0 >> writer) & 1):
+                if after:
+                    forced.append(t)
+                    continue
+                size_arcs[t] = [arc(0, node, s)]
+                for c in bits(inside):
+                    arc(node, idx[c], INF)
+                node += 1
+            elif writer >= 0 and (piece.ops >> writer) & 1:
+                if after:
+                    size_arcs[t] = [arc(idx[writer], 1, s)]
+                else:
+                    readers = inside & ~(1 << writer)
+                    if not readers:
+                        continue  # dies where it is written
+                    size_arcs[t] = [arc(idx[writer], node, s)]
+                    for c in bits(readers):
+                        arc(node, idx[c], INF)
+                    node += 1
+            # else: read before written: ignored (the bound stays valid, only weaker)
+        # op -> its source / sink arc, for toggling many at once from a bitset
+        self.nbytes = (model.n + 7) // 8
+        self.src_of = np.zeros(self.nbytes * 8, dtype=np.int32)
+        self.snk_of = np.zeros(self.nbytes * 8, dtype=np.int32)
+        for v in ops:
+            self.src_of[v], self.snk_of[v] = self.src_arc[v], self.snk_arc[v]
+        self.flow = max_flow.SimpleMaxFlow()
+        self.flow.add_arcs_with_capacity(np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64),
+                                         np.array(caps, dtype=np.int64))
+        self.anc, self.desc = {}, {}
+        for v in ops:  # op positions are a topological order of the graph
+            a = model.preds[v] & piece.ops
+            for p in bits(a):
+                a |= self.anc[p]
+            self.anc[v] = a
+        for v in reversed(ops):
+            d = model.succs[v] & piece.ops
+            for s_ in bits(d):
+                d |= self.desc[s_]
+            self.desc[v] = d
+        self.fp = {}
+        for v in ops:
+            fp = base + model.extra[v] + sum(model.size[t] for t in model.touch[v])
+            self.fp[v] = fp + sum(model.size[t] for t in forced if t not in model.touch[v])
+
+    def _ops_of(self, mask: int) -> np.ndarray:
+        """The set bits of an op bitset (all inside the piece), as a boolean array."""
+        raw = np.frombuffer(mask.to_bytes(self.nbytes, "little"), dtype=np.uint8)
+        return np.unpackbits(raw, bitorder="little").astype(bool)
+
+    def _toggle(self, v: int, anc: int, desc: int, on: bool) -> None:
+        flow, model = self.flow, self.model
+        for t in model.touch[v]:
+            for a in self.size_arcs.get(t, ()):
+                flow.set_arc_capacity(a, 0 if on else model.size[t])
+        cap = self.INF if on else 0
+        for arcs_of, mask in ((self.src_of, anc), (self.snk_of, desc | (1 << v))):
+            arcs = arcs_of[self._ops_of(mask)]
+            flow.set_arcs_capacity(arcs, np.full(len(arcs), cap, dtype=np.int64))
+
+    def cut(self, v: int, anc: int | None = None, desc: int | None = None,
+            source_side: bool = False) -> tuple[int | None, int]:
+        """(bytes, the ops of the piece in the cheapest S) at v's step; bytes None if the
+        solver failed (no bound)."""
+        anc = self.anc[v] if anc is None else anc
+        desc = self.desc[v] if desc is None else desc
+        if anc & (desc | (1 << v)):
+            return self.INF, 0  # contradictory branch: no order has it
+        self._toggle(v, anc, desc, True)
+        try:
+            if self.flow.solve(0, 1) != self.flow.OPTIMAL:
+                return None, 0
+            value = self.fp[v] + int(self.flow.optimal_flow())
+            S = 0
+            if source_side:
+                for node in self.flow.get_source_side_min_cut():
+                    if 2 <= node < 2 + len(self.ops):
+                        S |= 1 << self.ops[node - 2]
+            return value, S
+        finally:
+            self._toggle(v, anc, desc, False)
+
+
+def cut_lower_bound(piece, deadline: float | None = None, floor: int = 0) -> int:
+    """max over the piece's ops v of min over orders of the live bytes at v's step.
+    Stops early (returning a smaller but valid bound) at the deadline."""
+    if not piece.ops:
+        return 0
+    net = CutNet(piece)
+    best = floor
+    for v in sorted(net.ops, key=lambda v: -net.fp[v]):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        value, _ = net.cut(v)
+        if value is not None:
+            best = max(best, value)
+    return best
+
+
+def _closure(net: CutNet, v: int, before: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """v's ancestors and descendants in the piece once the pairs (a, b) of `before` say that a
+    runs before b (transitively, with the graph's own edges)."""
+    anc, desc = net.anc[v], net.desc[v]
+    changed = True
+    while changed:
+        changed = False
+        for a, b in before:
+            if (anc >> b) & 1 or b == v:
+                add = net.anc[a] | (1 << a)
+                if add & ~anc:
+                    anc |= add
+                    changed = True
+            if (desc >> a) & 1 or a == v:
+                add = net.desc[b] | (1 << b)
+                if add & ~desc:
+                    desc |= add
+                    changed = True
+    return anc, desc
+
+
+def branch_lower_bound(piece, deadline: float, floor: int = 0, ub: int | None = None,
+                       top: int = 24, max_leaves: int | None = None) -> int:
+    """A lower bound at least the min-cut bound, raised by branching on the order of pairs of
+    ops: every order runs u before w or w before u, so min over the two branches of the
+    constrained bound is a bound, and so is the least bound over the open leaves of a
+    best-first branching tree. A leaf's bound is the max over a few ops (the `top` with the
+    highest root cuts, and the branched ones) of the min cut with the branch's precedences.
+    Stops at the deadline (or after `max_leaves` leaves) with the least open leaf; never above
+    `ub` when given."""
+    if not piece.ops:
+        return floor
+    net = CutNet(piece)
+    root = {}
+    for v in net.ops:
+        if time.monotonic() > deadline:
+            return floor  # no full root: only what the caller knew
+        value, _ = net.cut(v)
+        if value is None:
+            return floor
+        root[v] = value
+    watch = tuple(sorted(net.ops, key=lambda v: -root[v])[:top])
+    best = max(floor, max(root.values()))
+
+    def evaluate(before, every=False):
+        """(bound, op to branch at, other op) of a leaf, over the watched and branched ops (or
+        every op); the ops are None when no pair among them has its order open."""
+        ops = net.ops if every else set(watch) | {x for p in before for x in p}
+        vals = []
+        for v in ops:
+            anc, desc = _closure(net, v, before)
+            value, S = net.cut(v, anc, desc)
+            if value is None:
+                return None
+            vals.append((value, v, anc, S))
+        vals.sort(key=lambda x: (-x[0], x[1]))
+        bound = vals[0][0]
+        # branch on the two highest ops whose order is still open: whichever runs second
+        # holds what the first left behind
+        for k, (value, v, anc, S) in enumerate(vals):
+            desc = _closure(net, v, before)[1]
+            for _, u, _, _ in vals[k + 1:]:
+                if not ((anc | desc) >> u) & 1:
+                    return bound, v, u
+        return bound, None, None
+
+    counter = 0
+    heap = [(best, counter, (), None, None)]
+    while heap and time.monotonic() < deadline and (max_leaves is None or counter < max_leaves):
+        bound, _, before, v, u = heap[0]
+        if ub is not None and bound >= ub:
+            return ub
+        if v is None:  # nothing open among the watched ops: look at every op of the leaf
+            r = evaluate(before, every=True)
+            if r is None:
+                return best
+            if r[1] is None:
+                break  # the least leaf cannot be split further: its bound is final
+            counter += 1
+            heapq.heapreplace(heap, (max(r[0], bound), counter, before, r[1], r[2]))
+            continue
+        heapq.heappop(heap)
+        for pair in ((u, v), (v, u)):
+            r = evaluate(before + (pair,))
+            if r is None:
+                return best
+            counter += 1
+            heapq.heappush(heap, (max(r[0], bound), counter, before + (pair,), r[1], r[2]))
+        best = max(best, heap[0][0] if heap else bound)
+    if heap:
+        best = max(best, heap[0][0])
+    return best if ub is None else min(best, ub)
