@@ -28,11 +28,12 @@ from tpu_pipeline.toolchain.memory.plan import arena_size, check_plan, first_con
 from tpu_pipeline.toolchain.memory.planners import plan_buffers
 from tpu_pipeline.toolchain.memory.preprocess import MAX_OVERLAP_PAIRS, overlap_lists, overlap_pairs
 from tpu_pipeline.toolchain.rewrite import rewrite_graph
-from tpu_pipeline.toolchain.rewrite.driver import ancestry_lower_bound
 from tpu_pipeline.toolchain.rewrite.rules import apply_candidate, find_candidates
 from tpu_pipeline.toolchain.schedule import schedule
-from tpu_pipeline.toolchain.schedule.dp import MAX_STATE_BYTES, Piece, best_first, state_cap
+from tpu_pipeline.toolchain.schedule.bounds.ancestry import ancestry_lower_bound
+from tpu_pipeline.toolchain.schedule.dp import MAX_STATE_BYTES, best_first, state_cap
 from tpu_pipeline.toolchain.schedule.model import build_model
+from tpu_pipeline.toolchain.schedule.problem import Piece
 from tpu_pipeline.toolchain.schedule import heuristics
 from tests.test_schedule import topological_orders
 
@@ -355,7 +356,8 @@ def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
     bound it starts from: on these random DAGs of 14 ops it reaches the optimum on most."""
     import time as _time
 
-    from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds.branching import branch_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds.mincut import cut_lower_bound
 
     raised = reached = 0
     for seed in range(8):

@@ -14,9 +14,11 @@ from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound
 from tpu_pipeline.toolchain.schedule import build_model, schedule
 from tpu_pipeline.toolchain.schedule import heuristics
 from tpu_pipeline.toolchain.schedule.cpsat import cpsat_piece
-from tpu_pipeline.toolchain.schedule.dp import Piece, best_first, bisect_budget
+from tpu_pipeline.toolchain.schedule.bounds.static import model_lower_bound, static_lower_bound
+from tpu_pipeline.toolchain.schedule.dp import best_first, bisect_budget
 from tpu_pipeline.toolchain.schedule.fusion import fuse
 from tpu_pipeline.toolchain.schedule.divide import pieces
+from tpu_pipeline.toolchain.schedule.problem import Piece
 
 
 def random_graph(draw, max_ops=8, reshape=False) -> Graph:
@@ -116,7 +118,7 @@ def test_raw_dp_and_budget_bisection_equal_brute_force(graph):
     r = best_first(piece, ub + 1)
     assert r.complete and r.order is not None and r.peak == best
     assert model.peak(r.order) == best
-    b = bisect_budget(piece, model.lower_bound(), heuristics.stored(model), ub)
+    b = bisect_budget(piece, model_lower_bound(model), heuristics.stored(model), ub)
     assert b.complete and b.peak == best and model.peak(b.order) == best
 
 
@@ -138,7 +140,7 @@ def test_cpsat_equals_brute_force(graph):
 @FAST
 @given(graphs())
 def test_cut_lower_bound_is_valid(graph):
-    from tpu_pipeline.toolchain.schedule.bounds import cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds.mincut import cut_lower_bound
 
     best = brute_force(graph)
     model = build_model(graph)
@@ -153,7 +155,7 @@ def test_cut_lower_bound_is_valid(graph):
     sub = Piece(model, rest, S)
     sub_best = min(model.peak(o[len(prefix):], S) for o in orders if set(o[:len(prefix)]) == set(prefix))
     assert cut_lower_bound(sub) <= sub_best
-    assert sub.static_lower_bound() <= sub_best
+    assert static_lower_bound(sub) <= sub_best
 
 
 @FAST

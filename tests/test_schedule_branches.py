@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.test_schedule_bruteforce import NATIVE, SEMS, Oracle, check_everything, compact, dags, fast
 from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
-from tpu_pipeline.toolchain.schedule import build_model, schedule
+from tpu_pipeline.toolchain.schedule import ScheduleParams, build_model, schedule
 from tpu_pipeline.toolchain.schedule.branches import _body_tensors, _res, body_order, body_units
 
 SIZES = [16, 32, 48, 64, 96, 128, 256]
@@ -253,7 +253,8 @@ def sliced_forks(draw) -> Graph:
 @fast(120)
 @given(sliced_forks(), st.randoms(use_true_random=False))
 def test_lazy_slices_keep_the_optimum(graph, rnd):
-    from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
+    from tpu_pipeline.toolchain.schedule.dp import best_first
+    from tpu_pipeline.toolchain.schedule.problem import Piece
     from tpu_pipeline.toolchain.schedule.fusion import fuse
 
     note(compact(graph))
@@ -263,7 +264,7 @@ def test_lazy_slices_keep_the_optimum(graph, rnd):
     opt = Oracle(graph, "tflm").optimum()
     s = schedule(graph, method="dp", time_limit=30)
     assert s.peak == opt and s.proven_optimal, (s.peak, opt)
-    r = schedule(graph, method="dp", time_limit=30, ablate=frozenset({"fusion", "branches", "free_moves"}))
+    r = schedule(graph, method="dp", time_limit=30, params=ScheduleParams().without("fusion", "branches", "free_moves"))
     assert r.peak == opt and r.proven_optimal, (r.peak, opt)
     # the exact search itself, in C and in Python, with only the moves forks.py allows, on the
     # fused units and on the ops one by one (where every slice of the fork is a lazy slice)
@@ -286,13 +287,14 @@ def test_lazy_slices_found_and_the_final_run_needed():
         ops += [Op("STRIDED_SLICE", (1,), (x,)), Op("CONV_2D", (x,), (y,)), Op("CONV_2D", (y,), (z,))]
     ops.append(Op("CONCATENATION", (4, 7, 10), (11,)))
     g = Graph(ts, tuple(ops), (0,), (11,), "run")
-    from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
+    from tpu_pipeline.toolchain.schedule.dp import best_first
+    from tpu_pipeline.toolchain.schedule.problem import Piece
 
     model = build_model(g)
     pc = Piece(model, [(v,) for v in range(model.n)]).use_lazy_slices()
     assert sorted(pc.fork_groups) == [1] and len(pc.lazy) == 3
     opt = Oracle(g, "tflm").optimum()
-    s = schedule(g, method="dp", time_limit=10, ablate=frozenset({"fusion", "branches"}))
+    s = schedule(g, method="dp", time_limit=10, params=ScheduleParams().without("fusion", "branches"))
     assert s.peak == opt and s.proven_optimal
     for native in NATIVE:
         res = best_first(pc, model.peak(list(range(model.n))) + 1, 0, native=native)

@@ -33,15 +33,18 @@ from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
 from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, get_semantics
-from tpu_pipeline.toolchain.schedule import build_model, heuristics, schedule
-from tpu_pipeline.toolchain.schedule.api import _dives
+from tpu_pipeline.toolchain.schedule import ScheduleParams, bounds, build_model, heuristics, schedule
 from tpu_pipeline.toolchain.schedule.beam import beam_order
-from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+from tpu_pipeline.toolchain.schedule.bounds.branching import branch_lower_bound
+from tpu_pipeline.toolchain.schedule.bounds.mincut import cut_lower_bound
+from tpu_pipeline.toolchain.schedule.bounds.static import model_lower_bound, static_lower_bound
 from tpu_pipeline.toolchain.schedule.divide import pieces, unit_dag
 from tpu_pipeline.toolchain.schedule import _native_search
-from tpu_pipeline.toolchain.schedule.dp import Piece, best_first
+from tpu_pipeline.toolchain.schedule.dives import dive
+from tpu_pipeline.toolchain.schedule.dp import best_first
 from tpu_pipeline.toolchain.schedule.fusion import fuse
 from tpu_pipeline.toolchain.schedule.model import bits, is_topological
+from tpu_pipeline.toolchain.schedule.problem import BoundQuery, Piece
 
 INF = float("inf")
 # The exact search runs in C when a compiler is here (_best_first.c) and in Python otherwise:
@@ -354,11 +357,12 @@ def dangling(graph) -> bool:
 
 
 def check_schedule(graph, semantics, oracle, model, opt, methods):
-    variants = [(m, frozenset()) for m in methods]
-    variants += [("dp", frozenset({a})) for a in ("fusion", "cuts", "free_moves", "cut_bound")]
-    for method, ablate in variants:
-        res = schedule(graph, method=method, time_limit=30, semantics=semantics, ablate=ablate)
-        what = (method, sorted(ablate))
+    variants = [(m, ()) for m in methods]
+    variants += [("dp", (a,)) for a in ("fusion", "cuts", "free_moves", "cut_bound")]
+    for method, off in variants:
+        res = schedule(graph, method=method, time_limit=30, semantics=semantics,
+                       params=ScheduleParams().without(*off))
+        what = (method, off)
         assert graph.is_topological(res.order), what
         assert lifetimes(graph, res.order, semantics).peak == res.peak, what
         assert oracle.peak(res.order) == res.peak, what
@@ -390,10 +394,11 @@ def check_parts(graph, semantics, oracle, model, opt, rnd):
         return
     if model.n == 0:
         return  # nothing to fuse, cut or search
-    assert model.lower_bound() <= opt
+    assert model_lower_bound(model) <= opt
     singles = [(v,) for v in range(model.n)]
     whole = Piece(model, singles)
-    assert whole.static_lower_bound() <= opt
+    check_registered_bounds(whole, opt)
+    assert static_lower_bound(whole) <= opt
     assert cut_lower_bound(whole) <= opt
     assert branch_lower_bound(whole, time.monotonic() + 5, max_leaves=40) <= opt
 
@@ -476,7 +481,8 @@ def closure(rel):
 def check_piece(model, oracle, piece, start, within, units, piece_opt):
     """Bounds and the best-first search (with and without free moves, under several floors) on
     one piece in context, against the oracle's optimum of that piece."""
-    assert piece.static_lower_bound() <= piece_opt
+    check_registered_bounds(piece, piece_opt)
+    assert static_lower_bound(piece) <= piece_opt
     assert cut_lower_bound(piece) <= piece_opt
     assert cut_lower_bound(piece, floor=0) <= piece_opt
     assert branch_lower_bound(piece, time.monotonic() + 5, max_leaves=40) <= piece_opt
@@ -498,8 +504,8 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
         assert r.lower_bound <= piece_opt, what
         assert is_topological_after(model, r.order, S0), what
         assert oracle.peak_from(r.order, start) == piece_opt, what
-    # dives (api._dives): real orders only, and the bound they report is proven
-    found, proven = _dives(piece, ub + 1, piece.static_lower_bound(), time.monotonic() + 5, frozenset())
+    # dives (dives.py): real orders only, and the bound they report is proven
+    found, proven = dive(piece, ub + 1, static_lower_bound(piece), time.monotonic() + 5)
     assert proven <= piece_opt
     if found is not None:
         assert is_topological_after(model, found[0], S0) and piece.evaluate(found[0]) == found[1] >= piece_opt
@@ -519,6 +525,12 @@ def check_piece(model, oracle, piece, start, within, units, piece_opt):
         for native in NATIVE:
             r = best_first(piece, piece_opt, 0, free_moves=True, native=native)
             assert r.order is None and r.lower_bound <= piece_opt
+
+
+def check_registered_bounds(piece, piece_opt):
+    """Every lower bound registered in bounds.PIECE_BOUNDS (a new one too) is below the optimum."""
+    for bound in bounds.PIECE_BOUNDS:
+        assert bound.compute(piece, BoundQuery(0, None, None)) <= piece_opt, bound.name
 
 
 def is_topological_after(model, order, S0):
@@ -552,8 +564,8 @@ def random_wiring(n: int, seed: int) -> Graph:
 BEAMS_AT_A_TINY_CAP = """
 import sys, time
 from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
-from tpu_pipeline.toolchain.schedule import api, beam, build_model
-from tpu_pipeline.toolchain.schedule.dp import Piece
+from tpu_pipeline.toolchain.schedule import beam, build_model
+from tpu_pipeline.toolchain.schedule.problem import Piece
 from tpu_pipeline.toolchain.schedule.fusion import fuse
 
 tensors = [Tensor(i, f"t{i}", "int8", (64,)) for i in range(7)]
@@ -569,13 +581,13 @@ except beam.TooWide:
     pass
 beam.MAX_BEAM_BYTES = 1024  # not even width 48 fits
 t = time.monotonic()
-found = api._beams(piece, 10**9, t + 5, 0)
+found = beam.widening_beams(piece, 10**9, t + 5, 0)
 print(found, time.monotonic() - t)
 """
 
 
 def test_beams_stop_at_their_memory_cap():
-    """When no beam fits MAX_BEAM_BYTES, api._beams stops at once. It used to keep doubling the
+    """When no beam fits MAX_BEAM_BYTES, beam.widening_beams stops at once. It used to keep doubling the
     width until, passed as a C int, it wrapped to 0 (48 * 2**28) and the C beam wrote into
     0-byte buffers: a heap corruption, seen as `fit` aborting on Xception ("munmap_chunk():
     invalid pointer"). In a child process, as a regression aborts it."""
@@ -772,7 +784,7 @@ def test_free_moves_with_an_untouched_output():
     g = Graph((T(0, 0), T(1, 0), T(2, 0), T(3, 16), T(4, 16)),
               (Op("ADD", (0,), (1,)), Op("ADD", (), (2,)), Op("ADD", (1,), (3,))), (), (4,))
     assert Oracle(g, "tflm").optimum() == lifetimes(g, [0, 2, 1]).peak == 16
-    assert schedule(g, method="dp", ablate=frozenset({"free_moves"})).peak == 16
+    assert schedule(g, method="dp", params=ScheduleParams().without("free_moves")).peak == 16
     res = schedule(g, method="dp")
     assert res.peak == 16 or not res.proven_optimal
 
@@ -822,14 +834,14 @@ MUTATIONS = [
     # divide.py
     ("divide.py", "if (anc[k] | desc[k] | (1 << k)) == full]", "]", "every unit is a cut point"),
     ("divide.py", "if between:\n            out.append", "if True:\n            out.append", "empty pieces"),
-    # dp.py: free moves and the bound that floors the search
+    # dp.py: free moves; bounds/static.py: the bound that floors the search
     ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and R2 <= R:",
      "free move may exceed max(g, floor)"),
     ("dp.py", "if free_moves and peak <= cap and R2 <= R:", "if free_moves and peak <= cap:",
      "free move may leave more bytes resident"),
-    ("dp.py", "if m & self.ops:\n                continue", "pass", "static bound: tensors touched inside counted twice"),
-    ("dp.py", "lb = self.step0\n", "lb = model.step0\n", "static bound: step 0 in every piece"),
-    ("dp.py", "if S_end == model.full:\n            end =", "if True:\n            end =",
+    ("bounds/static.py", "if m & ops:\n            continue", "pass", "static bound: tensors touched inside counted twice"),
+    ("bounds/static.py", "lb = model.step0 if S0 == 0 else 0", "lb = model.step0", "static bound: step 0 in every piece"),
+    ("bounds/static.py", "if (S0 | ops) == model.full and model.n:", "if True:",
      "static bound: graph outputs at the end of every piece"),
     # forks.py: the moves around a fork of lazy slices
     ("forks.py", "if fork not in runs_offered:", "if False:", "no run of the remaining slices"),
@@ -852,22 +864,22 @@ MUTATIONS = [
      "C beam: the moves replayed back to front"),
     ("_best_first.c", "if (ua[w] != ub[w]) return ua[w] < ub[w];", "if (ua[w] != ub[w]) return ua[w] > ub[w];",
      "C beam: ties kept in another order than beam.py's"),
-    # bounds.py: the min-cut bound
-    ("bounds.py", "if after:\n                    forced.append(t)\n                    continue",
+    # bounds/mincut.py: the min-cut bound
+    ("bounds/mincut.py", "if after:\n                    forced.append(t)\n                    continue",
      "forced.append(t)\n                continue", "cut bound: live-before tensors forced even if they die"),
-    ("bounds.py", "if after:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]",
+    ("bounds/mincut.py", "if after:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]",
      "if True:\n                    size_arcs[t] = [arc(idx[writer], 1, s)]", "cut bound: written tensors always survive"),
-    ("bounds.py", "for t in forced if t not in model.touch[v])",
+    ("bounds/mincut.py", "for t in forced if t not in model.touch[v])",
      "for t in forced)", "cut bound: forced tensors v touches counted twice"),
-    ("bounds.py", "flow.set_arc_capacity(a, 0 if on else model.size[t])",
+    ("bounds/mincut.py", "flow.set_arc_capacity(a, 0 if on else model.size[t])",
      "flow.set_arc_capacity(a, model.size[t])",
      "cut bound: v's own tensors counted twice"),
-    # bounds.py: the branching bound; api.py: the dives' bound
-    ("bounds.py", "for pair in ((u, v), (v, u)):", "for pair in ((v, u),):",
+    # bounds/branching.py: the branching bound; dives.py: the dives' bound
+    ("bounds/branching.py", "for pair in ((u, v), (v, u)):", "for pair in ((v, u),):",
      "branch bound: only the branch that breaks the cheapest cut"),
-    ("bounds.py", "heapq.heappush(heap, (max(r[0], bound)", "heapq.heappush(heap, (max(r[0], bound) + 16",
+    ("bounds/branching.py", "heapq.heappush(heap, (max(r[0], bound)", "heapq.heappush(heap, (max(r[0], bound) + 16",
      "branch bound: a leaf's bound above its cuts"),
-    ("api.py", "proven = max(proven, min(r.lower_bound, ub))", "proven = max(proven, B)",
+    ("dives.py", "proven = max(proven, min(r.lower_bound, ub))", "proven = max(proven, B)",
      "dives: the trial budget taken as a bound"),
     ("beam.py", "if upred[j] & ~U2 == 0 and not", "if not", "beam: a unit ready before its predecessors ran"),
     ("beam.py", "for ks in reversed(seq)", "for ks in seq", "beam: the moves read back to front"),
@@ -881,20 +893,40 @@ MUTATIONS = [
     ("model.py", "if tuple(cons) != (i,):", "if False:", "in-place: shared even if other ops read the input"),
     ("model.py", "if src in zeroed or sizes[src] < sizes[dst]:", "if sizes[src] < sizes[dst]:",
      "in-place: a shared input shared again"),
-    ("model.py", "return max(lb, end if self.n else 0)", "return max(lb, end + 16 if self.n else 0)",
-     "order-free bound too high (sanity check of the harness)"),
 ]
+
+# Wrong parts added the way a new bound or stage is (one entry in bounds.PIECE_BOUNDS or
+# stages.STAGES), with no source edited: a plugin registers them in the child before the tests
+# run. The tests check every registered bound and every stage's answers, so these must fail too.
+# (Python run in the child, what it registers.)
+REGISTERED = [
+    ("bounds.PIECE_BOUNDS += (LowerBound('too high', lambda pc, q: static_lower_bound(pc) + 16, every_piece=True),)",
+     "a lower bound 16 bytes too high (sanity check of the harness)"),
+    ("stages.STAGES['auto'] = (Stage('overclaim', lambda pc, known, until, ctx: known.raised(known.peak)),"
+     " *stages.STAGES['auto'])",
+     "a stage that claims the best order so far is optimal"),
+]
+REGISTRATION_PLUGIN = """
+from tpu_pipeline.toolchain.schedule import bounds, stages
+from tpu_pipeline.toolchain.schedule.bounds import LowerBound
+from tpu_pipeline.toolchain.schedule.bounds.static import static_lower_bound
+from tpu_pipeline.toolchain.schedule.stages import Stage
+"""
+# Not here: the switches of ScheduleParams. Each turns off a part that is sound on its own, so no
+# setting of them is a wrong scheduler; check_schedule runs the exact search with each of fusion,
+# cuts, free moves and the min-cut bound off, and the ablation tables in tools/bench_*.py toggle them.
 
 
 def _mutations():
-    out = [pytest.param([], id="control: no mutation")]
+    out = [pytest.param([], "", id="control: no mutation")]
     for k, (fname, old, new, what) in enumerate(MUTATIONS):
         if what is None:
             continue
         group = [(fname, old, new)]
         if k + 1 < len(MUTATIONS) and MUTATIONS[k + 1][3] is None:
             group.append(MUTATIONS[k + 1][:3])
-        out.append(pytest.param(group, id=f"{fname}:{what}"))
+        out.append(pytest.param(group, "", id=f"{fname}:{what}"))
+    out += [pytest.param([], code, id=f"registered:{what}") for code, what in REGISTERED]
     return out
 
 
@@ -915,13 +947,17 @@ def apply_mutation(pkg: Path, group) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", _mutations())
-def test_every_mutation_is_caught(group, tmp_path):
+@pytest.mark.parametrize("group, registration", _mutations())
+def test_every_mutation_is_caught(group, registration, tmp_path):
     """Run the fast tests of this module and of test_schedule_branches.py (the forks, bodies and
-    lazy slices) on a mutated copy of the package (the shared tree is never touched): they must
-    fail."""
+    lazy slices) on a mutated copy of the package (the shared tree is never touched), or with a
+    wrong part registered: they must fail."""
     shutil.copytree(ROOT / "tpu_pipeline", tmp_path / "tpu_pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     where = apply_mutation(tmp_path, group)
+    plugin = []
+    if registration:
+        (tmp_path / "schedule_registration.py").write_text(REGISTRATION_PLUGIN + registration + "\n")
+        plugin, where = ["-p", "schedule_registration"], [registration]
     # the mutated toolchain first; the checkout after it, for `tests.` imports between the modules
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), SCHEDULE_MUTATION_RUN="1")
     probe = subprocess.run([sys.executable, "-c", "import tpu_pipeline.toolchain as t; print(t.__file__)"],
@@ -930,11 +966,11 @@ def test_every_mutation_is_caught(group, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", str(Path(__file__)),
                            str(Path(__file__).with_name("test_schedule_branches.py")),
                            str(Path(__file__).with_name("test_schedule_fusion_witnesses.py")), "-x", "-q", "-p", "no:cacheprovider",
-                           "-m", "not slow", "--no-header", "-rf"], cwd=tmp_path, env=env,
+                           *plugin, "-m", "not slow", "--no-header", "-rf"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=1800)
     failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")]
     print(where, failed)
-    if not group:
+    if not group and not registration:
         assert proc.returncode == 0, proc.stdout[-3000:]
         return
     assert proc.returncode == 1 and failed, f"mutation at {where} survived:\n{proc.stdout[-3000:]}"

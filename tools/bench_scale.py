@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -57,23 +56,23 @@ def model_files(models: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.stat().st_size)
 
 
-ABLATION = {  # name -> parts of the at-scale search switched off (schedule(ablate=...))
+ABLATION = {  # name -> ScheduleParams switches of the at-scale search turned off
     "no branching bound": ("branch_bound",),
-    "no beams": ("beam",),
+    "no beams": ("beams",),
     "beams without the floor": ("beam_floor",),
     "no dives": ("dives",),
-    "none of the three": ("branch_bound", "beam", "dives"),
-    "Python search": ("python",),  # the exact search and the beams in Python, not C
+    "none of the three": ("branch_bound", "beams", "dives"),
+    "Python search": ("native",),  # the exact search and the beams in Python, not C
 }
 
 
 def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
     """Runs in a child: the schedule's figures for one model, as JSON."""
     from tpu_pipeline.toolchain.ir import load
-    from tpu_pipeline.toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.schedule import ScheduleParams, schedule
 
     _, graph = load(path)
-    res = schedule(graph, time_limit=time_limit, ablate=frozenset(off))
+    res = schedule(graph, time_limit=time_limit, params=ScheduleParams().without(*off))
     return dict(ops=len(graph.ops), units=res.units, pieces=res.pieces, largest=res.largest_piece,
                 peak=res.peak, lb=res.lower_bound, proven=res.proven_optimal, seconds=res.seconds)
 
@@ -82,21 +81,25 @@ def exhaust(path: Path, seconds: float, gib: float) -> int:
     """The exact search on the largest piece with a large time and memory budget (see above)."""
     from tpu_pipeline.toolchain.ir import load
     from tpu_pipeline.toolchain.schedule import dp, heuristics
-    from tpu_pipeline.toolchain.schedule.api import _beams, _piece_upper_bound, _pieces_in_context
-    from tpu_pipeline.toolchain.schedule.bounds import branch_lower_bound, cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.beam import widening_beams
+    from tpu_pipeline.toolchain.schedule.bounds.branching import branch_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds.mincut import cut_lower_bound
+    from tpu_pipeline.toolchain.schedule.bounds.static import static_lower_bound
     from tpu_pipeline.toolchain.schedule.branches import body_units
     from tpu_pipeline.toolchain.schedule.divide import pieces
     from tpu_pipeline.toolchain.schedule.fusion import fuse
     from tpu_pipeline.toolchain.schedule.model import build_model
+    from tpu_pipeline.toolchain.schedule.problem import pieces_in_context
+    from tpu_pipeline.toolchain.schedule.solve import piece_upper_bound
 
     model = build_model(load(str(path))[1], "tflm")
     units = fuse(model, body_units(model, until=time.monotonic() + 5))
-    piece = max(_pieces_in_context(model, units, pieces(model, units)), key=lambda p: len(p.units))
+    piece = max(pieces_in_context(model, units, pieces(model, units)), key=lambda p: len(p.units))
     piece.use_lazy_slices()
-    _, ub = _piece_upper_bound(model, piece, heuristics.greedy(model), time.monotonic() + 5)
-    floor = max(piece.static_lower_bound(), cut_lower_bound(piece, time.monotonic() + 5))
+    _, ub = piece_upper_bound(model, piece, heuristics.greedy(model), time.monotonic() + 5)
+    floor = max(static_lower_bound(piece), cut_lower_bound(piece, time.monotonic() + 5))
     floor = max(floor, branch_lower_bound(piece, time.monotonic() + 2.5, floor, ub))
-    found = _beams(piece, ub, time.monotonic() + 2.5, floor)
+    found = widening_beams(piece, ub, time.monotonic() + 2.5, floor)
     ub = found[1] if found else ub
     print(f"{path.name}: {len(piece.units)} units; floor {floor:,} B, best order {ub:,} B; exact search "
           f"for {seconds:g} s within {gib:g} GiB ...", flush=True)
@@ -124,14 +127,10 @@ def row_cells(r: dict) -> str:
 
 
 def run_child(f: Path, time_limit: float, off: tuple[str, ...] = ()) -> dict:
-    env = dict(os.environ)
-    if "python" in off:  # tpu_pipeline/toolchain/native.py: no compiled search, the Python versions run
-        env["TPU_PIPELINE_NO_NATIVE"] = "1"
-        off = tuple(o for o in off if o != "python")
     try:
         proc = subprocess.run([sys.executable, __file__, "--child", str(f), "--time-limit", str(time_limit),
                                "--off", *off], capture_output=True, text=True,
-                              timeout=time_limit * 6 + 120, cwd=ROOT, env=env)
+                              timeout=time_limit * 6 + 120, cwd=ROOT)
         return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {
             "error": (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]}
     except subprocess.TimeoutExpired:
@@ -146,7 +145,7 @@ def ablation(hard: list[dict], models: Path, time_limit: float) -> list[str]:
              "for better orders skipped; `beams without the floor`: the beams rank partial orders by their "
              "own peak even below the proven floor (beam.py); `none of the three`: the search as before issue 15 but with its "
              "first 20 % split off; `Python search`: everything on, but the exact search and the beams "
-             "in Python instead of C (`TPU_PIPELINE_NO_NATIVE=1`).", "",
+             "in Python instead of C (`native` off).", "",
              "| model | all | " + " | ".join(ABLATION) + " |", "|---|" + "---|" * (len(ABLATION) + 1)]
     for r in hard:
         cells = [f"{r['peak']:,} / {r['lb']:,} ({gap(r['peak'], r['lb'])})"]

@@ -54,7 +54,7 @@ def model_files(dirs: list[Path]) -> list[Path]:
     return out
 
 
-VARIANTS = {  # ablation: name -> (method, parts switched off)
+VARIANTS = {  # ablation: name -> (method, ScheduleParams switches turned off)
     "all": ("auto", ()),
     "no free moves": ("auto", ("free_moves",)),
     "no fusion": ("auto", ("fusion",)),
@@ -66,11 +66,11 @@ VARIANTS = {  # ablation: name -> (method, parts switched off)
 
 def variant(path: str, name: str, time_limit: float) -> dict:
     from tpu_pipeline.toolchain.ir import load
-    from tpu_pipeline.toolchain.schedule import schedule
+    from tpu_pipeline.toolchain.schedule import ScheduleParams, schedule
 
     _, graph = load(path)
     method, off = VARIANTS[name]
-    res = schedule(graph, method=method, time_limit=time_limit, ablate=frozenset(off))
+    res = schedule(graph, method=method, time_limit=time_limit, params=ScheduleParams().without(*off))
     return {"peak": res.peak, "lb": res.lower_bound, "proven": res.proven_optimal, "seconds": res.seconds}
 
 

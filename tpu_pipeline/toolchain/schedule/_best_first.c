@@ -8,9 +8,16 @@
  * Moves are single units or, around a fork of lazy slices (forks.py), a slice with its
  * consumer's unit or the run of every slice not yet run. Free moves as in dp.py.
  *
- * Returns 1 (an order below ub was found: units in out_units), 0 (exhausted: nothing below ub),
- * -1 (stopped by the deadline, the state cap or the memory cap; out_f is the proven key).
+ * Both searches take the problem as one struct (Problem) and their own limits and results as
+ * another (Search, Beam), each passed by pointer. Every struct is declared from one list of its
+ * fields (the X macros below), from which `struct_layout` also reports the names, offsets and
+ * sizes: _native_search.py's ctypes mirrors are tested against that report.
+ *
+ * best_first_search returns 1 (an order below ub was found: units in out_units), 0 (exhausted:
+ * nothing below ub), -1 (stopped by the deadline, the state cap or the memory cap; out_f is the
+ * proven key).
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,18 +25,93 @@
 typedef long long i64;
 typedef unsigned long long u64;
 
+/* The memory model (shared by every piece of a model), the piece, and where it starts. */
+#define PROBLEM_FIELDS(X, S) \
+    X(S, int, W)                        /* 64-bit words of an op set */ \
+    X(S, int, Wu)                       /* words of a unit set */ \
+    X(S, int, m)                        /* units of the piece */ \
+    X(S, const int *, unit_start)       /* unit k's ops: unit_ops[unit_start[k] .. unit_start[k+1]) */ \
+    X(S, const int *, unit_ops) \
+    X(S, const u64 *, unit_mask)        /* per unit: its ops, W words */ \
+    X(S, const int *, touch_start)      /* op v touches tensors touch[touch_start[v] .. touch_start[v+1]) */ \
+    X(S, const int *, touch) \
+    X(S, const i64 *, size)             /* per tensor */ \
+    X(S, const u64 *, mask)             /* per tensor: the ops touching it, W words */ \
+    X(S, const unsigned char *, pin_start) /* per tensor: live from step 0 */ \
+    X(S, const unsigned char *, pin_end)   /* per tensor: live to the last step */ \
+    X(S, const i64 *, extra)            /* per op: scratch bytes */ \
+    X(S, i64, const_all)                /* bytes live at every step */ \
+    X(S, i64, final_only)               /* bytes live at the last step only */ \
+    X(S, const u64 *, full)             /* every op, W words */ \
+    X(S, const u64 *, S0)               /* the ops run before the piece, W words */ \
+    X(S, i64, R0)                       /* bytes resident after S0 */ \
+    X(S, i64, g0)                       /* the peak so far when the search starts */ \
+    X(S, const u64 *, upred)            /* per unit: its predecessor units, Wu words */ \
+    X(S, const int *, lazy_fork)        /* per unit: its fork's index if a lazy slice, else -1 */ \
+    X(S, const int *, lazy_cons)        /* per unit: its consumer's unit if a lazy slice */ \
+    X(S, const int *, group_start)      /* fork f's slices: group_units[group_start[f] .. group_start[f+1]) */ \
+    X(S, const int *, group_units)
+
+/* best_first_search's limits (in) and results (out). */
+#define SEARCH_FIELDS(X, S) \
+    X(S, i64, ub)                       /* in: only orders peaking below this */ \
+    X(S, i64, floor)                    /* in: a proven bound; keys below it are equal */ \
+    X(S, double, seconds)               /* in: time allowed */ \
+    X(S, i64, max_states)               /* in: states plus heap entries allowed */ \
+    X(S, i64, max_bytes)                /* in: memory allowed */ \
+    X(S, int, free_moves)               /* in: expand only a free move when there is one */ \
+    X(S, int *, out_units)              /* out: the order found, m + 1 ints allocated by the caller */ \
+    X(S, int, out_n)                    /* out: units in out_units */ \
+    X(S, i64, out_peak)                 /* out: the order's peak */ \
+    X(S, i64, out_f)                    /* out: the last key expanded (a proven bound) */ \
+    X(S, i64, out_states)               /* out: states kept */
+
+/* beam_search's limits (in) and results (out). */
+#define BEAM_FIELDS(X, S) \
+    X(S, int, width)                    /* in: states kept per level */ \
+    X(S, i64, ub)                       /* in: only orders peaking below this */ \
+    X(S, double, seconds)               /* in: time allowed */ \
+    X(S, i64, max_bytes)                /* in: memory allowed */ \
+    X(S, int *, out_units)              /* out: the order found, m + 1 ints allocated by the caller */ \
+    X(S, int, out_n)                    /* out: units in out_units */ \
+    X(S, i64, out_peak)                 /* out: the order's peak */
+
+#define DECLARE(S, type, name) type name;
+typedef struct { PROBLEM_FIELDS(DECLARE, _) } Problem;
+typedef struct { SEARCH_FIELDS(DECLARE, _) } Search;
+typedef struct { BEAM_FIELDS(DECLARE, _) } Beam;
+
+#define NAME(S, type, name) #name " "
+#define OFFSET(S, type, name) (i64)offsetof(S, name),
+#define WIDTH(S, type, name) (i64)sizeof(((S *)0)->name),
+#define LAYOUT(S, FIELDS) \
+    static const char S##_names[] = FIELDS(NAME, S); \
+    static const i64 S##_offsets[] = {FIELDS(OFFSET, S)}; \
+    static const i64 S##_widths[] = {FIELDS(WIDTH, S)};
+LAYOUT(Problem, PROBLEM_FIELDS)
+LAYOUT(Search, SEARCH_FIELDS)
+LAYOUT(Beam, BEAM_FIELDS)
+
+/* The layout of struct `which` (0 Problem, 1 Search, 2 Beam): its field names (space-separated,
+ * in order), each field's offset and size, and the struct's size. Returns the number of fields,
+ * -1 for an unknown struct. */
+int struct_layout(int which, const char **names, const i64 **offsets, const i64 **widths, i64 *total) {
+#define REPORT(S) \
+    do { *names = S##_names; *offsets = S##_offsets; *widths = S##_widths; *total = (i64)sizeof(S); \
+         return (int)(sizeof(S##_offsets) / sizeof(i64)); } while (0)
+    if (which == 0) REPORT(Problem);
+    if (which == 1) REPORT(Search);
+    if (which == 2) REPORT(Beam);
+    return -1;
+#undef REPORT
+}
+
 enum { SINGLE = 0, PAIR = 1, RUN = 2 };
 
 typedef struct { i64 f, g, R; int negd, idx; } Entry;
 
 typedef struct {
-    int W, Wu, m;
-    const int *unit_start, *unit_ops, *touch_start, *touch;
-    const i64 *size, *extra;
-    const u64 *mask, *full, *S0, *upred, *unit_mask;
-    const unsigned char *pin_start, *pin_end;
-    i64 const_all, final_only;
-    const int *lazy_fork, *lazy_cons, *group_start, *group_units;
+    PROBLEM_FIELDS(DECLARE, _) /* a copy of the problem, read as c->W, c->size, ... */
     /* states */
     u64 *U;
     i64 *R, *g;
@@ -277,25 +359,19 @@ static void release(Ctx *c) {
     free(c->table); free(c->heap);
 }
 
-int best_first_search(int W, int Wu, int m,
-                      const int *unit_start, const int *unit_ops, const u64 *unit_mask,
-                      const int *touch_start, const int *touch,
-                      const i64 *size, const u64 *mask, const unsigned char *pin_start,
-                      const unsigned char *pin_end, const i64 *extra, i64 const_all, i64 final_only,
-                      const u64 *full, const u64 *S0, i64 R0, i64 g0, const u64 *upred,
-                      const int *lazy_fork, const int *lazy_cons, const int *group_start,
-                      const int *group_units,
-                      i64 ub, i64 floor_, double seconds, i64 max_states, i64 max_bytes, int free_moves,
-                      int *out_units, int *out_n, i64 *out_peak, i64 *out_f, i64 *out_states) {
+#define COPY(S, type, name) c.name = p->name;
+
+int best_first_search(const Problem *p, Search *q) {
     Ctx c;
     memset(&c, 0, sizeof c);
-    c.W = W; c.Wu = Wu; c.m = m;
-    c.unit_start = unit_start; c.unit_ops = unit_ops; c.unit_mask = unit_mask;
-    c.touch_start = touch_start; c.touch = touch; c.size = size; c.mask = mask;
-    c.pin_start = pin_start; c.pin_end = pin_end; c.extra = extra;
-    c.const_all = const_all; c.final_only = final_only; c.full = full; c.S0 = S0; c.upred = upred;
-    c.lazy_fork = lazy_fork; c.lazy_cons = lazy_cons; c.group_start = group_start; c.group_units = group_units;
-    c.max_bytes = (size_t)max_bytes;
+    PROBLEM_FIELDS(COPY, _)
+    c.max_bytes = (size_t)q->max_bytes;
+    const int W = p->W, Wu = p->Wu, m = p->m, free_moves = q->free_moves;
+    const u64 *S0 = p->S0, *unit_mask = p->unit_mask;
+    const i64 R0 = p->R0, g0 = p->g0, ub = q->ub, floor_ = q->floor, max_states = q->max_states;
+    const double seconds = q->seconds;
+    int *out_units = q->out_units, *out_n = &q->out_n;
+    i64 *out_peak = &q->out_peak, *out_f = &q->out_f, *out_states = &q->out_states;
     double deadline = now() + seconds;
     int status = -1;
     *out_f = floor_;
@@ -429,24 +505,16 @@ static size_t beam_bytes(int width, int W, int Wu, size_t cand_cap, size_t tsize
            + trail_cap * (2 * sizeof(int) + 1);
 }
 
-int beam_search(int W, int Wu, int m,
-                const int *unit_start, const int *unit_ops, const u64 *unit_mask,
-                const int *touch_start, const int *touch,
-                const i64 *size, const u64 *mask, const unsigned char *pin_start,
-                const unsigned char *pin_end, const i64 *extra, i64 const_all, i64 final_only,
-                const u64 *full, const u64 *S0, i64 R0, i64 g0, const u64 *upred,
-                const int *lazy_fork, const int *lazy_cons, const int *group_start,
-                const int *group_units,
-                int width, i64 ub, double seconds, i64 max_bytes,
-                int *out_units, int *out_n, i64 *out_peak) {
+int beam_search(const Problem *p, Beam *q) {
     Ctx c;
     memset(&c, 0, sizeof c);
-    c.W = W; c.Wu = Wu; c.m = m;
-    c.unit_start = unit_start; c.unit_ops = unit_ops; c.unit_mask = unit_mask;
-    c.touch_start = touch_start; c.touch = touch; c.size = size; c.mask = mask;
-    c.pin_start = pin_start; c.pin_end = pin_end; c.extra = extra;
-    c.const_all = const_all; c.final_only = final_only; c.full = full; c.S0 = S0; c.upred = upred;
-    c.lazy_fork = lazy_fork; c.lazy_cons = lazy_cons; c.group_start = group_start; c.group_units = group_units;
+    PROBLEM_FIELDS(COPY, _)
+    const int W = p->W, Wu = p->Wu, m = p->m, width = q->width;
+    const u64 *S0 = p->S0, *unit_mask = p->unit_mask;
+    const i64 R0 = p->R0, g0 = p->g0, ub = q->ub, max_bytes = q->max_bytes;
+    const double seconds = q->seconds;
+    int *out_units = q->out_units, *out_n = &q->out_n;
+    i64 *out_peak = &q->out_peak;
     double deadline = now() + seconds;
     int status = -1;
     if (width < 1 || beam_bytes(width, W, Wu, (size_t)width * 8, (size_t)width * 16, (size_t)width * 4)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 
 from tpu_pipeline.toolchain.schedule import _native_search
-from tpu_pipeline.toolchain.schedule._native_search import TooWide  # noqa: F401 (raised through beam_order)
+from tpu_pipeline.toolchain.schedule._native_search import TooWide
 from tpu_pipeline.toolchain.schedule.forks import moves
+from tpu_pipeline.toolchain.schedule.problem import Known, Piece, StageContext, units_to_ops
 
 
 # The C beam's memory cap (its levels, candidates and trail): past it the beam gives up.
@@ -48,7 +49,7 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
             while trail:  # the moves, linked back to front
                 ks, trail = trail
                 seq.append(ks)
-            order = [v for ks in reversed(seq) for k in ks for v in piece.units[k]]
+            order = units_to_ops(piece, [k for ks in reversed(seq) for k in ks])
             return order, piece.evaluate(order)
         if time.monotonic() > deadline:
             return None
@@ -75,3 +76,26 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
                 nxt[U2] = (peak, S2, R2, tuple(nr), (ks, trail))
         beam = dict(sorted(nxt.items(), key=lambda kv: (kv[1][0], kv[1][2], kv[0]))[:width])
     return None
+
+
+def widening_beams(piece: Piece, ub: int, until: float, floor: int, width: int = 48,
+                   native: bool = True) -> tuple[list[int], int] | None:
+    """Beams of doubling width, from `width`, while time is left: the best (order, peak) below
+    `ub` found, or None. `floor` is a proven bound: no order of the piece peaks below it."""
+    best = None
+    while time.monotonic() < until:
+        try:
+            found = beam_order(piece, width, until, ub, native=native, floor=floor)
+        except TooWide:  # the memory cap: wider beams fit even less
+            break
+        if found is not None and found[1] < ub:  # None: the beam died under ub, or the time
+            best, ub = found, found[1]
+        width *= 2
+    return best
+
+
+def beams(piece: Piece, known: Known, until: float, ctx: StageContext) -> Known:
+    """The stage: better orders from widening beams (stages.py)."""
+    p = ctx.params
+    found = widening_beams(piece, known.peak, until, known.floor if p.beam_floor else 0, p.beam_width, p.native)
+    return known if found is None else known.better(*found)

@@ -19,8 +19,9 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.cpsat import new_solver
-from tpu_pipeline.toolchain.schedule.dp import Piece, SearchResult
+from tpu_pipeline.toolchain.schedule.bounds.static import static_lower_bound
 from tpu_pipeline.toolchain.schedule.model import bits
+from tpu_pipeline.toolchain.schedule.problem import Piece, SearchResult
 
 
 def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: float = 10.0,
@@ -33,7 +34,7 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
     m = len(units)
     lens = [len(u) for u in units]
     L = sum(lens)
-    static_lb = piece.static_lower_bound()
+    static_lb = static_lower_bound(piece)
     floor = max(floor, static_lb)
     if ub <= floor:
         return SearchResult(None, ub, static_lb, True, 0)
@@ -49,12 +50,11 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
             owner[v], offset[v] = k, r
     U, start, O = _placement_vars(cp, piece, lo, hi, lens, L, owner, offset)
     const, mem_terms = _tensor_vars(cp, piece, lo, hi, O, L, owner, offset)
-    S_end = piece.S0 | piece.ops
     mem = cp.new_int_var(floor, max(ub, floor), "mem")
     for j in range(1, L + 1):  # (6)
         expr = [s * x for s, x in mem_terms[j]]
         scratch = [model.extra[v] * O(v, j) for v in bits(piece.ops) if model.extra[v] and O(v, j) is not None]
-        final = model.final_only if (j == L and S_end == model.full) else 0
+        final = model.final_only if (j == L and piece.ends_graph) else 0
         cp.add(sum(expr) + sum(scratch) + const + final <= mem)
     cp.minimize(mem)
     _add_hint(cp, U, units, ub_order, lo, hi)

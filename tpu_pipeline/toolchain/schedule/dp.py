@@ -35,109 +35,11 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.schedule import _native_search
-from tpu_pipeline.toolchain.schedule.forks import lazy_slices, moves
-from tpu_pipeline.toolchain.schedule.model import MemModel, bits
-
-
-@dataclass
-class SearchResult:
-    order: list[int] | None  # op order of the piece, None if nothing better than `ub` was found
-    peak: int  # peak of `order` over the piece's steps (or ub if order is None)
-    lower_bound: int  # proven: no order of the piece peaks below this
-    complete: bool  # the search finished (order optimal, or ub proven optimal)
-    states: int
-
-
-class Piece:
-    """Units to order after the ops in S0 (with R0 = R(S0)); all outside predecessors are in S0."""
-
-    def __init__(self, model: MemModel, units, S0: int = 0, R0: int | None = None):
-        self.model = model
-        self.units = [tuple(u) for u in units]
-        self.S0 = S0
-        self.R0 = model.r0 if (R0 is None and S0 == 0) else (model.resident(S0) if R0 is None else R0)
-        self.inside = []
-        owner = {}
-        for k, u in enumerate(self.units):
-            m = 0
-            for v in u:
-                m |= 1 << v
-                owner[v] = k
-            self.inside.append(m)
-        self.ops = 0
-        for m in self.inside:
-            self.ops |= m
-        self.upred = []
-        for k, u in enumerate(self.units):
-            pm = 0
-            for v in u:
-                pm |= model.preds[v]
-            pm &= ~self.inside[k]
-            if pm & ~(S0 | self.ops):
-                raise ValueError("piece has predecessors outside the piece and S0")
-            loc = 0
-            for w in bits(pm & self.ops):
-                loc |= 1 << owner[w]
-            self.upred.append(loc)
-        self.usucc = [[] for _ in self.units]
-        for k, p in enumerate(self.upred):
-            for j in bits(p):
-                self.usucc[j].append(k)
-        self.lazy: dict[int, tuple[int, int]] = {}  # see forks.py; set by use_lazy_slices()
-        self.fork_groups: dict[int, list[int]] = {}
-
-    def use_lazy_slices(self) -> "Piece":
-        """Let the search offer slices of a fork only as pairs or one final run (forks.py)."""
-        self.lazy, self.fork_groups = lazy_slices(self.model, self.units, self.ops, self.upred)
-        return self
-
-    def apply(self, k: int, S: int, R: int) -> tuple[int, int, int]:
-        """Run unit k after S: (peak over its steps, S after, R after)."""
-        peak = 0
-        step = self.model.step
-        for v in self.units[k]:
-            live, R = step(v, S, R)
-            S |= 1 << v
-            if live > peak:
-                peak = live
-        return peak, S, R
-
-    @property
-    def step0(self) -> int:
-        """Bytes live at step 0 (the graph inputs) if this piece starts the graph, else 0: step 0
-        belongs to the first piece."""
-        return self.model.step0 if self.S0 == 0 else 0
-
-    def evaluate(self, order) -> int:
-        """Peak over the piece's steps for an op order of the piece's ops."""
-        return self.model.peak(order, self.S0, self.R0) if order else 0
-
-    def static_lower_bound(self) -> int:
-        """No order of this piece peaks below this: each op's own footprint plus the tensors
-        resident through the whole piece (alive before its first and after its last step)."""
-        model = self.model
-        S_end = self.S0 | self.ops
-        thru = []
-        for t in range(len(model.size)):
-            m = model.mask[t]
-            if m & self.ops:
-                continue
-            # untouched by the piece: alive before its first step iff alive after its last
-            if (model.pin_start[t] or m & self.S0) and (model.pin_end[t] or m & ~self.S0):
-                thru.append(model.size[t])
-        base = sum(thru) + model.const_all
-        lb = self.step0
-        for v in bits(self.ops):
-            fp = base + model.extra[v] + sum(model.size[t] for t in model.touch[v])
-            lb = max(lb, fp)
-        if S_end == model.full:
-            end = model.const_all + model.final_only + sum(
-                model.size[t] for t in range(len(model.size)) if model.pin_end[t])
-            lb = max(lb, end)
-        return lb
+from tpu_pipeline.toolchain.schedule.bounds.static import static_lower_bound
+from tpu_pipeline.toolchain.schedule.forks import moves
+from tpu_pipeline.toolchain.schedule.problem import Known, Piece, SearchResult, StageContext, units_to_ops
 
 
 # Memory cap of one search. A state costs its entries in `best` and `parent`, a heap entry (a
@@ -167,7 +69,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
         max_states = state_cap(piece) if not (native and _native_search.available()) else 2**62
     m = len(piece.units)
     full_u = (1 << m) - 1
-    static_lb = piece.static_lower_bound()
+    static_lb = static_lower_bound(piece)
     floor = max(floor, static_lb)
     if m == 0:
         return SearchResult([], 0, 0, True, 0)
@@ -180,7 +82,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     # A graph output no op touches is live at the last step only, i.e. at whichever op runs last:
     # a free move can change that op, so the exchange argument fails in the piece that ends the
     # graph (fusion makes the same exception; the brute-force test pins it).
-    if piece.model.final_only and (piece.S0 | piece.ops) == piece.model.full:
+    if piece.model.final_only and piece.ends_graph:
         free_moves = False
     if native and _native_search.available():
         return _native_search.best_first(piece, ub, floor, static_lb, g0, deadline, max_states,
@@ -252,11 +154,14 @@ def _reconstruct(piece: Piece, parent, U: int) -> list[int]:
     while U:
         U, ks = parent[U]
         seq.append(ks)
-    return _units_to_ops(piece, [k for ks in reversed(seq) for k in ks])
+    return units_to_ops(piece, [k for ks in reversed(seq) for k in ks])
 
 
-def _units_to_ops(piece: Piece, unit_order) -> list[int]:
-    return [v for k in unit_order for v in piece.units[k]]
+def short_search(piece: Piece, known: Known, until: float, ctx: StageContext) -> Known:
+    """The stage that settles most pieces: the exact search for a short while (stages.py)."""
+    p = ctx.params
+    r = best_first(piece, known.peak, known.floor, until, free_moves=p.free_moves, native=p.native)
+    return known.searched(r, "dp")
 
 
 def budgeted_dp(piece: Piece, budget: int, deadline: float | None = None) -> tuple[list[int] | None, bool]:

@@ -18,6 +18,7 @@ That is what makes a DP over sets exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
@@ -98,22 +99,11 @@ class MemModel:
             out.append(live)
         return out
 
-    def footprints(self) -> list[int]:
-        """Per op, the bytes live at its step in EVERY order: what it touches, its scratch, and
-        the always-live tensors. The max over ops is an order-free lower bound."""
-        out = []
-        for v in range(self.n):
-            fp = self.const_all + self.extra[v] + sum(self.size[t] for t in self.touch[v])
-            out.append(fp)
-        return out
-
-    def lower_bound(self) -> int:
-        fps = self.footprints()
-        lb = max([self.step0, *fps]) if fps else self.step0
-        # the last step holds every graph output at once
-        end = self.const_all + self.final_only + sum(
-            self.size[t] for t in range(len(self.size)) if self.pin_end[t] and not (self.pin_start[t] and self.pin_end[t]) and self.mask[t])
-        return max(lb, end if self.n else 0)
+    @cached_property
+    def end(self) -> int:
+        """Bytes live at the last step in every order: the graph outputs (and what is live at
+        every step), whichever op runs last."""
+        return self.const_all + self.final_only + sum(s for s, pe in zip(self.size, self.pin_end) if pe)
 
 
 def bits(mask: int):
