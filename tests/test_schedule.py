@@ -17,6 +17,7 @@ from tpu_pipeline.toolchain.schedule.cpsat import cpsat_piece
 from tpu_pipeline.toolchain.schedule.bounds.static import model_lower_bound, static_lower_bound
 from tpu_pipeline.toolchain.schedule.dp import best_first, bisect_budget
 from tpu_pipeline.toolchain.schedule.fusion import fuse
+from tpu_pipeline.toolchain.schedule.model import bits
 from tpu_pipeline.toolchain.schedule.divide import pieces
 from tpu_pipeline.toolchain.schedule.problem import Piece
 
@@ -221,3 +222,91 @@ def test_errors():
         schedule(g, semantics="nope")
     r = schedule(g)
     assert r.order == (0,) and r.proven_optimal
+
+
+def test_c_structs_match_their_ctypes_mirrors():
+    """The C searches take the problem and their limits and results as structs passed by pointer
+    (_best_first.c); the ctypes mirrors in _native_search.py must name the same fields, in the
+    same order, at the same offsets and sizes, in a struct of the same size."""
+    import ctypes
+
+    from tpu_pipeline.toolchain.schedule import _native_search
+
+    if not _native_search.available():
+        pytest.skip("no C compiler: the C searches are not built here")
+    for k, mirror in enumerate(_native_search.STRUCTS):
+        fields, size = _native_search.c_layout(k)
+        assert fields == [(name, getattr(mirror, name).offset, getattr(mirror, name).size)
+                          for name, _ in mirror._fields_], mirror.__name__
+        assert size == ctypes.sizeof(mirror), mirror.__name__
+
+
+def test_schedule_params_are_checked():
+    """Every field of ScheduleParams is checked when the record is made; parts are switched off
+    by their names only."""
+    from tpu_pipeline.toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.schedule import ScheduleParams
+    from tpu_pipeline.toolchain.schedule.stages import Stage
+
+    for bad in (dict(beam_share=0), dict(beam_share=1.5), dict(beam_width=0), dict(beam_width=2.5),
+                dict(fusion="yes"), dict(native=1), dict(cpsat_min_left=-1), dict(dive_gap_divisor=True)):
+        with pytest.raises(UsageError):
+            ScheduleParams(**bad)
+    assert ScheduleParams().without("beams", "dives") == ScheduleParams(beams=False, dives=False)
+    with pytest.raises(UsageError, match="unknown scheduler part 'beam'"):
+        ScheduleParams().without("beam")  # the old ablate name
+    with pytest.raises(ValueError):
+        Stage("mine", lambda piece, known, until, ctx: known, switch="no_such_switch")
+    with pytest.raises(ValueError):
+        Stage("mine", lambda piece, known, until, ctx: known, share="beam_width")
+    g = Graph((Tensor(0, "a", "int8", (4,)), Tensor(1, "b", "int8", (4,))), (Op("RELU", (0,), (1,)),), (0,), (1,))
+    with pytest.raises(UsageError):
+        schedule(g, params={"fusion": False})
+
+
+def largest_tensor(piece, query) -> int:
+    """A trivial lower bound (docs/schedule.md): each tensor an op of the piece touches is live at
+    that op's step, together with what is live at every step."""
+    model = piece.model
+    return model.const_all + max((model.size[t] for v in bits(piece.ops) for t in model.touch[v]), default=0)
+
+
+def test_a_new_lower_bound_is_one_registration(monkeypatch):
+    """The worked example of docs/schedule.md: a new bound is a function plus one entry in
+    bounds.PIECE_BOUNDS; the scheduler runs it on the pieces and reports what it proved."""
+    from conftest import EXAMPLE
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule import bounds
+    from tpu_pipeline.toolchain.schedule.bounds import LowerBound
+
+    monkeypatch.setattr(bounds, "PIECE_BOUNDS", (*bounds.PIECE_BOUNDS,
+                                                 LowerBound("largest tensor", largest_tensor, every_piece=True)))
+    _, graph = load(EXAMPLE)
+    s = schedule(graph, time_limit=20)
+    model = build_model(graph)
+    assert dict(s.bounds)["largest tensor"] == model.const_all + max(model.size) > 0
+    assert s.to_json()["bounds"]["largest tensor"] == dict(s.bounds)["largest tensor"]
+    assert s.proven_optimal and set(dict(s.bounds)) == {"static", "min-cut", "largest tensor"}
+
+
+def test_a_new_stage_is_one_registration(monkeypatch):
+    """The other worked example: a stage is a function of (piece, known, until, ctx) plus one
+    entry in a method's stages.STAGES; it sees what is known about each piece left open by the
+    bounds, and what it returns is what the next stage starts from."""
+    from conftest import EXAMPLE
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.schedule import stages
+
+    seen = []
+
+    def greedy_by_resident_bytes(piece, known, until, ctx):
+        order = heuristics.greedy(piece.model, piece.units, piece.S0, piece.R0, key="resident")
+        seen.append((known.peak, piece.evaluate(known.order), piece.evaluate(order)))
+        return known.better(order, piece.evaluate(order))
+
+    monkeypatch.setitem(stages.STAGES, "auto", (stages.Stage("greedy by resident bytes", greedy_by_resident_bytes),
+                                                *stages.STAGES["auto"]))
+    _, graph = load(EXAMPLE)
+    s = schedule(graph, time_limit=20)
+    assert seen and all(peak == evaluated for peak, evaluated, _ in seen)
+    assert s.proven_optimal and s.peak == schedule(graph, time_limit=20).peak
