@@ -351,7 +351,7 @@ def test_plan_buffers_cli_on_50000_buffers_is_bounded(tmp_path):
 
 
 def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
-    """The branching min-cut bound (schedule/bounds.py) never exceeds the exact optimum (the
+    """The branching min-cut bound (schedule/bounds/branching.py) never exceeds the exact optimum (the
     best-first search, itself checked against brute force) and is stronger than the min-cut
     bound it starts from: on these random DAGs of 14 ops it reaches the optimum on most."""
     import time as _time
@@ -377,7 +377,7 @@ def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
 
 def test_a_piece_stopped_early_keeps_a_valid_certificate():
     """A random DAG whose one hard piece does not finish in 0.5 s runs the at-scale path
-    (branching bound, beams, dives, api._first_try): its order is real and its certificate
+    (the auto stages: branching bound, beams, dives): its order is real and its certificate
     brackets the optimum the unhurried search proves."""
     graph = random_dag(80, 2)
     hurried = schedule(graph, time_limit=0.5)

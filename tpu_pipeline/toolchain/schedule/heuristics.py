@@ -3,8 +3,6 @@ memory-greedy list scheduler. Each is a valid topological order; none is claimed
 
 from __future__ import annotations
 
-import heapq
-
 from tpu_pipeline.toolchain.schedule.model import MemModel, bits
 
 
