@@ -30,7 +30,11 @@ def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int
 
 def order_free_lower_bound(graph: Graph, semantics: Semantics | str = "tflm") -> int:
     """No order of the ops can peak below this: the largest single-op footprint, and the
-    graph outputs, which are all live together at the end."""
+    graph outputs, which are all live together at the end.
+
+    On the runtime's own tensors, for any semantics: the scheduler's bounds (schedule/bounds/)
+    work on its memory model, whose in-place buffers are merged, and hold only where that
+    merging does not depend on the order; the scheduler falls back to this one elsewhere."""
     sem = get_semantics(semantics)
     outputs = {t for t in graph.outputs if graph.is_activation(t)}
     at_end = sum(align(graph.tensors[t].nbytes, sem.alignment) for t in outputs)
