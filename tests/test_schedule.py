@@ -310,3 +310,18 @@ def test_a_new_stage_is_one_registration(monkeypatch):
     s = schedule(graph, time_limit=20)
     assert seen and all(peak == evaluated for peak, evaluated, _ in seen)
     assert s.proven_optimal and s.peak == schedule(graph, time_limit=20).peak
+
+
+def test_cpsat_bound_just_under_an_integer_still_proves():
+    """CP-SAT reports this graph's optimum (752 B, TRANSPOSE_CONV with 400 B of scratch) with the
+    objective and bound 751.9999999999999: truncated to 751, the bound no longer matched the
+    peak and the optimum went unproven. Found by test_cpsat_equals_brute_force."""
+    sizes = [64, 16, 48, 16, 16, 64, 16, 512, 100, 48]
+    g = Graph(tuple(Tensor(i, f"t{i}", "int8", (s,)) for i, s in enumerate(sizes)),
+              (Op("ADD", (0,), (2,)), Op("ADD", (0,), (3,)), Op("ADD", (3,), (4, 5)), Op("ADD", (0,), (6, 7)),
+               Op("TRANSPOSE_CONV", (2, 4), (8, 9))), (0, 1), (5, 7), "random")
+    model = build_model(g)
+    piece = Piece(model, [(v,) for v in range(model.n)])
+    ub_order = heuristics.stored(model)
+    r = cpsat_piece(piece, ub_order, model.peak(ub_order) + 1, 0, time_limit=20)
+    assert r.complete and r.peak == r.lower_bound == brute_force(g) == 752

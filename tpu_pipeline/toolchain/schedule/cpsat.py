@@ -16,6 +16,8 @@ Anytime: at the limit it returns the best order and CP-SAT's best bound.
 
 from __future__ import annotations
 
+import math
+
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.cpsat import new_solver
@@ -61,7 +63,9 @@ def cpsat_piece(piece: Piece, ub_order, ub: int, floor: int = 0, time_limit: flo
 
     solver = new_solver(max(0.1, float(time_limit) - (time.monotonic() - t_start)), min(2, workers), seed)
     status = solver.solve(cp)
-    bound = int(solver.best_objective_bound) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
+    # the objective is an integer, but CP-SAT reports its bound as a float that can fall just
+    # under it (751.9999999999999 for 752): int() would lose a byte and the proof with it
+    bound = math.ceil(solver.best_objective_bound - 1e-6) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else floor
     if status == cp_model.INFEASIBLE:  # nothing within [floor, ub]: cannot happen with ub feasible
         return SearchResult(None, ub, ub, True, 0)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
