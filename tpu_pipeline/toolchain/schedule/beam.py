@@ -18,6 +18,7 @@ import time
 from tpu_pipeline.toolchain.schedule import _native_search
 from tpu_pipeline.toolchain.schedule._native_search import TooWide
 from tpu_pipeline.toolchain.schedule.forks import moves
+from tpu_pipeline.toolchain.schedule.params import ScheduleParams
 from tpu_pipeline.toolchain.schedule.problem import Known, Piece, StageContext, units_to_ops
 
 
@@ -78,7 +79,7 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
     return None
 
 
-def widening_beams(piece: Piece, ub: int, until: float, floor: int, width: int = 48,
+def widening_beams(piece: Piece, ub: int, until: float, floor: int, width: int = ScheduleParams.beam_width,
                    native: bool = True) -> tuple[list[int], int] | None:
     """Beams of doubling width, from `width`, while time is left: the best (order, peak) below
     `ub` found, or None. `floor` is a proven bound: no order of the piece peaks below it."""
