@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     check_output(args.output, inputs=[args.model])
-    model, graph, notes = load_exact(args.model)  # exact for TFLite Micro: no plan can change its outputs
+    model, graph, notes = load_exact(args.model, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
     plan = result.plan

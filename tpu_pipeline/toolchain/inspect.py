@@ -51,13 +51,13 @@ class ModelSummary:
 def _op_label(graph: Graph, step: int) -> str:
     if step == 0:
         return "inputs"
-    if step > len(graph.ops):
-        return "end"
+    if step > len(graph.ops):  # lifetimes() puts the tensors no operator uses one step after the last
+        return "tensors no operator uses (TFLite Micro allocates them)"
     return f"{step - 1} {graph.ops[step - 1].opcode}"
 
 
 def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) -> ModelSummary:
-    lt_tflm = lifetimes(graph, semantics="tflm")
+    lt_tflm = lifetimes(graph, semantics="tflm", whole_model=True)
     lt_tflite = lifetimes(graph, semantics="tflite")
     live = lt_tflm.live_bytes()
     peak_step = lt_tflm.peak_step
@@ -80,7 +80,7 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) ->
         tflm_arena_bytes=tflm_greedy(lt_tflm).size,
         tflite_arena_bytes=tflite_arena(lt_tflite).size,
         order_lower_bound=lt_tflm.peak,
-        any_order_lower_bound=order_free_lower_bound(graph, "tflm"),
+        any_order_lower_bound=order_free_lower_bound(graph, "tflm", whole_model=True),
         live_bytes=tuple(live),
         hot_steps=hot_steps,
         inputs=tuple(graph.tensors[t].name for t in graph.inputs),

@@ -412,16 +412,47 @@ def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
     return model, graph
 
 
-def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, list[str]]:
+def load_exact(path, check_litert: bool = True, mcu: bool = False) -> tuple[schema.ModelT, Graph, list[str]]:
     """`load` for commands that write a model derived from the input: the model is first made
     exact for TFLite Micro (`tpu_pipeline.toolchain.tflite.extract.runtime_exact_model`: real shapes for
-    placeholder ones, explicit padding for SPACE_TO_BATCH_ND), so that no op order or arena plan
-    can change its TFLite Micro outputs. Returns the model, its IR and one note per change."""
+    placeholder ones, explicit padding for SPACE_TO_BATCH_ND, no tensors that no operator uses),
+    so that no op order or arena plan can change its TFLite Micro outputs. Returns the model, its
+    IR and one note per change.
+
+    `mcu`: the command targets TFLite Micro (schedule, plan, fit): a model LiteRT refuses is
+    accepted when TFLite Micro allocates it (TFLite Micro's own person_detect.tflite), with a note
+    that checks run in TFLite Micro alone; refused only when neither runtime loads it."""
     from tpu_pipeline.toolchain.tflite.extract import runtime_exact_model
 
-    model, _ = load(path, check_litert=check_litert)
-    model, notes = runtime_exact_model(model)
-    return model, from_model(model), notes
+    model, _ = load(path)
+    notes: list[str] = []
+    if check_litert:
+        notes += litert_or_tflm_notes(path, mcu)
+    model, exact = runtime_exact_model(model)
+    return model, from_model(model), notes + exact
+
+
+def litert_or_tflm_notes(path, mcu: bool) -> list[str]:
+    """Refuse (ModelError) a model LiteRT cannot load, unless `mcu` and TFLite Micro allocates it:
+    then one note saying the checks run in TFLite Micro alone."""
+    from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes
+
+    label = str(path)
+    data = read_bytes(path, label)
+    try:
+        note = check_loads_in_litert(data, label)
+    except ModelError as refusal:
+        if not mcu:
+            raise
+        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+
+        try:
+            measure_tflm_arena(data, label=label)
+        except ModelError:
+            raise refusal from None
+        reason = str(refusal).split(": ", 1)[-1]
+        return [f"{reason}; TFLite Micro loads it: the model is checked in TFLite Micro alone"]
+    return [note] if note else []
 
 
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:

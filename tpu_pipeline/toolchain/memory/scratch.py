@@ -59,7 +59,37 @@ def _reference(graph: Graph, op_pos: int) -> list[int]:
         out = graph.tensors[op.outputs[0]]
         acc = {"int8": 4, "int16": 8}.get(out.dtype)  # int32 / int64 accumulators
         return [out.num_elements * acc] if acc else []
+    if name == "SVDF" and len(op.inputs) >= 5:
+        return _svdf_reference(graph, op)
+    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and len(op.inputs) >= 20:
+        return _lstm_scratch(graph, op)
     return []
+
+
+def _svdf_reference(graph: Graph, op) -> list[int]:
+    """svdf_common.cc PrepareSvdf: int32 (float) filter activations for every batch; int8 also the
+    int32 per-unit sums."""
+    x, w_feature = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    batch, filters = x.shape[0], w_feature.shape[0]
+    units = filters // max(_raw_option(op, "rank", 1), 1)
+    if x.dtype == "int8":
+        return [batch * filters * _INT32, batch * units * _INT32]
+    return [batch * filters * 4]
+
+
+def _lstm_scratch(graph: Graph, op) -> list[int]:
+    """unidirectional_sequence_lstm.cc Prepare: four gate buffers of batch x state dimension, of
+    the cell state's type (the same in the cmsis_nn build's kernel, which wraps the reference one)."""
+    x = graph.tensors[op.inputs[0]]
+    hidden, cell = graph.tensors[op.inputs[18]], graph.tensors[op.inputs[19]]
+    batch = x.shape[1] if _raw_option(op, "timeMajor", False) else x.shape[0]
+    size = batch * hidden.shape[1] * {"float32": 4, "int16": 2}.get(cell.dtype, 0)
+    return [size] * 4 if size else []
+
+
+def _raw_option(op, field: str, default):
+    """A field of options the IR keeps undecoded (SVDF's rank, the LSTM's time_major)."""
+    return getattr(getattr(op.options, "raw", None), field, default) or default
 
 
 def tflm_padding(in_size: int, filter_size: int, stride: int, dilation: int, padding: str) -> int:

@@ -205,7 +205,7 @@ def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) ->
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
-    lt = lifetimes(graph, semantics=sem)
+    lt = lifetimes(graph, semantics=sem, whole_model=True)  # the model file as the firmware loads it
     pinned = [-1] * len(lt.buffers)
     if tensor_offsets is not None:
         for i, b in enumerate(lt.buffers):

@@ -324,6 +324,11 @@ def _check_tensor(t, i: int, buffers, bad) -> None:
         if scale or zero:
             axis = int(q.quantizedDimension or 0)
             if len(scale) > 1 or len(zero) > 1:
+                if len(shape) == 1 and len(scale) == shape[0] and axis >= 0:
+                    # TFLite Micro reads a 1-D tensor's scales element by element whatever dimension
+                    # it names (its own person_detect.tflite: biases "quantized along dimension 3");
+                    # LiteRT refuses such a model, and the commands that need LiteRT say so.
+                    axis = 0
                 if not 0 <= axis < len(shape):
                     raise bad(f"{name} is quantized along dimension {axis} of a rank-{len(shape)} tensor")
                 if len(scale) != shape[axis] and shape[axis] >= 0:
