@@ -32,6 +32,10 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     check_output(args.output, inputs=[args.model])
     model, graph, notes = load_exact(args.model, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.tflite import model_to_bytes
+
+    measure_tflm_arena(model_to_bytes(model), label=args.model)  # a plan is for TFLite Micro: its verdict first
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
     plan = result.plan
@@ -47,9 +51,6 @@ def run(args) -> int:
         "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
     }
     if args.verify:
-        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-        from tpu_pipeline.toolchain.tflite import model_to_bytes
-
         head = measure_tflm_arena(model_to_bytes(out_model)).head
         data["tflm_measured_head"] = head
         if head != result.head:

@@ -99,6 +99,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
+    from tpu_pipeline.toolchain.tflite.extract import without_unused_tensors
 
     src = Path(model_path)
     out = Path(out_dir)
@@ -110,6 +111,9 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     sram = int(d["memory"]["sram_bytes"])
     flash = int(d["memory"].get("flash_bytes", 0))
     model = read_model(model_data, name=str(src)) if model_data is not None else read_model(src)
+    # TFLite Micro's own verdict first: the same words as every MCU command for a model it cannot run
+    measure_tflm_arena(model_to_bytes(model), label=str(src))
+    model, _ = without_unused_tensors(model)  # TFLite Micro would give them arena bytes; nothing reads them
     graph = from_model(model)
     if len(model.subgraphs) > 1:
         raise ModelError(f"{src}: {len(model.subgraphs)} subgraphs; the harness runs single-subgraph models")

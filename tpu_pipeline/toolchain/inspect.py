@@ -32,7 +32,7 @@ class ModelSummary:
     peak_bytes: int  # most live bytes at any step in the stored order (TFLM semantics)
     peak_step: int
     peak_op: str
-    tflm_arena_bytes: int  # what TFLite Micro's own planner will allocate (its arena head)
+    tflm_arena_bytes: int | None  # what TFLite Micro's own planner will allocate (its arena head); None: cannot run
     tflite_arena_bytes: int  # what TFLite's ArenaPlanner will allocate
     order_lower_bound: int  # no planner can use less for this order (= peak)
     any_order_lower_bound: int  # no order and no planner can use less
@@ -40,6 +40,7 @@ class ModelSummary:
     hot_steps: tuple[HotStep, ...] = ()
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    tflm_cannot_run: str | None = None  # TFLite Micro's reason when it cannot run the model
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("live_bytes", "hot_steps")}
@@ -56,7 +57,9 @@ def _op_label(graph: Graph, step: int) -> str:
     return f"{step - 1} {graph.ops[step - 1].opcode}"
 
 
-def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) -> ModelSummary:
+def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
+              tflm_cannot_run: str | None = None) -> ModelSummary:
+    """`tflm_cannot_run`: TFLite Micro's reason for refusing the model (no head is predicted then)."""
     lt_tflm = lifetimes(graph, semantics="tflm", whole_model=True)
     lt_tflite = lifetimes(graph, semantics="tflite")
     live = lt_tflm.live_bytes()
@@ -77,7 +80,8 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) ->
         peak_bytes=lt_tflm.peak,
         peak_step=peak_step,
         peak_op=_op_label(graph, peak_step),
-        tflm_arena_bytes=tflm_greedy(lt_tflm).size,
+        tflm_arena_bytes=None if tflm_cannot_run else tflm_greedy(lt_tflm).size,
+        tflm_cannot_run=tflm_cannot_run,
         tflite_arena_bytes=tflite_arena(lt_tflite).size,
         order_lower_bound=lt_tflm.peak,
         any_order_lower_bound=order_free_lower_bound(graph, "tflm", whole_model=True),

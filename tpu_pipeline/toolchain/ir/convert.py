@@ -409,6 +409,27 @@ def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
     graph = from_model(model)
     if check_litert:
         check_loads_in_litert(data, label)
+    return resolve_dynamic_shapes(model, graph, label)
+
+
+def resolve_dynamic_shapes(model: schema.ModelT, graph: Graph | None, label: str) -> tuple[schema.ModelT, Graph]:
+    """One verdict on dynamic shapes for every command: a model with tensors of run-time size
+    (shape signature -1 beyond the batch: [49, -1, 10], [-1, -1]) is taken with the shapes LiteRT
+    allocates for it as stored (`with_static_shapes`, what compile and plan have always written);
+    what LiteRT cannot size either is refused (ModelError) with the first such tensor named."""
+    graph = graph if graph is not None else from_model(model)
+    if not any(t.is_dynamic for t in graph.tensors):
+        return model, graph
+    from tpu_pipeline.toolchain.tflite.extract import with_static_shapes
+
+    try:
+        model, _ = with_static_shapes(model)
+    except ModelError:
+        pass
+    graph = from_model(model)
+    for t in graph.tensors:
+        if t.is_dynamic and t.kind == "activation":
+            t.nbytes  # ModelError: "tensor '...' has a dynamic shape [...]; its size is unknown until run time"
     return model, graph
 
 
