@@ -96,7 +96,7 @@ def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2
 def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iterations: int = 10, warmup: int = 1,
                       seed: int = 0, progress=None) -> RunReport:
     """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
-    from tpu_pipeline.toolchain.execute.inputs import input_stream
+    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
     from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
@@ -147,7 +147,7 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
         report.error = str(exc)
         return report
     specs = [(n, shape, dt) for n, (dt, shape) in zip(interp.input_names, interp.inputs)]
-    inputs = input_stream(specs, iterations + warmup, seed)
+    inputs = input_stream(specs, iterations + warmup, seed, shape_operand_values(data))
     times = []
     for k, x in enumerate(inputs):
         t0 = time.perf_counter()

@@ -227,7 +227,7 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     """Build (cached), boot QEMU, run `iterations` random inputs over the serial protocol, compare
     with host TFLite Micro. DeviceError (exit 4) on boot failure or a silent/garbled board;
     InfeasibleError (exit 3) when the firmware does not fit the board."""
-    from tpu_pipeline.toolchain.execute.inputs import input_stream
+    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
     from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
@@ -247,7 +247,8 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     data = (Path(build.project) / "model.tflite").read_bytes()
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))
     specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-    arrays = [[x[n] for n in host.input_names] for x in input_stream(specs, iterations, seed)]
+    stream = input_stream(specs, iterations, seed, shape_operand_values(data))
+    arrays = [[x[n] for n in host.input_names] for x in stream]
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
     notes = []
     baud = int(d.get("link", {}).get("baud", 115200))

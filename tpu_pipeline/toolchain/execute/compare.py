@@ -19,7 +19,7 @@ import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError, VerificationError
 from tpu_pipeline.toolchain.execute.child import call_in_child
-from tpu_pipeline.toolchain.execute.inputs import random_inputs
+from tpu_pipeline.toolchain.execute.inputs import random_inputs, shape_operand_values
 from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert, run_named
 from tpu_pipeline.toolchain.execute.tflm import run_tflm
 
@@ -119,7 +119,8 @@ def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 
     models of SIDE_BY_SIDE_BYTES and more)."""
     rng = np.random.default_rng(seed)
     details = _input_details(original)
-    inputs = [random_inputs(details, rng) for _ in range(runs)]
+    fixed = shape_operand_values(original)
+    inputs = [random_inputs(details, rng, fixed) for _ in range(runs)]
     if side_by_side is None:
         side_by_side = len(original) >= SIDE_BY_SIDE_BYTES
     results = []
@@ -215,6 +216,7 @@ def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes],
 def _verify_chain(originals, segments, samples, seed, exact) -> dict:
     rng = np.random.default_rng(seed)
     refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
+    shapes = {label: shape_operand_values(data) for label, data, _ in originals}
     segs = [_interpreter(s) for s in segments]
     compared = 0
     worst = 0.0
@@ -223,7 +225,7 @@ def _verify_chain(originals, segments, samples, seed, exact) -> dict:
         expected: dict[str, np.ndarray] = {}
         for label, it, prefix in refs:
             details = it.get_input_details()
-            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng))}
+            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng, shapes[label]))}
             for name, arr in feeds.items():
                 env[prefix + name] = arr
             expected.update({prefix + k: v for k, v in _run(it, feeds, label).items()})
