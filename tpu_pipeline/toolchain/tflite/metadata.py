@@ -13,6 +13,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import InfeasibleError
+from tpu_pipeline.toolchain.tflite.names import text
 
 OFFLINE_PLAN_NAME = "OfflineMemoryAllocation"
 OFFLINE_PLAN_VERSION = 1
@@ -20,8 +21,7 @@ ONLINE = -1
 
 
 def _name(entry) -> str:
-    name = entry.name
-    return name.decode() if isinstance(name, bytes) else (name or "")
+    return text(entry.name)  # bad UTF-8 replaced, as the reader shows it: a name is never fatal
 
 
 def get_metadata(model: schema.ModelT, name: str) -> bytes | None:
