@@ -25,7 +25,8 @@ from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
 _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
-                   "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV"}
+                   "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV",
+                   "UNIDIRECTIONAL_SEQUENCE_LSTM": "AddUnidirectionalSequenceLSTM"}
 
 
 # The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom ops: the op code

@@ -11,6 +11,7 @@ Where the platform has no fork, `fn` runs in the caller's process.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import select
@@ -64,6 +65,7 @@ def call_in_child(fn, *args, runtime: str, doing: str, timeout: float = TIMEOUT_
                 except ValueError:  # not the main thread: nothing of the parent's to undo
                     pass
                 os.close(read_fd)
+                faulthandler.disable()  # a crash here is reported by the parent, not dumped
                 log = os.open(log_path, os.O_WRONLY | os.O_CREAT, 0o600)  # native messages: kept for the error
                 os.dup2(log, 1)
                 os.dup2(log, 2)
