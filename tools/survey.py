@@ -35,13 +35,15 @@ DEVICE = "qemu-mps2-an386"
 KERNELS = ("cmsis-nn", "reference")
 
 
-def commands(model: Path, tmp: Path) -> list[tuple[str, list[str]]]:
-    """(column, argv) of every command the survey runs on one model."""
+def commands(model: Path, tmp: Path, ops: int | None) -> list[tuple[str, list[str]]]:
+    """(column, argv) of every command the survey runs on one model (compile: 2 segments, or 1
+    for a one-op model, which -n 2 would only refuse as bad usage)."""
+    segments = "1" if ops == 1 else "2"
     return [
         ("inspect", ["inspect", str(model)]),
         ("schedule", ["schedule", str(model), "-o", str(tmp / "scheduled.tflite"), "--time-limit", "10"]),
         ("plan", ["plan", str(model), "-o", str(tmp / "planned.tflite"), "--verify"]),
-        ("compile", ["compile", str(model), "-n", "2", "--verify", "-o", str(tmp / "compiled"),
+        ("compile", ["compile", str(model), "-n", segments, "--verify", "-o", str(tmp / "compiled"),
                      "--time-limit", "10"]),
         ("fit", ["fit", str(model), "--objective", "memory", "-o", str(tmp / "fitted.tflite"),
                  "--time-limit", "30"]),
@@ -120,7 +122,7 @@ def firmware(model: Path, kernels: str, timeout: float) -> dict:
 def survey_one(model: Path, source: str, timeout: float, with_firmware: bool) -> dict:
     row = {"model": model.stem, "source": source, "file": str(model), **describe(model)}
     with tempfile.TemporaryDirectory(prefix="survey-") as tmp:
-        for name, argv in commands(model, Path(tmp)):
+        for name, argv in commands(model, Path(tmp), row.get("ops")):
             r = cli(argv, timeout)
             if name == "inspect" and r["exit"] == 0:
                 j = cli(["inspect", str(model), "--json"], timeout)
@@ -132,9 +134,31 @@ def survey_one(model: Path, source: str, timeout: float, with_firmware: bool) ->
             row[name] = r
             print(f"  {name}: {r['exit']} {r['last'][:150]}", flush=True)
     row["tflm_real"] = real_head(model, timeout)
-    if with_firmware:
+    if with_firmware and "head" in row["tflm_real"] and row["export-mcu"]["exit"] == 0:
         row["firmware"] = {k: firmware(model, k, 3 * timeout) for k in KERNELS}
     return row
+
+
+# A refusal because one runtime cannot run the model, by the commands that need that runtime: not
+# a disagreement between commands (compile needs LiteRT; the MCU commands TFLite Micro).
+RUNTIME_REFUSALS = {"compile": ("LiteRT",), "plan": ("TFLite Micro cannot run this model",),
+                    "fit": ("TFLite Micro cannot run this model",),
+                    "profile": ("TFLite Micro cannot run this model",),
+                    "export-mcu": ("TFLite Micro cannot run this model", "the harness firmware has no kernel")}
+
+
+def disagreement(row: dict) -> str | None:
+    """Why the commands disagree about this model, or None: one accepts (0, 3) what another
+    refuses (2) for a reason other than its runtime's, or runtime refusals worded differently."""
+    accepted = {c for c in COLUMNS if row.get(c) and row[c]["exit"] in (0, 3)}
+    refused = {c: row[c]["last"] for c in COLUMNS if row.get(c) and row[c]["exit"] == 2}
+    model_level = {c for c, last in refused.items() if not any(w in last for w in RUNTIME_REFUSALS.get(c, ()))}
+    if accepted and model_level:
+        return f"refused by {', '.join(sorted(model_level))}, accepted by {', '.join(sorted(accepted))}"
+    tflm = {refused[c] for c in refused if c != "compile" and c not in model_level}
+    if len(tflm) > 1:
+        return "TFLite Micro's refusal worded differently by different commands"
+    return None
 
 
 COLUMNS = ("inspect", "schedule", "plan", "compile", "fit", "profile", "export-mcu")
@@ -150,7 +174,7 @@ def _head_cell(row: dict) -> str:
     real = row.get("tflm_real") or {}
     pred = row.get("tflm_head_predicted")
     if "head" not in real:
-        return "cannot run" if pred is None else f"{pred:,} / cannot run"
+        return "cannot run" if pred is None else f"{pred:,} / cannot run ✗"
     mark = "" if pred == real["head"] else " ✗"
     return f"{pred:,} / {real['head']:,}{mark}" if pred is not None else f"- / {real['head']:,}"
 
@@ -195,14 +219,13 @@ def summary(rows: list[dict]) -> list[str]:
             ok = sum(1 for f in runs if f.get("predicted") == f["used"])
             lines.append(f"- target head + tail ({k}): predicted = QEMU `arena_used_bytes` on {ok} of {len(runs)} "
                          f"models whose firmware ran")
-    verdicts = []
-    for r in rows:
-        accepted = {c for c in COLUMNS if r.get(c) and r[c]["exit"] in (0, 3)}
-        refused = {c for c in COLUMNS if r.get(c) and r[c]["exit"] == 2}
-        if accepted and refused and refused != {"compile"}:
-            verdicts.append(f"{r['model']} (refused by {', '.join(sorted(refused))})")
+    verdicts = [f"{r['model']} ({why})" for r in rows if (why := disagreement(r))]
     lines.append(f"- models accepted by one command and refused by another (compile refusing what LiteRT cannot "
-                 f"run aside): {len(verdicts)}" + (": " + "; ".join(verdicts) if verdicts else ""))
+                 f"run, and the TFLite Micro commands refusing what it cannot run, in one wording, aside): "
+                 f"{len(verdicts)}" + (": " + "; ".join(verdicts) if verdicts else ""))
+    tflm_ok = [r for r in rows if "head" in (r.get("tflm_real") or {})]
+    lines.append(f"- TFLite Micro (host wheel) runs {len(tflm_ok)} of the {len(rows)} models; the others are refused "
+                 f"by name or in TFLite Micro's own words")
     return lines
 
 

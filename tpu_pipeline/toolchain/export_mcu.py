@@ -43,7 +43,9 @@ def resolver_method(opcode: str) -> str:
     if opcode in HARNESS_CUSTOM_OPS:
         return "AddCustom"
     if opcode.startswith("CUSTOM"):
-        raise UsageError(f"custom op '{opcode}' has no TFLite Micro kernel the harness can register")
+        # TFLite Micro on the host may have it (its signal library's audio ops): the firmware does not
+        raise ModelError(f"the harness firmware has no kernel for custom op '{opcode[len('CUSTOM:'):]}' (it "
+                         "registers TFLite Micro's builtin kernels only)")
     if opcode in _ADD_EXCEPTIONS:
         return _ADD_EXCEPTIONS[opcode]
     return "Add" + "".join(w if w[:1].isdigit() else w[:1] + w[1:].lower() for w in opcode.split("_"))

@@ -16,7 +16,7 @@ at run time and are not modelled.
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.ir.kernels import DIRECT
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
@@ -78,6 +78,12 @@ def _reference(graph: Graph, op_pos: int) -> list[int]:
         return sizes
     if name == "SVDF" and len(op.inputs) >= 5:
         return _svdf_reference(graph, op)
+    if name == "CUSTOM:SignalRfft" and op.inputs and op.outputs:
+        # TFLite Micro's signal library (audio front ends): one work buffer of fft_length elements;
+        # the output holds fft_length / 2 + 1 complex values
+        x, out = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+        fft_length = 2 * (out.shape[-1] // 2 - 1)
+        return [fft_length * int(DTYPE_SIZES.get(x.dtype) or 0)]
     if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and len(op.inputs) >= 20:
         return _lstm_scratch(graph, op)
     return []
