@@ -102,6 +102,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
+    from tpu_pipeline.toolchain.memory.tflm_target import KERNEL_SETS, target_arena
     from tpu_pipeline.toolchain.tflite.extract import without_unused_tensors
 
     src = Path(model_path)
@@ -132,7 +133,15 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     if verify and measured.head > planned_head:
         raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
                               f"{planned_head:,} (the offline plan was not honoured)")
-    arena_size = -(-(measured.head + measured.tail) // 16) * 16
+    # The host's head + tail (64-bit pointers: a larger tail), or what the 32-bit target needs with
+    # either kernel set where that is larger (CMSIS-NN's LSTM keeps eight kernel-sum vectors the
+    # reference kernel does not; too small an arena made its Prepare write through a null pointer)
+    needed = [measured.head + measured.tail]
+    for kernels in KERNEL_SETS:
+        target = target_arena(graph, kernels, offsets).total
+        if target is not None:
+            needed.append(target)
+    arena_size = -(-max(needed) // 16) * 16
     if arena_size > sram:
         raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena (head {measured.head:,} + tail "
                               f"{measured.tail:,}); {d['name']} has {sram:,} bytes of SRAM")
