@@ -266,6 +266,10 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per command (default 240)")
     ap.add_argument("--firmware", action="store_true", help="also build and run the QEMU firmware (slow)")
     ap.add_argument("--table-only", action="store_true", help="rebuild the table from --results")
+    ap.add_argument("--firmware-only", action="store_true",
+                    help="only the QEMU firmware runs (models TFLite Micro runs), into --results; run it next to "
+                         "a commands-only survey and join them with --firmware-results")
+    ap.add_argument("--firmware-results", help="take the firmware runs from this results file")
     args = ap.parse_args()
     folder = Path(args.models)
     results_path = Path(args.results or folder / "survey.json")
@@ -280,11 +284,26 @@ def main() -> int:
             if args.only and not any(n in path.stem for n in args.only):
                 continue
             print(f"{key}", flush=True)
+            if args.firmware_only:
+                real = real_head(path, args.timeout)
+                row = {"model": path.stem, "source": path.parent.name, "tflm_real": real}
+                if "head" in real:
+                    row["firmware"] = {k: firmware(path, k, 3 * args.timeout) for k in KERNELS}
+                    print(f"  firmware: {row['firmware']}", flush=True)
+                results[key] = row
+                results_path.write_text(json.dumps(results, indent=1))
+                continue
             row = survey_one(path, path.parent.name, args.timeout, args.firmware)
             if not args.firmware and "firmware" in results.get(key, {}):
                 row["firmware"] = results[key]["firmware"]  # keep the last firmware run
             results[key] = row
             results_path.write_text(json.dumps(results, indent=1))
+    if args.firmware_only:
+        return 0
+    if args.firmware_results:
+        for k, fw in json.loads(Path(args.firmware_results).read_text()).items():
+            if k in results and "firmware" in fw:
+                results[k]["firmware"] = fw["firmware"]
     rows = [results[k] for k in sorted(results) if (folder / k).exists()]
     cmd = "--models DIR" + (" --firmware" if any(r.get("firmware") for r in rows) else "")
     write(rows, manifest, Path(args.out), cmd)
