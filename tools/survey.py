@@ -239,7 +239,7 @@ def failures(rows: list[dict]) -> list[str]:
     return ["| model | command | exit | last line |", "|---|---|---:|---|", *out] if out else ["(none)"]
 
 
-def write(rows: list[dict], manifest: dict, out: Path, argv: str) -> None:
+def write(rows: list[dict], manifest: dict, out: Path, argv: str, before: tuple | None = None) -> None:
     sources = {}
     for m in manifest.values():
         sources.setdefault(m["source"], (m["repo"], m["commit"][:12], m["license"]))
@@ -247,6 +247,7 @@ def write(rows: list[dict], manifest: dict, out: Path, argv: str) -> None:
              f"`python tools/survey.py {argv}` (models outside the repository: `DIR/<source>/*.tflite` with "
              "`DIR/MANIFEST.json`; see the tool's docstring)", "",
              *summary(rows), "",
+             *([f"Before ({before[1]}), the same models and commands:", "", *summary(before[0]), ""] if before else []),
              "Exit codes per command (0 ok, 2 refused with a reason, 3 does not fit, 1/>= 5 a failure). Heads: "
              "`inspect`'s predicted TFLite Micro head against the `tflite_micro` wheel's; target arena: "
              "head + tail predicted for the 32-bit target against the QEMU firmware's `arena_used_bytes`.", "",
@@ -270,6 +271,8 @@ def main() -> int:
                     help="only the QEMU firmware runs (models TFLite Micro runs), into --results; run it next to "
                          "a commands-only survey and join them with --firmware-results")
     ap.add_argument("--firmware-results", help="take the firmware runs from this results file")
+    ap.add_argument("--before", nargs=2, metavar=("RESULTS", "LABEL"),
+                    help="also summarise an earlier survey's results (e.g. of an earlier commit) above the table")
     args = ap.parse_args()
     folder = Path(args.models)
     results_path = Path(args.results or folder / "survey.json")
@@ -306,7 +309,11 @@ def main() -> int:
                 results[k]["firmware"] = fw["firmware"]
     rows = [results[k] for k in sorted(results) if (folder / k).exists()]
     cmd = "--models DIR" + (" --firmware" if any(r.get("firmware") for r in rows) else "")
-    write(rows, manifest, Path(args.out), cmd)
+    before = None
+    if args.before:
+        earlier = json.loads(Path(args.before[0]).read_text())
+        before = ([earlier[k] for k in sorted(earlier) if (folder / k).exists()], args.before[1])
+    write(rows, manifest, Path(args.out), cmd, before)
     print("\n".join(summary(rows)))
     return 0
 
