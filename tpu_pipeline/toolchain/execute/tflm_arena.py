@@ -126,7 +126,10 @@ def tflm_refusal(model: bytes | str | Path, label: str | None = None) -> str | N
         measure_tflm_arena(model, label=label)
     except ModelError as exc:
         text = str(exc)
-        return text.split(f"{CANNOT_RUN} (", 1)[-1].rstrip(")") if CANNOT_RUN in text else text
+        if CANNOT_RUN not in text:
+            return text
+        reason = text.split(f"{CANNOT_RUN} (", 1)[-1]
+        return reason[:-1] if reason.endswith(")") else reason  # the wrapper's closing parenthesis only
     return None
 
 
