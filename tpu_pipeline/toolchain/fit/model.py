@@ -80,6 +80,7 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
     graph, _ = graph.with_unique_tensor_names()
     source = model_to_bytes(model)
+    measure_tflm_arena(source, label=str(path))  # TFLite Micro's verdict first, in the words plan and export-mcu use
     notes = list(notes)
     deadline = Deadline(time_limit)
     head_budget, budget_from, avail = budget, "--budget", None

@@ -35,7 +35,10 @@ def get_metadata(model: schema.ModelT, name: str) -> bytes | None:
 def set_metadata(model: schema.ModelT, name: str, payload: bytes) -> schema.ModelT:
     """A copy of `model` whose metadata entry `name` holds `payload` (replaced if present)."""
     out = copy.copy(model)
-    out.buffers = list(model.buffers or [])
+    # Buffer 0 is the schema's empty sentinel that tensors without data point at: a model stored
+    # without any buffer (Coral's model_invoking_error.tflite) gets it first, or the metadata would
+    # become those tensors' data
+    out.buffers = list(model.buffers or [schema.BufferT()])
     out.metadata = [copy.copy(m) for m in (model.metadata or [])]
     buf = schema.BufferT()
     buf.data = np.frombuffer(payload, dtype=np.uint8).copy()
