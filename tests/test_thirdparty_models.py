@@ -301,3 +301,17 @@ def test_profile_that_does_not_fit_gives_the_figures_and_points_at_fit():
     assert "does not fit" in line and "predicted latency" in line
     assert f"tpu-pipeline fit {model} --device arduino-nano-33-ble" in line
     assert "latency median" in out  # the report's figures are printed before the error
+
+
+def test_metadata_never_becomes_a_tensors_data_in_a_model_without_buffers():
+    """Coral's model_invoking_error.tflite has no buffer at all: tensors point at buffer 0, which
+    the offline plan then became."""
+    from tpu_pipeline.toolchain.tflite.metadata import with_offline_plan
+
+    m = read_model((FIX / "chain_int8.tflite").read_bytes())
+    m.buffers = []
+    for t in m.subgraphs[0].tensors:
+        t.buffer = 0
+    out = with_offline_plan(m, [-1] * len(m.subgraphs[0].tensors))
+    assert out.buffers[0].data is None or len(out.buffers[0].data) == 0
+    assert all(e.buffer != 0 for e in out.metadata)
