@@ -107,8 +107,9 @@ def real_head(model: Path, timeout: float) -> dict:
 
 
 def firmware(model: Path, kernels: str, timeout: float) -> dict:
+    # the emulated board runs a large model's inference for minutes (reference kernels): wait for it
     r = cli(["run", str(model), "--backend", "qemu", "--device", DEVICE, "--kernels", kernels, "-N", "1",
-             "--warmup", "0", "--json"], timeout)
+             "--warmup", "0", "--timeout", str(int(timeout / 2)), "--json"], timeout)
     out = {"exit": r["exit"], "last": r["last"]}
     try:
         d = json.loads(r.pop("stdout", "") or "{}")
