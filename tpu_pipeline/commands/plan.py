@@ -34,12 +34,13 @@ def run(args) -> int:
     model, graph, notes = load_exact(args.model, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
     from tpu_pipeline.toolchain.tflite import model_to_bytes
-
-    measure_tflm_arena(model_to_bytes(model), label=args.model)  # a plan is for TFLite Micro: its verdict first
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
     plan = result.plan
     out_model = with_offline_plan(model, list(result.tensor_offsets), label=args.model)
+    # a plan is for TFLite Micro: its verdict before anything is written (after the plan's own
+    # limits, so an arena past 32-bit offsets stays "infeasible")
+    measure_tflm_arena(model_to_bytes(model), label=args.model)
     write_model(out_model, args.output, inputs=[args.model])
     tflm_own = tflm_greedy(lt).size
     data = {

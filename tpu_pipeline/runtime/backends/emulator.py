@@ -52,7 +52,7 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         out["source"] = "report.json"
         return out
     from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
-    from tpu_pipeline.toolchain.ir import total_param_bytes
+    from tpu_pipeline.toolchain.ir import from_model, total_param_bytes
     from tpu_pipeline.toolchain.ir.convert import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.tflite import read_model
 

@@ -172,6 +172,10 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
         name, builtin, version = opcode_name(model, o.opcodeIndex)
         options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
+        for field in ("stride_w", "stride_h", "dilation_w", "dilation_h", "filter_width", "filter_height"):
+            # 0 or less is no window at all: LiteRT refuses it, TFLite Micro computes garbage from it
+            if getattr(options, field, 1) < 1:
+                raise ModelError(f"operator {i} ({name}) has {field} {getattr(options, field)}; it must be at least 1")
         kernel = ""
         if name == f"CUSTOM:{kernels.DIRECT_CONV_CODE}":
             options, version = kernels.direct_op(o.customOptions, f"operator {i}")
@@ -468,7 +472,7 @@ def litert_or_tflm_notes(path, mcu: bool) -> list[str]:
         from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
         try:
-            measure_tflm_arena(data, label=label)
+            measure_tflm_arena(data, label=label, invoke=True)  # loads and runs: an invalid model cannot pass
         except ModelError:
             raise refusal from None
         reason = str(refusal).split(": ", 1)[-1]
