@@ -274,6 +274,26 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     assert r.flash_bytes > 0 and r.ram_bytes >= r.arena_size
 
 
+# Recurrent models run only here on the 32-bit target: ~35 s each (build + run), the one check of
+# the variables' and the recurrent kernels' tail entries (docs/benchmarks.md's survey has the rest).
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("model, kernels", [("keyword_scrambled_8bit", "reference"),
+                                            ("trained_lstm_int8", "cmsis-nn")])
+def test_recurrent_models_arena_on_the_target(model, kernels):
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    tree_or_skip(kernels)
+    try:
+        r = run_on_qemu(FIXTURES / "thirdparty" / f"{model}.tflite", "qemu-mps2-an386", kernels, iterations=1, seed=2)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_agree is True, r.output_differences
+    assert (r.head_predicted, r.tail_predicted) == (r.head_bytes, r.tail_bytes)
+    assert r.arena_bytes_predicted == r.arena_used_bytes
+
+
 @needs_arm
 @needs_qemu
 def test_instruction_counts_are_deterministic(built):

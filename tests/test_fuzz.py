@@ -2,7 +2,8 @@
 corruptions, vtable entries, splices of other models) and of a device descriptor, run through
 `inspect`, `schedule`, `plan`, `compile -n 2 --no-rewrite` and `fit --objective memory`. Every run must end with a known
 exit code (0-4, never 70), no traceback, no crash or hang; a model written with exit 0 must load
-in LiteRT. A few mutants per model here (about a minute); `python tools/fuzz.py --count N` runs
+in LiteRT (or, where the command checked it in TFLite Micro alone, load and run there). A few
+mutants per model here (about a minute); `python tools/fuzz.py --count N` runs
 more (make bench).
 """
 

@@ -107,6 +107,8 @@ def test_target_tail_names_an_op_it_does_not_model():
 
     from conftest import FIXTURES
     from tpu_pipeline.toolchain.errors import UsageError
+    from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+    from tpu_pipeline.toolchain.memory.semantics import TFLM_CMSIS_NN
     from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
 
     _, graph = load(FIXTURES / "chain_int8.tflite")
@@ -117,10 +119,14 @@ def test_target_tail_names_an_op_it_does_not_model():
     # TANH's parser allocates nothing, but its kernel's OpData is not in the table: still refused
     tanh = replace(graph, ops=(replace(graph.ops[0], opcode="TANH"),) + graph.ops[1:])
     assert target_tail(tanh, "reference").unmodelled == ("TANH",)
-    # CMSIS-NN's int16 convolution buffers are not modelled: said so, not guessed
+    # CMSIS-NN's int16 convolution is modelled (its im2col with a 64-bit bias; the reference path,
+    # no buffer, with this 32-bit one); its int16 depthwise buffers are not: said so, not guessed
     x = graph.ops[0].inputs[0]
     s16 = replace(graph, tensors=tuple(replace(t, dtype="int16") if t.index == x else t for t in graph.tensors))
-    assert target_tail(s16, "cmsis-nn").unmodelled == ("CONV_2D (int16)",)
+    assert target_tail(s16, "cmsis-nn").unmodelled == ()
+    assert scratch_requests(s16, 0, TFLM_CMSIS_NN) == []
+    dw16 = replace(s16, ops=(replace(s16.ops[0], opcode="DEPTHWISE_CONV_2D"),) + s16.ops[1:])
+    assert target_tail(dw16, "cmsis-nn").unmodelled == ("DEPTHWISE_CONV_2D (int16)",)
     assert target_tail(s16, "reference").bytes is not None
     with pytest.raises(UsageError, match="kernel set"):
         target_tail(graph, "arm-nn")

@@ -81,7 +81,8 @@ def _print(args, fitted) -> None:
     for v in r.selection.variants:
         if v.kind != "as-is":
             out.print(f"  spans {v.first}-{v.last}: {v.label}: peak {v.peak:,} B, {v.ops} ops")
-    checks = ", ".join(f"{v.runtime} {_agreement(v)}" for v in fitted.verification if not v.skipped)
+    checks = ", ".join(f"{v.runtime} {_agreement(v)}" if not v.skipped else f"{v.runtime} not run ({v.skipped.split(': ')[0]})"
+                       for v in fitted.verification)
     out.print(f"checked: {checks}; host TFLite Micro head {fitted.head_measured:,} B (predicted "
               f"{fitted.head_predicted_host:,} B; {r.head:,} B with the {fitted.kernels} kernels)")
     if r.frontier:

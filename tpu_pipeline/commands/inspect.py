@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.commands.options import check_output, plot_path
+from tpu_pipeline.toolchain.execute.tflm_arena import tflm_refusal
 from tpu_pipeline.toolchain.ir import load
 
 HELP = "op histogram, parameter bytes, activation peak and arena predictions"
@@ -21,7 +22,9 @@ def run(args) -> int:
     if args.plot:
         check_output(args.plot, inputs=[args.model])
     model, graph = load(args.model)
-    summary = summarize(graph, path=args.model, subgraphs=len(model.subgraphs))
+    # one verdict with the MCU commands: TFLite Micro's own answer, asked once (host wheel, a child)
+    summary = summarize(graph, path=args.model, subgraphs=len(model.subgraphs),
+                        tflm_cannot_run=tflm_refusal(args.model, label=args.model))
     if args.plot:
         report.plot_live_bytes({"stored order": list(summary.live_bytes)}, args.plot,
                                f"{args.model}: live activation bytes (TFLite Micro semantics)")

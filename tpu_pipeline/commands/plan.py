@@ -31,11 +31,16 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     check_output(args.output, inputs=[args.model])
-    model, graph, notes = load_exact(args.model)  # exact for TFLite Micro: no plan can change its outputs
+    model, graph, notes = load_exact(args.model, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.tflite import model_to_bytes
     lt = lifetimes(graph, semantics="tflm")
     result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
     plan = result.plan
     out_model = with_offline_plan(model, list(result.tensor_offsets), label=args.model)
+    # a plan is for TFLite Micro: its verdict before anything is written (after the plan's own
+    # limits, so an arena past 32-bit offsets stays "infeasible")
+    measure_tflm_arena(model_to_bytes(model), label=args.model)
     write_model(out_model, args.output, inputs=[args.model])
     tflm_own = tflm_greedy(lt).size
     data = {
@@ -47,9 +52,6 @@ def run(args) -> int:
         "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
     }
     if args.verify:
-        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-        from tpu_pipeline.toolchain.tflite import model_to_bytes
-
         head = measure_tflm_arena(model_to_bytes(out_model)).head
         data["tflm_measured_head"] = head
         if head != result.head:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tpu_pipeline.commands import run as run_cmd
 from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
-from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
@@ -40,9 +40,19 @@ def run(args) -> int:
     if kernels and kind != "mcu":
         raise UsageError(f"--kernels is for MCU devices; '{args.device}' is not one")
     args.kernels = kernels if args.backend == "qemu" else None  # the firmware's kernels: qemu only
-    rep, choice = run_cmd.execute(args, target, args.device, kind)
+    try:
+        rep, choice = run_cmd.execute(args, target, args.device, kind)
+    except InfeasibleError as exc:  # e.g. the firmware overflows the board: still give the predictions
+        if kind != "mcu" or not target.is_file():
+            raise
+        raise InfeasibleError(f"{exc}; {_predicted_figures(target, args.device, kernels or 'cmsis-nn')}") from None
     if kind == "mcu" and target.is_file():
         rep = _McuProfile(rep, _mcu_predictions(rep, target, args.device, kernels or "cmsis-nn"))
+        arena = rep.arena or {}
+        if rep.error and arena.get("fits") is False and (arena.get("total") or 0) > (arena.get("configured") or 0):
+            rep.error += (f"; predicted latency {rep.latency_s_predicted_text()}; "
+                          f"`tpu-pipeline fit {target} --device {args.device} -o fitted.tflite` looks for a "
+                          f"variant whose arena fits")
     if kind == "mcu" and args.host_ops and choice.backend == "emulator" and not rep.error:
         from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
 
@@ -68,6 +78,10 @@ class _McuProfile:
 
     def __getattr__(self, name):
         return getattr(self._rep, name)
+
+    def latency_s_predicted_text(self) -> str:
+        s = self._extra.get("latency_s_predicted")
+        return f"{s * 1e3:,.1f} ms on the device" if s is not None else "not available"
 
     def to_json(self) -> dict:
         d = self._rep.to_json()
@@ -110,6 +124,22 @@ def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
             "clock_hz": est.clock_hz}
+
+
+def _predicted_figures(target: Path, device: str, kernels: str) -> str:
+    """One line of what is known without running: predicted latency, arena needed vs available,
+    and where to go next (`fit --device`)."""
+    from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
+    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+
+    _, graph = load(target)
+    est = estimate_mcu(graph, device, kernels=kernels)
+    arena = target_arena(graph, kernels)
+    sram = int(device_dict(device)["memory"]["sram_bytes"])
+    need = f"{arena.total:,} B" if arena.total is not None else f"head {arena.head:,} B + a tail not modelled"
+    return (f"predicted: latency {est.latency_s * 1e3:,.1f} ms, arena {need} ({kernels} kernels) of {sram:,} B SRAM; "
+            f"`tpu-pipeline fit {target} --device {device} -o fitted.tflite` looks for a variant that fits")
 
 
 def target_tail_unmodelled(graph, kernels: str) -> tuple[str, ...]:

@@ -74,7 +74,7 @@ def tensor_names(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     def name(i):
         n = sg.tensors[i].name
-        return n.decode() if isinstance(n, bytes) else n
+        return n.decode("utf-8", "replace") if isinstance(n, bytes) else n  # as the compiler reads names
 
     return tuple(name(i) for i in sg.inputs), tuple(name(i) for i in sg.outputs)
 

@@ -25,7 +25,8 @@ from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
 _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
-                   "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV"}
+                   "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV",
+                   "UNIDIRECTIONAL_SEQUENCE_LSTM": "AddUnidirectionalSequenceLSTM"}
 
 
 # The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom ops: the op code
@@ -42,7 +43,9 @@ def resolver_method(opcode: str) -> str:
     if opcode in HARNESS_CUSTOM_OPS:
         return "AddCustom"
     if opcode.startswith("CUSTOM"):
-        raise UsageError(f"custom op '{opcode}' has no TFLite Micro kernel the harness can register")
+        # TFLite Micro on the host may have it (its signal library's audio ops): the firmware does not
+        raise ModelError(f"the harness firmware has no kernel for custom op '{opcode[len('CUSTOM:'):]}' (it "
+                         "registers TFLite Micro's builtin kernels only)")
     if opcode in _ADD_EXCEPTIONS:
         return _ADD_EXCEPTIONS[opcode]
     return "Add" + "".join(w if w[:1].isdigit() else w[:1] + w[1:].lower() for w in opcode.split("_"))
@@ -99,6 +102,8 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
+    from tpu_pipeline.toolchain.memory.tflm_target import KERNEL_SETS, target_arena
+    from tpu_pipeline.toolchain.tflite.extract import without_unused_tensors
 
     src = Path(model_path)
     out = Path(out_dir)
@@ -110,6 +115,9 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     sram = int(d["memory"]["sram_bytes"])
     flash = int(d["memory"].get("flash_bytes", 0))
     model = read_model(model_data, name=str(src)) if model_data is not None else read_model(src)
+    # TFLite Micro's own verdict first: the same words as every MCU command for a model it cannot run
+    measure_tflm_arena(model_to_bytes(model), label=str(src))
+    model, _ = without_unused_tensors(model)  # TFLite Micro would give them arena bytes; nothing reads them
     graph = from_model(model)
     if len(model.subgraphs) > 1:
         raise ModelError(f"{src}: {len(model.subgraphs)} subgraphs; the harness runs single-subgraph models")
@@ -125,7 +133,15 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     if verify and measured.head > planned_head:
         raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
                               f"{planned_head:,} (the offline plan was not honoured)")
-    arena_size = -(-(measured.head + measured.tail) // 16) * 16
+    # The host's head + tail (64-bit pointers: a larger tail), or what the 32-bit target needs with
+    # either kernel set where that is larger (CMSIS-NN's LSTM keeps eight kernel-sum vectors the
+    # reference kernel does not; too small an arena made its Prepare write through a null pointer)
+    needed = [measured.head + measured.tail]
+    for kernels in KERNEL_SETS:
+        target = target_arena(graph, kernels, offsets).total
+        if target is not None:
+            needed.append(target)
+    arena_size = -(-max(needed) // 16) * 16
     if arena_size > sram:
         raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena (head {measured.head:,} + tail "
                               f"{measured.tail:,}); {d['name']} has {sram:,} bytes of SRAM")

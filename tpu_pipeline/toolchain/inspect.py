@@ -32,7 +32,7 @@ class ModelSummary:
     peak_bytes: int  # most live bytes at any step in the stored order (TFLM semantics)
     peak_step: int
     peak_op: str
-    tflm_arena_bytes: int  # what TFLite Micro's own planner will allocate (its arena head)
+    tflm_arena_bytes: int | None  # what TFLite Micro's own planner will allocate (its arena head); None: cannot run
     tflite_arena_bytes: int  # what TFLite's ArenaPlanner will allocate
     order_lower_bound: int  # no planner can use less for this order (= peak)
     any_order_lower_bound: int  # no order and no planner can use less
@@ -40,6 +40,7 @@ class ModelSummary:
     hot_steps: tuple[HotStep, ...] = ()
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    tflm_cannot_run: str | None = None  # TFLite Micro's reason when it cannot run the model
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("live_bytes", "hot_steps")}
@@ -51,13 +52,15 @@ class ModelSummary:
 def _op_label(graph: Graph, step: int) -> str:
     if step == 0:
         return "inputs"
-    if step > len(graph.ops):
-        return "end"
+    if step > len(graph.ops):  # lifetimes() puts the tensors no operator uses one step after the last
+        return "tensors no operator uses (TFLite Micro allocates them)"
     return f"{step - 1} {graph.ops[step - 1].opcode}"
 
 
-def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) -> ModelSummary:
-    lt_tflm = lifetimes(graph, semantics="tflm")
+def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
+              tflm_cannot_run: str | None = None) -> ModelSummary:
+    """`tflm_cannot_run`: TFLite Micro's reason for refusing the model (no head is predicted then)."""
+    lt_tflm = lifetimes(graph, semantics="tflm", whole_model=True)
     lt_tflite = lifetimes(graph, semantics="tflite")
     live = lt_tflm.live_bytes()
     peak_step = lt_tflm.peak_step
@@ -77,10 +80,11 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5) ->
         peak_bytes=lt_tflm.peak,
         peak_step=peak_step,
         peak_op=_op_label(graph, peak_step),
-        tflm_arena_bytes=tflm_greedy(lt_tflm).size,
+        tflm_arena_bytes=None if tflm_cannot_run else tflm_greedy(lt_tflm).size,
+        tflm_cannot_run=tflm_cannot_run,
         tflite_arena_bytes=tflite_arena(lt_tflite).size,
         order_lower_bound=lt_tflm.peak,
-        any_order_lower_bound=order_free_lower_bound(graph, "tflm"),
+        any_order_lower_bound=order_free_lower_bound(graph, "tflm", whole_model=True),
         live_bytes=tuple(live),
         hot_steps=hot_steps,
         inputs=tuple(graph.tensors[t].name for t in graph.inputs),

@@ -55,12 +55,19 @@ def print_summary(s: ModelSummary, out: Console) -> None:
     t.add_column("KiB/MiB", justify="right")
     t.add_row("parameters (constants)", f"{s.parameter_bytes:,}", human_bytes(s.parameter_bytes))
     t.add_row(f"activation peak, at step {s.peak_step} ({s.peak_op})", f"{s.peak_bytes:,}", human_bytes(s.peak_bytes))
-    t.add_row("TFLite Micro arena head (its greedy planner)", f"{s.tflm_arena_bytes:,}", human_bytes(s.tflm_arena_bytes))
+    if s.tflm_arena_bytes is None:
+        t.add_row("TFLite Micro arena head (its greedy planner)", "cannot run", "see note")
+    else:
+        t.add_row("TFLite Micro arena head (its greedy planner)", f"{s.tflm_arena_bytes:,}",
+                  human_bytes(s.tflm_arena_bytes))
     t.add_row("TFLite arena, tensors only (tflite semantics)", f"{s.tflite_arena_bytes:,}",
               human_bytes(s.tflite_arena_bytes))
     t.add_row("lower bound for this order (= peak)", f"{s.order_lower_bound:,}", human_bytes(s.order_lower_bound))
     t.add_row("lower bound for any order", f"{s.any_order_lower_bound:,}", human_bytes(s.any_order_lower_bound))
     out.print(t)
+    if s.tflm_cannot_run:
+        out.print(f"note: TFLite Micro cannot run this model ({s.tflm_cannot_run}): no arena head is predicted, "
+                  "and the MCU commands (plan, fit, profile, export-mcu) refuse it")
     if s.subgraphs > 1:
         out.print(f"note: {s.subgraphs} subgraphs: the memory figures cover the main subgraph only; TFLite Micro "
                   "also places the other subgraphs' tensors in its arena")

@@ -53,6 +53,7 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         return out
     from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
     from tpu_pipeline.toolchain.ir import from_model, total_param_bytes
+    from tpu_pipeline.toolchain.ir.convert import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.tflite import read_model
 
     model = EdgeTpuCostModel(device)
@@ -95,11 +96,12 @@ def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2
 def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iterations: int = 10, warmup: int = 1,
                       seed: int = 0, progress=None) -> RunReport:
     """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
-    from tpu_pipeline.toolchain.execute.inputs import input_stream
+    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
     from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
-    from tpu_pipeline.toolchain.ir import from_model, total_param_bytes
+    from tpu_pipeline.toolchain.ir import total_param_bytes
+    from tpu_pipeline.toolchain.ir.convert import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import read_model
 
@@ -108,7 +110,7 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
     d = device_dict(device)
     sram = int(d["memory"]["sram_bytes"])
     flash = int(d["memory"].get("flash_bytes", 0))
-    graph = from_model(read_model(data, name=str(model_path)))
+    graph = resolve_dynamic_shapes(read_model(data, name=str(model_path)), None, str(model_path))[1]
     est = estimate_mcu(graph, d)
     report = RunReport("emulator", f"{d.get('name', device)} (TFLite Micro on the host)", str(model_path), iterations)
     predicted_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
@@ -121,15 +123,15 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
     report.ops = [{"index": o.index, "opcode": o.opcode, "class": o.op_class, "work": o.work,
                    "predicted_s": o.seconds} for o in est.ops]
     try:
-        a = measure_tflm_arena(data, arena_size=sram)
+        a = measure_tflm_arena(data, arena_size=sram, label=str(model_path))
         arena.update(fits=True, head=a.head, tail=a.tail, total=a.total)
     except ModelError:
         try:
-            a = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
+            a = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram), label=str(model_path))
             arena.update(head=a.head, tail=a.tail, total=a.total)
         except ModelError as exc:
             arena["fits"] = None  # not a size question: TFLite Micro cannot run this model
-            report.error = f"TFLite Micro cannot run the model with any arena ({exc})"
+            report.error = str(exc).removeprefix(f"{model_path}: ")  # "TFLite Micro cannot run this model (...)"
             return report
         report.error = (f"does not fit: TFLite Micro needs {a.total:,} arena bytes (head {a.head:,} + tail {a.tail:,}), "
                         f"the device has {sram:,} bytes of SRAM")
@@ -145,7 +147,7 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
         report.error = str(exc)
         return report
     specs = [(n, shape, dt) for n, (dt, shape) in zip(interp.input_names, interp.inputs)]
-    inputs = input_stream(specs, iterations + warmup, seed)
+    inputs = input_stream(specs, iterations + warmup, seed, shape_operand_values(data))
     times = []
     for k, x in enumerate(inputs):
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
-from tpu_pipeline.toolchain.execute.inputs import input_stream
+from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
 from tpu_pipeline.runtime.serial_mcu import DEFAULT_BAUD, McuRunAborted, SerialMcu
 from tpu_pipeline.toolchain.errors import UsageError
@@ -52,7 +52,7 @@ def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iteratio
     baud = baud or int(d.get("link", {}).get("baud", DEFAULT_BAUD))
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))  # the host reference, any arena
     specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-    inputs = input_stream(specs, iterations, seed)
+    inputs = input_stream(specs, iterations, seed, shape_operand_values(data))
     arrays = [[x[n] for n in host.input_names] for x in inputs]
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
     report = RunReport("mcu", f"{d.get('name', device)} on {port}", str(model_path), iterations)

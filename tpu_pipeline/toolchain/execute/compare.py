@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError, VerificationError
-from tpu_pipeline.toolchain.execute.inputs import random_inputs
+from tpu_pipeline.toolchain.execute.child import call_in_child
+from tpu_pipeline.toolchain.execute.inputs import random_inputs, shape_operand_values
 from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert, run_named
 from tpu_pipeline.toolchain.execute.tflm import run_tflm
 
@@ -103,6 +104,8 @@ def compare_named(outputs: list[dict], reference: list[dict]) -> tuple[bool, flo
     return exact, worst
 
 
+RUNTIME_NAMES = {"litert": "LiteRT", "tflm": "TFLite Micro"}
+
 # A model this large takes seconds per TFLite Micro run (reference kernels; VGG16: 17 s): the
 # original's runs then go to a child process, next to the rewritten model's runs here.
 SIDE_BY_SIDE_BYTES = 8 * 1024 * 1024
@@ -115,15 +118,19 @@ def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 
     `side_by_side`: TFLite Micro runs the original in a child process meanwhile (default: for
     models of SIDE_BY_SIDE_BYTES and more)."""
     rng = np.random.default_rng(seed)
-    details = input_details(original)
-    inputs = [random_inputs(details, rng) for _ in range(runs)]
+    details = _input_details(original)
+    fixed = shape_operand_values(original)
+    inputs = [random_inputs(details, rng, fixed) for _ in range(runs)]
     if side_by_side is None:
         side_by_side = len(original) >= SIDE_BY_SIDE_BYTES
     results = []
     for rt in runtimes:
         seen: dict[int, list] = {}
         try:
-            for want, got in _output_pairs(rt, original, rewritten, inputs, tflm_arena_size, side_by_side):
+            # in a child: a runtime that crashes on the model skips this runtime's check, named
+            pairs = call_in_child(_output_pairs, rt, original, rewritten, inputs, tflm_arena_size, side_by_side,
+                                  runtime=RUNTIME_NAMES[rt], doing="running the model")
+            for want, got in pairs:
                 for c in compare_outputs(want, got, lossy_ok):
                     seen.setdefault(c.index, []).append(c)
         except ModelError as exc:
@@ -133,6 +140,20 @@ def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 
                                    all(c.ok for c in cs)) for i, cs in sorted(seen.items()))
         results.append(Verification(rt, runs, checks))
     return results
+
+
+def _input_details(model: bytes) -> list[dict]:
+    """The inputs as LiteRT describes them, or as TFLite Micro does for a model LiteRT refuses
+    (the runtime LiteRT refuses is then reported as skipped by `verify_models`)."""
+    try:
+        return input_details(model)
+    except ModelError:
+        from tpu_pipeline.toolchain.execute.tflm import io_details, tflm_interpreter
+
+        def details(data):
+            return io_details(tflm_interpreter(data, 64 * 1024 * 1024), "input", data)
+
+        return call_in_child(details, model, runtime="TFLite Micro", doing="loading the model")
 
 
 def _output_pairs(rt: str, original: bytes, rewritten: bytes, inputs, arena_size: int, side_by_side: bool):
@@ -186,9 +207,16 @@ def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes],
     """Run the original model(s) and the chained segments (tensors matched by name) on the same
     random inputs under LiteRT's builtin kernels; raise VerificationError unless every output is
     bit-identical (or, with `exact=False`, report the largest difference). `originals` holds
-    (label, model bytes, tensor-name prefix)."""
+    (label, model bytes, tensor-name prefix). Runs in a child process: LiteRT crashing on the
+    model raises RuntimeCrash (ModelError) instead of ending the caller."""
+    return call_in_child(_verify_chain, originals, segments, samples, seed, exact, runtime="LiteRT",
+                         doing="running the model and its segments")
+
+
+def _verify_chain(originals, segments, samples, seed, exact) -> dict:
     rng = np.random.default_rng(seed)
     refs = [(label, _interpreter(data), prefix) for label, data, prefix in originals]
+    shapes = {label: shape_operand_values(data) for label, data, _ in originals}
     segs = [_interpreter(s) for s in segments]
     compared = 0
     worst = 0.0
@@ -197,7 +225,7 @@ def verify_chain(originals: list[tuple[str, bytes, str]], segments: list[bytes],
         expected: dict[str, np.ndarray] = {}
         for label, it, prefix in refs:
             details = it.get_input_details()
-            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng))}
+            feeds = {d["name"]: x for d, x in zip(details, random_inputs(details, rng, shapes[label]))}
             for name, arr in feeds.items():
                 env[prefix + name] = arr
             expected.update({prefix + k: v for k, v in _run(it, feeds, label).items()})

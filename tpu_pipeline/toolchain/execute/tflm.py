@@ -139,13 +139,14 @@ def _unpack_sets(z) -> list[list[np.ndarray]]:
 
 def _child(path: str, given: str, seed: str, arena_size: str, out: str) -> None:
     """Runs in the child of `_in_child`: one run per input set (one seeded set when none given)."""
-    from tpu_pipeline.toolchain.execute.inputs import seeded_inputs
+    from tpu_pipeline.toolchain.execute.inputs import seeded_inputs, shape_operand_values
 
     data = Path(path).read_bytes()
     if given:
         with np.load(given) as z:
             sets = _unpack_sets(z)
     else:
-        sets = [seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed))]
+        sets = [seeded_inputs(io_details(tflm_interpreter(data, int(arena_size)), "input", data), int(seed),
+                              shape_operand_values(data))]
     np.savez(out, **{f"s{i}_{k}": y for i, xs in enumerate(sets)
                      for k, y in enumerate(run_tflm(data, xs, int(arena_size)))})

@@ -46,7 +46,7 @@ def check_tflm_dtypes(model, label: str | None = None) -> None:
     found = tensor_names_of_type(model, "float16")
     if found:
         where = f"{label}: " if label else ""
-        raise ModelError(f"{where}TFLite Micro cannot run float16 tensors ({len(found)} in the model, e.g. "
+        raise ModelError(f"{where}{CANNOT_RUN} (it has no float16 kernels: {len(found)} float16 tensors, e.g. "
                          f"'{found[0]}'; convert it without float16 quantization, as float32 or int8)")
 
 
@@ -88,9 +88,49 @@ def measure_tflm_arena(model: bytes | str | Path, arena_size: int = 64 * 1024 * 
         )
     figures = dict((k, int(v)) for k, v in _FIGURE.findall(proc.stderr + proc.stdout))
     if proc.returncode != 0 or "head" not in figures:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ModelError(f"{label or 'model'}: TFLite Micro cannot allocate it: {last}")
+        raise ModelError(f"{label or 'model'}: {CANNOT_RUN} ({tflm_reason(proc.stderr, proc.returncode)})")
     return TflmArena(figures["head"], figures.get("tail", 0), figures.get("total", 0))
+
+
+# The one wording every command uses when TFLite Micro refuses a model (the survey and users can
+# tell it from a bad file): "<model>: TFLite Micro cannot run this model (<its own reason>)".
+CANNOT_RUN = "TFLite Micro cannot run this model"
+
+
+def tflm_reason(stderr: str, returncode: int = 1) -> str:
+    """TFLite Micro's own words for a refusal: the lines it printed before Python's traceback
+    ("Hybrid models are not supported on TFLite Micro. Node CONV_2D (number 0) failed to
+    prepare"), without source paths; the signal when it crashed."""
+    said = []
+    for line in stderr.splitlines():
+        line = line.strip()
+        if not line or line.startswith("[RecordingMicroAllocator]"):
+            continue
+        if line.startswith("Traceback"):
+            break
+        said.append(re.sub(r"^\S+\.(cc|h|cpp):?\d*:?\s*", "", line))
+    if not said and returncode < 0:
+        from tpu_pipeline.toolchain.execute.child import signal_name
+
+        return f"it crashed ({signal_name(-returncode)})"
+    if not said:
+        said = (stderr.strip().splitlines() or ["no reason given"])[-1:]
+    text = " ".join(dict.fromkeys(said))
+    return text if len(text) <= 240 else text[:237] + "..."
+
+
+def tflm_refusal(model: bytes | str | Path, label: str | None = None) -> str | None:
+    """None when TFLite Micro (host wheel) allocates `model`, else why not, in its own words: the
+    verdict `inspect` reports and the MCU commands refuse with."""
+    try:
+        measure_tflm_arena(model, label=label)
+    except ModelError as exc:
+        text = str(exc)
+        if CANNOT_RUN not in text:
+            return text
+        reason = text.split(f"{CANNOT_RUN} (", 1)[-1]
+        return reason[:-1] if reason.endswith(")") else reason  # the wrapper's closing parenthesis only
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use

@@ -77,9 +77,10 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
 
     if budget is None and device is None and objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
-    model, graph, notes = load_exact(path)
+    model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
     graph, _ = graph.with_unique_tensor_names()
     source = model_to_bytes(model)
+    measure_tflm_arena(source, label=str(path))  # TFLite Micro's verdict first, in the words plan and export-mcu use
     notes = list(notes)
     deadline = Deadline(time_limit)
     head_budget, budget_from, avail = budget, "--budget", None

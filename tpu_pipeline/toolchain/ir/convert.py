@@ -172,6 +172,10 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
         name, builtin, version = opcode_name(model, o.opcodeIndex)
         options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
+        for field in ("stride_w", "stride_h", "dilation_w", "dilation_h", "filter_width", "filter_height"):
+            # 0 or less is no window at all: LiteRT refuses it, TFLite Micro computes garbage from it
+            if getattr(options, field, 1) < 1:
+                raise ModelError(f"operator {i} ({name}) has {field} {getattr(options, field)}; it must be at least 1")
         kernel = ""
         if name == f"CUSTOM:{kernels.DIRECT_CONV_CODE}":
             options, version = kernels.direct_op(o.customOptions, f"operator {i}")
@@ -409,19 +413,71 @@ def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
     graph = from_model(model)
     if check_litert:
         check_loads_in_litert(data, label)
+    return resolve_dynamic_shapes(model, graph, label)
+
+
+def resolve_dynamic_shapes(model: schema.ModelT, graph: Graph | None, label: str) -> tuple[schema.ModelT, Graph]:
+    """One verdict on dynamic shapes for every command: a model with tensors of run-time size
+    (shape signature -1 beyond the batch: [49, -1, 10], [-1, -1]) is taken with the shapes LiteRT
+    allocates for it as stored (`with_static_shapes`, what compile and plan have always written);
+    what LiteRT cannot size either is refused (ModelError) with the first such tensor named."""
+    graph = graph if graph is not None else from_model(model)
+    if not any(t.is_dynamic for t in graph.tensors):
+        return model, graph
+    from tpu_pipeline.toolchain.tflite.extract import with_static_shapes
+
+    try:
+        model, _ = with_static_shapes(model)
+    except ModelError:
+        pass
+    graph = from_model(model)
+    for t in graph.tensors:
+        if t.is_dynamic and t.kind == "activation":
+            t.nbytes  # ModelError: "tensor '...' has a dynamic shape [...]; its size is unknown until run time"
     return model, graph
 
 
-def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, list[str]]:
+def load_exact(path, check_litert: bool = True, mcu: bool = False) -> tuple[schema.ModelT, Graph, list[str]]:
     """`load` for commands that write a model derived from the input: the model is first made
     exact for TFLite Micro (`tpu_pipeline.toolchain.tflite.extract.runtime_exact_model`: real shapes for
-    placeholder ones, explicit padding for SPACE_TO_BATCH_ND), so that no op order or arena plan
-    can change its TFLite Micro outputs. Returns the model, its IR and one note per change."""
+    placeholder ones, explicit padding for SPACE_TO_BATCH_ND, no tensors that no operator uses),
+    so that no op order or arena plan can change its TFLite Micro outputs. Returns the model, its
+    IR and one note per change.
+
+    `mcu`: the command targets TFLite Micro (schedule, plan, fit): a model LiteRT refuses is
+    accepted when TFLite Micro allocates it (TFLite Micro's own person_detect.tflite), with a note
+    that checks run in TFLite Micro alone; refused only when neither runtime loads it."""
     from tpu_pipeline.toolchain.tflite.extract import runtime_exact_model
 
-    model, _ = load(path, check_litert=check_litert)
-    model, notes = runtime_exact_model(model)
-    return model, from_model(model), notes
+    model, _ = load(path)
+    notes: list[str] = []
+    if check_litert:
+        notes += litert_or_tflm_notes(path, mcu)
+    model, exact = runtime_exact_model(model)
+    return model, from_model(model), notes + exact
+
+
+def litert_or_tflm_notes(path, mcu: bool) -> list[str]:
+    """Refuse (ModelError) a model LiteRT cannot load, unless `mcu` and TFLite Micro allocates it:
+    then one note saying the checks run in TFLite Micro alone."""
+    from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes
+
+    label = str(path)
+    data = read_bytes(path, label)
+    try:
+        note = check_loads_in_litert(data, label)
+    except ModelError as refusal:
+        if not mcu:
+            raise
+        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+
+        try:
+            measure_tflm_arena(data, label=label, invoke=True)  # loads and runs: an invalid model cannot pass
+        except ModelError:
+            raise refusal from None
+        reason = str(refusal).split(": ", 1)[-1]
+        return [f"{reason}; TFLite Micro loads it: the model is checked in TFLite Micro alone"]
+    return [note] if note else []
 
 
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:

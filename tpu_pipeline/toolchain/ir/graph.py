@@ -207,7 +207,9 @@ class Graph:
             for t in op.inputs:
                 if t < -1 or t >= n:
                     problems.append(f"op {i} ({op.opcode}) reads tensor {t}, out of range")
-                elif t >= 0 and self.tensors[t].kind == "activation" and t not in written:
+                elif (t >= 0 and self.tensors[t].kind == "activation" and t not in written
+                      and all(d != 0 for d in self.tensors[t].shape)):  # an empty tensor needs no data,
+                    # as `ir.convert.from_model` accepts it (a 0-element shape operand of BROADCAST_ARGS)
                     problems.append(f"op {i} ({op.opcode}) reads '{self.tensors[t].name}' before any op writes it")
             for t in op.outputs:
                 if not 0 <= t < n:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.lifetimes import unused_tensors
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -28,9 +29,10 @@ def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int
     return out
 
 
-def order_free_lower_bound(graph: Graph, semantics: Semantics | str = "tflm") -> int:
-    """No order of the ops can peak below this: the largest single-op footprint, and the
-    graph outputs, which are all live together at the end.
+def order_free_lower_bound(graph: Graph, semantics: Semantics | str = "tflm", *, whole_model: bool = False) -> int:
+    """No order of the ops can peak below this: the largest single-op footprint, the graph
+    outputs, which are all live together at the end, and (TFLite Micro) the tensors no operator
+    uses, which live together apart from every op (`whole_model`, as in `lifetimes`).
 
     On the runtime's own tensors, for any semantics: the scheduler's bounds (schedule/bounds/)
     work on its memory model, whose in-place buffers are merged, and hold only where that
@@ -38,4 +40,6 @@ def order_free_lower_bound(graph: Graph, semantics: Semantics | str = "tflm") ->
     sem = get_semantics(semantics)
     outputs = {t for t in graph.outputs if graph.is_activation(t)}
     at_end = sum(align(graph.tensors[t].nbytes, sem.alignment) for t in outputs)
-    return max([at_end, *op_footprints(graph, sem)])
+    unused = sum(align(graph.tensors[t].nbytes, sem.alignment) for t in unused_tensors(graph)) \
+        if whole_model and sem.allocates_unused else 0
+    return max([at_end, unused, *op_footprints(graph, sem)])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -55,11 +55,16 @@ class Lifetimes:
         return live.index(max(live)) if live else 0
 
 
-def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> Lifetimes:
+def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
+              whole_model: bool = False) -> Lifetimes:
     """Lifetimes of every buffer the runtime allocates in its arena, for ops run in `order`.
 
     `order` lists positions into `graph.ops` (default: the graph's own order). Tensors come in
     tensor-index order, then scratch buffers in request order, as TFLite Micro adds them.
+    `whole_model`: `graph` is a model file as the runtime loads it, so the tensors no operator
+    uses count too where the runtime allocates them (TFLite Micro; `unused_tensors`). Off by
+    default: the passes' graphs (spans, segments, rewrites) leave tensors of other parts dangling,
+    and a model the tool writes has none (`runtime_exact_model` drops them).
     """
     sem = get_semantics(semantics)
     n = len(graph.ops)
@@ -92,6 +97,15 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
             if graph.is_activation(t):
                 last[t] = n
 
+    n_steps = n + 1
+    if whole_model and sem.allocates_unused:
+        unused = unused_tensors(graph)
+        if unused:
+            # TFLite Micro allocates them with an empty lifetime, which overlaps only each other:
+            # one step of their own after the last, so they share bytes with nothing else.
+            n_steps = n + 2
+            for t in unused:
+                first[t] = last[t] = n + 1
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in first}
     if sem.in_place_ops:
         _share_in_place(graph, order, sem, first, last, sizes)
@@ -106,7 +120,21 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
             s = step_of[op_pos]
             buffers.append(Buffer(align(size, sem.alignment), s, s, op=op_pos,
                                   name=f"scratch of op {op_pos} ({graph.ops[op_pos].opcode})"))
-    return Lifetimes(tuple(buffers), n + 1)
+    return Lifetimes(tuple(buffers), n_steps)
+
+
+def unused_tensors(graph: Graph) -> tuple[int, ...]:
+    """Non-constant tensors of a fixed non-zero size that no operator reads or writes and that are
+    not graph inputs or outputs: TFLite Micro plans them all the same (each lives from step -1 to
+    step -1: `micro_allocation_info.cc` marks lifetimes only through ops and graph inputs/outputs).
+    Writers drop them (`tpu_pipeline.toolchain.tflite.extract.without_unused_tensors`)."""
+    touched = set(graph.inputs) | set(graph.outputs)
+    for op in graph.ops:
+        touched.update(op.inputs)
+        touched.update(op.outputs)
+    return tuple(t.index for t in graph.tensors
+                 if t.index not in touched and t.kind == "activation" and not t.is_dynamic
+                 and DTYPE_SIZES.get(t.dtype) and t.nbytes > 0)
 
 
 def _share_in_place(graph, order, sem, first, last, sizes) -> None:

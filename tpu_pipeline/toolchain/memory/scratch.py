@@ -16,17 +16,30 @@ at run time and are not modelled.
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.ir.kernels import DIRECT
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
 _INT16 = 2
 
-# Ops with a cmsis_nn kernel whose scratch requests are not modelled here (none of the zoo's).
-CMSIS_NN_UNMODELLED = frozenset({"TRANSPOSE_CONV", "SVDF", "UNIDIRECTIONAL_SEQUENCE_LSTM", "BATCH_MATMUL"})
+# Ops with a cmsis_nn kernel whose scratch requests are not modelled here (int8 TRANSPOSE_CONV:
+# CMSIS-NN's own buffers; BATCH_MATMUL), see `cmsis_nn_unmodelled`.
+CMSIS_NN_UNMODELLED = frozenset({"BATCH_MATMUL"})
 # Ops whose cmsis_nn kernel asks CMSIS-NN for a buffer (int8 modelled below; int16 is not).
 CMSIS_NN_SCRATCH = ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CONNECTED")
+
+
+def cmsis_nn_unmodelled(graph: Graph, op) -> str | None:
+    """The op's name when the cmsis_nn build's scratch for it is not modelled, else None."""
+    if op.opcode in CMSIS_NN_UNMODELLED:
+        return op.opcode
+    x = graph.tensors[op.inputs[2 if op.opcode == "TRANSPOSE_CONV" else 0]] if op.inputs else None
+    if op.opcode == "TRANSPOSE_CONV" and x is not None and x.dtype == "int8":
+        return "TRANSPOSE_CONV (int8)"  # arm_transpose_conv_s8's two buffers
+    if op.opcode in CMSIS_NN_SCRATCH and op.opcode != "CONV_2D" and x is not None and x.dtype == "int16":
+        return f"{op.opcode} (int16)"  # its s16 buffer sizes are not modelled
+    return None
 
 
 def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
@@ -58,8 +71,48 @@ def _reference(graph: Graph, op_pos: int) -> list[int]:
     if name == "TRANSPOSE_CONV" and op.outputs:
         out = graph.tensors[op.outputs[0]]
         acc = {"int8": 4, "int16": 8}.get(out.dtype)  # int32 / int64 accumulators
-        return [out.num_elements * acc] if acc else []
+        sizes = [out.num_elements * acc] if acc else []
+        bias = graph.tensors[op.inputs[3]] if len(op.inputs) > 3 and op.inputs[3] >= 0 else None
+        if out.dtype == "int16" and bias is not None and bias.dtype == "int16":
+            sizes.append(bias.num_elements * 8)  # the 16-bit bias widened to 64 bits
+        return sizes
+    if name == "SVDF" and len(op.inputs) >= 5:
+        return _svdf_reference(graph, op)
+    if name == "CUSTOM:SignalRfft" and op.inputs and op.outputs:
+        # TFLite Micro's signal library (audio front ends): one work buffer of fft_length elements;
+        # the output holds fft_length / 2 + 1 complex values
+        x, out = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+        fft_length = 2 * (out.shape[-1] // 2 - 1)
+        return [fft_length * int(DTYPE_SIZES.get(x.dtype) or 0)]
+    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and len(op.inputs) >= 20:
+        return _lstm_scratch(graph, op)
     return []
+
+
+def _svdf_reference(graph: Graph, op) -> list[int]:
+    """svdf_common.cc PrepareSvdf: int32 (float) filter activations for every batch; int8 also the
+    int32 per-unit sums."""
+    x, w_feature = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    batch, filters = x.shape[0], w_feature.shape[0]
+    units = filters // max(_raw_option(op, "rank", 1), 1)
+    if x.dtype == "int8":
+        return [batch * filters * _INT32, batch * units * _INT32]
+    return [batch * filters * 4]
+
+
+def _lstm_scratch(graph: Graph, op) -> list[int]:
+    """unidirectional_sequence_lstm.cc Prepare: four gate buffers of batch x state dimension, of
+    the cell state's type (the same in the cmsis_nn build's kernel, which wraps the reference one)."""
+    x = graph.tensors[op.inputs[0]]
+    hidden, cell = graph.tensors[op.inputs[18]], graph.tensors[op.inputs[19]]
+    batch = x.shape[1] if _raw_option(op, "timeMajor", False) else x.shape[0]
+    size = batch * hidden.shape[1] * {"float32": 4, "int16": 2}.get(cell.dtype, 0)
+    return [size] * 4 if size else []
+
+
+def _raw_option(op, field: str, default):
+    """A field of options the IR keeps undecoded (SVDF's rank, the LSTM's time_major)."""
+    return getattr(getattr(op.options, "raw", None), field, default) or default
 
 
 def tflm_padding(in_size: int, filter_size: int, stride: int, dilation: int, padding: str) -> int:
@@ -74,9 +127,22 @@ def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
     """CMSIS-NN kernel requests (int8), or None where the reference kernel runs."""
     op = graph.ops[op_pos]
     name = op.opcode
+    if name == "UNIDIRECTIONAL_SEQUENCE_LSTM" and len(op.inputs) >= 20:
+        # cmsis_nn/unidirectional_sequence_lstm.cc: three gate buffers where CMSIS-NN runs it
+        # (int8 or int16 activations, int16 cell state), the reference kernel's four otherwise
+        sizes = _lstm_scratch(graph, op)
+        x, cell = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[19]]
+        return sizes[:3] if x.dtype in ("int8", "int16") and cell.dtype == "int16" else sizes
     if name not in CMSIS_NN_SCRATCH:
-        return None
+        return None  # the reference kernel's requests (SVDF: the same, CMSIS-NN's DSP buffer is 0)
     x = graph.tensors[op.inputs[0]]
+    if name == "CONV_2D" and x.dtype == "int16":
+        bias = graph.tensors[op.inputs[2]] if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
+        if bias is None or bias.dtype == "int64":
+            w = graph.tensors[op.inputs[1]]
+            # arm_convolve_wrapper_s16_get_buffer_size (no MVE): two int16 im2col columns
+            return _positive(2 * x.shape[3] * w.shape[1] * w.shape[2] * _INT16)
+        return []
     if x.dtype != "int8":
         return []  # float32 runs the reference path inside the cmsis_nn kernel; int16 not modelled
     if name == "AVERAGE_POOL_2D":

@@ -13,14 +13,15 @@ class Semantics:
     alignment: int  # every buffer size is rounded up to this
     inputs_live_whole_run: bool  # TFLite keeps graph inputs allocated for the whole invocation
     in_place_ops: frozenset[str]  # ops whose output shares its first input's buffer when that dies there
+    allocates_unused: bool = False  # tensors no op touches get arena bytes too (TFLite Micro)
 
 
 # TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
 # fit, is runtime_planners.tflm_greedy).
-TFLM = Semantics("tflm", 16, False, frozenset())
+TFLM = Semantics("tflm", 16, False, frozenset(), allocates_unused=True)
 # TFLite Micro built with CMSIS-NN kernels (what Cortex-M deployments run): the same planner and
 # lifetimes, but the optimised kernels request their own scratch buffers (tpu_pipeline/toolchain/memory/scratch.py).
-TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset())
+TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset(), allocates_unused=True)
 # TFLite / LiteRT: 64-byte alignment, reshape-like ops share their input's buffer (its ArenaPlanner,
 # best fit, is runtime_planners.tflite_arena).
 TFLITE = Semantics("tflite", 64, True, frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}))

@@ -39,7 +39,7 @@ from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.kernels import DIRECT
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
-from tpu_pipeline.toolchain.memory.scratch import CMSIS_NN_SCRATCH, CMSIS_NN_UNMODELLED, scratch_requests
+from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 
 KERNEL_SETS = ("cmsis-nn", "reference")
@@ -69,9 +69,13 @@ BUILTIN_DATA = {
     "ADD": (2, 1), "SUB": (2, 1), "MUL": (1, 1),  # activation (+ pot_scale_int16)
     "MEAN": (1, 1), "SUM": (1, 1), "REDUCE_MAX": (1, 1), "REDUCE_MIN": (1, 1),  # bool keep_dims
     "CONCATENATION": (8, 4), "STRIDED_SLICE": (24, 4), "RESIZE_NEAREST_NEIGHBOR": (2, 1),
+    # measured with arm-none-eabi-g++ 12 (sizeof/alignof on the target): the real models' other ops
+    "SVDF": (8, 4), "UNIDIRECTIONAL_SEQUENCE_LSTM": (16, 4), "TRANSPOSE_CONV": (16, 4),
+    "SPLIT": (4, 4), "LEAKY_RELU": (4, 4), "CAST": (2, 1), "DIV": (1, 1),
 }
 NO_BUILTIN_DATA = frozenset({"QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "PAD", "SPACE_TO_BATCH_ND",
-                             "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH"})
+                             "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH", "TRANSPOSE", "MAXIMUM", "MINIMUM",
+                             "LOG_SOFTMAX"})
 
 # Step 4: sizeof the struct each kernel's Init allocates, (reference, cmsis-nn); None: no Init
 # allocation. cmsis-nn's own kernels wrap the reference OpData with their buffer index etc.
@@ -91,6 +95,15 @@ OP_DATA = {
     "MUL": (36, 36),  # OpDataMul
     "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
     "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
+    "DEQUANTIZE": (32, 32),  # DequantizeOpData
+    "SVDF": (36, 40),  # OpDataSvdf; cmsis_nn CmsisNnOpDataSvdf (+ kernel sums pointer)
+    "UNIDIRECTIONAL_SEQUENCE_LSTM": (688, 912),  # OpDataLSTM; cmsis_nn OpData{OpDataLSTM, CMSIS-NN params}
+    "TRANSPOSE_CONV": (72, 76),  # transpose_conv.cc OpData; cmsis_nn's (+ output scratch index)
+    "SUB": (52, 52), "DIV": (28, 28),  # OpDataSub, OpDataDiv (no cmsis_nn kernel)
+    "LOGISTIC": (16, 16), "LEAKY_RELU": (24, 24),  # OpDataLogistic, LeakyReluOpData
+    "TRANSPOSE": (None, None), "MAXIMUM": (None, None), "MINIMUM": (None, None), "SPLIT": (None, None),
+    "CAST": (None, None),
+    "LOG_SOFTMAX": (None, None),  # its OpData (28 B) comes in Prepare, int8 only (_prepare_allocations)
 }
 
 
@@ -99,6 +112,7 @@ OP_DATA = {
 # DirectConvData {OpDataConv (56 B), TfLiteConvParams (28 B)}; Prepare the per-channel multipliers
 # and shifts as CONV_2D's does; no scratch.
 DIRECT_OP_DATA = 84
+_LOG_SOFTMAX_OP_DATA = 28  # LogSoftmaxOpData, allocated by Prepare for int8
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,16 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
         w = graph.tensors[op.inputs[1]]
         if w.quant is not None and len(w.quant.scale) > 1:  # per-channel weights
             return [len(w.quant.scale) * _INT] * 2
+    if op.opcode == "TRANSPOSE_CONV":  # per-channel multipliers and shifts, every type, both kernel sets
+        channels = graph.tensors[op.inputs[1]].shape[0]
+        return [channels * _INT, channels * _INT]
+    if op.opcode == "LOG_SOFTMAX" and graph.tensors[op.inputs[0]].dtype == "int8":
+        return [_LOG_SOFTMAX_OP_DATA]
+    if op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM" and kernels == "cmsis-nn" and len(op.inputs) >= 20:
+        # CMSIS_NN_PortOpData: eight kernel-sum vectors (hidden size) of the bias type
+        x, hidden, cell = (graph.tensors[op.inputs[i]] for i in (0, 18, 19))
+        bias_bytes = {"int8": 4, "int16": 8}.get(x.dtype) if cell.dtype == "int16" else None
+        return [hidden.shape[1] * bias_bytes] * 8 if bias_bytes else []
     return []
 
 
@@ -171,10 +195,9 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
             allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
         elif op.opcode not in OP_DATA:
             unmodelled.append(op.opcode)
-        if kernels == "cmsis-nn" and op.opcode in CMSIS_NN_UNMODELLED:
-            unmodelled.append(op.opcode)
-        if kernels == "cmsis-nn" and op.opcode in CMSIS_NN_SCRATCH and graph.tensors[op.inputs[0]].dtype == "int16":
-            unmodelled.append(f"{op.opcode} (int16)")  # its s16 buffer sizes are not modelled
+        missing = cmsis_nn_unmodelled(graph, op) if kernels == "cmsis-nn" else None
+        if missing:
+            unmodelled.append(missing)
     requests = 0
     for i, op in enumerate(graph.ops):
         for size in _prepare_allocations(graph, op, kernels):
@@ -182,10 +205,9 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
         requests += len(scratch_requests(graph, i, sem))
     if requests:
         allocs.append(("ScratchBufferHandle[]", _SCRATCH_HANDLE * requests, 4))
-    for t in graph.tensors:
+    for t in graph.tensors:  # AllocateVariables (the offline plan leaves them online: -1)
         if t.is_variable:
-            unmodelled.append("variable tensors")
-            break
+            allocs.append((f"variable '{t.name}'", t.nbytes, _ARENA_ALIGN))
     for what, ios in (("input", graph.inputs), ("output", graph.outputs)):
         allocs.append((f"{what} TfLiteTensor*[]", _POINTER * len(ios), _ARENA_ALIGN))
         for t in ios:
@@ -205,7 +227,7 @@ def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) ->
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
-    lt = lifetimes(graph, semantics=sem)
+    lt = lifetimes(graph, semantics=sem, whole_model=True)  # the model file as the firmware loads it
     pinned = [-1] * len(lt.buffers)
     if tensor_offsets is not None:
         for i, b in enumerate(lt.buffers):

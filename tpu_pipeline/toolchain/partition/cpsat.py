@@ -113,6 +113,10 @@ def _stage_vars(m, problem: PartitionProblem, n: int, colocate: bool):
                     m.AddImplication(a, b)
     for k in range(n):
         m.Add(sum(x[v][k] for v in range(N)) >= 1)
+    for group in problem.state_groups:  # ops sharing a state tensor run in one segment
+        for v in group[1:]:
+            for k in range(n - 1):
+                m.Add(Y(v, k) == Y(group[0], k))
     if colocate:
         for bt in problem.tensors:
             cons = sorted(set(bt.consumers))

@@ -93,6 +93,20 @@ class PartitionProblem:
         fixed |= self.host_ops
         return downstream(self.succs, fixed)
 
+    @cached_property
+    def state_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Ops that share a variable (state) tensor, which must run in one segment: a variable
+        lives in its interpreter, so ops in two segments would each update a state of their own.
+        Only groups of two or more ops (an SVDF reads and writes its own state alone)."""
+        g = self.graph
+        users: dict[int, set[int]] = {}
+        for v, op in enumerate(g.ops):
+            for t in (*op.inputs, *op.outputs):
+                if t >= 0 and g.tensors[t].kind == "variable":
+                    users.setdefault(t, set()).add(v)
+        groups = {tuple(sorted(ops)) for ops in users.values() if len(ops) > 1}
+        return tuple(sorted(groups))
+
     def max_stages(self) -> int:
         return self.n_ops - len(self.last_stage_ops) + 1
 
@@ -114,6 +128,8 @@ class PartitionProblem:
         if len(set(stages)) != n:
             return False
         if any(stages[p] > stages[v] for v in range(self.n_ops) for p in self.preds[v]):
+            return False
+        if any(len({stages[v] for v in group}) > 1 for group in self.state_groups):
             return False
         return all(stages[v] == n - 1 for v in self.last_stage_ops)
 

@@ -412,10 +412,75 @@ def explicit_space_to_batch_padding(model: schema.ModelT) -> tuple[schema.ModelT
     return out, len(todo)
 
 
+def without_unused_tensors(model: schema.ModelT) -> tuple[schema.ModelT, int]:
+    """A copy of `model` without the main subgraph's non-constant tensors that no operator reads,
+    writes or keeps as an intermediate and that are not graph inputs, outputs or signature
+    tensors (the interface stays, used or not). TFLite Micro would allocate arena bytes for each
+    (FACTS: an unused 76,800-byte float input took a head of 76,816 B), LiteRT none; no output
+    changes. Returns the model and how many tensors went (the same object when none did)."""
+    sg = model.subgraphs[0]
+    tensors = sg.tensors or []
+    keep = set(int(t) for t in (*(sg.inputs if sg.inputs is not None else []),
+                                *(sg.outputs if sg.outputs is not None else [])))
+    for op in sg.operators or []:
+        for field in (op.inputs, op.outputs, op.intermediates):
+            keep.update(int(t) for t in (field if field is not None else []) if t >= 0)
+    for sig in model.signatureDefs or []:
+        if (sig.subgraphIndex or 0) == 0:
+            keep.update(int(m.tensorIndex) for m in (*(sig.inputs or []), *(sig.outputs or [])))
+    buffers = model.buffers or []
+
+    def constant(t) -> bool:
+        b = buffers[t.buffer] if t.buffer and t.buffer < len(buffers) else None
+        return b is not None and b.data is not None and len(b.data) > 0
+
+    dropped = [i for i, t in enumerate(tensors) if i not in keep and not constant(t)]
+    if not dropped:
+        return model, 0
+    gone = set(dropped)
+    new_index = {}
+    for i in range(len(tensors)):
+        if i not in gone:
+            new_index[i] = len(new_index)
+
+    def remap(values):
+        return None if values is None else [new_index[int(t)] if t >= 0 else int(t) for t in values]
+
+    out = copy.copy(model)
+    new_sg = copy.copy(sg)
+    new_sg.tensors = [t for i, t in enumerate(tensors) if i not in gone]
+    new_sg.inputs, new_sg.outputs = remap(sg.inputs), remap(sg.outputs)
+    operators = []
+    for op in sg.operators or []:
+        op = copy.copy(op)
+        op.inputs, op.outputs, op.intermediates = remap(op.inputs), remap(op.outputs), remap(op.intermediates)
+        operators.append(op)
+    new_sg.operators = operators
+    out.subgraphs = [new_sg, *model.subgraphs[1:]]
+    if model.signatureDefs:
+        sigs = []
+        for sig in model.signatureDefs:
+            if (sig.subgraphIndex or 0) == 0:
+                sig = copy.copy(sig)
+                for field in ("inputs", "outputs"):
+                    maps = []
+                    for m in getattr(sig, field) or []:
+                        m = copy.copy(m)
+                        m.tensorIndex = new_index[int(m.tensorIndex)]
+                        maps.append(m)
+                    setattr(sig, field, maps)
+            sigs.append(sig)
+        out.signatureDefs = sigs
+    if model.metadata:  # an offline plan counts the tensors: it no longer fits
+        out.metadata = [m for m in model.metadata if _text(m.name) != OFFLINE_PLAN_NAME]
+    return out, len(dropped)
+
+
 def runtime_exact_model(model: schema.ModelT) -> tuple[schema.ModelT, list[str]]:
     """`model` with what makes TFLite Micro read bytes it never wrote taken out: the real shapes
     written (`with_static_shapes`) and SPACE_TO_BATCH_ND padding made explicit
-    (`explicit_space_to_batch_padding`). LiteRT's outputs are unchanged. Returns the model and
+    (`explicit_space_to_batch_padding`); and without the tensors no operator uses
+    (`without_unused_tensors`), which TFLite Micro would give arena bytes. LiteRT's outputs are unchanged. Returns the model and
     one note per change (empty and the same object when nothing was needed). Apply it to the
     input before the IR is built, and use the result (in the input's op order) as TFLite Micro's
     reference when verifying."""
@@ -428,4 +493,8 @@ def runtime_exact_model(model: schema.ModelT) -> tuple[schema.ModelT, list[str]]
     if padded:
         notes.append(f"{padded} SPACE_TO_BATCH_ND op(s) now read an explicit PAD: TFLite Micro's kernel pads "
                      f"with uninitialised arena bytes, its PAD with the zero point")
+    out, unused = without_unused_tensors(out)
+    if unused:
+        notes.append(f"{unused} tensor(s) that no operator uses were dropped (TFLite Micro would give them arena "
+                     f"bytes); graph inputs and outputs stay, used or not")
     return out, notes

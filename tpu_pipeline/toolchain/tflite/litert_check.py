@@ -40,6 +40,11 @@ def check_loads_in_litert(data: bytes, label: str) -> str | None:
 
 def _refusal(label: str, message: str) -> str:
     first = " ".join(message.split())
+    # LiteRT repeats one complaint per tensor ("... Tensor 33 has ...Tensor 36 has ..."): say it once
+    sentences = list(dict.fromkeys(re.sub(r"\b(Tensor|tensor|Node number) \d+", r"\1 N", x).strip()
+                                   for x in re.split(r"(?<=[.!?])(?=\S)|(?<=[.!?]) ", first) if x.strip()))
+    if sentences:
+        first = " ".join(sentences)
     if len(first) > 300:
         first = first[:297] + "..."
     raise ModelError(f"{label}: LiteRT cannot load this model ({first or 'no reason given'})")

@@ -13,6 +13,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import InfeasibleError
+from tpu_pipeline.toolchain.tflite.names import text
 
 OFFLINE_PLAN_NAME = "OfflineMemoryAllocation"
 OFFLINE_PLAN_VERSION = 1
@@ -20,8 +21,7 @@ ONLINE = -1
 
 
 def _name(entry) -> str:
-    name = entry.name
-    return name.decode() if isinstance(name, bytes) else (name or "")
+    return text(entry.name)  # bad UTF-8 replaced, as the reader shows it: a name is never fatal
 
 
 def get_metadata(model: schema.ModelT, name: str) -> bytes | None:
@@ -35,7 +35,10 @@ def get_metadata(model: schema.ModelT, name: str) -> bytes | None:
 def set_metadata(model: schema.ModelT, name: str, payload: bytes) -> schema.ModelT:
     """A copy of `model` whose metadata entry `name` holds `payload` (replaced if present)."""
     out = copy.copy(model)
-    out.buffers = list(model.buffers or [])
+    # Buffer 0 is the schema's empty sentinel that tensors without data point at: a model stored
+    # without any buffer (Coral's model_invoking_error.tflite) gets it first, or the metadata would
+    # become those tensors' data
+    out.buffers = list(model.buffers or [schema.BufferT()])
     out.metadata = [copy.copy(m) for m in (model.metadata or [])]
     buf = schema.BufferT()
     buf.data = np.frombuffer(payload, dtype=np.uint8).copy()

@@ -31,6 +31,7 @@ from tpu_pipeline.toolchain.tflite.names import text as _text
 MAX_DEPTH = 64              # as flatbuffers' C++ Verifier
 MAX_TABLES = 1_000_000      # as flatbuffers' C++ Verifier
 EDGETPU_CUSTOM_CODE = "edgetpu-custom-op"
+ETHOSU_CUSTOM_CODE = "ethos-u"  # Arm Vela's compiled NPU subgraphs
 
 
 class _Corrupt(Exception):
@@ -252,6 +253,11 @@ def validate_model(model: schema.ModelT, label: str) -> None:
         if builtin == schema.BuiltinOperator.CUSTOM and _text(code.customCode) == EDGETPU_CUSTOM_CODE:
             raise bad(f"is already compiled for the Edge TPU ({EDGETPU_CUSTOM_CODE}); "
                       "pass the CPU .tflite it was compiled from")
+        if builtin == schema.BuiltinOperator.CUSTOM and _text(code.customCode) == ETHOSU_CUSTOM_CODE:
+            # Vela's output: the NPU's command stream in a custom op whose scratch tensors no
+            # operator writes; neither LiteRT nor TFLite Micro without the NPU runs it
+            raise bad(f"is compiled by Vela for an Arm Ethos-U NPU ({ETHOSU_CUSTOM_CODE} custom op); "
+                      "pass the .tflite it was compiled from (the model given to vela)")
     buffers = model.buffers or []
     for i, m in enumerate(model.metadata or []):
         if not 0 <= int(m.buffer) < len(buffers):
@@ -324,6 +330,11 @@ def _check_tensor(t, i: int, buffers, bad) -> None:
         if scale or zero:
             axis = int(q.quantizedDimension or 0)
             if len(scale) > 1 or len(zero) > 1:
+                if len(shape) == 1 and len(scale) == shape[0] and axis >= 0:
+                    # TFLite Micro reads a 1-D tensor's scales element by element whatever dimension
+                    # it names (its own person_detect.tflite: biases "quantized along dimension 3");
+                    # LiteRT refuses such a model, and the commands that need LiteRT say so.
+                    axis = 0
                 if not 0 <= axis < len(shape):
                     raise bad(f"{name} is quantized along dimension {axis} of a rank-{len(shape)} tensor")
                 if len(scale) != shape[axis] and shape[axis] >= 0:

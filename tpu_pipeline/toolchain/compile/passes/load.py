@@ -23,7 +23,12 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
         data = read_bytes(p)  # ModelError naming what is wrong with the path
         models.append(read_model(data, name=str(p)))
         sources.append((str(p), data))
-        unresolved = check_loads_in_litert(data, str(p))  # ModelError when LiteRT cannot load it
+        try:
+            unresolved = check_loads_in_litert(data, str(p))
+        except ModelError as exc:  # the pipeline's host runtime is LiteRT: say where the model does run
+            raise ModelError(f"{exc}; compile's Edge TPU pipeline runs on LiteRT, so this model cannot be compiled "
+                             f"(the MCU commands inspect, schedule, plan, fit, profile and export-mcu accept what "
+                             f"TFLite Micro runs)") from None
         if unresolved:
             notes.append(unresolved)
     if len(models) == 1:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
-from tpu_pipeline.toolchain.errors import VerificationError
+from tpu_pipeline.toolchain.errors import ModelError, VerificationError
+from tpu_pipeline.toolchain.execute.child import RuntimeCrash
 from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
-from tpu_pipeline.toolchain.ir import from_model, macs
+from tpu_pipeline.toolchain.ir import from_model, macs, to_model
 from tpu_pipeline.toolchain.partition.host import runnable_part, verification_scope
 from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
@@ -34,6 +35,16 @@ def _verify_in_tflm(source: bytes, whole: bytes, whole_model, graph) -> dict:
     return {**result.to_json(), "hazards": tflm_hazards(whole_model)}
 
 
+def named_as_loaded(data: bytes) -> bytes:
+    """The input model as the load pass builds the IR from it (`runtime_exact_model`, then empty or
+    repeated tensor names made unique), written back: the chained comparison matches tensors by
+    name, and a model with unnamed tensors (TFLite Micro's keyword_scrambled) must meet the
+    optimised model's names. LiteRT's outputs are those of the input."""
+    model = runtime_exact_model(read_model(data))[0]
+    graph, _ = from_model(model).with_unique_tensor_names()
+    return model_to_bytes(to_model(graph, model))
+
+
 def is_integer_model(graph) -> bool:
     return not any(t.dtype.startswith("float") for t in graph.tensors if t.kind == "activation")
 
@@ -43,15 +54,23 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     whole = read_model(state.whole)
     # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
     scope = verification_scope(whole, graph, part.stages, part.interfaces)
-    verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
+    try:
+        verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
+    except RuntimeCrash as exc:  # LiteRT dies on the model: the pipeline's host runtime cannot run it
+        raise ModelError(f"{exc}; compile's Edge TPU pipeline runs on LiteRT, so this model cannot be compiled "
+                         f"(the MCU commands run it in TFLite Micro)") from None
     verification["scope"] = scope.to_json()
     notes = []
-    if scope.complete:
+    if scope.complete and len(state.sources) == 1:
+        label, data = state.sources[0]
+        reference = [(label, named_as_loaded(data), "")]
+        optimised = state.whole
+    elif scope.complete:
         reference = [(label, data, pre) for (label, data), pre in zip(state.sources, state.prefixes)]
         optimised = state.whole
     elif len(state.sources) == 1:  # compare the runnable parts of the input and of the result
         label, data = state.sources[0]
-        source = runtime_exact_model(read_model(data))[0]
+        source = read_model(named_as_loaded(data))
         reference = [(label, runnable_part(source, from_model(source))[0], "")]
         optimised = runnable_part(whole, graph)[0]
     else:
