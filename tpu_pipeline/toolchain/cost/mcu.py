@@ -26,7 +26,7 @@ from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir.kernels import DIRECT
-from tpu_pipeline.toolchain.memory.scratch import tflm_padding
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
 KERNEL_SETS = ("cmsis-nn", "reference")
 # Fit classes with no measurements of their own fall back along this chain.
@@ -107,8 +107,7 @@ def _depthwise_path(graph: Graph, op) -> str:
     o = op.options
     if x[0] != 1 or getattr(o, "depth_multiplier", 1) != 1 or o.dilation_w != 1 or o.dilation_h != 1:
         return "depthwise"
-    if w[1] == 3 and w[2] == 3 and tflm_padding(x[1], 3, o.stride_h, 1, o.padding) <= 1 \
-            and tflm_padding(x[2], 3, o.stride_w, 1, o.padding) <= 1:
+    if w[1] == 3 and w[2] == 3 and max(leading_pads(graph, op)) <= 1:
         return "depthwise_3x3"
     return "depthwise_opt"
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.rewrite.patch import _hw, _splits
+from tpu_pipeline.toolchain.ir.geometry import hw, splits
 from tpu_pipeline.toolchain.rewrite.patch_build import _Tiler
 
 
@@ -36,7 +36,7 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
     scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned)."""
     tiler = _Tiler(graph, None, tin, tout, positions)
-    oh, ow = _hw(graph, tout)
+    oh, ow = hw(graph, tout)
     rate, ppx = {}, {}
     for i in positions:
         for t in graph.ops[i].inputs + graph.ops[i].outputs:
@@ -49,7 +49,7 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
         y = graph.ops[i].outputs[0]
         area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
         rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
-    rows, cols = _splits(oh, grid[0]), _splits(ow, grid[1])
+    rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
     # rows its row of tiles needs by the columns its column needs: p + q walks, not p x q.
     row_need = [tiler.needs((h0, h1, 0, ow)) for h0, h1 in rows]

@@ -20,6 +20,9 @@ DTYPE_SIZES: dict[str, float | None] = {
     "resource": None, "variant": None, "uint32": 4, "uint16": 2, "int4": 0.5, "bfloat16": 2,
     "int2": 0.25, "uint4": 0.5, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
+# numpy types of the dtypes whose constants passes read (`Tensor.values`).
+NP_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int32": np.int32,
+             "int16": np.int16, "int64": np.int64, "float16": np.float16}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,13 @@ class Tensor:
     @property
     def is_constant(self) -> bool:
         return self.data is not None and len(self.data) > 0
+
+    def values(self) -> np.ndarray:
+        """A constant tensor's values as a numpy array of its shape (read-only)."""
+        if self.data is None:
+            raise ValueError(f"tensor '{self.name}' is not a constant")
+        return np.frombuffer(np.asarray(self.data, dtype=np.uint8).tobytes(),
+                             dtype=NP_DTYPES[self.dtype]).reshape(self.shape)
 
     @property
     def kind(self) -> str:

@@ -17,6 +17,7 @@ at run time and are not modelled.
 from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
 from tpu_pipeline.toolchain.ir.kernels import DIRECT
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
@@ -62,14 +63,6 @@ def _reference(graph: Graph, op_pos: int) -> list[int]:
     return []
 
 
-def tflm_padding(in_size: int, filter_size: int, stride: int, dilation: int, padding: str) -> int:
-    """TFLite Micro's ComputePaddingHeightWidth for one axis: the leading padding."""
-    eff = (filter_size - 1) * dilation + 1
-    out = (in_size + stride - 1) // stride if padding == "SAME" else (in_size + stride - eff) // stride
-    total = (out - 1) * stride + eff - in_size
-    return max(total, 0) // 2
-
-
 def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
     """CMSIS-NN kernel requests (int8), or None where the reference kernel runs."""
     op = graph.ops[op_pos]
@@ -86,8 +79,7 @@ def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
         return _cmsis_fc(graph, op)
     w = graph.tensors[op.inputs[1]]
     o = op.options
-    ph = tflm_padding(x.shape[1], w.shape[1], o.stride_h, o.dilation_h, o.padding)
-    pw = tflm_padding(x.shape[2], w.shape[2], o.stride_w, o.dilation_w, o.padding)
+    ph, pw = leading_pads(graph, op)
     if name == "CONV_2D":
         return _positive(_cmsis_conv(x.shape, w.shape, o, ph, pw))
     out = graph.tensors[op.outputs[0]]
