@@ -25,7 +25,7 @@ from tpu_pipeline.toolchain.cost.classes import OP_CLASSES, op_class
 from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
 KERNEL_SETS = ("cmsis-nn", "reference")
@@ -203,7 +203,8 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
         if table is not None:
             f = op_features(graph, i)
             # the harness's direct convolution is the reference kernel (tpu_pipeline.toolchain.ir.kernels)
-            instr = predict_instructions(f, tables["reference"] if op.kernel == DIRECT else table)
+            direct = harness.DIRECT in harness.flags(op)
+            instr = predict_instructions(f, tables["reference"] if direct else table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

@@ -15,7 +15,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 
 # A model that picks our harness's kernels per op (tpu_pipeline.toolchain.ir.kernels) names them as custom ops.
-HARNESS_KERNEL_MARK = b"TPUP_CONV_2D_"
+HARNESS_KERNEL_MARK = b"TPUP_"
 
 
 def host_view(data: bytes) -> bytes:

@@ -30,7 +30,7 @@ from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
-from tpu_pipeline.toolchain.ir.kernels import DIRECT, can_run_direct, with_kernel
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, can_run_direct, flags, with_flag
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
 from tpu_pipeline.toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
@@ -175,10 +175,10 @@ def direct_twins(v: Variant, device, kernels: str) -> list[Variant]:
         live = lt.live_bytes()
         peak = max(live, default=0)
         at_peak = {b.op for b in lt.buffers if b.tensor is None and live[b.first] == peak
-                   and g.ops[b.op].kernel != DIRECT and can_run_direct(g, b.op)}
+                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
         if not at_peak:
             break
-        g = with_kernel(g, at_peak)
+        g = with_flag(g, at_peak, DIRECT)
         new_peak = lifetimes(g, None, sem).peak
         if new_peak >= peak:
             break

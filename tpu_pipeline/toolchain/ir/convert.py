@@ -43,6 +43,9 @@ _ENUM_CODES = {f: {v: k for k, v in names.items()} for f, names in _ENUM_FIELDS.
 _CAMEL = {"fused_activation": "fusedActivationFunction", "dilation_w": "dilationWFactor",
           "dilation_h": "dilationHFactor"}
 _RECORD_OF_KIND = {r.KIND: r for r in opts.RECORDS}
+# Record fields no builtin's schema has: a harness kernel's explicit padding (ir.kernels), written
+# in its custom options instead.
+_IR_ONLY_FIELDS = frozenset({"pad_top", "pad_left"})
 
 
 def _camel(name: str) -> str:
@@ -92,7 +95,7 @@ def decode_options(type_code: int, raw) -> opts.Options:
             out = opts.FieldlessOptions(kind)
         else:
             values = {f.name: _decode_value(f.name, getattr(raw, _camel(f.name)))
-                      for f in dataclasses.fields(record)}
+                      for f in dataclasses.fields(record) if f.name not in _IR_ONLY_FIELDS}
             out = record(**values)
         if _same_fields(encode_options(out)[1], raw):
             return out
@@ -111,7 +114,11 @@ def encode_options(record: opts.Options) -> tuple[int, object]:
     obj = getattr(schema, record.KIND + "T")()
     if isinstance(record, opts.FieldlessOptions):
         return OPTION_TYPE_CODES[record.KIND], obj
+    if getattr(record, "padding", None) == "EXPLICIT":
+        raise ValueError(f"{record.KIND}: explicit padding has no builtin encoding (a harness kernel writes it)")
     for f in dataclasses.fields(record):
+        if f.name in _IR_ONLY_FIELDS:
+            continue
         camel = _camel(f.name)
         if not hasattr(obj, camel):
             raise ValueError(f"{record.KIND} has no field {camel} in this schema")
@@ -173,9 +180,9 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
         name, builtin, version = opcode_name(model, o.opcodeIndex)
         options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
         kernel = ""
-        if name == f"CUSTOM:{kernels.DIRECT_CONV_CODE}":
-            options, version = kernels.direct_op(o.customOptions, f"operator {i}")
-            name, builtin, kernel = "CONV_2D", kernels.CONV_2D_BUILTIN, kernels.DIRECT
+        if name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
+            name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
+            builtin = kernels.BUILTIN_CODE[name]
         for t in (*_ints(o.inputs), *_ints(o.outputs)):
             if t >= len(tensors) or t < -1:
                 raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
@@ -310,15 +317,17 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         ot.outputs = list(op.outputs)
         if op.intermediates:
             ot.intermediates = list(op.intermediates)
-        ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
-        if op.kernel == kernels.DIRECT:
-            ot.opcodeIndex = _custom_opcode_index(out, kernels.DIRECT_CONV_CODE)
+        if kernels.is_harness(op):
+            ot.opcodeIndex = _custom_opcode_index(out, kernels.custom_code(op))
             ot.builtinOptionsType, ot.builtinOptions = 0, None
-            ot.customOptions = list(kernels.direct_options(op))
+            ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
+            ot.customOptions = list(kernels.encode_options(graph, op, ring))
         elif op.kernel:
             raise ValueError(f"unknown kernel '{op.kernel}'")
-        elif op.source is not None and ot.customOptions is not None and not op.is_custom:
-            ot.customOptions = None  # was a custom kernel's op in the source model
+        else:
+            ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
+            if op.source is not None and ot.customOptions is not None and not op.is_custom:
+                ot.customOptions = None  # was a custom kernel's op in the source model
         operators.append(ot)
     sg.operators = operators
     sg.inputs = list(graph.inputs)
@@ -427,11 +436,24 @@ def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, l
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
     """The model `data` with every op on its builtin kernel (`tpu_pipeline.toolchain.ir.kernels.builtin_view`):
     what LiteRT and the host's TFLite Micro run for a model that picks harness kernels per op.
-    `data` itself when it picks none."""
+    `data` itself when it picks none. An offline plan follows the tensors into the view, except
+    for what only the harness firmware can run: tensors planned over another's bytes (the in and
+    out of an overlapped op) and tensors outside the arena are left to the runtime."""
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
 
     model = read_model(data, name=label)
     graph = from_model(model)
     if not kernels.kernel_choices(graph):
         return data
-    return model_to_bytes(to_model(kernels.builtin_view(graph), model))
+    view, remap = kernels.builtin_view_mapped(graph)
+    plan = read_offline_plan(model)
+    out = to_model(view, model)
+    if plan is not None:
+        harness_only = {t for op in graph.ops if kernels.OVERLAP in kernels.flags(op) for t in (op.inputs[0], op.outputs[0])}
+        offsets = [-1] * len(view.tensors)
+        for old, new in remap.items():
+            if old < len(plan) and plan[old] >= 0 and old not in harness_only:
+                offsets[new] = plan[old]
+        out = with_offline_plan(out, offsets, label)
+    return model_to_bytes(out)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.ir import kernels
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -32,8 +32,8 @@ CMSIS_NN_SCRATCH = ("CONV_2D", "DEPTHWISE_CONV_2D", "AVERAGE_POOL_2D", "FULLY_CO
 
 def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
-    if graph.ops[op_pos].kernel == DIRECT:
-        return []  # the harness's direct convolution (tpu_pipeline.toolchain.ir.kernels) asks for none
+    if kernels.is_harness(graph.ops[op_pos]):
+        return _harness(graph, op_pos, sem)
     if sem.name == "tflm-cmsis-nn":
         sizes = _cmsis_nn(graph, op_pos)
         if sizes is not None:
@@ -41,6 +41,23 @@ def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     elif sem.name != "tflm":
         return []
     return _reference(graph, op_pos)
+
+
+def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
+    """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
+    (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
+    when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does."""
+    op = graph.ops[op_pos]
+    flags = kernels.flags(op)
+    own = 0
+    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags:
+        own = sum(_cmsis_nn(graph, op_pos) or [])
+    ring = 0
+    if kernels.OVERLAP in flags:
+        y = graph.tensors[op.outputs[0]].shape
+        ring = kernels.ring_rows(graph, op) * y[2] * y[3]
+    total = (-(-own // 16) * 16 if ring else own) + ring
+    return [total] if total else []
 
 
 def _reference(graph: Graph, op_pos: int) -> list[int]:

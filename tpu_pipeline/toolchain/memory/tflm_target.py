@@ -21,9 +21,10 @@ pointers, enums as small as their values, `-fshort-enums` being that ABI's defau
    (32 B) for each, and for a quantized one its TfLiteAffineQuantization (12 B) and zero-point
    TfLiteIntArray (4 + 4 per channel).
 
-The harness's direct convolution (`op.kernel == "direct"`, custom op TPUP_CONV_2D_DIRECT) has no
-parsed options in step 3, its own OpData in step 4 (`DIRECT_OP_DATA`), the per-channel arrays in
-step 5 and no scratch, in both kernel sets.
+The harness's convolutions (`ir.kernels`, custom ops TPUP_CONV_2D and TPUP_DEPTHWISE_CONV_2D)
+allocate nothing persistent in steps 3-5: a custom op's options are not parsed into the arena,
+their Init allocates nothing (the options are read from the flatbuffer at each invoke) and their
+requantization is a constant input (in flash). They ask for one scratch buffer at most (step 6).
 
 The struct sizes are `sizeof`/`alignof` as arm-none-eabi-g++ 12 lays them out with the harness's
 flags (read from the compiled object), and were checked against the allocation trace of the real
@@ -36,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import CMSIS_NN_SCRATCH, CMSIS_NN_UNMODELLED, scratch_requests
@@ -94,13 +95,6 @@ OP_DATA = {
 }
 
 
-# The harness's direct convolution (custom op TPUP_CONV_2D_DIRECT, harness/direct_conv.cc), the same
-# in both builds: no parsed builtin data (a custom op's options stay raw); Init allocates its
-# DirectConvData {OpDataConv (56 B), TfLiteConvParams (28 B)}; Prepare the per-channel multipliers
-# and shifts as CONV_2D's does; no scratch.
-DIRECT_OP_DATA = 84
-
-
 @dataclass(frozen=True)
 class TargetTail:
     kernels: str
@@ -135,7 +129,7 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
         # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
-        # only for int8 and int16 (the harness's direct kernel: int8, in both builds)
+        # only for int8 and int16
         if kernels == "reference" or x.dtype in ("int8", "int16"):
             channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
             return [channels * _INT, channels * _INT]  # output multipliers, shifts
@@ -159,14 +153,16 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
         ("NodeAndRegistration[]", _NODE_AND_REGISTRATION * len(graph.ops), 4)]
     unmodelled = []
     for i, op in enumerate(graph.ops):
-        if op.kernel == DIRECT:
+        if harness.is_harness(op):
             continue
         if op.opcode in BUILTIN_DATA:
             allocs.append((f"op {i} {op.opcode} builtin data", *BUILTIN_DATA[op.opcode]))
         elif op.opcode not in NO_BUILTIN_DATA:
             unmodelled.append(op.opcode)
     for i, op in enumerate(graph.ops):
-        size = DIRECT_OP_DATA if op.kernel == DIRECT else OP_DATA.get(op.opcode, (None, None))[col]
+        if harness.is_harness(op):
+            continue
+        size = OP_DATA.get(op.opcode, (None, None))[col]
         if size:
             allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
         elif op.opcode not in OP_DATA:
@@ -177,6 +173,9 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
             unmodelled.append(f"{op.opcode} (int16)")  # its s16 buffer sizes are not modelled
     requests = 0
     for i, op in enumerate(graph.ops):
+        if harness.is_harness(op):
+            requests += len(scratch_requests(graph, i, sem))
+            continue
         for size in _prepare_allocations(graph, op, kernels):
             allocs.append((f"op {i} {op.opcode} per-channel", size, _ARENA_ALIGN))
         requests += len(scratch_requests(graph, i, sem))
@@ -205,7 +204,7 @@ def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) ->
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
-    lt = lifetimes(graph, semantics=sem)
+    lt = lifetimes(graph, semantics=sem).per_tensor()[0]  # what TFLM allocates: one buffer per tensor
     pinned = [-1] * len(lt.buffers)
     if tensor_offsets is not None:
         for i, b in enumerate(lt.buffers):

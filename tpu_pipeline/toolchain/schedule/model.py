@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.lifetimes import overlap_groups
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -159,6 +160,11 @@ def _share_groups(graph: Graph, sem: Semantics, involved: set[int], sizes: dict[
             parent[find(dst)] = find(src)
             zeroed.add(dst)
 
+    if sem.name.startswith("tflm"):  # harness ops that overlap output and input: one shared buffer
+        for members in overlap_groups(graph).values():
+            for m, _ in members[1:]:
+                parent[find(m)] = find(members[0][0])
+
     groups: dict[int, list[int]] = {}
     for t in sorted(involved):
         groups.setdefault(find(t), []).append(t)
@@ -181,6 +187,11 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
 
     groups, exact = _share_groups(graph, sem, involved, sizes, inputs, outputs)
+    if sem.name.startswith("tflm"):
+        shared = overlap_groups(graph)
+        for root, members in groups.items():
+            if root in shared:  # the shared buffer's extent
+                sizes[root] = max(off + sizes[m] for m, off in shared[root])
     ids = sorted(groups)
     size, mask, ps, pe, tensor_ids, born = [], [], [], [], [], []
     producer = graph.producer
