@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 
 from cnn_builder import CnnBuilder
-from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.errors import ModelError, UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import kernels
 from tpu_pipeline.toolchain.ir.convert import BUILTIN_CODES, builtin_view_bytes, from_model, standalone_model, to_model
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, can_run_direct, can_run_harness, kernel_choices,
                                                kernel_name, quantize_multiplier, ring_rows, with_kernel)
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.planners import plan_arena
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.memory.tflm_target import target_tail
@@ -165,21 +166,30 @@ def test_ring_rows_of_the_block_layouts(stride):
     assert ring_rows(g, g.ops[dw], 0, 10 ** 6) == 1
 
 
-def test_overlapped_chain_is_one_buffer_in_lifetimes_and_in_the_scheduler():
+def test_overlapped_chain_is_one_rigid_group_in_lifetimes_the_scheduler_and_the_plan():
     b, outs = _block()
     plain = b.graph(outs)
     g = with_kernel(plain, range(1, 4), kernel_name(OVERLAP))
     lt = lifetimes(g, semantics="tflm")
-    shared = [buf for buf in lt.buffers if buf.members]
-    assert len(shared) == 1 and [m.tensor for m in shared[0].members] == [g.ops[i].outputs[0] for i in range(4)]
-    sizes = {m.tensor: m.size for m in shared[0].members}
-    assert shared[0].size == max(sizes.values())  # the expanded tensor holds the others
+    pairs = [buf for buf in lt.buffers if buf.members]
+    chain = [g.ops[i].outputs[0] for i in range(4)]
+    assert [buf.op for buf in pairs] == [1, 2, 3] and {buf.group for buf in pairs} == {0}
+    assert all(buf.group == 0 for buf in lt.buffers if buf.tensor in chain)
+    # at each overlapped op's step, its input and output take their shared extent, no more
+    size = {t: -(-g.tensors[t].nbytes // 16) * 16 for t in chain}
+    assert [buf.size for buf in pairs] == [max(size[a], size[c]) for a, c in zip(chain, chain[1:])]
     assert lt.peak < lifetimes(plain, semantics="tflm").peak
     assert build_model(g, "tflm").peak(list(range(len(g.ops)))) == lt.peak
-    # the runtime sees one buffer per tensor, placed inside the shared one
-    runtime, offsets, _ = lt.per_tensor([0 if buf.tensor is not None else -1 for buf in lt.buffers])
-    placed = {buf.tensor: o for buf, o in zip(runtime.buffers, offsets) if buf.tensor in sizes}
-    assert all(0 <= placed[t] and placed[t] + sizes[t] <= shared[0].size for t in sizes)
+    # a plan keeps the group rigid: every tensor of the chain sits where its pairs say
+    plan = plan_arena(lt, "auto", 2.0)
+    assert plan.size == lt.peak
+    runtime, offsets, _ = lt.per_tensor(list(plan.offsets))
+    at = {buf.tensor: o for buf, o in zip(runtime.buffers, offsets) if buf.tensor is not None}
+    for buf, o in zip(lt.buffers, plan.offsets):
+        for m in buf.members:
+            assert at[m.tensor] == o + m.offset
+    with pytest.raises(UsageError, match="overlapped ops"):
+        plan_arena(lt, "tflm", 1.0)
 
 
 def test_an_input_read_twice_is_not_overlapped():
@@ -189,7 +199,7 @@ def test_an_input_read_twice_is_not_overlapped():
     d = b.dw(s, k=3)
     out = b.add(d, s)  # s is read by the add too: the depthwise cannot write over it
     g = with_kernel(b.graph([out]), [1], kernel_name(OVERLAP))
-    assert not any(buf.members for buf in lifetimes(g, semantics="tflm").buffers)
+    assert not any(buf.members or buf.group >= 0 for buf in lifetimes(g, semantics="tflm").buffers)
 
 
 # ---- PAD folding ------------------------------------------------------------------------------------

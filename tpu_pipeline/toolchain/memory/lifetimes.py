@@ -5,11 +5,14 @@ arrive), the op at position k of the order runs at step k+1, and graph outputs s
 last step n. Lifetimes are inclusive [first, last]. Two buffers conflict iff their lifetimes
 intersect. Scratch buffers a kernel requests live for their op's step only.
 
-Under TFLite Micro, a harness kernel that overlaps its output with its input (`ir.kernels`,
-flag "overlap") puts both tensors in one buffer at fixed offsets (`kernels.overlap_layout`): the
-buffer is the pair's extent over the union of their lifetimes, and lists its members. Chains of
-such ops (an in-place depthwise convolution, then an overlapped pointwise one) share one buffer.
-The runtime itself still sees one buffer per tensor (`Lifetimes.per_tensor`).
+Under TFLite Micro, a harness kernel that overlaps its output with its input (`ir.kernels`, flag
+"overlap") runs at its step with both tensors in one span of bytes (`kernels.overlap_layout`):
+its input's buffer ends the step before, its output's starts the step after, and a *pair* buffer
+of the pair's extent holds both at the op's step. The three are a rigid group (`Buffer.group`,
+`group_offset`): planners place them at fixed offsets from each other, so the input ends inside
+the output's bytes and other buffers may use the rest while only the input lives. A chain of such
+ops (an in-place depthwise convolution, then an overlapped pointwise one) is one group. The
+runtime still sees one buffer per tensor (`Lifetimes.per_tensor`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semant
 
 @dataclass(frozen=True)
 class Member:
-    """A tensor that shares a buffer with others: where in it, and its own lifetime and size."""
+    """A tensor a pair buffer holds: where in it, and the tensor's own lifetime and size."""
     tensor: int
     offset: int
     size: int
@@ -39,7 +42,9 @@ class Buffer:
     tensor: int | None = None  # the activation tensor it holds (the first member of a shared one)
     op: int | None = None  # for scratch buffers: the op (position in graph.ops) that requested it
     name: str = ""
-    members: tuple[Member, ...] = ()  # tensors sharing this buffer (overlapped ops); () = just `tensor` at 0
+    members: tuple[Member, ...] = ()  # a pair buffer: the tensors it holds; () = just `tensor` at 0
+    group: int = -1  # rigid group (overlapped ops): buffers placed at fixed offsets from each other
+    group_offset: int = 0  # this buffer's offset from its group's base
 
     def overlaps(self, other: "Buffer") -> bool:
         return self.first <= other.last and other.first <= self.last
@@ -78,22 +83,26 @@ class Lifetimes:
         return live.index(max(live)) if live else 0
 
     def per_tensor(self, offsets=None):
-        """The buffers as the runtime allocates them, one per tensor (shared buffers split into their
-        members, each with its own lifetime and size), in TFLite Micro's order (tensors by index,
-        then scratch), and, given `offsets` per buffer of self (-1 = unplaced), their offsets.
-        Returns (Lifetimes, offsets or None, the index in self of each runtime buffer)."""
-        items = []  # (tensor index or a key after every tensor for scratch, buffer, offset)
+        """The buffers as the runtime allocates them, one per tensor over its whole lifetime (a pair
+        buffer's members and the tensors' own buffers joined), in TFLite Micro's order (tensors by
+        index, then scratch), and, given `offsets` per buffer of self (-1 = unplaced), where each
+        sits. Returns (Lifetimes, offsets or None, the index in self of each runtime buffer)."""
+        tensors: dict[int, list] = {}  # tensor -> [size, first, last, offset, index in self]
+        scratch = []
         for i, b in enumerate(self.buffers):
             at = -1 if offsets is None else offsets[i]
-            if not b.members:
-                items.append((b.tensor if b.tensor is not None else float("inf"), i, b, at))
-                continue
-            for m in b.members:
-                items.append((m.tensor, i, Buffer(m.size, m.first, m.last, tensor=m.tensor, name=b.name),
-                              -1 if at < 0 else at + m.offset))
-        items.sort(key=lambda it: (it[0], it[1]))  # tensors in index order, then scratch, as TFLM adds them
-        out = Lifetimes(tuple(it[2] for it in items), self.n_steps)
-        return out, (None if offsets is None else [it[3] for it in items]), [it[1] for it in items]
+            held = b.members or ((Member(b.tensor, 0, b.size, b.first, b.last),) if b.tensor is not None else ())
+            if not held:
+                scratch.append((b, at, i))
+            for m in held:
+                e = tensors.setdefault(m.tensor, [m.size, m.first, m.last, -1, i])
+                e[1], e[2] = min(e[1], m.first), max(e[2], m.last)
+                if at >= 0:
+                    e[3] = at + m.offset
+        items = [(Buffer(s, f, l, tensor=t, name=self.buffers[i].name), o, i)
+                 for t, (s, f, l, o, i) in sorted(tensors.items())] + scratch
+        out = Lifetimes(tuple(it[0] for it in items), self.n_steps)
+        return out, (None if offsets is None else [it[1] for it in items]), [it[2] for it in items]
 
 
 def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> Lifetimes:
@@ -136,19 +145,28 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in first}
     if sem.in_place_ops:
         _share_in_place(graph, order, sem, first, last, sizes)
-    groups = overlap_groups(graph) if sem.name.startswith("tflm") else {}
+    pairs = overlapped_ops(graph) if sem.name.startswith("tflm") else {}
+    own = {t: (first[t], last[t]) for t in first}  # each tensor's own buffer, cut short by pairs
+    for i, (src, dst, _, _, _) in pairs.items():
+        k = step_of[i]
+        own[src] = (own[src][0], k - 1)
+        own[dst] = (k + 1, own[dst][1])
+    group_of, at = _rigid_groups(pairs)
 
     buffers = []
     for t in sorted(first):
-        if t in groups and groups[t][0][0] != t:
-            continue  # a later member of a shared buffer: listed with its first member
-        if t in groups:
-            members = tuple(Member(m, off, sizes[m], first[m], last[m]) for m, off in groups[t] if m in first)
-            extent = max(m.offset + m.size for m in members)
-            buffers.append(Buffer(extent, min(m.first for m in members), max(m.last for m in members), tensor=t,
-                                  name=graph.tensors[t].name, members=members))
-        elif sizes[t] > 0:
-            buffers.append(Buffer(sizes[t], first[t], last[t], tensor=t, name=graph.tensors[t].name))
+        lo, hi = own[t]
+        if sizes[t] > 0 and lo <= hi:
+            g = group_of.get(t, -1)
+            buffers.append(Buffer(sizes[t], lo, hi, tensor=t, name=graph.tensors[t].name, group=g,
+                                  group_offset=at.get(t, 0)))
+    for i in sorted(pairs, key=step_of.get):
+        src, dst, in_off, out_off, extent = pairs[i]
+        k = step_of[i]
+        members = (Member(src, in_off, sizes[src], first[src], last[src]),
+                   Member(dst, out_off, sizes[dst], first[dst], last[dst]))
+        buffers.append(Buffer(extent, k, k, tensor=None, op=i, name=f"{graph.tensors[dst].name} over its input",
+                              members=members, group=group_of[src], group_offset=at[src] - in_off))
     for op_pos in sorted(order, key=step_of.get):
         for size in scratch_requests(graph, op_pos, sem):
             s = step_of[op_pos]
@@ -170,28 +188,44 @@ def overlap_legal(graph: Graph, i: int) -> bool:
             and tuple(graph.consumers.get(src, ())) == (i,))
 
 
-def overlap_groups(graph: Graph) -> dict[int, tuple[tuple[int, int], ...]]:
-    """Tensor -> its shared buffer's members (tensor, offset), the first member first, for every
-    tensor of a chain of legal overlapped ops (flag "overlap"); offsets 16-aligned, the smallest 0."""
-    pairs = {}  # dst -> (src, offset of dst relative to src)
+def overlapped_ops(graph: Graph) -> dict[int, tuple[int, int, int, int, int]]:
+    """Op position -> (input, output, input offset, output offset, extent) of every legal overlapped
+    op (flag "overlap"): where its two tensors sit in the span of bytes it runs in."""
+    out = {}
     for i, op in enumerate(graph.ops):
         if kernels.OVERLAP in kernels.flags(op) and overlap_legal(graph, i):
-            in_off, out_off, _ = kernels.overlap_layout(graph, op)
-            pairs[op.outputs[0]] = (op.inputs[0], out_off - in_off)
-    out: dict[int, tuple[tuple[int, int], ...]] = {}
-    srcs = {s for s, _ in pairs.values()}
-    for end in (d for d in pairs if d not in srcs):  # walk each chain back from its last tensor
-        chain, offset, t = [(end, 0)], 0, end
-        while t in pairs:
-            src, rel = pairs[t]
-            offset -= rel
-            chain.append((src, offset))
-            t = src
-        low = min(o for _, o in chain)
-        members = tuple(sorted(((m, o - low) for m, o in chain), key=lambda mo: graph.producer[mo[0]]))
-        for m, _ in members:
-            out[m] = members
+            out[i] = (op.inputs[0], op.outputs[0], *kernels.overlap_layout(graph, op))
     return out
+
+
+def overlap_savings(graph: Graph, sem: Semantics) -> dict[int, int]:
+    """Op position -> bytes an overlapped op saves at its step: its two tensors' sizes minus the
+    extent they share (TFLite Micro semantics only)."""
+    if not sem.name.startswith("tflm"):
+        return {}
+    return {i: align(graph.tensors[src].nbytes, sem.alignment) + align(graph.tensors[dst].nbytes, sem.alignment) - extent
+            for i, (src, dst, _, _, extent) in overlapped_ops(graph).items()}
+
+
+def _rigid_groups(pairs) -> tuple[dict[int, int], dict[int, int]]:
+    """(tensor -> group id, tensor -> offset from its group's base) for the tensors of overlapped
+    ops: a chain of ops shares one group; the smallest offset in a group is 0."""
+    rel = {}  # dst -> (src, dst offset - src offset)
+    for src, dst, in_off, out_off, _ in pairs.values():
+        rel[dst] = (src, out_off - in_off)
+    srcs = {s for s, _ in rel.values()}
+    group_of, at = {}, {}
+    for g, end in enumerate(sorted(d for d in rel if d not in srcs)):  # walk each chain back from its end
+        chain, offset, t = {end: 0}, 0, end
+        while t in rel:
+            src, d = rel[t]
+            offset -= d
+            chain[src] = offset
+            t = src
+        low = min(chain.values())
+        for m, o in chain.items():
+            group_of[m], at[m] = g, o - low
+    return group_of, at
 
 
 def _share_in_place(graph, order, sem, first, last, sizes) -> None:

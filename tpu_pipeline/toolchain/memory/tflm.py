@@ -49,12 +49,12 @@ def offline_plan(lifetimes: Lifetimes, plan: ArenaPlan, n_tensors: int) -> Offli
         for t, offset in b.placements():
             tensor_offsets[t] = plan.offsets[i] + offset
     # TFLite Micro sees one buffer per tensor (shared buffers split into their members)
-    runtime, pinned, origin = lifetimes.per_tensor([plan.offsets[i] if b.tensor is not None else -1
+    runtime, pinned, origin = lifetimes.per_tensor([plan.offsets[i] if b.placements() else -1
                                                     for i, b in enumerate(lifetimes.buffers)])
     sim = tflm_greedy(runtime, offline=pinned)
     placed = list(plan.offsets)
     for k, i in enumerate(origin):
-        if lifetimes.buffers[i].tensor is None:  # scratch: where TFLM's planner puts it
+        if not lifetimes.buffers[i].placements():  # scratch: where TFLM's planner puts it
             placed[i] = sim.offsets[k]
     return OfflinePlan(tuple(tensor_offsets), sim.size, tuple(placed), plan)
 

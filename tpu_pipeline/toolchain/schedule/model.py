@@ -6,7 +6,8 @@ v's step, with exactly the rules of `tpu_pipeline.toolchain.memory.lifetimes` (t
 - a tensor's buffer is live from its first toucher's step (step 0 for graph inputs) to its last
   toucher's step (the last step n for graph outputs), inclusive, touchers being the ops that
   read or write it;
-- op scratch lives for its op's step only; sizes are rounded to the semantics' alignment;
+- op scratch lives for its op's step only; sizes are rounded to the semantics' alignment; an
+  overlapped harness op's input and output share bytes at its step (`extra` is less by that);
 - under "tflite", graph inputs live the whole run, and reshape-like ops share their input's buffer
   (merged into one tensor here when that sharing does not depend on the order).
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.memory.lifetimes import overlap_groups
+from tpu_pipeline.toolchain.memory.lifetimes import overlap_savings
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -160,11 +161,6 @@ def _share_groups(graph: Graph, sem: Semantics, involved: set[int], sizes: dict[
             parent[find(dst)] = find(src)
             zeroed.add(dst)
 
-    if sem.name.startswith("tflm"):  # harness ops that overlap output and input: one shared buffer
-        for members in overlap_groups(graph).values():
-            for m, _ in members[1:]:
-                parent[find(m)] = find(members[0][0])
-
     groups: dict[int, list[int]] = {}
     for t in sorted(involved):
         groups.setdefault(find(t), []).append(t)
@@ -187,11 +183,6 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
 
     groups, exact = _share_groups(graph, sem, involved, sizes, inputs, outputs)
-    if sem.name.startswith("tflm"):
-        shared = overlap_groups(graph)
-        for root, members in groups.items():
-            if root in shared:  # the shared buffer's extent
-                sizes[root] = max(off + sizes[m] for m, off in shared[root])
     ids = sorted(groups)
     size, mask, ps, pe, tensor_ids, born = [], [], [], [], [], []
     producer = graph.producer
@@ -228,7 +219,10 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
             r0 += s
         for i in bits(m):
             op_touch[i].append(k)
-    extra = tuple(sum(align(x, sem.alignment) for x in scratch_requests(graph, i, sem)) for i in range(n))
+    # scratch, less what an overlapped op's input and output share at its step (lifetimes: the pair buffer)
+    saving = overlap_savings(graph, sem)
+    extra = tuple(sum(align(x, sem.alignment) for x in scratch_requests(graph, i, sem)) - saving.get(i, 0)
+                  for i in range(n))
     preds = tuple(sum(1 << p for p in graph.preds[i]) for i in range(n))
     succs = tuple(sum(1 << s for s in graph.succs[i]) for i in range(n))
     return MemModel(n, preds, succs, tuple(tuple(x) for x in op_touch), tuple(size), tuple(mask),
