@@ -168,3 +168,34 @@ def test_malformed_options_stop_the_firmware_with_its_message(model, tmp_path):
                 err = " ".join(msg.fields)
     assert "AllocateTensors failed" in err
     assert any("TPUP conv: invalid options" in line for line in logs), logs
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_an_input_outside_the_arena(tmp_path, kernels_set):
+    """--input-outside-arena: the application's buffer holds the input; the harness's planner leaves
+    it out of the head (TFLite Micro's own would not), the serial input lands in that buffer, and
+    the outputs stay bit-identical."""
+    from tpu_pipeline.toolchain.ir.convert import rewritten_model
+    from tpu_pipeline.toolchain.memory import plan_for_tflm
+    from tpu_pipeline.toolchain.rewrite.interface import external_inputs
+    from tpu_pipeline.toolchain.tflite.metadata import EXTERNAL, with_offline_plan
+
+    g, data, _ = _cnn()
+    outside = external_inputs(g)
+    plan = plan_for_tflm(outside, n_tensors=len(outside.tensors))
+    assert [plan.tensor_offsets[t] for t in outside.inputs] == [EXTERNAL]
+    model = with_offline_plan(rewritten_model(outside, read_model(data)), list(plan.tensor_offsets))
+    path = tmp_path / "outside.tflite"
+    path.write_bytes(model_to_bytes(model))
+    back = from_model(read_model(path))
+    assert back.external == back.inputs
+    r = _run(path, kernels_set)
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    # the input takes no arena: nothing is live before the first op, and the head is no larger
+    assert lifetimes(outside, semantics="tflm").live_bytes()[0] == 0 < lifetimes(g, semantics="tflm").live_bytes()[0]
+    assert r.head_bytes <= plan_for_tflm(g, n_tensors=len(g.tensors)).head

@@ -97,7 +97,7 @@ def c_array(data: bytes, name: str) -> str:
 def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True,
                model_data: bytes | None = None) -> ExportResult:
     """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
-    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, predicted_host_head
     from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
@@ -127,7 +127,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     measured = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
     # the host's TFLite Micro runs the builtin view of harness kernels (no overlapped buffers): its
     # head is checked against what the same plan gives that view
-    host_head = planned_head if not harness.kernel_choices(graph) else _host_view_head(data)
+    host_head = planned_head if not harness.kernel_choices(graph) else predicted_host_head(data)
     if verify and measured.head > host_head:
         raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
                               f"{host_head:,} (the offline plan was not honoured)")
@@ -150,8 +150,10 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
 
         firmware = board_firmware(d)
         files.update(project_files(d))
+    external = [(t, graph.tensors[t].nbytes) for t in sorted(graph.external)]  # TFLM adds them by index
     files["harness_config.h"] = _config_header(d, arena_size, measured.head, crc, len(sg.inputs), len(sg.outputs),
-                                               src.name, firmware.core_clock_hz if firmware else None).encode()
+                                               src.name, firmware.core_clock_hz if firmware else None,
+                                               external).encode()
     if HARNESS_DIR.is_dir():
         for f in sorted(HARNESS_DIR.iterdir()):
             if f.is_file():
@@ -165,19 +167,6 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     for name, content in files.items():
         write_bytes_atomic(str(out / name), content)
     return result
-
-
-def _host_view_head(data: bytes) -> int:
-    """The head the host's TFLite Micro (reference kernels) allocates for the builtin view of a
-    model on harness kernels, with the plan as the view carries it."""
-    from tpu_pipeline.toolchain.ir import from_model
-    from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
-    from tpu_pipeline.toolchain.memory.tflm_target import target_head
-    from tpu_pipeline.toolchain.tflite import read_model
-    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
-
-    view = read_model(builtin_view_bytes(data))
-    return target_head(from_model(view), "reference", read_offline_plan(view))[0]
 
 
 def _resolver_header(opcodes, methods) -> str:
@@ -195,7 +184,7 @@ def _resolver_header(opcodes, methods) -> str:
 
 
 def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: int, model_name: str,
-                   core_clock_hz: int | None = None) -> str:
+                   core_clock_hz: int | None = None, external=()) -> str:
     # Ticks count at the clock the board layer really runs the core at (its [firmware] section),
     # which may differ from the chip's maximum in [compute] clock_hz.
     ticks = core_clock_hz or int(d["compute"]["clock_hz"])
@@ -211,5 +200,10 @@ def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: i
         f"#define HARNESS_NUM_INPUTS {n_in}",
         f"#define HARNESS_NUM_OUTPUTS {n_out}",
         f'#define HARNESS_MODEL_CRC "{crc}"',
+        "// Inputs the application keeps outside the arena (the offline plan marks them EXTERNAL)",
+        f"#define HARNESS_NUM_EXTERNAL {len(external)}",
+        *([f"#define HARNESS_EXTERNAL_BYTES {{{', '.join(str(n) for _, n in external)}}}  "
+           f"// tensors {', '.join(str(t) for t, _ in external)}",
+           f"#define HARNESS_EXTERNAL_TOTAL {sum(-(-n // 16) * 16 for _, n in external)}"] if external else []),
         "",
     ])

@@ -18,7 +18,8 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.fit.select import Selection, chain_select, pareto, select
 from tpu_pipeline.toolchain.fit.spans import split_spans
-from tpu_pipeline.toolchain.fit.variants import (Variant, as_is_variants, best_order, direct_twins, patch_candidates, refine,
+from tpu_pipeline.toolchain.fit.variants import (Variant, as_is_variants, best_order, kernel_twins, on_harness,
+                                   patch_candidates, refine,
                                    rewrite_variants, splice, upgrade)
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.kernels import with_kernel
@@ -73,16 +74,22 @@ class FitResult:
 def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", device="qemu-mps2-an386",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), deadline: Deadline | None = None,
-              progress: Progress = None, allow_lossy: bool = False, model=None) -> FitResult:
+              progress: Progress = None, allow_lossy: bool = False, model=None, harness: bool = True) -> FitResult:
     """Choose, apply, schedule and plan. `budget=None` with objective "memory" asks for the
     smallest arena; with "latency" for the fastest variant (the model as it is, usually).
     `probe_budgets`: also report the fastest selection within each of these (benchmarks).
     `allow_lossy`: also offer the int8 partial-sum splits (requantized: not bit-identical), which
-    calibrate on `model` (the source ModelT, for graphs with custom ops)."""
+    calibrate on `model` (the source ModelT, for graphs with custom ops). `harness`: the model
+    will run on the harness firmware, so its kernels may be chosen (`on_harness`, kernel twins);
+    without it every op stays on a builtin kernel (a model for any TFLite Micro build)."""
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     t0 = time.monotonic()
     whole_run = deadline or Deadline(time_limit)
+    original = graph
+    harness_notes: list[str] = []
+    if harness:
+        graph, harness_notes = on_harness(graph)
     # the chosen graph is scheduled and planned at the end: a patched graph has thousands of ops,
     # so that work is not left with what the search happens to leave over
     deadline = whole_run.sub(fraction=1.0 - REALISE_SHARE)
@@ -90,10 +97,11 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
     op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=kernels).ops}
-    rewrites = rewrite_variants(graph, spans, as_is, device, kernels, allow_lossy, model, deadline.sub(fraction=0.15))
-    twins = [t for v in as_is + rewrites for t in direct_twins(v, device, kernels)]
+    rewrites = rewrite_variants(graph, spans, as_is, device, kernels, allow_lossy, model, deadline.sub(fraction=0.15),
+                                harness)
+    twins = [t for v in as_is + rewrites for t in kernel_twins(v, device, kernels)] if harness else []
     candidates = patch_candidates(graph, spans, as_is)
-    pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, kernels, op_seconds)
+    pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, kernels, op_seconds, harness)
     say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(rewrites)} rewrite variants, "
                       f"{len(twins)} kernel variants; selecting")
     baseline = _selection_of(as_is)
@@ -125,6 +133,12 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
                          f"({again[2].head:,} B); the model as it is was kept")
             sel, (whole, sched, plan) = baseline, again
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
+    notes = harness_notes + notes
+    if harness:  # the model as the user gave it is the baseline, not its harness form
+        base_sched = schedule(original, time_limit=None, deadline=Deadline(max(0.5, 0.05 * time_limit)),
+                              semantics=tflm_semantics(kernels).name)
+        baseline = replace(baseline, peak=base_sched.peak,
+                           latency_s=estimate_mcu(original, device, kernels=kernels).latency_s)
     if want_pareto and not complete:
         notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
     if plan.head > sched.peak:
@@ -145,9 +159,10 @@ class _Pool:
     it picks only measured variants. The answer is then `select`'s (CP-SAT) over the measured
     variants, which must agree with the chain DP that steered the loop."""
 
-    def __init__(self, graph, spans, variants, device, kernels, op_seconds):
+    def __init__(self, graph, spans, variants, device, kernels, op_seconds, harness=True):
         self.graph, self.spans, self.variants = graph, spans, list(variants)
         self.device, self.kernels, self.op_seconds = device, kernels, op_seconds
+        self.harness = harness  # kernel twins of measured variants may be offered
         self.estimated = self.measured = 0
         self.stopped = False  # a selection ended at its deadline (its answer: the best measured one)
 
@@ -164,8 +179,8 @@ class _Pool:
                 if v.stage != "measured" and not deadline.expired():  # a build can take seconds
                     k = self._index(v)
                     self.variants[k] = self._upgraded(v)
-                    if self.variants[k].stage == "measured":
-                        self.variants += direct_twins(self.variants[k], self.device, self.kernels)
+                    if self.variants[k].stage == "measured" and self.harness:
+                        self.variants += kernel_twins(self.variants[k], self.device, self.kernels)
         measured = [v for v in self.variants if v.stage == "measured"]
         sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
                      deadline=Deadline(max(1.0, deadline.remaining())))
@@ -184,7 +199,8 @@ class _Pool:
             v = self._upgraded(v)
         v = best_order(v, tflm_semantics(self.kernels).name, deadline, below)
         self.variants[k] = v
-        self.variants += direct_twins(v, self.device, self.kernels)
+        if self.harness:
+            self.variants += kernel_twins(v, self.device, self.kernels)
 
     def refine(self, budget, deadline, only=None) -> bool:
         measured = [v for v in self.variants
@@ -341,7 +357,10 @@ def _apply(graph: Graph, chosen, spans) -> Graph:
     for v in chosen:
         if v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)
-    direct = frozenset().union(*(v.direct for v in chosen))
-    if direct:  # ops matched by their first output's name, unique in the graph (as _variant_order)
-        graph = with_kernel(graph, [i for i, op in enumerate(graph.ops) if graph.tensors[op.outputs[0]].name in direct])
+    moved = dict(kv for v in chosen for kv in v.kernels)
+    if moved:  # ops matched by their first output's name, unique in the graph (as _variant_order)
+        for i, op in enumerate(graph.ops):
+            kernel = moved.get(graph.tensors[op.outputs[0]].name)
+            if kernel is not None and op.kernel != kernel:
+                graph = with_kernel(graph, [i], kernel)
     return graph

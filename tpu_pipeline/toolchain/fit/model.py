@@ -14,6 +14,7 @@ from tpu_pipeline.toolchain.cost.mcu import device_dict
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
 from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 
 # The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
@@ -64,7 +65,8 @@ def device_reserve(device) -> tuple[int, int]:
 def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
-              allow_lossy: bool = False) -> FittedModel:
+              allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,
+              harness: bool = True) -> FittedModel:
     """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
     arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
     target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
@@ -79,8 +81,15 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, notes = load_exact(path)
     graph, _ = graph.with_unique_tensor_names()
-    source = model_to_bytes(model)
     notes = list(notes)
+    if int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
+        graph, changed = drop_float_io(graph)
+        notes += changed
+        source = model_to_bytes(rewritten_model(graph, model))
+    else:
+        source = model_to_bytes(model)
+    if input_outside_arena:
+        graph = external_inputs(graph)
     deadline = Deadline(time_limit)
     head_budget, budget_from, avail = budget, "--budget", None
     if device is not None and budget is None:
@@ -91,7 +100,7 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
                            kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
                            deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
-                           model=model)
+                           model=model, harness=harness)
         data = _written(result, model, path)
         tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
         if avail is None or not result.fits or result.head + tail <= avail:
@@ -102,7 +111,7 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
                      "for the arena")
     arena = measure_tflm_arena(data, label=str(path))
-    host_head = _host_head(result, kernels)
+    host_head = _host_head(result, kernels, data)
     if not result.fits:  # nothing is written: the caller reports the smallest arena reached
         return FittedModel(result, data, source, (), arena.head, host_head, kernels, arena.tail, tail, avail,
                            budget_from, tuple(notes))
@@ -115,15 +124,16 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
                        budget_from, tuple(notes))
 
 
-def _host_head(result: FitResult, kernels: str) -> int:
+def _host_head(result: FitResult, kernels: str, data: bytes) -> int:
     """The head the host's TFLite Micro (reference kernels, the builtin view) allocates for the
-    written model: `result.head` itself when the fit was for the reference kernels; for another
-    kernel set the same offline plan with the reference kernels' scratch placed online."""
-    if kernels == "reference" or result.offline_plan is None:
-        return result.head
-    from tpu_pipeline.toolchain.memory.tflm_target import target_head
+    written model: `result.head` itself when the fit was for the reference kernels and picks no
+    harness kernel; otherwise what the written plan gives the host's view."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import predicted_host_head
+    from tpu_pipeline.toolchain.ir.kernels import kernel_choices
 
-    return target_head(result.graph, "reference", result.offline_plan)[0]
+    if result.offline_plan is None or (kernels == "reference" and not kernel_choices(result.graph)):
+        return result.head
+    return predicted_host_head(data)
 
 
 def _written(result: FitResult, model, path) -> bytes:

@@ -7,8 +7,9 @@ A variant covers a run of spans (`first..last`, see spans.py) and says how they 
 - `rewrite`: one or two spans with the identity rewrites of tpu_pipeline.toolchain.rewrite (partial-convolution
   and depthwise splits, commutes) that lower their optimal peak: the exact ones (bit-exact in int8,
   float splits equal within rounding), and with `allow_lossy` the int8 partial-sum splits too;
-- any of them with some int8 convolutions on the harness's direct kernel, which needs no
-  im2col scratch but is slower (tpu_pipeline.toolchain.ir.kernels; `direct_twins`): a kernel variant.
+- any of them with some ops at its peak on other harness kernels (tpu_pipeline.toolchain.ir.kernels;
+  `kernel_twins`): an overlapped op (its output planned over its input: a row of output held in a
+  ring, a copy per row) or a direct convolution (no im2col scratch, slower): a kernel variant.
 
 Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
 exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
@@ -29,10 +30,12 @@ from tpu_pipeline.toolchain.fit.estimate import estimate_patches
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
-from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
-from tpu_pipeline.toolchain.ir.kernels import DIRECT, can_run_direct, flags, with_flag
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, builtin_view, can_run_direct, can_run_harness, flags,
+                                               is_harness, kernel_name, with_flag, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
+from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
 from tpu_pipeline.toolchain.schedule.api import schedule
 
@@ -57,7 +60,7 @@ class Variant:
     grid: tuple[int, int] | None = None
     graph: Graph | None = field(default=None, compare=False, repr=False)
     stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
-    direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
+    kernels: tuple[tuple[str, str], ...] = ()  # (first-output name, harness kernel) of ops its twins moved
     rewrites: tuple = ()  # rewrite: the AppliedRewrite records (tpu_pipeline.toolchain.rewrite.driver)
     ordered: bool = False  # patch: the exact scheduler has been asked for its best order
 
@@ -71,8 +74,8 @@ class Variant:
              "macs": self.macs, "ops": self.ops}
         if self.grid is not None:
             d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
-        if self.direct:
-            d["direct_convolutions"] = len(self.direct)
+        if self.kernels:
+            d["kernel_choices"] = {name: kernel for name, kernel in self.kernels}
         if self.rewrites:
             d["rewrites"] = [r.to_json() for r in self.rewrites]
         return d
@@ -98,33 +101,58 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
     return out
 
 
+def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
+    """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
+    convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
+    kernels, their requantization in flash instead of the arena's tail). Nothing gets slower."""
+    g, folded = fold_pads(graph, harness=True)
+    moved = [i for i in range(len(g.ops)) if not is_harness(g.ops[i]) and can_run_harness(g, i)]
+    g = with_kernel(g, moved, kernel_name())
+    notes = []
+    if folded or moved:
+        notes.append(f"on the harness's kernels: {folded} PAD{'s' if folded != 1 else ''} folded into convolutions, "
+                     f"{len(moved)} convolution{'s' if len(moved) != 1 else ''} with their requantization in flash")
+    return g, notes
+
+
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels: str = "cmsis-nn",
-                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None) -> list[Variant]:
+                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
+                     harness: bool = False) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
     feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
-    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing."""
+    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing. The
+    rules work on builtin ops: on a graph on the harness's kernels (`harness`) they rewrite the
+    builtin view of a run, which then goes back onto the harness's kernels."""
     from tpu_pipeline.toolchain.rewrite.driver import rewrite_graph
     from tpu_pipeline.toolchain.rewrite.rules import find_candidates
 
     sem = tflm_semantics(kernels).name
     runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
     runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
+    calibrate_on = builtin_view(graph)
     out = []
     for a, b in runs:
         if deadline is not None and deadline.expired():
             break
-        sub = span_graph(graph, spans[a:b + 1])
+        sub = builtin_view(span_graph(graph, spans[a:b + 1]))
         if not find_candidates(sub, allow_lossy):
             continue
         covered = max(v.peak for v in as_is[a:b + 1])
         r = rewrite_graph(sub, time_limit=2.0, semantics=sem, allow_lossy=allow_lossy, model=model,
-                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=graph)
-        if not r.applied or r.peak_after >= covered:
+                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=calibrate_on)
+        if not r.applied:
             continue
-        lat, work = _costed(r.graph, device, kernels)
+        g, peak, bound = r.graph, r.peak_after, r.lower_bound
+        if harness:
+            g = on_harness(g)[0]
+            peak = lifetimes(g, None, sem).peak  # in the rewrite's best order
+            bound = min(peak, order_free_lower_bound(g, sem))
+        if peak >= covered:
+            continue
+        lat, work = _costed(g, device, kernels)
         kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
-        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", r.peak_after,
-                           r.lower_bound, lat, work, len(r.graph.ops), graph=r.graph, rewrites=r.applied))
+        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", peak,
+                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied))
     return out
 
 
@@ -160,33 +188,46 @@ def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
     return out
 
 
-MAX_TWINS = 4  # direct twins per variant: each moves the convolutions at its predecessor's peak
+MAX_TWINS = 6  # kernel twins per variant: each changes the ops at its predecessor's peak
 
 
-def direct_twins(v: Variant, device, kernels: str) -> list[Variant]:
-    """Kernel variants of measured variant `v`: in its own op order, the int8 convolutions whose
-    im2col scratch is part of the peak move to the direct kernel (no scratch, slower), again while
-    that lowers the peak. Each step is a twin with a lower peak and a higher latency. The order is
-    kept (it stays valid, and its peak is achievable); `lower_bound` is the order-free bound."""
+def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
+    """Kernel variants of measured variant `v`, in its own op order: at its peak step, the op that
+    runs there overlaps its output with its input where that is legal (cheap: a copy per output
+    row), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
+    kernel (no scratch, slower); again while that lowers the peak. Each step is a twin with a lower
+    peak and a higher latency. The order is kept (it stays valid, and its peak is achievable);
+    `lower_bound` is the order-free bound."""
     sem = tflm_semantics(kernels)
-    g, out, direct = v.graph, [], set()
+    g, out, moved = v.graph, [], dict(v.kernels)
     for _ in range(MAX_TWINS):
         lt = lifetimes(g, None, sem)
         live = lt.live_bytes()
         peak = max(live, default=0)
-        at_peak = {b.op for b in lt.buffers if b.tensor is None and live[b.first] == peak
-                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
-        if not at_peak:
+        at_peak = {s - 1 for s, x in enumerate(live) if x == peak and s >= 1}  # op i runs at step i + 1
+        tried = None
+        overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
+                   and overlap_legal(g, i)}
+        direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
+                  and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
+        for flag, ops in ((OVERLAP, overlap), (DIRECT, direct)):
+            if ops:
+                cand = with_flag(g, ops, flag)
+                if lifetimes(cand, None, sem).peak < peak:
+                    tried = cand, ops
+                    break
+        if tried is None:
             break
-        g = with_flag(g, at_peak, DIRECT)
+        g, ops = tried
         new_peak = lifetimes(g, None, sem).peak
-        if new_peak >= peak:
-            break
-        direct |= {g.tensors[g.ops[i].outputs[0]].name for i in at_peak}
+        moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
         lat, work = _costed(g, device, kernels)
+        n_overlap = sum(OVERLAP in k for k in moved.values())
+        n_direct = sum(DIRECT in k for k in moved.values())
+        what = ", ".join(x for x in (f"{n_overlap} overlapped" if n_overlap else "",
+                                     f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
-                           latency_s=lat, graph=g, direct=frozenset(direct),
-                           label=f"{v.label}, {len(direct)} conv{'s' if len(direct) > 1 else ''} direct"))
+                           latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}"))
     return out
 
 

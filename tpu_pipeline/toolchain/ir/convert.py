@@ -223,7 +223,14 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
                 # an operator's output (an empty tensor needs no data).
                 raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', which no operator "
                                  "writes and which is neither a graph input nor a constant")
-    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name))
+    external = ()
+    if subgraph == 0:  # inputs the offline plan keeps outside the arena (harness firmware only)
+        from tpu_pipeline.toolchain.tflite.metadata import EXTERNAL, read_offline_plan
+
+        plan = read_offline_plan(model)
+        if plan is not None:
+            external = tuple(t for t in _ints(sg.inputs) if t < len(plan) and plan[t] == EXTERNAL)
+    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
 
 
 def _new_tensor(t: Tensor, model: schema.ModelT) -> schema.TensorT:
@@ -335,6 +342,9 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
     out.subgraphs[subgraph] = sg
 
     if out.signatureDefs:
+        # an interface tensor the graph replaced (rewrite.interface) keeps its position in the signature
+        for old, new in (*zip(_ints(src.inputs), graph.inputs), *zip(_ints(src.outputs), graph.outputs)):
+            old_to_new.setdefault(old, new)
         out.signatureDefs = [_remap_signature(s, subgraph, old_to_new) for s in out.signatureDefs]
     return out
 
@@ -436,15 +446,16 @@ def load_exact(path, check_litert: bool = True) -> tuple[schema.ModelT, Graph, l
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
     """The model `data` with every op on its builtin kernel (`tpu_pipeline.toolchain.ir.kernels.builtin_view`):
     what LiteRT and the host's TFLite Micro run for a model that picks harness kernels per op.
-    `data` itself when it picks none. An offline plan follows the tensors into the view, except
-    for what only the harness firmware can run: tensors planned over another's bytes (the in and
-    out of an overlapped op) and tensors outside the arena are left to the runtime."""
+    `data` itself when it picks none and keeps no input outside the arena. An offline plan follows
+    the tensors into the view, except for what only the harness firmware can run: tensors planned
+    over another's bytes (the in and out of an overlapped op) and tensors outside the arena are left
+    to the runtime."""
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
 
     model = read_model(data, name=label)
     graph = from_model(model)
-    if not kernels.kernel_choices(graph):
+    if not kernels.kernel_choices(graph) and not graph.external:
         return data
     view, remap = kernels.builtin_view_mapped(graph)
     plan = read_offline_plan(model)

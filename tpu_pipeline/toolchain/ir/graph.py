@@ -121,6 +121,9 @@ class Graph:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     name: str = ""
+    # Graph inputs the application keeps in its own buffer (outside TFLite Micro's arena): written
+    # in the offline plan as EXTERNAL, which the harness firmware honours (rewrite.interface).
+    external: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -184,7 +187,8 @@ class Graph:
         order = list(order)
         if not self.is_topological(order):
             raise ValueError("order is not a topological order of the graph's ops")
-        return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name)
+        return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name,
+                     self.external)
 
     def with_unique_tensor_names(self) -> tuple["Graph", int]:
         """The graph with empty or repeated tensor names given a unique '#<index>' suffix (pipeline

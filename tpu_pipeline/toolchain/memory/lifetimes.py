@@ -142,6 +142,8 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
             if graph.is_activation(t):
                 last[t] = n
 
+    for t in graph.external:  # kept in the application's buffer: no bytes of the arena
+        first.pop(t, None)
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in first}
     if sem.in_place_ops:
         _share_in_place(graph, order, sem, first, last, sizes)
@@ -176,15 +178,16 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
 
 
 def overlap_legal(graph: Graph, i: int) -> bool:
-    """Whether op i may overlap its output with its input in every order: a harness kernel whose
-    input is an activation written by an op, read by op i alone and not a graph input or output,
-    and whose output is no graph input."""
+    """Whether op i may write its output over its input in every order: a harness kernel whose
+    input is an activation read by op i alone (a graph input too: TFLite Micro reuses an input's
+    bytes after its last reader) not kept outside the arena, not a graph output, and whose output
+    is not a graph input."""
     op = graph.ops[i]
     if not kernels.is_harness(op) or not op.inputs or not op.outputs:
         return False
     src, dst = op.inputs[0], op.outputs[0]
-    return (graph.is_activation(src) and graph.is_activation(dst) and src in graph.producer
-            and src not in graph.outputs and src not in graph.inputs and dst not in graph.inputs
+    return (graph.is_activation(src) and graph.is_activation(dst) and src not in graph.outputs
+            and src not in graph.external and dst not in graph.inputs and src != dst
             and tuple(graph.consumers.get(src, ())) == (i,))
 
 

@@ -18,6 +18,8 @@ from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 
 __all__ = ["OfflinePlan", "offline_plan", "plan_for_tflm"]
 
+EXTERNAL = -2  # the offline plan's mark for a tensor outside the arena (= tflite.metadata.EXTERNAL)
+
 
 @dataclass(frozen=True)
 class OfflinePlan:
@@ -84,6 +86,12 @@ def plan_for_tflm(graph, lifetimes_: Lifetimes | None = None, planner: str = "au
         fixed = finish(lt.buffers, result.buffer_offsets, plan.lower_bound, plan.planner + "+tflm-scratch", t0,
                        alignment=16)
         result = OfflinePlan(result.tensor_offsets, result.head, result.buffer_offsets, fixed)
+    if graph.external:  # inputs kept in the application's buffer: marked for the harness firmware's planner
+        offsets = list(result.tensor_offsets)
+        for t in graph.external:
+            offsets[t] = EXTERNAL
+        result = OfflinePlan(tuple(offsets), result.head, result.buffer_offsets, result.plan)
+        return result  # (TFLM's own planner would put them in the arena: no fallback to it)
     own = tflm_greedy(lt.per_tensor()[0])  # TFLM's own plan: one buffer per tensor, nothing shared
     if own.size < result.head:  # our planner lost to TFLM's: leave everything online
         fallback = ArenaPlan(own.offsets, own.size, plan.lower_bound, "tflm", own.size <= plan.lower_bound,

@@ -49,6 +49,13 @@ _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's
 # (size, alignment) of the fixed allocations of step 1-2 and 6-7 (32-bit target).
 _SINGLE_ARENA_ALLOCATOR = (36, 4)
 _GREEDY_PLANNER = (44, 4)
+
+
+def _planner(n_external: int) -> tuple[int, int]:
+    """The harness's planner: TFLM's greedy one, or, with tensors outside the arena, the wrapper
+    that leaves them out (main.cc HarnessPlanner: a vtable pointer, the greedy planner, an int per
+    external tensor and two counters)."""
+    return _GREEDY_PLANNER if not n_external else (4 + _GREEDY_PLANNER[0] + 4 * n_external + 8, 4)
 _MICRO_ALLOCATOR = (36, 4)
 _BUILTIN_DATA_ALLOCATOR = (8, 4)
 _SUBGRAPH_ALLOCATIONS = 8
@@ -72,7 +79,7 @@ BUILTIN_DATA = {
     "CONCATENATION": (8, 4), "STRIDED_SLICE": (24, 4), "RESIZE_NEAREST_NEIGHBOR": (2, 1),
 }
 NO_BUILTIN_DATA = frozenset({"QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "PAD", "SPACE_TO_BATCH_ND",
-                             "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH"})
+                             "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH", "TRANSPOSE"})
 
 # Step 4: sizeof the struct each kernel's Init allocates, (reference, cmsis-nn); None: no Init
 # allocation. cmsis-nn's own kernels wrap the reference OpData with their buffer index etc.
@@ -92,6 +99,7 @@ OP_DATA = {
     "MUL": (36, 36),  # OpDataMul
     "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
     "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
+    "TRANSPOSE": (None, None),  # no Init in either kernel set
 }
 
 
@@ -146,7 +154,8 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
     col = _check_kernels(kernels)
     sem = tflm_semantics(kernels)
     allocs: list[tuple[str, int, int]] = [
-        ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR), ("GreedyMemoryPlanner", *_GREEDY_PLANNER),
+        ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR),
+        ("GreedyMemoryPlanner" if not graph.external else "HarnessPlanner", *_planner(len(graph.external))),
         ("MicroAllocator", *_MICRO_ALLOCATOR), ("MicroBuiltinDataAllocator", *_BUILTIN_DATA_ALLOCATOR),
         ("SubgraphAllocations", _SUBGRAPH_ALLOCATIONS * n_subgraphs, 4),
         ("TfLiteEvalTensor[]", _EVAL_TENSOR * len(graph.tensors), 4),

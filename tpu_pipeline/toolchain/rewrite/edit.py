@@ -78,4 +78,5 @@ class GraphEditor:
         tensors = tuple(dataclasses.replace(t, index=k) for k, t in enumerate(keep))
         new_ops = tuple(dataclasses.replace(op, inputs=m(op.inputs), outputs=m(op.outputs),
                                             intermediates=m(op.intermediates)) for op in ops)
-        return Graph(tensors, new_ops, m(self.graph.inputs), m(self.graph.outputs), self.graph.name)
+        external = tuple(new_index[t] for t in self.graph.external if t in new_index)
+        return Graph(tensors, new_ops, m(self.graph.inputs), m(self.graph.outputs), self.graph.name, external)

@@ -180,7 +180,7 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
             if graph.is_activation(t):
                 touchers.setdefault(t, set()).add(i)
     involved = set(touchers) | inputs | outputs
-    sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
+    sizes = {t: 0 if t in graph.external else align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
 
     groups, exact = _share_groups(graph, sem, involved, sizes, inputs, outputs)
     ids = sorted(groups)
