@@ -33,6 +33,7 @@ _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_
 HARNESS_CUSTOM_OPS = {
     "TPUP_CONV_2D": 'AddCustom("TPUP_CONV_2D", tpup::Register_CONV_2D())',
     "TPUP_DEPTHWISE_CONV_2D": 'AddCustom("TPUP_DEPTHWISE_CONV_2D", tpup::Register_DEPTHWISE_CONV_2D())',
+    "TPUP_PATCH_STAGE": 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())',
 }
 
 

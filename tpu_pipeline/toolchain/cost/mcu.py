@@ -26,7 +26,8 @@ from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir import kernels as harness
-from tpu_pipeline.toolchain.ir.geometry import leading_pads
+from tpu_pipeline.toolchain.ir import stage
+from tpu_pipeline.toolchain.ir.geometry import hw, leading_pads, region_needs, splits
 
 KERNEL_SETS = ("cmsis-nn", "reference")
 # Fit classes with no measurements of their own fall back along this chain.
@@ -140,6 +141,31 @@ def predict_instructions(f: OpFeatures, table: dict) -> float:
     return c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c["overhead"]
 
 
+def stage_instructions(op, table: dict) -> float:
+    """A patch stage (tpu_pipeline.toolchain.ir.stage): every tile's layers priced as their own ops on the tile's
+    boxes (their per-call overhead included: an upper side of the stage's direct calls), plus its
+    copies (input boxes in, tiles out, slices) as data movement, one run per row."""
+    body, grid = op.options.body, op.options.grid
+    tout = body.outputs[0]
+    oh, ow = hw(body, tout)
+    total = 0.0
+    for h0, h1 in splits(oh, grid[0]):
+        for w0, w1 in splits(ow, grid[1]):
+            need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
+            for j, layer in enumerate(body.ops):
+                f = op_features(body, j)
+                b = need[layer.outputs[0]]
+                whole = body.tensors[layer.outputs[0]].shape
+                share = (b[1] - b[0]) * (b[3] - b[2]) / (whole[1] * whole[2])
+                total += predict_instructions(OpFeatures(f.fit_class, round(f.work * share), round(f.outputs * share)),
+                                              table)
+            for t, rows in ((body.inputs[0], need[body.inputs[0]]), (tout, (h0, h1, w0, w1))):
+                c = body.tensors[t].shape[3]
+                n = rows[1] - rows[0]
+                total += predict_instructions(OpFeatures("data_movement", n, n * (rows[3] - rows[2]) * c), table)
+    return total
+
+
 @dataclass(frozen=True)
 class McuOpCost:
     index: int  # position in graph.ops
@@ -200,6 +226,11 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
     ops = []
     for i, op in enumerate(graph.ops):
         cls = op_class(op.opcode)
+        if table is not None and stage.is_stage(op):
+            instr = stage_instructions(op, table)
+            cycles = instr * float(cpi)
+            ops.append(McuOpCost(i, op.opcode, cls, macs(graph, i) or 0, cycles, cycles / clock, instr, "patch_stage"))
+            continue
         if table is not None:
             f = op_features(graph, i)
             # the harness's direct convolution is the reference kernel (tpu_pipeline.toolchain.ir.kernels)

@@ -15,7 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernels
+from tpu_pipeline.toolchain.ir import kernels, stage
 from tpu_pipeline.toolchain.ir import options as opts
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.tflite.names import text as _text
@@ -180,7 +180,10 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
         name, builtin, version = opcode_name(model, o.opcodeIndex)
         options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
         kernel = ""
-        if name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
+        if name == f"CUSTOM:{stage.OPCODE}":
+            options = stage.decode(o.customOptions, _ints(o.inputs), tensors, f"operator {i}")
+            name, builtin, version, kernel = stage.OPCODE, 0, 1, kernels.kernel_name()
+        elif name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
             name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
             builtin = kernels.BUILTIN_CODE[name]
         for t in (*_ints(o.inputs), *_ints(o.outputs)):
@@ -327,8 +330,11 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         if kernels.is_harness(op):
             ot.opcodeIndex = _custom_opcode_index(out, kernels.custom_code(op))
             ot.builtinOptionsType, ot.builtinOptions = 0, None
-            ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
-            ot.customOptions = list(kernels.encode_options(graph, op, ring))
+            if stage.is_stage(op):
+                ot.customOptions = list(stage.encode(op.options))
+            else:
+                ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
+                ot.customOptions = list(kernels.encode_options(graph, op, ring))
         elif op.kernel:
             raise ValueError(f"unknown kernel '{op.kernel}'")
         else:

@@ -105,3 +105,22 @@ def splits(n: int, k: int) -> list[tuple[int, int]]:
     all of the output is held, so they are the ones to keep small."""
     q, r = divmod(n, k)
     return [(i * q + min(i, r), (i + 1) * q + min(i + 1, r)) for i in range(k)]
+
+
+def region_needs(graph: Graph, region_ops, out_tensor: int, box: Box) -> dict[int, Box] | None:
+    """Tensor -> the box of it a tile of `out_tensor` with box `box` needs, for the region's ops
+    (`region_ops`: Op objects in execution order), walking backwards: each op maps its output's box
+    to the input box its window reads, clipped to the tensor; a tensor read by several ops is
+    needed over the union of their boxes. None when the tile reads nothing of some tensor (a grid
+    too fine for the region's windows)."""
+    need = {out_tensor: box}
+    for op in reversed(list(region_ops)):
+        obox = need[op.outputs[0]]
+        for x in dict.fromkeys(op.inputs):
+            if not graph.is_activation(x):
+                continue
+            real = clip(reads(graph, op, obox), hw(graph, x))
+            if is_empty(real):
+                return None
+            need[x] = union(need.get(x), real)
+    return need

@@ -49,12 +49,14 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
+from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.options import Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions
 
 TPUP = "tpup"
 DIRECT, OVERLAP = "direct", "overlap"
 FLAGS = (DIRECT, OVERLAP)
-CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D"}
+CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
+                stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
 BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
@@ -233,6 +235,7 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
     dropped ones absent)."""
     if not any(is_harness(op) for op in graph.ops):
         return graph, {t.index: t.index for t in graph.tensors}
+    graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
     requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
     for op in graph.ops:
@@ -268,6 +271,21 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
         return view, {old: new for old, new in remap.items() if old < len(graph.tensors)}
     view = dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops))
     return view, {t.index: t.index for t in graph.tensors}
+
+
+def _expand_stages(graph: Graph) -> Graph:
+    """Every patch stage replaced by its body's layers (new tensors appended after the graph's)."""
+    if not any(stage.is_stage(op) for op in graph.ops):
+        return graph
+    tensors, ops = list(graph.tensors), []
+    for i, op in enumerate(graph.ops):
+        if stage.is_stage(op):
+            new_ops, new_tensors = stage.expand(dataclasses.replace(graph, tensors=tuple(tensors)), i)
+            ops += new_ops
+            tensors += new_tensors
+        else:
+            ops.append(op)
+    return dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops))
 
 
 def named_padding(graph: Graph, op: Op) -> str | None:

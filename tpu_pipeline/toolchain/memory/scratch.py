@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
-from tpu_pipeline.toolchain.ir import kernels
+from tpu_pipeline.toolchain.ir import kernels, stage
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -48,6 +48,12 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
     when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does."""
     op = graph.ops[op_pos]
+    if stage.is_stage(op):  # its tiles' buffers, then the largest buffer a layer's kernel asks for
+        body = op.options.body
+        own = max((_harness(body, j, sem)[0] if _harness(body, j, sem) else 0
+                   for j, layer in enumerate(body.ops) if layer.opcode != "ADD"), default=0)
+        total = -(-op.options.scratch // 16) * 16 + own
+        return [total] if total else []
     flags = kernels.flags(op)
     own = 0
     if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags:

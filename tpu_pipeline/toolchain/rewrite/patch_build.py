@@ -8,7 +8,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, ops as irops
 from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
-from tpu_pipeline.toolchain.ir.geometry import PADS, WINDOWED, Box, clip, hw, reads, splits, union, window
+from tpu_pipeline.toolchain.ir.geometry import PADS, WINDOWED, Box, clip, hw, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.rewrite.patch import pool_min
 
 
@@ -57,17 +57,10 @@ class _Tiler:
     # ---- one tile -----------------------------------------------------------------------------
     def needs(self, box: Box) -> dict[int, Box]:
         """Tensor -> the box of it the tile needs (clipped to the tensor), walking backwards."""
-        need = {self.tout: box}
-        for op in reversed(self.region):
-            obox = need[op.outputs[0]]
-            for x in dict.fromkeys(op.inputs):
-                if not self.g.is_activation(x):
-                    continue
-                real = clip(reads(self.g, op, obox), hw(self.g, x))
-                if real[0] >= real[1] or real[2] >= real[3]:
-                    raise UsageError(f"patch grid too fine: a tile of '{self.g.tensors[self.tout].name}' reads "
-                                     f"nothing of '{self.g.tensors[x].name}'")
-                need[x] = union(need.get(x), real)
+        need = region_needs(self.g, self.region, self.tout, box)
+        if need is None:
+            raise UsageError(f"patch grid too fine: a tile of '{self.g.tensors[self.tout].name}' reads nothing of "
+                             "one of the region's tensors")
         return need
 
     def _fetch(self, have, cache, x: int, vbox: Box, mode, tag: str) -> int:

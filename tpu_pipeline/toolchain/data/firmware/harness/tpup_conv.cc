@@ -24,13 +24,8 @@ namespace {
 
 constexpr int kInput = 0, kFilter = 1, kBias = 2, kRequant = 3, kOutput = 0;
 constexpr int kWords = 16;
-constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2;
-
-// The options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
-struct Options {
-  int32_t format, version, flags, pad_top, pad_left, stride_h, stride_w, dilation_h, dilation_w,
-      depth_multiplier, activation, input_offset, output_offset, act_min, act_max, ring_rows;
-};
+using Options = ConvOptions;
+using Geometry = ConvGeometry;
 static_assert(sizeof(Options) == kWords * sizeof(int32_t), "Options is the options' word layout");
 
 bool ReadOptions(const TfLiteNode* node, Options* o) {
@@ -45,11 +40,6 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
          (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
 }
-
-// Shapes of one call: the whole op, or a band of input rows for some output rows.
-struct Geometry {
-  int in_h, in_w, in_c, out_h, out_w, out_c, k_h, k_w;
-};
 
 int Align16(int n) { return (n + 15) / 16 * 16; }
 
@@ -112,6 +102,14 @@ Band BandFor(const Options& o, const Geometry& g, int r0, int r1) {
   return {top, bottom - top + 1, top - first};
 }
 
+}  // namespace
+
+int ConvBufferSize(const Options& o, const Geometry& g, bool depthwise) {
+  return OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
+}
+
+namespace {
+
 // The op's own buffer: the largest any call asks for (a whole-op call, or a one-row band).
 int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
   const int whole = OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
@@ -121,8 +119,10 @@ int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
   return whole > row ? whole : row;
 }
 
+}  // namespace
+
 // Output rows [r0, r1) of the op into `out` (rows x out_w x out_c, contiguous), reading `in`.
-TfLiteStatus Run(const Options& o, const Geometry& g, bool depthwise, int r0, int r1, const int8_t* in,
+TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0, int r1, const int8_t* in,
                  const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer) {
   const Band band = BandFor(o, g, r0, r1);
   if (band.rows <= 0) {
@@ -194,6 +194,8 @@ TfLiteStatus Run(const Options& o, const Geometry& g, bool depthwise, int r0, in
   return kTfLiteOk;
 }
 
+namespace {
+
 void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
 
 template <bool kDepthwise>
@@ -256,7 +258,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
   const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
   if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped (or not planned so): one call
-    return Run(o, g, kDepthwise, 0, g.out_h, in, w, b, q, out, scratch);
+    return RunConv(o, g, kDepthwise, 0, g.out_h, in, w, b, q, out, scratch);
   }
   TF_LITE_ENSURE_MSG(context, (o.flags & kFlagOverlap) && scratch != nullptr,
                      "TPUP conv: output planned over the input without the overlap flag");
@@ -267,7 +269,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   for (int r = 0; r < g.out_h; ++r) {
     TF_LITE_ENSURE_MSG(context, held < o.ring_rows, "TPUP conv: the ring is too small for this overlap");
     int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % o.ring_rows) * row_out);
-    TF_LITE_ENSURE_STATUS(Run(o, g, kDepthwise, r, r + 1, in, w, b, q, slot, scratch));
+    TF_LITE_ENSURE_STATUS(RunConv(o, g, kDepthwise, r, r + 1, in, w, b, q, slot, scratch));
     ++held;
     while (flushed <= r) {
       const uintptr_t a = out_lo + flushed * row_out, e = a + row_out;

@@ -10,11 +10,36 @@
 // no later row reads the input bytes under them.
 #pragma once
 
+#include <cstdint>
+
+#include "tensorflow/lite/c/common.h"
 #include "tensorflow/lite/micro/micro_common.h"
 
 namespace tpup {
 
 const TFLMRegistration* Register_CONV_2D();
 const TFLMRegistration* Register_DEPTHWISE_CONV_2D();
+const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
+
+constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2;
+
+// A convolution's options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
+struct ConvOptions {
+  int32_t format, version, flags, pad_top, pad_left, stride_h, stride_w, dilation_h, dilation_w,
+      depth_multiplier, activation, input_offset, output_offset, act_min, act_max, ring_rows;
+};
+
+// The shapes of one call: [1, in_h, in_w, in_c] -> [1, out_h, out_w, out_c], a k_h x k_w window.
+struct ConvGeometry {
+  int in_h, in_w, in_c, out_h, out_w, out_c, k_h, k_w;
+};
+
+// The kernel's own buffer (CMSIS-NN's; none for the direct or reference kernels) a call needs.
+int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
+
+// Output rows [r0, r1) into `out` (rows x out_w x out_c, contiguous), reading `in`; `requant`
+// holds the multipliers then the shifts; `buffer` the kernel's own buffer.
+TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise, int r0, int r1, const int8_t* in,
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer);
 
 }  // namespace tpup
