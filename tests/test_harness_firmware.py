@@ -34,7 +34,7 @@ BOARD = "qemu-mps2-an386"
 
 def _cnn():
     """(graph on harness kernels, model bytes, the harness op positions). A stem conv (CMSIS-NN
-    path), a PyTorch-style symmetric PAD + stride-2 depthwise (folds into explicit padding), an
+    path), a PyTorch-style symmetric PAD + stride-2 depthwise (folds into explicit padding; direct), an
     inverted-residual chain overlapped in place (1x1 expand, 3x3 depthwise, 1x1 project), a direct
     dilated conv without bias, and a builtin conv left as it is."""
     b = CnnBuilder(seed=11)
@@ -47,7 +47,7 @@ def _cnn():
     c = b.conv(p, 8, k=3, padding="SAME", dilation=2, act="RELU")
     b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
     out = b.conv(c, 6, k=3, padding="VALID")
-    names = {t: b.tensors[t].name for t in (s, e, e2, p, c)}
+    names = {t: b.tensors[t].name for t in (s, d, e, e2, p, c)}
     g, folded = fold_pads(b.graph([out]), harness=True)
     assert folded == 1
     at = {g.tensors[op.outputs[0]].name: i for i, op in enumerate(g.ops)}
@@ -55,6 +55,7 @@ def _cnn():
     g = with_kernel(g, [pos[s]], kernel_name())
     g = with_kernel(g, [pos[e], pos[e2], pos[p]], kernel_name(OVERLAP))
     g = with_kernel(g, [pos[c]], kernel_name(DIRECT))
+    g = with_kernel(g, [pos[d]], kernel_name(DIRECT))  # CMSIS-NN's generic depthwise kernel: no buffer
     chosen = sorted(i for i, op in enumerate(g.ops) if op.kernel)
     return g, model_to_bytes(to_model(g, read_model(b.model_bytes([out])))), chosen
 
@@ -117,7 +118,7 @@ def test_harness_kernels_run_in_qemu_as_the_host_runs_the_builtin_view(model, ke
 
 def test_the_direct_kernel_frees_the_im2col_buffer():
     g, _, chosen = _cnn()
-    direct = next(i for i in chosen if DIRECT in kernels.flags(g.ops[i]))
+    direct = next(i for i in chosen if DIRECT in kernels.flags(g.ops[i]) and g.ops[i].opcode == "CONV_2D")
     assert scratch_requests(g, direct, get_semantics("tflm-cmsis-nn")) == []
     cmsis = with_kernel(g, [direct], kernel_name())
     assert scratch_requests(cmsis, direct, get_semantics("tflm-cmsis-nn"))

@@ -105,9 +105,11 @@ def test_only_int8_convolutions_run_on_the_harness():
     b, outs = _cnn()
     g = b.graph(outs)
     dw = _convs(g, "DEPTHWISE_CONV_2D")[0]
-    assert can_run_harness(g, dw) and not can_run_direct(g, dw) and all(can_run_direct(g, i) for i in _convs(g))
+    assert can_run_harness(g, dw) and can_run_direct(g, dw) and all(can_run_direct(g, i) for i in _convs(g))
+    b, outs = _cnn(dtype="float32")
+    g = b.graph(outs)
     with pytest.raises(ValueError):
-        with_kernel(g, [dw], kernel_name(DIRECT))
+        with_kernel(g, [_convs(g)[0]], kernel_name(DIRECT))
 
 
 @pytest.mark.parametrize("words", [[], [2] + [1] * 15, [1, 1, 0x40] + [1] * 13, [1, 1, 0, -1] + [1] * 12])

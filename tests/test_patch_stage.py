@@ -19,7 +19,7 @@ from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
 from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
-from tpu_pipeline.toolchain.rewrite.patch import _checked_region, apply_patches, patch_regions
+from tpu_pipeline.toolchain.rewrite.patch import checked_region, apply_patches, patch_regions
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
@@ -53,7 +53,7 @@ def _mbv2_like(seed=3):
 def _region(g):
     """The largest region from the model's input that a stage runs."""
     def ok(r):
-        return stage_refusal(g, _checked_region(g, r)[2]) is None
+        return stage_refusal(g, checked_region(g, r)[2]) is None
 
     return max((r for r in patch_regions(g) if r.input == g.tensors[g.inputs[0]].name and ok(r)),
                key=lambda r: len(r.ops))
@@ -61,7 +61,7 @@ def _region(g):
 
 def _staged(g, grid):
     region = _region(g)
-    tin, tout, positions = _checked_region(g, region)
+    tin, tout, positions = checked_region(g, region)
     return build_stage(g, tin, tout, positions, grid), region
 
 

@@ -233,9 +233,13 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
             continue
         if table is not None:
             f = op_features(graph, i)
-            # the harness's direct convolution is the reference kernel (tpu_pipeline.toolchain.ir.kernels)
+            # the harness's direct convolution is the reference kernel, its direct depthwise one
+            # CMSIS-NN's generic kernel (tpu_pipeline.toolchain.ir.kernels)
             direct = harness.DIRECT in harness.flags(op)
-            instr = predict_instructions(f, tables["reference"] if direct else table)
+            if direct and op.opcode == "DEPTHWISE_CONV_2D":
+                instr = predict_instructions(OpFeatures("depthwise", f.work, f.outputs), table)
+            else:
+                instr = predict_instructions(f, tables["reference"] if direct else table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

@@ -13,7 +13,8 @@ decide it: every variant in a final selection is built and measured.
   far, and the largest op footprint (input and output boxes, and the scratch the kernel asks
   for, which depends on channels and filter only, so every tile's copy asks what the op asks)
   of the current tile; and the final assembly (all tiles and the output). Explicit pads and row
-  joins only add to it.
+  joins only add to it. For a patch stage (one op), the input and output are live throughout,
+  next to the largest footprint.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.geometry import hw, splits
-from tpu_pipeline.toolchain.rewrite.patch_build import _Tiler
+from tpu_pipeline.toolchain.ir.geometry import hw, region_needs, splits
 
 
 def _aligned(graph: Graph, t: int) -> int:
@@ -30,12 +30,16 @@ def _aligned(graph: Graph, t: int) -> int:
 
 
 def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
-                     op_seconds: dict[int, float], scratch: dict[int, int] | None = None) -> tuple[int, int, float]:
+                     op_seconds: dict[int, float], scratch: dict[int, int] | None = None,
+                     stage: bool = False) -> tuple[int, int, float] | None:
     """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
     the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
     the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
-    scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned)."""
-    tiler = _Tiler(graph, None, tin, tout, positions)
+    scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned). `stage`: the tiles run inside one
+    op (tpu_pipeline.toolchain.ir.stage), whose peak is at least the region's input and output and the largest
+    op's buffers on a tile. None when a tile would read nothing of some tensor (the grid is too
+    fine for the region): that candidate does not exist."""
+    region = [graph.ops[i] for i in positions]
     oh, ow = hw(graph, tout)
     rate, ppx = {}, {}
     for i in positions:
@@ -52,9 +56,12 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
     # rows its row of tiles needs by the columns its column needs: p + q walks, not p x q.
-    row_need = [tiler.needs((h0, h1, 0, ow)) for h0, h1 in rows]
-    col_need = [tiler.needs((0, oh, w0, w1)) for w0, w1 in cols]
-    full_in, full_out = _aligned(graph, tin), _aligned(graph, tout)
+    row_need = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
+    col_need = [region_needs(graph, region, tout, (0, oh, w0, w1)) for w0, w1 in cols]
+    if any(n is None for n in row_need + col_need):
+        return None
+    full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena costs it nothing
+    full_out = _aligned(graph, tout)
     # Rows and columns of every needed box, as vectors over the rows / columns of tiles: an op's
     # footprint on tile (r, c) is sum over its tensors of bytes/pixel x rows(r) x cols(c), left
     # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
@@ -68,6 +75,8 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area
         seconds += rate[i][1] * area
+    if stage:
+        return full_in + full_out + int(footprint.max()), int(work), seconds
     tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile
     live_input = np.full(tiles.size, float(full_in))

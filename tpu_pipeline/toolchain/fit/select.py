@@ -4,9 +4,14 @@ Wen et al. (TASO) pick one primitive per layer with an ILP whose memory is the S
 primitives' footprints (their Formula 13); an arena's cost is its PEAK, so here memory is a
 maximum: `peak >= peak(v)` for every chosen variant `v`, and the constraint is `peak <= budget`.
 Each variant covers a contiguous run of spans (`first..last`); the chosen variants cover every span
-exactly once. Objectives are lexicographic: latency then peak (`objective="latency"`), or peak then
-latency (`"memory"`, optionally under a latency bound). The Pareto frontier is the
+exactly once. Objectives are lexicographic: latency then memory (`objective="latency"`), or memory
+then latency (`"memory"`, optionally under a latency bound). The Pareto frontier is the
 epsilon-constraint sweep: the fastest selection, then the fastest one strictly smaller, and so on.
+
+Memory is the arena head (the peak) or, with `tail_fixed` given, the whole arena TFLite Micro
+takes: the peak plus the persistent tail, which is additive (each variant brings its ops' part,
+`Variant.tail`; `tail_fixed` is the rest): then a variant that shrinks the head but grows the tail
+more is never chosen. The budget and the memory objective then count peak + sum(tail) + tail_fixed.
 """
 
 from __future__ import annotations
@@ -28,40 +33,58 @@ class Selection:
     peak: int  # max of the chosen variants' peaks
     latency_s: float  # sum of their predicted latencies
     proven: bool  # CP-SAT proved the lexicographic optimum
+    tail: int = 0  # whole-arena selections: the variants' tails + the fixed part (0: the head alone counted)
+
+    @property
+    def arena(self) -> int:
+        """What the selection minimises or holds under the budget: the peak, plus the tail when counted."""
+        return self.peak + self.tail
 
     def to_json(self) -> dict:
-        return {"peak_bytes": self.peak, "latency_s_predicted": self.latency_s, "proven_optimal": self.proven,
+        return {"peak_bytes": self.peak, "tail_bytes": self.tail or None, "arena_bytes": self.arena,
+                "latency_s_predicted": self.latency_s, "proven_optimal": self.proven,
                 "variants": [v.to_json() for v in self.variants]}
 
 
 def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
-           latency_bound: float | None = None, deadline: Deadline | None = None) -> Selection | None:
-    """The best selection, or None when no selection meets `budget` (and `latency_bound`)."""
-    usable = [v for v in variants if budget is None or v.peak <= budget]
-    first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "peak",
-                   None, deadline)
+           latency_bound: float | None = None, deadline: Deadline | None = None,
+           tail_fixed: int | None = None) -> Selection | None:
+    """The best selection, or None when no selection meets `budget` (and `latency_bound`).
+    `tail_fixed` None: memory is the peak; an int: the whole arena (module docstring)."""
+    usable = [v for v in variants if budget is None or v.peak + (v.tail + tail_fixed if tail_fixed is not None else 0)
+              <= budget]
+    first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "memory",
+                   None, deadline, tail_fixed)
     if first is None:
         return None
     chosen, proven1 = first
     lat = sum(_ns(v) for v in chosen)
-    peak = max(v.peak for v in chosen)
-    if objective == "latency":  # second level: the smallest peak at that latency
-        second = _solve(usable, n_spans, budget, None, "peak", lat, deadline)
-    else:  # the fastest at that peak
-        second = _solve(usable, n_spans, peak, latency_bound, "latency", None, deadline)
+    memory = _arena(chosen, tail_fixed)
+    if objective == "latency":  # second level: the least memory at that latency
+        second = _solve(usable, n_spans, budget, None, "memory", lat, deadline, tail_fixed)
+    else:  # the fastest at that memory
+        second = _solve(usable, n_spans, memory, latency_bound, "latency", None, deadline, tail_fixed)
     if second is not None:
         chosen, proven2 = second
     else:
         proven2 = False
-    return _selection(chosen, proven1 and proven2)
+    return _selection(chosen, proven1 and proven2, tail_fixed)
+
+
+def _arena(chosen, tail_fixed: int | None) -> int:
+    peak = max(v.peak for v in chosen)
+    return peak if tail_fixed is None else peak + sum(v.tail for v in chosen) + tail_fixed
 
 
 def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
-                 latency_bound: float | None = None) -> list[Variant] | None:
+                 latency_bound: float | None = None, tail_fixed: int | None = None) -> list[Variant] | None:
     """The same optimum as `select`, by dynamic programming over the chain of spans (a variant is
     an arc from span `first` to `last + 1`): milliseconds for thousands of variants, so the lazy
     evaluation in fit.py can ask it after every variant it measures; the answer `fit` returns is
-    `select`'s (CP-SAT) over the measured variants, checked against this one."""
+    `select`'s (CP-SAT) over the measured variants, checked against this one. With `tail_fixed`
+    (the whole arena) each cap P on the peak gets the coverings' Pareto front of (tail, latency)."""
+    if tail_fixed is not None:
+        return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed)
     usable = [v for v in variants if budget is None or v.peak <= budget]
     if objective == "latency":
         best = _fastest(usable, n_spans)
@@ -83,35 +106,56 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
     return None if found is None else found[2]
 
 
-def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
-    """The least max-peak over coverings of the spans (None if the variants cover none)."""
-    best: list = [None] * (n_spans + 1)
-    best[0] = 0
-    for v in sorted(variants, key=lambda v: v.last):
-        prev = best[v.first]
-        if prev is not None:
-            cand = max(prev, v.peak)
-            if best[v.last + 1] is None or cand < best[v.last + 1]:
-                best[v.last + 1] = cand
-    return best[n_spans]
+def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
+    """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
+    the Pareto front of (tail, latency) over the coverings by variants of peak <= P; a covering's
+    arena is P + its tail + tail_fixed (no more than that: its own peak may be lower, which a lower
+    P also covers). Memory first: the least P + tail, then the fastest at that arena; latency
+    first: the fastest within the budget and bound, then the least arena."""
+    room = None if budget is None else budget - tail_fixed
+    caps = sorted({v.peak for v in variants if room is None or v.peak <= room})
+    best = None  # (key, variants)
+    bound = None if latency_bound is None else latency_bound * _NS
+    for cap in caps:
+        if objective == "memory" and best is not None and cap + tail_fixed > best[0][0]:
+            break  # no covering under a higher cap can have a smaller arena
+        front = _front([v for v in variants if v.peak <= cap], n_spans,
+                       None if room is None else room - cap)
+        for tail, lat, chosen in front:
+            if bound is not None and lat > bound:
+                continue
+            arena = cap + tail + tail_fixed
+            key = (arena, lat) if objective == "memory" else (lat, arena)
+            if best is None or key < best[0]:
+                best = (key, chosen)
+    if best is None:
+        return None
+    return best[1]
 
 
-def _fastest(variants: list[Variant], n_spans: int):
-    """(latency ns, peak, variants) of the covering that is fastest, then smallest; None if none."""
+def _front(variants, n_spans: int, max_tail: int | None):
+    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
+    most `max_tail`): [(tail, latency, variants)], each label a covering nothing else beats on both."""
     ending: dict[int, list[Variant]] = {}
     for v in variants:
         ending.setdefault(v.last + 1, []).append(v)
-    best: list = [None] * (n_spans + 1)
-    best[0] = (0, 0, [])
+    labels: list[list] = [[] for _ in range(n_spans + 1)]
+    labels[0] = [(0, 0, [])]
     for s in range(1, n_spans + 1):
+        cands = []
         for v in ending.get(s, ()):
-            prev = best[v.first]
-            if prev is None:
-                continue
-            cand = (prev[0] + _ns(v), max(prev[1], v.peak), prev[2] + [v])
-            if best[s] is None or cand[:2] < best[s][:2]:
-                best[s] = cand
-    return best[n_spans]
+            for tail, lat, chosen in labels[v.first]:
+                t2 = tail + v.tail
+                if max_tail is None or t2 <= max_tail:
+                    cands.append((t2, lat + _ns(v), chosen + [v]))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        kept, best_lat = [], None
+        for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
+            if best_lat is None or c[1] < best_lat:
+                kept.append(c)
+                best_lat = c[1]
+        labels[s] = kept
+    return labels[n_spans]
 
 
 def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:
@@ -125,7 +169,7 @@ def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> li
         if sel is None:
             break
         points.append(sel)
-        budget = sel.peak - 1
+        budget = sel.arena - 1
     return points
 
 
@@ -133,7 +177,7 @@ def _ns(v: Variant) -> int:
     return int(round(v.latency_s * _NS))
 
 
-def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, deadline):
+def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, deadline, tail_fixed=None):
     if not variants:
         return None
     m = cp_model.CpModel()
@@ -144,14 +188,17 @@ def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, dead
     peak = m.NewIntVar(0, top, "peak")
     for k, v in enumerate(variants):
         m.Add(peak >= v.peak).OnlyEnforceIf(x[k])
+    memory = peak
+    if tail_fixed is not None:  # the whole arena: the head and the tail
+        memory = peak + sum(v.tail * x[k] for k, v in enumerate(variants)) + tail_fixed
     if budget is not None:
-        m.Add(peak <= budget)
+        m.Add(memory <= budget)
     latency = sum(_ns(v) * x[k] for k, v in enumerate(variants))
     if latency_bound is not None:
         m.Add(latency <= int(latency_bound * _NS))
     if latency_cap is not None:
         m.Add(latency <= latency_cap)
-    m.Minimize(latency if minimise == "latency" else peak)
+    m.Minimize(latency if minimise == "latency" else memory)
     seconds = 10.0 if deadline is None else max(0.05, deadline.remaining())
     solver = new_solver(seconds, workers=1)
     status = solver.Solve(m)
@@ -161,5 +208,6 @@ def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, dead
     return sorted(chosen, key=lambda v: v.first), status == cp_model.OPTIMAL
 
 
-def _selection(chosen, proven) -> Selection:
-    return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), proven)
+def _selection(chosen, proven, tail_fixed=None) -> Selection:
+    tail = 0 if tail_fixed is None else sum(v.tail for v in chosen) + tail_fixed
+    return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), proven, tail)

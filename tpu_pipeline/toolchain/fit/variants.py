@@ -25,24 +25,32 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.fit.estimate import estimate_patches
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
+from tpu_pipeline.toolchain.memory.planners import plan_arena
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, builtin_view, can_run_direct, can_run_harness, flags,
                                                is_harness, kernel_name, with_flag, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
+from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
-from tpu_pipeline.toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
+from tpu_pipeline.toolchain.ir.geometry import hw
+from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
 # parameters and an invoke (tail and latency), and the exact scheduler and the runtimes' checks
 # slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
 MAX_PATCH_OPS = 4096
+GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
+_NODE, _EVAL_TENSOR = 32, 12  # TFLite Micro's NodeAndRegistration and TfLiteEvalTensor on a 32-bit target
+MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,9 @@ class Variant:
     kernels: tuple[tuple[str, str], ...] = ()  # (first-output name, harness kernel) of ops its twins moved
     rewrites: tuple = ()  # rewrite: the AppliedRewrite records (tpu_pipeline.toolchain.rewrite.driver)
     ordered: bool = False  # patch: the exact scheduler has been asked for its best order
+    form: str = "copies"  # patch: "copies" (every tile its own ops) or "stage" (one harness op: ir.stage)
+    tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
+    # until measured)
 
     @property
     def proven(self) -> bool:
@@ -71,9 +82,9 @@ class Variant:
     def to_json(self) -> dict:
         d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label,
              "peak_bytes": self.peak, "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s,
-             "macs": self.macs, "ops": self.ops}
+             "macs": self.macs, "ops": self.ops, "tail_bytes": self.tail}
         if self.grid is not None:
-            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
+            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output, form=self.form)
         if self.kernels:
             d["kernel_choices"] = {name: kernel for name, kernel in self.kernels}
         if self.rewrites:
@@ -97,7 +108,8 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
         lat, work = _costed(g, device, kernels)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
         out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
-                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
+                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order),
+                           tail=_tail(g, kernels)))
     return out
 
 
@@ -152,7 +164,7 @@ def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], devi
         lat, work = _costed(g, device, kernels)
         kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
         out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", peak,
-                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied))
+                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied, tail=_tail(g, kernels)))
     return out
 
 
@@ -203,7 +215,7 @@ def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
     for _ in range(MAX_TWINS):
         lt = lifetimes(g, None, sem)
         live = lt.live_bytes()
-        peak = max(live, default=0)
+        peak = achievable_peak(g, sem)
         at_peak = {s - 1 for s, x in enumerate(live) if x == peak and s >= 1}  # op i runs at step i + 1
         tried = None
         overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
@@ -213,13 +225,13 @@ def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
         for flag, ops in ((OVERLAP, overlap), (DIRECT, direct)):
             if ops:
                 cand = with_flag(g, ops, flag)
-                if lifetimes(cand, None, sem).peak < peak:
+                if achievable_peak(cand, sem) < peak:
                     tried = cand, ops
                     break
         if tried is None:
             break
         g, ops = tried
-        new_peak = lifetimes(g, None, sem).peak
+        new_peak = achievable_peak(g, sem)
         moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
         lat, work = _costed(g, device, kernels)
         n_overlap = sum(OVERLAP in k for k in moved.values())
@@ -227,52 +239,73 @@ def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
         what = ", ".join(x for x in (f"{n_overlap} overlapped" if n_overlap else "",
                                      f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
-                           latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}"))
+                           latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
+                           tail=_tail(g, kernels)))
     return out
 
 
-def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> list[Variant]:
+def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
-    peak and latency are floors no grid can beat (the output assembled next to its tiles, the
-    input held; the spans' own latency). `upgrade` refines the ones a selection picks."""
+    peak and latency are floors no grid can beat (the spans' own latency; for copies the output
+    assembled next to its tiles and the input held, for a stage its input and output together).
+    With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
+    finer grids than copies allow. `upgrade` refines the ones a selection picks."""
     out = []
     for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
         covered = max(v.peak for v in as_is[a:b + 1])
-        floor = _region_floor(graph, region)
-        if floor >= covered:
-            continue  # no grid can lower the peak of these spans: dominated by running them as is
         lat = sum(v.latency_s for v in as_is[a:b + 1])
         work = sum(v.macs for v in as_is[a:b + 1])
-        region_ops = sum(len(s.ops) for s in spans[a:b + 1])
-        for grid in _grids(region.max_grid):  # coarse grids first: they win ties
-            if grid[0] * grid[1] * region_ops > MAX_PATCH_OPS:
-                break  # finer grids only copy more ops
-            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, floor, lat, work, 0, region, grid,
-                               stage="bound"))
+        positions = [i for s in spans[a:b + 1] for i in s.ops]
+        forms = ["copies"]
+        if harness and stage_refusal(graph, positions) is None:
+            forms.append("stage")
+        for form in forms:
+            floor = _region_floor(graph, region, form)
+            if floor >= covered:
+                continue  # no grid can lower the peak of these spans: dominated by running them as is
+            # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
+            tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            for grid in _grids(region.max_grid if form == "copies" else _stage_max_grid(graph, region)):
+                if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
+                    break  # finer grids only copy more ops
+                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
+                                   region, grid, stage="bound", form=form, tail=tail))
     return out
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            kernels="cmsis-nn") -> Variant:
+            kernels="cmsis-nn") -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
-    achievable, the device model's latency of the built ops, MACs, ops)."""
+    achievable, the device model's latency of the built ops, MACs, ops). None when the variant
+    does not exist after all (a grid too fine for the region's windows): the caller drops it."""
+    positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
+    tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
-        positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
         sem = tflm_semantics(kernels)
         scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-        peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
-                                           v.grid, op_seconds, scratch)
+        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, scratch, stage=v.form == "stage")
+        if est is None:
+            return None
+        peak, work, lat = est
         return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
-    g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
+    sub = span_graph(graph, spans[v.first:v.last + 1])
+    try:
+        if v.form == "stage":  # (a span graph keeps the graph's tensor table: the same indices)
+            g = build_stage(sub, tin, tout, list(range(len(sub.ops))), v.grid)
+        else:
+            g = apply_patches(sub, v.region, v.grid)
+    except UsageError:
+        return None
     lat, work = _costed(g, device, kernels)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
-                   stage="measured")
+    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops),
+                   graph=g, stage="measured", tail=_tail(g, kernels))
 
 
-def _patch_label(region, grid) -> str:
-    return f"patches {grid[0]}x{grid[1]} from {short_name(region.input)} to {short_name(region.output)}"
+def _patch_label(region, grid, form: str = "copies") -> str:
+    how = " in one stage op" if form == "stage" else ""
+    return f"patches {grid[0]}x{grid[1]}{how} from {short_name(region.input)} to {short_name(region.output)}"
 
 
 def short_name(name: str, keep: int = 48) -> str:
@@ -324,20 +357,54 @@ def _regions_on_spans(graph: Graph, spans: list[Span], regions):
             yield r, a, b
 
 
-def _region_floor(graph: Graph, region) -> int:
-    """A peak no grid can go below: the final assembly holds the output tiles and the output
-    (2x the output), and the region's input is live until its last patch is cut from it."""
+def _region_floor(graph: Graph, region, form: str = "copies") -> int:
+    """A peak no grid can go below. Copies: the final assembly holds the output tiles and the output
+    (2x the output), and the region's input is live until its last patch is cut from it. A stage:
+    its input (unless the application keeps it outside the arena) and its output, together."""
     by_name = {t.name: t for t in graph.tensors}
     inp, out = by_name[region.input], by_name[region.output]
-    return max(align(inp.nbytes, 16), 2 * align(out.nbytes, 16))
+    held = 0 if inp.index in graph.external else align(inp.nbytes, 16)
+    if form == "stage":
+        return held + align(out.nbytes, 16)
+    return max(held, 2 * align(out.nbytes, 16))
+
+
+def achievable_peak(graph: Graph, sem) -> int:
+    """The arena a variant's ops take in their order: the most bytes live at a step, which the
+    planner reaches on nearly every graph; with overlapped ops (rigid groups of buffers at fixed
+    offsets from each other) it often cannot, so those graphs are planned and the plan's size is
+    the figure (a small graph: CP-SAT settles it in well under a second)."""
+    lt = lifetimes(graph, None, sem)
+    if not any(b.group >= 0 for b in lt.buffers):
+        return lt.peak
+    return plan_arena(lt, "auto", GROUP_PLAN_SECONDS).size
+
+
+def _tail(graph: Graph, kernels: str) -> int:
+    """The tail a variant's ops bring (0 where an op's allocations are not modelled: fit then
+    selects on the head; see fit_graph)."""
+    return ops_tail(graph, kernels) or 0
+
+
+def _stage_tail_floor(graph: Graph, positions) -> int:
+    """A stage's tail: one node, and the eval tensors of its output and of the constants it reads
+    (its one scratch handle left out: a floor)."""
+    consts = {t for i in positions for t in graph.ops[i].inputs if t >= 0 and graph.tensors[t].is_constant}
+    return _NODE + _EVAL_TENSOR * (1 + len(consts))
+
+
+def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
+    """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
+    oh, ow = hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
+    return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """Square grids 2x2 .. 8x8 within the region's limit (a side capped by a small output keeps
-    the other side square), coarse first."""
-    rows, cols = min(max_grid[0], MAX_GRID), min(max_grid[1], MAX_GRID)
+    """Square grids from 2x2 within the limit (a side capped by a small output keeps the other
+    side square), coarse first."""
+    rows, cols = max_grid
     out = []
-    for p in range(2, MAX_GRID + 1):
+    for p in range(2, max(rows, cols) + 1):
         g = (min(p, rows), min(p, cols))
         if g[0] * g[1] >= 2 and g not in out:
             out.append(g)

@@ -19,8 +19,9 @@ keep in RAM:
 - **explicit padding**: the leading padding is an option (`padding == "EXPLICIT"`, `pad_top`,
   `pad_left` in the options record), so a PAD op in front of a convolution folds into it
   whatever its amounts (PyTorch-style symmetric padding differs from TFLite's SAME);
-- **direct** (`+direct`, convolutions): TFLite's reference convolution, one output at a time, with
-  no im2col buffer in the arena (slower than CMSIS-NN's);
+- **direct** (`+direct`): no kernel buffer in the arena: TFLite's reference convolution, one
+  output at a time (slower than CMSIS-NN's im2col kernel); for a depthwise convolution CMSIS-NN's
+  generic kernel in a CMSIS-NN build (its "opt" kernel copies a window of all channels);
 - **overlap** (`+overlap`): the output may be planned over the input's bytes (in place for a
   depthwise convolution; a pointwise convolution's input placed at the end of its output). The
   kernel then computes output rows into a small ring of rows and writes each row out once no
@@ -116,9 +117,10 @@ def can_run_harness(graph: Graph, i: int) -> bool:
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:
-    """The direct (no im2col) kernel exists for convolutions only: a depthwise convolution's
-    CMSIS-NN kernels already work without an im2col buffer of a whole window column pair."""
-    return graph.ops[i].opcode == "CONV_2D" and can_run_harness(graph, i)
+    """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
+    buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
+    over all channels, which its "opt" kernel asks for: C x kh x kw x 2 bytes)."""
+    return can_run_harness(graph, i)
 
 
 # ---- requantization, exactly as TFLite Micro's Prepare computes it ------------------------------
@@ -184,7 +186,7 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         op = graph.ops[i]
         if kernel:
             kernel_name(*wanted)  # validates the flags
-            if not can_run_harness(graph, i) or (DIRECT in wanted and op.opcode != "CONV_2D"):
+            if not can_run_harness(graph, i):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = _with_requant(graph, op, tensors)
         else:

@@ -178,12 +178,12 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
 
 
 def overlap_legal(graph: Graph, i: int) -> bool:
-    """Whether op i may write its output over its input in every order: a harness kernel whose
+    """Whether op i may write its output over its input in every order: a harness convolution whose
     input is an activation read by op i alone (a graph input too: TFLite Micro reuses an input's
     bytes after its last reader) not kept outside the arena, not a graph output, and whose output
     is not a graph input."""
     op = graph.ops[i]
-    if not kernels.is_harness(op) or not op.inputs or not op.outputs:
+    if not kernels.is_harness(op) or op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         return False
     src, dst = op.inputs[0], op.outputs[0]
     return (graph.is_activation(src) and graph.is_activation(dst) and src not in graph.outputs

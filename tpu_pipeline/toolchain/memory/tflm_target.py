@@ -235,3 +235,19 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
 
     lt = lifetimes(graph, semantics="tflm")
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
+
+
+def ops_tail(graph: Graph, kernels: str = "cmsis-nn") -> int | None:
+    """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
+    adds it up per variant): their nodes, the eval tensors of what they write and of the constants
+    they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each
+    allocation rounded to its alignment. Graph inputs, the allocator's own structs and the I/O
+    tensors are the rest (`target_tail` of the whole model). None when an op is not modelled."""
+    t = target_tail(graph, kernels)
+    if t.bytes is None:
+        return None
+    per_op = sum(-(-size // align) * align for what, size, align in t.allocations
+                 if what.startswith("op ") or what == "ScratchBufferHandle[]")
+    owned = {x for op in graph.ops for x in op.outputs if x >= 0}
+    owned |= {x for op in graph.ops for x in op.inputs if x >= 0 and graph.tensors[x].is_constant}
+    return per_op + _NODE_AND_REGISTRATION * len(graph.ops) + _EVAL_TENSOR * len(owned)

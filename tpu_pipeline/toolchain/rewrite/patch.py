@@ -167,7 +167,7 @@ def patch_regions(graph: Graph) -> list[PatchRegion]:
     return regions
 
 
-def _checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[int]]:
+def checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[int]]:
     """(input tensor, output tensor, op positions) of `region` in `graph`; UsageError if illegal."""
     by_name = {t.name: t.index for t in graph.tensors}
     tin, tout = by_name.get(region.input), by_name.get(region.output)
@@ -201,7 +201,7 @@ def apply_patches(graph: Graph, region: PatchRegion, grid: tuple[int, int]) -> G
     region untouched, tensor names unique. UsageError if the region or grid is not legal."""
     from tpu_pipeline.toolchain.rewrite.patch_build import build_tiles
 
-    tin, tout, positions = _checked_region(graph, region)
+    tin, tout, positions = checked_region(graph, region)
     gh, gw = (int(g) for g in grid)
     oh, ow = hw(graph, tout)
     if not (1 <= gh <= min(MAX_GRID, oh) and 1 <= gw <= min(MAX_GRID, ow)):

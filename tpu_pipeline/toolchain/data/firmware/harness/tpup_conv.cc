@@ -73,7 +73,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (!depthwise && (o.flags & kFlagDirect)) return 0;
+  if (o.flags & kFlagDirect) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -140,10 +140,15 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   if (depthwise) {
     cmsis_nn_dw_conv_params p;
     DwParams(o, band.pad_top, &p);
-    return arm_depthwise_conv_wrapper_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims,
-                                         bias, &out_dims, out) == ARM_CMSIS_NN_SUCCESS
-               ? kTfLiteOk
-               : kTfLiteError;
+    // direct: CMSIS-NN's generic depthwise kernel, which needs no buffer (the wrapper's "opt"
+    // kernel asks for an int16 copy of a window over all channels)
+    const arm_cmsis_nn_status status =
+        (o.flags & kFlagDirect)
+            ? arm_depthwise_conv_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims, bias,
+                                    &out_dims, out)
+            : arm_depthwise_conv_wrapper_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims,
+                                            bias, &out_dims, out);
+    return status == ARM_CMSIS_NN_SUCCESS ? kTfLiteOk : kTfLiteError;
   }
   if (!(o.flags & kFlagDirect)) {
     cmsis_nn_conv_params p;
