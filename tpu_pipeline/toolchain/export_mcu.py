@@ -23,6 +23,10 @@ from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError, UsageErro
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
 
+# TFLite Micro plans at start-up in the arena's free space (an AllocationInfo per buffer and the greedy
+# planner's lists); a firmware arena sized to arena_used_bytes alone may not leave room for that.
+PLANNING_BYTES_PER_BUFFER = 48
+
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
 _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
                    "REDUCE_MAX": "AddReduceMax", "REDUCE_MIN": "AddReduceMin", "SPLIT_V": "AddSplitV"}
@@ -102,7 +106,9 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_head
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
     src = Path(model_path)
     out = Path(out_dir)
@@ -120,6 +126,11 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
     methods = [resolver_method(o) for o in opcodes]
     offsets, planned_head, planner = _plan(model, graph)
+    kept = read_offline_plan(model)  # a plan the model brings (fit's): kept where it is no larger
+    if kept is not None and len(kept) == len(offsets):
+        kept_head = target_head(graph, "reference", kept)[0]
+        if kept_head <= planned_head:
+            offsets, planned_head, planner = list(kept), kept_head, "the model's own"
     own_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     planned = with_offline_plan(model, offsets) if any(o >= 0 for o in offsets) else model
     data = model_to_bytes(planned)
@@ -133,9 +144,15 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
         raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
                               f"{host_head:,} (the offline plan was not honoured)")
     arena_size = -(-(measured.head + measured.tail) // 16) * 16
+    if harness.kernel_choices(graph) or graph.external:
+        # the host ran the builtin view: the firmware needs what the 32-bit target model predicts for
+        # either kernel set, and room for TFLite Micro's planning temporaries at start-up
+        totals = [target_arena(graph, k, offsets).total for k in ("cmsis-nn", "reference")]
+        if None not in totals:
+            temporaries = PLANNING_BYTES_PER_BUFFER * len(lifetimes(graph, semantics="tflm").per_tensor()[0].buffers)
+            arena_size = -(-(max(totals) + temporaries) // 16) * 16
     if arena_size > sram:
-        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena (head {measured.head:,} + tail "
-                              f"{measured.tail:,}); {d['name']} has {sram:,} bytes of SRAM")
+        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena; {d['name']} has {sram:,} bytes of SRAM")
     crc = f"{zlib.crc32(data):08X}"
     sg = planned.subgraphs[0]
     files: dict[str, bytes] = {

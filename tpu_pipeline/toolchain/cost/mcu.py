@@ -141,14 +141,19 @@ def predict_instructions(f: OpFeatures, table: dict) -> float:
     return c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c["overhead"]
 
 
-def stage_instructions(op, table: dict) -> float:
-    """A patch stage (tpu_pipeline.toolchain.ir.stage): every tile's layers priced as their own ops on the tile's
-    boxes (their per-call overhead included: an upper side of the stage's direct calls), plus its
-    copies (input boxes in, tiles out, slices) as data movement, one run per row."""
+@dataclass(frozen=True)
+class StageFeatures:
+    """What a patch stage's instructions are made of (tpu_pipeline.toolchain.ir.stage)."""
+    layers: float  # its tiles' layers at their classes' per-unit and per-output rates
+    calls: int  # kernel calls: a layer on a tile
+    copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
+
+
+def stage_features(op, table: dict) -> StageFeatures:
     body, grid = op.options.body, op.options.grid
     tout = body.outputs[0]
     oh, ow = hw(body, tout)
-    total = 0.0
+    layers, calls, copied = 0.0, 0, 0
     for h0, h1 in splits(oh, grid[0]):
         for w0, w1 in splits(ow, grid[1]):
             need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
@@ -157,13 +162,37 @@ def stage_instructions(op, table: dict) -> float:
                 b = need[layer.outputs[0]]
                 whole = body.tensors[layer.outputs[0]].shape
                 share = (b[1] - b[0]) * (b[3] - b[2]) / (whole[1] * whole[2])
-                total += predict_instructions(OpFeatures(f.fit_class, round(f.work * share), round(f.outputs * share)),
-                                              table)
-            for t, rows in ((body.inputs[0], need[body.inputs[0]]), (tout, (h0, h1, w0, w1))):
-                c = body.tensors[t].shape[3]
-                n = rows[1] - rows[0]
-                total += predict_instructions(OpFeatures("data_movement", n, n * (rows[3] - rows[2]) * c), table)
-    return total
+                c = coefficients(table, f.fit_class)
+                layers += c["per_unit"] * f.work * share + c.get("per_output", 0.0) * f.outputs * share
+                calls += 1
+            for t, box in ((body.inputs[0], need[body.inputs[0]]), (tout, (h0, h1, w0, w1))):
+                copied += (box[1] - box[0]) * (box[3] - box[2]) * body.tensors[t].shape[3]
+    return StageFeatures(layers, calls, copied)
+
+
+def stage_instructions(op, table: dict) -> float:
+    """A patch stage: its tiles' layers priced by their classes' rates, plus (fitted on QEMU by
+    tools/fit_harness_cost.py: the [K.patch_stage] table) a cost per kernel call and per element
+    copied. Before that fit, every call is priced as a whole op's overhead and a copy as data
+    movement: an upper side."""
+    f = stage_features(op, table)
+    c = table.get("patch_stage")
+    if c is not None:
+        return f.layers + c["per_unit"] * f.calls + c["per_output"] * f.copied + c["overhead"]
+    dm = coefficients(table, "data_movement")
+    per_call = max(coefficients(table, cls)["overhead"] for cls in ("conv", "conv_1x1", "depthwise_3x3"))
+    return f.layers + per_call * f.calls + dm["per_output"] * f.copied
+
+
+def overlap_instructions(graph: Graph, op, table: dict) -> float:
+    """What an overlapped harness convolution adds to its kernel's cost: a kernel call per output
+    row into a ring and a copy of each row ([K.overlap], fitted by tools/fit_harness_cost.py; 0
+    before that fit)."""
+    c = table.get("overlap")
+    if c is None:
+        return 0.0
+    y = graph.tensors[op.outputs[0]]
+    return c["per_unit"] * y.shape[1] + c["per_output"] * y.num_elements + c["overhead"]
 
 
 @dataclass(frozen=True)
@@ -240,6 +269,8 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
                 instr = predict_instructions(OpFeatures("depthwise", f.work, f.outputs), table)
             else:
                 instr = predict_instructions(f, tables["reference"] if direct else table)
+            if harness.OVERLAP in harness.flags(op):
+                instr += overlap_instructions(graph, op, table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

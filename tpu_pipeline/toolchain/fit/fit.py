@@ -88,7 +88,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), deadline: Deadline | None = None,
               progress: Progress = None, allow_lossy: bool = False, model=None, harness: bool = True,
-              arena: str = "whole") -> FitResult:
+              arena: str = "whole", patches: bool = True) -> FitResult:
     """Choose, apply, schedule and plan. `budget=None` with objective "memory" asks for the
     smallest arena; with "latency" for the fastest variant (the model as it is, usually).
     `probe_budgets`: also report the fastest selection within each of these (benchmarks).
@@ -97,7 +97,8 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     will run on the harness firmware, so its kernels may be chosen (`on_harness`, kernel twins);
     without it every op stays on a builtin kernel (a model for any TFLite Micro build). `arena`:
     "whole" counts the budget and the memory objective as head + the persistent tail on the
-    32-bit target (what the board needs), "head" the planned head alone."""
+    32-bit target (what the board needs), "head" the planned head alone. `patches`: offer
+    patch-based execution (off: every layer runs whole, the rest of the choices remain)."""
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     if arena not in ARENAS:
@@ -118,7 +119,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     rewrites = rewrite_variants(graph, spans, as_is, device, kernels, allow_lossy, model, deadline.sub(fraction=0.15),
                                 harness)
     twins = [t for v in as_is + rewrites for t in kernel_twins(v, device, kernels)] if harness else []
-    candidates = patch_candidates(graph, spans, as_is, harness)
+    candidates = patch_candidates(graph, spans, as_is, harness) if patches else []
     tail_fixed, tail_note = _tail_fixed(graph, kernels, arena)
     pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, kernels, op_seconds, harness, tail_fixed)
     say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(rewrites)} rewrite variants, "

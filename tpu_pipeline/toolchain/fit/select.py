@@ -106,6 +106,37 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
     return None if found is None else found[2]
 
 
+def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
+    """The least max-peak over coverings of the spans (None if the variants cover none)."""
+    best: list = [None] * (n_spans + 1)
+    best[0] = 0
+    for v in sorted(variants, key=lambda v: v.last):
+        prev = best[v.first]
+        if prev is not None:
+            cand = max(prev, v.peak)
+            if best[v.last + 1] is None or cand < best[v.last + 1]:
+                best[v.last + 1] = cand
+    return best[n_spans]
+
+
+def _fastest(variants: list[Variant], n_spans: int):
+    """(latency ns, peak, variants) of the covering that is fastest, then smallest; None if none."""
+    ending: dict[int, list[Variant]] = {}
+    for v in variants:
+        ending.setdefault(v.last + 1, []).append(v)
+    best: list = [None] * (n_spans + 1)
+    best[0] = (0, 0, [])
+    for s in range(1, n_spans + 1):
+        for v in ending.get(s, ()):
+            prev = best[v.first]
+            if prev is None:
+                continue
+            cand = (prev[0] + _ns(v), max(prev[1], v.peak), prev[2] + [v])
+            if best[s] is None or cand[:2] < best[s][:2]:
+                best[s] = cand
+    return best[n_spans]
+
+
 def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
     """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
     the Pareto front of (tail, latency) over the coverings by variants of peak <= P; a covering's
