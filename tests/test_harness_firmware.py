@@ -35,25 +35,28 @@ BOARD = "qemu-mps2-an386"
 def _cnn():
     """(graph on harness kernels, model bytes, the harness op positions). A stem conv (CMSIS-NN
     path), a PyTorch-style symmetric PAD + stride-2 depthwise (folds into explicit padding; direct), an
-    inverted-residual chain overlapped in place (1x1 expand, 3x3 depthwise, 1x1 project), a direct
-    dilated conv without bias, and a builtin conv left as it is."""
-    b = CnnBuilder(seed=11)
+    inverted-residual chain overlapped in place (1x1 expand, 3x3 depthwise, 1x1 project, then a 3x3
+    expansion, whose rows run last to first and must wait for the rows above them), a direct dilated
+    conv without bias, and a builtin conv left as it is."""
+    b = CnnBuilder(seed=11, spread=True)
     x = b.input((1, 16, 14, 4))
     s = b.conv(x, 8, k=3, padding="SAME", act="RELU6")
     d = b.dw(b.pad(s, 1, 1, 1, 1), k=3, stride=2, padding="VALID", act="RELU6")
     e = b.conv(d, 64, k=1, act="RELU6")  # the peak: 8x7x64 over its 8x7x8 input
     e2 = b.dw(e, k=3, act="RELU6")
     p = b.conv(e2, 8, k=1)
-    c = b.conv(p, 8, k=3, padding="SAME", dilation=2, act="RELU")
+    x3 = b.conv(p, 12, k=3, padding="SAME", act="RELU6")
+    c = b.conv(x3, 8, k=3, padding="SAME", dilation=2, act="RELU")
     b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
     out = b.conv(c, 6, k=3, padding="VALID")
-    names = {t: b.tensors[t].name for t in (s, d, e, e2, p, c)}
+    names = {t: b.tensors[t].name for t in (s, d, e, e2, p, x3, c)}
     g, folded = fold_pads(b.graph([out]), harness=True)
     assert folded == 1
     at = {g.tensors[op.outputs[0]].name: i for i, op in enumerate(g.ops)}
     pos = {t: at[name] for t, name in names.items()}
     g = with_kernel(g, [pos[s]], kernel_name())
-    g = with_kernel(g, [pos[e], pos[e2], pos[p]], kernel_name(OVERLAP))
+    g = with_kernel(g, [pos[e], pos[e2], pos[p], pos[x3]], kernel_name(OVERLAP))
+    assert kernels.ring_rows(g, g.ops[pos[x3]]) > 1  # (the case this op is here for)
     g = with_kernel(g, [pos[c]], kernel_name(DIRECT))
     g = with_kernel(g, [pos[d]], kernel_name(DIRECT))  # CMSIS-NN's generic depthwise kernel: no buffer
     chosen = sorted(i for i, op in enumerate(g.ops) if op.kernel)

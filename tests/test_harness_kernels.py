@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 
 def _cnn(seed=1, dtype="int8"):
-    b = CnnBuilder(seed=seed, dtype=dtype)
+    b = CnnBuilder(seed=seed, dtype=dtype, spread=True)
     x = b.input((1, 12, 10, 3))
     y = b.conv(x, 8, k=3, stride=2, padding="SAME", act="RELU6")
     z = b.conv(y, 8, k=1)
@@ -147,7 +147,7 @@ def test_direct_kernel_asks_for_no_scratch_where_cmsis_nn_does():
 # ---- overlapped execution --------------------------------------------------------------------------
 def _block(seed=3, c_in=8, expand=24, stride=1):
     """A MobileNetV2-style block: 1x1 expand, 3x3 depthwise, 1x1 project."""
-    b = CnnBuilder(seed=seed)
+    b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 10, 12, c_in))
     s = b.conv(x, c_in, k=3, act="RELU6")  # the block's input must be written by an op to overlap
     e = b.conv(s, expand, k=1, act="RELU6")
@@ -195,7 +195,7 @@ def test_overlapped_chain_is_one_rigid_group_in_lifetimes_the_scheduler_and_the_
 
 
 def test_an_input_read_twice_is_not_overlapped():
-    b = CnnBuilder(seed=5)
+    b = CnnBuilder(seed=5, spread=True)
     x = b.input((1, 8, 8, 8))
     s = b.conv(x, 8, k=3)
     d = b.dw(s, k=3)
@@ -206,7 +206,7 @@ def test_an_input_read_twice_is_not_overlapped():
 
 # ---- PAD folding ------------------------------------------------------------------------------------
 def _padded(seed=6, sym=True):
-    b = CnnBuilder(seed=seed)
+    b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 12, 12, 4))
     s = b.conv(x, 8, k=1, act="RELU6")
     p = b.pad(s, 1, 1, 1, 1) if sym else b.pad(s, 0, 1, 0, 1)

@@ -32,7 +32,7 @@ def _mbv2_like(seed=3):
     depthwise with PyTorch-style symmetric padding (folded: explicit padding), then a head."""
     from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 
-    b = CnnBuilder(seed=seed)
+    b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 24, 20, 3))
     s = b.conv(x, 8, k=3, stride=2, act="RELU6")
     e = b.conv(s, 24, k=1, act="RELU6")
@@ -103,6 +103,27 @@ def test_a_stage_beats_patches_by_copies_in_arena_and_tail():
     assert lifetimes(staged, semantics=sem).peak < lifetimes(copies, semantics=sem).peak
 
 
+def _rings(staged):
+    (op,) = [o for o in staged.ops if stage.is_stage(o)]
+    return [s for s in stage.steps(op.options) if s[0] == stage.CONV and s[11] > 0], op.options.scratch
+
+
+def test_dying_tile_buffers_are_written_over():
+    """A depthwise convolution in place and a pointwise expansion over its dying input (a ring of
+    rows each) make the tile's buffers smaller than planning every buffer apart; the builtin view
+    is unchanged (the same layers on the same boxes)."""
+    g, src = _mbv2_like()
+    region = _region(g)
+    tin, tout, positions = checked_region(g, region)
+    over = build_stage(g, tin, tout, positions, (3, 2))
+    apart = build_stage(g, tin, tout, positions, (3, 2), in_place=False)
+    rings, scratch = _rings(over)
+    assert rings and not _rings(apart)[0]
+    assert scratch < _rings(apart)[1]
+    assert lifetimes(over, semantics="tflm").peak < lifetimes(apart, semantics="tflm").peak
+    assert builtin_view_bytes(_write(over, src, False)) == builtin_view_bytes(_write(apart, src, False))
+
+
 def test_what_a_stage_cannot_run_is_refused():
     b = CnnBuilder(seed=1)
     x = b.input((1, 8, 8, 4))
@@ -134,6 +155,7 @@ def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernel
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
     assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
+    assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
     predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

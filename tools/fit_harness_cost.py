@@ -50,7 +50,7 @@ def models():
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
     for h, c in SIZES:
-        b = CnnBuilder(seed=h * 100 + c)
+        b = CnnBuilder(seed=h * 100 + c, spread=True)
         x = b.input((1, h, h, 3))
         s = b.conv(x, c, k=3, act="RELU6")
         e = b.conv(s, 3 * c, k=1, act="RELU6")
@@ -109,39 +109,42 @@ def fit(data: dict) -> dict:
     import numpy as np
 
     from fit_mcu_cost import nnls
-    from tpu_pipeline.toolchain.cost.mcu import fitted_table, op_features, predict_instructions, stage_features
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_features
     from tpu_pipeline.toolchain.ir import kernels as harness, stage
 
     graphs = {name: g for name, g, _ in models()}
     base = fitted_table()
     out: dict[str, dict] = {}
     for kernels in KERNEL_SETS:
-        rows = {"overlap": ([], []), "patch_stage": ([], [])}
-        for name, g in graphs.items():
-            run = data["runs"].get(f"{name}/{kernels}", {})
-            if not run.get("ops") or not run.get("outputs_match"):
-                continue
-            plain = {i: n for i, _, n in data["runs"].get(f"{name.rsplit('_', 1)[0]}_plain/{kernels}", {}).get("ops", [])}
-            for i, _, measured in run["ops"]:
-                op = g.ops[i]
-                if stage.is_stage(op):
-                    f = stage_features(op, base[kernels])
-                    rows["patch_stage"][0].append([f.calls, f.copied, 1.0])
-                    rows["patch_stage"][1].append(measured - f.layers)
-                elif harness.OVERLAP in harness.flags(op) and i in plain:
-                    y = g.tensors[op.outputs[0]]
-                    rows["overlap"][0].append([y.shape[1], y.num_elements, 1.0])
-                    rows["overlap"][1].append(measured - plain[i])
-        for cls, (a, y) in rows.items():
+        table = dict(base[kernels])
+        for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
+            a, y = [], []
+            for name, g in graphs.items():
+                run = data["runs"].get(f"{name}/{kernels}", {})
+                if not run.get("ops") or not run.get("outputs_match"):
+                    continue
+                plain = {i: n for i, _, n in data["runs"].get(f"{name.rsplit('_', 1)[0]}_plain/{kernels}", {})
+                         .get("ops", [])}
+                for i, _, measured in run["ops"]:
+                    op = g.ops[i]
+                    if cls == "patch_stage" and stage.is_stage(op):
+                        f = stage_features(op, table)
+                        ring = table.get("overlap", {"per_unit": 0.0, "per_output": 0.0})
+                        a.append([f.calls, f.copied, 1.0])
+                        y.append(measured - f.layers - ring["per_unit"] * f.ring_rows
+                                 - ring["per_output"] * f.ring_copied)
+                    elif cls == "overlap" and harness.OVERLAP in harness.flags(op) and i in plain:
+                        t = g.tensors[op.outputs[0]]
+                        a.append([t.shape[1], t.num_elements, 1.0])
+                        y.append(measured - plain[i])
             if not a:
                 continue
             a, y = np.array(a, dtype=float), np.array(y, dtype=float)
             w = 1.0 / np.maximum(np.abs(y), 1.0)
             coef = nnls(a * w[:, None], y * w)
-            out.setdefault(kernels, {})[cls] = {"per_unit": round(float(coef[0]), 4),
-                                                "per_output": round(float(coef[1]), 4),
-                                                "overhead": round(float(coef[2]), 1), "ops": len(y)}
-        del predict_instructions, op_features  # (imported for their side of the model: see cost/mcu.py)
+            table[cls] = {"per_unit": round(float(coef[0]), 4), "per_output": round(float(coef[1]), 4),
+                          "overhead": round(float(coef[2]), 1), "ops": len(y)}
+            out.setdefault(kernels, {})[cls] = table[cls]
     return out
 
 

@@ -147,6 +147,8 @@ class StageFeatures:
     layers: float  # its tiles' layers at their classes' per-unit and per-output rates
     calls: int  # kernel calls: a layer on a tile
     copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
+    ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
+    ring_copied: int = 0  # int8 elements those calls copy out of the ring
 
 
 def stage_features(op, table: dict) -> StageFeatures:
@@ -167,7 +169,12 @@ def stage_features(op, table: dict) -> StageFeatures:
                 calls += 1
             for t, box in ((body.inputs[0], need[body.inputs[0]]), (tout, (h0, h1, w0, w1))):
                 copied += (box[1] - box[0]) * (box[3] - box[2]) * body.tensors[t].shape[3]
-    return StageFeatures(layers, calls, copied)
+    ring_rows = ring_copied = 0
+    for step in stage.steps(op.options):
+        if step[0] == stage.CONV and step[11] > 0:
+            ring_rows += step[8]
+            ring_copied += step[8] * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
+    return StageFeatures(layers, calls, copied, ring_rows, ring_copied)
 
 
 def stage_instructions(op, table: dict) -> float:
@@ -176,12 +183,14 @@ def stage_instructions(op, table: dict) -> float:
     copied. Before that fit, every call is priced as a whole op's overhead and a copy as data
     movement: an upper side."""
     f = stage_features(op, table)
+    ring = table.get("overlap")  # overlapped calls: a call per row and its copy out of the ring
+    rings = ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied if ring is not None else 0.0
     c = table.get("patch_stage")
     if c is not None:
-        return f.layers + c["per_unit"] * f.calls + c["per_output"] * f.copied + c["overhead"]
+        return f.layers + c["per_unit"] * f.calls + c["per_output"] * f.copied + c["overhead"] + rings
     dm = coefficients(table, "data_movement")
     per_call = max(coefficients(table, cls)["overhead"] for cls in ("conv", "conv_1x1", "depthwise_3x3"))
-    return f.layers + per_call * f.calls + dm["per_output"] * f.copied
+    return f.layers + per_call * f.calls + dm["per_output"] * f.copied + rings
 
 
 def overlap_instructions(graph: Graph, op, table: dict) -> float:

@@ -14,7 +14,8 @@ decide it: every variant in a final selection is built and measured.
   for, which depends on channels and filter only, so every tile's copy asks what the op asks)
   of the current tile; and the final assembly (all tiles and the output). Explicit pads and row
   joins only add to it. For a patch stage (one op), the input and output are live throughout,
-  next to the largest footprint.
+  next to the largest footprint, in which a convolution reading a tensor for the last time
+  counts the larger of its input and output boxes (the stage may write one over the other).
 """
 
 from __future__ import annotations
@@ -69,8 +70,12 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     W = {t: np.array([n[t][3] - n[t][2] for n in col_need], dtype=np.float64) for t in ppx}
     footprint = np.zeros((len(rows), len(cols)))
     work = seconds = 0.0
+    last_read = {x: i for y, xs, i in steps for x in xs}
     for y, xs, i in steps:
-        f = sum(ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)) + (scratch or {}).get(i, 0)
+        boxes = [ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)]
+        if stage and len(xs) == 1 and graph.ops[i].opcode != "ADD" and last_read[xs[0]] == i and xs[0] != tout:
+            boxes = [np.maximum(*boxes)]  # the output may lie over the dying input
+        f = sum(boxes) + (scratch or {}).get(i, 0)
         np.maximum(footprint, f, out=footprint)
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area

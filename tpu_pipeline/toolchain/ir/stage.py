@@ -23,7 +23,14 @@ Custom options on disk, little-endian int32 words:
     layers   per layer, LAYER_WORDS: [kind (1 conv, 2 depthwise, 3 add), in0, in1, out, then
              the firmware's parameters (see `_layer_words`), then the IR's: activation, padding
              mode, pad top, pad left, version]
-    program  steps, each [code, ...]: COPY_IN, SLICE, CONV, ADD, COPY_OUT (`STEP_WORDS`)
+    program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
+             COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
+             SLICE    [src, src_h, src_w, c, y0, x0, h, w, dst]: a box of a tile buffer (dst may
+                      be src's own first bytes)
+             CONV     [layer, in, in_h, in_w, pad_top, pad_left, out, out_h, out_w, ring,
+                      ring_rows]: a layer on boxes; ring_rows > 0 when out lies over in
+             ADD      [layer, a, a_h, a_w, a_y0, a_x0, b, b_h, b_w, b_y0, b_x0, out, h, w]
+             COPY_OUT [src, y0, x0, h, w]: the finished tile into the stage's output
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ OPCODE = "TPUP_PATCH_STAGE"
 FORMAT = 1
 KINDS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 2, "ADD": 3}
 COPY_IN, SLICE, CONV, ADD, COPY_OUT = 1, 2, 3, 4, 5
-STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 10, ADD: 15, COPY_OUT: 6}
+STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 12, ADD: 15, COPY_OUT: 6}
 LAYER_WORDS = 28
 _HEADER = 9
 _TENSOR_WORDS = 7
@@ -148,6 +155,15 @@ def _float_bits(x: float) -> int:
 
 def _bits_float(b: int) -> float:
     return float(struct.unpack("<f", struct.pack("<i", b))[0])
+
+
+def steps(stage: PatchStage):
+    """The program's steps, each a list of words [code, ...]."""
+    at, program = 0, stage.program
+    while at < len(program):
+        n = STEP_WORDS[program[at]]
+        yield list(program[at:at + n])
+        at += n
 
 
 # ---- what runtimes without the harness run ---------------------------------------------------------

@@ -9,10 +9,10 @@ Under TFLite Micro, a harness kernel that overlaps its output with its input (`i
 "overlap") runs at its step with both tensors in one span of bytes (`kernels.overlap_layout`):
 its input's buffer ends the step before, its output's starts the step after, and a *pair* buffer
 of the pair's extent holds both at the op's step. The three are a rigid group (`Buffer.group`,
-`group_offset`): planners place them at fixed offsets from each other, so the input ends inside
-the output's bytes and other buffers may use the rest while only the input lives. A chain of such
-ops (an in-place depthwise convolution, then an overlapped pointwise one) is one group. The
-runtime still sees one buffer per tensor (`Lifetimes.per_tensor`).
+`group_offset`): planners place them at fixed offsets from each other (the pair shares its
+first byte), so other buffers may use the bytes past the smaller one while it alone lives. A
+chain of such ops (an in-place depthwise convolution, then an overlapped pointwise one) is one
+group, all from one start. The runtime still sees one buffer per tensor (`Lifetimes.per_tensor`).
 """
 
 from __future__ import annotations

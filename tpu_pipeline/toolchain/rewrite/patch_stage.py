@@ -5,6 +5,12 @@ rewrite/patch.py), the region is walked backwards for the box of every tensor th
 (`geometry.region_needs`); then, forwards, the tile's program: copy the region input's box into
 the scratch buffer, run each layer on its boxes (a convolution whose input buffer holds more than
 its window reads gets a copy of just that: SLICE), and copy the finished tile into the output.
+A buffer read for the last time is written over, as TinyEngine's in-place kernels do: a slice of
+it lands on its own first bytes, and a convolution's output starts on its first byte (a
+depthwise in place, an expansion's rows last to first) where that lowers the tile's bytes, the
+kernel computing rows into a small ring (kernels.ring_rows_for; the step carries the ring).
+Buffers written over each other share their start, so a chain of them stays as wide as its
+largest buffer.
 Each tile's buffers are planned by the arena planner; the stage's scratch is the largest plan.
 
 Exact for the same reasons as patches by copies: every output element is computed from the same
@@ -21,7 +27,7 @@ import numpy as np
 
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernels
-from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits
+from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
                                              PatchStage, _ACT, _PAD)
@@ -51,10 +57,11 @@ def stage_refusal(graph: Graph, positions) -> str | None:
     return None
 
 
-def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: tuple[int, int]) -> Graph:
+def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: tuple[int, int],
+                in_place: bool = True) -> Graph:
     """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
-    TPUP_PATCH_STAGE op on a `grid` of tiles. UsageError if a tile reads nothing of some tensor or
-    an op cannot run in a stage."""
+    TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
+    UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
@@ -65,7 +72,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    program, scratch = _program(graph, region, tin, tout, grid, where)
+    program, scratch = _program(graph, region, tin, tout, grid, in_place)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -140,84 +147,167 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, where) -> tuple[list[int], int]:
-    """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need."""
+def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool) -> tuple[list[int], int]:
+    """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need.
+    A tile whose buffers written over each other plan larger (rigid groups pack worse) runs
+    them apart."""
     oh, ow = hw(graph, tout)
     program, scratch = [], 0
     for h0, h1 in splits(oh, grid[0]):
         for w0, w1 in splits(ow, grid[1]):
-            steps, size = _tile(graph, region, tin, tout, (h0, h1, w0, w1), where)
+            box = (h0, h1, w0, w1)
+            steps, size = _tile(graph, region, tin, tout, box, False)
+            if in_place:
+                steps, size = min((_tile(graph, region, tin, tout, box, True), (steps, size)), key=lambda t: t[1])
             program += steps
             scratch = max(scratch, size)
     return program, scratch
 
 
-def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, where) -> tuple[list[int], int]:
+class _TileBuffers:
+    """A tile's buffers, planned together by the arena planner. A buffer written over another at a
+    step (an in-place slice, an overlapped convolution's output over its dying input) is planned
+    as lifetimes.py plans an overlapped op: the source ends the step before, the new buffer starts
+    the step after, and a pair buffer spanning both holds them at that step; all three are a
+    rigid group (fixed offsets from each other, `Buffer.group`), so other buffers may use the
+    bytes either one leaves free while it alone lives."""
+
+    def __init__(self):
+        self.bufs: list[list[int]] = []  # [size, first step, last step]
+        self.group: list[int] = []  # -1: on its own
+        self.at: list[int] = []  # offset from its group's base
+        self.pairs: list[tuple[int, int, int]] = []  # (source, buffer written over it, step)
+        self.groups = 0
+
+    def new(self, size: int, step: int) -> int:
+        self.bufs.append([_aligned(size), step, step])
+        self.group.append(-1)
+        self.at.append(0)
+        return len(self.bufs) - 1
+
+    def use(self, b: int, step: int) -> int:
+        self.bufs[b][2] = max(self.bufs[b][2], step)
+        return b
+
+    def over(self, b: int, b_at: int, size: int, size_at: int, step: int) -> int:
+        """A new buffer of `size` bytes written over `b` at `step` (`b`'s last), placed so that `b`
+        starts `b_at` bytes and the new one `size_at` bytes into a common frame."""
+        if self.group[b] < 0:
+            self.group[b], self.groups = self.groups, self.groups + 1
+        g = self.group[b]
+        origin = b_at - self.at[b]  # where the group's base lands in the frame
+        low = min(origin, size_at)
+        for m, gm in enumerate(self.group):
+            if gm == g:
+                self.at[m] += origin - low
+        self.bufs.append([_aligned(size), step, step])
+        self.group.append(g)
+        self.at.append(size_at - low)
+        self.pairs.append((b, len(self.bufs) - 1, step))
+        return len(self.bufs) - 1
+
+    def offsets(self) -> tuple[list[int], int]:
+        """Byte offsets of every buffer in the tile's scratch, and the scratch's size."""
+        spans = [list(b) for b in self.bufs]
+        planned = []  # (size, first, last, group, offset in group, buffer or -1 for a pair)
+        for src, dst, step in self.pairs:
+            spans[src][2] = min(spans[src][2], step - 1)
+            spans[dst][1] = max(spans[dst][1], step + 1)
+            lo = min(self.at[src], self.at[dst])
+            hi = max(self.at[src] + self.bufs[src][0], self.at[dst] + self.bufs[dst][0])
+            planned.append((hi - lo, step, step, self.group[src], lo, -1))
+        for k, (size, first, last) in enumerate(spans):
+            if first <= last:  # (a buffer written over and read over at once lives in its pairs only)
+                planned.append((size, first, last, self.group[k], self.at[k], k))
+        buffers = tuple(Buffer(size, first, last, tensor=j, group=g, group_offset=a)
+                        for j, (size, first, last, g, a, _) in enumerate(planned))
+        plan = plan_buffers(buffers, "auto", time_limit=0.2, alignment=_ALIGN)
+        base = {p[3]: plan.offsets[j] - p[4] for j, p in enumerate(planned) if p[3] >= 0}
+        own = {p[5]: plan.offsets[j] for j, p in enumerate(planned) if p[5] >= 0}
+        return [base[g] + a if g >= 0 else own[k] for k, (g, a) in enumerate(zip(self.group, self.at))], plan.size
+
+
+def _overlap(real: Box, obox: Box, x_c: int, y_c: int, pad_top: int, rows) -> tuple[int, int]:
+    """(extent, ring rows) of a tile's convolution run with its output over its input, both from
+    the first byte (kernels.overlap_layout's rule on the tile's boxes)."""
+    x = _aligned((real[1] - real[0]) * (real[3] - real[2]) * x_c)
+    y = _aligned((obox[1] - obox[0]) * (obox[3] - obox[2]) * y_c)
+    ring = kernels.ring_rows_for(real[1] - real[0], (real[3] - real[2]) * x_c, obox[1] - obox[0],
+                                 (obox[3] - obox[2]) * y_c, pad_top, rows.stride,
+                                 (rows.kernel - 1) * rows.dilation + 1, 0, 0)
+    return max(x, y), ring
+
+
+def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool) -> tuple[list[int], int]:
     need = region_needs(graph, region, tout, box)
     if need is None:
         raise UsageError(f"patch stage: a tile of '{graph.tensors[tout].name}' reads nothing of one of the "
                          "region's tensors (grid too fine)")
     channels = {t: graph.tensors[t].shape[3] for t in need}
+    last_read = {}
+    for k, op in enumerate(region):
+        for t in op.inputs:
+            last_read[t] = k
 
     def nbytes(b: Box, t: int) -> int:
         return (b[1] - b[0]) * (b[3] - b[2]) * channels[t]
 
-    # buffers: [size, first step, last step]; steps refer to buffers by index until offsets are known
-    bufs: list[list[int]] = []
-    have: dict[int, int] = {}
-    steps: list[tuple] = []
+    def dies(t: int, k: int) -> bool:  # read for the last time by layer k (the region's output is kept)
+        return in_place and last_read.get(t) == k and t != tout
 
-    def new_buffer(size: int) -> int:
-        bufs.append([_aligned(size), len(steps), len(steps)])
-        return len(bufs) - 1
+    bufs = _TileBuffers()
+    have: dict[int, int] = {}
+    steps: list[list[int]] = []
 
     def use(b: int) -> int:
-        bufs[b][2] = len(steps)
-        return b
+        return bufs.use(b, len(steps))
 
-    have[tin] = new_buffer(nbytes(need[tin], tin))
-    steps.append((COPY_IN, have[tin], *need[tin][::2], need[tin][1] - need[tin][0], need[tin][3] - need[tin][2]))
+    have[tin] = bufs.new(nbytes(need[tin], tin), 0)
+    steps.append([COPY_IN, have[tin], *need[tin][::2], need[tin][1] - need[tin][0], need[tin][3] - need[tin][2]])
     for k, op in enumerate(region):
         y = op.outputs[0]
         obox = need[y]
         if op.opcode == "ADD":
             a, b = op.inputs
             ab, bb = need[a], need[b]
-            out = new_buffer(nbytes(obox, y))
-            steps.append((ADD, k, use(have[a]), ab[1] - ab[0], ab[3] - ab[2], obox[0] - ab[0], obox[2] - ab[2],
+            out = bufs.new(nbytes(obox, y), len(steps))
+            steps.append([ADD, k, use(have[a]), ab[1] - ab[0], ab[3] - ab[2], obox[0] - ab[0], obox[2] - ab[2],
                           use(have[b]), bb[1] - bb[0], bb[3] - bb[2], obox[0] - bb[0], obox[2] - bb[2],
-                          out, obox[1] - obox[0], obox[3] - obox[2]))
+                          out, obox[1] - obox[0], obox[3] - obox[2]])
             have[y] = out
             continue
         x = op.inputs[0]
         virtual = reads(graph, op, obox)
         real = clip(virtual, hw(graph, x))
-        src = have[x]
+        src, src_dies = have[x], dies(x, k)
         if real != need[x]:  # the buffer holds more than this window reads: a copy of just that
-            sub = new_buffer(nbytes(real, x))
             hb = need[x]
-            steps.append((SLICE, use(src), hb[1] - hb[0], hb[3] - hb[2], channels[x], real[0] - hb[0],
-                          real[2] - hb[2], real[1] - real[0], real[3] - real[2], sub))
-            src = sub
-        out = new_buffer(nbytes(obox, y))
-        steps.append((CONV, k, use(src), real[1] - real[0], real[3] - real[2], real[0] - virtual[0],
-                      real[2] - virtual[2], out, obox[1] - obox[0], obox[3] - obox[2]))
+            # a slice of a dying buffer goes over it: each row moves to a lower address
+            sub = bufs.over(src, 0, nbytes(real, x), 0, len(steps)) if src_dies else bufs.new(nbytes(real, x), len(steps))
+            steps.append([SLICE, use(src), hb[1] - hb[0], hb[3] - hb[2], channels[x], real[0] - hb[0],
+                          real[2] - hb[2], real[1] - real[0], real[3] - real[2], sub])
+            src, src_dies = sub, in_place
+        pad_top = real[0] - virtual[0]
+        extent, rows = _overlap(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
+        ring_bytes = rows * (obox[3] - obox[2]) * channels[y]
+        x_bytes, y_bytes = _aligned(nbytes(real, x)), _aligned(nbytes(obox, y))
+        if src_dies and kernels.is_harness(op) and extent + _aligned(ring_bytes) < x_bytes + y_bytes:
+            out = bufs.over(src, 0, y_bytes, 0, len(steps))
+            ring = bufs.new(ring_bytes, len(steps))
+        else:
+            out, ring, rows = bufs.new(y_bytes, len(steps)), -1, 0
+        steps.append([CONV, k, use(src), real[1] - real[0], real[3] - real[2], pad_top, real[2] - virtual[2],
+                      out, obox[1] - obox[0], obox[3] - obox[2], ring, rows])
         have[y] = out
-    steps.append((COPY_OUT, use(have[tout]), box[0], box[2], box[1] - box[0], box[3] - box[2]))
-    offsets, size = _plan_tile(bufs)
+    steps.append([COPY_OUT, use(have[tout]), box[0], box[2], box[1] - box[0], box[3] - box[2]])
+    offsets, size = bufs.offsets()
     # buffer indices -> byte offsets in the scratch
-    slots = {COPY_IN: (1,), SLICE: (1, 9), CONV: (2, 7), ADD: (2, 7, 12), COPY_OUT: (1,)}
+    slots = {COPY_IN: (1,), SLICE: (1, 9), CONV: (2, 7, 10), ADD: (2, 7, 12), COPY_OUT: (1,)}
     words = []
     for s in steps:
-        s = list(s)
         for at in slots[s[0]]:
-            s[at] = offsets[s[at]]
+            s[at] = offsets[s[at]] if s[at] >= 0 else 0
         words += s
     return words, size
 
 
-def _plan_tile(bufs: list[list[int]]) -> tuple[list[int], int]:
-    """Offsets for one tile's buffers (lifetimes in steps), planned by the arena planner."""
-    buffers = tuple(Buffer(size, first, last, tensor=k) for k, (size, first, last) in enumerate(bufs))
-    plan = plan_buffers(buffers, "auto", time_limit=0.2, alignment=_ALIGN)
-    return list(plan.offsets), plan.size

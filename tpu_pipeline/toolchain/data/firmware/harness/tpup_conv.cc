@@ -199,6 +199,59 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   return kTfLiteOk;
 }
 
+TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
+                               const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
+                               void* buffer, uint8_t* ring, int ring_rows) {
+  const size_t row_in = static_cast<size_t>(g.in_w) * g.in_c, row_out = static_cast<size_t>(g.out_w) * g.out_c;
+  const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
+  const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
+  if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped: one call
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer);
+  }
+  if (ring == nullptr || ring_rows < 1) {
+    MicroPrintf("TPUP conv: output over the input without a ring");
+    return kTfLiteError;
+  }
+  // Compute rows into the ring and write out, in order, each held row whose bytes cover only
+  // input rows no row still to compute reads (the same rule as kernels.ring_rows_for in Python).
+  // An output reaching past the input's end shares its start: its rows run last to first.
+  const bool backwards = out_hi > in_hi;
+  const int span = (g.k_h - 1) * o.dilation_h + 1;
+  int held = 0, flushed = 0;
+  for (int k = 0; k < g.out_h; ++k) {
+    const int r = backwards ? g.out_h - 1 - k : k;
+    if (held >= ring_rows) {
+      MicroPrintf("TPUP conv: the ring is too small for this overlap");
+      return kTfLiteError;
+    }
+    int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % ring_rows) * row_out);
+    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer);
+    if (status != kTfLiteOk) return status;
+    ++held;
+    while (flushed <= k) {
+      const int p = backwards ? g.out_h - 1 - flushed : flushed;
+      const uintptr_t a = out_lo + p * row_out, e = a + row_out;
+      if (e > in_lo && a < in_hi) {  // the input rows [j0, j1] lie under row p
+        const int j0 = a > in_lo ? static_cast<int>((a - in_lo) / row_in) : 0;
+        int j1 = static_cast<int>((e - 1 - in_lo) / row_in);
+        if (j1 > g.in_h - 1) j1 = g.in_h - 1;
+        if (backwards) {  // rows r.. are done: j0's first reader must be among them
+          const int n = j0 + o.pad_top - span + 1;
+          if ((n <= 0 ? 0 : (n + o.stride_h - 1) / o.stride_h) < r) break;
+        } else {  // rows ..r are done: j1's last reader must be among them
+          int last_reader = (j1 + o.pad_top) / o.stride_h;
+          if (last_reader > g.out_h - 1) last_reader = g.out_h - 1;
+          if (last_reader > r) break;
+        }
+      }
+      std::memcpy(reinterpret_cast<void*>(a), ring + (p % ring_rows) * row_out, row_out);
+      ++flushed;
+      --held;
+    }
+  }
+  return kTfLiteOk;
+}
+
 namespace {
 
 void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
@@ -259,38 +312,13 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
   uint8_t* scratch = index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
 
-  const size_t row_in = static_cast<size_t>(g.in_w) * g.in_c, row_out = static_cast<size_t>(g.out_w) * g.out_c;
-  const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
-  const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
-  if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped (or not planned so): one call
-    return RunConv(o, g, kDepthwise, 0, g.out_h, in, w, b, q, out, scratch);
-  }
-  TF_LITE_ENSURE_MSG(context, (o.flags & kFlagOverlap) && scratch != nullptr,
+  const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * g.in_w * g.in_c;
+  const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * g.out_w * g.out_c;
+  const bool overlapped = out_hi > in_lo && out_lo < in_hi;
+  TF_LITE_ENSURE_MSG(context, !overlapped || ((o.flags & kFlagOverlap) && scratch != nullptr),
                      "TPUP conv: output planned over the input without the overlap flag");
-  uint8_t* ring = scratch + Align16(OwnBufferSize(o, g, kDepthwise));
-  // Compute row r into the ring, then write out, in order, each held row whose bytes cover only
-  // input rows no later output row reads (the same rule as kernels.ring_rows in Python).
-  int held = 0, flushed = 0;
-  for (int r = 0; r < g.out_h; ++r) {
-    TF_LITE_ENSURE_MSG(context, held < o.ring_rows, "TPUP conv: the ring is too small for this overlap");
-    int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % o.ring_rows) * row_out);
-    TF_LITE_ENSURE_STATUS(RunConv(o, g, kDepthwise, r, r + 1, in, w, b, q, slot, scratch));
-    ++held;
-    while (flushed <= r) {
-      const uintptr_t a = out_lo + flushed * row_out, e = a + row_out;
-      if (e > in_lo && a < in_hi) {
-        int j = static_cast<int>((e - 1 - in_lo) / row_in);
-        if (j > g.in_h - 1) j = g.in_h - 1;
-        int last_reader = (j + o.pad_top) / o.stride_h;
-        if (last_reader > g.out_h - 1) last_reader = g.out_h - 1;
-        if (last_reader > r) break;
-      }
-      std::memcpy(reinterpret_cast<void*>(a), ring + (flushed % o.ring_rows) * row_out, row_out);
-      ++flushed;
-      --held;
-    }
-  }
-  return kTfLiteOk;
+  uint8_t* ring = overlapped ? scratch + Align16(OwnBufferSize(o, g, kDepthwise)) : nullptr;
+  return RunConvOverlapped(o, g, kDepthwise, in, w, b, q, out, scratch, ring, o.ring_rows);
 }
 
 }  // namespace

@@ -42,4 +42,11 @@ int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
 TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise, int r0, int r1, const int8_t* in,
                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer);
 
+// The whole call, with `out` possibly lying over `in`: then rows are computed one at a time into
+// `ring` (ring_rows x out_w x out_c bytes) and each written out once no later row reads the
+// input bytes under it (tpu_pipeline/toolchain/ir/kernels.py ring_rows_for sizes the ring).
+TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
+                               const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
+                               void* buffer, uint8_t* ring, int ring_rows);
+
 }  // namespace tpup

@@ -4,8 +4,9 @@
 // Inputs: the region's input, then every constant its layers read (weights, biases, the
 // requantization of each convolution). Output: the region's output. The program copies each
 // tile's input box into the scratch buffer, runs the layers on the tile's boxes there (the same
-// kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, TFLite's int8 ADD arithmetic), and copies the
-// finished tile into the output. Persistent data: none (the options are read at every invoke); one
+// kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, an output over its dying input computed row
+// by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
+// output. Persistent data: none (the options are read at every invoke); one
 // scratch buffer: the tile buffers, then the largest buffer a layer's kernel asks for.
 
 #include <cstdint>
@@ -22,7 +23,7 @@ namespace {
 
 constexpr int kHeader = 9, kTensorWords = 7, kLayerWords = 28;
 constexpr int kCopyIn = 1, kSlice = 2, kConv = 3, kAdd = 4, kCopyOut = 5;
-constexpr int kStepWords[] = {0, 6, 10, 10, 15, 6};
+constexpr int kStepWords[] = {0, 6, 10, 12, 15, 6};
 
 // A view of the options: little-endian int32 words (read one by one: the buffer may be unaligned).
 struct Words {
@@ -98,8 +99,10 @@ const T* Constant(TfLiteContext* context, TfLiteNode* node, const Stage& stage, 
   return e != nullptr ? tflite::micro::GetTensorData<T>(e) : nullptr;
 }
 
+// Rows in increasing order, each moved (not copied): a slice may land on its source's own first
+// bytes, where every row moves to a lower address.
 void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst) {
-  for (int r = 0; r < h; ++r) std::memcpy(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
+  for (int r = 0; r < h; ++r) std::memmove(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
 }
 
 TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
@@ -167,16 +170,18 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
     } else if (code == kSlice) {  // [code, src, src_h, src_w, c, y0, x0, h, w, dst]
       CopyBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[3], step[4], step[5], step[6], step[7],
               step[8], reinterpret_cast<int8_t*>(scratch + step[9]));
-    } else if (code == kConv) {  // [code, layer, in, in_h, in_w, pad_top, pad_left, out, out_h, out_w]
+    } else if (code == kConv) {
+      // [code, layer, in, in_h, in_w, pad_top, pad_left, out, out_h, out_w, ring, ring_rows]
       const int k = step[1];
       const ConvOptions o = LayerOptions(stage, k, step[5], step[6]);
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
-      TF_LITE_ENSURE_STATUS(RunConv(o, g, stage.layer(k, 0) == 2, 0, g.out_h,
-                                    reinterpret_cast<const int8_t*>(scratch + step[2]),
-                                    Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
-                                    Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
-                                    Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
-                                    reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer));
+      TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
+                                              reinterpret_cast<const int8_t*>(scratch + step[2]),
+                                              Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
+                                              Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
+                                              Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
+                                              reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11]));
     } else if (code == kAdd) {
       TF_LITE_ENSURE_STATUS(Add(stage, step[1], step, scratch));
     } else {  // kCopyOut: [code, src, y0, x0, h, w]
