@@ -35,6 +35,7 @@ def cpsat_plan(buffers: Sequence[Buffer], time_limit: float = 5.0, hint: Sequenc
         if b.group >= 0 and b.group not in base:
             base[b.group] = m.new_int_var(0, ub, f"g{b.group}")
     xs, ys = [], []
+    hinted = set()
     for i, b in enumerate(buffers):
         if b.group >= 0:
             off = base[b.group] + b.group_offset // g
@@ -45,10 +46,11 @@ def cpsat_plan(buffers: Sequence[Buffer], time_limit: float = 5.0, hint: Sequenc
         xs.append(m.new_fixed_size_interval_var(b.first, b.last - b.first + 1, f"x{i}"))
         m.add(off + sizes[i] <= z)
         if hint is not None:
-            if b.group >= 0:
-                m.add_hint(base[b.group], (hint[i] - b.group_offset) // g)
-            else:
+            if b.group < 0:
                 m.add_hint(off, hint[i] // g)
+            elif b.group not in hinted:  # (a variable hinted twice makes the model invalid)
+                m.add_hint(base[b.group], (hint[i] - b.group_offset) // g)
+                hinted.add(b.group)
     m.add_no_overlap_2d(xs, ys)
     if not grouped:  # (flipping or swapping would break a group's fixed offsets)
         # Symmetry: flipping a plan upside down is a plan; keep the largest buffer in the lower half.
