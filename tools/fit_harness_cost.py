@@ -10,8 +10,9 @@ same kernel as its builtin (its own cost is the builtin's), except:
   of each row: instructions = the builtin's + per_unit x output rows + per_output x output
   elements + overhead (the [K.overlap] table);
 - a patch stage: every tile's layers priced by their classes' per-unit and per-output rates
-  (without the per-op overhead), plus per_unit x layer calls + per_output x elements copied
-  (tiles in and out, slices) + overhead (the [K.patch_stage] table).
+  (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
+  + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
+  (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
 Both are fitted here by non-negative least squares on models built from random weights
 (tests/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
 (`-icount shift=0`). The tables are merged into tpu_pipeline/toolchain/data/mcu_cost.toml (written with tomli_w).
@@ -110,7 +111,8 @@ def fit(data: dict) -> dict:
 
     from fit_mcu_cost import nnls
     from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_features
-    from tpu_pipeline.toolchain.ir import kernels as harness, stage
+    from tpu_pipeline.toolchain.ir import stage
+    from tpu_pipeline.toolchain.memory.lifetimes import overlapped_ops
 
     graphs = {name: g for name, g, _ in models()}
     base = fitted_table()
@@ -129,11 +131,11 @@ def fit(data: dict) -> dict:
                     op = g.ops[i]
                     if cls == "patch_stage" and stage.is_stage(op):
                         f = stage_features(op, table)
-                        ring = table.get("overlap", {"per_unit": 0.0, "per_output": 0.0})
-                        a.append([f.calls, f.copied, 1.0])
+                        ring = table["overlap"]
+                        a.append([f.calls, f.rows, f.copied])
                         y.append(measured - f.layers - ring["per_unit"] * f.ring_rows
                                  - ring["per_output"] * f.ring_copied)
-                    elif cls == "overlap" and harness.OVERLAP in harness.flags(op) and i in plain:
+                    elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
                         t = g.tensors[op.outputs[0]]
                         a.append([t.shape[1], t.num_elements, 1.0])
                         y.append(measured - plain[i])
@@ -141,9 +143,10 @@ def fit(data: dict) -> dict:
                 continue
             a, y = np.array(a, dtype=float), np.array(y, dtype=float)
             w = 1.0 / np.maximum(np.abs(y), 1.0)
-            coef = nnls(a * w[:, None], y * w)
-            table[cls] = {"per_unit": round(float(coef[0]), 4), "per_output": round(float(coef[1]), 4),
-                          "overhead": round(float(coef[2]), 1), "ops": len(y)}
+            coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
+            names = ("per_call", "per_row", "per_copied") if cls == "patch_stage" else ("per_unit", "per_output",
+                                                                                       "overhead")
+            table[cls] = {**dict(zip(names, coef)), "ops": len(y)}
             out.setdefault(kernels, {})[cls] = table[cls]
     return out
 

@@ -146,6 +146,7 @@ class StageFeatures:
     """What a patch stage's instructions are made of (tpu_pipeline.toolchain.ir.stage)."""
     layers: float  # its tiles' layers at their classes' per-unit and per-output rates
     calls: int  # kernel calls: a layer on a tile
+    rows: int  # output rows of those calls
     copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
     ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
     ring_copied: int = 0  # int8 elements those calls copy out of the ring
@@ -155,7 +156,7 @@ def stage_features(op, table: dict) -> StageFeatures:
     body, grid = op.options.body, op.options.grid
     tout = body.outputs[0]
     oh, ow = hw(body, tout)
-    layers, calls, copied = 0.0, 0, 0
+    layers = 0.0
     for h0, h1 in splits(oh, grid[0]):
         for w0, w1 in splits(ow, grid[1]):
             need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
@@ -166,31 +167,43 @@ def stage_features(op, table: dict) -> StageFeatures:
                 share = (b[1] - b[0]) * (b[3] - b[2]) / (whole[1] * whole[2])
                 c = coefficients(table, f.fit_class)
                 layers += c["per_unit"] * f.work * share + c.get("per_output", 0.0) * f.outputs * share
-                calls += 1
-            for t, box in ((body.inputs[0], need[body.inputs[0]]), (tout, (h0, h1, w0, w1))):
-                copied += (box[1] - box[0]) * (box[3] - box[2]) * body.tensors[t].shape[3]
-    ring_rows = ring_copied = 0
+    calls = rows = copied = ring_rows = ring_copied = 0
+    channels = {body.inputs[0]: body.tensors[body.inputs[0]].shape[3], -1: body.tensors[tout].shape[3]}
     for step in stage.steps(op.options):
-        if step[0] == stage.CONV and step[11] > 0:
-            ring_rows += step[8]
-            ring_copied += step[8] * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
-    return StageFeatures(layers, calls, copied, ring_rows, ring_copied)
+        code = step[0]
+        if code == stage.CONV:
+            calls, rows = calls + 1, rows + step[8]
+            if step[11] > 0:
+                ring_rows += step[8]
+                ring_copied += step[8] * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
+        elif code == stage.ADD:
+            calls, rows = calls + 1, rows + step[13]
+        elif code == stage.SLICE:
+            copied += step[4] * step[7] * step[8]
+        elif code == stage.COPY_IN:
+            copied += step[4] * step[5] * channels[body.inputs[0]]
+        elif code == stage.COPY_OUT:
+            copied += step[4] * step[5] * channels[-1]
+    return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied)
 
 
 def stage_instructions(op, table: dict) -> float:
-    """A patch stage: its tiles' layers priced by their classes' rates, plus (fitted on QEMU by
-    tools/fit_harness_cost.py: the [K.patch_stage] table) a cost per kernel call and per element
-    copied. Before that fit, every call is priced as a whole op's overhead and a copy as data
-    movement: an upper side."""
+    """A patch stage: its tiles' layers priced by their classes' rates, its overlapped calls by
+    [K.overlap]'s, plus (fitted on QEMU by tools/fit_harness_cost.py: the [K.patch_stage] table) a
+    cost per kernel call, per output row of a call and per element copied. These are effective
+    rates: besides the calls and copies they absorb what small tiles cost the CMSIS-NN kernels
+    beyond their whole-op rates (a tile's rows are short; 6-17 % of the layers' instructions on
+    the calibration blocks, about 1 % with the reference kernels). Before that fit, every call is
+    priced as a whole op's overhead and a copy as data movement."""
     f = stage_features(op, table)
     ring = table.get("overlap")  # overlapped calls: a call per row and its copy out of the ring
     rings = ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied if ring is not None else 0.0
     c = table.get("patch_stage")
     if c is not None:
-        return f.layers + c["per_unit"] * f.calls + c["per_output"] * f.copied + c["overhead"] + rings
+        return f.layers + rings + c["per_call"] * f.calls + c["per_row"] * f.rows + c["per_copied"] * f.copied
     dm = coefficients(table, "data_movement")
     per_call = max(coefficients(table, cls)["overhead"] for cls in ("conv", "conv_1x1", "depthwise_3x3"))
-    return f.layers + per_call * f.calls + dm["per_output"] * f.copied + rings
+    return f.layers + rings + per_call * f.calls + dm["per_output"] * f.copied
 
 
 def overlap_instructions(graph: Graph, op, table: dict) -> float:

@@ -216,15 +216,13 @@ class _Pool:
                 break  # out of time: the best among the measured variants
             for v in pick:
                 if v.stage != "measured" and not deadline.expired():  # a build can take seconds
-                    k = self.index(v)
-                    up = self._upgraded(v)
-                    if up is None:  # a candidate that does not exist after all: dropped, counted
-                        del self.variants[k]
-                        self.dropped += 1
-                        continue
-                    self.variants[k] = up
-                    if up.stage == "measured" and self.harness:
-                        self.variants += kernel_twins(up, self.device, self.kernels)
+                    # a bound picked: its region's other grids are estimated with it (cheap, and
+                    # the next pick is most often one of them)
+                    group = [w for w in self.variants if w.stage == "bound" and w.first == v.first
+                             and w.last == v.last and w.form == v.form and w.region == v.region] \
+                        if v.stage == "bound" else [v]
+                    for w in group:
+                        self._step(w)
         measured = [v for v in self.variants if v.stage == "measured"]
         sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
                      deadline=Deadline(max(1.0, deadline.remaining())), tail_fixed=self.tail_fixed)
@@ -258,6 +256,19 @@ class _Pool:
         for old, new in changed:
             self.variants[self.index(old)] = new
         return bool(changed)
+
+    def _step(self, v: Variant) -> None:
+        """`v` one stage further in the pool (a candidate that does not exist after all: dropped,
+        counted); kernel twins of a newly measured variant join the pool."""
+        k = self.index(v)
+        up = self._upgraded(v)
+        if up is None:
+            del self.variants[k]
+            self.dropped += 1
+            return
+        self.variants[k] = up
+        if up.stage == "measured" and self.harness:
+            self.variants += kernel_twins(up, self.device, self.kernels)
 
     def index(self, v: Variant) -> int:
         return next(k for k, w in enumerate(self.variants) if w is v)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
@@ -139,46 +140,160 @@ def _fastest(variants: list[Variant], n_spans: int):
 
 def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
     """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
-    the Pareto front of (tail, latency) over the coverings by variants of peak <= P; a covering's
-    arena is P + its tail + tail_fixed (no more than that: its own peak may be lower, which a lower
-    P also covers). Memory first: the least P + tail, then the fastest at that arena; latency
-    first: the fastest within the budget and bound, then the least arena."""
+    the coverings by variants of peak <= P; a covering's arena is P + its tail + tail_fixed (no
+    more than that: its own peak may be lower, which a lower P also covers). Memory first: per
+    cap, the covering of least (tail, latency) (a lexicographic shortest path; with a latency
+    bound, the Pareto front of (tail, latency)); the least P + tail wins, then the fastest at that
+    arena; caps rise until P plus the least tail of any covering passes the best arena. Latency
+    first: per cap, the Pareto front, the fastest within the budget and bound, then the least
+    arena; caps fall until the fastest covering under the cap, whatever its tail, is slower than
+    the best."""
     room = None if budget is None else budget - tail_fixed
-    caps = sorted({v.peak for v in variants if room is None or v.peak <= room})
+    usable = [v for v in variants if room is None or v.peak <= room]
+    caps = sorted({v.peak for v in usable})
+    ns = {id(v): _ns(v) for v in usable}
     best = None  # (key, variants)
     bound = None if latency_bound is None else latency_bound * _NS
-    for cap in caps:
-        if objective == "memory" and best is not None and cap + tail_fixed > best[0][0]:
-            break  # no covering under a higher cap can have a smaller arena
-        front = _front([v for v in variants if v.peak <= cap], n_spans,
-                       None if room is None else room - cap)
-        for tail, lat, chosen in front:
-            if bound is not None and lat > bound:
-                continue
-            arena = cap + tail + tail_fixed
-            key = (arena, lat) if objective == "memory" else (lat, arena)
-            if best is None or key < best[0]:
-                best = (key, chosen)
-    if best is None:
-        return None
-    return best[1]
+    if objective == "memory":
+        chain = _LeastTail(usable, n_spans, ns)
+        least = chain.least(caps[-1], None) if caps else []
+        if not least:
+            return None
+        lowest = _smallest_peak(usable, n_spans)  # (no covering under a lower cap)
+        for cap in (c for c in caps if c >= lowest):
+            if best is not None and cap + least[0][0] + tail_fixed > best[0][0]:
+                break  # no covering under this cap or a higher one can have a smaller arena
+            max_tail = None if room is None else room - cap
+            front = _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail) if bound is not None \
+                else chain.least(cap, max_tail)
+            for tail, lat, chosen in front:
+                if bound is None or lat <= bound:
+                    key = (cap + tail + tail_fixed, lat)
+                    if best is None or key < best[0]:
+                        best = (key, chosen)
+    else:
+        for cap in reversed(caps):
+            under = [v for v in usable if v.peak <= cap]
+            fastest = _fastest(under, n_spans)
+            if fastest is None or (best is not None and fastest[0] > best[0][0]):
+                break  # a lower cap has fewer variants: nothing faster below
+            for tail, lat, chosen in _front(under, n_spans, ns, None if room is None else room - cap):
+                if bound is None or lat <= bound:
+                    key = (lat, cap + tail + tail_fixed)
+                    if best is None or key < best[0]:
+                        best = (key, chosen)
+    return None if best is None else best[1]
 
 
-def _front(variants, n_spans: int, max_tail: int | None):
-    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
-    most `max_tail`): [(tail, latency, variants)], each label a covering nothing else beats on both."""
+def _by_end(variants) -> dict[int, list[Variant]]:
     ending: dict[int, list[Variant]] = {}
     for v in variants:
         ending.setdefault(v.last + 1, []).append(v)
+    return ending
+
+
+def _unwind(label) -> list[Variant]:
+    """The variants of a DP label (tail, latency, previous label, variant), first span first."""
+    out = []
+    while label[3] is not None:
+        out.append(label[3])
+        label = label[2]
+    return out[::-1]
+
+
+class _LeastTail:
+    """The covering of least (tail, latency) under a cap on the peak, for many caps over one set
+    of variants: per end span, numpy arrays of the variants ending there, and a key that orders
+    by tail, then latency (tail x 2^40 + latency ns: exact while a covering's sums stay below 2^22
+    bytes and 2^40 ns; otherwise the plain DP)."""
+
+    _SHIFT = 1 << 40
+
+    def __init__(self, variants, n_spans: int, ns: dict):
+        self.n = n_spans
+        self.variants = list(variants)
+        most_tail = max((v.tail for v in self.variants), default=0)  # a covering sums at most n_spans of each
+        most_ns = max((ns[id(v)] for v in self.variants), default=0)
+        self.exact = n_spans * most_tail < (1 << 22) and n_spans * most_ns < self._SHIFT
+        m = len(self.variants)
+        first = np.fromiter((v.first for v in self.variants), np.int64, m)
+        end = np.fromiter((v.last + 1 for v in self.variants), np.int64, m)
+        peak = np.fromiter((v.peak for v in self.variants), np.int64, m)
+        key = np.fromiter((v.tail * self._SHIFT + ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        order = np.argsort(end, kind="stable")
+        ends, starts = np.unique(end[order], return_index=True)
+        self.by_end = {}  # end span -> (variant indices, first spans, peaks, keys)
+        for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
+            self.by_end[e] = (ks, first[ks], peak[ks], key[ks])
+        self.ns = ns
+
+    def least(self, cap: int, max_tail: int | None):
+        """[(tail, latency ns, variants)] of the least-(tail, latency) covering by variants of
+        peak <= cap with tail <= max_tail; [] when none."""
+        if not self.exact:
+            return _least_tail([v for v in self.variants if v.peak <= cap], self.n, self.ns, max_tail)
+        none = np.iinfo(np.int64).max
+        best = np.full(self.n + 1, none, dtype=np.int64)
+        best[0] = 0
+        pick = np.full(self.n + 1, -1, dtype=np.int64)
+        for end in range(1, self.n + 1):
+            if end not in self.by_end:
+                continue
+            idx, first, peak, key = self.by_end[end]
+            prev = best[first]
+            ok = (peak <= cap) & (prev != none)
+            if not ok.any():
+                continue
+            cand = np.where(ok, prev + key, none)
+            k = int(np.argmin(cand))
+            best[end], pick[end] = cand[k], idx[k]
+        if best[self.n] == none:
+            return []
+        chosen, at = [], self.n
+        while at > 0:
+            v = self.variants[int(pick[at])]
+            chosen.append(v)
+            at = v.first
+        tail, lat = divmod(int(best[self.n]), self._SHIFT)
+        if max_tail is not None and tail > max_tail:
+            return []
+        return [(tail, lat, chosen[::-1])]
+
+
+def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
+    """[(tail, latency ns, variants)] of the covering with the least tail, then the least latency
+    (at most `max_tail`); [] when none."""
+    ending = _by_end(variants)
+    best: list = [None] * (n_spans + 1)
+    best[0] = (0, 0, None, None)
+    for s in range(1, n_spans + 1):
+        for v in ending.get(s, ()):
+            prev = best[v.first]
+            if prev is None:
+                continue
+            cand = (prev[0] + v.tail, prev[1] + ns[id(v)], prev, v)
+            if best[s] is None or cand[:2] < best[s][:2]:
+                best[s] = cand
+    end = best[n_spans]
+    if end is None or (max_tail is not None and end[0] > max_tail):
+        return []
+    return [(end[0], end[1], _unwind(end))]
+
+
+def _front(variants, n_spans: int, ns: dict, max_tail: int | None):
+    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
+    most `max_tail`): [(tail, latency, variants)], each label a covering nothing else beats on both."""
+    ending = _by_end(variants)
     labels: list[list] = [[] for _ in range(n_spans + 1)]
-    labels[0] = [(0, 0, [])]
+    labels[0] = [(0, 0, None, None)]
     for s in range(1, n_spans + 1):
         cands = []
         for v in ending.get(s, ()):
-            for tail, lat, chosen in labels[v.first]:
-                t2 = tail + v.tail
+            t, n = v.tail, ns[id(v)]
+            for label in labels[v.first]:
+                t2 = label[0] + t
                 if max_tail is None or t2 <= max_tail:
-                    cands.append((t2, lat + _ns(v), chosen + [v]))
+                    cands.append((t2, label[1] + n, label, v))
         cands.sort(key=lambda c: (c[0], c[1]))
         kept, best_lat = [], None
         for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
@@ -186,7 +301,7 @@ def _front(variants, n_spans: int, max_tail: int | None):
                 kept.append(c)
                 best_lat = c[1]
         labels[s] = kept
-    return labels[n_spans]
+    return [(c[0], c[1], _unwind(c)) for c in labels[n_spans]]
 
 
 def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:

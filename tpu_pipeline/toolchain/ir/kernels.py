@@ -43,6 +43,7 @@ stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import struct
 
@@ -410,6 +411,7 @@ def ring_rows(graph: Graph, op: Op, input_offset: int | None = None, output_offs
                          (rows.kernel - 1) * rows.dilation + 1, input_offset, output_offset)
 
 
+@functools.lru_cache(maxsize=4096)
 def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
                   input_offset: int, output_offset: int) -> int:
     """Output rows a convolution holds at once when its output (`out_rows` rows of `row_out`

@@ -164,6 +164,9 @@ def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place
     return program, scratch
 
 
+_PLANS: dict[tuple, tuple[tuple[int, ...], int]] = {}  # a tile's planning problem -> (offsets, size)
+
+
 class _TileBuffers:
     """A tile's buffers, planned together by the arena planner. A buffer written over another at a
     step (an in-place slice, an overlapped convolution's output over its dying input) is planned
@@ -207,7 +210,17 @@ class _TileBuffers:
         return len(self.bufs) - 1
 
     def offsets(self) -> tuple[list[int], int]:
-        """Byte offsets of every buffer in the tile's scratch, and the scratch's size."""
+        """Byte offsets of every buffer in the tile's scratch, and the scratch's size. Tiles of one
+        shape pose the same problem (most of a grid's): it is planned once."""
+        key = (tuple(map(tuple, self.bufs)), tuple(self.group), tuple(self.at), tuple(self.pairs))
+        if key not in _PLANS:
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            _PLANS[key] = self._plan()
+        offsets, size = _PLANS[key]
+        return list(offsets), size
+
+    def _plan(self) -> tuple[tuple[int, ...], int]:
         spans = [list(b) for b in self.bufs]
         planned = []  # (size, first, last, group, offset in group, buffer or -1 for a pair)
         for src, dst, step in self.pairs:
@@ -224,7 +237,7 @@ class _TileBuffers:
         plan = plan_buffers(buffers, "auto", time_limit=0.2, alignment=_ALIGN)
         base = {p[3]: plan.offsets[j] - p[4] for j, p in enumerate(planned) if p[3] >= 0}
         own = {p[5]: plan.offsets[j] for j, p in enumerate(planned) if p[5] >= 0}
-        return [base[g] + a if g >= 0 else own[k] for k, (g, a) in enumerate(zip(self.group, self.at))], plan.size
+        return tuple(base[g] + a if g >= 0 else own[k] for k, (g, a) in enumerate(zip(self.group, self.at))), plan.size
 
 
 def _overlap(real: Box, obox: Box, x_c: int, y_c: int, pad_top: int, rows) -> tuple[int, int]:
