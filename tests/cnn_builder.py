@@ -15,7 +15,8 @@ import numpy as np
 from tpu_pipeline.toolchain.ir import Graph, Quantization, Tensor
 from tpu_pipeline.toolchain.ir import ops as irops
 from tpu_pipeline.toolchain.ir.convert import standalone_model
-from tpu_pipeline.toolchain.ir.options import AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions, Pool2DOptions
+from tpu_pipeline.toolchain.ir.options import (AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
+                                              MulOptions, Pool2DOptions, ReducerOptions)
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 _NP = {"int8": np.int8, "int32": np.int32, "float32": np.float32}
@@ -127,6 +128,22 @@ class CnnBuilder:
         std = float(np.hypot(self.std.get(a, 40.0) * sa, self.std.get(b, 40.0) * sb) / (sa + sb))
         y = self._act(self.shape(a), (sa + sb) if self.dtype == "int8" else None, act, std)
         self.ops.append(irops.op("ADD", (a, b), (y,), AddOptions(act), 2))
+        return y
+
+    def mean(self, x) -> int:
+        """A global average pool as converters write it: MEAN over H and W, keeping the dims."""
+        c = self.shape(x)[3]
+        axis = self._tensor((2,), "int32", values=[1, 2])
+        y = self._tensor((1, 1, 1, c), quant=self.tensors[x].quant)
+        self.ops.append(irops.op("MEAN", (x, axis), (y,), ReducerOptions(True), 2))
+        self.std[y] = self.std.get(x, 40.0) / 4
+        return y
+
+    def mul(self, a, b, act="NONE") -> int:
+        """a * b, b broadcast over a's shape (a squeeze-and-excitation scaling)."""
+        scale = self._scale(a) * self._scale(b) * 60 if self.dtype == "int8" else None
+        y = self._act(self.shape(a), scale, act)
+        self.ops.append(irops.op("MUL", (a, b), (y,), MulOptions(act), 2))
         return y
 
     def concat(self, xs) -> int:

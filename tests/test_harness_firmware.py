@@ -203,3 +203,72 @@ def test_an_input_outside_the_arena(tmp_path, kernels_set):
     # the input takes no arena: nothing is live before the first op, and the head is no larger
     assert lifetimes(outside, semantics="tflm").live_bytes()[0] == 0 < lifetimes(g, semantics="tflm").live_bytes()[0]
     assert r.head_bytes <= plan_for_tflm(g, n_tensors=len(g.tensors)).head
+
+
+def _se_block():
+    """(graph, model bytes): an inverted residual block with squeeze-and-excitation, as MCUNetV2's
+    and MobileNetV3's: its scaling MUL runs over the depthwise output (which the pooling read
+    before it) and the residual ADD over the projection, both in place; the depthwise overlapped."""
+    from tpu_pipeline.toolchain.memory import plan_for_tflm
+    from tpu_pipeline.toolchain.tflite.metadata import with_offline_plan
+
+    b = CnnBuilder(seed=19, spread=True)
+    x = b.input((1, 12, 10, 8))
+    e = b.conv(x, 32, k=1, act="RELU6")
+    d = b.dw(e, k=3, act="RELU6")
+    s = b.conv(b.conv(b.mean(d), 4, k=1, act="RELU"), 32, k=1, act="RELU6")
+    m = b.mul(d, s)
+    out = b.add(b.conv(m, 8, k=1), x)
+    g = b.graph([out])
+    convs = [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    g = with_kernel(g, convs, kernel_name())
+    g = with_kernel(g, [i for i in convs if g.ops[i].opcode == "DEPTHWISE_CONV_2D"], kernel_name(OVERLAP))
+    g = kernels.with_in_place(g, [i for i, op in enumerate(g.ops) if op.opcode in ("MUL", "ADD")])
+    plan = plan_for_tflm(g, n_tensors=len(g.tensors))
+    model = with_offline_plan(to_model(g, read_model(b.model_bytes([out]))), list(plan.tensor_offsets))
+    return g, model_to_bytes(model)
+
+
+def test_elementwise_ops_in_place_are_read_back_from_the_plan():
+    """Nothing but the offline plan marks an ADD or MUL in place (output at its source's offset): a
+    reader infers it, and the memory model then counts one buffer where there were two."""
+    g, data = _se_block()
+    back = from_model(read_model(data))
+    assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+    plan = read_offline_plan(read_model(data))
+    for i, op in enumerate(back.ops):
+        if kernels.runs_in_place(op):
+            assert plan[kernels.in_place_source(back, i)] == plan[op.outputs[0]]
+    mul = next(i for i, op in enumerate(g.ops) if op.opcode == "MUL")
+    assert g.consumers[g.ops[mul].inputs[0]] != (mul,)  # (the pooling read it too, before)
+    apart = dataclasses.replace(g, ops=tuple(dataclasses.replace(op, kernel="") if kernels.runs_in_place(op) else op
+                                             for op in g.ops))
+    assert lifetimes(g, semantics="tflm").peak < lifetimes(apart, semantics="tflm").peak
+    # an input another op may still read after it (not an ancestor) is never written over
+    b = CnnBuilder(seed=3)
+    x = b.input((1, 6, 6, 4))
+    a, c = b.conv(x, 4, k=1), b.conv(x, 4, k=1)
+    y = b.add(a, c)
+    z = b.conv(a, 4, k=1)  # reads a, in no fixed order with the ADD
+    g2 = b.graph([y, z])
+    add = next(i for i, op in enumerate(g2.ops) if op.opcode == "ADD")
+    assert kernels.in_place_source(g2, add) == c
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_elementwise_ops_run_in_place_on_the_board(tmp_path, kernels_set):
+    """The builtin MUL and ADD of both kernel sets run with their output over their input:
+    bit-identical to the host, head and tail as predicted."""
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    g, data = _se_block()
+    path = tmp_path / "se.tflite"
+    path.write_bytes(data)
+    r = _run(path, kernels_set)
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    assert sum(kernels.runs_in_place(op) for op in from_model(exported).ops) == 2

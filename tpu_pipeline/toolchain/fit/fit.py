@@ -22,7 +22,7 @@ from tpu_pipeline.toolchain.fit.variants import (Variant, as_is_variants, best_o
                                    patch_candidates, refine,
                                    rewrite_variants, splice, upgrade)
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.ir.kernels import with_kernel
+from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
@@ -473,5 +473,5 @@ def _apply(graph: Graph, chosen, spans) -> Graph:
         for i, op in enumerate(graph.ops):
             kernel = moved.get(graph.tensors[op.outputs[0]].name)
             if kernel is not None and op.kernel != kernel:
-                graph = with_kernel(graph, [i], kernel)
+                graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
     return graph

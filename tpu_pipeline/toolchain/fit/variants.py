@@ -9,7 +9,8 @@ A variant covers a run of spans (`first..last`, see spans.py) and says how they 
   float splits equal within rounding), and with `allow_lossy` the int8 partial-sum splits too;
 - any of them with some ops at its peak on other harness kernels (tpu_pipeline.toolchain.ir.kernels;
   `kernel_twins`): an overlapped op (its output planned over its input: a row of output held in a
-  ring, a copy per row) or a direct convolution (no im2col scratch, slower): a kernel variant.
+  ring, a copy per row), an ADD or MUL in place (no cost at all), or a direct convolution (no
+  im2col scratch, slower): a kernel variant.
 
 Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
 exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
@@ -33,8 +34,9 @@ from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
-from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, builtin_view, can_run_direct, can_run_harness, flags,
-                                               is_harness, kernel_name, with_flag, with_kernel)
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, OVERLAP, builtin_view, can_run_direct, can_run_harness,
+                                               flags, in_place_source, is_harness, kernel_name, with_flag,
+                                               with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
 from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
@@ -206,7 +208,7 @@ MAX_TWINS = 6  # kernel twins per variant: each changes the ops at its predecess
 def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
     """Kernel variants of measured variant `v`, in its own op order: at its peak step, the op that
     runs there overlaps its output with its input where that is legal (cheap: a copy per output
-    row), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
+    row; an ADD or MUL simply runs in place), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
     kernel (no scratch, slower); again while that lowers the peak. Each step is a twin with a lower
     peak and a higher latency. The order is kept (it stays valid, and its peak is achievable);
     `lower_bound` is the order-free bound."""
@@ -220,11 +222,13 @@ def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
         tried = None
         overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
                    and overlap_legal(g, i)}
+        in_place = {i for i in at_peak if not g.ops[i].kernel and in_place_source(g, i) is not None}
         direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
-        for flag, ops in ((OVERLAP, overlap), (DIRECT, direct)):
+        for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
+                           (direct, lambda: with_flag(g, direct, DIRECT))):
             if ops:
-                cand = with_flag(g, ops, flag)
+                cand = apply()
                 if achievable_peak(cand, sem) < peak:
                     tried = cand, ops
                     break
@@ -235,8 +239,10 @@ def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
         moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
         lat, work = _costed(g, device, kernels)
         n_overlap = sum(OVERLAP in k for k in moved.values())
+        n_in_place = sum(k == IN_PLACE for k in moved.values())
         n_direct = sum(DIRECT in k for k in moved.values())
         what = ", ".join(x for x in (f"{n_overlap} overlapped" if n_overlap else "",
+                                     f"{n_in_place} in place" if n_in_place else "",
                                      f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",

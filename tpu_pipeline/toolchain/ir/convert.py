@@ -233,6 +233,8 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
         plan = read_offline_plan(model)
         if plan is not None:
             external = tuple(t for t in _ints(sg.inputs) if t < len(plan) and plan[t] == EXTERNAL)
+            graph = Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
+            return kernels.infer_in_place(graph, plan)
     return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
 
 
@@ -335,7 +337,7 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
             else:
                 ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
                 ot.customOptions = list(kernels.encode_options(graph, op, ring))
-        elif op.kernel:
+        elif op.kernel and not kernels.runs_in_place(op):  # (in place: the offline plan says it)
             raise ValueError(f"unknown kernel '{op.kernel}'")
         else:
             ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)

@@ -168,6 +168,21 @@ class Graph:
     def is_activation(self, t: int) -> bool:
         return t >= 0 and self.tensors[t].kind == "activation"
 
+    def reads_last(self, i: int, t: int) -> bool:
+        """Whether op i reads tensor t after every other reader in every order: each other reader
+        is an ancestor of op i (as a squeeze-and-excitation block's pooling is of its scaling)."""
+        others = set(self.consumers.get(t, ())) - {i}
+        if i not in self.consumers.get(t, ()):
+            return False
+        seen, todo = set(), list(self.preds[i])
+        while others and todo:
+            p = todo.pop()
+            if p not in seen:
+                seen.add(p)
+                others.discard(p)
+                todo.extend(self.preds[p])
+        return not others
+
     def activation_inputs(self, i: int) -> tuple[int, ...]:
         return tuple(t for t in dict.fromkeys(self.ops[i].inputs) if self.is_activation(t))
 

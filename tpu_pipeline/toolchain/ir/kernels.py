@@ -28,6 +28,12 @@ keep in RAM:
   each row out once no row still to compute reads the input bytes under it (`ring_rows_for`
   sizes the ring).
 
+**In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
+the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
+read each element (CMSIS-NN: each group of four) before writing it, so the op runs in place with
+its own builtin kernel, and nothing marks it but the plan: a reader infers it where the plan puts
+the output at its source's offset (`infer_in_place`), which no plan of two live tensors can do.
+
 In the IR such an op is still a CONV_2D / DEPTHWISE_CONV_2D, with `kernel` = "tpup" plus its flags
 ("tpup+direct+overlap"), so every pass sees a convolution; only the memory model, the cost model
 and the writer look at the kernel. Runtimes without the harness (LiteRT, the host's TFLite Micro)
@@ -56,6 +62,8 @@ from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.options import Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions
 
 TPUP = "tpup"
+IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
+IN_PLACE_OPS = frozenset({"ADD", "MUL"})
 DIRECT, OVERLAP = "direct", "overlap"
 FLAGS = (DIRECT, OVERLAP)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
@@ -87,6 +95,52 @@ def is_harness(op: Op) -> bool:
 def flags(op: Op) -> frozenset[str]:
     """The flags of a harness kernel (empty for a builtin one)."""
     return frozenset(op.kernel.split("+")[1:]) if is_harness(op) else frozenset()
+
+
+def runs_in_place(op: Op) -> bool:
+    return op.kernel == IN_PLACE
+
+
+def in_place_source(graph: Graph, i: int) -> int | None:
+    """The input an elementwise op's output may take the bytes of: its first int8 activation input
+    of the output's shape that op i reads last in every order, not a graph output nor kept
+    outside the arena (and the output no graph input); None when there is none."""
+    op = graph.ops[i]
+    if op.opcode not in IN_PLACE_OPS or len(op.outputs) != 1 or op.outputs[0] in graph.inputs:
+        return None
+    y = graph.tensors[op.outputs[0]]
+    if y.dtype != "int8" or not graph.is_activation(op.outputs[0]):
+        return None
+    for t in op.inputs:
+        if t < 0 or not graph.is_activation(t) or t in graph.outputs or t in graph.external or t == op.outputs[0]:
+            continue
+        x = graph.tensors[t]
+        if x.dtype == y.dtype and x.shape == y.shape and graph.reads_last(i, t):
+            return t
+    return None
+
+
+def with_in_place(graph: Graph, op_positions) -> Graph:
+    """`graph` with the elementwise ops at `op_positions` run in place (ValueError where an op has
+    no input to run over)."""
+    ops = list(graph.ops)
+    for i in op_positions:
+        if in_place_source(graph, i) is None:
+            raise ValueError(f"op {i} ({graph.ops[i].opcode}) has no input its output can be laid over")
+        ops[i] = dataclasses.replace(ops[i], kernel=IN_PLACE)
+    return dataclasses.replace(graph, ops=tuple(ops))
+
+
+def infer_in_place(graph: Graph, plan: list[int]) -> Graph:
+    """`graph` with the elementwise ops an offline plan runs in place marked so: the output planned
+    at its source's offset."""
+    chosen = []
+    for i, op in enumerate(graph.ops):
+        if op.opcode in IN_PLACE_OPS and not op.kernel:
+            src, dst = in_place_source(graph, i), op.outputs[0]
+            if src is not None and max(src, dst) < len(plan) and plan[src] >= 0 and plan[src] == plan[dst]:
+                chosen.append(i)
+    return with_in_place(graph, chosen) if chosen else graph
 
 
 def custom_code(op: Op) -> str:

@@ -179,25 +179,29 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> 
 
 def overlap_legal(graph: Graph, i: int) -> bool:
     """Whether op i may write its output over its input in every order: a harness convolution whose
-    input is an activation read by op i alone (a graph input too: TFLite Micro reuses an input's
-    bytes after its last reader) not kept outside the arena, not a graph output, and whose output
-    is not a graph input."""
+    input is an activation op i reads last in every order (a graph input too: TFLite Micro reuses
+    an input's bytes after its last reader) not kept outside the arena, not a graph output, and
+    whose output is not a graph input."""
     op = graph.ops[i]
     if not kernels.is_harness(op) or op.opcode not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         return False
     src, dst = op.inputs[0], op.outputs[0]
     return (graph.is_activation(src) and graph.is_activation(dst) and src not in graph.outputs
-            and src not in graph.external and dst not in graph.inputs and src != dst
-            and tuple(graph.consumers.get(src, ())) == (i,))
+            and src not in graph.external and dst not in graph.inputs and src != dst and graph.reads_last(i, src))
 
 
 def overlapped_ops(graph: Graph) -> dict[int, tuple[int, int, int, int, int]]:
     """Op position -> (input, output, input offset, output offset, extent) of every legal overlapped
-    op (flag "overlap"): where its two tensors sit in the span of bytes it runs in."""
+    op (flag "overlap") and elementwise op run in place: where its two tensors sit in the span of
+    bytes it runs in."""
     out = {}
     for i, op in enumerate(graph.ops):
         if kernels.OVERLAP in kernels.flags(op) and overlap_legal(graph, i):
             out[i] = (op.inputs[0], op.outputs[0], *kernels.overlap_layout(graph, op))
+        elif kernels.runs_in_place(op):
+            src = kernels.in_place_source(graph, i)
+            if src is not None:
+                out[i] = (src, op.outputs[0], 0, 0, align(graph.tensors[src].nbytes, 16))
     return out
 
 
