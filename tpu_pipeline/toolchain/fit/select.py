@@ -84,6 +84,7 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
     evaluation in fit.py can ask it after every variant it measures; the answer `fit` returns is
     `select`'s (CP-SAT) over the measured variants, checked against this one. With `tail_fixed`
     (the whole arena) each cap P on the peak gets the coverings' Pareto front of (tail, latency)."""
+    variants = _undominated(variants)
     if tail_fixed is not None:
         return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed)
     usable = [v for v in variants if budget is None or v.peak <= budget]
@@ -105,6 +106,23 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
         else:
             lo = mid + 1
     return None if found is None else found[2]
+
+
+def _undominated(variants: list[Variant]) -> list[Variant]:
+    """The variants no other of the same spans matches or beats on peak, tail and latency at once
+    (of equal ones the first): a best covering never needs the rest. Patch candidates still at
+    their bounds are equal across grids, so this keeps one per region until they are estimated."""
+    groups: dict[tuple[int, int], list[Variant]] = {}
+    for v in variants:
+        groups.setdefault((v.first, v.last), []).append(v)
+    out = []
+    for group in groups.values():
+        kept: list[Variant] = []
+        for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):  # (stable: ties keep their order)
+            if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
+                kept.append(v)
+        out += kept
+    return out
 
 
 def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
@@ -141,47 +159,68 @@ def _fastest(variants: list[Variant], n_spans: int):
 def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
     """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
     the coverings by variants of peak <= P; a covering's arena is P + its tail + tail_fixed (no
-    more than that: its own peak may be lower, which a lower P also covers). Memory first: per
-    cap, the covering of least (tail, latency) (a lexicographic shortest path; with a latency
-    bound, the Pareto front of (tail, latency)); the least P + tail wins, then the fastest at that
-    arena; caps rise until P plus the least tail of any covering passes the best arena. Latency
-    first: per cap, the Pareto front, the fastest within the budget and bound, then the least
-    arena; caps fall until the fastest covering under the cap, whatever its tail, is slower than
-    the best."""
+    more than that: its own peak may be lower, which a lower P also covers). Memory first: the
+    least arena (`_least_arena`), then the fastest at it. Latency first: caps fall from the
+    highest, each giving the fastest covering within the budget (its Pareto front of (tail,
+    latency)), until the fastest covering under the cap, whatever its tail, is no faster than the
+    best; then the least arena at that latency (memory first, bounded by it)."""
     room = None if budget is None else budget - tail_fixed
     usable = [v for v in variants if room is None or v.peak <= room]
-    caps = sorted({v.peak for v in usable})
     ns = {id(v): _ns(v) for v in usable}
-    best = None  # (key, variants)
     bound = None if latency_bound is None else latency_bound * _NS
     if objective == "memory":
-        chain = _LeastTail(usable, n_spans, ns)
-        least = chain.least(caps[-1], None) if caps else []
-        if not least:
+        return _least_arena(usable, n_spans, ns, room, tail_fixed, bound)
+    fastest_ns = None
+    for cap in sorted({v.peak for v in usable}, reverse=True):
+        under = [v for v in usable if v.peak <= cap]
+        quickest = _fastest(under, n_spans)
+        if quickest is None or (fastest_ns is not None and quickest[0] >= fastest_ns):
+            break  # a lower cap has fewer variants: nothing faster below
+        for _, lat, _ in _front(under, n_spans, ns, None if room is None else room - cap):
+            if (bound is None or lat <= bound) and (fastest_ns is None or lat < fastest_ns):
+                fastest_ns = lat
+    if fastest_ns is None:
+        return None
+    return _least_arena(usable, n_spans, ns, room, tail_fixed, fastest_ns)
+
+
+def _least_arena(usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] | None:
+    """The covering of least arena (cap + tail + tail_fixed, within `room` for cap + tail), then
+    the fastest, with latency at most `bound` ns (None: any). Per cap, the covering of least
+    (tail, latency) (a lexicographic shortest path); with a bound, where that one could still
+    win, the Pareto front of (tail, latency) within the bound. Caps rise from the lowest that
+    any covering (within the bound) fits under until a cap plus the least tail of any covering
+    passes the best arena."""
+    caps = sorted({v.peak for v in usable})
+    chain = _LeastTail(usable, n_spans, ns)
+    least = chain.least(caps[-1], None) if caps else []
+    if not least:
+        return None
+    lowest = _smallest_peak(usable, n_spans)  # (no covering under a lower cap)
+    if bound is not None:  # the lowest cap with a covering within the bound (fastest: falls as caps rise)
+        lo, hi = 0, len(caps) - 1
+        if _fastest(usable, n_spans)[0] > bound:
             return None
-        lowest = _smallest_peak(usable, n_spans)  # (no covering under a lower cap)
-        for cap in (c for c in caps if c >= lowest):
-            if best is not None and cap + least[0][0] + tail_fixed > best[0][0]:
-                break  # no covering under this cap or a higher one can have a smaller arena
-            max_tail = None if room is None else room - cap
-            front = _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail) if bound is not None \
-                else chain.least(cap, max_tail)
-            for tail, lat, chosen in front:
-                if bound is None or lat <= bound:
-                    key = (cap + tail + tail_fixed, lat)
-                    if best is None or key < best[0]:
-                        best = (key, chosen)
-    else:
-        for cap in reversed(caps):
-            under = [v for v in usable if v.peak <= cap]
-            fastest = _fastest(under, n_spans)
-            if fastest is None or (best is not None and fastest[0] > best[0][0]):
-                break  # a lower cap has fewer variants: nothing faster below
-            for tail, lat, chosen in _front(under, n_spans, ns, None if room is None else room - cap):
-                if bound is None or lat <= bound:
-                    key = (lat, cap + tail + tail_fixed)
-                    if best is None or key < best[0]:
-                        best = (key, chosen)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            quickest = _fastest([v for v in usable if v.peak <= caps[mid]], n_spans)
+            lo, hi = (lo, mid) if quickest is not None and quickest[0] <= bound else (mid + 1, hi)
+        lowest = max(lowest, caps[lo])
+    best = None  # ((arena, latency), variants)
+    for cap in (c for c in caps if c >= lowest):
+        if best is not None and cap + least[0][0] + tail_fixed > best[0][0]:
+            break  # no covering under this cap or a higher one can have a smaller arena
+        max_tail = None if room is None else room - cap
+        front = chain.least(cap, max_tail)
+        if not front or (best is not None and cap + front[0][0] + tail_fixed > best[0][0]):
+            continue  # none fits, or none under this cap beats the best
+        if bound is not None and front[0][1] > bound:
+            front = _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail, bound)
+        for tail, lat, chosen in front:
+            if bound is None or lat <= bound:
+                key = (cap + tail + tail_fixed, lat)
+                if best is None or key < best[0]:
+                    best = (key, chosen)
     return None if best is None else best[1]
 
 
@@ -280,9 +319,10 @@ def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
     return [(end[0], end[1], _unwind(end))]
 
 
-def _front(variants, n_spans: int, ns: dict, max_tail: int | None):
+def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int | None = None):
     """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
-    most `max_tail`): [(tail, latency, variants)], each label a covering nothing else beats on both."""
+    most `max_tail`, latency at most `max_lat`): [(tail, latency, variants)], each label a covering
+    nothing else beats on both."""
     ending = _by_end(variants)
     labels: list[list] = [[] for _ in range(n_spans + 1)]
     labels[0] = [(0, 0, None, None)]
@@ -291,9 +331,9 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None):
         for v in ending.get(s, ()):
             t, n = v.tail, ns[id(v)]
             for label in labels[v.first]:
-                t2 = label[0] + t
-                if max_tail is None or t2 <= max_tail:
-                    cands.append((t2, label[1] + n, label, v))
+                t2, n2 = label[0] + t, label[1] + n
+                if (max_tail is None or t2 <= max_tail) and (max_lat is None or n2 <= max_lat):
+                    cands.append((t2, n2, label, v))
         cands.sort(key=lambda c: (c[0], c[1]))
         kept, best_lat = [], None
         for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
