@@ -15,7 +15,8 @@ import numpy as np
 from tpu_pipeline.toolchain.ir import Graph, Quantization, Tensor
 from tpu_pipeline.toolchain.ir import ops as irops
 from tpu_pipeline.toolchain.ir.convert import standalone_model
-from tpu_pipeline.toolchain.ir.options import AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions, Pool2DOptions
+from tpu_pipeline.toolchain.ir.options import (AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
+                                              MulOptions, Pool2DOptions, ReducerOptions)
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 _NP = {"int8": np.int8, "int32": np.int32, "float32": np.float32}
@@ -26,9 +27,15 @@ def _out(n: int, k: int, s: int, d: int, padding: str) -> int:
 
 
 class CnnBuilder:
-    def __init__(self, seed: int = 0, dtype: str = "int8"):
+    """`spread=True` (int8): every activation's scale follows an estimate of its input's spread
+    (and a ReLU output's zero point sits low), so deep chains keep tens of distinct values per
+    tensor instead of collapsing to a few: a test comparing outputs then sees any wrong byte."""
+
+    def __init__(self, seed: int = 0, dtype: str = "int8", spread: bool = False):
         self.rng = np.random.default_rng(seed)
         self.dtype = dtype
+        self.spread = spread
+        self.std: dict[int, float] = {}  # activation -> estimated standard deviation, in LSBs
         self.tensors: list[Tensor] = []
         self.ops: list = []
         self.inputs: list[int] = []
@@ -44,11 +51,16 @@ class CnnBuilder:
                                    quant=quant, data=data))
         return i
 
-    def _act(self, shape, scale: float | None = None) -> int:
+    def _act(self, shape, scale: float | None = None, act: str = "NONE", std: float = 40.0) -> int:
         if self.dtype != "int8":
             return self._tensor(shape)
         scale = scale if scale is not None else float(self.rng.uniform(0.02, 0.1))
-        return self._tensor(shape, quant=Quantization((scale,), (int(self.rng.integers(-20, 21)),)))
+        zero = int(self.rng.integers(-20, 21))
+        if self.spread and act != "NONE":
+            zero, std = -100, 0.6 * std  # the positive half of a ReLU's input over most of the range
+        t = self._tensor(shape, quant=Quantization((scale,), (zero,)))
+        self.std[t] = std
+        return t
 
     def _scale(self, t: int) -> float:
         q = self.tensors[t].quant
@@ -58,7 +70,7 @@ class CnnBuilder:
         return self.tensors[t].shape
 
     def input(self, shape) -> int:
-        t = self._act(shape)
+        t = self._act(shape, std=73.0)  # (random int8 inputs: uniform over the range)
         self.inputs.append(t)
         return t
 
@@ -68,12 +80,19 @@ class CnnBuilder:
         if self.dtype != "int8":
             w = self._tensor(shape, "float32", values=self.rng.normal(0, 1 / np.sqrt(k_sum), shape))
             return w, self._tensor((cout,), "float32", values=self.rng.normal(0, 0.1, cout)), None
-        ws = self.rng.uniform(0.005, 0.02, cout)
+        if self.spread:  # real outputs of a few units (what a ReLU6 passes), 40 LSBs per deviation
+            out_scale = float(self.rng.uniform(0.03, 0.06))
+            ws = out_scale * 40 / (np.sqrt(k_sum) * self._scale(x) * 73 * self.std.get(x, 40.0))
+            ws = ws * self.rng.uniform(0.7, 1.3, cout)
+        else:
+            ws = self.rng.uniform(0.005, 0.02, cout)
         w = self._tensor(shape, "int8", Quantization(tuple(ws), (0,) * cout, axis),
                          self.rng.integers(-127, 128, shape))
         bs = self._scale(x) * ws
         b = self._tensor((cout,), "int32", Quantization(tuple(bs), (0,) * cout, 0),
                          self.rng.integers(-2000, 2001, cout))
+        if self.spread:
+            return w, b, out_scale
         # about 40 output LSBs per standard deviation of the accumulator: few saturations
         return w, b, float(np.sqrt(k_sum) * self._scale(x) * ws.mean() * 3600 / 40)
 
@@ -81,7 +100,8 @@ class CnnBuilder:
     def conv(self, x, cout, k=3, stride=1, dilation=1, padding="SAME", act="NONE") -> int:
         _, h, w, cin = self.shape(x)
         wt, b, scale = self._weights(x, (cout, k, k, cin), 0, k * k * cin)
-        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), cout), scale)
+        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), cout), scale,
+                      act)
         opts = Conv2DOptions(padding, stride, stride, act, dilation, dilation)
         self.ops.append(irops.op("CONV_2D", (x, wt, b), (y,), opts, 3))
         return y
@@ -89,7 +109,8 @@ class CnnBuilder:
     def dw(self, x, k=3, stride=1, dilation=1, padding="SAME", act="NONE") -> int:
         _, h, w, c = self.shape(x)
         wt, b, scale = self._weights(x, (1, k, k, c), 3, k * k)
-        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), c), scale)
+        y = self._act((1, _out(h, k, stride, dilation, padding), _out(w, k, stride, dilation, padding), c), scale,
+                      act)
         opts = DepthwiseConv2DOptions(padding, stride, stride, 1, act, dilation, dilation)
         self.ops.append(irops.op("DEPTHWISE_CONV_2D", (x, wt, b), (y,), opts, 3))
         return y
@@ -99,11 +120,30 @@ class CnnBuilder:
         q = self.tensors[x].quant
         y = self._tensor((1, _out(h, k, stride, 1, padding), _out(w, k, stride, 1, padding), c), quant=q)
         self.ops.append(irops.op(kind, (x,), (y,), Pool2DOptions(padding, stride, stride, k, k), 2))
+        self.std[y] = self.std.get(x, 40.0)
         return y
 
     def add(self, a, b, act="NONE") -> int:
-        y = self._act(self.shape(a), (self._scale(a) + self._scale(b)) if self.dtype == "int8" else None)
+        sa, sb = self._scale(a), self._scale(b)
+        std = float(np.hypot(self.std.get(a, 40.0) * sa, self.std.get(b, 40.0) * sb) / (sa + sb))
+        y = self._act(self.shape(a), (sa + sb) if self.dtype == "int8" else None, act, std)
         self.ops.append(irops.op("ADD", (a, b), (y,), AddOptions(act), 2))
+        return y
+
+    def mean(self, x) -> int:
+        """A global average pool as converters write it: MEAN over H and W, keeping the dims."""
+        c = self.shape(x)[3]
+        axis = self._tensor((2,), "int32", values=[1, 2])
+        y = self._tensor((1, 1, 1, c), quant=self.tensors[x].quant)
+        self.ops.append(irops.op("MEAN", (x, axis), (y,), ReducerOptions(True), 2))
+        self.std[y] = self.std.get(x, 40.0) / 4
+        return y
+
+    def mul(self, a, b, act="NONE") -> int:
+        """a * b, b broadcast over a's shape (a squeeze-and-excitation scaling)."""
+        scale = self._scale(a) * self._scale(b) * 60 if self.dtype == "int8" else None
+        y = self._act(self.shape(a), scale, act)
+        self.ops.append(irops.op("MUL", (a, b), (y,), MulOptions(act), 2))
         return y
 
     def concat(self, xs) -> int:
@@ -121,6 +161,7 @@ class CnnBuilder:
         p = self._tensor((4, 2), "int32", values=[[0, 0], [top, bottom], [left, right], [0, 0]])
         y = self._tensor((1, h + top + bottom, w + left + right, c), quant=self.tensors[x].quant)
         self.ops.append(irops.pad(x, p, y, 2 if self.dtype == "int8" else 1))
+        self.std[y] = self.std.get(x, 40.0)
         return y
 
     # ---- results --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`fit`'s kernel variants: int8 convolutions moved to the harness's direct kernel (no im2col
-scratch, slower) where their scratch is part of the peak (tpu_pipeline.toolchain.fit.variants.direct_twins)."""
+"""`fit`'s kernel variants (tpu_pipeline.toolchain.fit.variants.kernel_twins): at a variant's peak, the op there
+overlaps its output with its input, then int8 convolutions move to the harness's direct kernel (no
+im2col scratch, slower) where their scratch is part of the peak."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from pathlib import Path
 
 from cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.fit import fit_model
-from tpu_pipeline.toolchain.fit.variants import as_is_variants, direct_twins
+from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.ir.convert import load
-from tpu_pipeline.toolchain.ir.kernels import DIRECT, kernel_choices
+from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, flags, kernel_choices
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.schedule.api import schedule
 
@@ -26,33 +27,43 @@ def _wide_conv(tmp_path: Path) -> Path:
     return path
 
 
-def test_direct_twins_trade_latency_for_the_scratch_at_the_peak(tmp_path):
+def _flags(graph) -> set[str]:
+    return {f for op in graph.ops for f in flags(op)}
+
+
+def test_kernel_twins_trade_latency_for_the_bytes_at_the_peak(tmp_path):
     _, g = load(_wide_conv(tmp_path))
+    g, _ = on_harness(g)
     spans = split_spans(g)
     (plain,) = as_is_variants(g, spans, "qemu-mps2-an386", "cmsis-nn")
-    assert plain.peak == 4096 + 4096 + 2304
-    (twin,) = direct_twins(plain, "qemu-mps2-an386", "cmsis-nn")
-    assert twin.peak == 8192 == twin.lower_bound and twin.latency_s > plain.latency_s
-    assert kernel_choices(twin.graph) == {0: DIRECT} and len(twin.direct) == 1
-    # the reference kernels ask for no im2col buffer: nothing to trade
+    assert plain.peak == 4096 + 4096 + 2304  # input + output + CMSIS-NN's im2col
+    overlapped, direct = kernel_twins(plain, "qemu-mps2-an386", "cmsis-nn")
+    # in place: the output over the input, a ring of two rows (8 x 64 bytes each) besides the im2col
+    assert overlapped.peak == 4096 + 2304 + 2 * 512 and _flags(overlapped.graph) == {OVERLAP}
+    assert direct.peak == 4096 + 2 * 512 == direct.lower_bound and _flags(direct.graph) == {OVERLAP, DIRECT}
+    assert plain.latency_s < overlapped.latency_s < direct.latency_s
+    # the reference kernels ask for no im2col buffer: overlapping is the only trade
     (ref,) = as_is_variants(g, spans, "qemu-mps2-an386", "reference")
-    assert ref.peak == 8192 and direct_twins(ref, "qemu-mps2-an386", "reference") == []
+    assert ref.peak == 8192 and [t.peak for t in kernel_twins(ref, "qemu-mps2-an386", "reference")] == [4096 + 1024]
 
 
-def test_fit_picks_the_direct_kernel_when_only_it_meets_the_budget(tmp_path):
+def test_fit_picks_the_slower_kernels_only_when_the_budget_needs_them(tmp_path):
     src = _wide_conv(tmp_path)
     assert schedule(load(src)[1], semantics="tflm-cmsis-nn", time_limit=5).peak == 10496
-    fitted = fit_model(src, budget=9000, kernels="cmsis-nn", time_limit=20)
+    fitted = fit_model(src, budget=6000, kernels="cmsis-nn", time_limit=20)
     r = fitted.result
-    assert r.fits and r.head == 8192
-    assert kernel_choices(r.graph) == {0: DIRECT}
-    assert b"TPUP_CONV_2D_DIRECT" in fitted.data  # the written model names the kernel per op
+    assert r.fits and r.head == 5120
+    assert _flags(r.graph) == {OVERLAP, DIRECT}
+    assert b"TPUP_CONV_2D" in fitted.data  # the written model names the kernel per op
     # checked bit-identical in LiteRT and TFLite Micro (their builtin view) by fit_model itself
     assert {v.runtime for v in fitted.verification} == {"litert", "tflm"}
     assert all(o.ok for v in fitted.verification for o in v.outputs)
-    # without a budget that needs it, the faster CMSIS-NN kernel stays
+    # a budget the overlap alone meets keeps CMSIS-NN's faster convolution
+    r = fit_model(src, budget=8000, kernels="cmsis-nn", time_limit=20).result
+    assert r.fits and r.head == 7424 and _flags(r.graph) == {OVERLAP}
+    # without a budget that needs either, the fastest stays
     fast = fit_model(src, budget=20000, kernels="cmsis-nn", time_limit=20)
-    assert fast.result.fits and not kernel_choices(fast.result.graph)
+    assert fast.result.fits and not _flags(fast.result.graph)
 
 
 def test_fit_counts_the_kernel_sets_scratch(tmp_path):
@@ -61,18 +72,19 @@ def test_fit_counts_the_kernel_sets_scratch(tmp_path):
     src = _wide_conv(tmp_path)
     for kernels, head in (("cmsis-nn", 10496), ("reference", 8192)):
         r = fit_model(src, budget=20000, kernels=kernels, time_limit=20).result
-        assert r.fits and r.head == head and not kernel_choices(r.graph)
+        assert r.fits and r.head == head and not _flags(r.graph)
 
 
-def test_fitted_direct_kernels_run_on_the_emulated_cortex_m_as_predicted(tmp_path):
-    """The fitted model, with its direct convolution, in the CMSIS-NN firmware on QEMU: outputs
-    bit-identical to the host's TFLite Micro, and the firmware's head is fit's prediction."""
+def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_path):
+    """The fitted model, its convolution overlapped in place on the direct kernel, in the CMSIS-NN
+    firmware on QEMU: outputs bit-identical to the host's TFLite Micro, and the firmware's head is
+    fit's prediction."""
     from test_fit import run_fitted_on_qemu
 
-    fitted = fit_model(_wide_conv(tmp_path), budget=9000, kernels="cmsis-nn", time_limit=20)
-    assert kernel_choices(fitted.result.graph) == {0: DIRECT}
+    fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels="cmsis-nn", time_limit=20)
+    assert _flags(fitted.result.graph) == {OVERLAP, DIRECT}
     r = run_fitted_on_qemu(tmp_path, fitted, "cmsis-nn")
-    assert r.head_bytes == fitted.result.head == 8192
+    assert r.head_bytes == fitted.result.head == 5120
 
 
 def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_sets(tmp_path):

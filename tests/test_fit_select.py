@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -110,3 +111,36 @@ def test_memory_objective_and_frontier_match_brute_force(seed):
                                                           for p2, t2 in pairs)}, key=lambda x: x[1])
     got = [(s.peak, _ns(s.variants)) for s in pareto(lambda b: select(variants, n, budget=b))]
     assert got == frontier
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_whole_arena_selection_matches_brute_force(seed):
+    """With the tail counted (arena = peak + the chosen variants' tails + a fixed part), the chain DP
+    (caps on the peak, least tail or (tail, latency) fronts, pruned) and CP-SAT both find the brute
+    force optimum, for either objective, under budgets and latency bounds."""
+    rng = random.Random(500 + seed)
+    n = rng.randrange(2, 6)
+    variants = [dataclasses.replace(v, tail=rng.randrange(0, 400)) for v in _random_variants(rng, n)]
+    fixed = rng.randrange(0, 300)
+    cover = list(_coverings(variants, n))
+
+    def arena(c):
+        return max(v.peak for v in c) + sum(v.tail for v in c) + fixed
+
+    smallest = min(arena(c) for c in cover)
+    for chosen in (chain_select(variants, n, objective="memory", tail_fixed=fixed),
+                   select(variants, n, objective="memory", tail_fixed=fixed).variants):
+        assert arena(chosen) == smallest
+        assert _ns(chosen) == min(_ns(c) for c in cover if arena(c) == smallest)
+    bound = min(_ns(c) for c in cover) / 1e9 * 1.3
+    fits = [c for c in cover if _ns(c) <= bound * 1e9]
+    dp = chain_select(variants, n, objective="memory", latency_bound=bound, tail_fixed=fixed)
+    assert arena(dp) == min(arena(c) for c in fits)
+    for budget in sorted({arena(c) for c in cover})[:5]:
+        ok = [c for c in cover if arena(c) <= budget]
+        fastest = min(_ns(c) for c in ok)
+        for chosen in (chain_select(variants, n, budget=budget, tail_fixed=fixed),
+                       select(variants, n, budget=budget, tail_fixed=fixed).variants):
+            assert arena(chosen) <= budget and _ns(chosen) == fastest
+            assert arena(chosen) == min(arena(c) for c in ok if _ns(c) == fastest)
+    assert chain_select(variants, n, budget=smallest - 1, tail_fixed=fixed) is None

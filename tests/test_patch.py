@@ -143,8 +143,7 @@ def test_same_max_pool_pads_with_the_minimum():
     patched = apply_patches(g, region, (3, 3))
     pads = [op for op in patched.ops if op.opcode == "PADV2"]
     assert pads
-    from tpu_pipeline.toolchain.rewrite.edit import tensor_values
-    assert {int(tensor_values(patched.tensors[op.inputs[2]])[0]) for op in pads} == {-128}
+    assert {int(patched.tensors[op.inputs[2]].values()[0]) for op in pads} == {-128}
     assert all(v.bit_exact for v in _exact_both(g, patched, runs=3))
     # break it on purpose: the pooled tensor's zero point as the pad value
     zp = g.tensors[[op for op in g.ops if op.opcode == "MAX_POOL_2D"][0].inputs[0]].quant.zero_point[0]
@@ -214,11 +213,11 @@ def test_tensor_read_with_two_halos():
 
 def test_tile_runs_cover_the_axis_longest_first():
     """The last tiles run while nearly all of the output is held: they get the short runs."""
-    from tpu_pipeline.toolchain.rewrite.patch import _splits
+    from tpu_pipeline.toolchain.ir.geometry import splits
 
     for n in range(1, 40):
         for k in range(1, min(n, 8) + 1):
-            runs = _splits(n, k)
+            runs = splits(n, k)
             sizes = [b - a for a, b in runs]
             assert runs[0][0] == 0 and runs[-1][1] == n and all(runs[i][1] == runs[i + 1][0] for i in range(k - 1))
             assert sizes == sorted(sizes, reverse=True) and max(sizes) - min(sizes) <= 1

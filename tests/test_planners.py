@@ -320,3 +320,21 @@ def test_order_and_offsets_never_worse_than_the_schedule_alone():
     assert graph.is_topological(r.order)
     lt = lifetimes(graph, r.order, "tflm")
     assert check_plan(lt, r.plan.offsets, alignment=16) == [] and r.peak == lt.peak
+
+
+def test_rigid_groups_are_planned_exactly_from_a_first_fit_hint():
+    """Buffers tied at fixed offsets (an overlapped op's pair, lifetimes.Buffer.group) where every
+    first-fit order lands above the most bytes live: CP-SAT, started from the first fit's plan,
+    reaches the live bound (a hint given once per group member made the model invalid, and the
+    first fit was kept)."""
+    bufs = (Buffer(8, 0, 1, tensor=0), Buffer(8, 1, 3, tensor=1),  # a long-lived small one
+            Buffer(16, 2, 2, tensor=2, group=0, group_offset=0), Buffer(16, 3, 3, tensor=3, group=0, group_offset=0),
+            Buffer(24, 4, 4, tensor=4, group=0, group_offset=0), Buffer(12, 0, 0, tensor=5),
+            Buffer(16, 4, 5, tensor=6), Buffer(4, 5, 5, tensor=7))
+    hint = [0, 8, 16, 16, 16, 8, 40, 0]
+    assert check_plan(bufs, hint) == []
+    offsets, size, _, optimal = cpsat_plan(bufs, 5.0, hint=hint, lower_bound=live_lower_bound(bufs),
+                                           upper_bound=arena_size(bufs, hint))
+    assert offsets is not None and optimal and size == live_lower_bound(bufs)
+    plan = plan_buffers(bufs, "auto", 5.0)
+    assert plan.size == live_lower_bound(bufs) and check_plan(bufs, plan.offsets) == []

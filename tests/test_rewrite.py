@@ -17,7 +17,6 @@ from tpu_pipeline.toolchain.ir.options import (ACTIVATIONS, ConcatenationOptions
                                   FieldlessOptions, FullyConnectedOptions, ReshapeOptions)
 from tpu_pipeline.toolchain.memory import peak_memory
 from tpu_pipeline.toolchain.rewrite import EXACT, FLOAT_ROUNDING, LOSSY, apply_candidate, find_candidates, rewrite_graph
-from tpu_pipeline.toolchain.rewrite.edit import tensor_values
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.execute.inputs import random_inputs
 from tpu_pipeline.toolchain.execute.litert import input_details, run_litert
@@ -150,8 +149,8 @@ def test_float_conv_split_within_rounding_bound():
     _check_invariants(g, g2)
     a, b = model_to_bytes(model), model_to_bytes(rewritten_model(g2, model))
     cat, y = conv.inputs[0], conv.outputs[0]
-    w = tensor_values(g.tensors[conv.inputs[1]]).astype(np.float64)
-    bias = tensor_values(g.tensors[conv.inputs[2]]).astype(np.float64)
+    w = g.tensors[conv.inputs[1]].values().astype(np.float64)
+    bias = g.tensors[conv.inputs[2]].values().astype(np.float64)
     K = w.shape[1] * w.shape[2] * w.shape[3]
     o = conv.options
     y2 = _index_by_name(g2, g.tensors[y].name)

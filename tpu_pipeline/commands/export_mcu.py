@@ -13,7 +13,17 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="sparkfun-edge", help="MCU descriptor (default sparkfun-edge)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--budget", type=positive_int, metavar="BYTES",
-                   help="first fit the TFLite Micro arena head into BYTES (`tpu-pipeline fit`), then export that")
+                   help="first fit the TFLite Micro arena (head + tail; --head-only: the head) into BYTES "
+                        "(`tpu-pipeline fit`), then export that")
+    p.add_argument("--head-only", action="store_true", help="with --budget: the budget counts the head alone")
+    p.add_argument("--int8-io", action="store_true",
+                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output (the interface becomes "
+                        "int8 with the same scales; implies a fit)")
+    p.add_argument("--input-outside-arena", action="store_true",
+                   help="the application keeps the inputs in its own buffer; the firmware's arena is planned "
+                        "without them (implies a fit)")
+    p.add_argument("--builtin-kernels", action="store_true",
+                   help="with a fit: only TFLite Micro's builtin kernels")
     p.add_argument("--fit", action="store_true",
                    help="first fit the model to what the device's SRAM leaves for the arena (`fit --device`)")
     p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
@@ -28,15 +38,18 @@ def run(args) -> int:
 
     check_output_folder(args.out, inputs=[args.model])
     fitted = None
-    if args.fit or args.budget is not None:
+    if args.fit or args.budget is not None or args.int8_io or args.input_outside_arena:
         from tpu_pipeline.toolchain.errors import InfeasibleError
         from tpu_pipeline.toolchain.fit import fit_model
 
         fitted = fit_model(args.model, budget=args.budget, device=args.device, kernels=args.kernels,
-                           time_limit=args.time_limit)
+                           time_limit=args.time_limit, int8_io=args.int8_io,
+                           input_outside_arena=args.input_outside_arena, harness=not args.builtin_kernels,
+                           head_only=args.head_only)
         if not fitted.result.fits:
-            raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of arena head "
-                                  f"({fitted.budget_from}); the smallest reachable is {fitted.result.head:,} B")
+            what = "arena head" if args.head_only else "arena (head + tail)"
+            raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of {what} "
+                                  f"({fitted.budget_from}); the smallest reachable head is {fitted.result.head:,} B")
     r = export_mcu(args.model, args.device, args.out, model_data=fitted.data if fitted else None)
     if args.json:
         out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})

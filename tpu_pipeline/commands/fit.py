@@ -14,7 +14,23 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
     p.add_argument("-o", "--output", required=True, help="where to write the fitted .tflite (offline plan inside)")
     p.add_argument("--budget", type=non_negative_int, metavar="BYTES",
-                   help="largest TFLite Micro arena head allowed (bytes)")
+                   help="largest TFLite Micro arena allowed (bytes): head + persistent tail on the 32-bit target "
+                        "(what the board's RAM must hold), or the head alone with --head-only")
+    p.add_argument("--head-only", action="store_true",
+                   help="the budget and the memory objective count the planned head alone (the arena's "
+                        "non-persistent part), not the whole arena")
+    p.add_argument("--int8-io", action="store_true",
+                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output: the interface becomes "
+                        "int8 with the same scales (changes the interface: opt-in)")
+    p.add_argument("--input-outside-arena", action="store_true",
+                   help="the application keeps the inputs in its own buffer (a camera frame, a DMA target); the "
+                        "arena is planned without them (needs the harness firmware: export-mcu)")
+    p.add_argument("--no-patches", action="store_true",
+                   help="no patch-based execution: every layer runs whole (the other choices remain)")
+    p.add_argument("--builtin-kernels", action="store_true",
+                   help="only TFLite Micro's builtin kernels (a model for any TFLite Micro build); by default the "
+                        "harness firmware's kernels may be chosen (requantization in flash, folded padding, "
+                        "overlapped and direct convolutions, patch stages)")
     p.add_argument("--device", metavar="NAME",
                    help="MCU descriptor: the budget is its SRAM minus what the firmware needs, and latency is "
                         "predicted for it (default cost model: qemu-mps2-an386)")
@@ -44,11 +60,15 @@ def run(args) -> int:
     progress = None if args.json else (lambda msg: report.console(stderr=True).print(msg))
     fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
                        kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
-                       verify_runs=args.runs, progress=progress, allow_lossy=args.allow_lossy)
+                       verify_runs=args.runs, progress=progress, allow_lossy=args.allow_lossy,
+                       int8_io=args.int8_io, input_outside_arena=args.input_outside_arena,
+                       harness=not args.builtin_kernels, head_only=args.head_only, patches=not args.no_patches)
     r = fitted.result
     if not r.fits:
-        raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of arena head; the smallest reachable "
-                              f"is {r.head:,} B ({len(r.graph.ops)} ops)")
+        what = "arena head" if args.head_only else "arena (head + tail)"
+        reached = r.head if args.head_only or fitted.tail_target is None else r.head + fitted.tail_target
+        raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of {what}; the smallest reachable "
+                              f"is {reached:,} B ({len(r.graph.ops)} ops)")
     write_bytes_atomic(args.output, fitted.data, inputs=[args.model])
     if args.plot:
         plot_frontier(r, args.plot, args.model)
@@ -71,9 +91,12 @@ def _agreement(v) -> str:
 def _print(args, fitted) -> None:
     r, out = fitted.result, report.console()
     over = (r.selection.latency_s / r.baseline_latency_s - 1) if r.baseline_latency_s else 0.0
-    out.print(f"[bold]{args.model}[/bold] -> {args.output}: arena head {r.baseline_peak:,} -> {r.head:,} B "
-              f"(budget {r.budget:,} B from {fitted.budget_from})" if r.budget is not None else
-              f"[bold]{args.model}[/bold] -> {args.output}: arena head {r.baseline_peak:,} -> {r.head:,} B")
+    budget = f" (budget {r.budget:,} B from {fitted.budget_from})" if r.budget is not None else ""
+    out.print(f"[bold]{args.model}[/bold] -> {args.output}: arena head {r.baseline_peak:,} -> {r.head:,} B{budget}")
+    if fitted.tail_target is not None and r.baseline_tail is not None:
+        before, after = r.baseline_peak + r.baseline_tail, r.head + fitted.tail_target
+        out.print(f"whole arena on the 32-bit target (head + tail): {before:,} -> {after:,} B "
+                  f"(tail {r.baseline_tail:,} -> {fitted.tail_target:,} B; {before / after:.2f}x)")
     out.print(f"predicted latency {r.baseline_latency_s * 1e3:,.2f} -> {r.selection.latency_s * 1e3:,.2f} ms "
               f"({over:+.1%}; device cost model, a prediction); {len(r.graph.ops)} ops; order "
               f"{'proven optimal' if r.schedule.proven_optimal else 'not proven optimal'}; "

@@ -158,7 +158,7 @@ class SerialMcu:
                     raise DeviceError(f"{self.port}: expected OK, got {msg.kind}")
         self._write(P.encode("RUN", seq))
         outs = [bytearray(n) for n in output_sizes]
-        ops = []
+        ops, logs = [], []
         deadline = time.monotonic() + self.timeout
         while True:
             msg = self._readline(deadline, f"the result of inference {seq}")
@@ -166,8 +166,12 @@ class SerialMcu:
             if msg.kind == "BOOT":
                 raise DeviceError(f"{self.port}: device reset during inference {seq} (it printed BOOT)")
             if msg.kind == "ERR":
-                raise DeviceError(f"{self.port}: inference {seq} failed on the device: {msg.fields[0]}")
-            if msg.kind in ("LOG", "READY", "OK"):
+                said = f" (the device logged: {'; '.join(logs[-3:])})" if logs else ""
+                raise DeviceError(f"{self.port}: inference {seq} failed on the device: {msg.fields[0]}{said}")
+            if msg.kind == "LOG":
+                logs.append(" ".join(msg.fields))
+                continue
+            if msg.kind in ("READY", "OK"):
                 continue
             if msg.fields and msg.fields[0] != str(seq):
                 raise DeviceError(f"{self.port}: {msg.kind} for inference {msg.fields[0]} while running {seq}")

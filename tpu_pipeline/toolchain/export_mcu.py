@@ -20,8 +20,12 @@ from pathlib import Path
 
 from tpu_pipeline.toolchain.data import HARNESS_DIR  # package data: found from any folder, in a wheel too
 from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError, UsageError
-from tpu_pipeline.toolchain.ir.kernels import DIRECT, DIRECT_CONV_CODE
+from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
+
+# TFLite Micro plans at start-up in the arena's free space (an AllocationInfo per buffer and the greedy
+# planner's lists); a firmware arena sized to arena_used_bytes alone may not leave room for that.
+PLANNING_BYTES_PER_BUFFER = 48
 
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
 _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_N1_TO_1": "AddReluN1To1",
@@ -31,12 +35,16 @@ _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_
 
 # The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom ops: the op code
 # the model names them by -> the registration call (tpu_pipeline.toolchain.ir.kernels).
-HARNESS_CUSTOM_OPS = {DIRECT_CONV_CODE: "AddCustom(tpup::kDirectConvName, tpup::Register_CONV_2D_DIRECT())"}
+HARNESS_CUSTOM_OPS = {
+    "TPUP_CONV_2D": 'AddCustom("TPUP_CONV_2D", tpup::Register_CONV_2D())',
+    "TPUP_DEPTHWISE_CONV_2D": 'AddCustom("TPUP_DEPTHWISE_CONV_2D", tpup::Register_DEPTHWISE_CONV_2D())',
+    "TPUP_PATCH_STAGE": 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())',
+}
 
 
 def resolver_opcode(op) -> str:
     """The op code the resolver registers `op` under: its builtin, or the harness kernel it picks."""
-    return DIRECT_CONV_CODE if op.kernel == DIRECT else op.opcode
+    return harness.custom_code(op) if harness.is_harness(op) else op.opcode
 
 
 def resolver_method(opcode: str) -> str:
@@ -97,13 +105,14 @@ def c_array(data: bytes, name: str) -> str:
 def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True,
                model_data: bytes | None = None) -> ExportResult:
     """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
-    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, predicted_host_head
     from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.memory.tflm_target import KERNEL_SETS, target_arena, target_head
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
-    from tpu_pipeline.toolchain.memory.tflm_target import KERNEL_SETS, target_arena
     from tpu_pipeline.toolchain.tflite.extract import without_unused_tensors
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
     src = Path(model_path)
     out = Path(out_dir)
@@ -124,27 +133,39 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
     methods = [resolver_method(o) for o in opcodes]
     offsets, planned_head, planner = _plan(model, graph)
+    kept = read_offline_plan(model)  # a plan the model brings (fit's): kept where it is no larger
+    if kept is not None and len(kept) == len(offsets):
+        kept_head = target_head(graph, "reference", kept)[0]
+        if kept_head <= planned_head:
+            offsets, planned_head, planner = list(kept), kept_head, "the model's own"
     own_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     planned = with_offline_plan(model, offsets) if any(o >= 0 for o in offsets) else model
     data = model_to_bytes(planned)
     if flash and len(data) > flash:
         raise InfeasibleError(f"{src}: the model is {len(data):,} bytes; {d['name']} has {flash:,} bytes of flash")
     measured = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
-    if verify and measured.head > planned_head:
+    # the host's TFLite Micro runs the builtin view of harness kernels (no overlapped buffers): its
+    # head is checked against what the same plan gives that view
+    host_head = planned_head if not harness.kernel_choices(graph) else predicted_host_head(data)
+    if verify and measured.head > host_head:
         raise InfeasibleError(f"{src}: TFLite Micro allocated a {measured.head:,}-byte head, our plan said "
-                              f"{planned_head:,} (the offline plan was not honoured)")
-    # The host's head + tail (64-bit pointers: a larger tail), or what the 32-bit target needs with
-    # either kernel set where that is larger (CMSIS-NN's LSTM keeps eight kernel-sum vectors the
-    # reference kernel does not; too small an arena made its Prepare write through a null pointer)
-    needed = [measured.head + measured.tail]
+                              f"{host_head:,} (the offline plan was not honoured)")
+    # What the 32-bit target needs with either kernel set, and the host's head + tail where the host
+    # ran the model itself (64-bit pointers: a larger tail); where it ran the builtin view of
+    # harness kernels, room for TFLite Micro's planning temporaries at start-up instead. (CMSIS-NN's
+    # LSTM keeps eight kernel-sum vectors the reference kernel does not; too small an arena made its
+    # Prepare write through a null pointer.)
+    on_harness = bool(harness.kernel_choices(graph) or graph.external)
+    needed = [] if on_harness else [measured.head + measured.tail]
     for kernels in KERNEL_SETS:
         target = target_arena(graph, kernels, offsets).total
         if target is not None:
             needed.append(target)
-    arena_size = -(-max(needed) // 16) * 16
+    temporaries = PLANNING_BYTES_PER_BUFFER * len(lifetimes(graph, semantics="tflm").per_tensor()[0].buffers) \
+        if on_harness else 0
+    arena_size = -(-(max(needed or [measured.head + measured.tail]) + temporaries) // 16) * 16
     if arena_size > sram:
-        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena (head {measured.head:,} + tail "
-                              f"{measured.tail:,}); {d['name']} has {sram:,} bytes of SRAM")
+        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena; {d['name']} has {sram:,} bytes of SRAM")
     crc = f"{zlib.crc32(data):08X}"
     sg = planned.subgraphs[0]
     files: dict[str, bytes] = {
@@ -160,8 +181,10 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
 
         firmware = board_firmware(d)
         files.update(project_files(d))
+    external = [(t, graph.tensors[t].nbytes) for t in sorted(graph.external)]  # TFLM adds them by index
     files["harness_config.h"] = _config_header(d, arena_size, measured.head, crc, len(sg.inputs), len(sg.outputs),
-                                               src.name, firmware.core_clock_hz if firmware else None).encode()
+                                               src.name, firmware.core_clock_hz if firmware else None,
+                                               external).encode()
     if HARNESS_DIR.is_dir():
         for f in sorted(HARNESS_DIR.iterdir()):
             if f.is_file():
@@ -179,7 +202,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
 
 def _resolver_header(opcodes, methods) -> str:
     lines = ["#pragma once", "// Generated by tpu-pipeline export-mcu: only the ops the model uses.", "",
-             '#include "direct_conv.h"',
+             '#include "tpup_conv.h"',
              '#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"', "",
              f"constexpr int kHarnessNumOps = {len(opcodes)};",
              "using HarnessOpResolver = tflite::MicroMutableOpResolver<kHarnessNumOps>;", "",
@@ -192,7 +215,7 @@ def _resolver_header(opcodes, methods) -> str:
 
 
 def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: int, model_name: str,
-                   core_clock_hz: int | None = None) -> str:
+                   core_clock_hz: int | None = None, external=()) -> str:
     # Ticks count at the clock the board layer really runs the core at (its [firmware] section),
     # which may differ from the chip's maximum in [compute] clock_hz.
     ticks = core_clock_hz or int(d["compute"]["clock_hz"])
@@ -208,5 +231,10 @@ def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: i
         f"#define HARNESS_NUM_INPUTS {n_in}",
         f"#define HARNESS_NUM_OUTPUTS {n_out}",
         f'#define HARNESS_MODEL_CRC "{crc}"',
+        "// Inputs the application keeps outside the arena (the offline plan marks them EXTERNAL)",
+        f"#define HARNESS_NUM_EXTERNAL {len(external)}",
+        *([f"#define HARNESS_EXTERNAL_BYTES {{{', '.join(str(n) for _, n in external)}}}  "
+           f"// tensors {', '.join(str(t) for t, _ in external)}",
+           f"#define HARNESS_EXTERNAL_TOTAL {sum(-(-n // 16) * 16 for _, n in external)}"] if external else []),
         "",
     ])

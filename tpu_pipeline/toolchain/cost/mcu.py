@@ -25,8 +25,9 @@ from tpu_pipeline.toolchain.cost.classes import OP_CLASSES, op_class
 from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
-from tpu_pipeline.toolchain.memory.scratch import tflm_padding
+from tpu_pipeline.toolchain.ir import kernels as harness
+from tpu_pipeline.toolchain.ir import stage
+from tpu_pipeline.toolchain.ir.geometry import hw, leading_pads, region_needs, splits
 
 KERNEL_SETS = ("cmsis-nn", "reference")
 # Fit classes with no measurements of their own fall back along this chain.
@@ -107,8 +108,7 @@ def _depthwise_path(graph: Graph, op) -> str:
     o = op.options
     if x[0] != 1 or getattr(o, "depth_multiplier", 1) != 1 or o.dilation_w != 1 or o.dilation_h != 1:
         return "depthwise"
-    if w[1] == 3 and w[2] == 3 and tflm_padding(x[1], 3, o.stride_h, 1, o.padding) <= 1 \
-            and tflm_padding(x[2], 3, o.stride_w, 1, o.padding) <= 1:
+    if w[1] == 3 and w[2] == 3 and max(leading_pads(graph, op)) <= 1:
         return "depthwise_3x3"
     return "depthwise_opt"
 
@@ -139,6 +139,82 @@ def coefficients(table: dict, cls: str) -> dict:
 def predict_instructions(f: OpFeatures, table: dict) -> float:
     c = coefficients(table, f.fit_class)
     return c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c["overhead"]
+
+
+@dataclass(frozen=True)
+class StageFeatures:
+    """What a patch stage's instructions are made of (tpu_pipeline.toolchain.ir.stage)."""
+    layers: float  # its tiles' layers at their classes' per-unit and per-output rates
+    calls: int  # kernel calls: a layer on a tile
+    rows: int  # output rows of those calls
+    copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
+    ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
+    ring_copied: int = 0  # int8 elements those calls copy out of the ring
+
+
+def stage_features(op, table: dict) -> StageFeatures:
+    body, grid = op.options.body, op.options.grid
+    tout = body.outputs[0]
+    oh, ow = hw(body, tout)
+    layers = 0.0
+    for h0, h1 in splits(oh, grid[0]):
+        for w0, w1 in splits(ow, grid[1]):
+            need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
+            for j, layer in enumerate(body.ops):
+                f = op_features(body, j)
+                b = need[layer.outputs[0]]
+                whole = body.tensors[layer.outputs[0]].shape
+                share = (b[1] - b[0]) * (b[3] - b[2]) / (whole[1] * whole[2])
+                c = coefficients(table, f.fit_class)
+                layers += c["per_unit"] * f.work * share + c.get("per_output", 0.0) * f.outputs * share
+    calls = rows = copied = ring_rows = ring_copied = 0
+    channels = {body.inputs[0]: body.tensors[body.inputs[0]].shape[3], -1: body.tensors[tout].shape[3]}
+    for step in stage.steps(op.options):
+        code = step[0]
+        if code == stage.CONV:
+            calls, rows = calls + 1, rows + step[8]
+            if step[11] > 0:
+                ring_rows += step[8]
+                ring_copied += step[8] * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
+        elif code == stage.ADD:
+            calls, rows = calls + 1, rows + step[13]
+        elif code == stage.SLICE:
+            copied += step[4] * step[7] * step[8]
+        elif code == stage.COPY_IN:
+            copied += step[4] * step[5] * channels[body.inputs[0]]
+        elif code == stage.COPY_OUT:
+            copied += step[4] * step[5] * channels[-1]
+    return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied)
+
+
+def stage_instructions(op, table: dict) -> float:
+    """A patch stage: its tiles' layers priced by their classes' rates, its overlapped calls by
+    [K.overlap]'s, plus (fitted on QEMU by tools/fit_harness_cost.py: the [K.patch_stage] table) a
+    cost per kernel call, per output row of a call and per element copied. These are effective
+    rates: besides the calls and copies they absorb what small tiles cost the CMSIS-NN kernels
+    beyond their whole-op rates (a tile's rows are short; 6-17 % of the layers' instructions on
+    the calibration blocks, about 1 % with the reference kernels). Before that fit, every call is
+    priced as a whole op's overhead and a copy as data movement."""
+    f = stage_features(op, table)
+    ring = table.get("overlap")  # overlapped calls: a call per row and its copy out of the ring
+    rings = ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied if ring is not None else 0.0
+    c = table.get("patch_stage")
+    if c is not None:
+        return f.layers + rings + c["per_call"] * f.calls + c["per_row"] * f.rows + c["per_copied"] * f.copied
+    dm = coefficients(table, "data_movement")
+    per_call = max(coefficients(table, cls)["overhead"] for cls in ("conv", "conv_1x1", "depthwise_3x3"))
+    return f.layers + rings + per_call * f.calls + dm["per_output"] * f.copied
+
+
+def overlap_instructions(graph: Graph, op, table: dict) -> float:
+    """What an overlapped harness convolution adds to its kernel's cost: a kernel call per output
+    row into a ring and a copy of each row ([K.overlap], fitted by tools/fit_harness_cost.py; 0
+    before that fit)."""
+    c = table.get("overlap")
+    if c is None:
+        return 0.0
+    y = graph.tensors[op.outputs[0]]
+    return c["per_unit"] * y.shape[1] + c["per_output"] * y.num_elements + c["overhead"]
 
 
 @dataclass(frozen=True)
@@ -201,10 +277,22 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
     ops = []
     for i, op in enumerate(graph.ops):
         cls = op_class(op.opcode)
+        if table is not None and stage.is_stage(op):
+            instr = stage_instructions(op, table)
+            cycles = instr * float(cpi)
+            ops.append(McuOpCost(i, op.opcode, cls, macs(graph, i) or 0, cycles, cycles / clock, instr, "patch_stage"))
+            continue
         if table is not None:
             f = op_features(graph, i)
-            # the harness's direct convolution is the reference kernel (tpu_pipeline.toolchain.ir.kernels)
-            instr = predict_instructions(f, tables["reference"] if op.kernel == DIRECT else table)
+            # the harness's direct convolution is the reference kernel, its direct depthwise one
+            # CMSIS-NN's generic kernel (tpu_pipeline.toolchain.ir.kernels)
+            direct = harness.DIRECT in harness.flags(op)
+            if direct and op.opcode == "DEPTHWISE_CONV_2D":
+                instr = predict_instructions(OpFeatures("depthwise", f.work, f.outputs), table)
+            else:
+                instr = predict_instructions(f, tables["reference"] if direct else table)
+            if harness.OVERLAP in harness.flags(op):
+                instr += overlap_instructions(graph, op, table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

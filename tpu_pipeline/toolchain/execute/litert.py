@@ -15,13 +15,16 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 
 # A model that picks our harness's kernels per op (tpu_pipeline.toolchain.ir.kernels) names them as custom ops.
-HARNESS_KERNEL_MARK = b"TPUP_CONV_2D_"
+HARNESS_KERNEL_MARK = b"TPUP_"
+# ... and an offline plan with an input outside the arena holds this word (tflite.metadata.EXTERNAL).
+EXTERNAL_MARK = (-2).to_bytes(4, "little", signed=True)
 
 
 def host_view(data: bytes) -> bytes:
     """What a host runtime runs for `data`: the model itself, or, where it picks harness kernels
-    per op, the same graph on the builtin kernels (which compute the same results)."""
-    if HARNESS_KERNEL_MARK not in data:
+    per op or keeps inputs outside the arena, the same graph on the builtin kernels (which compute
+    the same results) with the arena plan a stock runtime can follow."""
+    if HARNESS_KERNEL_MARK not in data and EXTERNAL_MARK not in data:
         return data
     from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
 

@@ -135,3 +135,17 @@ def tflm_refusal(model: bytes | str | Path, label: str | None = None) -> str | N
 
 if __name__ == "__main__":  # pragma: no cover - manual use
     print(json.dumps(measure_tflm_arena(sys.argv[1]).__dict__))
+
+
+def predicted_host_head(data: bytes) -> int:
+    """The head our model of TFLite Micro's planner predicts the host's interpreter (reference
+    kernels) allocates for `data` with the offline plan it carries: for a model on the harness's
+    kernels, its builtin view (what the host runs; overlapped tensors left to the runtime)."""
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
+    from tpu_pipeline.toolchain.memory.tflm_target import target_head
+    from tpu_pipeline.toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+    view = read_model(builtin_view_bytes(data))
+    return target_head(from_model(view), "reference", read_offline_plan(view))[0]

@@ -14,6 +14,7 @@ from tpu_pipeline.toolchain.cost.mcu import device_dict
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
 from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 
 # The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
@@ -21,7 +22,6 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 # the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
 # reserved with headroom.
 HARNESS_STATIC_BYTES = 16 * 1024
-MAX_DEVICE_ROUNDS = 3
 DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
 
 
@@ -31,11 +31,12 @@ class FittedModel:
     data: bytes  # the model to write (offline plan inside)
     source: bytes  # the input model as made exact for TFLite Micro (the reference of the checks)
     verification: tuple  # tpu_pipeline.toolchain.execute.compare.Verification per runtime
-    head_measured: int | None  # the host's TFLite Micro head with our plan (real interpreter, reference kernels)
-    head_predicted_host: int | None  # what we predict it to be (= result.head for the reference kernels)
+    head_measured: int | None  # the host's TFLite Micro head with our plan (real interpreter, reference kernels,
+    # the builtin view of harness kernels)
+    head_predicted_host: int | None  # what we predict it to be
     kernels: str  # the kernel set result.head is for
     tail_measured: int | None  # the host interpreter's tail (64-bit)
-    tail_target: int | None  # --device: the tail on the 32-bit target (or the host's, see notes)
+    tail_target: int | None  # the tail on the 32-bit target (or the host's where not modelled, see notes)
     arena_available: int | None  # --device: SRAM - firmware reserve
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
@@ -64,14 +65,17 @@ def device_reserve(device) -> tuple[int, int]:
 def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
               kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
-              allow_lossy: bool = False) -> FittedModel:
-    """Fit the model at `path` to `budget` bytes of arena head, or to what `device` leaves for the
-    arena: SRAM - firmware reserve - the persistent tail TFLite Micro allocates on the 32-bit
-    target for the fitted model (`kernels`). The tail grows with the patches (every tile's copy of
-    an op keeps its own parameters), so the head budget is lowered by any overflow and the fit
-    redone (at most MAX_DEVICE_ROUNDS times). `allow_lossy`: the int8 partial-sum splits may be
-    chosen too; the written model is then checked within requantization (its deviation reported),
-    not bit-identical."""
+              allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,
+              harness: bool = True, head_only: bool = False, patches: bool = True) -> FittedModel:
+    """Fit the model at `path` to `budget` bytes of arena, or to what `device` leaves for the arena
+    (SRAM - firmware reserve). The arena is TFLite Micro's whole arena on the 32-bit target, head +
+    persistent tail for the kernel set (`kernels`), unless `head_only` (the planned head alone).
+    `int8_io`: the interface becomes int8 (rewrite.interface; the model with that change alone is
+    the reference of every check). `input_outside_arena`: the application keeps the inputs in its
+    own buffer (the harness firmware). `harness`: the harness's kernels may be chosen (else the model
+    runs on any TFLite Micro build). `patches`: offer patch-based execution. `allow_lossy`: the int8
+    partial-sum splits may be chosen too;
+    the written model is then checked within requantization (its deviation reported)."""
     from tpu_pipeline.toolchain.execute.compare import check_or_raise, verify_models
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
@@ -79,52 +83,58 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
     graph, _ = graph.with_unique_tensor_names()
-    source = model_to_bytes(model)
-    measure_tflm_arena(source, label=str(path))  # TFLite Micro's verdict first, in the words plan and export-mcu use
+    measure_tflm_arena(model_to_bytes(model), label=str(path))  # TFLite Micro's verdict first, in the words
+    # plan and export-mcu use
     notes = list(notes)
+    if int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
+        graph, changed = drop_float_io(graph)
+        notes += changed
+        source = model_to_bytes(rewritten_model(graph, model))
+    else:
+        source = model_to_bytes(model)
+    if input_outside_arena:
+        graph = external_inputs(graph)
     deadline = Deadline(time_limit)
-    head_budget, budget_from, avail = budget, "--budget", None
+    arena = "head" if head_only else "whole"
+    fit_budget, budget_from, avail = budget, "--budget", None
     if device is not None and budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device
-        head_budget = avail - _tail(graph, kernels, source, notes)
-    for _ in range(MAX_DEVICE_ROUNDS):
-        result = fit_graph(graph, budget=head_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
-                           kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
-                           deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
-                           model=model)
-        data = _written(result, model, path)
-        tail = _tail(result.graph, kernels, data, notes) if avail is not None else None
-        if avail is None or not result.fits or result.head + tail <= avail:
-            break
-        head_budget -= result.head + tail - avail  # the fitted model's own tail is larger: leave room for it
+        fit_budget = avail if not head_only else avail - _tail(graph, kernels, source, notes)
+    result = fit_graph(graph, budget=fit_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
+                       kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
+                       deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
+                       model=model, harness=harness, arena=arena, patches=patches)
+    data = _written(result, model, path)
+    tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     if avail is not None and result.head + tail > avail:
         result = replace(result, fits=False)
         notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
                      "for the arena")
-    arena = measure_tflm_arena(data, label=str(path))
-    host_head = _host_head(result, kernels)
+    host = measure_tflm_arena(data, label=str(path))
+    host_head = _host_head(result, kernels, data)
     if not result.fits:  # nothing is written: the caller reports the smallest arena reached
-        return FittedModel(result, data, source, (), arena.head, host_head, kernels, arena.tail, tail, avail,
+        return FittedModel(result, data, source, (), host.head, host_head, kernels, host.tail, tail, avail,
                            budget_from, tuple(notes))
     verification = tuple(verify_models(source, data, runs=verify_runs, lossy_ok=allow_lossy))
     check_or_raise(list(verification), str(path))
-    if arena.head != host_head:
-        raise VerificationError(f"{path}: TFLite Micro allocates a {arena.head:,}-byte head with the fitted model's "
+    if host.head != host_head:
+        raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted model's "
                                 f"plan; {host_head:,} B were predicted")
-    return FittedModel(result, data, source, verification, arena.head, host_head, kernels, arena.tail, tail, avail,
+    return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
                        budget_from, tuple(notes))
 
 
-def _host_head(result: FitResult, kernels: str) -> int:
+def _host_head(result: FitResult, kernels: str, data: bytes) -> int:
     """The head the host's TFLite Micro (reference kernels, the builtin view) allocates for the
-    written model: `result.head` itself when the fit was for the reference kernels; for another
-    kernel set the same offline plan with the reference kernels' scratch placed online."""
-    if kernels == "reference" or result.offline_plan is None:
-        return result.head
-    from tpu_pipeline.toolchain.memory.tflm_target import target_head
+    written model: `result.head` itself when the fit was for the reference kernels and picks no
+    harness kernel; otherwise what the written plan gives the host's view."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import predicted_host_head
+    from tpu_pipeline.toolchain.ir.kernels import kernel_choices
 
-    return target_head(result.graph, "reference", result.offline_plan)[0]
+    if result.offline_plan is None or (kernels == "reference" and not kernel_choices(result.graph)):
+        return result.head
+    return predicted_host_head(data)
 
 
 def _written(result: FitResult, model, path) -> bytes:

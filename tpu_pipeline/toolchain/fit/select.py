@@ -4,15 +4,21 @@ Wen et al. (TASO) pick one primitive per layer with an ILP whose memory is the S
 primitives' footprints (their Formula 13); an arena's cost is its PEAK, so here memory is a
 maximum: `peak >= peak(v)` for every chosen variant `v`, and the constraint is `peak <= budget`.
 Each variant covers a contiguous run of spans (`first..last`); the chosen variants cover every span
-exactly once. Objectives are lexicographic: latency then peak (`objective="latency"`), or peak then
-latency (`"memory"`, optionally under a latency bound). The Pareto frontier is the
+exactly once. Objectives are lexicographic: latency then memory (`objective="latency"`), or memory
+then latency (`"memory"`, optionally under a latency bound). The Pareto frontier is the
 epsilon-constraint sweep: the fastest selection, then the fastest one strictly smaller, and so on.
+
+Memory is the arena head (the peak) or, with `tail_fixed` given, the whole arena TFLite Micro
+takes: the peak plus the persistent tail, which is additive (each variant brings its ops' part,
+`Variant.tail`; `tail_fixed` is the rest): then a variant that shrinks the head but grows the tail
+more is never chosen. The budget and the memory objective then count peak + sum(tail) + tail_fixed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
@@ -28,40 +34,59 @@ class Selection:
     peak: int  # max of the chosen variants' peaks
     latency_s: float  # sum of their predicted latencies
     proven: bool  # CP-SAT proved the lexicographic optimum
+    tail: int = 0  # whole-arena selections: the variants' tails + the fixed part (0: the head alone counted)
+
+    @property
+    def arena(self) -> int:
+        """What the selection minimises or holds under the budget: the peak, plus the tail when counted."""
+        return self.peak + self.tail
 
     def to_json(self) -> dict:
-        return {"peak_bytes": self.peak, "latency_s_predicted": self.latency_s, "proven_optimal": self.proven,
+        return {"peak_bytes": self.peak, "tail_bytes": self.tail or None, "arena_bytes": self.arena,
+                "latency_s_predicted": self.latency_s, "proven_optimal": self.proven,
                 "variants": [v.to_json() for v in self.variants]}
 
 
 def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
-           latency_bound: float | None = None, deadline: Deadline | None = None) -> Selection | None:
-    """The best selection, or None when no selection meets `budget` (and `latency_bound`)."""
-    usable = [v for v in variants if budget is None or v.peak <= budget]
-    first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "peak",
-                   None, deadline)
+           latency_bound: float | None = None, deadline: Deadline | None = None,
+           tail_fixed: int | None = None) -> Selection | None:
+    """The best selection, or None when no selection meets `budget` (and `latency_bound`).
+    `tail_fixed` None: memory is the peak; an int: the whole arena (module docstring)."""
+    usable = [v for v in variants if budget is None or v.peak + (v.tail + tail_fixed if tail_fixed is not None else 0)
+              <= budget]
+    first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "memory",
+                   None, deadline, tail_fixed)
     if first is None:
         return None
     chosen, proven1 = first
     lat = sum(_ns(v) for v in chosen)
-    peak = max(v.peak for v in chosen)
-    if objective == "latency":  # second level: the smallest peak at that latency
-        second = _solve(usable, n_spans, budget, None, "peak", lat, deadline)
-    else:  # the fastest at that peak
-        second = _solve(usable, n_spans, peak, latency_bound, "latency", None, deadline)
+    memory = _arena(chosen, tail_fixed)
+    if objective == "latency":  # second level: the least memory at that latency
+        second = _solve(usable, n_spans, budget, None, "memory", lat, deadline, tail_fixed)
+    else:  # the fastest at that memory
+        second = _solve(usable, n_spans, memory, latency_bound, "latency", None, deadline, tail_fixed)
     if second is not None:
         chosen, proven2 = second
     else:
         proven2 = False
-    return _selection(chosen, proven1 and proven2)
+    return _selection(chosen, proven1 and proven2, tail_fixed)
+
+
+def _arena(chosen, tail_fixed: int | None) -> int:
+    peak = max(v.peak for v in chosen)
+    return peak if tail_fixed is None else peak + sum(v.tail for v in chosen) + tail_fixed
 
 
 def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
-                 latency_bound: float | None = None) -> list[Variant] | None:
+                 latency_bound: float | None = None, tail_fixed: int | None = None) -> list[Variant] | None:
     """The same optimum as `select`, by dynamic programming over the chain of spans (a variant is
     an arc from span `first` to `last + 1`): milliseconds for thousands of variants, so the lazy
     evaluation in fit.py can ask it after every variant it measures; the answer `fit` returns is
-    `select`'s (CP-SAT) over the measured variants, checked against this one."""
+    `select`'s (CP-SAT) over the measured variants, checked against this one. With `tail_fixed`
+    (the whole arena) each cap P on the peak gets the coverings' Pareto front of (tail, latency)."""
+    variants = _undominated(variants)
+    if tail_fixed is not None:
+        return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed)
     usable = [v for v in variants if budget is None or v.peak <= budget]
     if objective == "latency":
         best = _fastest(usable, n_spans)
@@ -81,6 +106,23 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
         else:
             lo = mid + 1
     return None if found is None else found[2]
+
+
+def _undominated(variants: list[Variant]) -> list[Variant]:
+    """The variants no other of the same spans matches or beats on peak, tail and latency at once
+    (of equal ones the first): a best covering never needs the rest. Patch candidates still at
+    their bounds are equal across grids, so this keeps one per region until they are estimated."""
+    groups: dict[tuple[int, int], list[Variant]] = {}
+    for v in variants:
+        groups.setdefault((v.first, v.last), []).append(v)
+    out = []
+    for group in groups.values():
+        kept: list[Variant] = []
+        for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):  # (stable: ties keep their order)
+            if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
+                kept.append(v)
+        out += kept
+    return out
 
 
 def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
@@ -114,6 +156,194 @@ def _fastest(variants: list[Variant], n_spans: int):
     return best[n_spans]
 
 
+def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
+    """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
+    the coverings by variants of peak <= P; a covering's arena is P + its tail + tail_fixed (no
+    more than that: its own peak may be lower, which a lower P also covers). Memory first: the
+    least arena (`_least_arena`), then the fastest at it. Latency first: caps fall from the
+    highest, each giving the fastest covering within the budget (its Pareto front of (tail,
+    latency)), until the fastest covering under the cap, whatever its tail, is no faster than the
+    best; then the least arena at that latency (memory first, bounded by it)."""
+    room = None if budget is None else budget - tail_fixed
+    usable = [v for v in variants if room is None or v.peak <= room]
+    ns = {id(v): _ns(v) for v in usable}
+    bound = None if latency_bound is None else latency_bound * _NS
+    if objective == "memory":
+        return _least_arena(usable, n_spans, ns, room, tail_fixed, bound)
+    fastest_ns = None
+    for cap in sorted({v.peak for v in usable}, reverse=True):
+        under = [v for v in usable if v.peak <= cap]
+        quickest = _fastest(under, n_spans)
+        if quickest is None or (fastest_ns is not None and quickest[0] >= fastest_ns):
+            break  # a lower cap has fewer variants: nothing faster below
+        for _, lat, _ in _front(under, n_spans, ns, None if room is None else room - cap):
+            if (bound is None or lat <= bound) and (fastest_ns is None or lat < fastest_ns):
+                fastest_ns = lat
+    if fastest_ns is None:
+        return None
+    return _least_arena(usable, n_spans, ns, room, tail_fixed, fastest_ns)
+
+
+def _least_arena(usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] | None:
+    """The covering of least arena (cap + tail + tail_fixed, within `room` for cap + tail), then
+    the fastest, with latency at most `bound` ns (None: any). Per cap, the covering of least
+    (tail, latency) (a lexicographic shortest path); with a bound, where that one could still
+    win, the Pareto front of (tail, latency) within the bound. Caps rise from the lowest that
+    any covering (within the bound) fits under until a cap plus the least tail of any covering
+    passes the best arena."""
+    caps = sorted({v.peak for v in usable})
+    chain = _LeastTail(usable, n_spans, ns)
+    least = chain.least(caps[-1], None) if caps else []
+    if not least:
+        return None
+    lowest = _smallest_peak(usable, n_spans)  # (no covering under a lower cap)
+    if bound is not None:  # the lowest cap with a covering within the bound (fastest: falls as caps rise)
+        lo, hi = 0, len(caps) - 1
+        if _fastest(usable, n_spans)[0] > bound:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            quickest = _fastest([v for v in usable if v.peak <= caps[mid]], n_spans)
+            lo, hi = (lo, mid) if quickest is not None and quickest[0] <= bound else (mid + 1, hi)
+        lowest = max(lowest, caps[lo])
+    best = None  # ((arena, latency), variants)
+    for cap in (c for c in caps if c >= lowest):
+        if best is not None and cap + least[0][0] + tail_fixed > best[0][0]:
+            break  # no covering under this cap or a higher one can have a smaller arena
+        max_tail = None if room is None else room - cap
+        front = chain.least(cap, max_tail)
+        if not front or (best is not None and cap + front[0][0] + tail_fixed > best[0][0]):
+            continue  # none fits, or none under this cap beats the best
+        if bound is not None and front[0][1] > bound:
+            front = _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail, bound)
+        for tail, lat, chosen in front:
+            if bound is None or lat <= bound:
+                key = (cap + tail + tail_fixed, lat)
+                if best is None or key < best[0]:
+                    best = (key, chosen)
+    return None if best is None else best[1]
+
+
+def _by_end(variants) -> dict[int, list[Variant]]:
+    ending: dict[int, list[Variant]] = {}
+    for v in variants:
+        ending.setdefault(v.last + 1, []).append(v)
+    return ending
+
+
+def _unwind(label) -> list[Variant]:
+    """The variants of a DP label (tail, latency, previous label, variant), first span first."""
+    out = []
+    while label[3] is not None:
+        out.append(label[3])
+        label = label[2]
+    return out[::-1]
+
+
+class _LeastTail:
+    """The covering of least (tail, latency) under a cap on the peak, for many caps over one set
+    of variants: per end span, numpy arrays of the variants ending there, and a key that orders
+    by tail, then latency (tail x 2^40 + latency ns: exact while a covering's sums stay below 2^22
+    bytes and 2^40 ns; otherwise the plain DP)."""
+
+    _SHIFT = 1 << 40
+
+    def __init__(self, variants, n_spans: int, ns: dict):
+        self.n = n_spans
+        self.variants = list(variants)
+        most_tail = max((v.tail for v in self.variants), default=0)  # a covering sums at most n_spans of each
+        most_ns = max((ns[id(v)] for v in self.variants), default=0)
+        self.exact = n_spans * most_tail < (1 << 22) and n_spans * most_ns < self._SHIFT
+        m = len(self.variants)
+        first = np.fromiter((v.first for v in self.variants), np.int64, m)
+        end = np.fromiter((v.last + 1 for v in self.variants), np.int64, m)
+        peak = np.fromiter((v.peak for v in self.variants), np.int64, m)
+        key = np.fromiter((v.tail * self._SHIFT + ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        order = np.argsort(end, kind="stable")
+        ends, starts = np.unique(end[order], return_index=True)
+        self.by_end = {}  # end span -> (variant indices, first spans, peaks, keys)
+        for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
+            self.by_end[e] = (ks, first[ks], peak[ks], key[ks])
+        self.ns = ns
+
+    def least(self, cap: int, max_tail: int | None):
+        """[(tail, latency ns, variants)] of the least-(tail, latency) covering by variants of
+        peak <= cap with tail <= max_tail; [] when none."""
+        if not self.exact:
+            return _least_tail([v for v in self.variants if v.peak <= cap], self.n, self.ns, max_tail)
+        none = np.iinfo(np.int64).max
+        best = np.full(self.n + 1, none, dtype=np.int64)
+        best[0] = 0
+        pick = np.full(self.n + 1, -1, dtype=np.int64)
+        for end in range(1, self.n + 1):
+            if end not in self.by_end:
+                continue
+            idx, first, peak, key = self.by_end[end]
+            prev = best[first]
+            ok = (peak <= cap) & (prev != none)
+            if not ok.any():
+                continue
+            cand = np.where(ok, prev + key, none)
+            k = int(np.argmin(cand))
+            best[end], pick[end] = cand[k], idx[k]
+        if best[self.n] == none:
+            return []
+        chosen, at = [], self.n
+        while at > 0:
+            v = self.variants[int(pick[at])]
+            chosen.append(v)
+            at = v.first
+        tail, lat = divmod(int(best[self.n]), self._SHIFT)
+        if max_tail is not None and tail > max_tail:
+            return []
+        return [(tail, lat, chosen[::-1])]
+
+
+def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
+    """[(tail, latency ns, variants)] of the covering with the least tail, then the least latency
+    (at most `max_tail`); [] when none."""
+    ending = _by_end(variants)
+    best: list = [None] * (n_spans + 1)
+    best[0] = (0, 0, None, None)
+    for s in range(1, n_spans + 1):
+        for v in ending.get(s, ()):
+            prev = best[v.first]
+            if prev is None:
+                continue
+            cand = (prev[0] + v.tail, prev[1] + ns[id(v)], prev, v)
+            if best[s] is None or cand[:2] < best[s][:2]:
+                best[s] = cand
+    end = best[n_spans]
+    if end is None or (max_tail is not None and end[0] > max_tail):
+        return []
+    return [(end[0], end[1], _unwind(end))]
+
+
+def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int | None = None):
+    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
+    most `max_tail`, latency at most `max_lat`): [(tail, latency, variants)], each label a covering
+    nothing else beats on both."""
+    ending = _by_end(variants)
+    labels: list[list] = [[] for _ in range(n_spans + 1)]
+    labels[0] = [(0, 0, None, None)]
+    for s in range(1, n_spans + 1):
+        cands = []
+        for v in ending.get(s, ()):
+            t, n = v.tail, ns[id(v)]
+            for label in labels[v.first]:
+                t2, n2 = label[0] + t, label[1] + n
+                if (max_tail is None or t2 <= max_tail) and (max_lat is None or n2 <= max_lat):
+                    cands.append((t2, n2, label, v))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        kept, best_lat = [], None
+        for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
+            if best_lat is None or c[1] < best_lat:
+                kept.append(c)
+                best_lat = c[1]
+        labels[s] = kept
+    return [(c[0], c[1], _unwind(c)) for c in labels[n_spans]]
+
+
 def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:
     """The time/memory frontier, fastest first, by the epsilon-constraint sweep: `choose(budget)`
     gives the fastest selection with a peak <= budget (ties to the smaller peak; None when there is
@@ -125,7 +355,7 @@ def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> li
         if sel is None:
             break
         points.append(sel)
-        budget = sel.peak - 1
+        budget = sel.arena - 1
     return points
 
 
@@ -133,7 +363,7 @@ def _ns(v: Variant) -> int:
     return int(round(v.latency_s * _NS))
 
 
-def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, deadline):
+def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, deadline, tail_fixed=None):
     if not variants:
         return None
     m = cp_model.CpModel()
@@ -144,14 +374,17 @@ def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, dead
     peak = m.NewIntVar(0, top, "peak")
     for k, v in enumerate(variants):
         m.Add(peak >= v.peak).OnlyEnforceIf(x[k])
+    memory = peak
+    if tail_fixed is not None:  # the whole arena: the head and the tail
+        memory = peak + sum(v.tail * x[k] for k, v in enumerate(variants)) + tail_fixed
     if budget is not None:
-        m.Add(peak <= budget)
+        m.Add(memory <= budget)
     latency = sum(_ns(v) * x[k] for k, v in enumerate(variants))
     if latency_bound is not None:
         m.Add(latency <= int(latency_bound * _NS))
     if latency_cap is not None:
         m.Add(latency <= latency_cap)
-    m.Minimize(latency if minimise == "latency" else peak)
+    m.Minimize(latency if minimise == "latency" else memory)
     seconds = 10.0 if deadline is None else max(0.05, deadline.remaining())
     solver = new_solver(seconds, workers=1)
     status = solver.Solve(m)
@@ -161,5 +394,6 @@ def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, dead
     return sorted(chosen, key=lambda v: v.first), status == cp_model.OPTIMAL
 
 
-def _selection(chosen, proven) -> Selection:
-    return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), proven)
+def _selection(chosen, proven, tail_fixed=None) -> Selection:
+    tail = 0 if tail_fixed is None else sum(v.tail for v in chosen) + tail_fixed
+    return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), proven, tail)

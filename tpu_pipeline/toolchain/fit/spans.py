@@ -79,4 +79,5 @@ def span_graph(graph: Graph, spans: list[Span]) -> Graph:
     later = {t for i in range(len(graph.ops)) if i not in inside for t in graph.ops[i].inputs}
     outputs = tuple(dict.fromkeys(t for i in ops for t in graph.activation_outputs(i)
                                   if t in later or t in graph.outputs))
-    return Graph(graph.tensors, tuple(graph.ops[i] for i in ops), inputs, outputs, graph.name)
+    return Graph(graph.tensors, tuple(graph.ops[i] for i in ops), inputs, outputs, graph.name,
+                 tuple(t for t in graph.external if t in inputs))

@@ -7,8 +7,10 @@ A variant covers a run of spans (`first..last`, see spans.py) and says how they 
 - `rewrite`: one or two spans with the identity rewrites of tpu_pipeline.toolchain.rewrite (partial-convolution
   and depthwise splits, commutes) that lower their optimal peak: the exact ones (bit-exact in int8,
   float splits equal within rounding), and with `allow_lossy` the int8 partial-sum splits too;
-- any of them with some int8 convolutions on the harness's direct kernel, which needs no
-  im2col scratch but is slower (tpu_pipeline.toolchain.ir.kernels; `direct_twins`): a kernel variant.
+- any of them with some ops at its peak on other harness kernels (tpu_pipeline.toolchain.ir.kernels;
+  `kernel_twins`): an overlapped op (its output planned over its input: a row of output held in a
+  ring, a copy per row), an ADD or MUL in place (no cost at all), or a direct convolution (no
+  im2col scratch, slower): a kernel variant.
 
 Memory is the peak of the run under TFLite Micro's semantics for the kernel set (scratch included): for `as-is` the
 exact scheduler's optimum; for `patch`, once measured, the peak of the patch-by-patch order the
@@ -24,22 +26,33 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.fit.estimate import estimate_patches
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
-from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
-from tpu_pipeline.toolchain.ir.kernels import DIRECT, can_run_direct, with_kernel
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
+from tpu_pipeline.toolchain.memory.planners import plan_arena
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, OVERLAP, builtin_view, can_run_direct, can_run_harness,
+                                               flags, in_place_source, is_harness, kernel_name, with_flag,
+                                               with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
-from tpu_pipeline.toolchain.rewrite.patch import MAX_GRID, apply_patches, patch_regions
+from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
+from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+from tpu_pipeline.toolchain.ir.geometry import hw
+from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
 # parameters and an invoke (tail and latency), and the exact scheduler and the runtimes' checks
 # slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
 MAX_PATCH_OPS = 4096
+GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
+_NODE, _EVAL_TENSOR = 32, 12  # TFLite Micro's NodeAndRegistration and TfLiteEvalTensor on a 32-bit target
+MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
 
 
 @dataclass(frozen=True)
@@ -57,9 +70,12 @@ class Variant:
     grid: tuple[int, int] | None = None
     graph: Graph | None = field(default=None, compare=False, repr=False)
     stage: str = "measured"  # patch variants: "bound" -> "estimate" -> "measured" (see upgrade)
-    direct: frozenset[str] = frozenset()  # first-output names of its ops on the direct conv kernel
+    kernels: tuple[tuple[str, str], ...] = ()  # (first-output name, harness kernel) of ops its twins moved
     rewrites: tuple = ()  # rewrite: the AppliedRewrite records (tpu_pipeline.toolchain.rewrite.driver)
     ordered: bool = False  # patch: the exact scheduler has been asked for its best order
+    form: str = "copies"  # patch: "copies" (every tile its own ops) or "stage" (one harness op: ir.stage)
+    tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
+    # until measured)
 
     @property
     def proven(self) -> bool:
@@ -68,11 +84,11 @@ class Variant:
     def to_json(self) -> dict:
         d = {"spans": [self.first, self.last], "kind": self.kind, "stage": self.stage, "label": self.label,
              "peak_bytes": self.peak, "lower_bound_bytes": self.lower_bound, "latency_s_predicted": self.latency_s,
-             "macs": self.macs, "ops": self.ops}
+             "macs": self.macs, "ops": self.ops, "tail_bytes": self.tail}
         if self.grid is not None:
-            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output)
-        if self.direct:
-            d["direct_convolutions"] = len(self.direct)
+            d.update(grid=list(self.grid), input=self.region.input, output=self.region.output, form=self.form)
+        if self.kernels:
+            d["kernel_choices"] = {name: kernel for name, kernel in self.kernels}
         if self.rewrites:
             d["rewrites"] = [r.to_json() for r in self.rewrites]
         return d
@@ -94,37 +110,63 @@ def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", 
         lat, work = _costed(g, device, kernels)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
         out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
-                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order)))
+                           sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order),
+                           tail=_tail(g, kernels)))
     return out
 
 
+def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
+    """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
+    convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
+    kernels, their requantization in flash instead of the arena's tail). Nothing gets slower."""
+    g, folded = fold_pads(graph, harness=True)
+    moved = [i for i in range(len(g.ops)) if not is_harness(g.ops[i]) and can_run_harness(g, i)]
+    g = with_kernel(g, moved, kernel_name())
+    notes = []
+    if folded or moved:
+        notes.append(f"on the harness's kernels: {folded} PAD{'s' if folded != 1 else ''} folded into convolutions, "
+                     f"{len(moved)} convolution{'s' if len(moved) != 1 else ''} with their requantization in flash")
+    return g, notes
+
+
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels: str = "cmsis-nn",
-                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None) -> list[Variant]:
+                     allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
+                     harness: bool = False) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
     feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
-    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing."""
+    from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing. The
+    rules work on builtin ops: on a graph on the harness's kernels (`harness`) they rewrite the
+    builtin view of a run, which then goes back onto the harness's kernels."""
     from tpu_pipeline.toolchain.rewrite.driver import rewrite_graph
     from tpu_pipeline.toolchain.rewrite.rules import find_candidates
 
     sem = tflm_semantics(kernels).name
     runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
     runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
+    calibrate_on = builtin_view(graph)
     out = []
     for a, b in runs:
         if deadline is not None and deadline.expired():
             break
-        sub = span_graph(graph, spans[a:b + 1])
+        sub = builtin_view(span_graph(graph, spans[a:b + 1]))
         if not find_candidates(sub, allow_lossy):
             continue
         covered = max(v.peak for v in as_is[a:b + 1])
         r = rewrite_graph(sub, time_limit=2.0, semantics=sem, allow_lossy=allow_lossy, model=model,
-                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=graph)
-        if not r.applied or r.peak_after >= covered:
+                          deadline=(deadline or Deadline(10.0)).sub(fraction=0.3), calibrate_on=calibrate_on)
+        if not r.applied:
             continue
-        lat, work = _costed(r.graph, device, kernels)
+        g, peak, bound = r.graph, r.peak_after, r.lower_bound
+        if harness:
+            g = on_harness(g)[0]
+            peak = lifetimes(g, None, sem).peak  # in the rewrite's best order
+            bound = min(peak, order_free_lower_bound(g, sem))
+        if peak >= covered:
+            continue
+        lat, work = _costed(g, device, kernels)
         kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
-        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", r.peak_after,
-                           r.lower_bound, lat, work, len(r.graph.ops), graph=r.graph, rewrites=r.applied))
+        out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", peak,
+                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied, tail=_tail(g, kernels)))
     return out
 
 
@@ -160,78 +202,116 @@ def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
     return out
 
 
-MAX_TWINS = 4  # direct twins per variant: each moves the convolutions at its predecessor's peak
+MAX_TWINS = 6  # kernel twins per variant: each changes the ops at its predecessor's peak
 
 
-def direct_twins(v: Variant, device, kernels: str) -> list[Variant]:
-    """Kernel variants of measured variant `v`: in its own op order, the int8 convolutions whose
-    im2col scratch is part of the peak move to the direct kernel (no scratch, slower), again while
-    that lowers the peak. Each step is a twin with a lower peak and a higher latency. The order is
-    kept (it stays valid, and its peak is achievable); `lower_bound` is the order-free bound."""
+def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
+    """Kernel variants of measured variant `v`, in its own op order: at its peak step, the op that
+    runs there overlaps its output with its input where that is legal (cheap: a copy per output
+    row; an ADD or MUL simply runs in place), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
+    kernel (no scratch, slower); again while that lowers the peak. Each step is a twin with a lower
+    peak and a higher latency. The order is kept (it stays valid, and its peak is achievable);
+    `lower_bound` is the order-free bound."""
     sem = tflm_semantics(kernels)
-    g, out, direct = v.graph, [], set()
+    g, out, moved = v.graph, [], dict(v.kernels)
     for _ in range(MAX_TWINS):
         lt = lifetimes(g, None, sem)
         live = lt.live_bytes()
-        peak = max(live, default=0)
-        at_peak = {b.op for b in lt.buffers if b.tensor is None and live[b.first] == peak
-                   and g.ops[b.op].kernel != DIRECT and can_run_direct(g, b.op)}
-        if not at_peak:
+        peak = achievable_peak(g, sem)
+        at_peak = {s - 1 for s, x in enumerate(live) if x == peak and s >= 1}  # op i runs at step i + 1
+        tried = None
+        overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
+                   and overlap_legal(g, i)}
+        in_place = {i for i in at_peak if not g.ops[i].kernel and in_place_source(g, i) is not None}
+        direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
+                  and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
+        for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
+                           (direct, lambda: with_flag(g, direct, DIRECT))):
+            if ops:
+                cand = apply()
+                if achievable_peak(cand, sem) < peak:
+                    tried = cand, ops
+                    break
+        if tried is None:
             break
-        g = with_kernel(g, at_peak)
-        new_peak = lifetimes(g, None, sem).peak
-        if new_peak >= peak:
-            break
-        direct |= {g.tensors[g.ops[i].outputs[0]].name for i in at_peak}
+        g, ops = tried
+        new_peak = achievable_peak(g, sem)
+        moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
         lat, work = _costed(g, device, kernels)
+        n_overlap = sum(OVERLAP in k for k in moved.values())
+        n_in_place = sum(k == IN_PLACE for k in moved.values())
+        n_direct = sum(DIRECT in k for k in moved.values())
+        what = ", ".join(x for x in (f"{n_overlap} overlapped" if n_overlap else "",
+                                     f"{n_in_place} in place" if n_in_place else "",
+                                     f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
-                           latency_s=lat, graph=g, direct=frozenset(direct),
-                           label=f"{v.label}, {len(direct)} conv{'s' if len(direct) > 1 else ''} direct"))
+                           latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
+                           tail=_tail(g, kernels)))
     return out
 
 
-def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant]) -> list[Variant]:
+def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
-    peak and latency are floors no grid can beat (the output assembled next to its tiles, the
-    input held; the spans' own latency). `upgrade` refines the ones a selection picks."""
+    peak and latency are floors no grid can beat (the spans' own latency; for copies the output
+    assembled next to its tiles and the input held, for a stage its input and output together).
+    With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
+    finer grids than copies allow. `upgrade` refines the ones a selection picks."""
     out = []
     for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
         covered = max(v.peak for v in as_is[a:b + 1])
-        floor = _region_floor(graph, region)
-        if floor >= covered:
-            continue  # no grid can lower the peak of these spans: dominated by running them as is
         lat = sum(v.latency_s for v in as_is[a:b + 1])
         work = sum(v.macs for v in as_is[a:b + 1])
-        region_ops = sum(len(s.ops) for s in spans[a:b + 1])
-        for grid in _grids(region.max_grid):  # coarse grids first: they win ties
-            if grid[0] * grid[1] * region_ops > MAX_PATCH_OPS:
-                break  # finer grids only copy more ops
-            out.append(Variant(a, b, "patch", _patch_label(region, grid), floor, floor, lat, work, 0, region, grid,
-                               stage="bound"))
+        positions = [i for s in spans[a:b + 1] for i in s.ops]
+        forms = ["copies"]
+        if harness and stage_refusal(graph, positions) is None:
+            forms.append("stage")
+        for form in forms:
+            floor = _region_floor(graph, region, form)
+            if floor >= covered:
+                continue  # no grid can lower the peak of these spans: dominated by running them as is
+            # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
+            tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            for grid in _grids(region.max_grid if form == "copies" else _stage_max_grid(graph, region)):
+                if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
+                    break  # finer grids only copy more ops
+                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
+                                   region, grid, stage="bound", form=form, tail=tail))
     return out
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            kernels="cmsis-nn") -> Variant:
+            kernels="cmsis-nn") -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
-    achievable, the device model's latency of the built ops, MACs, ops)."""
+    achievable, the device model's latency of the built ops, MACs, ops). None when the variant
+    does not exist after all (a grid too fine for the region's windows): the caller drops it."""
+    positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
+    tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
-        positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
         sem = tflm_semantics(kernels)
         scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-        peak, work, lat = estimate_patches(graph, spans[v.first].inputs[0], spans[v.last].outputs[0], positions,
-                                           v.grid, op_seconds, scratch)
+        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, scratch, stage=v.form == "stage")
+        if est is None:
+            return None
+        peak, work, lat = est
         return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
-    g = apply_patches(span_graph(graph, spans[v.first:v.last + 1]), v.region, v.grid)
+    sub = span_graph(graph, spans[v.first:v.last + 1])
+    try:
+        if v.form == "stage":  # (a span graph keeps the graph's tensor table: the same indices)
+            g = build_stage(sub, tin, tout, list(range(len(sub.ops))), v.grid)
+        else:
+            g = apply_patches(sub, v.region, v.grid)
+    except UsageError:
+        return None
     lat, work = _costed(g, device, kernels)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g,
-                   stage="measured")
+    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops),
+                   graph=g, stage="measured", tail=_tail(g, kernels))
 
 
-def _patch_label(region, grid) -> str:
-    return f"patches {grid[0]}x{grid[1]} from {short_name(region.input)} to {short_name(region.output)}"
+def _patch_label(region, grid, form: str = "copies") -> str:
+    how = " in one stage op" if form == "stage" else ""
+    return f"patches {grid[0]}x{grid[1]}{how} from {short_name(region.input)} to {short_name(region.output)}"
 
 
 def short_name(name: str, keep: int = 48) -> str:
@@ -283,20 +363,54 @@ def _regions_on_spans(graph: Graph, spans: list[Span], regions):
             yield r, a, b
 
 
-def _region_floor(graph: Graph, region) -> int:
-    """A peak no grid can go below: the final assembly holds the output tiles and the output
-    (2x the output), and the region's input is live until its last patch is cut from it."""
+def _region_floor(graph: Graph, region, form: str = "copies") -> int:
+    """A peak no grid can go below. Copies: the final assembly holds the output tiles and the output
+    (2x the output), and the region's input is live until its last patch is cut from it. A stage:
+    its input (unless the application keeps it outside the arena) and its output, together."""
     by_name = {t.name: t for t in graph.tensors}
     inp, out = by_name[region.input], by_name[region.output]
-    return max(align(inp.nbytes, 16), 2 * align(out.nbytes, 16))
+    held = 0 if inp.index in graph.external else align(inp.nbytes, 16)
+    if form == "stage":
+        return held + align(out.nbytes, 16)
+    return max(held, 2 * align(out.nbytes, 16))
+
+
+def achievable_peak(graph: Graph, sem) -> int:
+    """The arena a variant's ops take in their order: the most bytes live at a step, which the
+    planner reaches on nearly every graph; with overlapped ops (rigid groups of buffers at fixed
+    offsets from each other) it often cannot, so those graphs are planned and the plan's size is
+    the figure (a small graph: CP-SAT settles it in well under a second)."""
+    lt = lifetimes(graph, None, sem)
+    if not any(b.group >= 0 for b in lt.buffers):
+        return lt.peak
+    return plan_arena(lt, "auto", GROUP_PLAN_SECONDS).size
+
+
+def _tail(graph: Graph, kernels: str) -> int:
+    """The tail a variant's ops bring (0 where an op's allocations are not modelled: fit then
+    selects on the head; see fit_graph)."""
+    return ops_tail(graph, kernels) or 0
+
+
+def _stage_tail_floor(graph: Graph, positions) -> int:
+    """A stage's tail: one node, and the eval tensors of its output and of the constants it reads
+    (its one scratch handle left out: a floor)."""
+    consts = {t for i in positions for t in graph.ops[i].inputs if t >= 0 and graph.tensors[t].is_constant}
+    return _NODE + _EVAL_TENSOR * (1 + len(consts))
+
+
+def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
+    """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
+    oh, ow = hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
+    return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """Square grids 2x2 .. 8x8 within the region's limit (a side capped by a small output keeps
-    the other side square), coarse first."""
-    rows, cols = min(max_grid[0], MAX_GRID), min(max_grid[1], MAX_GRID)
+    """Square grids from 2x2 within the limit (a side capped by a small output keeps the other
+    side square), coarse first."""
+    rows, cols = max_grid
     out = []
-    for p in range(2, MAX_GRID + 1):
+    for p in range(2, max(rows, cols) + 1):
         g = (min(p, rows), min(p, cols))
         if g[0] * g[1] >= 2 and g not in out:
             out.append(g)

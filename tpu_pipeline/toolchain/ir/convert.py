@@ -15,7 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernels
+from tpu_pipeline.toolchain.ir import kernels, stage
 from tpu_pipeline.toolchain.ir import options as opts
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.tflite.names import text as _text
@@ -43,6 +43,9 @@ _ENUM_CODES = {f: {v: k for k, v in names.items()} for f, names in _ENUM_FIELDS.
 _CAMEL = {"fused_activation": "fusedActivationFunction", "dilation_w": "dilationWFactor",
           "dilation_h": "dilationHFactor"}
 _RECORD_OF_KIND = {r.KIND: r for r in opts.RECORDS}
+# Record fields no builtin's schema has: a harness kernel's explicit padding (ir.kernels), written
+# in its custom options instead.
+_IR_ONLY_FIELDS = frozenset({"pad_top", "pad_left"})
 
 
 def _camel(name: str) -> str:
@@ -92,7 +95,7 @@ def decode_options(type_code: int, raw) -> opts.Options:
             out = opts.FieldlessOptions(kind)
         else:
             values = {f.name: _decode_value(f.name, getattr(raw, _camel(f.name)))
-                      for f in dataclasses.fields(record)}
+                      for f in dataclasses.fields(record) if f.name not in _IR_ONLY_FIELDS}
             out = record(**values)
         if _same_fields(encode_options(out)[1], raw):
             return out
@@ -111,7 +114,11 @@ def encode_options(record: opts.Options) -> tuple[int, object]:
     obj = getattr(schema, record.KIND + "T")()
     if isinstance(record, opts.FieldlessOptions):
         return OPTION_TYPE_CODES[record.KIND], obj
+    if getattr(record, "padding", None) == "EXPLICIT":
+        raise ValueError(f"{record.KIND}: explicit padding has no builtin encoding (a harness kernel writes it)")
     for f in dataclasses.fields(record):
+        if f.name in _IR_ONLY_FIELDS:
+            continue
         camel = _camel(f.name)
         if not hasattr(obj, camel):
             raise ValueError(f"{record.KIND} has no field {camel} in this schema")
@@ -177,9 +184,12 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             if getattr(options, field, 1) < 1:
                 raise ModelError(f"operator {i} ({name}) has {field} {getattr(options, field)}; it must be at least 1")
         kernel = ""
-        if name == f"CUSTOM:{kernels.DIRECT_CONV_CODE}":
-            options, version = kernels.direct_op(o.customOptions, f"operator {i}")
-            name, builtin, kernel = "CONV_2D", kernels.CONV_2D_BUILTIN, kernels.DIRECT
+        if name == f"CUSTOM:{stage.OPCODE}":
+            options = stage.decode(o.customOptions, _ints(o.inputs), tensors, f"operator {i}")
+            name, builtin, version, kernel = stage.OPCODE, 0, 1, kernels.kernel_name()
+        elif name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
+            name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
+            builtin = kernels.BUILTIN_CODE[name]
         for t in (*_ints(o.inputs), *_ints(o.outputs)):
             if t >= len(tensors) or t < -1:
                 raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
@@ -220,7 +230,16 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
                 # an operator's output (an empty tensor needs no data).
                 raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', which no operator "
                                  "writes and which is neither a graph input nor a constant")
-    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name))
+    external = ()
+    if subgraph == 0:  # inputs the offline plan keeps outside the arena (harness firmware only)
+        from tpu_pipeline.toolchain.tflite.metadata import EXTERNAL, read_offline_plan
+
+        plan = read_offline_plan(model)
+        if plan is not None:
+            external = tuple(t for t in _ints(sg.inputs) if t < len(plan) and plan[t] == EXTERNAL)
+            graph = Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
+            return kernels.infer_in_place(graph, plan)
+    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
 
 
 def _new_tensor(t: Tensor, model: schema.ModelT) -> schema.TensorT:
@@ -314,15 +333,20 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
         ot.outputs = list(op.outputs)
         if op.intermediates:
             ot.intermediates = list(op.intermediates)
-        ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
-        if op.kernel == kernels.DIRECT:
-            ot.opcodeIndex = _custom_opcode_index(out, kernels.DIRECT_CONV_CODE)
+        if kernels.is_harness(op):
+            ot.opcodeIndex = _custom_opcode_index(out, kernels.custom_code(op))
             ot.builtinOptionsType, ot.builtinOptions = 0, None
-            ot.customOptions = list(kernels.direct_options(op))
-        elif op.kernel:
+            if stage.is_stage(op):
+                ot.customOptions = list(stage.encode(op.options))
+            else:
+                ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
+                ot.customOptions = list(kernels.encode_options(graph, op, ring))
+        elif op.kernel and not kernels.runs_in_place(op):  # (in place: the offline plan says it)
             raise ValueError(f"unknown kernel '{op.kernel}'")
-        elif op.source is not None and ot.customOptions is not None and not op.is_custom:
-            ot.customOptions = None  # was a custom kernel's op in the source model
+        else:
+            ot.builtinOptionsType, ot.builtinOptions = encode_options(op.options)
+            if op.source is not None and ot.customOptions is not None and not op.is_custom:
+                ot.customOptions = None  # was a custom kernel's op in the source model
         operators.append(ot)
     sg.operators = operators
     sg.inputs = list(graph.inputs)
@@ -330,6 +354,9 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
     out.subgraphs[subgraph] = sg
 
     if out.signatureDefs:
+        # an interface tensor the graph replaced (rewrite.interface) keeps its position in the signature
+        for old, new in (*zip(_ints(src.inputs), graph.inputs), *zip(_ints(src.outputs), graph.outputs)):
+            old_to_new.setdefault(old, new)
         out.signatureDefs = [_remap_signature(s, subgraph, old_to_new) for s in out.signatureDefs]
     return out
 
@@ -483,11 +510,25 @@ def litert_or_tflm_notes(path, mcu: bool) -> list[str]:
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
     """The model `data` with every op on its builtin kernel (`tpu_pipeline.toolchain.ir.kernels.builtin_view`):
     what LiteRT and the host's TFLite Micro run for a model that picks harness kernels per op.
-    `data` itself when it picks none."""
+    `data` itself when it picks none and keeps no input outside the arena. An offline plan follows
+    the tensors into the view, except for what only the harness firmware can run: tensors planned
+    over another's bytes (the in and out of an overlapped op) and tensors outside the arena are left
+    to the runtime."""
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
 
     model = read_model(data, name=label)
     graph = from_model(model)
-    if not kernels.kernel_choices(graph):
+    if not kernels.kernel_choices(graph) and not graph.external:
         return data
-    return model_to_bytes(to_model(kernels.builtin_view(graph), model))
+    view, remap = kernels.builtin_view_mapped(graph)
+    plan = read_offline_plan(model)
+    out = to_model(view, model)
+    if plan is not None:
+        harness_only = {t for op in graph.ops if kernels.OVERLAP in kernels.flags(op) for t in (op.inputs[0], op.outputs[0])}
+        offsets = [-1] * len(view.tensors)
+        for old, new in remap.items():
+            if old < len(plan) and plan[old] >= 0 and old not in harness_only:
+                offsets[new] = plan[old]
+        out = with_offline_plan(out, offsets, label)
+    return model_to_bytes(out)

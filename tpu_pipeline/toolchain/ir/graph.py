@@ -20,6 +20,9 @@ DTYPE_SIZES: dict[str, float | None] = {
     "resource": None, "variant": None, "uint32": 4, "uint16": 2, "int4": 0.5, "bfloat16": 2,
     "int2": 0.25, "uint4": 0.5, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
+# numpy types of the dtypes whose constants passes read (`Tensor.values`).
+NP_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int32": np.int32,
+             "int16": np.int16, "int64": np.int64, "float16": np.float16}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,13 @@ class Tensor:
     @property
     def is_constant(self) -> bool:
         return self.data is not None and len(self.data) > 0
+
+    def values(self) -> np.ndarray:
+        """A constant tensor's values as a numpy array of its shape (read-only)."""
+        if self.data is None:
+            raise ValueError(f"tensor '{self.name}' is not a constant")
+        return np.frombuffer(np.asarray(self.data, dtype=np.uint8).tobytes(),
+                             dtype=NP_DTYPES[self.dtype]).reshape(self.shape)
 
     @property
     def kind(self) -> str:
@@ -111,6 +121,9 @@ class Graph:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     name: str = ""
+    # Graph inputs the application keeps in its own buffer (outside TFLite Micro's arena): written
+    # in the offline plan as EXTERNAL, which the harness firmware honours (rewrite.interface).
+    external: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -155,6 +168,21 @@ class Graph:
     def is_activation(self, t: int) -> bool:
         return t >= 0 and self.tensors[t].kind == "activation"
 
+    def reads_last(self, i: int, t: int) -> bool:
+        """Whether op i reads tensor t after every other reader in every order: each other reader
+        is an ancestor of op i (as a squeeze-and-excitation block's pooling is of its scaling)."""
+        others = set(self.consumers.get(t, ())) - {i}
+        if i not in self.consumers.get(t, ()):
+            return False
+        seen, todo = set(), list(self.preds[i])
+        while others and todo:
+            p = todo.pop()
+            if p not in seen:
+                seen.add(p)
+                others.discard(p)
+                todo.extend(self.preds[p])
+        return not others
+
     def activation_inputs(self, i: int) -> tuple[int, ...]:
         return tuple(t for t in dict.fromkeys(self.ops[i].inputs) if self.is_activation(t))
 
@@ -174,7 +202,8 @@ class Graph:
         order = list(order)
         if not self.is_topological(order):
             raise ValueError("order is not a topological order of the graph's ops")
-        return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name)
+        return Graph(self.tensors, tuple(self.ops[i] for i in order), self.inputs, self.outputs, self.name,
+                     self.external)
 
     def with_unique_tensor_names(self) -> tuple["Graph", int]:
         """The graph with empty or repeated tensor names given a unique '#<index>' suffix (pipeline

@@ -1,70 +1,277 @@
-"""Per-op kernel choices a deployment can make, carried in the model as distinct op codes.
+"""The harness's own kernels for int8 convolutions: per-op choices a model carries as op codes.
 
 TFLite Micro binds one kernel to each op code, so a model can only choose an implementation per op
-if each implementation has its own code. Our MCU harness registers, next to the kernel set's own
-kernels, one more:
+if each implementation has its own code. Our MCU harness (tpu_pipeline/toolchain/data/firmware/harness/
+tpup_conv.cc) registers two custom ops next to the kernel set's own:
 
-- `direct`: an int8 CONV_2D computed by TFLite's reference convolution (one output at a time from
-  the input, no im2col), which asks the arena for no scratch. CMSIS-NN's convolution asks for an
-  int16 im2col buffer of two filter windows (`tpu_pipeline.toolchain.memory.scratch`) and is faster. Both give
-  the same int8 result: the harness's direct kernel is the reference kernel the host's TFLite Micro
-  runs, and CMSIS-NN's convolution is bit-exact with it.
+    TPUP_CONV_2D            an int8 CONV_2D
+    TPUP_DEPTHWISE_CONV_2D  an int8 DEPTHWISE_CONV_2D
 
-In a .tflite file a direct convolution is the custom op `TPUP_CONV_2D_DIRECT` with the CONV_2D's
-inputs and outputs and 28 bytes of custom options: seven little-endian int32, [CONV_2D version,
-padding (TfLitePadding: 1 SAME, 2 VALID), stride_w, stride_h, dilation_w, dilation_h, fused
-activation (TfLiteFusedActivation: 0 none, 1 relu, 2 relu_n1_to_1, 3 relu6)]. In the IR it is a
-CONV_2D with `kernel="direct"`, so every pass sees a convolution; only the scratch model, the cost
-model and the writer look at the kernel. Runtimes without the harness's kernel (LiteRT, the host's
-TFLite Micro) run `builtin_view`: the same graph with CONV_2D codes.
+They compute exactly what the builtins compute (the same CMSIS-NN functions in a CMSIS-NN build,
+TFLite's reference kernels in a reference build: bit-identical outputs), and differ in what they
+keep in RAM:
+
+- **requantization in flash**: the per-channel output multipliers and shifts are computed here,
+  exactly as TFLite Micro's Prepare computes them (`requant`), and stored as an int32 [2, C]
+  constant input of the op. The builtins compute them into the arena's persistent tail at
+  Prepare (8 bytes per output channel); the harness op keeps no persistent data at all: its
+  options (geometry, offsets, activation range) are read from the flatbuffer at every invoke.
+- **explicit padding**: the leading padding is an option (`padding == "EXPLICIT"`, `pad_top`,
+  `pad_left` in the options record), so a PAD op in front of a convolution folds into it
+  whatever its amounts (PyTorch-style symmetric padding differs from TFLite's SAME);
+- **direct** (`+direct`): no kernel buffer in the arena: TFLite's reference convolution, one
+  output at a time (slower than CMSIS-NN's im2col kernel); for a depthwise convolution CMSIS-NN's
+  generic kernel in a CMSIS-NN build (its "opt" kernel copies a window of all channels);
+- **overlap** (`+overlap`): the output may be planned over the input's bytes, both from the same
+  first byte (in place for a depthwise convolution; a larger output, such as an expansion's, runs
+  its rows last to first). The kernel computes output rows into a small ring of rows and writes
+  each row out once no row still to compute reads the input bytes under it (`ring_rows_for`
+  sizes the ring).
+
+**In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
+the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
+read each element (CMSIS-NN: each group of four) before writing it, so the op runs in place with
+its own builtin kernel, and nothing marks it but the plan: a reader infers it where the plan puts
+the output at its source's offset (`infer_in_place`), which no plan of two live tensors can do.
+
+In the IR such an op is still a CONV_2D / DEPTHWISE_CONV_2D, with `kernel` = "tpup" plus its flags
+("tpup+direct+overlap"), so every pass sees a convolution; only the memory model, the cost model
+and the writer look at the kernel. Runtimes without the harness (LiteRT, the host's TFLite Micro)
+run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-inserted where the
+padding is not SAME or VALID.
+
+Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
+(1 direct, 2 overlap, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
+stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
+2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import struct
 
+import numpy as np
+
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir.graph import Graph, Op
-from tpu_pipeline.toolchain.ir.options import Conv2DOptions
+from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
+from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
+from tpu_pipeline.toolchain.ir import stage
+from tpu_pipeline.toolchain.ir.options import Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions
 
-DIRECT = "direct"
-DIRECT_CONV_CODE = "TPUP_CONV_2D_DIRECT"
-CONV_2D_BUILTIN = 3
-_FORMAT = "<7i"
-_PADDING = {"SAME": 1, "VALID": 2}
-_ACTIVATION = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
+TPUP = "tpup"
+IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
+IN_PLACE_OPS = frozenset({"ADD", "MUL"})
+DIRECT, OVERLAP = "direct", "overlap"
+FLAGS = (DIRECT, OVERLAP)
+CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
+                stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
+BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
+# The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
+# this module must not import the writer, which imports it).
+BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34}
+FORMAT = 1
+_WORDS = 16
+_FLAG_BITS = {DIRECT: 1, OVERLAP: 2}
+_PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
+ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 
-def can_run_direct(graph: Graph, op_pos: int) -> bool:
-    """Whether the harness's direct kernel computes op `op_pos`: an int8 CONV_2D with per-axis int8
-    filters, an int32 bias or none, and a fused activation it applies (none, relu, relu_n1_to_1, relu6)."""
-    op = graph.ops[op_pos]
-    if op.opcode != "CONV_2D" or not isinstance(op.options, Conv2DOptions) or len(op.inputs) < 2:
+# ---- kernel names ---------------------------------------------------------------------------------
+def kernel_name(*flags: str) -> str:
+    """The `Op.kernel` of a harness kernel with `flags` (canonical order)."""
+    unknown = set(flags) - set(FLAGS)
+    if unknown:
+        raise ValueError(f"unknown harness kernel flags {sorted(unknown)}")
+    return "+".join([TPUP, *(f for f in FLAGS if f in flags)])
+
+
+def is_harness(op: Op) -> bool:
+    return op.kernel.split("+")[0] == TPUP
+
+
+def flags(op: Op) -> frozenset[str]:
+    """The flags of a harness kernel (empty for a builtin one)."""
+    return frozenset(op.kernel.split("+")[1:]) if is_harness(op) else frozenset()
+
+
+def runs_in_place(op: Op) -> bool:
+    return op.kernel == IN_PLACE
+
+
+def in_place_source(graph: Graph, i: int) -> int | None:
+    """The input an elementwise op's output may take the bytes of: its first int8 activation input
+    of the output's shape that op i reads last in every order, not a graph output nor kept
+    outside the arena (and the output no graph input); None when there is none."""
+    op = graph.ops[i]
+    if op.opcode not in IN_PLACE_OPS or len(op.outputs) != 1 or op.outputs[0] in graph.inputs:
+        return None
+    y = graph.tensors[op.outputs[0]]
+    if y.dtype != "int8" or not graph.is_activation(op.outputs[0]):
+        return None
+    for t in op.inputs:
+        if t < 0 or not graph.is_activation(t) or t in graph.outputs or t in graph.external or t == op.outputs[0]:
+            continue
+        x = graph.tensors[t]
+        if x.dtype == y.dtype and x.shape == y.shape and graph.reads_last(i, t):
+            return t
+    return None
+
+
+def with_in_place(graph: Graph, op_positions) -> Graph:
+    """`graph` with the elementwise ops at `op_positions` run in place (ValueError where an op has
+    no input to run over)."""
+    ops = list(graph.ops)
+    for i in op_positions:
+        if in_place_source(graph, i) is None:
+            raise ValueError(f"op {i} ({graph.ops[i].opcode}) has no input its output can be laid over")
+        ops[i] = dataclasses.replace(ops[i], kernel=IN_PLACE)
+    return dataclasses.replace(graph, ops=tuple(ops))
+
+
+def infer_in_place(graph: Graph, plan: list[int]) -> Graph:
+    """`graph` with the elementwise ops an offline plan runs in place marked so: the output planned
+    at its source's offset."""
+    chosen = []
+    for i, op in enumerate(graph.ops):
+        if op.opcode in IN_PLACE_OPS and not op.kernel:
+            src, dst = in_place_source(graph, i), op.outputs[0]
+            if src is not None and max(src, dst) < len(plan) and plan[src] >= 0 and plan[src] == plan[dst]:
+                chosen.append(i)
+    return with_in_place(graph, chosen) if chosen else graph
+
+
+def custom_code(op: Op) -> str:
+    """The custom op code a harness op is written and registered under."""
+    return CUSTOM_CODES[op.opcode]
+
+
+# ---- which ops the harness runs -----------------------------------------------------------------
+def can_run_harness(graph: Graph, i: int) -> bool:
+    """An int8 CONV_2D or DEPTHWISE_CONV_2D on [1, H, W, C] tensors with int8 filters (per channel
+    or per tensor), an int32 bias or none, and an activation the kernels apply as a clamp."""
+    op = graph.ops[i]
+    if op.opcode not in CUSTOM_CODES or len(op.inputs) < 2 or op.inputs[1] < 0:
         return False
-    if op.options.fused_activation not in _ACTIVATION or op.options.padding not in _PADDING:
+    o = op.options
+    if not isinstance(o, (Conv2DOptions, DepthwiseConv2DOptions)) or o.fused_activation not in ACTIVATION_CODE:
         return False
     x, w, y = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]], graph.tensors[op.outputs[0]]
-    bias_ok = len(op.inputs) < 3 or op.inputs[2] < 0 or graph.tensors[op.inputs[2]].dtype == "int32"
-    return (x.dtype == w.dtype == y.dtype == "int8" and w.quant is not None and x.quant is not None
-            and y.quant is not None and len(x.shape) == 4 and len(w.shape) == 4 and bias_ok)
+    if not (x.dtype == w.dtype == y.dtype == "int8") or not w.is_constant:
+        return False
+    if any(t.quant is None or not t.quant.scale for t in (x, w, y)):
+        return False
+    if len(x.shape) != 4 or len(w.shape) != 4 or len(y.shape) != 4 or x.shape[0] != 1:
+        return False
+    channels = w.shape[0] if op.opcode == "CONV_2D" else w.shape[3]
+    if len(w.quant.scale) not in (1, channels):
+        return False
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    return bias < 0 or (graph.tensors[bias].dtype == "int32" and graph.tensors[bias].is_constant)
 
 
-def with_kernel(graph: Graph, op_positions, kernel: str = DIRECT) -> Graph:
-    """`graph` with the ops at `op_positions` run by `kernel` ("" = the kernel set's own)."""
-    chosen = set(op_positions)
+def can_run_direct(graph: Graph, i: int) -> bool:
+    """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
+    buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
+    over all channels, which its "opt" kernel asks for: C x kh x kw x 2 bytes)."""
+    return can_run_harness(graph, i)
+
+
+# ---- requantization, exactly as TFLite Micro's Prepare computes it ------------------------------
+def _round_half_away(x: float) -> int:
+    return int(math.copysign(math.floor(abs(x) + 0.5), x))
+
+
+def quantize_multiplier(m: float) -> tuple[int, int]:
+    """tflite::QuantizeMultiplier (double precision, round half away from zero)."""
+    if m == 0.0:
+        return 0, 0
+    q, shift = math.frexp(m)
+    q_fixed = _round_half_away(q * (1 << 31))
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return q_fixed, shift
+
+
+def requant(graph: Graph, op: Op) -> np.ndarray:
+    """int32 [2, C]: the per-channel output multipliers and shifts TFLite Micro's
+    PopulateConvolutionQuantizationParams computes for `op` (C = output channels)."""
+    x, w, y = (graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]], graph.tensors[op.outputs[0]])
+    channels = w.shape[0] if op.opcode == "CONV_2D" else w.shape[3]
+    scales = w.quant.scale if len(w.quant.scale) > 1 else w.quant.scale * channels
+    # float32 scales promoted to double, multiplied in this order, as the C++ does
+    x_scale, y_scale = float(np.float32(x.quant.scale[0])), float(np.float32(y.quant.scale[0]))
+    out = np.zeros((2, channels), dtype=np.int32)
+    for c, s in enumerate(scales):
+        out[0, c], out[1, c] = quantize_multiplier(x_scale * float(np.float32(s)) / y_scale)
+    return out
+
+
+def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized for an int8 output (float32 arithmetic)."""
+    y = graph.tensors[op.outputs[0]]
+    scale, zp = np.float32(y.quant.scale[0]), int(y.quant.zero_point[0])
+
+    def q(f: float) -> int:
+        return zp + _round_half_away(float(np.float32(f) / scale))
+
+    act = op.options.fused_activation
+    if act == "RELU":
+        return max(-128, q(0.0)), 127
+    if act == "RELU6":
+        return max(-128, q(0.0)), min(127, q(6.0))
+    if act == "RELU_N1_TO_1":
+        return max(-128, q(-1.0)), min(127, q(1.0))
+    return -128, 127
+
+
+# ---- choosing kernels -------------------------------------------------------------------------------
+def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
+    """`graph` with the ops at `op_positions` on `kernel` ("" = the kernel set's own; a harness
+    kernel name from `kernel_name`). A harness op gets its requantization constant as input 3;
+    an op going back to its builtin loses it (and must not have explicit padding)."""
+    chosen = sorted(set(op_positions))
+    tensors, ops = list(graph.tensors), list(graph.ops)
+    wanted = set(kernel.split("+")[1:]) if kernel else set()
     for i in chosen:
-        if kernel == DIRECT and not can_run_direct(graph, i):
-            raise ValueError(f"op {i} ({graph.ops[i].opcode}) cannot run the direct convolution kernel")
-    ops = tuple(dataclasses.replace(op, kernel=kernel) if i in chosen else op for i, op in enumerate(graph.ops))
-    return dataclasses.replace(graph, ops=ops)
+        op = graph.ops[i]
+        if kernel:
+            kernel_name(*wanted)  # validates the flags
+            if not can_run_harness(graph, i):
+                raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
+            inputs = _with_requant(graph, op, tensors)
+        else:
+            if op.options is not None and getattr(op.options, "padding", "") == "EXPLICIT":
+                raise ValueError(f"op {i} ({op.opcode}) has explicit padding: only a harness kernel runs it")
+            inputs = op.inputs[:3]
+        ops[i] = dataclasses.replace(op, inputs=tuple(inputs), kernel=kernel)
+    return dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops))
 
 
-def builtin_view(graph: Graph) -> Graph:
-    """`graph` with every op on its builtin kernel: what runtimes without the harness run."""
-    if not any(op.kernel for op in graph.ops):
-        return graph
-    return dataclasses.replace(graph, ops=tuple(dataclasses.replace(op, kernel="") for op in graph.ops))
+def with_flag(graph: Graph, op_positions, flag: str) -> Graph:
+    """`graph` with the ops at `op_positions` on a harness kernel that has `flag` besides the flags
+    each already has."""
+    for i in sorted(set(op_positions)):
+        graph = with_kernel(graph, [i], kernel_name(*flags(graph.ops[i]), flag))
+    return graph
+
+
+def _with_requant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...]:
+    if is_harness(op):
+        return op.inputs
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    values = requant(graph, op)
+    name = f"{graph.tensors[op.outputs[0]].name}/requant"
+    data = np.frombuffer(values.astype("<i4").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), name, "int32", values.shape, data=data)
+    tensors.append(t)
+    return op.inputs[0], op.inputs[1], bias, t.index
 
 
 def kernel_choices(graph: Graph) -> dict[int, str]:
@@ -72,23 +279,226 @@ def kernel_choices(graph: Graph) -> dict[int, str]:
     return {i: op.kernel for i, op in enumerate(graph.ops) if op.kernel}
 
 
-# ---- the custom op code's options <-> the IR --------------------------------------------------
-def direct_options(op: Op) -> bytes:
+# ---- what runtimes without the harness run ------------------------------------------------------
+def builtin_view(graph: Graph) -> Graph:
+    """`graph` with every op on its builtin kernel: harness ops lose their requantization input,
+    and explicit padding becomes SAME or VALID where it equals one, else a PAD (the input's
+    zero point: what the kernels pad with) in front of a VALID convolution. Tensors only a
+    harness op read (the requantization constants) are dropped."""
+    return builtin_view_mapped(graph)[0]
+
+
+def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
+    """`builtin_view`, and where each of `graph`'s tensors went (tensor index -> index in the view;
+    dropped ones absent)."""
+    if not any(is_harness(op) for op in graph.ops):
+        return graph, {t.index: t.index for t in graph.tensors}
+    graph = _expand_stages(graph)
+    tensors, ops = list(graph.tensors), []
+    requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
+    for op in graph.ops:
+        if not is_harness(op):
+            ops.append(op)
+            continue
+        o, x = op.options, op.inputs[0]
+        inputs = op.inputs[:3] if op.inputs[2:3] != (-1,) else op.inputs[:2]
+        if o.padding == "EXPLICIT":
+            mode = named_padding(graph, op)
+            if mode is not None:
+                o = dataclasses.replace(o, padding=mode, pad_top=0, pad_left=0)
+            else:
+                padded = _pad_in_front(graph, op, tensors, ops)
+                o = dataclasses.replace(o, padding="VALID", pad_top=0, pad_left=0)
+                inputs = (padded, *inputs[1:])
+        ops.append(dataclasses.replace(op, inputs=tuple(inputs), options=o, kernel=""))
+    used = {t for op in ops for t in (*op.inputs, *op.outputs, *op.intermediates) if t >= 0}
+    used |= set(graph.inputs) | set(graph.outputs)
+    dropped = requants - used
+    if dropped:
+        keep = [t for t in tensors if t.index not in dropped]
+        remap = {t.index: k for k, t in enumerate(keep)}
+        tensors = [dataclasses.replace(t, index=remap[t.index]) for t in keep]
+
+        def moved(ts):
+            return tuple(remap[t] if t >= 0 else t for t in ts)
+
+        ops = [dataclasses.replace(op, inputs=moved(op.inputs), outputs=moved(op.outputs),
+                                   intermediates=moved(op.intermediates)) for op in ops]
+        view = dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops), inputs=moved(graph.inputs),
+                                   outputs=moved(graph.outputs))
+        return view, {old: new for old, new in remap.items() if old < len(graph.tensors)}
+    view = dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops))
+    return view, {t.index: t.index for t in graph.tensors}
+
+
+def _expand_stages(graph: Graph) -> Graph:
+    """Every patch stage replaced by its body's layers (new tensors appended after the graph's)."""
+    if not any(stage.is_stage(op) for op in graph.ops):
+        return graph
+    tensors, ops = list(graph.tensors), []
+    for i, op in enumerate(graph.ops):
+        if stage.is_stage(op):
+            new_ops, new_tensors = stage.expand(dataclasses.replace(graph, tensors=tuple(tensors)), i)
+            ops += new_ops
+            tensors += new_tensors
+        else:
+            ops.append(op)
+    return dataclasses.replace(graph, tensors=tuple(tensors), ops=tuple(ops))
+
+
+def named_padding(graph: Graph, op: Op) -> str | None:
+    """"SAME" or "VALID" when the op's explicit padding is exactly what that mode gives."""
+    for mode in ("VALID", "SAME"):
+        probe = dataclasses.replace(op, options=dataclasses.replace(op.options, padding=mode))
+        if leading_pads(graph, probe) == leading_pads(graph, op) and _out_size(graph, op, mode):
+            return mode
+    return None
+
+
+def _out_size(graph: Graph, op: Op, mode: str) -> bool:
+    """Whether `mode` gives the op's output its stored height and width."""
+    x, y, w = (graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape,
+               graph.tensors[op.inputs[1]].shape)
     o = op.options
-    return struct.pack(_FORMAT, op.version, _PADDING[o.padding], o.stride_w, o.stride_h, o.dilation_w,
-                       o.dilation_h, _ACTIVATION[o.fused_activation])
+    for n, out, k, s, d in ((x[1], y[1], w[1], o.stride_h, o.dilation_h), (x[2], y[2], w[2], o.stride_w, o.dilation_w)):
+        eff = (k - 1) * d + 1
+        want = -(-n // s) if mode == "SAME" else (n - eff) // s + 1
+        if want != out:
+            return False
+    return True
 
 
-def direct_op(custom_options, where: str) -> tuple[Conv2DOptions, int]:
-    """(options, CONV_2D version) from a TPUP_CONV_2D_DIRECT op's custom options; ModelError if malformed."""
+def _pad_in_front(graph: Graph, op: Op, tensors: list[Tensor], ops: list[Op]) -> int:
+    """Append a PAD of op's input to the padded size its window reads; returns the padded tensor."""
+    x_t, y, w = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]].shape, graph.tensors[op.inputs[1]].shape
+    o = op.options
+    pads = []
+    for axis, (n, out, k, s, d, before) in enumerate(((x_t.shape[1], y[1], w[1], o.stride_h, o.dilation_h, o.pad_top),
+                                                       (x_t.shape[2], y[2], w[2], o.stride_w, o.dilation_w, o.pad_left))):
+        need = (out - 1) * s + (k - 1) * d + 1  # rows the VALID window reads
+        pads.append((before, max(need - before - n, 0)))
+    shape = (1, x_t.shape[1] + sum(pads[0]), x_t.shape[2] + sum(pads[1]), x_t.shape[3])
+    values = np.array([[0, 0], list(pads[0]), list(pads[1]), [0, 0]], dtype="<i4")
+    data = np.frombuffer(values.tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    paddings = Tensor(len(tensors), f"{x_t.name}/paddings_{y}", "int32", (4, 2), data=data)
+    tensors.append(paddings)
+    padded = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/padded_input", x_t.dtype, shape,
+                    quant=x_t.quant)
+    tensors.append(padded)
+    ops.append(Op("PAD", (x_t.index, paddings.index), (padded.index,), None, FieldlessOptions("PadOptions"),
+                  BUILTIN_CODE["PAD"], 2))
+    return padded.index
+
+
+# ---- the custom op's options <-> the IR ---------------------------------------------------------
+def encode_options(graph: Graph, op: Op, ring_rows: int = 0) -> bytes:
+    """The custom options of harness op `op` (see the module docstring)."""
+    o = op.options
+    top, left = leading_pads(graph, op)
+    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+    lo, hi = activation_range(graph, op)
+    bits = sum(_FLAG_BITS[f] for f in flags(op)) | _PADDING_MODE[o.padding] << 4
+    multiplier = o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1
+    return struct.pack(f"<{_WORDS}i", FORMAT, op.version, bits, top, left, o.stride_h, o.stride_w, o.dilation_h,
+                       o.dilation_w, multiplier, ACTIVATION_CODE[o.fused_activation], -int(x.quant.zero_point[0]),
+                       int(y.quant.zero_point[0]), lo, hi, ring_rows)
+
+
+def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object, int, str]:
+    """(builtin name, options record, builtin version, kernel) of a harness op read from a model;
+    ModelError if its options are malformed."""
     raw = bytes(bytearray(custom_options if custom_options is not None else b""))
-    if len(raw) != struct.calcsize(_FORMAT):
-        raise ModelError(f"{where}: {DIRECT_CONV_CODE} has {len(raw)} bytes of options, expected "
-                         f"{struct.calcsize(_FORMAT)}")
-    version, pad, sw, sh, dw, dh, act = struct.unpack(_FORMAT, raw)
-    padding = {v: k for k, v in _PADDING.items()}.get(pad)
-    activation = {v: k for k, v in _ACTIVATION.items()}.get(act)
-    if padding is None or activation is None or min(sw, sh, dw, dh, version) < 1:
-        raise ModelError(f"{where}: {DIRECT_CONV_CODE} has invalid options {[version, pad, sw, sh, dw, dh, act]}")
-    return Conv2DOptions(padding=padding, stride_w=sw, stride_h=sh, fused_activation=activation,
-                         dilation_w=dw, dilation_h=dh), version
+    name = BUILTIN_OF[opcode]
+    if len(raw) != 4 * _WORDS:
+        raise ModelError(f"{where}: {opcode} has {len(raw)} bytes of options, expected {4 * _WORDS}")
+    w = struct.unpack(f"<{_WORDS}i", raw)
+    fmt, version, bits, top, left, sh, sw, dh, dw, mult, act = w[:11]
+    mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4)
+    activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
+    if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
+            or min(top, left) < 0 or bits & ~0x33:
+        raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
+    kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
+    pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}
+    if name == "CONV_2D":
+        options = Conv2DOptions(padding=mode, stride_w=sw, stride_h=sh, fused_activation=activation, dilation_w=dw,
+                                dilation_h=dh, **pads)
+    else:
+        options = DepthwiseConv2DOptions(padding=mode, stride_w=sw, stride_h=sh, depth_multiplier=mult,
+                                         fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
+    return name, options, version, kernel
+
+
+def requant_tensor_ok(graph: Graph, op: Op) -> bool:
+    """Whether a harness op's requantization input holds what TFLite Micro would compute (a model
+    edited elsewhere may have stale ones)."""
+    if len(op.inputs) < 4 or op.inputs[3] < 0:
+        return False
+    t = graph.tensors[op.inputs[3]]
+    return t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))
+
+
+# ---- overlapped execution: where the output sits over the input, and the ring it needs ----------
+def _aligned(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def overlap_layout(graph: Graph, op: Op) -> tuple[int, int, int]:
+    """(input offset, output offset, extent) of an overlapped op's two tensors in one buffer: both
+    start at its first byte (a depthwise convolution runs in place; a larger output runs its rows
+    last to first, each landing on input bytes already read: `ring_rows_for`), so a chain of
+    overlapped ops shares one start instead of drifting apart."""
+    x = _aligned(graph.tensors[op.inputs[0]].nbytes)
+    y = _aligned(graph.tensors[op.outputs[0]].nbytes)
+    return 0, 0, max(x, y)
+
+
+def ring_rows(graph: Graph, op: Op, input_offset: int | None = None, output_offset: int | None = None) -> int:
+    """Output rows an overlapped op holds at once (`ring_rows_for` on its whole tensors). Offsets
+    default to `overlap_layout`; with no overlap at all the answer is 1."""
+    if input_offset is None or output_offset is None:
+        input_offset, output_offset, _ = overlap_layout(graph, op)
+    x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
+    rows, _ = window(graph, op)
+    return ring_rows_for(x[1], x[2] * x[3], y[1], y[2] * y[3], rows.pad_before, rows.stride,
+                         (rows.kernel - 1) * rows.dilation + 1, input_offset, output_offset)
+
+
+@functools.lru_cache(maxsize=4096)
+def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
+                  input_offset: int, output_offset: int) -> int:
+    """Output rows a convolution holds at once when its output (`out_rows` rows of `row_out`
+    bytes, at `output_offset`) may lie over its input (at `input_offset`; `span` input rows per
+    window). It computes rows into a ring and writes out, in order, every held row whose bytes
+    cover only input rows no row still to compute reads. Rows run first to last, or last to first
+    when the output reaches past the input's end (a larger output sharing the input's start). The
+    same rule runs in the harness (tpup_conv.cc RunConvOverlapped), on the real pointers, for
+    whole ops and for a patch stage's tiles."""
+    in_end = input_offset + in_rows * row_in
+    backwards = output_offset + out_rows * row_out > in_end
+
+    def under(p: int) -> tuple[int, int] | None:  # the input rows under output row p's bytes
+        a = output_offset + p * row_out
+        b = a + row_out
+        if b <= input_offset or a >= in_end:
+            return None
+        return max(0, (a - input_offset) // row_in), min(in_rows - 1, (b - 1 - input_offset) // row_in)
+
+    def free(p: int, r: int) -> bool:  # output row p may be written once row r is computed
+        rows = under(p)
+        if rows is None:
+            return True
+        if backwards:  # rows r.. are done: the lowest input row's first reader must be among them
+            return max(0, -(-(rows[0] + pad_top - span + 1) // stride)) >= r
+        return min(out_rows - 1, (rows[1] + pad_top) // stride) <= r  # the highest's last reader
+
+    order = range(out_rows - 1, -1, -1) if backwards else range(out_rows)
+    held = most = flushed = 0  # (flushed: how many rows of `order` are written out)
+    for k, r in enumerate(order):
+        held += 1
+        most = max(most, held)
+        while flushed <= k and free(order[flushed], r):
+            flushed += 1
+            held -= 1
+    return most

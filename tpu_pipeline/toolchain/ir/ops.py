@@ -54,12 +54,17 @@ def padv2(x: int, paddings: int, value: int, out: int, version: int = 2) -> Op:
 
 
 def like(template: Op, inputs, outputs, **changes) -> Op:
-    """A new op with `template`'s opcode, options and version on other tensors; `changes` replace
-    fields of its options record (ValueError for opaque options, which cannot be changed)."""
+    """A new op with `template`'s opcode, options, version and kernel on other tensors; `changes`
+    replace fields of its options record (ValueError for opaque options, which cannot be changed).
+    A harness kernel (tpu_pipeline.toolchain.ir.kernels) is kept only when the operands keep their roles
+    (as many inputs: the same op on another tile); otherwise the op is a builtin."""
     options = template.options
     if changes:
         if options is None or isinstance(options, OpaqueOptions):
             raise ValueError(f"{template.opcode}: its options have no fields to change")
         options = dataclasses.replace(options, **changes)
+    kernel = template.kernel if len(tuple(inputs)) == len(template.inputs) else ""
+    if not kernel and getattr(options, "padding", "") == "EXPLICIT":
+        raise ValueError(f"{template.opcode}: explicit padding needs its harness kernel")
     return Op(opcode=template.opcode, inputs=tuple(inputs), outputs=tuple(outputs), source=None, options=options,
-              builtin_code=template.builtin_code, version=template.version)
+              builtin_code=template.builtin_code, version=template.version, kernel=kernel)

@@ -4,7 +4,8 @@ The flatbuffer's option tables are decoded into these records when a model is re
 (`tpu_pipeline.toolchain.ir.convert.from_model`) and encoded back only when one is written (`to_model`), so
 no pass needs the schema. Field names are snake_case; enumerations are strings:
 
-- `padding`: "SAME" | "VALID"
+- `padding`: "SAME" | "VALID" | "EXPLICIT" (a harness kernel's own leading padding, `pad_top` and
+  `pad_left`; see `tpu_pipeline.toolchain.ir.kernels`: no builtin encodes it)
 - `fused_activation`: "NONE" | "RELU" | "RELU_N1_TO_1" | "RELU6" | "TANH" | "SIGN_BIT"
 - `weights_format`: "DEFAULT" | "SHUFFLED4x16INT8"
 - `quantized_bias_type`: a tensor type name as in `Tensor.dtype` ("float32" is the schema's
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 ACTIVATIONS = ("NONE", "RELU", "RELU_N1_TO_1", "RELU6", "TANH", "SIGN_BIT")
-PADDINGS = ("SAME", "VALID")
+PADDINGS = ("SAME", "VALID", "EXPLICIT")  # EXPLICIT: harness kernels only (ir.kernels)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Conv2DOptions:
     dilation_w: int = 1
     dilation_h: int = 1
     quantized_bias_type: str = "float32"
+    pad_top: int = 0  # padding == "EXPLICIT" only
+    pad_left: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class DepthwiseConv2DOptions:
     fused_activation: str = "NONE"
     dilation_w: int = 1
     dilation_h: int = 1
+    pad_top: int = 0  # padding == "EXPLICIT" only
+    pad_left: int = 0
 
 
 @dataclass(frozen=True)

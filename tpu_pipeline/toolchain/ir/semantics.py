@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.graph import Graph
 from tpu_pipeline.toolchain.ir.options import Pool2DOptions
 
@@ -28,6 +29,8 @@ def macs(graph: Graph, i: int) -> int | None:
     """Multiply-accumulates of op `i`; None for custom and unknown ops."""
     op = graph.ops[i]
     name = op.opcode
+    if name == stage.OPCODE:
+        return stage.stage_macs(op)
     out = op.outputs[0] if op.outputs else -1
     out_n = _numel(graph, out)
     ins = op.inputs

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.memory.lifetimes import unused_tensors
+from tpu_pipeline.toolchain.memory.lifetimes import overlap_savings, unused_tensors
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
 
 def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int]:
     """For each op, the bytes that must be live while it runs, whatever the order:
-    its activation inputs and outputs, its scratch, and (TFLite) the graph inputs."""
+    its activation inputs and outputs (an overlapped op's two sharing their extent), its scratch,
+    and (TFLite) the graph inputs."""
     sem = get_semantics(semantics)
     pinned = 0
     if sem.inputs_live_whole_run:
@@ -18,13 +19,14 @@ def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int
         pinned = sum(align(graph.tensors[t].nbytes, sem.alignment) for t in pinned_set)
     else:
         pinned_set = set()
+    shared = overlap_savings(graph, sem)
     out = []
     for i in range(len(graph.ops)):
         tensors = set(graph.activation_inputs(i))
         if graph.ops[i].opcode not in sem.in_place_ops:  # in place, the output may share the input
             tensors |= set(graph.activation_outputs(i))
         total = pinned + sum(align(graph.tensors[t].nbytes, sem.alignment) for t in tensors - pinned_set)
-        total += sum(align(s, sem.alignment) for s in scratch_requests(graph, i, sem))
+        total += sum(align(s, sem.alignment) for s in scratch_requests(graph, i, sem)) - shared.get(i, 0)
         out.append(total)
     return out
 

@@ -144,3 +144,63 @@ def greedy_portfolio(buffers: Sequence[Buffer], overlaps, deadline: Deadline | N
     if progress is not None:
         progress(f"plan: {len(out)} greedy plans for {n:,} buffers")
     return out
+
+
+# ---- rigid groups (overlapped ops: lifetimes.Buffer.group) -------------------------------------------
+def composites(buffers: Sequence[Buffer]) -> list[list[tuple[int, int]]]:
+    """The placement units: each rigid group as its (buffer, offset from the group's base) list,
+    every other buffer alone at 0."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    units = []
+    for i, b in enumerate(buffers):
+        if b.group >= 0:
+            if b.group not in groups:
+                groups[b.group] = []
+                units.append(groups[b.group])
+            groups[b.group].append((i, b.group_offset))
+        else:
+            units.append([(i, 0)])
+    return units
+
+
+def place_composites(buffers: Sequence[Buffer], units, order: Sequence[int], overlaps,
+                     deadline: Deadline | None = None) -> list[int] | None:
+    """First fit of whole units, in `order`: the lowest base at which every member fits among the
+    placed buffers it overlaps in time. None if the deadline passes first."""
+    offsets = [-1] * len(buffers)
+    for k, u in enumerate(order):
+        if deadline is not None and k % _CLOCK_EVERY == 0 and deadline.expired():
+            return None
+        members = units[u]
+        placed = [[(offsets[j], offsets[j] + buffers[j].size) for j in overlaps[i] if offsets[j] >= 0]
+                  for i, _ in members]
+        low = max(-rel for _, rel in members)  # every member at a non-negative offset
+        candidates = {low} | {end - rel for (_, rel), spans in zip(members, placed) for _, end in spans}
+        for base in sorted(c for c in candidates if c >= low):
+            if all(not (start < base + rel + buffers[i].size and base + rel < end)
+                   for (i, rel), spans in zip(members, placed) for start, end in spans):
+                break
+        for i, rel in members:
+            offsets[i] = base + rel
+    return offsets
+
+
+def grouped_portfolio(buffers: Sequence[Buffer], overlaps, deadline: Deadline | None = None):
+    """First-fit plans of the units in a few orders: [(name, offsets)], unfinished ones left out."""
+    units = composites(buffers)
+    totals = section_totals(buffers)
+    size = [max(buffers[i].size for i, _ in u) for u in units]
+    contended = [max(totals[i] for i, _ in u) for u in units]
+    first = [min(buffers[i].first for i, _ in u) for u in units]
+    orders = {
+        "groups-size": sorted(range(len(units)), key=lambda u: (-size[u], first[u], u)),
+        "groups-conflicts": sorted(range(len(units)), key=lambda u: (-contended[u], -size[u], u)),
+        "groups-first": sorted(range(len(units)), key=lambda u: (first[u], -size[u], u)),
+    }
+    out = []
+    for name, order in orders.items():
+        offs = place_composites(buffers, units, order, overlaps, deadline)
+        if offs is None:
+            break
+        out.append((name, offs))
+    return out

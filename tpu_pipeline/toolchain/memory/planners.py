@@ -43,7 +43,8 @@ from tpu_pipeline.toolchain import budget as _budget
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.memory.cpsat import cpsat_plan
-from tpu_pipeline.toolchain.memory.greedy import greedy_by_conflicts, greedy_by_size, greedy_portfolio, sweep_first_fit
+from tpu_pipeline.toolchain.memory.greedy import (greedy_by_conflicts, greedy_by_size, greedy_portfolio,
+                                                  grouped_portfolio, sweep_first_fit)
 from tpu_pipeline.toolchain.memory.lifetimes import Buffer, Lifetimes
 from tpu_pipeline.toolchain.memory.plan import ArenaPlan, arena_size, check_plan, first_conflict
 from tpu_pipeline.toolchain.memory.preprocess import MAX_OVERLAP_PAIRS, live_lower_bound, overlap_lists, sections, size_unit
@@ -250,7 +251,38 @@ def plan_buffers(buffers, planner: str = "auto", time_limit: float | None = 5.0,
     if not bufs:
         return ArenaPlan((), 0, 0, planner, True, 0.0)
     req = Request(bufs, live_lower_bound(bufs), dl, t0, alignment, progress, dl.remaining())
+    if any(b.group >= 0 for b in bufs):
+        return _plan_grouped(req, planner)
     return REGISTRY[planner](req)
+
+
+def _plan_grouped(req: Request, planner: str) -> ArenaPlan:
+    """Buffers in rigid groups (overlapped ops, lifetimes.Buffer.group): the groups' first-fit
+    portfolio, then CP-SAT with each group's offsets tied, in what time is left. The runtimes' own
+    planners know no groups, and the exact search places single buffers: both are refused."""
+    if planner in ("tflm", "tflite", "search"):
+        raise UsageError(f"planner '{planner}' cannot place overlapped ops (buffers at fixed offsets from each "
+                         "other); use auto, cpsat or a greedy planner")
+    bufs, lb = req.buffers, req.lower_bound
+    overlaps = overlap_lists(bufs, MAX_OVERLAP_PAIRS)
+    if overlaps is None:
+        raise UsageError(f"{len(bufs):,} buffers with overlapped ops are too many to plan (more than "
+                         f"{MAX_OVERLAP_PAIRS:,} overlapping pairs)")
+    deadline = req.deadline.end - 0.07 * max(0.0, req.deadline.end - req.started)
+    candidates = grouped_portfolio(bufs, overlaps, Deadline.at(deadline))
+    if not candidates:  # out of time before the first finished: one more, unbounded (linear work)
+        candidates = grouped_portfolio(bufs, overlaps)[:1]
+    name, best = min(candidates, key=lambda c: (arena_size(bufs, c[1]), c[0]))
+    size = arena_size(bufs, best)
+    remaining = deadline - time.monotonic() - 0.1 - 0.002 * len(bufs)
+    if size > lb and planner in ("auto", "cpsat") and remaining > 0.5:
+        offsets, got, bound, optimal = cpsat_plan(bufs, remaining, hint=best, lower_bound=lb, upper_bound=size)
+        lb = max(lb, bound)
+        if offsets is not None and got < size:
+            best, size, name = offsets, got, "cpsat"
+        if optimal:
+            lb = max(lb, size)
+    return req.finish(best, name, size <= lb, lower_bound=lb)
 
 
 def plan_arena(lifetimes: Lifetimes, planner: str = "auto", time_limit: float | None = 5.0, *,

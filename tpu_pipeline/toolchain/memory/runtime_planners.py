@@ -20,7 +20,13 @@ ONLINE = -1
 
 
 def tflm_greedy(lt: Lifetimes, offline: list[int] | None = None) -> ArenaPlan:
-    """TFLite Micro's GreedyMemoryPlanner on these buffers; `offline[i]` pins buffer i (or -1)."""
+    """TFLite Micro's GreedyMemoryPlanner on these buffers; `offline[i]` pins buffer i (or -1).
+    TFLite Micro plans one buffer per tensor: lifetimes with overlapped ops' groups are taken as
+    `lt.per_tensor()` (the returned offsets then index that view; pinned ones must be given in it)."""
+    if any(b.members or b.group >= 0 for b in lt.buffers):
+        if offline is not None:
+            raise ValueError("tflm_greedy: pin the runtime's view (Lifetimes.per_tensor) of overlapped ops")
+        lt = lt.per_tensor()[0]
     bufs = lt.buffers
     n = len(bufs)
     if n == 0:

@@ -17,7 +17,8 @@ at run time and are not modelled.
 from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
+from tpu_pipeline.toolchain.ir import kernels, stage
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -44,8 +45,8 @@ def cmsis_nn_unmodelled(graph: Graph, op) -> str | None:
 
 def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
-    if graph.ops[op_pos].kernel == DIRECT:
-        return []  # the harness's direct convolution (tpu_pipeline.toolchain.ir.kernels) asks for none
+    if kernels.is_harness(graph.ops[op_pos]):
+        return _harness(graph, op_pos, sem)
     if sem.name == "tflm-cmsis-nn":
         sizes = _cmsis_nn(graph, op_pos)
         if sizes is not None:
@@ -53,6 +54,29 @@ def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     elif sem.name != "tflm":
         return []
     return _reference(graph, op_pos)
+
+
+def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
+    """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
+    (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
+    when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does."""
+    op = graph.ops[op_pos]
+    if stage.is_stage(op):  # its tiles' buffers, then the largest buffer a layer's kernel asks for
+        body = op.options.body
+        own = max((_harness(body, j, sem)[0] if _harness(body, j, sem) else 0
+                   for j, layer in enumerate(body.ops) if layer.opcode != "ADD"), default=0)
+        total = -(-op.options.scratch // 16) * 16 + own
+        return [total] if total else []
+    flags = kernels.flags(op)
+    own = 0
+    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags:
+        own = sum(_cmsis_nn(graph, op_pos) or [])
+    ring = 0
+    if kernels.OVERLAP in flags:
+        y = graph.tensors[op.outputs[0]].shape
+        ring = kernels.ring_rows(graph, op) * y[2] * y[3]
+    total = (-(-own // 16) * 16 if ring else own) + ring
+    return [total] if total else []
 
 
 def _reference(graph: Graph, op_pos: int) -> list[int]:
@@ -115,14 +139,6 @@ def _raw_option(op, field: str, default):
     return getattr(getattr(op.options, "raw", None), field, default) or default
 
 
-def tflm_padding(in_size: int, filter_size: int, stride: int, dilation: int, padding: str) -> int:
-    """TFLite Micro's ComputePaddingHeightWidth for one axis: the leading padding."""
-    eff = (filter_size - 1) * dilation + 1
-    out = (in_size + stride - 1) // stride if padding == "SAME" else (in_size + stride - eff) // stride
-    total = (out - 1) * stride + eff - in_size
-    return max(total, 0) // 2
-
-
 def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
     """CMSIS-NN kernel requests (int8), or None where the reference kernel runs."""
     op = graph.ops[op_pos]
@@ -152,8 +168,7 @@ def _cmsis_nn(graph: Graph, op_pos: int) -> list[int] | None:
         return _cmsis_fc(graph, op)
     w = graph.tensors[op.inputs[1]]
     o = op.options
-    ph = tflm_padding(x.shape[1], w.shape[1], o.stride_h, o.dilation_h, o.padding)
-    pw = tflm_padding(x.shape[2], w.shape[2], o.stride_w, o.dilation_w, o.padding)
+    ph, pw = leading_pads(graph, op)
     if name == "CONV_2D":
         return _positive(_cmsis_conv(x.shape, w.shape, o, ph, pw))
     out = graph.tensors[op.outputs[0]]

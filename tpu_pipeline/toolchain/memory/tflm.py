@@ -18,6 +18,8 @@ from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 
 __all__ = ["OfflinePlan", "offline_plan", "plan_for_tflm"]
 
+EXTERNAL = -2  # the offline plan's mark for a tensor outside the arena (= tflite.metadata.EXTERNAL)
+
 
 @dataclass(frozen=True)
 class OfflinePlan:
@@ -42,16 +44,21 @@ def offline_plan(lifetimes: Lifetimes, plan: ArenaPlan, n_tensors: int) -> Offli
     The pinned tensors go where `plan` puts them; scratch buffers cannot be pinned, so the result
     is simulated with TFLM's own planner (`tflm_greedy` with the offline offsets), which places
     them first fit among the pinned buffers: `head` is what the real runtime will report.
+    `buffer_offsets` index `lifetimes.buffers` (a shared buffer's members sit at their offsets in it).
     """
-    bufs = lifetimes.buffers
     tensor_offsets = [-1] * n_tensors
-    pinned = [-1] * len(bufs)
-    for i, b in enumerate(bufs):
-        if b.tensor is not None:
-            tensor_offsets[b.tensor] = plan.offsets[i]
-            pinned[i] = plan.offsets[i]
-    sim = tflm_greedy(lifetimes, offline=pinned)
-    return OfflinePlan(tuple(tensor_offsets), sim.size, sim.offsets, plan)
+    for i, b in enumerate(lifetimes.buffers):
+        for t, offset in b.placements():
+            tensor_offsets[t] = plan.offsets[i] + offset
+    # TFLite Micro sees one buffer per tensor (shared buffers split into their members)
+    runtime, pinned, origin = lifetimes.per_tensor([plan.offsets[i] if b.placements() else -1
+                                                    for i, b in enumerate(lifetimes.buffers)])
+    sim = tflm_greedy(runtime, offline=pinned)
+    placed = list(plan.offsets)
+    for k, i in enumerate(origin):
+        if not lifetimes.buffers[i].placements():  # scratch: where TFLM's planner puts it
+            placed[i] = sim.offsets[k]
+    return OfflinePlan(tuple(tensor_offsets), sim.size, tuple(placed), plan)
 
 
 def plan_for_tflm(graph, lifetimes_: Lifetimes | None = None, planner: str = "auto",
@@ -79,9 +86,16 @@ def plan_for_tflm(graph, lifetimes_: Lifetimes | None = None, planner: str = "au
         fixed = finish(lt.buffers, result.buffer_offsets, plan.lower_bound, plan.planner + "+tflm-scratch", t0,
                        alignment=16)
         result = OfflinePlan(result.tensor_offsets, result.head, result.buffer_offsets, fixed)
-    own = tflm_greedy(lt)
+    if graph.external:  # inputs kept in the application's buffer: marked for the harness firmware's planner
+        offsets = list(result.tensor_offsets)
+        for t in graph.external:
+            offsets[t] = EXTERNAL
+        result = OfflinePlan(tuple(offsets), result.head, result.buffer_offsets, result.plan)
+        return result  # (TFLM's own planner would put them in the arena: no fallback to it)
+    own = tflm_greedy(lt.per_tensor()[0])  # TFLM's own plan: one buffer per tensor, nothing shared
     if own.size < result.head:  # our planner lost to TFLM's: leave everything online
         fallback = ArenaPlan(own.offsets, own.size, plan.lower_bound, "tflm", own.size <= plan.lower_bound,
                              time.monotonic() - t0)
+        # (its offsets index lifetimes.per_tensor(): with nothing pinned, no buffer is shared)
         result = OfflinePlan(tuple([-1] * len(result.tensor_offsets)), own.size, own.offsets, fallback)
     return result

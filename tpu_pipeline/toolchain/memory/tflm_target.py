@@ -21,9 +21,10 @@ pointers, enums as small as their values, `-fshort-enums` being that ABI's defau
    (32 B) for each, and for a quantized one its TfLiteAffineQuantization (12 B) and zero-point
    TfLiteIntArray (4 + 4 per channel).
 
-The harness's direct convolution (`op.kernel == "direct"`, custom op TPUP_CONV_2D_DIRECT) has no
-parsed options in step 3, its own OpData in step 4 (`DIRECT_OP_DATA`), the per-channel arrays in
-step 5 and no scratch, in both kernel sets.
+The harness's convolutions (`ir.kernels`, custom ops TPUP_CONV_2D and TPUP_DEPTHWISE_CONV_2D)
+allocate nothing persistent in steps 3-5: a custom op's options are not parsed into the arena,
+their Init allocates nothing (the options are read from the flatbuffer at each invoke) and their
+requantization is a constant input (in flash). They ask for one scratch buffer at most (step 6).
 
 The struct sizes are `sizeof`/`alignof` as arm-none-eabi-g++ 12 lays them out with the harness's
 flags (read from the compiled object), and were checked against the allocation trace of the real
@@ -36,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.ir.kernels import DIRECT
+from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
@@ -48,6 +49,13 @@ _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's
 # (size, alignment) of the fixed allocations of step 1-2 and 6-7 (32-bit target).
 _SINGLE_ARENA_ALLOCATOR = (36, 4)
 _GREEDY_PLANNER = (44, 4)
+
+
+def _planner(n_external: int) -> tuple[int, int]:
+    """The harness's planner: TFLM's greedy one, or, with tensors outside the arena, the wrapper
+    that leaves them out (main.cc HarnessPlanner: a vtable pointer, the greedy planner, an int per
+    external tensor and two counters)."""
+    return _GREEDY_PLANNER if not n_external else (4 + _GREEDY_PLANNER[0] + 4 * n_external + 8, 4)
 _MICRO_ALLOCATOR = (36, 4)
 _BUILTIN_DATA_ALLOCATOR = (8, 4)
 _SUBGRAPH_ALLOCATIONS = 8
@@ -105,13 +113,6 @@ OP_DATA = {
     "CAST": (None, None),
     "LOG_SOFTMAX": (None, None),  # its OpData (28 B) comes in Prepare, int8 only (_prepare_allocations)
 }
-
-
-# The harness's direct convolution (custom op TPUP_CONV_2D_DIRECT, harness/direct_conv.cc), the same
-# in both builds: no parsed builtin data (a custom op's options stay raw); Init allocates its
-# DirectConvData {OpDataConv (56 B), TfLiteConvParams (28 B)}; Prepare the per-channel multipliers
-# and shifts as CONV_2D's does; no scratch.
-DIRECT_OP_DATA = 84
 _LOG_SOFTMAX_OP_DATA = 28  # LogSoftmaxOpData, allocated by Prepare for int8
 
 
@@ -149,7 +150,7 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
         # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
-        # only for int8 and int16 (the harness's direct kernel: int8, in both builds)
+        # only for int8 and int16
         if kernels == "reference" or x.dtype in ("int8", "int16"):
             channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
             return [channels * _INT, channels * _INT]  # output multipliers, shifts
@@ -176,21 +177,24 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
     col = _check_kernels(kernels)
     sem = tflm_semantics(kernels)
     allocs: list[tuple[str, int, int]] = [
-        ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR), ("GreedyMemoryPlanner", *_GREEDY_PLANNER),
+        ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR),
+        ("GreedyMemoryPlanner" if not graph.external else "HarnessPlanner", *_planner(len(graph.external))),
         ("MicroAllocator", *_MICRO_ALLOCATOR), ("MicroBuiltinDataAllocator", *_BUILTIN_DATA_ALLOCATOR),
         ("SubgraphAllocations", _SUBGRAPH_ALLOCATIONS * n_subgraphs, 4),
         ("TfLiteEvalTensor[]", _EVAL_TENSOR * len(graph.tensors), 4),
         ("NodeAndRegistration[]", _NODE_AND_REGISTRATION * len(graph.ops), 4)]
     unmodelled = []
     for i, op in enumerate(graph.ops):
-        if op.kernel == DIRECT:
+        if harness.is_harness(op):
             continue
         if op.opcode in BUILTIN_DATA:
             allocs.append((f"op {i} {op.opcode} builtin data", *BUILTIN_DATA[op.opcode]))
         elif op.opcode not in NO_BUILTIN_DATA:
             unmodelled.append(op.opcode)
     for i, op in enumerate(graph.ops):
-        size = DIRECT_OP_DATA if op.kernel == DIRECT else OP_DATA.get(op.opcode, (None, None))[col]
+        if harness.is_harness(op):
+            continue
+        size = OP_DATA.get(op.opcode, (None, None))[col]
         if size:
             allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
         elif op.opcode not in OP_DATA:
@@ -200,6 +204,9 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
             unmodelled.append(missing)
     requests = 0
     for i, op in enumerate(graph.ops):
+        if harness.is_harness(op):
+            requests += len(scratch_requests(graph, i, sem))
+            continue
         for size in _prepare_allocations(graph, op, kernels):
             allocs.append((f"op {i} {op.opcode} per-channel", size, _ARENA_ALIGN))
         requests += len(scratch_requests(graph, i, sem))
@@ -227,7 +234,8 @@ def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) ->
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
-    lt = lifetimes(graph, semantics=sem, whole_model=True)  # the model file as the firmware loads it
+    # what TFLM allocates for the model file as the firmware loads it: one buffer per tensor
+    lt = lifetimes(graph, semantics=sem, whole_model=True).per_tensor()[0]
     pinned = [-1] * len(lt.buffers)
     if tensor_offsets is not None:
         for i, b in enumerate(lt.buffers):
@@ -249,3 +257,19 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
 
     lt = lifetimes(graph, semantics="tflm")
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
+
+
+def ops_tail(graph: Graph, kernels: str = "cmsis-nn") -> int | None:
+    """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
+    adds it up per variant): their nodes, the eval tensors of what they write and of the constants
+    they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each
+    allocation rounded to its alignment. Graph inputs, the allocator's own structs and the I/O
+    tensors are the rest (`target_tail` of the whole model). None when an op is not modelled."""
+    t = target_tail(graph, kernels)
+    if t.bytes is None:
+        return None
+    per_op = sum(-(-size // align) * align for what, size, align in t.allocations
+                 if what.startswith("op ") or what == "ScratchBufferHandle[]")
+    owned = {x for op in graph.ops for x in op.outputs if x >= 0}
+    owned |= {x for op in graph.ops for x in op.inputs if x >= 0 and graph.tensors[x].is_constant}
+    return per_op + _NODE_AND_REGISTRATION * len(graph.ops) + _EVAL_TENSOR * len(owned)

@@ -15,17 +15,7 @@ import dataclasses
 import numpy as np
 
 from tpu_pipeline.toolchain.ir import Graph, Op, Quantization, Tensor
-
-_NP_DTYPES = {"float32": np.float32, "int8": np.int8, "uint8": np.uint8, "int32": np.int32,
-              "int16": np.int16, "int64": np.int64, "float16": np.float16}
-
-
-def tensor_values(t: Tensor) -> np.ndarray:
-    """A constant tensor's values as a numpy array of its shape."""
-    if t.data is None:
-        raise ValueError(f"tensor '{t.name}' is not a constant")
-    return np.frombuffer(np.asarray(t.data, dtype=np.uint8).tobytes(), dtype=_NP_DTYPES[t.dtype]).reshape(t.shape)
-
+from tpu_pipeline.toolchain.ir.graph import NP_DTYPES
 
 class GraphEditor:
     def __init__(self, graph: Graph):
@@ -52,7 +42,7 @@ class GraphEditor:
         return idx
 
     def add_constant(self, name: str, values: np.ndarray, dtype: str, quant: Quantization | None) -> int:
-        arr = np.ascontiguousarray(np.asarray(values, dtype=_NP_DTYPES[dtype]))
+        arr = np.ascontiguousarray(np.asarray(values, dtype=NP_DTYPES[dtype]))
         data = np.frombuffer(arr.tobytes(), dtype=np.uint8).copy()
         data.flags.writeable = False
         idx = len(self.tensors)
@@ -88,4 +78,5 @@ class GraphEditor:
         tensors = tuple(dataclasses.replace(t, index=k) for k, t in enumerate(keep))
         new_ops = tuple(dataclasses.replace(op, inputs=m(op.inputs), outputs=m(op.outputs),
                                             intermediates=m(op.intermediates)) for op in ops)
-        return Graph(tensors, new_ops, m(self.graph.inputs), m(self.graph.outputs), self.graph.name)
+        external = tuple(new_index[t] for t in self.graph.external if t in new_index)
+        return Graph(tensors, new_ops, m(self.graph.inputs), m(self.graph.outputs), self.graph.name, external)

@@ -26,16 +26,14 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.options import ConcatenationOptions
-from tpu_pipeline.toolchain.rewrite.edit import GraphEditor, tensor_values
+from tpu_pipeline.toolchain.ir.geometry import PADS, WINDOWED, hw
+from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
 
 MAX_GRID = 8  # TFLite Micro's CONCATENATION takes at most 10 inputs; keep every join <= 8
-WINDOWED = ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D", "AVERAGE_POOL_2D")
-PADS = ("PAD", "PADV2")
 ELEMENTWISE = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC",
                "TANH", "HARD_SWISH", "LEAKY_RELU", "QUANTIZE", "ABS", "NEG")
 _MIN = {"int8": -128, "uint8": 0, "int16": -32768, "float32": float(np.finfo(np.float32).min)}
 
-Box = tuple[int, int, int, int]  # h0, h1, w0, w1 (half-open), in a tensor's own coordinates
 
 
 @dataclass(frozen=True)
@@ -44,62 +42,6 @@ class PatchRegion:
     output: str  # the tensor assembled from the output tiles (the region's only output)
     ops: tuple[str, ...]  # first-output tensor names of the ops inside, in graph order
     max_grid: tuple[int, int]  # largest (rows, cols) grid: min(8, output H), min(8, output W)
-
-
-# ---- geometry ---------------------------------------------------------------------------------
-def _hw(graph: Graph, t: int) -> tuple[int, int]:
-    s = graph.tensors[t].shape
-    return s[1], s[2]
-
-
-def _window(graph: Graph, op) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """((kh, sh, dh, pad_top), (kw, sw, dw, pad_left)) of a windowed op or a PAD."""
-    x, y = op.inputs[0], op.outputs[0]
-    (ih, iw), (oh, ow) = _hw(graph, x), _hw(graph, y)
-    if op.opcode in PADS:
-        p = tensor_values(graph.tensors[op.inputs[1]]).reshape(-1, 2)
-        return (1, 1, 1, -int(p[1, 0])), (1, 1, 1, -int(p[2, 0]))
-    o = op.options
-    if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        w = graph.tensors[op.inputs[1]].shape
-        kh, kw, dh, dw = w[1], w[2], o.dilation_h, o.dilation_w
-    else:
-        kh, kw, dh, dw = o.filter_height, o.filter_width, 1, 1
-
-    def before(i, out, k, s, d):
-        if o.padding == "VALID":
-            return 0
-        return max((out - 1) * s + (k - 1) * d + 1 - i, 0) // 2
-
-    return ((kh, o.stride_h, dh, before(ih, oh, kh, o.stride_h, dh)),
-            (kw, o.stride_w, dw, before(iw, ow, kw, o.stride_w, dw)))
-
-
-def _reads(graph: Graph, op, out: Box) -> Box:
-    """The virtual input box (may reach past the image) op needs for its output box `out`."""
-    if op.opcode not in WINDOWED + PADS:
-        return out
-    (kh, sh, dh, ph), (kw, sw, dw, pw) = _window(graph, op)
-    if op.opcode in PADS:  # stored as a negative "pad before": output row o reads o - top
-        ph, pw = -ph, -pw
-        return out[0] - ph, out[1] - ph, out[2] - pw, out[3] - pw
-    return (out[0] * sh - ph, (out[1] - 1) * sh - ph + (kh - 1) * dh + 1,
-            out[2] * sw - pw, (out[3] - 1) * sw - pw + (kw - 1) * dw + 1)
-
-
-def _clip(box: Box, hw: tuple[int, int]) -> Box:
-    return max(box[0], 0), min(box[1], hw[0]), max(box[2], 0), min(box[3], hw[1])
-
-
-def _union(a: Box | None, b: Box) -> Box:
-    return b if a is None else (min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3]))
-
-
-def _splits(n: int, k: int) -> list[tuple[int, int]]:
-    """`n` rows (or columns) in `k` runs, the longer ones first: the last tiles run while nearly
-    all of the output is held, so they are the ones to keep small."""
-    q, r = divmod(n, k)
-    return [(i * q + min(i, r), (i + 1) * q + min(i + 1, r)) for i in range(k)]
 
 
 # ---- which ops are local ----------------------------------------------------------------------
@@ -125,7 +67,7 @@ def _nonlocal_reason(graph: Graph, op) -> str | None:
             return "SAME average pool (its divisor counts only valid taps)"
         return None
     if name in PADS:
-        p = tensor_values(graph.tensors[op.inputs[1]]).reshape(-1, 2)
+        p = graph.tensors[op.inputs[1]].values().reshape(-1, 2)
         if p.shape[0] != 4 or p[0].any() or p[3].any() or (p < 0).any():
             return "padding outside H and W"
         return None
@@ -199,7 +141,7 @@ def _region_ops(graph: Graph, inside: int) -> list[int]:
 
 
 def _make_region(graph: Graph, tin: int, tout: int, inside: int) -> PatchRegion:
-    oh, ow = _hw(graph, tout)
+    oh, ow = hw(graph, tout)
     names = tuple(graph.tensors[graph.ops[i].outputs[0]].name for i in _region_ops(graph, inside))
     return PatchRegion(graph.tensors[tin].name, graph.tensors[tout].name, names,
                        (min(MAX_GRID, oh), min(MAX_GRID, ow)))
@@ -220,12 +162,12 @@ def patch_regions(graph: Graph) -> list[PatchRegion]:
                 continue
             if inside & blocked:
                 break  # every later output's region contains this op too
-            if max(_hw(graph, tout)) >= 2:
+            if max(hw(graph, tout)) >= 2:
                 regions.append(_make_region(graph, tin, tout, inside))
     return regions
 
 
-def _checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[int]]:
+def checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[int]]:
     """(input tensor, output tensor, op positions) of `region` in `graph`; UsageError if illegal."""
     by_name = {t.name: t.index for t in graph.tensors}
     tin, tout = by_name.get(region.input), by_name.get(region.output)
@@ -245,7 +187,7 @@ def _checked_region(graph: Graph, region: PatchRegion) -> tuple[int, int, list[i
         why = _nonlocal_reason(graph, graph.ops[i])
         if why:
             raise UsageError(f"patch region: op {i} ({graph.ops[i].opcode}) cannot run on patches: {why}")
-    if max(_hw(graph, tout)) < 2:
+    if max(hw(graph, tout)) < 2:
         raise UsageError(f"patch region: output '{region.output}' is 1x1: nothing to tile")
     real = _make_region(graph, tin, tout, inside)
     if tuple(region.ops) != real.ops:
@@ -259,9 +201,9 @@ def apply_patches(graph: Graph, region: PatchRegion, grid: tuple[int, int]) -> G
     region untouched, tensor names unique. UsageError if the region or grid is not legal."""
     from tpu_pipeline.toolchain.rewrite.patch_build import build_tiles
 
-    tin, tout, positions = _checked_region(graph, region)
+    tin, tout, positions = checked_region(graph, region)
     gh, gw = (int(g) for g in grid)
-    oh, ow = _hw(graph, tout)
+    oh, ow = hw(graph, tout)
     if not (1 <= gh <= min(MAX_GRID, oh) and 1 <= gw <= min(MAX_GRID, ow)):
         raise UsageError(f"patch grid {gh}x{gw} for output '{region.output}' ({oh}x{ow}): rows and "
                          f"columns must be 1..{min(MAX_GRID, oh)} and 1..{min(MAX_GRID, ow)}")

@@ -8,7 +8,8 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, ops as irops
 from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
-from tpu_pipeline.toolchain.rewrite.patch import PADS, WINDOWED, Box, _clip, _hw, _reads, _splits, _union, _window, pool_min
+from tpu_pipeline.toolchain.ir.geometry import PADS, WINDOWED, Box, clip, hw, reads, region_needs, splits, window
+from tpu_pipeline.toolchain.rewrite.patch import pool_min
 
 
 def _same_pads_it(graph: Graph, op, vbox: Box, real: Box, obox: Box) -> bool:
@@ -19,7 +20,7 @@ def _same_pads_it(graph: Graph, op, vbox: Box, real: Box, obox: Box) -> bool:
     if vbox == real or op.options.padding != "SAME" or op.opcode == "AVERAGE_POOL_2D":
         return False
     for (k, s, d, _), (v0, v1), (r0, r1), (o0, o1) in zip(
-            _window(graph, op), ((vbox[0], vbox[1]), (vbox[2], vbox[3])), ((real[0], real[1]), (real[2], real[3])),
+            window(graph, op), ((vbox[0], vbox[1]), (vbox[2], vbox[3])), ((real[0], real[1]), (real[2], real[3])),
             ((obox[0], obox[1]), (obox[2], obox[3]))):
         n, out = r1 - r0, o1 - o0
         total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
@@ -56,23 +57,16 @@ class _Tiler:
     # ---- one tile -----------------------------------------------------------------------------
     def needs(self, box: Box) -> dict[int, Box]:
         """Tensor -> the box of it the tile needs (clipped to the tensor), walking backwards."""
-        need = {self.tout: box}
-        for op in reversed(self.region):
-            obox = need[op.outputs[0]]
-            for x in dict.fromkeys(op.inputs):
-                if not self.g.is_activation(x):
-                    continue
-                real = _clip(_reads(self.g, op, obox), _hw(self.g, x))
-                if real[0] >= real[1] or real[2] >= real[3]:
-                    raise UsageError(f"patch grid too fine: a tile of '{self.g.tensors[self.tout].name}' reads "
-                                     f"nothing of '{self.g.tensors[x].name}'")
-                need[x] = _union(need.get(x), real)
+        need = region_needs(self.g, self.region, self.tout, box)
+        if need is None:
+            raise UsageError(f"patch grid too fine: a tile of '{self.g.tensors[self.tout].name}' reads nothing of "
+                             "one of the region's tensors")
         return need
 
     def _fetch(self, have, cache, x: int, vbox: Box, mode, tag: str) -> int:
         """A tensor holding box `vbox` of x (virtual: parts past the image are padding)."""
         t, hbox = have[x]
-        real = _clip(vbox, _hw(self.g, x))
+        real = clip(vbox, hw(self.g, x))
         key = ("slice", x, real)
         if key not in cache:
             src = t
@@ -104,14 +98,14 @@ class _Tiler:
     def tile(self, box: Box, tag: str) -> int:
         """Emit the ops of one output tile; returns the tile tensor."""
         need = self.needs(box)
-        full = _hw(self.g, self.tin)
+        full = hw(self.g, self.tin)
         have = {self.tin: (self.tin, (0, full[0], 0, full[1]))}
         cache: dict = {}
         for op in self.region:
             y, obox = op.outputs[0], need[op.outputs[0]]
             if op.opcode in PADS:
                 mode = "zero" if op.opcode == "PAD" else ("value", op.inputs[2])
-                have[y] = (self._fetch(have, cache, op.inputs[0], _reads(self.g, op, obox), mode, tag), obox)
+                have[y] = (self._fetch(have, cache, op.inputs[0], reads(self.g, op, obox), mode, tag), obox)
                 continue
             windowed = op.opcode in WINDOWED
             mode = "zero"
@@ -122,9 +116,9 @@ class _Tiler:
                 if not self.g.is_activation(x):
                     inputs.append(x)
                     continue
-                vbox = _reads(self.g, op, obox) if windowed else obox
-                if windowed and _same_pads_it(self.g, op, vbox, _clip(vbox, _hw(self.g, x)), obox):
-                    vbox, padding = _clip(vbox, _hw(self.g, x)), "SAME"  # no PAD copy needed
+                vbox = reads(self.g, op, obox) if windowed else obox
+                if windowed and _same_pads_it(self.g, op, vbox, clip(vbox, hw(self.g, x)), obox):
+                    vbox, padding = clip(vbox, hw(self.g, x)), "SAME"  # no PAD copy needed
                 inputs.append(self._fetch(have, cache, x, vbox, mode, tag))
             t = self._activation(y, obox, tag)
             new = irops.like(op, inputs, (t,), padding=padding) if windowed else irops.like(op, inputs, (t,))
@@ -135,11 +129,11 @@ class _Tiler:
     # ---- the whole output ---------------------------------------------------------------------
     def build(self, grid: tuple[int, int]) -> list:
         gh, gw = grid
-        oh, ow = _hw(self.g, self.tout)
+        oh, ow = hw(self.g, self.tout)
         ver = self._version(self.tout)
         rows = []
-        for r, (h0, h1) in enumerate(_splits(oh, gh)):
-            tiles = [self.tile((h0, h1, w0, w1), f"p{r}_{c}") for c, (w0, w1) in enumerate(_splits(ow, gw))]
+        for r, (h0, h1) in enumerate(splits(oh, gh)):
+            tiles = [self.tile((h0, h1, w0, w1), f"p{r}_{c}") for c, (w0, w1) in enumerate(splits(ow, gw))]
             if gw == 1:
                 rows.append(tiles[0])
                 continue

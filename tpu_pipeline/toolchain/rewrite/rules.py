@@ -41,7 +41,7 @@ import numpy as np
 from tpu_pipeline.toolchain.ir import Graph, Quantization, ops
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FullyConnectedOptions, ConcatenationOptions,
                                   fused_activation)
-from tpu_pipeline.toolchain.rewrite.edit import GraphEditor, tensor_values
+from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
 
 EXACT = "bit-exact"
 FLOAT_ROUNDING = "float-rounding"
@@ -211,11 +211,11 @@ def _match(graph: Graph, xs, out, cons):
         return "commute", EXACT if cons.opcode in _BINARY_EXACT else rounding
     if cons.opcode in _REDUCE and len(ins) == 2 and _const(graph, ins[1]):
         rank = len(t_out.shape)
-        axes = {int(a) % rank for a in tensor_values(graph.tensors[ins[1]]).reshape(-1)}
+        axes = {int(a) % rank for a in graph.tensors[ins[1]].values().reshape(-1)}
         if rank - 1 not in axes and graph.tensors[cons.outputs[0]].shape[-1:] == (C,):
             return "commute", EXACT if cons.opcode == "REDUCE_MAX" or dtype == "int8" else FLOAT_ROUNDING
     if cons.opcode in _PADS and len(ins) >= 2 and _const(graph, ins[1]) and all(_const(graph, t) for t in ins[2:]):
-        pads = tensor_values(graph.tensors[ins[1]]).reshape(-1, 2)
+        pads = graph.tensors[ins[1]].values().reshape(-1, 2)
         if len(pads) == len(t_out.shape) and not pads[-1].any():
             return "commute", EXACT
     return None, None
@@ -265,13 +265,13 @@ def _partial_sums(graph: Graph, k: int, branches, values: Values):
 
     cons = graph.ops[k]
     w_t = graph.tensors[cons.inputs[1]]
-    wq = tensor_values(w_t).astype(np.float64)
+    wq = w_t.values().astype(np.float64)
     ws = np.asarray(w_t.quant.scale, dtype=np.float64)
     wf = wq * (ws.reshape((-1,) + (1,) * (wq.ndim - 1)) if len(ws) > 1 else ws[0])
     bias = None
     if len(cons.inputs) > 2 and cons.inputs[2] >= 0:
         b_t = graph.tensors[cons.inputs[2]]
-        bias = tensor_values(b_t).astype(np.float64) * np.asarray(b_t.quant.scale, dtype=np.float64)
+        bias = b_t.values().astype(np.float64) * np.asarray(b_t.quant.scale, dtype=np.float64)
     partial_ranges = [[np.inf, -np.inf] for _ in branches]
     acc_ranges = [[np.inf, -np.inf] for _ in branches]
     runs = len(values(branches[0][0]))
@@ -298,7 +298,7 @@ def _partial_sums(graph: Graph, k: int, branches, values: Values):
 def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Values | None):
     cons, concat, y, y_t = _cell(graph, cand, k)
     w_t = graph.tensors[cons.inputs[1]]
-    W = tensor_values(w_t)
+    W = w_t.values()
     has_bias = len(cons.inputs) > 2 and cons.inputs[2] >= 0
     branches = _slices(graph, concat.inputs)
     # Sum the branches in the order they are produced, so each can die as soon as possible.
@@ -346,11 +346,11 @@ def _split_sum(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: V
 def _split_depthwise(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Values | None):
     cons, concat, y, y_t = _cell(graph, cand, k)
     w_t = graph.tensors[cons.inputs[1]]
-    W = tensor_values(w_t)
+    W = w_t.values()
     C = graph.tensors[concat.outputs[0]].shape[-1]
     M = W.shape[3] // C
     b_t = graph.tensors[cons.inputs[2]] if len(cons.inputs) > 2 and cons.inputs[2] >= 0 else None
-    B = tensor_values(b_t) if b_t is not None else None
+    B = b_t.values() if b_t is not None else None
     new_ops, outs = [], []
     for j, (x, a, b) in enumerate(_slices(graph, concat.inputs)):
         lo, hi = a * M, b * M
@@ -373,7 +373,7 @@ def _commute(graph: Graph, ed: GraphEditor, cand: Candidate, k: int, values: Val
         rest = cons.inputs[1:]
         if per_channel:  # the branch's slice of a per-channel constant
             c_t = graph.tensors[operand]
-            rest = (ed.add_constant(f"{c_t.name}/part{j}", tensor_values(c_t)[..., a:b], c_t.dtype,
+            rest = (ed.add_constant(f"{c_t.name}/part{j}", c_t.values()[..., a:b], c_t.dtype,
                                     _slice_quant(c_t.quant, a, b)),)
         new_ops.append(ops.like(cons, (x, *rest), [o]))
         outs.append(o)

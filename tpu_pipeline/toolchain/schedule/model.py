@@ -6,7 +6,8 @@ v's step, with exactly the rules of `tpu_pipeline.toolchain.memory.lifetimes` (t
 - a tensor's buffer is live from its first toucher's step (step 0 for graph inputs) to its last
   toucher's step (the last step n for graph outputs), inclusive, touchers being the ops that
   read or write it;
-- op scratch lives for its op's step only; sizes are rounded to the semantics' alignment;
+- op scratch lives for its op's step only; sizes are rounded to the semantics' alignment; an
+  overlapped harness op's input and output share bytes at its step (`extra` is less by that);
 - under "tflite", graph inputs live the whole run, and reshape-like ops share their input's buffer
   (merged into one tensor here when that sharing does not depend on the order).
 
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.lifetimes import overlap_savings
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -168,7 +170,7 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
             if graph.is_activation(t):
                 touchers.setdefault(t, set()).add(i)
     involved = set(touchers) | inputs | outputs
-    sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
+    sizes = {t: 0 if t in graph.external else align(graph.tensors[t].nbytes, sem.alignment) for t in involved}
 
     groups, exact = _share_groups(graph, sem, involved, sizes, inputs, outputs)
     ids = sorted(groups)
@@ -207,7 +209,10 @@ def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
             r0 += s
         for i in bits(m):
             op_touch[i].append(k)
-    extra = tuple(sum(align(x, sem.alignment) for x in scratch_requests(graph, i, sem)) for i in range(n))
+    # scratch, less what an overlapped op's input and output share at its step (lifetimes: the pair buffer)
+    saving = overlap_savings(graph, sem)
+    extra = tuple(sum(align(x, sem.alignment) for x in scratch_requests(graph, i, sem)) - saving.get(i, 0)
+                  for i in range(n))
     preds = tuple(sum(1 << p for p in graph.preds[i]) for i in range(n))
     succs = tuple(sum(1 << s for s in graph.succs[i]) for i in range(n))
     return MemModel(n, preds, succs, tuple(tuple(x) for x in op_touch), tuple(size), tuple(mask),

@@ -18,6 +18,9 @@ from tpu_pipeline.toolchain.tflite.names import text
 OFFLINE_PLAN_NAME = "OfflineMemoryAllocation"
 OFFLINE_PLAN_VERSION = 1
 ONLINE = -1
+# A tensor the application keeps outside the arena (`Graph.external`): only the harness firmware's
+# planner knows this value (data/firmware/harness/main.cc); host views write ONLINE instead.
+EXTERNAL = -2
 
 
 def _name(entry) -> str:
@@ -65,7 +68,7 @@ def with_offline_plan(model: schema.ModelT, offsets: list[int], label: str = "")
     expected = total_tensor_count(model)
     if len(offsets) != expected:
         raise ValueError(f"offline plan has {len(offsets)} offsets, the model has {expected} tensors")
-    too_big = [o for o in offsets if not ONLINE <= o < 2**31]
+    too_big = [o for o in offsets if not (ONLINE <= o < 2**31 or o == EXTERNAL)]
     if too_big:
         # TFLite Micro reads the plan as int32 words.
         raise InfeasibleError(f"{label + ': ' if label else ''}the arena plan puts a tensor at offset {max(too_big):,} bytes; TFLite Micro's "

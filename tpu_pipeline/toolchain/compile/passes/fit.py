@@ -20,7 +20,8 @@ KERNELS = "reference"
 
 def fit(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     budget = state.options.budget
-    r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, kernels=KERNELS, deadline=Deadline(allowed))
+    r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, kernels=KERNELS, deadline=Deadline(allowed),
+                  harness=False, arena="head")
     if not r.fits:
         raise InfeasibleError(f"{state.options.label}: no variant fits {budget:,} B of TFLite Micro arena head; "
                               f"the smallest reachable is {r.head:,} B")

@@ -42,10 +42,62 @@ class HarnessProfiler : public tflite::MicroProfilerInterface {
 };
 
 HarnessProfiler g_profiler;
-tflite::MicroInterpreter* g_interp = nullptr;
 // Our own arena allocator (built exactly as MicroAllocator::Create(arena, size) builds it), so the
 // head (planned, non-persistent) and tail (persistent) of arena_used_bytes() can be reported apart.
 tflite::SingleArenaBufferAllocator* g_buffers = nullptr;
+
+#if HARNESS_NUM_EXTERNAL > 0
+// Tensors the application keeps in its own buffer, outside the arena (a camera frame, a DMA target):
+// the offline plan marks them kExternal, and this planner leaves them out of the arena's head and
+// places them in g_external (an offset from the arena's start that points there), in the order
+// TFLite Micro adds them (by tensor index). tpu_pipeline/toolchain/memory/tflm_target.py models its size.
+constexpr int kExternal = -2;
+constexpr int kExternalBytes[HARNESS_NUM_EXTERNAL] = HARNESS_EXTERNAL_BYTES;
+alignas(16) uint8_t g_external[HARNESS_EXTERNAL_TOTAL];
+
+class HarnessPlanner : public tflite::MicroMemoryPlanner {
+ public:
+  TfLiteStatus AddBuffer(int size, int first, int last) override {
+    ++added_;
+    return inner_.AddBuffer(size, first, last);
+  }
+  TfLiteStatus AddBuffer(int size, int first, int last, int offline_offset) override {
+    if (offline_offset != kExternal) {
+      ++added_;
+      return inner_.AddBuffer(size, first, last, offline_offset);
+    }
+    if (n_external_ >= HARNESS_NUM_EXTERNAL) return kTfLiteError;
+    external_[n_external_++] = added_++;
+    return kTfLiteOk;
+  }
+  size_t GetMaximumMemorySize() override { return inner_.GetMaximumMemorySize(); }
+  int GetBufferCount() override { return added_; }
+  TfLiteStatus GetOffsetForBuffer(int index, int* offset) override {
+    int before = 0, at = 0;
+    for (int k = 0; k < n_external_; ++k) {
+      if (external_[k] == index) {  // TFLite Micro adds the arena's start to it: g_external + at
+        *offset = static_cast<int>((g_external + at) - g_buffers->GetOverlayMemoryAddress());
+        return kTfLiteOk;
+      }
+      before += external_[k] < index;
+      at += (kExternalBytes[k] + 15) / 16 * 16;
+    }
+    return inner_.GetOffsetForBuffer(index - before, offset);
+  }
+  TfLiteStatus Init(unsigned char* scratch, int size) override { return inner_.Init(scratch, size); }
+  bool preserves_all_tensors() const override { return inner_.preserves_all_tensors(); }
+
+ private:
+  tflite::GreedyMemoryPlanner inner_;
+  int external_[HARNESS_NUM_EXTERNAL] = {};
+  int n_external_ = 0;
+  int added_ = 0;
+};
+using HarnessMemoryPlanner = HarnessPlanner;
+#else
+using HarnessMemoryPlanner = tflite::GreedyMemoryPlanner;
+#endif
+tflite::MicroInterpreter* g_interp = nullptr;
 const char* g_fatal = nullptr;  // set when the model cannot run: every command answers ERR with it
 
 void send_line(const char* body) {
@@ -213,10 +265,10 @@ int main() {
   const tflite::Model* model = tflite::GetModel(g_model_data);
   g_buffers = tflite::SingleArenaBufferAllocator::Create(g_arena, HARNESS_ARENA_SIZE);
   // The greedy planner lives in the arena's tail, as MicroAllocator::Create places it.
-  uint8_t* planner_mem = g_buffers->AllocatePersistentBuffer(sizeof(tflite::GreedyMemoryPlanner),
-                                                             alignof(tflite::GreedyMemoryPlanner));
+  uint8_t* planner_mem = g_buffers->AllocatePersistentBuffer(sizeof(HarnessMemoryPlanner),
+                                                             alignof(HarnessMemoryPlanner));
   tflite::MicroAllocator* allocator =
-      tflite::MicroAllocator::Create(g_buffers, new (planner_mem) tflite::GreedyMemoryPlanner());
+      tflite::MicroAllocator::Create(g_buffers, new (planner_mem) HarnessMemoryPlanner());
   static tflite::MicroInterpreter interp(model, resolver, allocator, nullptr, &g_profiler);
   g_interp = &interp;
   if (g_fatal == nullptr && interp.AllocateTensors() != kTfLiteOk) {

@@ -1,0 +1,161 @@
+"""Patch stages (tpu_pipeline.toolchain.ir.stage, rewrite/patch_stage.py, harness/tpup_stage.cc): a patch
+region run tile by tile inside one harness op. Host side: round trip through the file, the builtin
+view is an identity in LiteRT and TFLite Micro, the arena and the tail are below patches by copies.
+Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as predicted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cnn_builder import CnnBuilder
+from test_firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.ir import from_model, stage
+from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
+from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+from tpu_pipeline.toolchain.rewrite.patch import checked_region, apply_patches, patch_regions
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
+
+BOARD = "qemu-mps2-an386"
+
+
+def _mbv2_like(seed=3):
+    """A MobileNetV2-like stem at 24x20: conv s2, an inverted residual block with an ADD, a stride-2
+    depthwise with PyTorch-style symmetric padding (folded: explicit padding), then a head."""
+    from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 24, 20, 3))
+    s = b.conv(x, 8, k=3, stride=2, act="RELU6")
+    e = b.conv(s, 24, k=1, act="RELU6")
+    d = b.dw(e, k=3, act="RELU6")
+    p = b.conv(d, 8, k=1)
+    r = b.add(p, s)
+    e2 = b.conv(r, 16, k=1, act="RELU6")
+    d2 = b.dw(b.pad(e2, 1, 1, 1, 1), k=3, stride=2, padding="VALID", act="RELU6")
+    out = b.conv(d2, 12, k=1)
+    head = b.pool(out, "AVERAGE_POOL_2D", k=3, stride=3)
+    src = b.model_bytes([head])
+    g, _ = fold_pads(b.graph([head]), harness=True)
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")
+                        and not op.kernel], kernel_name())
+    return g, src
+
+
+def _region(g):
+    """The largest region from the model's input that a stage runs."""
+    def ok(r):
+        return stage_refusal(g, checked_region(g, r)[2]) is None
+
+    return max((r for r in patch_regions(g) if r.input == g.tensors[g.inputs[0]].name and ok(r)),
+               key=lambda r: len(r.ops))
+
+
+def _staged(g, grid):
+    region = _region(g)
+    tin, tout, positions = checked_region(g, region)
+    return build_stage(g, tin, tout, positions, grid), region
+
+
+def _write(g, src: bytes, planned: bool = True) -> bytes:
+    model = to_model(g, read_model(src))
+    if planned:
+        plan = plan_for_tflm(g, lifetimes(g, semantics="tflm"), n_tensors=len(g.tensors))
+        model = with_offline_plan(model, list(plan.tensor_offsets))
+    return model_to_bytes(model)
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2)])
+def test_a_stage_round_trips_and_its_builtin_view_is_an_identity(grid):
+    g, src = _mbv2_like()
+    staged, region = _staged(g, grid)
+    assert sum(stage.is_stage(op) for op in staged.ops) == 1
+    assert len(staged.ops) == len(g.ops) - len(region.ops) + 1
+    data = _write(staged, src)
+    back = from_model(read_model(data))
+    (op,) = [o for o in back.ops if stage.is_stage(o)]
+    (orig,) = [o for o in staged.ops if stage.is_stage(o)]
+    assert op.options.program == orig.options.program and op.options.grid == grid
+    assert stage.encode(op.options) == stage.encode(orig.options)
+    view = from_model(read_model(builtin_view_bytes(data)))
+    assert not any(o.kernel for o in view.ops) and len(view.ops) == len(from_model(read_model(src)).ops)
+    results = verify_models(src, data, runs=2)
+    assert {r.runtime for r in results} == {"litert", "tflm"}
+    assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs), [r.to_json() for r in results]
+
+
+def test_a_stage_beats_patches_by_copies_in_arena_and_tail():
+    g, _ = _mbv2_like()
+    region = _region(g)
+    copies = apply_patches(g, region, (3, 2))
+    staged, _ = _staged(g, (3, 2))
+    for kernels in ("cmsis-nn", "reference"):
+        assert target_tail(staged, kernels).bytes < target_tail(copies, kernels).bytes - 1000
+    sem = "tflm"
+    assert lifetimes(staged, semantics=sem).peak < lifetimes(copies, semantics=sem).peak
+
+
+def _rings(staged):
+    (op,) = [o for o in staged.ops if stage.is_stage(o)]
+    return [s for s in stage.steps(op.options) if s[0] == stage.CONV and s[11] > 0], op.options.scratch
+
+
+def test_dying_tile_buffers_are_written_over():
+    """A depthwise convolution in place and a pointwise expansion over its dying input (a ring of
+    rows each) make the tile's buffers smaller than planning every buffer apart; the builtin view
+    is unchanged (the same layers on the same boxes)."""
+    g, src = _mbv2_like()
+    region = _region(g)
+    tin, tout, positions = checked_region(g, region)
+    over = build_stage(g, tin, tout, positions, (3, 2))
+    apart = build_stage(g, tin, tout, positions, (3, 2), in_place=False)
+    rings, scratch = _rings(over)
+    assert rings and not _rings(apart)[0]
+    assert scratch < _rings(apart)[1]
+    assert lifetimes(over, semantics="tflm").peak < lifetimes(apart, semantics="tflm").peak
+    assert builtin_view_bytes(_write(over, src, False)) == builtin_view_bytes(_write(apart, src, False))
+
+
+def test_what_a_stage_cannot_run_is_refused():
+    b = CnnBuilder(seed=1)
+    x = b.input((1, 8, 8, 4))
+    y = b.pool(b.conv(x, 4, k=3), "MAX_POOL_2D", k=2, stride=2)
+    g = b.graph([y])
+    assert "MAX_POOL_2D" in stage_refusal(g, [0, 1])
+    with pytest.raises(UsageError, match="patch stage"):
+        build_stage(g, g.inputs[0], y, [0, 1], (2, 2))
+
+
+# ---- on the emulated board ------------------------------------------------------------------------
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernels_set):
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed")
+    tree_or_skip(kernels_set)
+    g, src = _mbv2_like()
+    staged, _ = _staged(g, (3, 2))
+    path = tmp_path / "staged.tflite"
+    path.write_bytes(_write(staged, src))
+    try:
+        r = run_on_qemu(path, BOARD, kernels_set, iterations=2, seed=5)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
+    assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
+    assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

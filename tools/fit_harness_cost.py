@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Fit the cost of the harness's own kernels (tpu_pipeline.toolchain.ir.kernels, ir.stage) to QEMU instruction counts.
+
+    python tools/fit_harness_cost.py --collect   # QEMU, both kernel sets (about 20 minutes, once)
+    python tools/fit_harness_cost.py             # fit from the collected counts
+
+The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
+same kernel as its builtin (its own cost is the builtin's), except:
+- overlapped (output over its input): one kernel call per output row into a ring, then a copy
+  of each row: instructions = the builtin's + per_unit x output rows + per_output x output
+  elements + overhead (the [K.overlap] table);
+- a patch stage: every tile's layers priced by their classes' per-unit and per-output rates
+  (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
+  + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
+  (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
+Both are fitted here by non-negative least squares on models built from random weights
+(tests/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
+(`-icount shift=0`). The tables are merged into tpu_pipeline/toolchain/data/mcu_cost.toml (written with tomli_w).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+MEASUREMENTS = REPO / "docs" / "bench" / "harness_ops.json"
+TABLE = REPO / "tpu_pipeline" / "toolchain" / "data" / "mcu_cost.toml"
+KERNEL_SETS = ("cmsis-nn", "reference")
+SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block's input
+DEVICE = "qemu-mps2-an386"
+
+
+def models():
+    """(name, graph, model bytes) for every measured variant of each size: harness kernels as
+    they are, overlapped, and the block as patch stages on two grids."""
+    from cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import OVERLAP, kernel_name, with_kernel
+    from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+    from tpu_pipeline.toolchain.rewrite.patch import checked_region, patch_regions
+    from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    for h, c in SIZES:
+        b = CnnBuilder(seed=h * 100 + c, spread=True)
+        x = b.input((1, h, h, 3))
+        s = b.conv(x, c, k=3, act="RELU6")
+        e = b.conv(s, 3 * c, k=1, act="RELU6")
+        d = b.dw(e, k=3, act="RELU6")
+        p = b.conv(d, c, k=1)
+        r = b.add(p, s)
+        d5 = b.dw(b.pad(r, 2, 2, 2, 2), k=5, stride=2, padding="VALID", act="RELU6")
+        out = b.conv(d5, c, k=1)
+        src = b.model_bytes([out])
+        g, _ = fold_pads(b.graph([out]), harness=True)
+        convs = [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+        plain = with_kernel(g, convs, kernel_name())
+        yield f"h{h}c{c}_plain", plain, model_to_bytes(to_model(plain, read_model(src)))
+        over = with_kernel(plain, [i for i in convs if i not in (0,)], kernel_name(OVERLAP))
+        yield f"h{h}c{c}_overlap", over, model_to_bytes(to_model(over, read_model(src)))
+        regions = [rg for rg in patch_regions(plain) if rg.input == plain.tensors[plain.inputs[0]].name
+                   and stage_refusal(plain, checked_region(plain, rg)[2]) is None]
+        region = max(regions, key=lambda rg: len(rg.ops))
+        tin, tout, positions = checked_region(plain, region)
+        for grid in ((2, 2), (3, 3)):
+            staged = build_stage(plain, tin, tout, positions, grid)
+            yield f"h{h}c{c}_stage{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
+
+
+def collect(out: Path, force: bool = False) -> dict:
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.errors import ToolchainError
+
+    data = json.loads(out.read_text()) if out.exists() else {"runs": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, _, blob in models():
+            path = Path(tmp) / f"{name}.tflite"
+            path.write_bytes(blob)
+            for kernels in KERNEL_SETS:
+                key = f"{name}/{kernels}"
+                if key in data["runs"] and not force:
+                    continue
+                t0 = time.time()
+                try:
+                    r = run_on_qemu(path, DEVICE, kernels, iterations=1, quiet=True, timeout=600)
+                except ToolchainError as exc:
+                    data["runs"][key] = {"error": str(exc)}
+                    print(f"{key}: {exc}", flush=True)
+                    continue
+                data["runs"][key] = {"ops": [[o["index"], o["opcode"], o["instructions"]] for o in r.op_instructions],
+                                     "outputs_match": r.outputs_match}
+                print(f"{key}: {r.instructions:,} instructions, outputs match {r.outputs_match}, "
+                      f"{time.time() - t0:.0f} s", flush=True)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data
+
+
+def fit(data: dict) -> dict:
+    """{kernels: {"overlap": coefficients, "patch_stage": coefficients}}."""
+    import numpy as np
+
+    from fit_mcu_cost import nnls
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_features
+    from tpu_pipeline.toolchain.ir import stage
+    from tpu_pipeline.toolchain.memory.lifetimes import overlapped_ops
+
+    graphs = {name: g for name, g, _ in models()}
+    base = fitted_table()
+    out: dict[str, dict] = {}
+    for kernels in KERNEL_SETS:
+        table = dict(base[kernels])
+        for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
+            a, y = [], []
+            for name, g in graphs.items():
+                run = data["runs"].get(f"{name}/{kernels}", {})
+                if not run.get("ops") or not run.get("outputs_match"):
+                    continue
+                plain = {i: n for i, _, n in data["runs"].get(f"{name.rsplit('_', 1)[0]}_plain/{kernels}", {})
+                         .get("ops", [])}
+                for i, _, measured in run["ops"]:
+                    op = g.ops[i]
+                    if cls == "patch_stage" and stage.is_stage(op):
+                        f = stage_features(op, table)
+                        ring = table["overlap"]
+                        a.append([f.calls, f.rows, f.copied])
+                        y.append(measured - f.layers - ring["per_unit"] * f.ring_rows
+                                 - ring["per_output"] * f.ring_copied)
+                    elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
+                        t = g.tensors[op.outputs[0]]
+                        a.append([t.shape[1], t.num_elements, 1.0])
+                        y.append(measured - plain[i])
+            if not a:
+                continue
+            a, y = np.array(a, dtype=float), np.array(y, dtype=float)
+            w = 1.0 / np.maximum(np.abs(y), 1.0)
+            coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
+            names = ("per_call", "per_row", "per_copied") if cls == "patch_stage" else ("per_unit", "per_output",
+                                                                                       "overhead")
+            table[cls] = {**dict(zip(names, coef)), "ops": len(y)}
+            out.setdefault(kernels, {})[cls] = table[cls]
+    return out
+
+
+def merge(tables: dict) -> None:
+    """Merge the fitted tables into mcu_cost.toml, keeping its header comment."""
+    import tomllib
+
+    import tomli_w
+
+    text = TABLE.read_text()
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    data = tomllib.loads(text)
+    for kernels, classes in tables.items():
+        data.setdefault(kernels, {}).update(classes)
+    note = ("# [K.overlap] and [K.patch_stage] (the harness's overlapped convolutions and patch stages) by\n"
+            "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
+    if note not in header:
+        header += note
+    TABLE.write_text(header + "\n" + tomli_w.dumps(data))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--collect", action="store_true", help="measure in QEMU first (resumable)")
+    ap.add_argument("--force", action="store_true", help="with --collect: measure again what is there")
+    args = ap.parse_args()
+    data = collect(MEASUREMENTS, args.force) if args.collect else json.loads(MEASUREMENTS.read_text())
+    tables = fit(data)
+    print(json.dumps(tables, indent=1))
+    merge(tables)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

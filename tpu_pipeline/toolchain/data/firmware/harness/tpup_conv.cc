@@ -1,0 +1,336 @@
+// TPUP_CONV_2D and TPUP_DEPTHWISE_CONV_2D: see tpup_conv.h and tpu_pipeline/toolchain/ir/kernels.py.
+//
+// Persistent data: none. Init returns nothing; Prepare checks the tensors and asks for at most one
+// scratch buffer (the kernel's own buffer, as the builtin asks for it, then the ring of output rows
+// of an overlapped op), whose index it keeps in node->user_data (index + 1, 0 = none).
+
+#include "tpup_conv.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "tensorflow/lite/c/common.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/conv.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/depthwise_conv.h"
+#include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/micro_context.h"
+#include "tensorflow/lite/micro/micro_log.h"
+#if defined(CMSIS_NN)
+#include "Include/arm_nnfunctions.h"
+#endif
+
+namespace tpup {
+namespace {
+
+constexpr int kInput = 0, kFilter = 1, kBias = 2, kRequant = 3, kOutput = 0;
+constexpr int kWords = 16;
+using Options = ConvOptions;
+using Geometry = ConvGeometry;
+static_assert(sizeof(Options) == kWords * sizeof(int32_t), "Options is the options' word layout");
+
+bool ReadOptions(const TfLiteNode* node, Options* o) {
+  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != sizeof(Options)) return false;
+  int32_t* w = reinterpret_cast<int32_t*>(o);
+  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
+  for (int i = 0; i < kWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
+    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
+  }
+  return o->format == 1 && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
+         o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
+         (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
+}
+
+int Align16(int n) { return (n + 15) / 16 * 16; }
+
+#if defined(CMSIS_NN)
+void Dims(const Geometry& g, int in_h, int out_h, bool depthwise, cmsis_nn_dims* in, cmsis_nn_dims* filter,
+          cmsis_nn_dims* bias, cmsis_nn_dims* out) {
+  *in = {1, in_h, g.in_w, g.in_c};
+  *filter = depthwise ? cmsis_nn_dims{1, g.k_h, g.k_w, g.out_c} : cmsis_nn_dims{1, g.k_h, g.k_w, g.in_c};
+  *bias = {1, 1, 1, g.out_c};
+  *out = {1, out_h, g.out_w, g.out_c};
+}
+
+void ConvParams(const Options& o, int pad_top, cmsis_nn_conv_params* p) {
+  p->input_offset = o.input_offset;
+  p->output_offset = o.output_offset;
+  p->stride = {o.stride_w, o.stride_h};
+  p->padding = {o.pad_left, pad_top};
+  p->dilation = {o.dilation_w, o.dilation_h};
+  p->activation = {o.act_min, o.act_max};
+}
+
+void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
+  p->input_offset = o.input_offset;
+  p->output_offset = o.output_offset;
+  p->ch_mult = o.depth_multiplier;
+  p->stride = {o.stride_w, o.stride_h};
+  p->padding = {o.pad_left, pad_top};
+  p->dilation = {o.dilation_w, o.dilation_h};
+  p->activation = {o.act_min, o.act_max};
+}
+
+// The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
+int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
+  if (o.flags & kFlagDirect) return 0;
+  cmsis_nn_dims in, filter, bias, out;
+  Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
+  if (depthwise) {
+    cmsis_nn_dw_conv_params p;
+    DwParams(o, o.pad_top, &p);
+    return arm_depthwise_conv_wrapper_s8_get_buffer_size(&p, &in, &filter, &out);
+  }
+  cmsis_nn_conv_params p;
+  ConvParams(o, o.pad_top, &p);
+  return arm_convolve_wrapper_s8_get_buffer_size(&p, &in, &filter, &out);
+}
+#else
+int OwnBuffer(const Options&, const Geometry&, int, int, bool) { return 0; }  // reference kernels ask for none
+#endif
+
+// Input rows [top, top + rows) that output rows [r0, r1) read, and the padding above them.
+struct Band {
+  int top, rows, pad_top;
+};
+
+Band BandFor(const Options& o, const Geometry& g, int r0, int r1) {
+  const int first = r0 * o.stride_h - o.pad_top;
+  const int last = (r1 - 1) * o.stride_h - o.pad_top + (g.k_h - 1) * o.dilation_h;
+  const int top = first < 0 ? 0 : first;
+  const int bottom = last >= g.in_h ? g.in_h - 1 : last;
+  return {top, bottom - top + 1, top - first};
+}
+
+}  // namespace
+
+int ConvBufferSize(const Options& o, const Geometry& g, bool depthwise) {
+  return OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
+}
+
+namespace {
+
+// The op's own buffer: the largest any call asks for (a whole-op call, or a one-row band).
+int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
+  const int whole = OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
+  if (!(o.flags & kFlagOverlap)) return whole;
+  const Band band = BandFor(o, g, 0, 1);
+  const int row = OwnBuffer(o, g, band.rows, 1, depthwise);
+  return whole > row ? whole : row;
+}
+
+}  // namespace
+
+// Output rows [r0, r1) of the op into `out` (rows x out_w x out_c, contiguous), reading `in`.
+TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0, int r1, const int8_t* in,
+                 const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer) {
+  const Band band = BandFor(o, g, r0, r1);
+  if (band.rows <= 0) {
+    MicroPrintf("TPUP conv: output rows %d..%d read only padding", r0, r1 - 1);
+    return kTfLiteError;
+  }
+  const int8_t* band_in = in + band.top * g.in_w * g.in_c;
+  const int32_t* multiplier = requant;
+  const int32_t* shift = requant + g.out_c;
+#if defined(CMSIS_NN)
+  cmsis_nn_dims in_dims, filter_dims, bias_dims, out_dims;
+  Dims(g, band.rows, r1 - r0, depthwise, &in_dims, &filter_dims, &bias_dims, &out_dims);
+  cmsis_nn_per_channel_quant_params quant = {const_cast<int32_t*>(multiplier), const_cast<int32_t*>(shift)};
+  cmsis_nn_context ctx = {buffer, 0};
+  if (depthwise) {
+    cmsis_nn_dw_conv_params p;
+    DwParams(o, band.pad_top, &p);
+    // direct: CMSIS-NN's generic depthwise kernel, which needs no buffer (the wrapper's "opt"
+    // kernel asks for an int16 copy of a window over all channels)
+    const arm_cmsis_nn_status status =
+        (o.flags & kFlagDirect)
+            ? arm_depthwise_conv_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims, bias,
+                                    &out_dims, out)
+            : arm_depthwise_conv_wrapper_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims,
+                                            bias, &out_dims, out);
+    return status == ARM_CMSIS_NN_SUCCESS ? kTfLiteOk : kTfLiteError;
+  }
+  if (!(o.flags & kFlagDirect)) {
+    cmsis_nn_conv_params p;
+    ConvParams(o, band.pad_top, &p);
+    return arm_convolve_wrapper_s8(&ctx, &p, &quant, &in_dims, band_in, &filter_dims, filter, &bias_dims, bias,
+                                   &out_dims, out) == ARM_CMSIS_NN_SUCCESS
+               ? kTfLiteOk
+               : kTfLiteError;
+  }
+#else
+  (void)buffer;
+#endif
+  const int32_t in_d[4] = {1, band.rows, g.in_w, g.in_c}, out_d[4] = {1, r1 - r0, g.out_w, g.out_c};
+  const int32_t dw_filter_d[4] = {1, g.k_h, g.k_w, g.out_c}, filter_d[4] = {g.out_c, g.k_h, g.k_w, g.in_c};
+  const tflite::RuntimeShape in_shape(4, in_d), out_shape(4, out_d), bias_shape(1, &out_d[3]);
+  if (depthwise) {
+    tflite::DepthwiseParams p = {};
+    p.padding_values.height = static_cast<int16_t>(band.pad_top);
+    p.padding_values.width = static_cast<int16_t>(o.pad_left);
+    p.stride_height = static_cast<int16_t>(o.stride_h);
+    p.stride_width = static_cast<int16_t>(o.stride_w);
+    p.dilation_height_factor = static_cast<int16_t>(o.dilation_h);
+    p.dilation_width_factor = static_cast<int16_t>(o.dilation_w);
+    p.depth_multiplier = static_cast<int16_t>(o.depth_multiplier);
+    p.input_offset = o.input_offset;
+    p.output_offset = o.output_offset;
+    p.quantized_activation_min = o.act_min;
+    p.quantized_activation_max = o.act_max;
+    tflite::reference_integer_ops::DepthwiseConvPerChannel(
+        p, multiplier, shift, in_shape, band_in, tflite::RuntimeShape(4, dw_filter_d), filter,
+        bias_shape, bias, out_shape, out);
+    return kTfLiteOk;
+  }
+  tflite::ConvParams p = {};
+  p.padding_values.height = static_cast<int16_t>(band.pad_top);
+  p.padding_values.width = static_cast<int16_t>(o.pad_left);
+  p.stride_height = static_cast<int16_t>(o.stride_h);
+  p.stride_width = static_cast<int16_t>(o.stride_w);
+  p.dilation_height_factor = static_cast<int16_t>(o.dilation_h);
+  p.dilation_width_factor = static_cast<int16_t>(o.dilation_w);
+  p.input_offset = o.input_offset;
+  p.output_offset = o.output_offset;
+  p.quantized_activation_min = o.act_min;
+  p.quantized_activation_max = o.act_max;
+  tflite::reference_integer_ops::ConvPerChannel(p, multiplier, shift, in_shape, band_in,
+                                                tflite::RuntimeShape(4, filter_d), filter,
+                                                bias_shape, bias, out_shape, out);
+  return kTfLiteOk;
+}
+
+TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
+                               const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
+                               void* buffer, uint8_t* ring, int ring_rows) {
+  const size_t row_in = static_cast<size_t>(g.in_w) * g.in_c, row_out = static_cast<size_t>(g.out_w) * g.out_c;
+  const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
+  const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
+  if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped: one call
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer);
+  }
+  if (ring == nullptr || ring_rows < 1) {
+    MicroPrintf("TPUP conv: output over the input without a ring");
+    return kTfLiteError;
+  }
+  // Compute rows into the ring and write out, in order, each held row whose bytes cover only
+  // input rows no row still to compute reads (the same rule as kernels.ring_rows_for in Python).
+  // An output reaching past the input's end shares its start: its rows run last to first.
+  const bool backwards = out_hi > in_hi;
+  const int span = (g.k_h - 1) * o.dilation_h + 1;
+  int held = 0, flushed = 0;
+  for (int k = 0; k < g.out_h; ++k) {
+    const int r = backwards ? g.out_h - 1 - k : k;
+    if (held >= ring_rows) {
+      MicroPrintf("TPUP conv: the ring is too small for this overlap");
+      return kTfLiteError;
+    }
+    int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % ring_rows) * row_out);
+    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer);
+    if (status != kTfLiteOk) return status;
+    ++held;
+    while (flushed <= k) {
+      const int p = backwards ? g.out_h - 1 - flushed : flushed;
+      const uintptr_t a = out_lo + p * row_out, e = a + row_out;
+      if (e > in_lo && a < in_hi) {  // the input rows [j0, j1] lie under row p
+        const int j0 = a > in_lo ? static_cast<int>((a - in_lo) / row_in) : 0;
+        int j1 = static_cast<int>((e - 1 - in_lo) / row_in);
+        if (j1 > g.in_h - 1) j1 = g.in_h - 1;
+        if (backwards) {  // rows r.. are done: j0's first reader must be among them
+          const int n = j0 + o.pad_top - span + 1;
+          if ((n <= 0 ? 0 : (n + o.stride_h - 1) / o.stride_h) < r) break;
+        } else {  // rows ..r are done: j1's last reader must be among them
+          int last_reader = (j1 + o.pad_top) / o.stride_h;
+          if (last_reader > g.out_h - 1) last_reader = g.out_h - 1;
+          if (last_reader > r) break;
+        }
+      }
+      std::memcpy(reinterpret_cast<void*>(a), ring + (p % ring_rows) * row_out, row_out);
+      ++flushed;
+      --held;
+    }
+  }
+  return kTfLiteOk;
+}
+
+namespace {
+
+void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
+
+template <bool kDepthwise>
+TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
+  Options o;
+  TF_LITE_ENSURE_MSG(context, ReadOptions(node, &o), "TPUP conv: invalid options");
+  TF_LITE_ENSURE_EQ(context, node->inputs->size, 4);
+  TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
+  tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
+  TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, kInput);
+  TfLiteTensor* filter = micro_context->AllocateTempInputTensor(node, kFilter);
+  TfLiteTensor* requant = micro_context->AllocateTempInputTensor(node, kRequant);
+  TfLiteTensor* output = micro_context->AllocateTempOutputTensor(node, kOutput);
+  bool ok = input != nullptr && filter != nullptr && requant != nullptr && output != nullptr &&
+            input->type == kTfLiteInt8 && filter->type == kTfLiteInt8 && output->type == kTfLiteInt8 &&
+            requant->type == kTfLiteInt32 && input->dims->size == 4 && filter->dims->size == 4 &&
+            output->dims->size == 4 && requant->dims->size == 2 && requant->dims->data[0] == 2 &&
+            requant->dims->data[1] == output->dims->data[3];
+  Geometry g = {};
+  if (ok) {
+    g = {input->dims->data[1], input->dims->data[2], input->dims->data[3], output->dims->data[1],
+         output->dims->data[2], output->dims->data[3], filter->dims->data[1], filter->dims->data[2]};
+  }
+  for (TfLiteTensor* t : {output, requant, filter, input}) {
+    if (t != nullptr) micro_context->DeallocateTempTfLiteTensor(t);
+  }
+  TF_LITE_ENSURE_MSG(context, ok, "TPUP conv: needs int8 input, filter and output and an int32 [2, C] requantization");
+  const int own = OwnBufferSize(o, g, kDepthwise);
+  const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
+  const int total = ring ? Align16(own) + ring : own;
+  node->user_data = nullptr;
+  if (total > 0) {
+    int index = -1;
+    TF_LITE_ENSURE_STATUS(context->RequestScratchBufferInArena(context, total, &index));
+    node->user_data = reinterpret_cast<void*>(static_cast<intptr_t>(index) + 1);
+  }
+  return kTfLiteOk;
+}
+
+template <bool kDepthwise>
+TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
+  Options o;
+  TF_LITE_ENSURE(context, ReadOptions(node, &o));
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, kInput);
+  const TfLiteEvalTensor* filter = tflite::micro::GetEvalInput(context, node, kFilter);
+  const TfLiteEvalTensor* bias = tflite::micro::GetEvalInput(context, node, kBias);
+  const TfLiteEvalTensor* requant = tflite::micro::GetEvalInput(context, node, kRequant);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, kOutput);
+  const Geometry g = {input->dims->data[1], input->dims->data[2], input->dims->data[3], output->dims->data[1],
+                      output->dims->data[2], output->dims->data[3], filter->dims->data[1], filter->dims->data[2]};
+  const int8_t* in = tflite::micro::GetTensorData<int8_t>(input);
+  int8_t* out = tflite::micro::GetTensorData<int8_t>(output);
+  const int8_t* w = tflite::micro::GetTensorData<int8_t>(filter);
+  const int32_t* b = bias != nullptr ? tflite::micro::GetTensorData<int32_t>(bias) : nullptr;
+  const int32_t* q = tflite::micro::GetTensorData<int32_t>(requant);
+  const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
+  uint8_t* scratch = index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
+
+  const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * g.in_w * g.in_c;
+  const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * g.out_w * g.out_c;
+  const bool overlapped = out_hi > in_lo && out_lo < in_hi;
+  TF_LITE_ENSURE_MSG(context, !overlapped || ((o.flags & kFlagOverlap) && scratch != nullptr),
+                     "TPUP conv: output planned over the input without the overlap flag");
+  uint8_t* ring = overlapped ? scratch + Align16(OwnBufferSize(o, g, kDepthwise)) : nullptr;
+  return RunConvOverlapped(o, g, kDepthwise, in, w, b, q, out, scratch, ring, o.ring_rows);
+}
+
+}  // namespace
+
+const TFLMRegistration* Register_CONV_2D() {
+  static const TFLMRegistration r = tflite::micro::RegisterOp(Init, Prepare<false>, Eval<false>);
+  return &r;
+}
+
+const TFLMRegistration* Register_DEPTHWISE_CONV_2D() {
+  static const TFLMRegistration r = tflite::micro::RegisterOp(Init, Prepare<true>, Eval<true>);
+  return &r;
+}
+
+}  // namespace tpup

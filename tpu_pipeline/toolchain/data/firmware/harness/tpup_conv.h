@@ -1,0 +1,52 @@
+// The harness's int8 convolutions: custom ops TPUP_CONV_2D and TPUP_DEPTHWISE_CONV_2D
+// (tpu_pipeline/toolchain/ir/kernels.py describes them and their options).
+//
+// They compute what CONV_2D / DEPTHWISE_CONV_2D compute, with the same kernels (CMSIS-NN's in a
+// CMSIS-NN build, TFLite's reference kernels otherwise), but keep nothing in the arena's
+// persistent tail: the per-channel requantization is a constant input (input 3, int32 [2, C]:
+// multipliers then shifts), the options are read from the flatbuffer at every invoke. The leading
+// padding is explicit (a folded PAD), and with the "overlap" flag the output may be planned over
+// the input's bytes: rows are then computed into a ring in the scratch buffer and written out once
+// no later row reads the input bytes under them.
+#pragma once
+
+#include <cstdint>
+
+#include "tensorflow/lite/c/common.h"
+#include "tensorflow/lite/micro/micro_common.h"
+
+namespace tpup {
+
+const TFLMRegistration* Register_CONV_2D();
+const TFLMRegistration* Register_DEPTHWISE_CONV_2D();
+const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
+
+constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2;
+
+// A convolution's options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
+struct ConvOptions {
+  int32_t format, version, flags, pad_top, pad_left, stride_h, stride_w, dilation_h, dilation_w,
+      depth_multiplier, activation, input_offset, output_offset, act_min, act_max, ring_rows;
+};
+
+// The shapes of one call: [1, in_h, in_w, in_c] -> [1, out_h, out_w, out_c], a k_h x k_w window.
+struct ConvGeometry {
+  int in_h, in_w, in_c, out_h, out_w, out_c, k_h, k_w;
+};
+
+// The kernel's own buffer (CMSIS-NN's; none for the direct or reference kernels) a call needs.
+int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
+
+// Output rows [r0, r1) into `out` (rows x out_w x out_c, contiguous), reading `in`; `requant`
+// holds the multipliers then the shifts; `buffer` the kernel's own buffer.
+TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise, int r0, int r1, const int8_t* in,
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer);
+
+// The whole call, with `out` possibly lying over `in`: then rows are computed one at a time into
+// `ring` (ring_rows x out_w x out_c bytes) and each written out once no later row reads the
+// input bytes under it (tpu_pipeline/toolchain/ir/kernels.py ring_rows_for sizes the ring).
+TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
+                               const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
+                               void* buffer, uint8_t* ring, int ring_rows);
+
+}  // namespace tpup

@@ -1,0 +1,204 @@
+// TPUP_PATCH_STAGE: a region of layers run tile by tile inside one op (tpu_pipeline/toolchain/ir/stage.py
+// describes it and its options; tpu_pipeline/toolchain/rewrite/patch_stage.py builds the program).
+//
+// Inputs: the region's input, then every constant its layers read (weights, biases, the
+// requantization of each convolution). Output: the region's output. The program copies each
+// tile's input box into the scratch buffer, runs the layers on the tile's boxes there (the same
+// kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, an output over its dying input computed row
+// by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
+// output. Persistent data: none (the options are read at every invoke); one
+// scratch buffer: the tile buffers, then the largest buffer a layer's kernel asks for.
+
+#include <cstdint>
+#include <cstring>
+
+#include "tensorflow/lite/c/common.h"
+#include "tensorflow/lite/kernels/internal/reference/integer_ops/add.h"
+#include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/micro_log.h"
+#include "tpup_conv.h"
+
+namespace tpup {
+namespace {
+
+constexpr int kHeader = 9, kTensorWords = 7, kLayerWords = 28;
+constexpr int kCopyIn = 1, kSlice = 2, kConv = 3, kAdd = 4, kCopyOut = 5;
+constexpr int kStepWords[] = {0, 6, 10, 12, 15, 6};
+
+// A view of the options: little-endian int32 words (read one by one: the buffer may be unaligned).
+struct Words {
+  const uint8_t* data;
+  int size;
+  int32_t operator[](int i) const {
+    const uint8_t* b = data + 4 * i;
+    return static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
+  }
+};
+
+struct Stage {
+  Words w;
+  int n_tensors, n_layers, program_words, scratch;
+  int tensors_at() const { return kHeader; }
+  int layers_at() const { return kHeader + n_tensors * kTensorWords; }
+  int program_at() const { return layers_at() + n_layers * kLayerWords; }
+  int32_t tensor(int t, int field) const { return w[tensors_at() + t * kTensorWords + field]; }
+  int32_t layer(int k, int field) const { return w[layers_at() + k * kLayerWords + field]; }
+};
+
+bool ReadStage(const TfLiteNode* node, Stage* stage) {
+  if (node->custom_initial_data == nullptr || node->custom_initial_data_size < 4 * kHeader ||
+      node->custom_initial_data_size % 4) {
+    return false;
+  }
+  stage->w = {static_cast<const uint8_t*>(node->custom_initial_data), static_cast<int>(node->custom_initial_data_size / 4)};
+  stage->n_tensors = stage->w[3], stage->n_layers = stage->w[4], stage->program_words = stage->w[5], stage->scratch = stage->w[6];
+  return stage->w[0] == 1 && stage->n_tensors > 0 && stage->n_layers > 0 && stage->scratch >= 0 &&
+         stage->program_at() + stage->program_words == stage->w.size;
+}
+
+int Align16(int n) { return (n + 15) / 16 * 16; }
+
+// The layer's convolution options and its geometry on a call's boxes.
+ConvOptions LayerOptions(const Stage& stage, int k, int pad_top, int pad_left) {
+  ConvOptions o = {};
+  o.format = 1;
+  o.flags = stage.layer(k, 4) & kFlagDirect;
+  o.input_offset = stage.layer(k, 5), o.output_offset = stage.layer(k, 6), o.act_min = stage.layer(k, 7);
+  o.stride_h = stage.layer(k, 8), o.stride_w = stage.layer(k, 9), o.dilation_h = stage.layer(k, 10);
+  o.dilation_w = stage.layer(k, 11), o.depth_multiplier = stage.layer(k, 12), o.act_max = stage.layer(k, 16);
+  o.pad_top = pad_top, o.pad_left = pad_left;
+  return o;
+}
+
+ConvGeometry LayerGeometry(const Stage& stage, int k, int in_h, int in_w, int out_h, int out_w) {
+  const int in = stage.layer(k, 1), out = stage.layer(k, 3);
+  return {in_h, in_w, stage.tensor(in, 4), out_h, out_w, stage.tensor(out, 4), stage.layer(k, 17), stage.layer(k, 18)};
+}
+
+// The largest buffer a layer's kernel asks for, over the layers (their whole tensors: a tile's
+// call never asks for more, its padding being no larger).
+int KernelBuffer(const Stage& stage) {
+  int most = 0;
+  for (int k = 0; k < stage.n_layers; ++k) {
+    const int kind = stage.layer(k, 0);
+    if (kind != 1 && kind != 2) continue;
+    const int in = stage.layer(k, 1), out = stage.layer(k, 3);
+    const ConvGeometry g = LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+    const int size = ConvBufferSize(LayerOptions(stage, k, stage.layer(k, 19), stage.layer(k, 20)), g, kind == 2);
+    if (size > most) most = size;
+  }
+  return most;
+}
+
+// A body constant's data: the op input the tensor table names.
+template <typename T>
+const T* Constant(TfLiteContext* context, TfLiteNode* node, const Stage& stage, int t) {
+  if (t < 0) return nullptr;
+  const TfLiteEvalTensor* e = tflite::micro::GetEvalInput(context, node, stage.tensor(t, 1));
+  return e != nullptr ? tflite::micro::GetTensorData<T>(e) : nullptr;
+}
+
+// Rows in increasing order, each moved (not copied): a slice may land on its source's own first
+// bytes, where every row moves to a lower address.
+void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst) {
+  for (int r = 0; r < h; ++r) std::memmove(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
+}
+
+TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
+  tflite::ArithmeticParams p = {};
+  p.left_shift = stage.layer(k, 4), p.input1_offset = stage.layer(k, 5), p.output_offset = stage.layer(k, 6);
+  p.quantized_activation_min = stage.layer(k, 7), p.input2_offset = stage.layer(k, 8);
+  p.input1_multiplier = stage.layer(k, 9), p.input1_shift = stage.layer(k, 10);
+  p.input2_multiplier = stage.layer(k, 11), p.input2_shift = stage.layer(k, 12);
+  p.output_multiplier = stage.layer(k, 13), p.output_shift = stage.layer(k, 14);
+  p.quantized_activation_max = stage.layer(k, 16);
+  const int c = stage.tensor(stage.layer(k, 3), 4);
+  const int8_t* a = reinterpret_cast<const int8_t*>(scratch + step[2]);
+  const int8_t* b = reinterpret_cast<const int8_t*>(scratch + step[7]);
+  int8_t* out = reinterpret_cast<int8_t*>(scratch + step[12]);
+  const int a_w = step[4], a_y0 = step[5], a_x0 = step[6], b_w = step[9], b_y0 = step[10], b_x0 = step[11];
+  const int h = step[13], w = step[14];
+  for (int r = 0; r < h; ++r) {
+    for (int x = 0; x < w; ++x) {
+      const int8_t* pa = a + ((a_y0 + r) * a_w + a_x0 + x) * c;
+      const int8_t* pb = b + ((b_y0 + r) * b_w + b_x0 + x) * c;
+      int8_t* po = out + (r * w + x) * c;
+      for (int ch = 0; ch < c; ++ch) po[ch] = tflite::reference_integer_ops::AddFunc(pa[ch], pb[ch], p);
+    }
+  }
+  return kTfLiteOk;
+}
+
+void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
+
+TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
+  Stage stage;
+  TF_LITE_ENSURE_MSG(context, ReadStage(node, &stage), "TPUP stage: invalid options");
+  TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
+  const int total = Align16(stage.scratch) + KernelBuffer(stage);
+  node->user_data = nullptr;
+  if (total > 0) {
+    int index = -1;
+    TF_LITE_ENSURE_STATUS(context->RequestScratchBufferInArena(context, total, &index));
+    node->user_data = reinterpret_cast<void*>(static_cast<intptr_t>(index) + 1);
+  }
+  return kTfLiteOk;
+}
+
+TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
+  Stage stage;
+  TF_LITE_ENSURE(context, ReadStage(node, &stage));
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, 0);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, 0);
+  const int8_t* x = tflite::micro::GetTensorData<int8_t>(input);
+  int8_t* y = tflite::micro::GetTensorData<int8_t>(output);
+  const int x_w = input->dims->data[2], x_c = input->dims->data[3];
+  const int y_w = output->dims->data[2], y_c = output->dims->data[3];
+  const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
+  uint8_t* scratch = index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
+  uint8_t* kernel_buffer = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
+  int32_t step[15];
+  for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
+    const int code = stage.w[at];
+    TF_LITE_ENSURE_MSG(context, code >= kCopyIn && code <= kCopyOut && at + kStepWords[code] <= end,
+                       "TPUP stage: malformed program");
+    for (int i = 0; i < kStepWords[code]; ++i) step[i] = stage.w[at + i];
+    at += kStepWords[code];
+    if (code == kCopyIn) {  // [code, dst, y0, x0, h, w]
+      CopyBox(x, x_w, x_c, step[2], step[3], step[4], step[5], reinterpret_cast<int8_t*>(scratch + step[1]));
+    } else if (code == kSlice) {  // [code, src, src_h, src_w, c, y0, x0, h, w, dst]
+      CopyBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[3], step[4], step[5], step[6], step[7],
+              step[8], reinterpret_cast<int8_t*>(scratch + step[9]));
+    } else if (code == kConv) {
+      // [code, layer, in, in_h, in_w, pad_top, pad_left, out, out_h, out_w, ring, ring_rows]
+      const int k = step[1];
+      const ConvOptions o = LayerOptions(stage, k, step[5], step[6]);
+      const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
+      TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
+                                              reinterpret_cast<const int8_t*>(scratch + step[2]),
+                                              Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
+                                              Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
+                                              Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
+                                              reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11]));
+    } else if (code == kAdd) {
+      TF_LITE_ENSURE_STATUS(Add(stage, step[1], step, scratch));
+    } else {  // kCopyOut: [code, src, y0, x0, h, w]
+      const int8_t* src = reinterpret_cast<const int8_t*>(scratch + step[1]);
+      for (int r = 0; r < step[4]; ++r) {
+        std::memcpy(y + ((step[2] + r) * y_w + step[3]) * y_c, src + r * step[5] * y_c, step[5] * y_c);
+      }
+    }
+  }
+  return kTfLiteOk;
+}
+
+}  // namespace
+
+const TFLMRegistration* Register_PATCH_STAGE() {
+  static const TFLMRegistration r = tflite::micro::RegisterOp(Init, Prepare, Eval);
+  return &r;
+}
+
+}  // namespace tpup

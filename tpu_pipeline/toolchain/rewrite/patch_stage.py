@@ -1,0 +1,326 @@
+"""Build a patch stage (tpu_pipeline.toolchain.ir.stage): a patch region run tile by tile inside one harness op.
+
+For each tile of the output (the same grid and tile boxes as patch execution by copies,
+rewrite/patch.py), the region is walked backwards for the box of every tensor the tile needs
+(`geometry.region_needs`); then, forwards, the tile's program: copy the region input's box into
+the scratch buffer, run each layer on its boxes (a convolution whose input buffer holds more than
+its window reads gets a copy of just that: SLICE), and copy the finished tile into the output.
+A buffer read for the last time is written over, as TinyEngine's in-place kernels do: a slice of
+it lands on its own first bytes, and a convolution's output starts on its first byte (a
+depthwise in place, an expansion's rows last to first) where that lowers the tile's bytes, the
+kernel computing rows into a small ring (kernels.ring_rows_for; the step carries the ring).
+Buffers written over each other share their start, so a chain of them stays as wide as its
+largest buffer.
+Each tile's buffers are planned by the arena planner; the stage's scratch is the largest plan.
+
+Exact for the same reasons as patches by copies: every output element is computed from the same
+inputs and weights with the same integer arithmetic, and an image border is the kernels' own
+padding (the layer's leading padding on the tile, the trailing padding implicit at the box's
+end). The stage runs harness convolutions (their requantization in flash) and int8 ADDs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.ir import Graph, Op, kernels
+from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
+from tpu_pipeline.toolchain.ir.options import AddOptions
+from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
+                                             PatchStage, _ACT, _PAD)
+from tpu_pipeline.toolchain.memory.lifetimes import Buffer
+from tpu_pipeline.toolchain.memory.planners import plan_buffers
+
+_ALIGN = 4  # tile buffers are 4-byte aligned (what CMSIS-NN's loads need)
+
+
+def stage_refusal(graph: Graph, positions) -> str | None:
+    """Why the ops at `positions` cannot run as a patch stage (None when they can): every op a
+    harness convolution or an int8 ADD of equal shapes, all on [1, H, W, C] int8 tensors."""
+    for i in positions:
+        op = graph.ops[i]
+        if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+            if not kernels.is_harness(op) and not kernels.can_run_harness(graph, i):
+                return f"op {i} ({op.opcode}) is not an int8 convolution the harness runs"
+            continue
+        if op.opcode == "ADD" and isinstance(op.options, AddOptions) and len(op.inputs) == 2:
+            ts = [graph.tensors[t] for t in (*op.inputs, *op.outputs)]
+            if all(t.dtype == "int8" and t.quant is not None and t.shape == ts[2].shape and len(t.shape) == 4
+                   for t in ts) and all(graph.is_activation(t) for t in op.inputs) \
+                    and op.options.fused_activation in _ACT:
+                continue
+            return f"op {i} (ADD) is not an int8 add of two activations of one shape"
+        return f"op {i} ({op.opcode}) cannot run inside a patch stage"
+    return None
+
+
+def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: tuple[int, int],
+                in_place: bool = True) -> Graph:
+    """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
+    TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
+    UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
+    why = stage_refusal(graph, positions)
+    if why:
+        raise UsageError(f"patch stage: {why}")
+    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart)
+        op = graph.ops[i]
+        if op.opcode != "ADD":
+            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP})))
+    region = [graph.ops[i] for i in positions]
+    body, where = _body(graph, region, tin, tout)
+    layer_words = _layer_words(graph, region, where)
+    program, scratch = _program(graph, region, tin, tout, grid, in_place)
+    stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
+    consts = [t for t in where if graph.tensors[t].is_constant]
+    consts.sort(key=lambda t: where[t])
+    op = Op(OPCODE, (tin, *consts), (tout,), None, stage, 0, 1, kernel=kernels.kernel_name())
+    from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
+
+    editor = GraphEditor(graph)
+    for i in positions[:-1]:
+        editor.remove(i)
+    editor.replace(positions[-1], [op])
+    return editor.finish()
+
+
+def _body(graph: Graph, region: list[Op], tin: int, tout: int) -> tuple[Graph, dict[int, int]]:
+    """The region as its own graph (activations first, then constants, in order of first use),
+    and where each of `graph`'s tensors went in it."""
+    used = [tin]
+    for op in region:
+        used += [t for t in (*op.inputs, *op.outputs) if t >= 0]
+    used = list(dict.fromkeys(used))
+    acts = [t for t in used if not graph.tensors[t].is_constant]
+    consts = [t for t in used if graph.tensors[t].is_constant]
+    where = {t: k for k, t in enumerate(acts + consts)}
+    tensors = tuple(dataclasses.replace(graph.tensors[t], index=where[t], source=None) for t in acts + consts)
+    ops = tuple(dataclasses.replace(op, inputs=tuple(where[t] if t >= 0 else -1 for t in op.inputs),
+                                    outputs=tuple(where[t] for t in op.outputs), source=None) for op in region)
+    return Graph(tensors, ops, (where[tin],), (where[tout],), "stage"), where
+
+
+def _add_params(graph: Graph, op: Op) -> list[int]:
+    """TFLite Micro's CalculateOpDataAdd for int8: offsets, left shift, multipliers and shifts."""
+    a, b, y = (graph.tensors[t] for t in (*op.inputs, op.outputs[0]))
+    sa, sb, sy = (float(np.float32(t.quant.scale[0])) for t in (a, b, y))
+    left_shift = 20
+    twice = 2 * max(sa, sb)
+    m1, s1 = kernels.quantize_multiplier(sa / twice)
+    m2, s2 = kernels.quantize_multiplier(sb / twice)
+    mo, so = kernels.quantize_multiplier(twice / ((1 << left_shift) * sy))
+    lo, hi = kernels.activation_range(graph, op)
+    return [left_shift, -int(a.quant.zero_point[0]), int(y.quant.zero_point[0]), lo, -int(b.quant.zero_point[0]),
+            m1, s1, m2, s2, mo, so, -1, hi]
+
+
+def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:
+    words = []
+    for op in region:
+        w = [0] * LAYER_WORDS
+        w[0] = KINDS[op.opcode]
+        w[1], w[2], w[3] = where[op.inputs[0]], where[op.inputs[1]] if op.opcode == "ADD" else -1, where[op.outputs[0]]
+        if op.opcode == "ADD":
+            w[4:17] = _add_params(graph, op)
+            w[23:28] = [_ACT[op.options.fused_activation], 0, 0, 0, op.version]
+        else:
+            o = op.options
+            x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
+            lo, hi = kernels.activation_range(graph, op)
+            w[4] = int(kernels.DIRECT in kernels.flags(op))
+            w[5], w[6], w[7] = -int(x.quant.zero_point[0]), int(y.quant.zero_point[0]), lo
+            w[8:13] = [o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
+                       o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1]
+            bias = op.inputs[2] if len(op.inputs) > 2 and op.inputs[2] >= 0 else -1
+            w[13:16] = [where[op.inputs[1]], where[bias] if bias >= 0 else -1, where[op.inputs[3]]]
+            w[16], w[17], w[18] = hi, wt.shape[1], wt.shape[2]
+            w[19], w[20] = leading_pads(graph, op)  # on the whole tensor: sizes the kernel's buffer
+            top, left = (o.pad_top, o.pad_left) if o.padding == "EXPLICIT" else (0, 0)
+            w[23:28] = [_ACT[o.fused_activation], _PAD[o.padding], top, left, op.version]
+        words += w
+    return words
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool) -> tuple[list[int], int]:
+    """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need.
+    A tile whose buffers written over each other plan larger (rigid groups pack worse) runs
+    them apart."""
+    oh, ow = hw(graph, tout)
+    program, scratch = [], 0
+    for h0, h1 in splits(oh, grid[0]):
+        for w0, w1 in splits(ow, grid[1]):
+            box = (h0, h1, w0, w1)
+            steps, size = _tile(graph, region, tin, tout, box, False)
+            if in_place:
+                steps, size = min((_tile(graph, region, tin, tout, box, True), (steps, size)), key=lambda t: t[1])
+            program += steps
+            scratch = max(scratch, size)
+    return program, scratch
+
+
+_PLANS: dict[tuple, tuple[tuple[int, ...], int]] = {}  # a tile's planning problem -> (offsets, size)
+
+
+class _TileBuffers:
+    """A tile's buffers, planned together by the arena planner. A buffer written over another at a
+    step (an in-place slice, an overlapped convolution's output over its dying input) is planned
+    as lifetimes.py plans an overlapped op: the source ends the step before, the new buffer starts
+    the step after, and a pair buffer spanning both holds them at that step; all three are a
+    rigid group (fixed offsets from each other, `Buffer.group`), so other buffers may use the
+    bytes either one leaves free while it alone lives."""
+
+    def __init__(self):
+        self.bufs: list[list[int]] = []  # [size, first step, last step]
+        self.group: list[int] = []  # -1: on its own
+        self.at: list[int] = []  # offset from its group's base
+        self.pairs: list[tuple[int, int, int]] = []  # (source, buffer written over it, step)
+        self.groups = 0
+
+    def new(self, size: int, step: int) -> int:
+        self.bufs.append([_aligned(size), step, step])
+        self.group.append(-1)
+        self.at.append(0)
+        return len(self.bufs) - 1
+
+    def use(self, b: int, step: int) -> int:
+        self.bufs[b][2] = max(self.bufs[b][2], step)
+        return b
+
+    def over(self, b: int, b_at: int, size: int, size_at: int, step: int) -> int:
+        """A new buffer of `size` bytes written over `b` at `step` (`b`'s last), placed so that `b`
+        starts `b_at` bytes and the new one `size_at` bytes into a common frame."""
+        if self.group[b] < 0:
+            self.group[b], self.groups = self.groups, self.groups + 1
+        g = self.group[b]
+        origin = b_at - self.at[b]  # where the group's base lands in the frame
+        low = min(origin, size_at)
+        for m, gm in enumerate(self.group):
+            if gm == g:
+                self.at[m] += origin - low
+        self.bufs.append([_aligned(size), step, step])
+        self.group.append(g)
+        self.at.append(size_at - low)
+        self.pairs.append((b, len(self.bufs) - 1, step))
+        return len(self.bufs) - 1
+
+    def offsets(self) -> tuple[list[int], int]:
+        """Byte offsets of every buffer in the tile's scratch, and the scratch's size. Tiles of one
+        shape pose the same problem (most of a grid's): it is planned once."""
+        key = (tuple(map(tuple, self.bufs)), tuple(self.group), tuple(self.at), tuple(self.pairs))
+        if key not in _PLANS:
+            if len(_PLANS) > 4096:
+                _PLANS.clear()
+            _PLANS[key] = self._plan()
+        offsets, size = _PLANS[key]
+        return list(offsets), size
+
+    def _plan(self) -> tuple[tuple[int, ...], int]:
+        spans = [list(b) for b in self.bufs]
+        planned = []  # (size, first, last, group, offset in group, buffer or -1 for a pair)
+        for src, dst, step in self.pairs:
+            spans[src][2] = min(spans[src][2], step - 1)
+            spans[dst][1] = max(spans[dst][1], step + 1)
+            lo = min(self.at[src], self.at[dst])
+            hi = max(self.at[src] + self.bufs[src][0], self.at[dst] + self.bufs[dst][0])
+            planned.append((hi - lo, step, step, self.group[src], lo, -1))
+        for k, (size, first, last) in enumerate(spans):
+            if first <= last:  # (a buffer written over and read over at once lives in its pairs only)
+                planned.append((size, first, last, self.group[k], self.at[k], k))
+        buffers = tuple(Buffer(size, first, last, tensor=j, group=g, group_offset=a)
+                        for j, (size, first, last, g, a, _) in enumerate(planned))
+        plan = plan_buffers(buffers, "auto", time_limit=0.2, alignment=_ALIGN)
+        base = {p[3]: plan.offsets[j] - p[4] for j, p in enumerate(planned) if p[3] >= 0}
+        own = {p[5]: plan.offsets[j] for j, p in enumerate(planned) if p[5] >= 0}
+        return tuple(base[g] + a if g >= 0 else own[k] for k, (g, a) in enumerate(zip(self.group, self.at))), plan.size
+
+
+def _overlap(real: Box, obox: Box, x_c: int, y_c: int, pad_top: int, rows) -> tuple[int, int]:
+    """(extent, ring rows) of a tile's convolution run with its output over its input, both from
+    the first byte (kernels.overlap_layout's rule on the tile's boxes)."""
+    x = _aligned((real[1] - real[0]) * (real[3] - real[2]) * x_c)
+    y = _aligned((obox[1] - obox[0]) * (obox[3] - obox[2]) * y_c)
+    ring = kernels.ring_rows_for(real[1] - real[0], (real[3] - real[2]) * x_c, obox[1] - obox[0],
+                                 (obox[3] - obox[2]) * y_c, pad_top, rows.stride,
+                                 (rows.kernel - 1) * rows.dilation + 1, 0, 0)
+    return max(x, y), ring
+
+
+def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool) -> tuple[list[int], int]:
+    need = region_needs(graph, region, tout, box)
+    if need is None:
+        raise UsageError(f"patch stage: a tile of '{graph.tensors[tout].name}' reads nothing of one of the "
+                         "region's tensors (grid too fine)")
+    channels = {t: graph.tensors[t].shape[3] for t in need}
+    last_read = {}
+    for k, op in enumerate(region):
+        for t in op.inputs:
+            last_read[t] = k
+
+    def nbytes(b: Box, t: int) -> int:
+        return (b[1] - b[0]) * (b[3] - b[2]) * channels[t]
+
+    def dies(t: int, k: int) -> bool:  # read for the last time by layer k (the region's output is kept)
+        return in_place and last_read.get(t) == k and t != tout
+
+    bufs = _TileBuffers()
+    have: dict[int, int] = {}
+    steps: list[list[int]] = []
+
+    def use(b: int) -> int:
+        return bufs.use(b, len(steps))
+
+    have[tin] = bufs.new(nbytes(need[tin], tin), 0)
+    steps.append([COPY_IN, have[tin], *need[tin][::2], need[tin][1] - need[tin][0], need[tin][3] - need[tin][2]])
+    for k, op in enumerate(region):
+        y = op.outputs[0]
+        obox = need[y]
+        if op.opcode == "ADD":
+            a, b = op.inputs
+            ab, bb = need[a], need[b]
+            out = bufs.new(nbytes(obox, y), len(steps))
+            steps.append([ADD, k, use(have[a]), ab[1] - ab[0], ab[3] - ab[2], obox[0] - ab[0], obox[2] - ab[2],
+                          use(have[b]), bb[1] - bb[0], bb[3] - bb[2], obox[0] - bb[0], obox[2] - bb[2],
+                          out, obox[1] - obox[0], obox[3] - obox[2]])
+            have[y] = out
+            continue
+        x = op.inputs[0]
+        virtual = reads(graph, op, obox)
+        real = clip(virtual, hw(graph, x))
+        src, src_dies = have[x], dies(x, k)
+        if real != need[x]:  # the buffer holds more than this window reads: a copy of just that
+            hb = need[x]
+            # a slice of a dying buffer goes over it: each row moves to a lower address
+            sub = bufs.over(src, 0, nbytes(real, x), 0, len(steps)) if src_dies else bufs.new(nbytes(real, x), len(steps))
+            steps.append([SLICE, use(src), hb[1] - hb[0], hb[3] - hb[2], channels[x], real[0] - hb[0],
+                          real[2] - hb[2], real[1] - real[0], real[3] - real[2], sub])
+            src, src_dies = sub, in_place
+        pad_top = real[0] - virtual[0]
+        extent, rows = _overlap(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
+        ring_bytes = rows * (obox[3] - obox[2]) * channels[y]
+        x_bytes, y_bytes = _aligned(nbytes(real, x)), _aligned(nbytes(obox, y))
+        if src_dies and kernels.is_harness(op) and extent + _aligned(ring_bytes) < x_bytes + y_bytes:
+            out = bufs.over(src, 0, y_bytes, 0, len(steps))
+            ring = bufs.new(ring_bytes, len(steps))
+        else:
+            out, ring, rows = bufs.new(y_bytes, len(steps)), -1, 0
+        steps.append([CONV, k, use(src), real[1] - real[0], real[3] - real[2], pad_top, real[2] - virtual[2],
+                      out, obox[1] - obox[0], obox[3] - obox[2], ring, rows])
+        have[y] = out
+    steps.append([COPY_OUT, use(have[tout]), box[0], box[2], box[1] - box[0], box[3] - box[2]])
+    offsets, size = bufs.offsets()
+    # buffer indices -> byte offsets in the scratch
+    slots = {COPY_IN: (1,), SLICE: (1, 9), CONV: (2, 7, 10), ADD: (2, 7, 12), COPY_OUT: (1,)}
+    words = []
+    for s in steps:
+        for at in slots[s[0]]:
+            s[at] = offsets[s[at]] if s[at] >= 0 else 0
+        words += s
+    return words, size
+
+
