@@ -889,7 +889,7 @@ def _check_child(path: str) -> dict:
         res["litert_error"] = str(e).splitlines()[0][:300]
     print(json.dumps(res), flush=True)  # survives a TFLM crash
     try:
-        from tflite_micro import tpu_pipeline.runtime
+        from tflite_micro import runtime
         arena = _arena_guess(data)
         t0 = time.time()
         ip = runtime.Interpreter.from_bytes(data, arena_size=arena)
