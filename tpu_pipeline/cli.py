@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
+from tpu_pipeline.output import add_format_arguments, resolve_format
 from tpu_pipeline.toolchain import __version__, interrupts
 from tpu_pipeline.toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         module.add_arguments(p)
+        add_format_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
@@ -61,6 +64,8 @@ def main(argv=None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # argparse's one-line error (2), --help or --version (0)
             return int(exc.code or 0)
+        args._started = time.monotonic()
+        resolve_format(args)
         return int(args._run(args) or 0)
     except ToolchainError as exc:
         if getattr(args, "debug", False):

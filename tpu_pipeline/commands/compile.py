@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.table import Table
+
+from tpu_pipeline.output import printer, progress
 
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import non_negative_int, seconds
@@ -39,7 +39,6 @@ def add_arguments(p) -> None:
                         "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
-    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
 
 
 def run(args) -> int:
@@ -49,17 +48,12 @@ def run(args) -> int:
                                     ("plan", args.no_plan)) if not off)
     options = dict(device=args.device, strategy=args.strategy, time_limit=args.time_limit, verify=args.verify,
                    colocate=args.colocate, passes=passes, semantics=args.semantics, budget=args.budget)
-    err = report.console(stderr=True)
-    if sys.stderr.isatty():
-        with err.status("compiling") as status:
-            res = compile_models(args.models, args.n, args.out, progress=status.update, **options)
-    else:  # a log: one line per pass, with the elapsed time
-        res = compile_models(args.models, args.n, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                             **options)
+    with progress(args) as say:  # one line per pass with the elapsed time (a status line on a terminal)
+        res = compile_models(args.models, args.n, args.out, progress=say, **options)
     if args.json:
         report.print_json(res.report)
         return 0
-    print_report(res, report.console())
+    print_report(res, printer(args))
     return 0
 
 

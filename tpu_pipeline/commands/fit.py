@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer, progress
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.toolchain.errors import InfeasibleError
 from tpu_pipeline.commands.options import check_output, non_negative_int, plot_path, positive_int, seconds
@@ -31,7 +32,6 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
                    help="seconds for the search (default 30); checks in the runtimes come on top")
     p.add_argument("--runs", type=positive_int, default=2, help="random inputs per runtime for the check (default 2)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args) -> int:
@@ -41,10 +41,10 @@ def run(args) -> int:
     check_output(args.output, inputs=[args.model])
     if args.plot:
         check_output(args.plot, inputs=[args.model, args.output])
-    progress = None if args.json else (lambda msg: report.console(stderr=True).print(msg))
-    fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
-                       kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
-                       verify_runs=args.runs, progress=progress, allow_lossy=args.allow_lossy)
+    with progress(args) as say:
+        fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
+                           kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
+                           verify_runs=args.runs, progress=say, allow_lossy=args.allow_lossy)
     r = fitted.result
     if not r.fits:
         raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of arena head; the smallest reachable "
@@ -69,7 +69,7 @@ def _agreement(v) -> str:
 
 
 def _print(args, fitted) -> None:
-    r, out = fitted.result, report.console()
+    r, out = fitted.result, printer(args)
     over = (r.selection.latency_s / r.baseline_latency_s - 1) if r.baseline_latency_s else 0.0
     out.print(f"[bold]{args.model}[/bold] -> {args.output}: arena head {r.baseline_peak:,} -> {r.head:,} B "
               f"(budget {r.budget:,} B from {fitted.budget_from})" if r.budget is not None else

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.commands.options import check_output, plot_path
@@ -12,7 +13,6 @@ HELP = "op histogram, parameter bytes, activation peak and arena predictions"
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="FILE", type=plot_path,
                    help="plot live bytes per step, peak marked (.png, .pdf, .svg, ...)")
 
@@ -29,7 +29,7 @@ def run(args) -> int:
         # which memory semantics the figures use (tflite_arena_bytes is TFLite's own by definition)
         report.print_json({**summary.to_json(), "semantics": "tflm"})
     else:
-        report.print_summary(summary, report.console())
+        report.print_summary(summary, printer(args))
         if args.plot:
-            report.console().print(f"plot written to {args.plot}")
+            printer(args).print(f"plot written to {args.plot}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from rich.table import Table
 
 from tpu_pipeline.toolchain import report
@@ -26,7 +27,6 @@ def add_arguments(p) -> None:
                    help="also report off-chip traffic (Belady) for an on-chip memory of this size")
     p.add_argument("--verify", action="store_true",
                    help="load the written model in TFLite Micro and check its arena head equals the plan")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args) -> int:
@@ -59,7 +59,7 @@ def run(args) -> int:
     if args.json:
         report.print_json(data)
         return 0
-    out = report.console()
+    out = printer(args)
     t = Table(title=f"{args.model}: TFLite Micro arena head (tflm semantics)")
     t.add_column("figure")
     t.add_column("B", justify="right")

@@ -28,7 +28,6 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=non_negative_int, default=10, help="slowest ops to list (default 10)")
     p.add_argument("--host-ops", action="store_true",
                    help="MCU: also time every op alone in TFLite Micro on the host (slow on big models)")
-    p.add_argument("--json", action="store_true")
 
 
 def run(args) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 import sys
 from pathlib import Path
 
@@ -26,7 +27,6 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any one answer (default 10)")
     p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default=None,
                    help="TFLite Micro kernels of the firmware (qemu backend; default cmsis-nn)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def device_kind(name: str) -> str:
@@ -83,7 +83,7 @@ def finish(rep, args) -> int:
     else:
         from tpu_pipeline.runtime import render
 
-        render.print_run_report(rep, out.console(), getattr(args, "top", 10))
+        render.print_run_report(rep, printer(args), getattr(args, "top", 10))
     sys.stdout.flush()
     if rep.error:
         if rep.arena is not None and rep.arena.get("fits") is False:

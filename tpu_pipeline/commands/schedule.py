@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, seconds
 from tpu_pipeline.toolchain.ir import load, to_model
@@ -19,7 +20,6 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds (default 10)")
     p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm",
                    help="memory model of the target runtime (default tflm)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args) -> int:
@@ -41,7 +41,7 @@ def run(args) -> int:
         d["notes"] = [*d.get("notes", []), *notes]
         report.print_json(d)
         return 0
-    out = report.console()
+    out = printer(args)
     hb = report.human_bytes
     status = "proven optimal" if result.proven_optimal else f"not proven (gap {result.peak - result.lower_bound:,} B)"
     out.print(f"[bold]{args.model}[/bold]: {result.ops} ops -> {result.units} units after fusion, "
