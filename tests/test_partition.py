@@ -108,7 +108,7 @@ def test_cpsat_matches_brute_force_and_never_loses_to_the_heuristic(toy_device, 
                             ("1-2-3", ("max_param_bytes", "offchip_bytes", "max_comm_bytes")),
                             ("2-1-3", ("offchip_bytes", "max_param_bytes", "max_comm_bytes")),
                             ("1-3", ("max_param_bytes", "max_comm_bytes"))):
-        p = partition(graph, n, device=toy_device, strategy=strategy, time_limit=10.0)
+        p = partition(graph, n, device=toy_device, strategy=strategy, time_limit=10.0, gap=0)  # exact
         assert problem.is_valid(p.stages, n)
         assert p.proven_optimal
         if strategy == "latency":
@@ -139,7 +139,7 @@ def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_d
     if n > problem.max_stages():
         return
     best = brute_force(problem, n)["latency"]
-    p = partition(graph, n, device=link_device, time_limit=10.0)
+    p = partition(graph, n, device=link_device, time_limit=10.0, gap=0)  # exact: search to the proof
     opt = sim_brute_force(problem, n)
     assert p.primary_proven and p.bounds["period_ps"] == best[0]
     assert p.sim_proven and p.cost.period_ps == opt == p.period_lower_bound_ps
@@ -151,6 +151,33 @@ def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_d
     assert r.lower_bound_ps <= opt <= r.period_ps
     if problem.is_valid(p.baseline.stages, n):
         assert p.cost.period_ps <= p.baseline.cost.period_ps
+
+
+@settings(max_examples=15, deadline=None)
+@given(dags(), st.integers(2, 3), st.sampled_from([0.01, 0.05, 0.3]))
+def test_a_gap_tolerance_never_claims_more_than_it_proved(link_device, graph, n, tol):
+    """With a tolerance the search may stop early, but its lower bound must hold and an answer
+    said to be within the tolerance must be within it of the exhaustive optimum."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(link_device))
+    if n > problem.max_stages():
+        return
+    opt = sim_brute_force(problem, n)
+    p = partition(graph, n, device=link_device, time_limit=10.0, gap=tol)
+    assert p.period_lower_bound_ps <= opt <= p.cost.period_ps
+    assert p.gap is not None and p.gap_limit == tol
+    if p.sim_proven:
+        assert p.cost.period_ps == opt and p.gap == 0
+    if p.gap <= tol:
+        assert p.cost.period_ps <= (1 + tol) * opt
+
+
+def test_a_loose_tolerance_stops_at_the_first_answer_within_it():
+    _, g = load(FIXTURES.parent.parent / "examples" / "randwire_small_int8.tflite")
+    loose = partition(g, 4, time_limit=10.0, gap=0.5)
+    assert loose.gap is not None and loose.gap <= 0.5
+    assert loose.sim_candidates == 1 and "within gap" in loose.stopped_by  # no proof searched for
+    exact = partition(g, 4, time_limit=10.0, gap=0)
+    assert exact.primary_proven and exact.bounds["period_ps"] >= loose.bounds["period_ps"]
 
 
 def test_boundary_tensor_is_paid_at_every_consuming_segment(toy_device):
@@ -213,7 +240,7 @@ def test_coral_topological_sort_visits_childless_nodes_last():
 def test_real_fixtures_are_proven_and_beat_or_tie_the_baseline(name):
     _, g = load(FIXTURES / f"{name}.tflite")
     for n in (2, 3):
-        p = partition(g, n, time_limit=10.0)
+        p = partition(g, n, time_limit=10.0, gap=0)
         assert p.proven_optimal
         assert len(set(p.stages)) == n
         assert p.cost.throughput_per_s >= p.baseline.cost.throughput_per_s

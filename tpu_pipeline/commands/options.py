@@ -33,6 +33,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """argparse type: a tolerance as a fraction (0.01) or a percentage (1%), in [0, 1)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.01 or a percentage like 1%, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (100%), got {text!r}")
+    return value
+
+
 def _integer(text: str, lowest: int) -> int:
     try:
         value = int(text)

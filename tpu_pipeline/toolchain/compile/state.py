@@ -28,6 +28,7 @@ class CompileOptions:
     workers: int = 2
     semantics: str = "tflite"
     budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
+    gap: float = 0.01          # the partition stops within this fraction of its proven bound
 
     @property
     def stem(self) -> str:

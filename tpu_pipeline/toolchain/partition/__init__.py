@@ -26,6 +26,10 @@ from tpu_pipeline.toolchain.partition.heuristic import HeuristicResult, coral_he
 from tpu_pipeline.toolchain.partition.problem import BoundaryTensor, PartitionProblem, SegmentInterface
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("coral",)
+# The partition stops when its answer is proven or within this fraction of the proven bound.
+DEFAULT_GAP = 0.01
+# Simulated candidates in a row that may fail to lower the period before the refinement stops.
+REFINE_PATIENCE = 3
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,16 @@ class Partition:
     sim_candidates: int = 0    # assignments simulated to establish that
     period_lower_bound_ps: int = 0  # every assignment's simulated period is at least this
     profiled: "Partition | None" = None
+    gap_limit: float = 0.0     # the tolerance asked for: stop within this fraction of the bound
+
+    @property
+    def gap(self) -> float | None:
+        """How far the simulated period may be above the best possible: period / its proven lower
+        bound - 1 (0 when proven optimal; None without a bound)."""
+        if self.sim_proven:
+            return 0.0
+        low = self.period_lower_bound_ps
+        return self.cost.period_ps / low - 1 if low else None
 
     @property
     def primary_proven(self) -> bool:
@@ -101,7 +115,7 @@ def profiled_partition(graph: Graph, n: int, device="coral-usb", problem: Partit
 
 def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
-              deterministic: bool = True, profiled: bool = False) -> Partition:
+              deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -110,11 +124,19 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     `deterministic` (default): the same graph and options give the same stages on every run and
     machine load (one CP-SAT worker, budgets in deterministic time); `p.reproducible` is False
     only if the wall-clock limit cut a step short first. `deterministic=False` races `workers`
-    workers against the wall clock instead."""
+    workers against the wall clock instead.
+
+    The search stops when its answer is proven optimal, or as soon as it is within `gap` (a
+    fraction; default 1 %) of its proven lower bound, or when the simulation refinement has
+    stopped paying (REFINE_PATIENCE candidates without a lower period), not at the time limit;
+    `p.gap` says how close the answer is. Order: Coral's heuristic (the baseline), the warm
+    starts, the exact bound (CP-SAT on P), then the refinement on the simulated period."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
         raise UsageError(f"--time-limit must be > 0, got {time_limit:g}")
+    if not 0 <= gap < 1:
+        raise UsageError(f"--gap must be a fraction in [0, 1), got {gap:g}")
     t_start = time.perf_counter()
     problem = PartitionProblem(graph, EdgeTpuCostModel(device))
     problem.check_n(n, label or graph.name or "model")
@@ -136,28 +158,29 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     if colocate:
         hint = None  # the warm starts need not keep consumers together
     res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
-                workers=workers, seed=seed, deterministic=deterministic)
+                workers=workers, seed=seed, deterministic=deterministic, gap=gap)
     stages, extra = res.stages, {}
     prof = profiled_partition(graph, n, device, problem) if profiled else None
     if strategy == "latency":
-        low = res.bounds.get("period_ps", 0) if res.proven_steps and res.proven_steps[0] else 0
+        low = res.bounds.get("period_ps", 0)  # CP-SAT's proven bound of P, also when stopped within the gap
         # the incumbent: the best simulated period among the solver's answer and the warm starts
         # (and the profiled baseline), so the result is never slower than either baseline
         known = [res.stages] + [c for c in candidates if problem.is_valid(c, n) and not colocate]
         if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
             known.append(prof.stages)
-        inc = min(known, key=lambda st: (problem.evaluate(st, n).period_ps, problem.objectives(st, n)["sum_stage_ps"]))
+        inc = min(dict.fromkeys(known), key=lambda st: (problem.period_ps(st, n), problem.objectives(st, n)["sum_stage_ps"]))
         # deterministic budget: half the time limit's; wall clock: what is left of the time limit
         ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, colocate=colocate, seed=seed,
-                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)))
+                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)), gap=gap,
+                                   patience=REFINE_PATIENCE if gap > 0 else None)  # gap 0: search to the proof
         stages = ref.stages
         extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
                  "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped}
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
-    return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, **extra)
+    return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, gap_limit=gap, **extra)
 
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",
-           "STRATEGIES", "STRATEGY_NAMES", "partition", "baseline_partition", "profiled_partition", "coral_heuristic",
+           "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "partition", "baseline_partition", "profiled_partition", "coral_heuristic",
            "solve", "refine_by_simulation"]

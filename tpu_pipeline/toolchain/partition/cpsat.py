@@ -49,6 +49,10 @@ _EXTRA_PARAMS: dict = {}
 # (`reproducible` False), it is never silently different.
 DTIME_PER_SECOND = 0.12
 
+# `latency`'s second step (the sum of stage latencies among the periods found) gets at most this
+# fraction of the deterministic budget: it shortens the pipeline's latency, not its period.
+TIE_BREAK_SHARE = 0.1
+
 STRATEGIES = {
     "latency": ("period_ps", "sum_stage_ps"),
     "1-3": ("max_param_bytes", "max_comm_bytes"),
@@ -211,6 +215,8 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
     host = -(-n * cost.overhead_ps // cost.host_slots) if cost.host_slots else 0
     objs["period_ps"] = m.NewIntVar(0, ub_stage * n, "P")
     m.AddMaxEquality(objs["period_ps"], [*lat, link, host])
+    # redundant, for the LP bound: the slowest stage is at least the average stage
+    m.Add(n * objs["period_ps"] >= sum(lat))
     objs["sum_stage_ps"] = m.NewIntVar(0, ub_stage * n, "S")
     m.Add(objs["sum_stage_ps"] == sum(lat))
     objs["max_param_bytes"] = m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), "M")
@@ -252,9 +258,11 @@ def _set_hint(model, problem: PartitionProblem, n: int, y, x, objs, extra, stage
         model.AddHint(var, o[name])
 
 
-def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: float, workers: int, seed: int):
+def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: float, workers: int, seed: int,
+                 gap: float = 0.0):
     """The solver for one step: `dshare` deterministic time on one worker (the wall clock only a
-    cap), or `workers` racing for `frac` of the wall-clock time left."""
+    cap), or `workers` racing for `frac` of the wall-clock time left. `gap`: stop as soon as the
+    objective is within this fraction of CP-SAT's proven bound."""
     if deterministic:
         solver = new_solver(max(0.05, remaining), 1, seed)
         solver.parameters.max_deterministic_time = dshare
@@ -262,13 +270,25 @@ def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: flo
         solver = new_solver(max(0.05, remaining * frac), workers, seed)
     # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
     solver.parameters.cp_model_probing_level = 0
+    if gap > 0:
+        solver.parameters.relative_gap_limit = gap
     for key, value in _EXTRA_PARAMS.items():
         setattr(solver.parameters, key, value)
     return solver
 
 
-def _stop_reason(st, solver, deterministic: bool, dshare: float) -> str:
+def _proven_bound(st, solver, value: int) -> int:
+    """CP-SAT's lower bound of the objective, as an integer: the value itself when it is proven
+    optimal (CP-SAT's float bound can sit a hair below it)."""
+    bound = math.ceil(solver.BestObjectiveBound() - 1e-6)
+    return value if st == cp_model.OPTIMAL and bound >= value - 1 else min(bound, value)
+
+
+def _stop_reason(st, solver, deterministic: bool, dshare: float, value: int | None = None) -> str:
     if st == cp_model.OPTIMAL:
+        # CP-SAT also says OPTIMAL when it stopped at relative_gap_limit: then the bound is below
+        if value is not None and _proven_bound(st, solver, value) < value:
+            return "within gap"
         return "optimal"
     if st == cp_model.INFEASIBLE:
         return "infeasible"
@@ -279,9 +299,11 @@ def _stop_reason(st, solver, deterministic: bool, dshare: float) -> str:
 
 def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
           hint=None, upper_bounds: dict | None = None, colocate: bool = False, workers: int = 2,
-          seed: int = 0, deterministic: bool = True) -> SolveResult:
+          seed: int = 0, deterministic: bool = True, gap: float = 0.0) -> SolveResult:
     """Solve the strategy's objectives in turn; `hint` is a stage tuple, `upper_bounds` caps
     objectives (e.g. the heuristic's values). Raises InfeasibleError if no assignment exists.
+    `gap`: a step stops when its objective is within this fraction of its proven bound (0: when
+    it is proven optimal); `bounds` holds each step's proven bound either way.
 
     `deterministic` (default): one worker, budgets in deterministic time (see DTIME_PER_SECOND),
     the wall clock only as a cap, so the same inputs give the same stages however loaded the
@@ -312,10 +334,13 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         # the first objective is what the strategy is about; later ones are tie-breaks
         frac = 1.0 if i == len(steps) - 1 else (0.75 if i == 0 else 0.5)
         dshare = max(1e-3, dtime_left * frac)
-        solver = _step_solver(deterministic, remaining, frac, dshare, workers, seed)
+        if strategy == "latency" and i > 0:  # the sum of stage latencies only breaks ties of the period
+            dshare = min(dshare, TIE_BREAK_SHARE * time_limit * DTIME_PER_SECOND)
+        solver = _step_solver(deterministic, remaining, frac, dshare, workers, seed, gap)
         model.Minimize(objs[name])
         st = solver.Solve(model)
-        stopped.append(_stop_reason(st, solver, deterministic, dshare))
+        found = int(solver.Value(objs[name])) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+        stopped.append(_stop_reason(st, solver, deterministic, dshare, found))
         if deterministic:
             dtime_left = max(0.0, dtime_left - solver.deterministic_time)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -332,11 +357,11 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
             break
         stages = tuple(sum(1 for k in range(n - 1) if not (int(solver.Value(y[v][k])) if not isinstance(y[v][k], int) else y[v][k]))
                        for v in range(N))
-        val = int(solver.Value(objs[name]))
+        val = found
         # an integer objective: a proven optimum is its own bound; else round the float bound up
-        bounds[name] = val if st == cp_model.OPTIMAL else math.ceil(solver.BestObjectiveBound() - 1e-6)
-        steps_proven.append(st == cp_model.OPTIMAL)
-        if st != cp_model.OPTIMAL:
+        bounds[name] = _proven_bound(st, solver, val)
+        steps_proven.append(bounds[name] >= val)
+        if bounds[name] < val:
             proven = False
             status_name = "FEASIBLE"
         best = stages
@@ -369,25 +394,32 @@ def _no_good(m, y, stages, n: int) -> None:
 
 def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
                          max_candidates: int = 500, colocate: bool = False, seed: int = 0,
-                         wall_s: float | None = None) -> Refined:
+                         wall_s: float | None = None, gap: float = 0.0, patience: int | None = None) -> Refined:
     """Close the gap between the bound P the CP-SAT model minimises and the simulated period S.
 
     S >= P for every assignment (each resource serves at most one second of work per second), so
-    an assignment can only beat the incumbent's S* if its P < S*. Repeatedly ask CP-SAT for the
-    assignment of smallest P below S* that was not simulated yet (a no-good cut excludes each one
+    an assignment can only beat the incumbent's S* if its P < S*. Repeatedly ask CP-SAT for an
+    assignment of small P below S* that was not simulated yet (a no-good cut excludes each one
     simulated), simulate it, keep it if its S is smaller. When CP-SAT proves that no assignment
-    with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is the
-    proven minimum of P (a lower bound of every S); each candidate CP-SAT proves to have the
-    smallest P left raises that bound to its P (every assignment not yet simulated has at least
-    that P, every simulated one has S >= S*), so a stop before the proof still gives
-    min(S*, that P) as a lower bound of the simulator's optimum. One worker, deterministic time."""
+    with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is a
+    proven lower bound of P (so of every S); CP-SAT's bound on each search raises it (every
+    assignment not yet simulated has at least that P, every simulated one has S >= S*), so a stop
+    before the proof still gives min(S*, bound) as a lower bound of the simulator's optimum.
+
+    Stops at the proof, as soon as S* is within `gap` (a fraction) of that lower bound, after
+    `patience` candidates in a row that did not lower S* (None: no such limit), or when the
+    deterministic budget is spent. Each search is itself stopped within `gap` of its bound, and
+    starts from `bound_ps` (a valid cut), so a candidate near the bound is found without a proof.
+    One worker, deterministic time."""
     best = tuple(stages)
-    best_s = problem.evaluate(best, n).period_ps
-    if best_s <= bound_ps:
-        return Refined(best, best_s, True, 1, bound_ps)
+    best_s = problem.period_ps(best, n)
+    if best_s <= bound_ps * (1 + gap):
+        return Refined(best, best_s, best_s <= bound_ps, 1, bound_ps if best_s > bound_ps else best_s)
     m, y, x, objs, extra = _build(problem, n, colocate)
     period = objs["period_ps"]
-    seen = 1
+    if bound_ps:
+        m.Add(period >= bound_ps)  # proven: no assignment is below it
+    seen, idle = 1, 0
     _no_good(m, y, best, n)
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
@@ -396,11 +428,12 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     while seen < max_candidates:
         m.Add(period <= best_s - 1)
         m.Minimize(period)
+        _set_hint(m, problem, n, y, x, objs, extra, best)  # excluded, but a start CP-SAT repairs fast
         left = wall_s - (time.perf_counter() - t0)
         if left <= 0:
             wall = True
             break
-        solver = _step_solver(True, left, 1.0, dtime, 1, seed)
+        solver = _step_solver(True, left, 1.0, dtime, 1, seed, gap)
         st = solver.Solve(m)
         given, dtime = dtime, max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
@@ -411,13 +444,19 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
-        if st == cp_model.OPTIMAL and bound_ps:
-            bound_ps = max(bound_ps, int(solver.Value(period)))
+        if bound_ps:
+            bound_ps = max(bound_ps, _proven_bound(st, solver, int(solver.Value(period))))
         seen += 1
-        s = problem.evaluate(cand, n).period_ps
+        s = problem.period_ps(cand, n)
         if s < best_s:
-            best, best_s = cand, s
+            best, best_s, idle = cand, s, 0
+        else:
+            idle += 1
         _no_good(m, y, cand, n)
+        if bound_ps and best_s <= bound_ps * (1 + gap):
+            break  # within the tolerance of a proven bound
+        if patience is not None and idle >= patience:
+            break  # the search stopped paying: the gap is reported
         if solver.deterministic_time >= given * 0.999:
             break  # the deterministic budget is spent: stop here on every machine alike
     low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
