@@ -8,7 +8,7 @@ from rich.table import Table
 from tpu_pipeline.output import printer, progress
 
 from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import non_negative_int, seconds
+from tpu_pipeline.commands.options import fraction, non_negative_int, seconds
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -26,6 +26,9 @@ def add_arguments(p) -> None:
                         "3 max stage communication); coral: libcoral's heuristic only")
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
                         "plus --verify's runs and file I/O")
+    p.add_argument("--gap", type=fraction, default=0.01, metavar="TOL",
+                   help="the partition stops when its period is proven optimal or within TOL of its proven lower "
+                        "bound (a fraction or a percentage; default 1%%; 0: search for a proof until the time limit)")
     p.add_argument("--colocate", action="store_true",
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
     p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")
@@ -42,18 +45,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tpu_pipeline.toolchain.compile import compile_models
+    from tpu_pipeline import api
 
-    passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
-                                    ("plan", args.no_plan)) if not off)
-    options = dict(device=args.device, strategy=args.strategy, time_limit=args.time_limit, verify=args.verify,
-                   colocate=args.colocate, passes=passes, semantics=args.semantics, budget=args.budget)
     with progress(args) as say:  # one line per pass with the elapsed time (a status line on a terminal)
-        res = compile_models(args.models, args.n, args.out, progress=say, **options)
+        r = api.compile(args.models, args.n, out=args.out, device=args.device, strategy=args.strategy,
+                        time_limit=args.time_limit, gap=args.gap, colocate=args.colocate, no_schedule=args.no_schedule,
+                        no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
+                        budget=args.budget, verify=args.verify, progress=say)
     if args.json:
-        report.print_json(res.report)
+        printer(args).json(r.to_json())
         return 0
-    print_report(res, printer(args))
+    print_report(r.compiled, printer(args))
     return 0
 
 
@@ -90,13 +92,7 @@ def print_report(res, con) -> None:
     sol = r["solver"]
     if r.get("gain_throughput") is not None:
         con.print(f"throughput gain over Coral's heuristic: x{r['gain_throughput']:.3f}")
-    if sol["proven_optimal"]:
-        status = "proven optimal"
-    elif sol.get("primary_proven"):
-        status = "first objective proven optimal, tie-break not proven (time limit)"
-    else:
-        status = "not proven optimal (time limit)"
-    con.print(f"solver: {status} in {sol['seconds']:.2f} s")
+    con.print(f"solver: {_solver_status(sol)} in {sol['seconds']:.2f} s")
     v = r.get("verification")
     if v:
         con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "
@@ -113,6 +109,26 @@ def print_report(res, con) -> None:
             con.print(line)
     for note in r["notes"]:
         con.print(f"note: {note}")
+
+
+def _solver_status(sol: dict) -> str:
+    """What is proven about the partition: the simulated period (what the tables show), and the
+    solver's bound P behind it."""
+    gap, limit = sol.get("gap"), sol.get("gap_limit") or 0.0
+    if sol.get("simulator_optimal"):
+        period = "period proven optimal (simulated)"
+    elif gap is not None:
+        period = (f"period within {gap:.1%} of its proven lower bound"
+                  + (f" (tolerance {limit:.1%})" if gap <= limit else ""))
+    else:
+        period = "period not bounded"
+    if sol["proven_optimal"]:
+        steps = "the solver's objectives proven optimal"
+    elif sol.get("primary_proven"):
+        steps = "the solver's bound proven optimal, its tie-break not"
+    else:
+        steps = "the solver's bound not proven (" + ", ".join(dict.fromkeys(sol.get("stopped_by") or ["time limit"])) + ")"
+    return f"{period}; {steps}"
 
 
 def _pass_line(pr: dict) -> str | None:

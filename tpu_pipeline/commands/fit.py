@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 from tpu_pipeline.output import printer, progress
-from tpu_pipeline.toolchain import report
-from tpu_pipeline.toolchain.errors import InfeasibleError
-from tpu_pipeline.commands.options import check_output, non_negative_int, plot_path, positive_int, seconds
+from tpu_pipeline.commands.options import non_negative_int, plot_path, positive_int, seconds
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
@@ -35,29 +33,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from tpu_pipeline.toolchain.fit import fit_model
-    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
+    from tpu_pipeline import api
 
-    check_output(args.output, inputs=[args.model])
-    if args.plot:
-        check_output(args.plot, inputs=[args.model, args.output])
     with progress(args) as say:
-        fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
-                           kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
-                           verify_runs=args.runs, progress=say, allow_lossy=args.allow_lossy)
-    r = fitted.result
-    if not r.fits:
-        raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of arena head; the smallest reachable "
-                              f"is {r.head:,} B ({len(r.graph.ops)} ops)")
-    write_bytes_atomic(args.output, fitted.data, inputs=[args.model])
-    if args.plot:
-        plot_frontier(r, args.plot, args.model)
+        r = api.fit(args.model, output=args.output, budget=args.budget, device=args.device, objective=args.objective,
+                    kernels=args.kernels, allow_lossy=args.allow_lossy, pareto=args.pareto, plot=args.plot,
+                    time_limit=args.time_limit, runs=args.runs, progress=say)
     if args.json:
-        data = fitted.to_json()
-        data.update(model=args.model, output=args.output)
-        report.print_json(data)
+        printer(args).json(r.to_json())
         return 0
-    _print(args, fitted)
+    _print(args, r.fitted)
     return 0
 
 
@@ -91,34 +76,3 @@ def _print(args, fitted) -> None:
             out.print(f"  {p.peak:>12,}  {p.latency_s * 1e3:10.2f}  {kinds}")
     for note in fitted.to_json()["notes"]:
         out.print(f"note: {note}")
-
-
-def plot_frontier(r, path: str, title: str) -> None:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p.peak / 1024 for p in r.frontier]
-    ys = [p.latency_s * 1e3 for p in r.frontier]
-    ax.step(xs, ys, where="post", color="tab:blue", linewidth=1)
-    ax.scatter(xs, ys, color="tab:blue", zorder=3, label="frontier (CP-SAT optimum per budget)")
-    ax.scatter([r.baseline_peak / 1024], [r.baseline_latency_s * 1e3], marker="x", color="black", zorder=4,
-               label="model as it is (proven optimal order)")
-    if r.budget is not None:
-        ax.axvline(r.budget / 1024, color="tab:red", linestyle="--", linewidth=1, label="budget")
-    ax.set_xlabel("arena peak (KiB)")
-    ax.set_ylabel("predicted latency (ms)")
-    ax.set_title(f"{title}: arena vs predicted latency")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=path.rsplit(".", 1)[-1], dpi=110)
-    plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())

@@ -110,3 +110,34 @@ def plot_live_bytes(series: dict[str, list[int]], path: str, title: str) -> None
     fig.savefig(buf, format=path.rsplit(".", 1)[-1] if "." in path else "png", dpi=110)
     plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
+
+
+def plot_frontier(r, path: str, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p.peak / 1024 for p in r.frontier]
+    ys = [p.latency_s * 1e3 for p in r.frontier]
+    ax.step(xs, ys, where="post", color="tab:blue", linewidth=1)
+    ax.scatter(xs, ys, color="tab:blue", zorder=3, label="frontier (CP-SAT optimum per budget)")
+    ax.scatter([r.baseline_peak / 1024], [r.baseline_latency_s * 1e3], marker="x", color="black", zorder=4,
+               label="model as it is (proven optimal order)")
+    if r.budget is not None:
+        ax.axvline(r.budget / 1024, color="tab:red", linestyle="--", linewidth=1, label="budget")
+    ax.set_xlabel("arena peak (KiB)")
+    ax.set_ylabel("predicted latency (ms)")
+    ax.set_title(f"{title}: arena vs predicted latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.rsplit(".", 1)[-1], dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
