@@ -516,16 +516,23 @@ def _positive(name: str, value: float) -> None:
 
 
 # ---- batch -------------------------------------------------------------------------------------
-def batch(*args, **kwargs):
-    """Many models x devices x budgets at once (`tpu-pipeline batch`); see tpu_pipeline.batch."""
-    from tpu_pipeline.batch import run_batch
+def batch(models, *, command: str = "inspect", devices=(None,), budgets=(None,), jobs: int | None = None,
+          cluster: str | None = None, job_timeout: float = 600.0, options: dict | None = None,
+          out: str | os.PathLike | None = None, on_row: Callable | None = None):
+    """Run `command` (inspect, fit, profile or compile) over every model x device x budget in worker
+    processes (`jobs` at a time) or on a Dask cluster (`cluster`), each job under `job_timeout`
+    seconds; a failing job is a row, never the end of the batch (`tpu-pipeline batch`). `models`:
+    paths, folders of .tflite files, or bytes; `options`: the command's other options, e.g.
+    `{"n": 4}` for compile. Returns a `BatchResult` (`.rows`, `.to_csv()`, `.to_json()`)."""
+    from tpu_pipeline.batch_runner import run_batch
 
-    return run_batch(*args, **kwargs)
+    return run_batch(models, command=command, devices=devices, budgets=budgets, jobs=jobs, cluster=cluster,
+                     job_timeout=job_timeout, options=options, out=out, on_row=on_row)
 
 
 def __getattr__(name: str):
     if name == "BatchResult":
-        from tpu_pipeline.batch import BatchResult
+        from tpu_pipeline.batch_runner import BatchResult
 
         return BatchResult
     raise AttributeError(name)

@@ -29,6 +29,7 @@ COMMANDS = (
     ("profile", "profile"),
     ("export-mcu", "export_mcu"),
     ("build-firmware", "build_firmware"),
+    ("batch", "batch"),
 )
 
 INTERNAL_ERROR = 70
