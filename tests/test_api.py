@@ -70,7 +70,7 @@ def test_typed_figures_agree_with_the_json(tmp_path):
     with pytest.raises(AttributeError):
         r.peak_bytes = 0  # frozen
     c = tp.compile(TINY.read_bytes(), 2, out=tmp_path / "b", time_limit=2)
-    assert c.num_segments == 2 and len(c.files) == 4 and c.throughput_per_s > 0
+    assert c.num_segments == 2 and len(c.files) == 5 and c.throughput_per_s > 0  # model, 2 segments, 2 reports
     assert c.gap is not None and c.gap >= 0 and c.to_json()["solver"]["gap"] == c.gap
 
 

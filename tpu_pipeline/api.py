@@ -165,6 +165,13 @@ def _source(model, name: str = "model.tflite") -> Iterator[tuple[Path, str]]:
     yield Path(model), os.fspath(model)
 
 
+def _html(path, builder: str, *args, **kwargs) -> None:
+    """Write the HTML report (tpu_pipeline/toolchain/report_html.py) made by `builder`."""
+    from tpu_pipeline.toolchain import report_html
+
+    report_html.write(path, getattr(report_html, builder)(*args, **kwargs))
+
+
 def _check_output(path, inputs) -> None:
     from tpu_pipeline.commands.options import check_output
 
@@ -172,17 +179,18 @@ def _check_output(path, inputs) -> None:
 
 
 # ---- inspect -----------------------------------------------------------------------------------
-def inspect(model, *, plot: str | os.PathLike | None = None,
+def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.PathLike | None = None,
             name: str = "model.tflite") -> InspectResult:
     """Op histogram, parameter bytes, activation peak and arena predictions (`tpu-pipeline inspect`).
-    `plot`: also draw live bytes per step (.png, .svg, ...)."""
+    `plot`: also draw live bytes per step (.png, .svg, ...); `report`: write the HTML report there."""
     from tpu_pipeline.toolchain.inspect import summarize
     from tpu_pipeline.toolchain.ir import load
     from tpu_pipeline.toolchain.report import plot_live_bytes
 
     with _source(model, name) as (path, label):
-        if plot is not None:
-            _check_output(plot, [path])
+        for extra in (plot, report):
+            if extra is not None:
+                _check_output(extra, [path])
         m, graph = load(path)
         s = summarize(graph, path=label, subgraphs=len(m.subgraphs))
         if plot is not None:
@@ -192,12 +200,15 @@ def inspect(model, *, plot: str | os.PathLike | None = None,
         result = InspectResult(data, label, s.ops, s.tensors, s.parameter_bytes, s.peak_bytes, s.peak_op,
                                s.tflm_arena_bytes, s.tflite_arena_bytes, s.any_order_lower_bound, tuple(s.live_bytes),
                                s)
+        if report is not None:
+            _html(report, "for_graph", "inspect", label, graph, data)
     return result
 
 
 # ---- schedule ----------------------------------------------------------------------------------
 def schedule(model, *, output: str | os.PathLike | None = None, method: str = "auto", time_limit: float = 10.0,
-             semantics: str = "tflm", name: str = "model.tflite") -> ScheduleResult:
+             semantics: str = "tflm", report: str | os.PathLike | None = None,
+             name: str = "model.tflite") -> ScheduleResult:
     """The memory-optimal op order, with its proof (`tpu-pipeline schedule`). With `output` the
     reordered model is written there; `model_bytes` holds it either way."""
     from tpu_pipeline.toolchain.ir import load, to_model
@@ -208,8 +219,9 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
 
     _positive("time_limit", time_limit)
     with _source(model, name) as (path, label):
-        if output is not None:
-            _check_output(output, [path])
+        for extra in (output, report):
+            if extra is not None:
+                _check_output(extra, [path])
         # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
         m, graph, notes = load_exact(path) if output is not None else (*load(path), [])
         result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=semantics)
@@ -226,12 +238,15 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
         res = ScheduleResult(d, label, d["output"], result.peak, result.stored_peak, result.lower_bound,
                              result.proven_optimal, result.method, head_before, head_after, tuple(result.order),
                              data, result)
+        if report is not None:
+            _html(report, "for_graph", "schedule", label, graph, d, after=new_graph, semantics=semantics)
     return res
 
 
 # ---- plan --------------------------------------------------------------------------------------
 def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto", time_limit: float = 5.0,
-         onchip: int | None = None, verify: bool = False, name: str = "model.tflite") -> PlanResult:
+         onchip: int | None = None, verify: bool = False, report: str | os.PathLike | None = None,
+         name: str = "model.tflite") -> PlanResult:
     """Arena offsets down to the live-bytes bound, as TFLite Micro's offline plan (`tpu-pipeline
     plan`). `verify`: load the planned model in TFLite Micro and check its head (VerificationError)."""
     from tpu_pipeline.toolchain.ir.convert import load_exact
@@ -244,8 +259,9 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
     if onchip is not None and onchip < 0:
         raise UsageError(f"--onchip must be a number of bytes >= 0, got {onchip}")
     with _source(model, name) as (path, label):
-        if output is not None:
-            _check_output(output, [path])
+        for extra in (output, report):
+            if extra is not None:
+                _check_output(extra, [path])
         m, graph, notes = load_exact(path)  # exact for TFLite Micro: no plan can change its outputs
         lt = lifetimes(graph, semantics="tflm")
         result = plan_for_tflm(graph, lt, planner, time_limit, n_tensors=total_tensor_count(m))
@@ -275,6 +291,8 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
         d = _plain(d)
         res = PlanResult(d, label, d["output"], result.head, p.lower_bound, tflm_own, d["proven_optimal"], p.planner,
                          data)
+        if report is not None:
+            _html(report, "for_graph", "plan", label, graph, d, offsets=tuple(result.tensor_offsets))
     return res
 
 
@@ -282,7 +300,8 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
 def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = None, device: str | None = None,
         objective: str = "latency", kernels: str = "cmsis-nn", allow_lossy: bool = False, pareto: bool = False,
         plot: str | os.PathLike | None = None, time_limit: float = 30.0, runs: int = 2,
-        progress: Progress | None = None, name: str = "model.tflite") -> FitResult:
+        progress: Progress | None = None, report: str | os.PathLike | None = None,
+        name: str = "model.tflite") -> FitResult:
     """The fastest exact variant whose TFLite Micro arena fits `budget` bytes, or what `device`
     leaves for it (`tpu-pipeline fit`). Raises InfeasibleError when none fits (the message names
     the smallest arena reachable). `pareto` (or `plot`): also the arena/latency frontier."""
@@ -296,8 +315,9 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
     with _source(model, name) as (path, label):
         if output is not None:
             _check_output(output, [path])
-        if plot is not None:
-            _check_output(plot, [path, *([output] if output is not None else [])])
+        for extra in (plot, report):
+            if extra is not None:
+                _check_output(extra, [path, *([output] if output is not None else [])])
         fitted = fit_model(path, budget=budget, device=device, objective=objective, kernels=kernels,
                            time_limit=time_limit, want_pareto=pareto or plot is not None, verify_runs=runs,
                            progress=progress, allow_lossy=allow_lossy)
@@ -318,6 +338,8 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
         d = _plain(d)
         res = FitResult(d, label, d["output"], r.fits, r.budget, r.head, r.baseline_peak, r.selection.latency_s,
                         r.baseline_latency_s, tuple((p.peak, p.latency_s) for p in r.frontier), fitted.data, fitted)
+        if report is not None:
+            _html(report, "for_fit", label, fitted, d)
     return res
 
 
@@ -325,10 +347,11 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
 def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str = "coral-usb",  # noqa: A001
             strategy: str = "latency", time_limit: float = 10.0, gap: float = 0.01, colocate: bool = False,
             no_schedule: bool = False, no_rewrite: bool = False, no_plan: bool = False, semantics: str = "tflite",
-            budget: int | None = None, verify: bool = False, progress: Progress | None = None) -> CompileResult:
-    """Partition into `n` Edge TPU pipeline segments and write them with report.json
+            budget: int | None = None, verify: bool = False, progress: Progress | None = None,
+            report: str | os.PathLike | None = None) -> CompileResult:
+    """Partition into `n` Edge TPU pipeline segments and write them with report.json and report.html
     into `out` (default out/<stem>) (`tpu-pipeline compile`). `models`: one model (path or bytes)
-    or a list of paths to co-deploy."""
+    or a list of paths to co-deploy. `report`: also copy the HTML report there."""
     from tpu_pipeline.toolchain.compile import compile_models
 
     passes = tuple(x for x, off in (("rewrite", no_rewrite), ("schedule", no_schedule), ("plan", no_plan)) if not off)
@@ -341,8 +364,14 @@ def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str
             paths = [stack.enter_context(_source(models))[0]]
         else:
             paths = [models] if isinstance(models, (str, os.PathLike)) else list(models)
+        if report is not None:
+            _check_output(report, paths)
         res = compile_models(paths, n, out, progress=progress, **options)
     r = _plain(res.report)
+    if report is not None:
+        from tpu_pipeline.toolchain.tflite import write_bytes_atomic
+
+        write_bytes_atomic(report, (Path(res.out_dir) / "report.html").read_bytes())
     p = res.partition
     return CompileResult(r, tuple(str(x) for x in paths), str(res.out_dir), n, tuple(res.files),
                          p.cost.throughput_per_s, p.cost.latency_s, p.gain, p.gap, p.proven_optimal, res)

@@ -8,7 +8,7 @@ from rich.table import Table
 from tpu_pipeline.output import printer, progress
 
 from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import fraction, non_negative_int, seconds
+from tpu_pipeline.commands.options import add_report_argument, fraction, non_negative_int, seconds
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -42,6 +42,7 @@ def add_arguments(p) -> None:
                         "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
+    add_report_argument(p)
 
 
 def run(args) -> int:
@@ -51,7 +52,7 @@ def run(args) -> int:
         r = api.compile(args.models, args.n, out=args.out, device=args.device, strategy=args.strategy,
                         time_limit=args.time_limit, gap=args.gap, colocate=args.colocate, no_schedule=args.no_schedule,
                         no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
-                        budget=args.budget, verify=args.verify, progress=say)
+                        budget=args.budget, verify=args.verify, progress=say, report=args.report)
     if args.json:
         printer(args).json(r.to_json())
         return 0

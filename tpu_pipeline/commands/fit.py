@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from tpu_pipeline.output import printer, progress
-from tpu_pipeline.commands.options import non_negative_int, plot_path, positive_int, seconds
+from tpu_pipeline.commands.options import add_report_argument, non_negative_int, plot_path, positive_int, seconds
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
@@ -30,6 +30,7 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
                    help="seconds for the search (default 30); checks in the runtimes come on top")
     p.add_argument("--runs", type=positive_int, default=2, help="random inputs per runtime for the check (default 2)")
+    add_report_argument(p)
 
 
 def run(args) -> int:
@@ -38,7 +39,7 @@ def run(args) -> int:
     with progress(args) as say:
         r = api.fit(args.model, output=args.output, budget=args.budget, device=args.device, objective=args.objective,
                     kernels=args.kernels, allow_lossy=args.allow_lossy, pareto=args.pareto, plot=args.plot,
-                    time_limit=args.time_limit, runs=args.runs, progress=say)
+                    time_limit=args.time_limit, runs=args.runs, progress=say, report=args.report)
     if args.json:
         printer(args).json(r.to_json())
         return 0

@@ -74,6 +74,18 @@ def plot_path(text: str) -> str:
     return text
 
 
+def html_path(text: str) -> str:
+    """argparse type: the HTML report's file name (.html or .htm)."""
+    if Path(text).suffix.lower() not in (".html", ".htm"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the report is an HTML page; name it .html")
+    return text
+
+
+def add_report_argument(p) -> None:
+    p.add_argument("--report", metavar="FILE.html", type=html_path,
+                   help="also write a self-contained HTML report (memory timeline, arena layout, ...; docs/cli.md)")
+
+
 def check_output(path: str | os.PathLike, inputs=()) -> Path:
     """Refuse, before any work, an output file that cannot or must not be written (see
     `tpu_pipeline.toolchain.tflite.io.check_output_path`), and one whose existing folder refuses a new file."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from tpu_pipeline.commands.options import non_negative_int, seconds
+from tpu_pipeline.commands.options import add_report_argument, non_negative_int, seconds
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain.memory import PLANNERS
 
@@ -21,6 +21,7 @@ def add_arguments(p) -> None:
                    help="also report off-chip traffic (Belady) for an on-chip memory of this size")
     p.add_argument("--verify", action="store_true",
                    help="load the written model in TFLite Micro and check its arena head equals the plan")
+    add_report_argument(p)
 
 
 def run(args) -> int:
@@ -28,7 +29,7 @@ def run(args) -> int:
     from tpu_pipeline.toolchain.report import human_bytes
 
     r = api.plan(args.model, output=args.output, planner=args.planner, time_limit=args.time_limit,
-                 onchip=args.onchip, verify=args.verify)
+                 onchip=args.onchip, verify=args.verify, report=args.report)
     out, data = printer(args), r.data
     if args.json:
         out.json(r.to_json())

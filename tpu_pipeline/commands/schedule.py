@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tpu_pipeline.commands.options import seconds
+from tpu_pipeline.commands.options import add_report_argument, seconds
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain.schedule import METHODS
 
@@ -16,6 +16,7 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds (default 10)")
     p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm",
                    help="memory model of the target runtime (default tflm)")
+    add_report_argument(p)
 
 
 def run(args) -> int:
@@ -23,7 +24,7 @@ def run(args) -> int:
     from tpu_pipeline.toolchain.report import human_bytes as hb
 
     r = api.schedule(args.model, output=args.output, method=args.method, time_limit=args.time_limit,
-                     semantics=args.semantics)
+                     semantics=args.semantics, report=args.report)
     out = printer(args)
     if args.json:
         out.json(r.to_json())

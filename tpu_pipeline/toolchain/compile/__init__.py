@@ -36,6 +36,7 @@ from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.memory import get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
+from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.report import json_default
 
 PASSES: list[Pass] = [
@@ -101,8 +102,11 @@ def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> Com
     opts = compile_options(paths, n, out_dir, **options)
     state, records = run_passes(PASSES, CompileState(opts), progress)
     files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
-    names = [*files, "report.json"]
+    names = [*files, "report.html", "report.json"]
     report = build_report(state, records, names)
+    # the figures people look at, in one self-contained page beside report.json
+    files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
+        json.dumps(report, default=json_default)))).encode()
     manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
                                    list(opts.paths))
     return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
