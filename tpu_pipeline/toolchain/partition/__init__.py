@@ -28,8 +28,6 @@ from tpu_pipeline.toolchain.partition.problem import BoundaryTensor, PartitionPr
 STRATEGY_NAMES = tuple(STRATEGIES) + ("coral",)
 # The partition stops when its answer is proven or within this fraction of the proven bound.
 DEFAULT_GAP = 0.01
-# Simulated candidates in a row that may fail to lower the period before the refinement stops.
-REFINE_PATIENCE = 3
 
 
 @dataclass(frozen=True)
@@ -127,9 +125,8 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     workers against the wall clock instead.
 
     The search stops when its answer is proven optimal, or as soon as it is within `gap` (a
-    fraction; default 1 %) of its proven lower bound, or when the simulation refinement has
-    stopped paying (REFINE_PATIENCE candidates without a lower period), not at the time limit;
-    `p.gap` says how close the answer is. Order: Coral's heuristic (the baseline), the warm
+    fraction; default 1 %) of its proven lower bound, not at the time limit; the time limit
+    stops only what is still further than that. `p.gap` says how close the answer is. Order: Coral's heuristic (the baseline), the warm
     starts, the exact bound (CP-SAT on P), then the refinement on the simulated period."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
@@ -171,8 +168,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
         inc = min(dict.fromkeys(known), key=lambda st: (problem.period_ps(st, n), problem.objectives(st, n)["sum_stage_ps"]))
         # deterministic budget: half the time limit's; wall clock: what is left of the time limit
         ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, colocate=colocate, seed=seed,
-                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)), gap=gap,
-                                   patience=REFINE_PATIENCE if gap > 0 else None)  # gap 0: search to the proof
+                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)), gap=gap)
         stages = ref.stages
         extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
                  "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped}

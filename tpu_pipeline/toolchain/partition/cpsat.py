@@ -394,7 +394,7 @@ def _no_good(m, y, stages, n: int) -> None:
 
 def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
                          max_candidates: int = 500, colocate: bool = False, seed: int = 0,
-                         wall_s: float | None = None, gap: float = 0.0, patience: int | None = None) -> Refined:
+                         wall_s: float | None = None, gap: float = 0.0) -> Refined:
     """Close the gap between the bound P the CP-SAT model minimises and the simulated period S.
 
     S >= P for every assignment (each resource serves at most one second of work per second), so
@@ -406,11 +406,9 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     assignment not yet simulated has at least that P, every simulated one has S >= S*), so a stop
     before the proof still gives min(S*, bound) as a lower bound of the simulator's optimum.
 
-    Stops at the proof, as soon as S* is within `gap` (a fraction) of that lower bound, after
-    `patience` candidates in a row that did not lower S* (None: no such limit), or when the
-    deterministic budget is spent. Each search is itself stopped within `gap` of its bound, and
-    starts from `bound_ps` (a valid cut), so a candidate near the bound is found without a proof.
-    One worker, deterministic time."""
+    Stops at the proof, as soon as S* is within `gap` (a fraction) of that lower bound, or when
+    the deterministic budget is spent. The searches start from `bound_ps` (a valid cut). One
+    worker, deterministic time."""
     best = tuple(stages)
     best_s = problem.period_ps(best, n)
     if best_s <= bound_ps * (1 + gap):
@@ -419,7 +417,7 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     period = objs["period_ps"]
     if bound_ps:
         m.Add(period >= bound_ps)  # proven: no assignment is below it
-    seen, idle = 1, 0
+    seen = 1
     _no_good(m, y, best, n)
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
@@ -428,12 +426,13 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     while seen < max_candidates:
         m.Add(period <= best_s - 1)
         m.Minimize(period)
-        _set_hint(m, problem, n, y, x, objs, extra, best)  # excluded, but a start CP-SAT repairs fast
         left = wall_s - (time.perf_counter() - t0)
         if left <= 0:
             wall = True
             break
-        solver = _step_solver(True, left, 1.0, dtime, 1, seed, gap)
+        # each candidate the smallest P left (no hint, no tolerance: a hint near the incumbent
+        # steers the search to assignments of about its simulated period, measured worse)
+        solver = _step_solver(True, left, 1.0, dtime, 1, seed)
         st = solver.Solve(m)
         given, dtime = dtime, max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
@@ -449,14 +448,10 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
         seen += 1
         s = problem.period_ps(cand, n)
         if s < best_s:
-            best, best_s, idle = cand, s, 0
-        else:
-            idle += 1
+            best, best_s = cand, s
         _no_good(m, y, cand, n)
         if bound_ps and best_s <= bound_ps * (1 + gap):
             break  # within the tolerance of a proven bound
-        if patience is not None and idle >= patience:
-            break  # the search stopped paying: the gap is reported
         if solver.deterministic_time >= given * 0.999:
             break  # the deterministic budget is spent: stop here on every machine alike
     low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
