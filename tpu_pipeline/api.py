@@ -22,8 +22,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
+from tpu_pipeline.batch_runner import BatchResult  # stdlib only: cheap to import
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 
@@ -557,11 +558,3 @@ def batch(models, *, command: str = "inspect", devices=(None,), budgets=(None,),
 
     return run_batch(models, command=command, devices=devices, budgets=budgets, jobs=jobs, cluster=cluster,
                      job_timeout=job_timeout, options=options, out=out, on_row=on_row)
-
-
-def __getattr__(name: str):
-    if name == "BatchResult":
-        from tpu_pipeline.batch_runner import BatchResult
-
-        return BatchResult
-    raise AttributeError(name)

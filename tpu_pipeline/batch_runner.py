@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import pickle
 import subprocess

@@ -1,4 +1,5 @@
-"""Rendering: rich tables for people, JSON for machines, plots for reports. No computation."""
+"""Rendering: rich tables for people (printed by the command line's Printer, tpu_pipeline/output.py,
+in the format asked for), JSON for machines, plots for reports. No computation."""
 
 from __future__ import annotations
 
@@ -6,15 +7,9 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from tpu_pipeline.toolchain.inspect import ModelSummary
-
-
-def console(stderr: bool = False) -> Console:
-    # Plain text when piped: no colours, no wrapping surprises.
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -44,7 +39,7 @@ def json_default(obj):
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def print_summary(s: ModelSummary, out: Console) -> None:
+def print_summary(s: ModelSummary, out) -> None:
     out.print(f"[bold]{s.path}[/bold]: {s.ops} ops, {s.tensors} tensors, {s.subgraphs} subgraph(s)")
     out.print(f"inputs: {', '.join(s.inputs)}    outputs: {', '.join(s.outputs)}")
     # Words as in docs/cli.md's glossary: peak = most live bytes at one step; head = what a planner
