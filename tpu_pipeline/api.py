@@ -28,7 +28,6 @@ from tpu_pipeline.batch_runner import BatchResult  # stdlib only: cheap to impor
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 
-ModelSource = "str | os.PathLike | bytes"  # a .tflite path, or the model's bytes
 Progress = Callable[[str], None]
 
 __all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run", "batch",
