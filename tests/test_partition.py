@@ -176,6 +176,8 @@ def test_a_loose_tolerance_stops_at_the_first_answer_within_it():
     loose = partition(g, 4, time_limit=10.0, gap=0.5)
     assert loose.gap is not None and loose.gap <= 0.5
     assert loose.sim_candidates == 1 and "within gap" in loose.stopped_by  # no proof searched for
+    # the lower bound it reports is CP-SAT's proven bound, not the value it stopped at
+    assert loose.period_lower_bound_ps == loose.bounds["period_ps"] < loose.objectives["period_ps"]
     exact = partition(g, 4, time_limit=10.0, gap=0)
     assert exact.primary_proven and exact.bounds["period_ps"] >= loose.bounds["period_ps"]
 
