@@ -20,14 +20,27 @@ from dataclasses import dataclass
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel, PipelineCost
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.partition.cpsat import STRATEGIES, refine_by_simulation, solve
 from tpu_pipeline.toolchain.partition.contiguous import best_contiguous
 from tpu_pipeline.toolchain.partition.heuristic import HeuristicResult, coral_heuristic, coral_topological_sort
 from tpu_pipeline.toolchain.partition.problem import BoundaryTensor, PartitionProblem, SegmentInterface
+from tpu_pipeline.toolchain.partition.search import STRATEGIES
 
 STRATEGY_NAMES = tuple(STRATEGIES) + ("coral",)
 # The partition stops when its answer is proven or within this fraction of the proven bound.
 DEFAULT_GAP = 0.01
+# The simulation refinement simulates at most this many candidates per second of the time limit
+# (40 at the default 10 s): a count, so that the answer does not depend on the machine's speed.
+# Measured on the 55 paper cases (docs/benchmarks.md): improvements come within the first 30
+# candidates in all but 6 cases, which gain under 1 % from the next 270.
+CANDIDATES_PER_SECOND = 4
+
+
+def __getattr__(name):
+    # CP-SAT (OR-Tools, which imports pandas: ~0.5 s) loads only when a search needs it
+    if name in ("solve", "refine_by_simulation"):
+        from tpu_pipeline.toolchain.partition import cpsat
+        return getattr(cpsat, name)
+    raise AttributeError(name)
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class Partition:
     period_lower_bound_ps: int = 0  # every assignment's simulated period is at least this
     profiled: "Partition | None" = None
     gap_limit: float = 0.0     # the tolerance asked for: stop within this fraction of the bound
+    method: str = ""           # the exact step: "downsets" (DP over the graph's down-sets) or "cpsat"
+    refined_by: str = ""       # why the simulation refinement stopped (search.Refined.stopped_by)
 
     @property
     def gap(self) -> float | None:
@@ -125,9 +140,13 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     workers against the wall clock instead.
 
     The search stops when its answer is proven optimal, or as soon as it is within `gap` (a
-    fraction; default 1 %) of its proven lower bound, not at the time limit; the time limit
-    stops only what is still further than that. `p.gap` says how close the answer is. Order: Coral's heuristic (the baseline), the warm
-    starts, the exact bound (CP-SAT on P), then the refinement on the simulated period."""
+    fraction; default 1 %) of its proven lower bound, not at the time limit. Order: Coral's
+    heuristic (the baseline), the warm starts, the exact step, then the refinement on the
+    simulated period. `latency`'s exact step is a dynamic programme over the graph's down-sets
+    (lattice.py: exact, milliseconds on CNNs built from blocks) when the graph has few enough of
+    them, else CP-SAT (cpsat.py), which `deterministic` and `workers` are about. The refinement
+    simulates at most CANDIDATES_PER_SECOND x `time_limit` candidates; `time_limit` also caps
+    every search's wall clock. `p.gap` says how close the answer is."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -154,29 +173,54 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
             ub = {"period_ps": problem.objectives(hint, n)["period_ps"]}
     if colocate:
         hint = None  # the warm starts need not keep consumers together
-    res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
-                workers=workers, seed=seed, deterministic=deterministic, gap=gap)
+    simulated: dict[tuple, int] = {}
+
+    def period(st) -> int:
+        if st not in simulated:
+            simulated[st] = problem.period_ps(st, n)
+        return simulated[st]
+
+    exact = None
+    if strategy == "latency" and not colocate:
+        from tpu_pipeline.toolchain.partition.lattice import exact_latency
+        known = list(dict.fromkeys(candidates))
+        exact = exact_latency(problem, n, [period(c) for c in known], [problem.objectives(c, n)["period_ps"] for c in known])
+    if exact is not None:
+        res, chains = exact
+    else:
+        from tpu_pipeline.toolchain.partition.cpsat import solve
+        res = solve(problem, n, strategy, time_limit, hint=hint, upper_bounds=ub, colocate=colocate,
+                    workers=workers, seed=seed, deterministic=deterministic, gap=gap)
     stages, extra = res.stages, {}
     prof = profiled_partition(graph, n, device, problem) if profiled else None
     if strategy == "latency":
-        low = res.bounds.get("period_ps", 0)  # CP-SAT's proven bound of P, also when stopped within the gap
+        low = res.bounds.get("period_ps", 0)  # the proven bound of P (CP-SAT's also when stopped within the gap)
         # the incumbent: the best simulated period among the solver's answer and the warm starts
         # (and the profiled baseline), so the result is never slower than either baseline
         known = [res.stages] + [c for c in candidates if problem.is_valid(c, n) and not colocate]
         if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
             known.append(prof.stages)
-        inc = min(dict.fromkeys(known), key=lambda st: (problem.period_ps(st, n), problem.objectives(st, n)["sum_stage_ps"]))
-        # deterministic budget: half the time limit's; wall clock: what is left of the time limit
-        ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, colocate=colocate, seed=seed,
-                                   wall_s=max(0.5, time_limit - (time.perf_counter() - t_start)), gap=gap)
+        inc = min(dict.fromkeys(known), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+        budget = max(1, round(CANDIDATES_PER_SECOND * time_limit))
+        wall = max(0.5, time_limit - (time.perf_counter() - t_start))
+        if exact is not None:
+            from tpu_pipeline.toolchain.partition.lattice import refine_chains
+            ref = refine_chains(chains, inc, budget, gap=gap, wall_s=wall)
+        else:
+            from tpu_pipeline.toolchain.partition.cpsat import refine_by_simulation
+            # deterministic budget: half the time limit's; wall clock: what is left of the time limit
+            ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, max_candidates=budget, colocate=colocate,
+                                       seed=seed, wall_s=wall, gap=gap)
         stages = ref.stages
         extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
-                 "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped}
+                 "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped,
+                 "refined_by": ref.stopped_by}
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
-    return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, gap_limit=gap, **extra)
+    return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, gap_limit=gap,
+                               method=res.method, **extra)
 
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",
-           "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "partition", "baseline_partition", "profiled_partition", "coral_heuristic",
-           "solve", "refine_by_simulation"]
+           "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "CANDIDATES_PER_SECOND", "partition", "baseline_partition",
+           "profiled_partition", "coral_heuristic", "solve", "refine_by_simulation"]

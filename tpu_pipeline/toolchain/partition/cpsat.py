@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.cpsat import new_solver
 from tpu_pipeline.toolchain.errors import InfeasibleError
 from tpu_pipeline.toolchain.partition.problem import PartitionProblem
+from tpu_pipeline.toolchain.partition.search import STRATEGIES, Refined, SolveResult
 
 _EXTRA_PARAMS: dict = {}
 
@@ -52,27 +52,6 @@ DTIME_PER_SECOND = 0.12
 # `latency`'s second step (the sum of stage latencies among the periods found) gets at most this
 # fraction of the deterministic budget: it shortens the pipeline's latency, not its period.
 TIE_BREAK_SHARE = 0.1
-
-STRATEGIES = {
-    "latency": ("period_ps", "sum_stage_ps"),
-    "1-3": ("max_param_bytes", "max_comm_bytes"),
-    "1-2-3": ("max_param_bytes", "offchip_bytes", "max_comm_bytes"),
-    "2-1-3": ("offchip_bytes", "max_param_bytes", "max_comm_bytes"),
-}
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    stages: tuple[int, ...]
-    objectives: dict            # name -> value of the solution
-    bounds: dict                # name -> proven lower bound at that step
-    proven_optimal: bool
-    seconds: float
-    status: str
-    proven_steps: tuple = ()    # per objective of the strategy: proven optimal (given the earlier ones)?
-    stopped_by: tuple = ()      # per step run: "optimal", "deterministic limit", "wall clock" or "infeasible"
-    reproducible: bool = True   # no step was stopped by the wall clock (or run in parallel)
-
 
 def _stage_vars(m, problem: PartitionProblem, n: int, colocate: bool):
     """y[v][k] = stage(v) <= k, x[v][k] = stage(v) == k (ints where fixed), with precedence,
@@ -374,16 +353,6 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
                        tuple(stopped), reproducible)
 
 
-@dataclass(frozen=True)
-class Refined:
-    stages: tuple[int, ...]
-    period_ps: int              # simulated period of `stages`
-    proven: bool                # no assignment has a smaller simulated period
-    candidates: int             # assignments simulated
-    lower_bound_ps: int         # every assignment's simulated period is >= this
-    wall_stopped: bool = False  # the wall clock (not the deterministic budget) ended the search
-
-
 def _no_good(m, y, stages, n: int) -> None:
     """Exclude exactly this assignment: at least one y[v][k] must differ from its value."""
     lits = [y[v][k].Not() if stages[v] <= k else y[v][k]
@@ -412,7 +381,9 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     best = tuple(stages)
     best_s = problem.period_ps(best, n)
     if best_s <= bound_ps * (1 + gap):
-        return Refined(best, best_s, best_s <= bound_ps, 1, bound_ps if best_s > bound_ps else best_s)
+        proven = best_s <= bound_ps
+        return Refined(best, best_s, proven, 1, bound_ps if best_s > bound_ps else best_s,
+                       stopped_by="proven" if proven else "within gap")
     m, y, x, objs, extra = _build(problem, n, colocate)
     period = objs["period_ps"]
     if bound_ps:
@@ -422,13 +393,14 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
     proven = wall = False
+    why = "candidates"
     wall_s = time_limit if wall_s is None else wall_s
     while seen < max_candidates:
         m.Add(period <= best_s - 1)
         m.Minimize(period)
         left = wall_s - (time.perf_counter() - t0)
         if left <= 0:
-            wall = True
+            wall, why = True, "wall clock"
             break
         # each candidate the smallest P left (no hint, no tolerance: a hint near the incumbent
         # steers the search to assignments of about its simulated period, measured worse)
@@ -436,10 +408,11 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
         st = solver.Solve(m)
         given, dtime = dtime, max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
-            proven = True
+            proven, why = True, "proven"
             break
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            wall = _stop_reason(st, solver, True, given) == "wall clock"
+            why = _stop_reason(st, solver, True, given)
+            wall = why == "wall clock"
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
@@ -451,8 +424,11 @@ def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: in
             best, best_s = cand, s
         _no_good(m, y, cand, n)
         if bound_ps and best_s <= bound_ps * (1 + gap):
+            proven = best_s <= bound_ps  # the bound reached: nothing is below it
+            why = "proven" if proven else "within gap"
             break  # within the tolerance of a proven bound
         if solver.deterministic_time >= given * 0.999:
+            why = "deterministic limit"
             break  # the deterministic budget is spent: stop here on every machine alike
     low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
-    return Refined(best, best_s, proven, seen, low, wall)
+    return Refined(best, best_s, proven, seen, low, wall, why)
