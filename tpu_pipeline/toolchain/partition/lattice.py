@@ -32,6 +32,7 @@ ends inwards, each layer pruning the next; that is what keeps randwire_small at 
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -42,8 +43,13 @@ from tpu_pipeline.toolchain.partition.search import Refined, SolveResult
 
 # Listing the down-sets stops past this many: the pair matrices grow with its square.
 MAX_DOWNSETS = 12000
-# ... and the chain problem when its down-sets that fit the upper bound make more pairs than this.
-MAX_PAIRS = 12_000_000
+# ... and the chain problem once it has costed this many pairs of down-sets (~3 s on one loaded
+# core; randwire_small needs 1.3 M for n=4, 14.6 M for n=6), costed this many at a time.
+MAX_PAIRS = 16_000_000
+CHUNK = 500_000
+# The refinement's listing expands at most this many partial chains per candidate it may simulate
+# (DenseNet201, n=6: ~1,000 per chain listed, 40 chains in 1.8 s of one loaded core).
+EXPANSIONS_PER_CANDIDATE = 500
 # The tie-break lists at most this many chains of the optimal period when the link term binds.
 MAX_TIED = 2000
 INF = np.iinfo(np.int64).max // 4
@@ -166,48 +172,62 @@ class _Layer:
     link: np.ndarray     # (rows, cols) its link work
 
 
+def cut_windows(lattice: Lattice, n: int, ub: int) -> list[np.ndarray]:
+    """For each cut k < n-1, the down-sets D_k can be if every stage fits under ub: stages
+    0..k hold its compute and parameters (each stage at most ub - overhead of compute and of
+    parameter stream), stages k+1..n-1 the rest, each stage non-empty, the last-stage ops after it."""
+    p, L, m = lattice.problem, lattice, lattice.problem.model
+    M, N = len(lattice), p.n_ops
+    last = np.zeros(N, dtype=bool)
+    last[list(p.last_stage_ops)] = True
+    no_last = (L.X[:, last].sum(1) == 0) if last.any() else np.ones(M, dtype=bool)
+    cap = ub - m.overhead_ps
+    cap_par = m.sram_bytes + cap // m.ps_per_byte
+    tc, tp = L.comp[-1], L.par[-1]
+    cuts = []
+    for k in range(n - 1):
+        ok = (no_last & (L.size >= k + 1) & (N - L.size >= n - 1 - k)
+              & (L.comp <= (k + 1) * cap) & (tc - L.comp <= (n - 1 - k) * cap)
+              & (L.par <= (k + 1) * cap_par) & (tp - L.par <= (n - 1 - k) * cap_par))
+        cuts.append(np.flatnonzero(ok))
+    return cuts
+
+
+def pairs_at_most(lattice: Lattice, n: int, ub: int) -> int:
+    """How many pairs a chain problem under ub costs at most (before any pruning)."""
+    ends = [np.array([0])] + cut_windows(lattice, n, ub) + [np.array([len(lattice) - 1])]
+    return sum(len(a) * len(b) for a, b in zip(ends, ends[1:]))
+
+
 class ChainProblem:
     """All chains of n stages whose every stage fits under `ub` (an upper bound of the optimal P):
     the layers of pair costs, and the exact searches over them."""
 
     def __init__(self, lattice: Lattice, n: int, ub: int):
         self.lattice, self.n, self.ub = lattice, n, ub
-        p, L, m = lattice.problem, lattice, lattice.problem.model
-        M, N = len(lattice), p.n_ops
+        m = lattice.problem.model
         self.host = -(-n * m.overhead_ps // m.host_slots) if m.host_slots else 0
-        last = np.zeros(N, dtype=bool)
-        last[list(p.last_stage_ops)] = True
-        no_last = (L.X[:, last].sum(1) == 0) if last.any() else np.ones(M, dtype=bool)
-        # every stage fits under ub: compute <= cap and parameter stream <= cap
-        cap = ub - m.overhead_ps
-        cap_par = m.sram_bytes + cap // m.ps_per_byte
-        tc, tp = L.comp[-1], L.par[-1]
-        cuts = []
-        for k in range(n - 1):
-            ok = (no_last & (L.size >= k + 1) & (N - L.size >= n - 1 - k)
-                  & (L.comp <= (k + 1) * cap) & (tc - L.comp <= (n - 1 - k) * cap)
-                  & (L.par <= (k + 1) * cap_par) & (tp - L.par <= (n - 1 - k) * cap_par))
-            cuts.append(np.flatnonzero(ok))
         self.layers: list[_Layer] = []
         self.pairs = 0
         # The layers (stage j between ends[j] and ends[j+1]) are computed from both ends inwards,
         # the cheaper side first, each pruning the next: a down-set no chain reaches (from the
         # empty set, or on to V) under ub is dropped before its pairs are costed.
-        ends = [np.array([0])] + cuts + [np.array([M - 1])]
-        if sum(len(a) * len(b) for a, b in zip(ends, ends[1:])) > MAX_PAIRS:
-            return
+        ends = [np.array([0])] + cut_windows(lattice, n, ub) + [np.array([len(lattice) - 1])]
         done: dict[int, _Layer] = {}
         lo, hi = 0, n - 1
         while lo <= hi:
             front, back = len(ends[lo]) * len(ends[lo + 1]), len(ends[hi]) * len(ends[hi + 1])
             j = lo if front <= back else hi
-            layer = self._layer(ends[j], ends[j + 1])
-            fits = layer.lat < INF
+            if self.pairs + min(front, back) > MAX_PAIRS:
+                return
+            layer = self._layer(ends[j], ends[j + 1], forward=j == lo)
             if j == lo:
-                ends[lo + 1] = layer.cols[fits.any(0)]
+                ends[lo + 1] = layer.cols
                 lo += 1
             if j == hi:
-                ends[hi] = layer.rows[fits.any(1)]
+                keep = (layer.lat < INF).any(1)
+                layer = _Layer(layer.rows[keep], layer.cols, layer.lat[keep], layer.link[keep])
+                ends[hi] = layer.rows
                 hi -= 1
             done[j] = layer
             if any(len(e) == 0 for e in ends):
@@ -217,17 +237,27 @@ class ChainProblem:
             r, c = np.isin(layer.rows, ends[j]), np.isin(layer.cols, ends[j + 1])
             self.layers.append(_Layer(layer.rows[r], layer.cols[c], layer.lat[np.ix_(r, c)], layer.link[np.ix_(r, c)]))
 
-    def _layer(self, rows: np.ndarray, cols: np.ndarray) -> "_Layer":
-        lat = np.empty((len(rows), len(cols)), dtype=np.int64)
-        link = np.empty_like(lat)
-        step = max(1, 500_000 // max(1, len(cols)))
-        for i in range(0, len(rows), step):
-            lat[i:i + step], link[i:i + step] = self.lattice.pair_costs(rows[i:i + step], cols)
-        over = lat > self.ub
-        lat[over] = INF
-        link[over] = INF
-        self.pairs += lat.size
-        return _Layer(rows, cols, lat, link)
+    def _layer(self, rows: np.ndarray, cols: np.ndarray, forward: bool) -> "_Layer":
+        """The pair costs from `rows` to `cols` under ub, costed in chunks; forward: only the
+        columns some row reaches are kept, else only the rows that reach some column."""
+        self.pairs += len(rows) * len(cols)
+        along = cols if forward else rows
+        step = max(1, CHUNK // max(1, len(rows) if forward else len(cols)))
+        kept, lats, links = [], [], []
+        for i in range(0, len(along), step):
+            part = along[i:i + step]
+            lat, link = self.lattice.pair_costs(rows, part) if forward else self.lattice.pair_costs(part, cols)
+            over = lat > self.ub
+            lat[over] = INF
+            link[over] = INF
+            ok = (lat < INF).any(0 if forward else 1)
+            kept.append(part[ok])
+            lats.append(lat[:, ok] if forward else lat[ok])
+            links.append(link[:, ok] if forward else link[ok])
+        join = np.hstack if forward else np.vstack
+        if forward:
+            return _Layer(rows, np.concatenate(kept), join(lats), join(links))
+        return _Layer(np.concatenate(kept), cols, join(lats), join(links))
 
     @property
     def ok(self) -> bool:
@@ -319,10 +349,13 @@ class ChainProblem:
         self.p_star = max(hi, self.host)
         return self.p_star, chain
 
-    def chains(self, limit: int):
+    def chains(self, limit: int, max_expanded: int | None = None):
         """Every chain with P < limit as (P, stages), smallest P first (A* over the layers: a
-        partial chain's priority is the smallest P any completion can have, exact when complete).
-        `limit` may be lowered while iterating through `self.limit`."""
+        partial chain's priority is the smallest P any completion can have, exact when complete;
+        ties: the least link work first, as the simulator's contention grows with it). `limit`
+        may be lowered while iterating through `self.limit`. After `max_expanded` partial chains
+        the listing ends early; `self.frontier` is then the smallest P a chain not listed can
+        have (else `limit`)."""
         n, L = self.n, self.layers
         hm = [np.zeros(1, dtype=np.int64)]          # per layer's rows: smallest slowest rest
         hl = [np.zeros(1, dtype=np.int64)]          # ... smallest link work of the rest
@@ -330,28 +363,45 @@ class ChainProblem:
             hm.append(np.maximum(layer.lat, hm[-1][None, :]).min(1))
             hl.append(np.minimum(layer.link + hl[-1][None, :], INF).min(1))
         hm, hl = hm[::-1], hl[::-1]                 # hm[j]: for the rows of layer j (j = n: V)
-        self.limit = limit
-        heap = [(max(int(hm[0][0]), int(hl[0][0]), self.host), int(hl[0][0]), 0, 0, 0, 0, 0, ())]
-        tick = 1
+        self.limit = self.frontier = limit
+        tick = itertools.count()
+        # An entry is one partial chain: the k-th child, by priority, of its parent, whose sorted
+        # children (sib) it shares; popping it pushes its next sibling and its own first child,
+        # so the heap grows by two per step, not by every child.
+        root = (max(int(hm[0][0]), int(hl[0][0]), self.host), int(hl[0][0]), next(tick), 0, 0, 0, 0, (), None, 0)
+        heap = [root]
+        expanded = 0
         while heap:
-            prio, _, _, j, i, slowest, link, path = heapq.heappop(heap)
+            prio, _, _, j, i, slowest, link, path, sib, k = heapq.heappop(heap)
             if prio >= self.limit:
                 return
+            if sib is not None and k + 1 < len(sib[0]):
+                heapq.heappush(heap, self._entry(sib, k + 1, tick))
             if j == n:
-                masks = [self.lattice.masks[int(L[k].cols[c])] for k, c in enumerate(path)]
+                masks = [self.lattice.masks[int(L[q].cols[c])] for q, c in enumerate(path)]
                 yield prio, self.stages_of(masks)
                 continue
+            if max_expanded is not None and expanded >= max_expanded:
+                self.frontier = prio
+                return
+            expanded += 1
             layer = L[j]
             cols = np.flatnonzero(layer.lat[i] < INF)
             mx = np.maximum(layer.lat[i, cols], slowest)
             lk = link + layer.link[i, cols]
-            pr = np.maximum(np.maximum(mx, hm[j + 1][cols]), np.maximum(lk + hl[j + 1][cols], self.host))
-            keep = pr < self.limit
             least = lk + hl[j + 1][cols]
-            for c, pv, m_, l_, e_ in zip(cols[keep].tolist(), pr[keep].tolist(), mx[keep].tolist(), lk[keep].tolist(),
-                                         least[keep].tolist()):
-                heapq.heappush(heap, (pv, e_, tick, j + 1, c, m_, l_, path + (c,)))
-                tick += 1
+            pr = np.maximum(np.maximum(mx, hm[j + 1][cols]), np.maximum(least, self.host))
+            keep = pr < self.limit
+            order = np.lexsort((least[keep], pr[keep]))
+            if len(order):
+                kids = tuple(a[keep][order] for a in (cols, pr, mx, lk, least)) + (path, j + 1)
+                heapq.heappush(heap, self._entry(kids, 0, tick))
+
+    @staticmethod
+    def _entry(kids, k, tick):
+        cols, pr, mx, lk, least, path, j = kids
+        c = int(cols[k])
+        return (int(pr[k]), int(least[k]), next(tick), j, c, int(mx[k]), int(lk[k]), path + (c,), kids, k)
 
 
 def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds) -> tuple[SolveResult, ChainProblem] | None:
@@ -372,8 +422,11 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
     everything = max(everything, -(-n * m.overhead_ps // m.host_slots) if m.host_slots else 0)
     # All chains up to the best known simulated period if that is affordable (the refinement can
     # then enumerate every candidate), else up to the best known P (all the exact step needs).
-    chains = ChainProblem(lattice, n, min(known_periods, default=everything))
-    if not chains.ok:
+    chains = None
+    upper = min(known_periods, default=everything)
+    if pairs_at_most(lattice, n, upper) <= MAX_PAIRS:
+        chains = ChainProblem(lattice, n, upper)
+    if chains is None or not chains.ok:
         chains = ChainProblem(lattice, n, min(known_bounds, default=everything))
         if not chains.ok:
             return None
@@ -386,7 +439,7 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
     stages = tied if sum_proven else chain
     if not sum_proven:
         listed, least = 0, problem.objectives(stages, n)["sum_stage_ps"]
-        for _, cand in chains.chains(best + 1):
+        for _, cand in chains.chains(best + 1, EXPANSIONS_PER_CANDIDATE * MAX_TIED):
             listed += 1
             total_c = problem.objectives(cand, n)["sum_stage_ps"]
             if total_c < least:
@@ -394,7 +447,7 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
             if listed >= MAX_TIED:
                 break
         else:
-            sum_proven = True
+            sum_proven = chains.frontier >= chains.limit  # every chain of period P* listed
     obj = problem.objectives(stages, n)
     bounds = {"period_ps": best, "sum_stage_ps": obj["sum_stage_ps"] if sum_proven else min(total, obj["sum_stage_ps"])}
     res = SolveResult(stages, obj, bounds, sum_proven, time.perf_counter() - t0, "OPTIMAL" if sum_proven else "FEASIBLE",
@@ -420,8 +473,7 @@ def refine_chains(chains: ChainProblem, stages, max_candidates: int, gap: float 
     if best_s <= low * (1 + gap):
         why = "proven" if best_s <= low else "within gap"
     else:
-        it = chains.chains(limit)
-        for p, cand in it:
+        for p, cand in chains.chains(limit, EXPANSIONS_PER_CANDIDATE * max_candidates):
             low = min(best_s, p)
             if best_s <= low * (1 + gap):
                 why = "within gap"
@@ -440,8 +492,11 @@ def refine_chains(chains: ChainProblem, stages, max_candidates: int, gap: float 
                 best, best_s = cand, s
                 chains.limit = min(best_s, chains.ub + 1)
         else:
-            low = min(best_s, chains.limit)  # every chain below the limit was simulated
-            why = "proven" if low == best_s else "cap"  # the chains above the cap were never costed
+            if chains.frontier < chains.limit:  # the listing's own budget ended it
+                low, why = min(best_s, chains.frontier), "candidates"
+            else:  # every chain below the limit was simulated
+                low = min(best_s, chains.limit)
+                why = "proven" if low == best_s else "cap"  # the chains above the cap were never costed
     proven = low == best_s  # nothing unsimulated is below it
     why = "proven" if proven else why
     return Refined(best, best_s, proven, seen, low, why == "wall clock", why)
