@@ -80,6 +80,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug, not a user error
+        if interrupts.received():  # the interrupt, turned into another error by native code
+            print("interrupted", file=sys.stderr)
+            return 128 + interrupts.received()
         if getattr(args, "debug", False):
             raise
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)

@@ -121,14 +121,17 @@ def _solver_status(sol: dict) -> str:
     elif gap is not None:
         period = (f"period within {gap:.1%} of its proven lower bound"
                   + (f" (tolerance {limit:.1%})" if gap <= limit else ""))
+        if sol.get("refinement_stopped_by") == "candidates":
+            period += f" after {sol.get('simulated_candidates', 0)} simulated candidates (the budget)"
     else:
         period = "period not bounded"
+    how = {"downsets": "down-set DP", "cpsat": "CP-SAT"}.get(sol.get("method", ""), "solver")
     if sol["proven_optimal"]:
-        steps = "the solver's objectives proven optimal"
+        steps = f"the bound and its tie-break proven optimal ({how})"
     elif sol.get("primary_proven"):
-        steps = "the solver's bound proven optimal, its tie-break not"
+        steps = f"the bound proven optimal, its tie-break not ({how})"
     else:
-        steps = "the solver's bound not proven (" + ", ".join(dict.fromkeys(sol.get("stopped_by") or ["time limit"])) + ")"
+        steps = f"the bound not proven ({how}: " + ", ".join(dict.fromkeys(sol.get("stopped_by") or ["time limit"])) + ")"
     return f"{period}; {steps}"
 
 

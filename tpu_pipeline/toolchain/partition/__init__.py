@@ -1,4 +1,5 @@
-"""Edge TPU pipeline partitioning: CP-SAT stage assignment, Coral's heuristic baseline, interfaces.
+"""Edge TPU pipeline partitioning: exact stage assignment (a DP over down-sets, or CP-SAT), Coral's
+heuristic baseline, interfaces.
 
     from tpu_pipeline.toolchain.partition import partition
     p = partition(graph, 4, device="coral-usb", strategy="latency", time_limit=10.0)
@@ -6,7 +7,8 @@
     p.cost              # PipelineCost under the device's cost model
     p.baseline          # Coral's parameter-count heuristic, same cost model
     p.cost.period_ps    # the simulator's period (shared link and host); p.sim_proven: no other
-                        # assignment has a smaller simulated period (see cpsat.refine_by_simulation)
+                        # assignment has a smaller simulated period (lattice.refine_chains)
+    p.method            # latency's exact step: "downsets" (lattice.py) or "cpsat" (cpsat.py)
     p.profiled          # with profiled=True: libcoral's profiling-based partitioner (simulated profiles)
     p.interfaces        # per segment: input and output tensor indices (Coral's rules)
 """

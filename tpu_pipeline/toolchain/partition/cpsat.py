@@ -1,4 +1,6 @@
-"""The exact partitioner: the paper's SDC + ILP model in CP-SAT, solved lexicographically.
+"""The exact partitioner in CP-SAT: the paper's SDC + ILP model, solved lexicographically. Used for the
+paper's strategies, for `--colocate`, and for `latency` on graphs with too many down-sets for
+lattice.py's DP (which solves `latency` exactly and faster wherever it applies).
 
 Variables (n stages): y[v][k] = (stage(v) <= k) for k < n-1, monotone in k; x[v][k] = (stage(v) == k)
 = y[v][k] - y[v][k-1]. Precedence u -> v: y[v][k] <= y[u][k] (the SDC s_u - s_v <= 0 in unary
