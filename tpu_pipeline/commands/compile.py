@@ -25,10 +25,11 @@ def add_arguments(p) -> None:
                         "paper's lexicographic objectives (1 max stage parameters, 2 off-chip bytes, "
                         "3 max stage communication); coral: libcoral's heuristic only")
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
-                        "plus --verify's runs and file I/O")
+                        "plus --verify's runs and file I/O; the partition simulates at most 4 candidates per second of it")
     p.add_argument("--gap", type=fraction, default=0.01, metavar="TOL",
                    help="the partition stops when its period is proven optimal or within TOL of its proven lower "
-                        "bound (a fraction or a percentage; default 1%%; 0: search for a proof until the time limit)")
+                        "bound (a fraction or a percentage; default 1%%; 0: search for a proof until the budget), "
+                        "or after its candidate budget")
     p.add_argument("--colocate", action="store_true",
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
     p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")

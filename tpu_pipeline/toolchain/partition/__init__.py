@@ -207,7 +207,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
         wall = max(0.5, time_limit - (time.perf_counter() - t_start))
         if exact is not None:
             from tpu_pipeline.toolchain.partition.lattice import refine_chains
-            ref = refine_chains(chains, inc, budget, gap=gap, wall_s=wall)
+            ref = refine_chains(chains, inc, budget, gap=gap, wall_s=wall, period_ps=period(inc))
         else:
             from tpu_pipeline.toolchain.partition.cpsat import refine_by_simulation
             # deterministic budget: half the time limit's; wall clock: what is left of the time limit

@@ -457,15 +457,16 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
 
 
 def refine_chains(chains: ChainProblem, stages, max_candidates: int, gap: float = 0.0,
-                  wall_s: float | None = None) -> Refined:
+                  wall_s: float | None = None, period_ps: int | None = None) -> Refined:
     """The simulated period's refinement over the chains, smallest P first (see `ChainProblem.chains`):
     only a chain whose P is below the incumbent's simulated period S* can beat it, so when none
     is left the incumbent is optimal for the simulator. Stops at that proof, as soon as S* is
     within `gap` of the proven lower bound min(S*, P of the next chain), or after
-    `max_candidates` simulations (a count: the same answer on every machine)."""
+    `max_candidates` simulations (a count: the same answer on every machine). `period_ps`: the
+    incumbent's simulated period, if known."""
     problem, n = chains.lattice.problem, chains.n
     best = tuple(stages)
-    best_s = problem.period_ps(best, n)
+    best_s = problem.period_ps(best, n) if period_ps is None else period_ps
     seen, low = 1, min(best_s, chains.p_star)
     t0 = time.perf_counter()
     limit = min(best_s, chains.ub + 1)       # every chain with P < limit is in the layers
