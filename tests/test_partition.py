@@ -399,8 +399,11 @@ def test_chains_lists_every_assignment_below_a_limit_smallest_period_first(trade
              for st_ in itertools.product(range(n), repeat=problem.n_ops) if problem.is_valid(st_, n)}
     periods = sorted(set(valid.values()))
     limit = periods[int(where * (len(periods) - 1))]  # exactly some assignment's P: not listed
-    chains = lattice.ChainProblem(lattice.Lattice(problem, lattice.downsets(problem)), n, max(valid.values()))
+    lat_ = lattice.Lattice(problem, lattice.downsets(problem))
+    chains = lattice.ChainProblem(lat_, n, max(valid.values()))
     assert chains.min_period()[0] == min(valid.values())
+    slowest = min(problem.objectives(st_, n)["max_stage_ps"] for st_ in valid)
+    assert lattice.ChainProblem(lat_, n, slowest).ok and not lattice.ChainProblem(lat_, n, slowest - 1).ok
     listed = list(chains.chains(limit))
     assert sorted(st_ for _, st_ in listed) == sorted(st_ for st_, p in valid.items() if p < limit)
     assert all(p == valid[st_] for p, st_ in listed)

@@ -36,11 +36,11 @@ CASES = [
      ["-n", "4", "--verify"], 3.0),
     ("ResNet152 (211 ops), -n 6", "resnet152_int8.tflite", True, ["-n", "6"], 3.0),
 ]
-# label -> (wall s, CPU s, partition s, load average) before the changes (measured at
-# commit 88cdee7, the same commands on this machine, loaded by other jobs)
+# label -> (wall s, CPU s, partition s, load average) before the changes: commit 88cdee7,
+# the same commands, three runs each on this machine at the load given
 BEFORE = {
-    CASES[0][0]: ("9.4-10.3", "4.5-4.8", "6.0-6.6", "~5"),
-    CASES[1][0]: ("14.6", "7.0", "-", "~5"),
+    CASES[0][0]: ("4.0-4.7", "3.9-4.1", "2.6-3.0", "2.9"),
+    CASES[1][0]: ("7.3-8.6", "7.1-8.3", "5.5-6.4", "2.9"),
 }
 
 

@@ -215,7 +215,7 @@ class ChainProblem:
         ends = [np.array([0])] + cut_windows(lattice, n, ub) + [np.array([len(lattice) - 1])]
         done: dict[int, _Layer] = {}
         lo, hi = 0, n - 1
-        while lo <= hi:
+        while lo <= hi and all(len(e) for e in ends):
             front, back = len(ends[lo]) * len(ends[lo + 1]), len(ends[hi]) * len(ends[hi + 1])
             j = lo if front <= back else hi
             if self.pairs + min(front, back) > MAX_PAIRS:
@@ -230,8 +230,8 @@ class ChainProblem:
                 ends[hi] = layer.rows
                 hi -= 1
             done[j] = layer
-            if any(len(e) == 0 for e in ends):
-                return
+        if lo <= hi or not all(len(e) for e in ends):
+            return  # no chain fits under ub
         for j in range(n):
             layer = done[j]
             r, c = np.isin(layer.rows, ends[j]), np.isin(layer.cols, ends[j + 1])
