@@ -160,3 +160,17 @@ def test_compile_passes_reorder_and_plan_for_tflite_micro(tmp_path):
     head = measure_tflm_arena(whole).head
     assert head == passes["plan"]["tflm_head_bytes"] < tflm_greedy(lifetimes(graph)).size
     assert head >= passes["plan"]["lower_bound"]
+
+
+def test_a_compile_whose_searches_need_no_cp_sat_never_loads_or_tools(tmp_path):
+    """OR-Tools imports pandas (~0.5 s of a 2 s compile): the demo's compile (its partition by the
+    down-set DP, its schedule by the DP) must not load it, in a fresh process as the CLI runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tpu_pipeline.cli import main; "
+            f"rc = main(['compile', {str(EXAMPLE)!r}, '-n', '4', '-o', {str(tmp_path / 'o')!r}]); "
+            "print(rc, 'ortools.sat.python.cp_model' in sys.modules, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=str(Path(__file__).parent.parent))
+    assert out.stdout.split()[-3:] == ["0", "False", "False"], out.stderr[-2000:]

@@ -34,8 +34,8 @@ def test_a_new_n_replaces_the_whole_folder_without_stale_segments(tmp_path):
     assert (out / "tiny_irregular_int8_segment_2_of_3.tflite").exists()
     assert main(["compile", str(TINY), "-n", "2", "-o", str(out), "--time-limit", "2"]) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["report.json", "tiny_irregular_int8.tflite", "tiny_irregular_int8_segment_0_of_2.tflite",
-                     "tiny_irregular_int8_segment_1_of_2.tflite"]
+    assert names == ["report.html", "report.json", "tiny_irregular_int8.tflite",
+                     "tiny_irregular_int8_segment_0_of_2.tflite", "tiny_irregular_int8_segment_1_of_2.tflite"]
     assert set(json.loads((out / "report.json").read_text())["files"]) == set(names)
     assert _leftovers(tmp_path) == []
 

@@ -47,6 +47,7 @@ def _run_over_serial(device_cls, capsys, *extra):
 
 
 def _table_titles(text: str) -> list[str]:
+    # (the commands print boxed tables with --format table, the default on a terminal)
     # rich prints a table's title on the line just above its top border
     lines = text.splitlines()
     return [lines[i - 1].strip() for i, ln in enumerate(lines) if ln.startswith("┏") and i > 0]
@@ -59,7 +60,7 @@ def test_fake_mcu_says_it_is_simulated_in_json(capsys):
 
 
 def test_fake_mcu_says_it_is_simulated_in_every_table(capsys):
-    out = _run_over_serial(FakeMcu, capsys)
+    out = _run_over_serial(FakeMcu, capsys, "--format", "table")
     first = out.splitlines()[0]
     assert "(simulated)" in first
     titles = _table_titles(out)
@@ -87,7 +88,7 @@ def test_emulator_labels_host_timings_and_predictions(capsys):
     assert main(["profile", str(MODEL), "--device", "sparkfun-edge", "-N", "2", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["simulated"] is True and rep["backend"] == "emulator"
-    assert main(["profile", str(MODEL), "--device", "sparkfun-edge", "-N", "2"]) == 0
+    assert main(["profile", str(MODEL), "--device", "sparkfun-edge", "-N", "2", "--format", "table"]) == 0
     out = capsys.readouterr().out
     assert "measured (host)" in out and "predicted (device)" in out and "predicted µs" in out
     assert "head (TFLite Micro on the host, measured)" in out and "head (predicted" in out
@@ -98,7 +99,7 @@ def test_emulator_labels_host_timings_and_predictions(capsys):
 def test_inspect_labels_units_and_semantics(capsys):
     assert main(["inspect", str(MODEL), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["semantics"] == "tflm"
-    assert main(["inspect", str(MODEL)]) == 0
+    assert main(["inspect", str(MODEL), "--format", "table"]) == 0
     out = capsys.readouterr().out
     assert "predicted" in _table_titles(out)[0] and "tflm semantics" in _table_titles(out)[0]
     assert "activation peak" in out and "TFLite Micro arena head" in out and "lower bound for this order (= peak)" in out

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device
 from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, load
 from tpu_pipeline.toolchain.partition import (PartitionProblem, baseline_partition, coral_heuristic, partition,
                                  refine_by_simulation, solve)
+from tpu_pipeline.toolchain.partition import lattice
 from tpu_pipeline.toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
 from tests.conftest import FIXTURES
 from tests.test_cost import EDGETPU
@@ -48,6 +50,23 @@ def make_graph(edges, n_ops, params, sizes) -> Graph:
     has_succ = {u for u, _ in edges}
     outputs = tuple(out_of[i] for i in range(n_ops) if i not in has_succ)
     return Graph(tuple(tensors), tuple(ops), (0,), outputs, "toy")
+
+
+# Exact: no tolerance, and a budget of candidates (CANDIDATES_PER_SECOND x time_limit) larger than
+# every assignment of these graphs, so the refinement can finish its proof.
+EXACT = {"time_limit": 1000.0, "gap": 0}
+
+
+@contextlib.contextmanager
+def exact_step(method: str):
+    """`latency`'s exact step: "downsets" (the DP, wherever the graph has few enough down-sets) or
+    "cpsat" (the fallback for graphs with too many), forced by the down-set limit."""
+    old = lattice.MAX_DOWNSETS
+    lattice.MAX_DOWNSETS = old if method == "downsets" else 0
+    try:
+        yield
+    finally:
+        lattice.MAX_DOWNSETS = old
 
 
 @st.composite
@@ -108,7 +127,7 @@ def test_cpsat_matches_brute_force_and_never_loses_to_the_heuristic(toy_device, 
                             ("1-2-3", ("max_param_bytes", "offchip_bytes", "max_comm_bytes")),
                             ("2-1-3", ("offchip_bytes", "max_param_bytes", "max_comm_bytes")),
                             ("1-3", ("max_param_bytes", "max_comm_bytes"))):
-        p = partition(graph, n, device=toy_device, strategy=strategy, time_limit=10.0)
+        p = partition(graph, n, device=toy_device, strategy=strategy, **EXACT)
         assert problem.is_valid(p.stages, n)
         assert p.proven_optimal
         if strategy == "latency":
@@ -132,16 +151,34 @@ def link_device(tmp_path_factory):
     return load_device(p)
 
 
+@pytest.fixture(scope="module")
+def trade_device(tmp_path_factory):
+    p = tmp_path_factory.mktemp("dev") / "trade.toml"
+    # slow compute and a slow link: the assignment with the smallest slowest stage moves more
+    # bytes than the one with the least link work, so the exact step must trade the two
+    p.write_text(EDGETPU.replace("param_sram_bytes = 1000", "param_sram_bytes = 300")
+                 .replace("host_bandwidth_bytes_per_s = 1e9", "host_bandwidth_bytes_per_s = 1e6")
+                 .replace("invoke_overhead_s = 1e-3", "invoke_overhead_s = 1e-5\nstream_overlaps_compute = 1")
+                 .replace("peak_ops_per_s = 2e9", "peak_ops_per_s = 2e6"))
+    return load_device(p)
+
+
+@pytest.mark.parametrize("method", ["downsets", "cpsat"])
+@pytest.mark.parametrize("device", ["link_device", "trade_device"])
 @settings(max_examples=20, deadline=None)
 @given(dags(), st.integers(2, 3))
-def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_device, graph, n):
+def test_shared_link_bound_and_simulated_period_against_exhaustive_search(request, device, method, graph, n):
+    link_device = request.getfixturevalue(device)
     problem = PartitionProblem(graph, EdgeTpuCostModel(link_device))
     if n > problem.max_stages():
         return
     best = brute_force(problem, n)["latency"]
-    p = partition(graph, n, device=link_device, time_limit=10.0)
+    with exact_step(method):
+        p = partition(graph, n, device=link_device, **EXACT)
     opt = sim_brute_force(problem, n)
+    assert p.method == method
     assert p.primary_proven and p.bounds["period_ps"] == best[0]
+    assert p.proven_optimal and p.bounds["sum_stage_ps"] == best[1]  # the tie-break (the answer may trade it)
     assert p.sim_proven and p.cost.period_ps == opt == p.period_lower_bound_ps
     # from the assignment with the largest bound, stopped after two candidates: its lower bound
     # must still hold
@@ -151,6 +188,43 @@ def test_shared_link_bound_and_simulated_period_against_exhaustive_search(link_d
     assert r.lower_bound_ps <= opt <= r.period_ps
     if problem.is_valid(p.baseline.stages, n):
         assert p.cost.period_ps <= p.baseline.cost.period_ps
+
+
+@pytest.mark.parametrize("method", ["downsets", "cpsat"])
+@settings(max_examples=15, deadline=None)
+@given(dags(), st.integers(2, 3), st.sampled_from([0.01, 0.05, 0.3]))
+def test_a_gap_tolerance_never_claims_more_than_it_proved(link_device, method, graph, n, tol):
+    """With a tolerance the search may stop early, but its lower bound must hold and an answer
+    said to be within the tolerance must be within it of the exhaustive optimum."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(link_device))
+    if n > problem.max_stages():
+        return
+    opt = sim_brute_force(problem, n)
+    with exact_step(method):
+        p = partition(graph, n, device=link_device, time_limit=10.0, gap=tol)
+    assert p.period_lower_bound_ps <= opt <= p.cost.period_ps
+    assert p.gap is not None and p.gap_limit == tol
+    if p.sim_proven:
+        assert p.cost.period_ps == opt and p.gap == 0
+    if p.gap <= tol:
+        assert p.cost.period_ps <= (1 + tol) * opt
+
+
+def test_a_loose_tolerance_stops_at_the_first_answer_within_it():
+    _, g = load(FIXTURES.parent.parent / "examples" / "randwire_small_int8.tflite")
+    with exact_step("cpsat"):
+        loose = partition(g, 4, time_limit=10.0, gap=0.5)
+    assert loose.gap is not None and loose.gap <= 0.5
+    assert loose.sim_candidates == 1 and "within gap" in loose.stopped_by  # no proof searched for
+    # the lower bound it reports is CP-SAT's proven bound, not the value it stopped at
+    assert loose.period_lower_bound_ps == loose.bounds["period_ps"] < loose.objectives["period_ps"]
+    exact = partition(g, 4, time_limit=10.0, gap=0)  # the down-set DP: P proven at once
+    assert exact.method == "downsets" and exact.primary_proven
+    assert exact.bounds["period_ps"] == exact.objectives["period_ps"] >= loose.bounds["period_ps"]
+    # the simulated period stays 3.8 % above every assignment's P (stages contending for the
+    # link): the refinement stops at its candidate budget, not at a deadline
+    assert exact.refined_by == "candidates" and exact.sim_candidates == 40
+    assert exact.period_lower_bound_ps >= exact.bounds["period_ps"] and 0.01 < exact.gap < 0.05
 
 
 def test_boundary_tensor_is_paid_at_every_consuming_segment(toy_device):
@@ -213,7 +287,7 @@ def test_coral_topological_sort_visits_childless_nodes_last():
 def test_real_fixtures_are_proven_and_beat_or_tie_the_baseline(name):
     _, g = load(FIXTURES / f"{name}.tflite")
     for n in (2, 3):
-        p = partition(g, n, time_limit=10.0)
+        p = partition(g, n, time_limit=10.0, gap=0)
         assert p.proven_optimal
         assert len(set(p.stages)) == n
         assert p.cost.throughput_per_s >= p.baseline.cost.throughput_per_s
@@ -279,3 +353,126 @@ def test_profiling_partitioner_bisects_on_simulated_segment_latencies(tmp_path):
     r = partition(g, 3, device=dev, profiled=True)
     assert r.cost.period_ps <= min(r.baseline.cost.period_ps, r.profiled.cost.period_ps)
     assert r.profiled.cost.period_ps < r.baseline.cost.period_ps
+
+
+# ---- the exact step over down-sets (lattice.py) ------------------------------------------------
+
+def _chain_masks(stages, n):
+    """D_0 .. D_{n-2}, V of an assignment, as bit masks."""
+    return [sum(1 << v for v, s in enumerate(stages) if s <= k) for k in range(n)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(dags(), st.integers(1, 3))
+def test_downset_costs_are_the_cost_models_stage_costs(link_device, graph, n):
+    """Every predecessor-closed set is listed once, and the stage costs of every pair of them
+    (the matrices the DP runs on) are exactly the cost model's for every valid assignment:
+    boundary tensors read by several segments, graph inputs read late, graph outputs."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(link_device))
+    if n > problem.max_stages():
+        return
+    masks = lattice.downsets(problem)
+    closed = [d for d in range(1 << problem.n_ops)
+              if all(d >> u & 1 for v in range(problem.n_ops) if d >> v & 1 for u in problem.preds[v])]
+    assert sorted(masks) == closed and len(set(masks)) == len(masks)
+    lat_ = lattice.Lattice(problem, masks)
+    index = {d: i for i, d in enumerate(masks)}
+    for stages in itertools.product(range(n), repeat=problem.n_ops):
+        if not problem.is_valid(stages, n):
+            continue
+        ids = [0] + [index[d] for d in _chain_masks(stages, n)]
+        costs = problem.stage_costs(stages, n)
+        for k, sc in enumerate(costs):
+            lat, link = lat_.pair_costs(np.array([ids[k]]), np.array([ids[k + 1]]))
+            assert (int(lat[0, 0]), int(link[0, 0])) == (sc.latency_ps, sc.link_ps), (stages, k)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dags(), st.integers(2, 3), st.floats(0, 1))
+def test_chains_lists_every_assignment_below_a_limit_smallest_period_first(trade_device, graph, n, where):
+    """The exact P (the bisection between the smallest slowest stage and the least link work)
+    and the listing the refinement simulates, against every assignment."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(trade_device))
+    if n > problem.max_stages():
+        return
+    valid = {st_: problem.objectives(st_, n)["period_ps"]
+             for st_ in itertools.product(range(n), repeat=problem.n_ops) if problem.is_valid(st_, n)}
+    periods = sorted(set(valid.values()))
+    limit = periods[int(where * (len(periods) - 1))]  # exactly some assignment's P: not listed
+    lat_ = lattice.Lattice(problem, lattice.downsets(problem))
+    chains = lattice.ChainProblem(lat_, n, max(valid.values()))
+    assert chains.min_period()[0] == min(valid.values())
+    slowest = min(problem.objectives(st_, n)["max_stage_ps"] for st_ in valid)
+    assert lattice.ChainProblem(lat_, n, slowest).ok and not lattice.ChainProblem(lat_, n, slowest - 1).ok
+    listed = list(chains.chains(limit))
+    assert sorted(st_ for _, st_ in listed) == sorted(st_ for st_, p in valid.items() if p < limit)
+    assert all(p == valid[st_] for p, st_ in listed)
+    assert [p for p, _ in listed] == sorted(p for p, _ in listed)
+
+
+def test_too_many_downsets_fall_back_to_cpsat():
+    _, g = load(FIXTURES.parent.parent / "examples" / "randwire_small_int8.tflite")
+    problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    assert len(lattice.downsets(problem)) == 10_673
+    assert lattice.downsets(problem, limit=10_000) is None
+    with exact_step("cpsat"):
+        p = partition(g, 2, time_limit=10.0, gap=0)
+    q = partition(g, 2, time_limit=10.0, gap=0)
+    assert (p.method, q.method) == ("cpsat", "downsets") and p.primary_proven and q.primary_proven
+    assert p.bounds["period_ps"] == q.bounds["period_ps"] == q.objectives["period_ps"]
+    assert q.cost.period_ps <= p.cost.period_ps
+
+
+# Found by random search on trade_device: the smallest slowest stage and the least link work come
+# from different assignments (the bisection must trade them), and the least sum of stage latencies
+# among the chains of period P* breaks the link term (the tie-break must list those chains).
+TRADE_CASES = [
+    (2, [(0, 1), (1, 2), (3, 4)], [50, 0, 200, 0, 200], [1024, 1024, 64, 16, 16]),
+    (2, [(0, 1), (2, 3), (2, 5), (3, 4)], [50, 200, 120, 400, 50, 200], [1024, 16, 1024, 64, 1024, 16]),
+    (2, [(0, 1), (0, 2), (3, 4), (3, 5)], [200, 0, 120, 200, 400, 200], [64, 16, 16, 1024, 64, 1024]),
+    (3, [(0, 2), (1, 5), (2, 3), (2, 4), (2, 5), (3, 4), (4, 5)], [200, 0, 200, 50, 0, 200], [64, 16, 64, 16, 16, 64]),
+    (3, [(0, 1), (0, 3), (1, 3), (1, 4), (1, 6), (2, 3), (3, 4), (4, 5), (4, 6)], [400, 400, 120, 120, 400, 120, 400],
+     [1024, 1024, 1024, 16, 1024, 16, 64]),
+    (3, [(0, 5), (0, 6), (1, 4), (1, 6), (4, 5), (5, 6)], [120, 400, 400, 50, 400, 400, 200], [256, 64, 256, 64, 256, 64, 16]),
+    # the bisection's chains have a slowest stage above their link work
+    (2, [(0, 3), (1, 2), (1, 3), (1, 4), (1, 5), (3, 6), (4, 5)], [120, 120, 0, 200, 120, 0, 120],
+     [16, 256, 256, 1024, 1024, 16, 16]),
+    (3, [(0, 3), (1, 5), (2, 3), (2, 4), (2, 6), (3, 4), (5, 6)], [120, 0, 200, 50, 0, 200, 200],
+     [16, 64, 256, 64, 256, 1024, 256]),
+]
+
+
+@pytest.mark.parametrize("n, edges, params, sizes", TRADE_CASES)
+def test_exact_step_trades_the_slowest_stage_against_link_work(trade_device, n, edges, params, sizes):
+    graph = make_graph(edges, len(params), params, sizes)
+    problem = PartitionProblem(graph, EdgeTpuCostModel(trade_device))
+    best = brute_force(problem, n)["latency"]
+    res, chains = lattice.exact_latency(problem, n, [], [])
+    assert chains.min_period()[0] == res.bounds["period_ps"] == best[0]
+    assert res.proven_optimal and res.bounds["sum_stage_ps"] == best[1]
+    assert (res.objectives["period_ps"], res.objectives["sum_stage_ps"]) == best
+
+
+@settings(max_examples=20, deadline=None)
+@given(dags(), st.integers(2, 3))
+# found by random search: the chains of period P* all simulate slower than another one
+@example(make_graph([(0, 1), (1, 4), (2, 3)], 5, [0, 0, 400, 400, 0], [1024, 256, 256, 64, 16]), 2)
+@example(make_graph([(0, 4), (1, 3), (2, 3), (2, 5), (3, 4), (4, 5)], 6, [0, 120, 50, 200, 0, 0],
+                    [16, 16, 256, 256, 16, 256]), 3)
+def test_refinement_below_a_tight_cap_claims_no_proof_it_lacks(trade_device, graph, n):
+    """Where only the chains up to the best P are costed (a large graph's fallback), the
+    refinement cannot see those between that and the incumbent's simulated period: its lower
+    bound stops at the cap."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(trade_device))
+    if n > problem.max_stages():
+        return
+    valid = [s for s in itertools.product(range(n), repeat=problem.n_ops) if problem.is_valid(s, n)]
+    tight = lattice.ChainProblem(lattice.Lattice(problem, lattice.downsets(problem)), n,
+                                 min(problem.objectives(s, n)["period_ps"] for s in valid))
+    tight.min_period()
+    worst = max(valid, key=lambda s: problem.period_ps(s, n))
+    r = lattice.refine_chains(tight, worst, 10_000)
+    opt = sim_brute_force(problem, n)
+    assert r.lower_bound_ps <= opt <= r.period_ps
+    if r.proven:
+        assert r.period_ps == opt

@@ -252,8 +252,9 @@ _PARTITION_CHILD = """
 import sys
 import tpu_pipeline.toolchain.partition.cpsat as pc
 from tpu_pipeline.toolchain.ir import from_model
-from tpu_pipeline.toolchain.partition import partition
+from tpu_pipeline.toolchain.partition import lattice, partition
 from tpu_pipeline.toolchain.tflite import read_model
+lattice.MAX_DOWNSETS = 0  # CP-SAT, as for a graph with too many down-sets
 pc.DTIME_PER_SECOND = float(sys.argv[3])
 p = partition(from_model(read_model(sys.argv[1])), int(sys.argv[2]), time_limit=float(sys.argv[4]))
 print(p.reproducible, ",".join(p.stopped_by), ",".join(map(str, p.stages)), sep="|")

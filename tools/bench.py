@@ -21,7 +21,8 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "scale", "fuzz", "survey"]
+ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time",
+         "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "scale", "fuzz", "survey"]
 
 
 def machine() -> str:

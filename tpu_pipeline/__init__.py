@@ -1,6 +1,36 @@
 """tpu-pipeline: TensorFlow Lite models onto memory-starved edge hardware.
 
 One import package. `toolchain` is the compiler (.tflite in, .tflite out), `runtime` the harness
-that runs and measures what it wrote, `cli` / `commands` / `entry` the command line. The compiler
-never imports the runtime or the command line.
+that runs and measures what it wrote, `cli` / `commands` / `entry` the command line, `api` the
+Python API the command line calls (docs/api.md):
+
+    import tpu_pipeline as tp
+    tp.inspect("model.tflite").peak_bytes
+    tp.fit("model.tflite", budget=64 * 1024, output="fitted.tflite")
+    tp.compile("model.tflite", 4, verify=True).gain_throughput
+
+The API's names are loaded on first use (PEP 562), so `import tpu_pipeline.toolchain.x` and the
+command line's start-up do not import all of it. The compiler never imports the runtime or the
+command line.
 """
+
+_API = ("inspect", "schedule", "plan", "fit", "compile", "profile", "run", "batch",
+        "InspectResult", "ScheduleResult", "PlanResult", "FitResult", "CompileResult", "RunResult",
+        "ProfileResult", "BatchResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
+        "DeviceError", "VerificationError")
+
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from tpu_pipeline import api
+
+        value = getattr(api, name)
+        globals()[name] = value  # once loaded, a plain attribute
+        return value
+    raise AttributeError(f"module 'tpu_pipeline' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
+from tpu_pipeline.output import add_format_arguments, resolve_format
 from tpu_pipeline.toolchain import __version__, interrupts
 from tpu_pipeline.toolchain.errors import EXIT_CODES, ModelError, ToolchainError
 
@@ -27,6 +29,7 @@ COMMANDS = (
     ("profile", "profile"),
     ("export-mcu", "export_mcu"),
     ("build-firmware", "build_firmware"),
+    ("batch", "batch"),
 )
 
 INTERNAL_ERROR = 70
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
         module.add_arguments(p)
+        add_format_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
@@ -61,6 +65,8 @@ def main(argv=None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as exc:  # argparse's one-line error (2), --help or --version (0)
             return int(exc.code or 0)
+        args._started = time.monotonic()
+        resolve_format(args)
         return int(args._run(args) or 0)
     except ToolchainError as exc:
         if getattr(args, "debug", False):
@@ -74,6 +80,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # a bug, not a user error
+        if interrupts.received():  # the interrupt, turned into another error by native code
+            print("interrupted", file=sys.stderr)
+            return 128 + interrupts.received()
         if getattr(args, "debug", False):
             raise
         print(f"internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)", file=sys.stderr)

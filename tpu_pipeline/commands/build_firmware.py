@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
 
 HELP = "build the harness firmware ELF of an export-mcu project (make, cached TFLite Micro library); flash and RAM"
@@ -16,7 +17,6 @@ def add_arguments(p) -> None:
     p.add_argument("--arena-size", type=int, default=None, metavar="BYTES",
                    help="override HARNESS_ARENA_SIZE (default: export-mcu's)")
     p.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
-    p.add_argument("--json", action="store_true", help="print the build summary as JSON")
 
 
 def run(args) -> int:
@@ -25,11 +25,12 @@ def run(args) -> int:
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    b = build_firmware(args.project, args.kernels, args.tflm_tree, args.arena_size, args.jobs, quiet=args.json)
+    # the library build's progress goes to stderr in every format (a first build takes minutes)
+    b = build_firmware(args.project, args.kernels, args.tflm_tree, args.arena_size, args.jobs)
     if args.json:
         out.print_json(b.to_json())
         return 0
-    c = out.console()
+    c = printer(args)
     c.print(f"[bold]{b.elf}[/bold] for {b.board} ({b.kernels} kernels)")
     for name, r in b.regions.items():
         c.print(f"{name}: {r['used']:,} of {r['length']:,} B at 0x{r['origin']:08X} "

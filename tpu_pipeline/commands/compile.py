@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.table import Table
 
+from tpu_pipeline.output import printer, progress
+
 from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import non_negative_int, seconds
+from tpu_pipeline.commands.options import add_report_argument, fraction, non_negative_int, seconds
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -25,7 +25,11 @@ def add_arguments(p) -> None:
                         "paper's lexicographic objectives (1 max stage parameters, 2 off-chip bytes, "
                         "3 max stage communication); coral: libcoral's heuristic only")
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds each search may take (default 10); the whole compile stays within 4x this, "
-                        "plus --verify's runs and file I/O")
+                        "plus --verify's runs and file I/O; the partition simulates at most 4 candidates per second of it")
+    p.add_argument("--gap", type=fraction, default=0.01, metavar="TOL",
+                   help="the partition stops when its period is proven optimal or within TOL of its proven lower "
+                        "bound (a fraction or a percentage; default 1%%; 0: search for a proof until the budget), "
+                        "or after its candidate budget")
     p.add_argument("--colocate", action="store_true",
                    help="keep all consumers of a tensor in one segment (the paper's data-dependency constraint)")
     p.add_argument("--no-schedule", action="store_true", help="skip the operator-reordering pass")
@@ -39,27 +43,21 @@ def add_arguments(p) -> None:
                         "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
-    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    add_report_argument(p)
 
 
 def run(args) -> int:
-    from tpu_pipeline.toolchain.compile import compile_models
+    from tpu_pipeline import api
 
-    passes = tuple(x for x, off in (("rewrite", args.no_rewrite), ("schedule", args.no_schedule),
-                                    ("plan", args.no_plan)) if not off)
-    options = dict(device=args.device, strategy=args.strategy, time_limit=args.time_limit, verify=args.verify,
-                   colocate=args.colocate, passes=passes, semantics=args.semantics, budget=args.budget)
-    err = report.console(stderr=True)
-    if sys.stderr.isatty():
-        with err.status("compiling") as status:
-            res = compile_models(args.models, args.n, args.out, progress=status.update, **options)
-    else:  # a log: one line per pass, with the elapsed time
-        res = compile_models(args.models, args.n, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True),
-                             **options)
+    with progress(args) as say:  # one line per pass with the elapsed time (a status line on a terminal)
+        r = api.compile(args.models, args.n, out=args.out, device=args.device, strategy=args.strategy,
+                        time_limit=args.time_limit, gap=args.gap, colocate=args.colocate, no_schedule=args.no_schedule,
+                        no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
+                        budget=args.budget, verify=args.verify, progress=say, report=args.report)
     if args.json:
-        report.print_json(res.report)
+        printer(args).json(r.to_json())
         return 0
-    print_report(res, report.console())
+    print_report(r.compiled, printer(args))
     return 0
 
 
@@ -96,13 +94,7 @@ def print_report(res, con) -> None:
     sol = r["solver"]
     if r.get("gain_throughput") is not None:
         con.print(f"throughput gain over Coral's heuristic: x{r['gain_throughput']:.3f}")
-    if sol["proven_optimal"]:
-        status = "proven optimal"
-    elif sol.get("primary_proven"):
-        status = "first objective proven optimal, tie-break not proven (time limit)"
-    else:
-        status = "not proven optimal (time limit)"
-    con.print(f"solver: {status} in {sol['seconds']:.2f} s")
+    con.print(f"solver: {_solver_status(sol)} in {sol['seconds']:.2f} s")
     v = r.get("verification")
     if v:
         con.print(f"verified: {v['outputs_compared']} output(s) over {v['samples']} random input(s) bit-identical "
@@ -119,6 +111,29 @@ def print_report(res, con) -> None:
             con.print(line)
     for note in r["notes"]:
         con.print(f"note: {note}")
+
+
+def _solver_status(sol: dict) -> str:
+    """What is proven about the partition: the simulated period (what the tables show), and the
+    solver's bound P behind it."""
+    gap, limit = sol.get("gap"), sol.get("gap_limit") or 0.0
+    if sol.get("simulator_optimal"):
+        period = "period proven optimal (simulated)"
+    elif gap is not None:
+        period = (f"period within {gap:.1%} of its proven lower bound"
+                  + (f" (tolerance {limit:.1%})" if gap <= limit else ""))
+        if sol.get("refinement_stopped_by") == "candidates":
+            period += f" after {sol.get('simulated_candidates', 0)} simulated candidates (the budget)"
+    else:
+        period = "period not bounded"
+    how = {"downsets": "down-set DP", "cpsat": "CP-SAT"}.get(sol.get("method", ""), "solver")
+    if sol["proven_optimal"]:
+        steps = f"the bound and its tie-break proven optimal ({how})"
+    elif sol.get("primary_proven"):
+        steps = f"the bound proven optimal, its tie-break not ({how})"
+    else:
+        steps = f"the bound not proven ({how}: " + ", ".join(dict.fromkeys(sol.get("stopped_by") or ["time limit"])) + ")"
+    return f"{period}; {steps}"
 
 
 def _pass_line(pr: dict) -> str | None:

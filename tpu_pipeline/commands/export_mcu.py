@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.commands.options import check_output_folder, positive_int, seconds
 
@@ -30,7 +31,6 @@ def add_arguments(p) -> None:
                    help="with --fit/--budget: the kernel set the fit prices variants for (default cmsis-nn)")
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
                    help="with --fit/--budget: seconds for the fit's search (default 30)")
-    p.add_argument("--json", action="store_true", help="print the export summary as JSON")
 
 
 def run(args) -> int:
@@ -54,7 +54,7 @@ def run(args) -> int:
     if args.json:
         out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})
         return 0
-    c = out.console()
+    c = printer(args)
     c.print(f"[bold]{args.model}[/bold] -> {r.out_dir} for {r.device}")
     if fitted:
         f = fitted.result

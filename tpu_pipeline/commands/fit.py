@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain import report
-from tpu_pipeline.toolchain.errors import InfeasibleError
-from tpu_pipeline.commands.options import check_output, non_negative_int, plot_path, positive_int, seconds
+from tpu_pipeline.output import printer, progress
+from tpu_pipeline.commands.options import add_report_argument, non_negative_int, plot_path, positive_int, seconds
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
@@ -47,37 +46,22 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
                    help="seconds for the search (default 30); checks in the runtimes come on top")
     p.add_argument("--runs", type=positive_int, default=2, help="random inputs per runtime for the check (default 2)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_report_argument(p)
 
 
 def run(args) -> int:
-    from tpu_pipeline.toolchain.fit import fit_model
-    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
+    from tpu_pipeline import api
 
-    check_output(args.output, inputs=[args.model])
-    if args.plot:
-        check_output(args.plot, inputs=[args.model, args.output])
-    progress = None if args.json else (lambda msg: report.console(stderr=True).print(msg))
-    fitted = fit_model(args.model, budget=args.budget, device=args.device, objective=args.objective,
-                       kernels=args.kernels, time_limit=args.time_limit, want_pareto=args.pareto or bool(args.plot),
-                       verify_runs=args.runs, progress=progress, allow_lossy=args.allow_lossy,
-                       int8_io=args.int8_io, input_outside_arena=args.input_outside_arena,
-                       harness=not args.builtin_kernels, head_only=args.head_only, patches=not args.no_patches)
-    r = fitted.result
-    if not r.fits:
-        what = "arena head" if args.head_only else "arena (head + tail)"
-        reached = r.head if args.head_only or fitted.tail_target is None else r.head + fitted.tail_target
-        raise InfeasibleError(f"{args.model}: no variant fits {r.budget:,} B of {what}; the smallest reachable "
-                              f"is {reached:,} B ({len(r.graph.ops)} ops)")
-    write_bytes_atomic(args.output, fitted.data, inputs=[args.model])
-    if args.plot:
-        plot_frontier(r, args.plot, args.model)
+    with progress(args) as say:
+        r = api.fit(args.model, output=args.output, budget=args.budget, device=args.device, objective=args.objective,
+                    kernels=args.kernels, allow_lossy=args.allow_lossy, pareto=args.pareto, plot=args.plot,
+                    time_limit=args.time_limit, runs=args.runs, progress=say, report=args.report,
+                    int8_io=args.int8_io, input_outside_arena=args.input_outside_arena, head_only=args.head_only,
+                    builtin_kernels=args.builtin_kernels, patches=not args.no_patches)
     if args.json:
-        data = fitted.to_json()
-        data.update(model=args.model, output=args.output)
-        report.print_json(data)
+        printer(args).json(r.to_json())
         return 0
-    _print(args, fitted)
+    _print(args, r.fitted)
     return 0
 
 
@@ -89,7 +73,7 @@ def _agreement(v) -> str:
 
 
 def _print(args, fitted) -> None:
-    r, out = fitted.result, report.console()
+    r, out = fitted.result, printer(args)
     over = (r.selection.latency_s / r.baseline_latency_s - 1) if r.baseline_latency_s else 0.0
     budget = f" (budget {r.budget:,} B from {fitted.budget_from})" if r.budget is not None else ""
     out.print(f"[bold]{args.model}[/bold] -> {args.output}: arena head {r.baseline_peak:,} -> {r.head:,} B{budget}")
@@ -115,34 +99,3 @@ def _print(args, fitted) -> None:
             out.print(f"  {p.peak:>12,}  {p.latency_s * 1e3:10.2f}  {kinds}")
     for note in fitted.to_json()["notes"]:
         out.print(f"note: {note}")
-
-
-def plot_frontier(r, path: str, title: str) -> None:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    xs = [p.peak / 1024 for p in r.frontier]
-    ys = [p.latency_s * 1e3 for p in r.frontier]
-    ax.step(xs, ys, where="post", color="tab:blue", linewidth=1)
-    ax.scatter(xs, ys, color="tab:blue", zorder=3, label="frontier (CP-SAT optimum per budget)")
-    ax.scatter([r.baseline_peak / 1024], [r.baseline_latency_s * 1e3], marker="x", color="black", zorder=4,
-               label="model as it is (proven optimal order)")
-    if r.budget is not None:
-        ax.axvline(r.budget / 1024, color="tab:red", linestyle="--", linewidth=1, label="budget")
-    ax.set_xlabel("arena peak (KiB)")
-    ax.set_ylabel("predicted latency (ms)")
-    ax.set_title(f"{title}: arena vs predicted latency")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=path.rsplit(".", 1)[-1], dpi=110)
-    plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())

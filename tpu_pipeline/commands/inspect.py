@@ -1,38 +1,30 @@
-"""`tpu-pipeline inspect model.tflite [--json] [--plot memory.png]`."""
+"""`tpu-pipeline inspect model.tflite [--plot memory.png] [--format ...]`."""
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain import report
-from tpu_pipeline.toolchain.inspect import summarize
-from tpu_pipeline.commands.options import check_output, plot_path
-from tpu_pipeline.toolchain.execute.tflm_arena import tflm_refusal
-from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.commands.options import add_report_argument, plot_path
+from tpu_pipeline.output import printer
 
 HELP = "op histogram, parameter bytes, activation peak and arena predictions"
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", metavar="FILE", type=plot_path,
                    help="plot live bytes per step, peak marked (.png, .pdf, .svg, ...)")
+    add_report_argument(p)
 
 
 def run(args) -> int:
-    if args.plot:
-        check_output(args.plot, inputs=[args.model])
-    model, graph = load(args.model)
-    # one verdict with the MCU commands: TFLite Micro's own answer, asked once (host wheel, a child)
-    summary = summarize(graph, path=args.model, subgraphs=len(model.subgraphs),
-                        tflm_cannot_run=tflm_refusal(args.model, label=args.model))
-    if args.plot:
-        report.plot_live_bytes({"stored order": list(summary.live_bytes)}, args.plot,
-                               f"{args.model}: live activation bytes (TFLite Micro semantics)")
+    from tpu_pipeline import api
+    from tpu_pipeline.toolchain.report import print_summary
+
+    r = api.inspect(args.model, plot=args.plot, report=args.report)
+    out = printer(args)
     if args.json:
-        # which memory semantics the figures use (tflite_arena_bytes is TFLite's own by definition)
-        report.print_json({**summary.to_json(), "semantics": "tflm"})
-    else:
-        report.print_summary(summary, report.console())
-        if args.plot:
-            report.console().print(f"plot written to {args.plot}")
+        out.json(r.to_json())
+        return 0
+    print_summary(r.summary, out)
+    if args.plot:
+        out.print(f"plot written to {args.plot}")
     return 0

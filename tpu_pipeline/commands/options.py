@@ -33,6 +33,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """argparse type: a tolerance as a fraction (0.01) or a percentage (1%), in [0, 1)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.01 or a percentage like 1%, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (100%), got {text!r}")
+    return value
+
+
 def _integer(text: str, lowest: int) -> int:
     try:
         value = int(text)
@@ -61,6 +72,18 @@ def plot_path(text: str) -> str:
             f"{text!r}: the plot format is taken from the suffix; use one of "
             + ", ".join(f".{s}" for s in PLOT_FORMATS))
     return text
+
+
+def html_path(text: str) -> str:
+    """argparse type: the HTML report's file name (.html or .htm)."""
+    if Path(text).suffix.lower() not in (".html", ".htm"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the report is an HTML page; name it .html")
+    return text
+
+
+def add_report_argument(p) -> None:
+    p.add_argument("--report", metavar="FILE.html", type=html_path,
+                   help="also write a self-contained HTML report (memory timeline, arena layout, ...; docs/cli.md)")
 
 
 def check_output(path: str | os.PathLike, inputs=()) -> Path:

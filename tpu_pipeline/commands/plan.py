@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import check_output, non_negative_int, seconds
-from tpu_pipeline.toolchain.errors import VerificationError
-from tpu_pipeline.toolchain.ir.convert import load_exact
-from tpu_pipeline.toolchain.memory import PLANNERS, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
-from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
-from tpu_pipeline.toolchain.tflite import with_offline_plan, write_model
-from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
+from tpu_pipeline.commands.options import add_report_argument, non_negative_int, seconds
+from tpu_pipeline.output import printer
+from tpu_pipeline.toolchain.memory import PLANNERS
 
 HELP = "plan arena offsets (down to the live-bytes bound) and write them as TFLite Micro's offline plan"
 
@@ -26,56 +21,33 @@ def add_arguments(p) -> None:
                    help="also report off-chip traffic (Belady) for an on-chip memory of this size")
     p.add_argument("--verify", action="store_true",
                    help="load the written model in TFLite Micro and check its arena head equals the plan")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_report_argument(p)
 
 
 def run(args) -> int:
-    check_output(args.output, inputs=[args.model])
-    model, graph, notes = load_exact(args.model, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
-    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-    from tpu_pipeline.toolchain.tflite import model_to_bytes
-    lt = lifetimes(graph, semantics="tflm")
-    result = plan_for_tflm(graph, lt, args.planner, args.time_limit, n_tensors=total_tensor_count(model))
-    plan = result.plan
-    out_model = with_offline_plan(model, list(result.tensor_offsets), label=args.model)
-    # a plan is for TFLite Micro: its verdict before anything is written (after the plan's own
-    # limits, so an arena past 32-bit offsets stays "infeasible")
-    measure_tflm_arena(model_to_bytes(model), label=args.model)
-    write_model(out_model, args.output, inputs=[args.model])
-    tflm_own = tflm_greedy(lt).size
-    data = {
-        "model": args.model, "output": args.output, "buffers": len(lt.buffers), "semantics": "tflm",
-        "lower_bound": plan.lower_bound, "planned_bytes": result.head,
-        "tflm_planner_bytes": tflm_own, "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
-        "planner": plan.planner, "proven_optimal": result.head <= plan.lower_bound or plan.proven_optimal,
-        "seconds": round(plan.seconds, 3),
-        "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
-    }
-    if args.verify:
-        head = measure_tflm_arena(model_to_bytes(out_model)).head
-        data["tflm_measured_head"] = head
-        if head != result.head:
-            raise VerificationError(f"{args.output}: TFLite Micro allocates {head:,} bytes, the plan says {result.head:,}")
-    if args.onchip is not None:
-        data["offchip"] = {"converter_order": offchip_traffic(graph, None, args.onchip).to_json()}
+    from tpu_pipeline import api
+    from tpu_pipeline.toolchain.report import human_bytes
+
+    r = api.plan(args.model, output=args.output, planner=args.planner, time_limit=args.time_limit,
+                 onchip=args.onchip, verify=args.verify, report=args.report)
+    out, data = printer(args), r.data
     if args.json:
-        report.print_json(data)
+        out.json(r.to_json())
         return 0
-    out = report.console()
     t = Table(title=f"{args.model}: TFLite Micro arena head (tflm semantics)")
     t.add_column("figure")
     t.add_column("B", justify="right")
     t.add_column("KiB/MiB", justify="right")
-    t.add_row("lower bound = peak (most live bytes at one step)", f"{plan.lower_bound:,}",
-              report.human_bytes(plan.lower_bound))
-    t.add_row("head, TFLite Micro's own planner (predicted)", f"{tflm_own:,}", report.human_bytes(tflm_own))
-    t.add_row(f"head, our plan ({plan.planner}, {plan.seconds:.2f} s)", f"{result.head:,}",
-              report.human_bytes(result.head))
+    t.add_row("lower bound = peak (most live bytes at one step)", f"{r.lower_bound:,}", human_bytes(r.lower_bound))
+    t.add_row("head, TFLite Micro's own planner (predicted)", f"{r.tflm_planner_bytes:,}",
+              human_bytes(r.tflm_planner_bytes))
+    t.add_row(f"head, our plan ({r.planner}, {data['seconds']:.2f} s)", f"{r.planned_bytes:,}",
+              human_bytes(r.planned_bytes))
     if "tflm_measured_head" in data:
         t.add_row("head with our plan, measured (TFLite Micro on the host)", f"{data['tflm_measured_head']:,}",
                   "verified")
     out.print(t)
-    out.print(("proven optimal" if data["proven_optimal"] else "not proven optimal")
+    out.print(("proven optimal" if r.proven_optimal else "not proven optimal")
               + f"; {data['pinned_tensors']} tensors pinned; wrote {args.output}")
     if args.onchip is not None:
         tr = data["offchip"]["converter_order"]
@@ -84,6 +56,6 @@ def run(args) -> int:
                       f"{tr['total_bytes']:,} bytes ({tr['spill_bytes']:,} spilled, {tr['reload_bytes']:,} reloaded)")
         else:
             out.print(f"{args.onchip:,} bytes on chip cannot run this order: one op needs {tr['min_onchip_bytes']:,}")
-    for note in notes:
+    for note in data["notes"]:
         out.print(f"note: {note}")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
@@ -22,7 +23,6 @@ def add_arguments(p) -> None:
     p.add_argument("--planner", default="auto", choices=[x for x in PLANNERS if x != "tflite"],
                    help="planner (default auto: greedy, then exact search and CP-SAT)")
     p.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds (default 10)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def run(args) -> int:
@@ -65,7 +65,7 @@ def run(args) -> int:
     if args.json:
         report.print_json(result)
     else:
-        out = report.console()
+        out = printer(args)
         cap = f" (capacity {args.capacity:,})" if args.capacity is not None else ""
         out.print(f"{args.csv}: {len(bufs)} buffers packed into {size:,} bytes{cap}; lower bound {bound:,}; "
                   f"planner {planner}; {'proven optimal' if proven else 'not proven optimal'}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, positive_int, seconds
 from tpu_pipeline.toolchain.ir.convert import load_exact
@@ -26,7 +27,6 @@ def add_arguments(p) -> None:
                    help="run original and rewritten models in LiteRT and TFLite Micro on random inputs and compare "
                         "(always done when a lossy rewrite was applied)")
     p.add_argument("--runs", type=positive_int, default=3, help="random inputs per runtime for --verify (default 3)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args) -> int:
@@ -51,7 +51,7 @@ def run(args) -> int:
     if args.json:
         report.print_json(data)
         return 0
-    out = report.console()
+    out = printer(args)
     gain = result.peak_before - result.peak_after
     out.print(f"[bold]{args.model}[/bold] -> {args.output}: optimal peak {result.peak_before:,} -> "
               f"{result.peak_after:,} bytes ({gain / max(result.peak_before, 1):.1%} lower), "

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import check_output, seconds
-from tpu_pipeline.toolchain.ir import load, to_model
-from tpu_pipeline.toolchain.ir.convert import load_exact
-from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
-from tpu_pipeline.toolchain.schedule import METHODS, schedule
+from tpu_pipeline.commands.options import add_report_argument, seconds
+from tpu_pipeline.output import printer
+from tpu_pipeline.toolchain.schedule import METHODS
 
 HELP = "reorder ops for the smallest peak activation memory, with a proof of optimality"
 
@@ -19,39 +16,29 @@ def add_arguments(p) -> None:
     p.add_argument("--time-limit", type=seconds, default=10.0, metavar="S", help="seconds (default 10)")
     p.add_argument("--semantics", choices=("tflm", "tflite"), default="tflm",
                    help="memory model of the target runtime (default tflm)")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_report_argument(p)
 
 
 def run(args) -> int:
-    if args.output:
-        check_output(args.output, inputs=[args.model])
-    # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
-    model, graph, notes = load_exact(args.model, mcu=True) if args.output else (*load(args.model), [])
-    result = schedule(graph, method=args.method, time_limit=args.time_limit, semantics=args.semantics)
-    new_graph = graph.reordered(result.order)
-    head_before = tflm_greedy(lifetimes(graph, semantics="tflm", whole_model=True)).size  # as the file loads
-    head_after = tflm_greedy(lifetimes(new_graph, semantics="tflm")).size
-    if args.output:
-        from tpu_pipeline.toolchain.tflite import write_model
+    from tpu_pipeline import api
+    from tpu_pipeline.toolchain.report import human_bytes as hb
 
-        write_model(to_model(new_graph, model), args.output, inputs=[args.model])
+    r = api.schedule(args.model, output=args.output, method=args.method, time_limit=args.time_limit,
+                     semantics=args.semantics, report=args.report)
+    out = printer(args)
     if args.json:
-        d = result.to_json()
-        d.update(model=args.model, output=args.output, tflm_head_before=head_before, tflm_head_after=head_after)
-        d["notes"] = [*d.get("notes", []), *notes]
-        report.print_json(d)
+        out.json(r.to_json())
         return 0
-    out = report.console()
-    hb = report.human_bytes
-    status = "proven optimal" if result.proven_optimal else f"not proven (gap {result.peak - result.lower_bound:,} B)"
-    out.print(f"[bold]{args.model}[/bold]: {result.ops} ops -> {result.units} units after fusion, "
-              f"{result.pieces} pieces (largest {result.largest_piece} units)")
-    out.print(f"peak ({result.semantics}): {result.stored_peak:,} B ({hb(result.stored_peak)}) stored order -> "
-              f"{result.peak:,} B ({hb(result.peak)})")
-    out.print(f"lower bound: {result.lower_bound:,} B ({hb(result.lower_bound)}); {status}; "
-              f"method {result.method}; {result.seconds:.2f} s")
-    out.print(f"TFLite Micro arena head (its greedy planner): {head_before:,} B -> {head_after:,} B")
-    for note in [*result.notes, *notes]:
+    s = r.schedule
+    status = "proven optimal" if s.proven_optimal else f"not proven (gap {s.peak - s.lower_bound:,} B)"
+    out.print(f"[bold]{args.model}[/bold]: {s.ops} ops -> {s.units} units after fusion, "
+              f"{s.pieces} pieces (largest {s.largest_piece} units)")
+    out.print(f"peak ({s.semantics}): {s.stored_peak:,} B ({hb(s.stored_peak)}) stored order -> "
+              f"{s.peak:,} B ({hb(s.peak)})")
+    out.print(f"lower bound: {s.lower_bound:,} B ({hb(s.lower_bound)}); {status}; "
+              f"method {s.method}; {s.seconds:.2f} s")
+    out.print(f"TFLite Micro arena head (its greedy planner): {r.tflm_head_before:,} B -> {r.tflm_head_after:,} B")
+    for note in r.data["notes"]:
         out.print(f"note: {note}")
     if args.output:
         out.print(f"written to {args.output}")

@@ -26,7 +26,8 @@ def measured_where(r: RunReport) -> str:
     return "simulated device" if r.simulated else "device"
 
 
-def print_run_report(r: RunReport, out: Console, top_ops: int = 10) -> None:
+def print_run_report(r: RunReport, out, top_ops: int = 10) -> None:
+    """`out`: anything with print(line or rich Table): the command line's Printer, a rich Console."""
     where = measured_where(r)
     tag = " (simulated)" if r.simulated else ""  # on every table title, so no excerpt loses it
     sim = ", simulated" if r.simulated and "simulated" not in r.device else ""

@@ -28,7 +28,7 @@ GRACE_S = 1.5
 _temps: set[str] = set()
 _solvers: "weakref.WeakSet" = weakref.WeakSet()
 _swap_lock = threading.RLock()
-_state = {"installed": False, "finished": False, "pending": 0, "critical": 0, "hits": 0}
+_state = {"installed": False, "finished": False, "pending": 0, "critical": 0, "hits": 0, "received": 0}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -119,7 +119,14 @@ def _watch(sock: socket.socket) -> None:
                 timer.start()
 
 
+def received() -> int:
+    """The signal that interrupted this process (0: none). An `Interrupted` raised while a C
+    extension imports (numpy's, say) can come out as that extension's ImportError instead."""
+    return _state["received"]
+
+
 def _handler(signum, frame) -> None:
+    _state["received"] = signum
     if _state["critical"]:
         _state["pending"] = signum
         return

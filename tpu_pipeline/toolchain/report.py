@@ -1,4 +1,5 @@
-"""Rendering: rich tables for people, JSON for machines, plots for reports. No computation."""
+"""Rendering: rich tables for people (printed by the command line's Printer, tpu_pipeline/output.py,
+in the format asked for), JSON for machines, plots for reports. No computation."""
 
 from __future__ import annotations
 
@@ -6,15 +7,9 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from tpu_pipeline.toolchain.inspect import ModelSummary
-
-
-def console(stderr: bool = False) -> Console:
-    # Plain text when piped: no colours, no wrapping surprises.
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def human_bytes(n: int | float | None) -> str:
@@ -44,7 +39,7 @@ def json_default(obj):
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-def print_summary(s: ModelSummary, out: Console) -> None:
+def print_summary(s: ModelSummary, out) -> None:
     out.print(f"[bold]{s.path}[/bold]: {s.ops} ops, {s.tensors} tensors, {s.subgraphs} subgraph(s)")
     out.print(f"inputs: {', '.join(s.inputs)}    outputs: {', '.join(s.outputs)}")
     # Words as in docs/cli.md's glossary: peak = most live bytes at one step; head = what a planner
@@ -115,5 +110,36 @@ def plot_live_bytes(series: dict[str, list[int]], path: str, title: str) -> None
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format=path.rsplit(".", 1)[-1] if "." in path else "png", dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def plot_frontier(r, path: str, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tpu_pipeline.toolchain.tflite import write_bytes_atomic
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p.peak / 1024 for p in r.frontier]
+    ys = [p.latency_s * 1e3 for p in r.frontier]
+    ax.step(xs, ys, where="post", color="tab:blue", linewidth=1)
+    ax.scatter(xs, ys, color="tab:blue", zorder=3, label="frontier (CP-SAT optimum per budget)")
+    ax.scatter([r.baseline_peak / 1024], [r.baseline_latency_s * 1e3], marker="x", color="black", zorder=4,
+               label="model as it is (proven optimal order)")
+    if r.budget is not None:
+        ax.axvline(r.budget / 1024, color="tab:red", linestyle="--", linewidth=1, label="budget")
+    ax.set_xlabel("arena peak (KiB)")
+    ax.set_ylabel("predicted latency (ms)")
+    ax.set_title(f"{title}: arena vs predicted latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.rsplit(".", 1)[-1], dpi=110)
     plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())

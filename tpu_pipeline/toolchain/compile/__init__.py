@@ -35,7 +35,8 @@ from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, P
 from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.memory import get_semantics
-from tpu_pipeline.toolchain.partition import STRATEGY_NAMES, Partition
+from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
+from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.report import json_default
 
 PASSES: list[Pass] = [
@@ -68,7 +69,7 @@ class CompileResult:
 def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
                     time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str = "tflite", budget: int | None = None) -> CompileOptions:
+                    semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
@@ -80,6 +81,8 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     if not (0 < time_limit < float("inf")):
         raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
     get_semantics(semantics)  # UsageError for an unknown name
+    if not 0 <= gap < 1:
+        raise UsageError(f"--gap must be a fraction in [0, 1), got {gap}")
     if budget is not None:
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
@@ -92,15 +95,18 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics, budget)
+                          semantics, budget, gap)
 
 
 def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:
     opts = compile_options(paths, n, out_dir, **options)
     state, records = run_passes(PASSES, CompileState(opts), progress)
     files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
-    names = [*files, "report.json"]
+    names = [*files, "report.html", "report.json"]
     report = build_report(state, records, names)
+    # the figures people look at, in one self-contained page beside report.json
+    files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
+        json.dumps(report, default=json_default)))).encode()
     manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
                                    list(opts.paths))
     return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,

@@ -30,9 +30,14 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
                    "proven_steps": list(part.proven_steps), "seconds": part.seconds, "objectives": part.objectives,
                    "lower_bounds": part.bounds, "time_limit_s": o.time_limit, "colocate_consumers": o.colocate,
                    "stopped_by": list(part.stopped_by), "reproducible": part.reproducible,
-                   # the period is the pipeline simulator's; the solver's bound and its proof (cpsat.refine_by_simulation)
+                   # the exact step: "downsets" (the DP over the graph's down-sets) or "cpsat"
+                   "method": part.method,
+                   # the period is the pipeline simulator's; the refinement that closes the gap to it
                    "simulator_optimal": part.sim_proven, "simulated_candidates": part.sim_candidates,
-                   "period_lower_bound_s": part.period_lower_bound_ps / 1e12},
+                   "refinement_stopped_by": part.refined_by,
+                   "period_lower_bound_s": part.period_lower_bound_ps / 1e12,
+                   # the stopping tolerance, and how far the period may be above the best possible
+                   "gap_limit": part.gap_limit, "gap": part.gap},
         "baseline": None if base is None else {
             "name": "coral parameter-count heuristic (libcoral)",
             "segments": [{"index": k, "ops": s.ops, "parameter_bytes": s.param_bytes, "offchip_bytes": s.offchip_bytes,

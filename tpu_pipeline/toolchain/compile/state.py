@@ -28,6 +28,7 @@ class CompileOptions:
     workers: int = 2
     semantics: str = "tflite"
     budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
+    gap: float = 0.01          # the partition stops within this fraction of its proven bound
 
     @property
     def stem(self) -> str:
@@ -55,6 +56,7 @@ class CompileState:
     template: Any = None                           # the model as read: `emit` writes the graph back into it
     other_subgraph_tensors: int = 0                # tensors of WHILE/IF bodies, which the IR leaves alone
     graph: Graph | None = None                     # the IR; tensor k and op k are those of `whole`
+    loaded: Graph | None = None                    # the IR as read, before any pass changed it (report.html)
     offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
     whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
     partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition

@@ -268,7 +268,7 @@ def ensure_library(tree: Path, kernels: str, cpu: str = "cortex-m4+fp", jobs: in
         # written stay, so the next call resumes).
         proc = subprocess.Popen(cmd, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
-        done, tail = done_before, []
+        done, tail, said = done_before, [], t0
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -277,8 +277,9 @@ def ensure_library(tree: Path, kernels: str, cpu: str = "cortex-m4+fp", jobs: in
                     done += 1
                     if progress:
                         progress(done, total)
-                    elif not quiet and (done % 10 == 0 or done == total):
-                        print(f"  [{done}/{total}] {time.monotonic() - t0:.0f} s  {line.split(' ', 1)[1]}",
+                    elif not quiet and (done % 10 == 0 or done == total or time.monotonic() - said >= 5):
+                        said = time.monotonic()  # a line at least every 5 s: a log shows the build is alive
+                        print(f"  [{done}/{total}] {said - t0:.0f} s  {line.split(' ', 1)[1]}",
                               file=sys.stderr, flush=True)
                 else:
                     tail.append(line)

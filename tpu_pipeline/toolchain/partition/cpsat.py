@@ -1,4 +1,6 @@
-"""The exact partitioner: the paper's SDC + ILP model in CP-SAT, solved lexicographically.
+"""The exact partitioner in CP-SAT: the paper's SDC + ILP model, solved lexicographically. Used for the
+paper's strategies, for `--colocate`, and for `latency` on graphs with too many down-sets for
+lattice.py's DP (which solves `latency` exactly and faster wherever it applies).
 
 Variables (n stages): y[v][k] = (stage(v) <= k) for k < n-1, monotone in k; x[v][k] = (stage(v) == k)
 = y[v][k] - y[v][k-1]. Precedence u -> v: y[v][k] <= y[u][k] (the SDC s_u - s_v <= 0 in unary
@@ -25,13 +27,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.cpsat import new_solver
 from tpu_pipeline.toolchain.errors import InfeasibleError
 from tpu_pipeline.toolchain.partition.problem import PartitionProblem
+from tpu_pipeline.toolchain.partition.search import STRATEGIES, Refined, SolveResult
 
 _EXTRA_PARAMS: dict = {}
 
@@ -49,26 +51,9 @@ _EXTRA_PARAMS: dict = {}
 # (`reproducible` False), it is never silently different.
 DTIME_PER_SECOND = 0.12
 
-STRATEGIES = {
-    "latency": ("period_ps", "sum_stage_ps"),
-    "1-3": ("max_param_bytes", "max_comm_bytes"),
-    "1-2-3": ("max_param_bytes", "offchip_bytes", "max_comm_bytes"),
-    "2-1-3": ("offchip_bytes", "max_param_bytes", "max_comm_bytes"),
-}
-
-
-@dataclass(frozen=True)
-class SolveResult:
-    stages: tuple[int, ...]
-    objectives: dict            # name -> value of the solution
-    bounds: dict                # name -> proven lower bound at that step
-    proven_optimal: bool
-    seconds: float
-    status: str
-    proven_steps: tuple = ()    # per objective of the strategy: proven optimal (given the earlier ones)?
-    stopped_by: tuple = ()      # per step run: "optimal", "deterministic limit", "wall clock" or "infeasible"
-    reproducible: bool = True   # no step was stopped by the wall clock (or run in parallel)
-
+# `latency`'s second step (the sum of stage latencies among the periods found) gets at most this
+# fraction of the deterministic budget: it shortens the pipeline's latency, not its period.
+TIE_BREAK_SHARE = 0.1
 
 def _stage_vars(m, problem: PartitionProblem, n: int, colocate: bool):
     """y[v][k] = stage(v) <= k, x[v][k] = stage(v) == k (ints where fixed), with precedence,
@@ -215,6 +200,8 @@ def _build(problem: PartitionProblem, n: int, colocate: bool):
     host = -(-n * cost.overhead_ps // cost.host_slots) if cost.host_slots else 0
     objs["period_ps"] = m.NewIntVar(0, ub_stage * n, "P")
     m.AddMaxEquality(objs["period_ps"], [*lat, link, host])
+    # redundant, for the LP bound: the slowest stage is at least the average stage
+    m.Add(n * objs["period_ps"] >= sum(lat))
     objs["sum_stage_ps"] = m.NewIntVar(0, ub_stage * n, "S")
     m.Add(objs["sum_stage_ps"] == sum(lat))
     objs["max_param_bytes"] = m.NewIntVar(0, sum(oc.param_bytes for oc in problem.op_costs), "M")
@@ -256,9 +243,11 @@ def _set_hint(model, problem: PartitionProblem, n: int, y, x, objs, extra, stage
         model.AddHint(var, o[name])
 
 
-def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: float, workers: int, seed: int):
+def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: float, workers: int, seed: int,
+                 gap: float = 0.0):
     """The solver for one step: `dshare` deterministic time on one worker (the wall clock only a
-    cap), or `workers` racing for `frac` of the wall-clock time left."""
+    cap), or `workers` racing for `frac` of the wall-clock time left. `gap`: stop as soon as the
+    objective is within this fraction of CP-SAT's proven bound."""
     if deterministic:
         solver = new_solver(max(0.05, remaining), 1, seed)
         solver.parameters.max_deterministic_time = dshare
@@ -266,13 +255,25 @@ def _step_solver(deterministic: bool, remaining: float, frac: float, dshare: flo
         solver = new_solver(max(0.05, remaining * frac), workers, seed)
     # probing in presolve costs seconds on 300+ op graphs and rarely pays off here
     solver.parameters.cp_model_probing_level = 0
+    if gap > 0:
+        solver.parameters.relative_gap_limit = gap
     for key, value in _EXTRA_PARAMS.items():
         setattr(solver.parameters, key, value)
     return solver
 
 
-def _stop_reason(st, solver, deterministic: bool, dshare: float) -> str:
+def _proven_bound(st, solver, value: int) -> int:
+    """CP-SAT's lower bound of the objective, as an integer: the value itself when it is proven
+    optimal (CP-SAT's float bound can sit a hair below it)."""
+    bound = math.ceil(solver.BestObjectiveBound() - 1e-6)
+    return value if st == cp_model.OPTIMAL and bound >= value - 1 else min(bound, value)
+
+
+def _stop_reason(st, solver, deterministic: bool, dshare: float, value: int | None = None) -> str:
     if st == cp_model.OPTIMAL:
+        # CP-SAT also says OPTIMAL when it stopped at relative_gap_limit: then the bound is below
+        if value is not None and _proven_bound(st, solver, value) < value:
+            return "within gap"
         return "optimal"
     if st == cp_model.INFEASIBLE:
         return "infeasible"
@@ -283,9 +284,11 @@ def _stop_reason(st, solver, deterministic: bool, dshare: float) -> str:
 
 def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_limit: float = 10.0,
           hint=None, upper_bounds: dict | None = None, colocate: bool = False, workers: int = 2,
-          seed: int = 0, deterministic: bool = True) -> SolveResult:
+          seed: int = 0, deterministic: bool = True, gap: float = 0.0) -> SolveResult:
     """Solve the strategy's objectives in turn; `hint` is a stage tuple, `upper_bounds` caps
     objectives (e.g. the heuristic's values). Raises InfeasibleError if no assignment exists.
+    `gap`: a step stops when its objective is within this fraction of its proven bound (0: when
+    it is proven optimal); `bounds` holds each step's proven bound either way.
 
     `deterministic` (default): one worker, budgets in deterministic time (see DTIME_PER_SECOND),
     the wall clock only as a cap, so the same inputs give the same stages however loaded the
@@ -316,10 +319,13 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
         # the first objective is what the strategy is about; later ones are tie-breaks
         frac = 1.0 if i == len(steps) - 1 else (0.75 if i == 0 else 0.5)
         dshare = max(1e-3, dtime_left * frac)
-        solver = _step_solver(deterministic, remaining, frac, dshare, workers, seed)
+        if strategy == "latency" and i > 0:  # the sum of stage latencies only breaks ties of the period
+            dshare = min(dshare, TIE_BREAK_SHARE * time_limit * DTIME_PER_SECOND)
+        solver = _step_solver(deterministic, remaining, frac, dshare, workers, seed, gap)
         model.Minimize(objs[name])
         st = solver.Solve(model)
-        stopped.append(_stop_reason(st, solver, deterministic, dshare))
+        found = int(solver.Value(objs[name])) if st in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+        stopped.append(_stop_reason(st, solver, deterministic, dshare, found))
         if deterministic:
             dtime_left = max(0.0, dtime_left - solver.deterministic_time)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -336,11 +342,11 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
             break
         stages = tuple(sum(1 for k in range(n - 1) if not (int(solver.Value(y[v][k])) if not isinstance(y[v][k], int) else y[v][k]))
                        for v in range(N))
-        val = int(solver.Value(objs[name]))
+        val = found
         # an integer objective: a proven optimum is its own bound; else round the float bound up
-        bounds[name] = val if st == cp_model.OPTIMAL else math.ceil(solver.BestObjectiveBound() - 1e-6)
-        steps_proven.append(st == cp_model.OPTIMAL)
-        if st != cp_model.OPTIMAL:
+        bounds[name] = _proven_bound(st, solver, val)
+        steps_proven.append(bounds[name] >= val)
+        if bounds[name] < val:
             proven = False
             status_name = "FEASIBLE"
         best = stages
@@ -353,16 +359,6 @@ def solve(problem: PartitionProblem, n: int, strategy: str = "latency", time_lim
                        tuple(stopped), reproducible)
 
 
-@dataclass(frozen=True)
-class Refined:
-    stages: tuple[int, ...]
-    period_ps: int              # simulated period of `stages`
-    proven: bool                # no assignment has a smaller simulated period
-    candidates: int             # assignments simulated
-    lower_bound_ps: int         # every assignment's simulated period is >= this
-    wall_stopped: bool = False  # the wall clock (not the deterministic budget) ended the search
-
-
 def _no_good(m, y, stages, n: int) -> None:
     """Exclude exactly this assignment: at least one y[v][k] must differ from its value."""
     lits = [y[v][k].Not() if stages[v] <= k else y[v][k]
@@ -373,56 +369,72 @@ def _no_good(m, y, stages, n: int) -> None:
 
 def refine_by_simulation(problem: PartitionProblem, n: int, stages, bound_ps: int, time_limit: float,
                          max_candidates: int = 500, colocate: bool = False, seed: int = 0,
-                         wall_s: float | None = None) -> Refined:
+                         wall_s: float | None = None, gap: float = 0.0) -> Refined:
     """Close the gap between the bound P the CP-SAT model minimises and the simulated period S.
 
     S >= P for every assignment (each resource serves at most one second of work per second), so
-    an assignment can only beat the incumbent's S* if its P < S*. Repeatedly ask CP-SAT for the
-    assignment of smallest P below S* that was not simulated yet (a no-good cut excludes each one
+    an assignment can only beat the incumbent's S* if its P < S*. Repeatedly ask CP-SAT for an
+    assignment of small P below S* that was not simulated yet (a no-good cut excludes each one
     simulated), simulate it, keep it if its S is smaller. When CP-SAT proves that no assignment
-    with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is the
-    proven minimum of P (a lower bound of every S); each candidate CP-SAT proves to have the
-    smallest P left raises that bound to its P (every assignment not yet simulated has at least
-    that P, every simulated one has S >= S*), so a stop before the proof still gives
-    min(S*, that P) as a lower bound of the simulator's optimum. One worker, deterministic time."""
+    with P < S* is left, the incumbent is optimal for the simulator itself. `bound_ps` is a
+    proven lower bound of P (so of every S); CP-SAT's bound on each search raises it (every
+    assignment not yet simulated has at least that P, every simulated one has S >= S*), so a stop
+    before the proof still gives min(S*, bound) as a lower bound of the simulator's optimum.
+
+    Stops at the proof, as soon as S* is within `gap` (a fraction) of that lower bound, or when
+    the deterministic budget is spent. The searches start from `bound_ps` (a valid cut). One
+    worker, deterministic time."""
     best = tuple(stages)
-    best_s = problem.evaluate(best, n).period_ps
-    if best_s <= bound_ps:
-        return Refined(best, best_s, True, 1, bound_ps)
+    best_s = problem.period_ps(best, n)
+    if best_s <= bound_ps * (1 + gap):
+        proven = best_s <= bound_ps
+        return Refined(best, best_s, proven, 1, bound_ps if best_s > bound_ps else best_s,
+                       stopped_by="proven" if proven else "within gap")
     m, y, x, objs, extra = _build(problem, n, colocate)
     period = objs["period_ps"]
+    if bound_ps:
+        m.Add(period >= bound_ps)  # proven: no assignment is below it
     seen = 1
     _no_good(m, y, best, n)
     t0 = time.perf_counter()
     dtime = max(1e-3, time_limit * DTIME_PER_SECOND)
     proven = wall = False
+    why = "candidates"
     wall_s = time_limit if wall_s is None else wall_s
     while seen < max_candidates:
         m.Add(period <= best_s - 1)
         m.Minimize(period)
         left = wall_s - (time.perf_counter() - t0)
         if left <= 0:
-            wall = True
+            wall, why = True, "wall clock"
             break
+        # each candidate the smallest P left (no hint, no tolerance: a hint near the incumbent
+        # steers the search to assignments of about its simulated period, measured worse)
         solver = _step_solver(True, left, 1.0, dtime, 1, seed)
         st = solver.Solve(m)
         given, dtime = dtime, max(1e-3, dtime - solver.deterministic_time)
         if st == cp_model.INFEASIBLE:
-            proven = True
+            proven, why = True, "proven"
             break
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            wall = _stop_reason(st, solver, True, given) == "wall clock"
+            why = _stop_reason(st, solver, True, given)
+            wall = why == "wall clock"
             break
         cand = tuple(sum(1 for k in range(n - 1) if not (y[v][k] if isinstance(y[v][k], int) else solver.Value(y[v][k])))
                      for v in range(problem.n_ops))
-        if st == cp_model.OPTIMAL and bound_ps:
-            bound_ps = max(bound_ps, int(solver.Value(period)))
+        if bound_ps:
+            bound_ps = max(bound_ps, _proven_bound(st, solver, int(solver.Value(period))))
         seen += 1
-        s = problem.evaluate(cand, n).period_ps
+        s = problem.period_ps(cand, n)
         if s < best_s:
             best, best_s = cand, s
         _no_good(m, y, cand, n)
+        if bound_ps and best_s <= bound_ps * (1 + gap):
+            proven = best_s <= bound_ps  # the bound reached: nothing is below it
+            why = "proven" if proven else "within gap"
+            break  # within the tolerance of a proven bound
         if solver.deterministic_time >= given * 0.999:
+            why = "deterministic limit"
             break  # the deterministic budget is spent: stop here on every machine alike
     low = best_s if proven and bound_ps else (min(best_s, bound_ps) if bound_ps else 0)
-    return Refined(best, best_s, proven, seen, low, wall)
+    return Refined(best, best_s, proven, seen, low, wall, why)

@@ -159,6 +159,10 @@ class PartitionProblem:
     def evaluate(self, stages, n: int) -> PipelineCost:
         return self.model.pipeline(self.stage_costs(stages, n))
 
+    def period_ps(self, stages, n: int) -> int:
+        """The simulated period of `stages` (= `evaluate(stages, n).period_ps`, half the work)."""
+        return self.model.period_ps(self.stage_costs(stages, n))
+
     def objectives(self, stages, n: int) -> dict[str, int]:
         """The integer objective values the CP-SAT model uses."""
         sc = self.stage_costs(stages, n)

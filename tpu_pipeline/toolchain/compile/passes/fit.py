@@ -10,7 +10,6 @@ import dataclasses
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.errors import InfeasibleError
-from tpu_pipeline.toolchain.fit import fit_graph
 
 COST_DEVICE = "qemu-mps2-an386"  # an Edge TPU compile prices variants with the emulated MCU's model
 # The passes after it plan for the reference kernels (the host's TFLite Micro), and a compiled model
@@ -19,6 +18,8 @@ KERNELS = "reference"
 
 
 def fit(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
+    from tpu_pipeline.toolchain.fit import fit_graph  # CP-SAT (and pandas, ~0.5 s): only with --budget
+
     budget = state.options.budget
     r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, kernels=KERNELS, deadline=Deadline(allowed),
                   harness=False, arena="head")

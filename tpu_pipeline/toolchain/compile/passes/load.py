@@ -48,7 +48,7 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     for t in (*graph.inputs, *graph.outputs):
         graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
     PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
-    state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph,
+    state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph, loaded=graph,
                                 other_subgraph_tensors=total_tensor_count(model) - len(graph.tensors),
                                 notes=state.noted(*notes))
     return state, PassRecord("load", "ran", 0.0, {"ops": len(graph.ops), "models": len(opts.paths)})

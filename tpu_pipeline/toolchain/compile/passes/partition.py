@@ -11,6 +11,6 @@ from tpu_pipeline.toolchain.partition import partition as partition_graph
 def partition(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     o = state.options
     part = partition_graph(state.graph, o.n, device=o.device, strategy=o.strategy, time_limit=allowed,
-                           colocate=o.colocate, workers=o.workers, label=o.label)
+                           colocate=o.colocate, workers=o.workers, label=o.label, gap=o.gap)
     state = dataclasses.replace(state, partition=part)
     return state, PassRecord("partition", "ran", 0.0, {"strategy": o.strategy, "proven_optimal": part.proven_optimal})
