@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "scale", "fuzz"]
+ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "scale", "fuzz"]
 
 
 def machine() -> str:
