@@ -69,6 +69,21 @@ class CnnBuilder:
     def shape(self, t: int) -> tuple[int, ...]:
         return self.tensors[t].shape
 
+    def float_input(self, shape) -> int:
+        """A float32 input quantized by a QUANTIZE, as a converter writes a float-interface model:
+        the int8 tensor the body reads."""
+        xf = self._tensor(shape, "float32")
+        self.inputs.append(xf)
+        x = self._act(shape, std=73.0)
+        self.ops.append(irops.op("QUANTIZE", (xf,), (x,), None, 1))
+        return x
+
+    def dequantize(self, t) -> int:
+        """A float32 output: `t` through a DEQUANTIZE."""
+        y = self._tensor(self.shape(t), "float32")
+        self.ops.append(irops.op("DEQUANTIZE", (t,), (y,), None, 2))
+        return y
+
     def input(self, shape) -> int:
         t = self._act(shape, std=73.0)  # (random int8 inputs: uniform over the range)
         self.inputs.append(t)

@@ -361,7 +361,8 @@ def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str
             strategy: str = "latency", time_limit: float = 10.0, gap: float = 0.01, colocate: bool = False,
             no_schedule: bool = False, no_rewrite: bool = False, no_plan: bool = False, semantics: str = "tflite",
             budget: int | None = None, verify: bool = False, progress: Progress | None = None,
-            report: str | os.PathLike | None = None) -> CompileResult:
+            report: str | os.PathLike | None = None, int8_io: bool = False,
+            input_outside_arena: bool = False) -> CompileResult:
     """Partition into `n` Edge TPU pipeline segments and write them with report.json and report.html
     into `out` (default out/<stem>) (`tpu-pipeline compile`). `models`: one model (path or bytes)
     or a list of paths to co-deploy. `report`: also copy the HTML report there."""
@@ -369,7 +370,8 @@ def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str
 
     passes = tuple(x for x, off in (("rewrite", no_rewrite), ("schedule", no_schedule), ("plan", no_plan)) if not off)
     options = dict(device=device, strategy=strategy, time_limit=time_limit, verify=verify, colocate=colocate,
-                   passes=passes, semantics=semantics, budget=budget, gap=gap)
+                   passes=passes, semantics=semantics, budget=budget, gap=gap, int8_io=int8_io,
+                   input_outside_arena=input_outside_arena)
     if isinstance(n, bool) or not isinstance(n, int):
         raise UsageError(f"-n must be a whole number of segments, got {n!r}")
     with contextlib.ExitStack() as stack:

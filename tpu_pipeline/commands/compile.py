@@ -41,6 +41,13 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=non_negative_int, metavar="BYTES",
                    help="fit the TFLite Micro arena head into BYTES at the least predicted latency (the fit pass, "
                         "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
+    p.add_argument("--int8-io", action="store_true",
+                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output: the interface becomes "
+                        "int8 with the same scales (changes the interface: opt-in; the checks compare against the "
+                        "model with that change)")
+    p.add_argument("--input-outside-arena", action="store_true",
+                   help="the whole model's offline plan keeps the inputs out of the arena (the application's own "
+                        "buffer: the harness firmware, export-mcu); the segments are unchanged")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
     add_report_argument(p)
@@ -53,7 +60,8 @@ def run(args) -> int:
         r = api.compile(args.models, args.n, out=args.out, device=args.device, strategy=args.strategy,
                         time_limit=args.time_limit, gap=args.gap, colocate=args.colocate, no_schedule=args.no_schedule,
                         no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
-                        budget=args.budget, verify=args.verify, progress=say, report=args.report)
+                        budget=args.budget, verify=args.verify, progress=say, report=args.report,
+                        int8_io=args.int8_io, input_outside_arena=args.input_outside_arena)
     if args.json:
         printer(args).json(r.to_json())
         return 0

@@ -69,7 +69,8 @@ class CompileResult:
 def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
                     time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP) -> CompileOptions:
+                    semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
+                    int8_io: bool = False, input_outside_arena: bool = False) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
@@ -95,7 +96,7 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics, budget, gap)
+                          semantics, budget, gap, int8_io, input_outside_arena)
 
 
 def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:

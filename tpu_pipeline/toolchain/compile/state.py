@@ -29,6 +29,8 @@ class CompileOptions:
     semantics: str = "tflite"
     budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
     gap: float = 0.01          # the partition stops within this fraction of its proven bound
+    int8_io: bool = False      # the float QUANTIZE/DEQUANTIZE at the interface dropped (rewrite.interface)
+    input_outside_arena: bool = False  # the offline plan keeps the inputs out of the arena (harness firmware)
 
     @property
     def stem(self) -> str:

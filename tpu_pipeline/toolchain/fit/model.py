@@ -87,7 +87,7 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     # plan and export-mcu use
     notes = list(notes)
     if int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
-        graph, changed = drop_float_io(graph)
+        graph, changed = drop_float_io(graph, str(path))
         notes += changed
         source = model_to_bytes(rewritten_model(graph, model))
     else:

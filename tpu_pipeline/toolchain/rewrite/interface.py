@@ -22,9 +22,10 @@ from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
 INTEGER = ("int8", "uint8", "int16")
 
 
-def int8_io(graph: Graph) -> tuple[Graph, list[str]]:
+def int8_io(graph: Graph, label: str = "") -> tuple[Graph, list[str]]:
     """The graph with its boundary QUANTIZE / DEQUANTIZE ops dropped; (graph, one note per change).
-    Inputs and outputs keep their positions. UsageError when there is nothing to drop."""
+    Inputs and outputs keep their positions. UsageError (naming `label`, the model) when there is
+    nothing to drop."""
     inputs, outputs, notes, removed = list(graph.inputs), list(graph.outputs), [], []
     for k, t in enumerate(graph.inputs):
         readers = graph.consumers.get(t, ())
@@ -54,8 +55,8 @@ def int8_io(graph: Graph) -> tuple[Graph, list[str]]:
                      f"'{graph.tensors[inner].name}' (scale {graph.tensors[inner].quant.scale[0]:g}, "
                      f"zero point {graph.tensors[inner].quant.zero_point[0]})")
     if not notes:
-        raise UsageError(f"graph '{graph.name}': --int8-io found no float QUANTIZE at an input nor DEQUANTIZE at "
-                         "an output to drop (the interface is integer already)")
+        raise UsageError(f"{label or graph.name or 'the model'}: --int8-io found no float QUANTIZE at an input nor "
+                         "DEQUANTIZE at an output to drop (the interface is integer already)")
     editor = GraphEditor(dataclasses.replace(graph, inputs=tuple(inputs), outputs=tuple(outputs)))
     for pos in removed:
         editor.remove(pos)

@@ -1,6 +1,8 @@
-"""Read the input model(s) (validated by our reader, then loaded once by LiteRT), merge
-co-deployed ones, give every tensor a unique name (segments chain by name) and check that -n can
-be met before anything expensive runs."""
+"""Read the input model(s) (validated by our reader, then loaded once by LiteRT), give each an
+int8 interface if asked (`--int8-io`: the changed model is then the reference of every check),
+merge co-deployed ones, give every tensor a unique name (segments chain by name), mark the inputs
+the application keeps outside the arena (`--input-outside-arena`) and check that -n can be met
+before anything expensive runs."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.ir.convert import rewritten_model
+from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io
 from tpu_pipeline.toolchain.partition import PartitionProblem
-from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes, read_model
+from tpu_pipeline.toolchain.tflite import check_loads_in_litert, model_to_bytes, read_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 from tpu_pipeline.toolchain.tflite.extract import merge_models, runtime_exact_model
 
@@ -21,7 +25,13 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     sources, models, notes = [], [], []
     for p in opts.paths:
         data = read_bytes(p)  # ModelError naming what is wrong with the path
-        models.append(read_model(data, name=str(p)))
+        model = read_model(data, name=str(p))
+        if opts.int8_io:  # a new interface: the model with that change alone is the reference
+            io_graph, changed = int8_io(from_model(model), str(p))
+            notes += [f"{p}: {note}" if len(opts.paths) > 1 else note for note in changed]
+            model = rewritten_model(io_graph, model)
+            data = model_to_bytes(model)
+        models.append(model)
         sources.append((str(p), data))
         try:
             unresolved = check_loads_in_litert(data, str(p))
@@ -45,6 +55,8 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
         notes.append(f"{renamed} tensor(s) had an empty or duplicate name and were given a unique one")
     if not graph.ops:
         raise ModelError(f"{opts.paths[0]}: the model has no operators")
+    if opts.input_outside_arena:
+        graph = external_inputs(graph)
     for t in (*graph.inputs, *graph.outputs):
         graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
     PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
