@@ -166,7 +166,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     candidates = [base.stages] if problem.is_valid(base.stages, n) else []
     for order in (range(problem.n_ops), coral_topological_sort(graph)):
         cut = best_contiguous(problem, list(order), n)
-        if cut is not None and not colocate:
+        if cut is not None and not colocate and problem.is_valid(cut, n):
             candidates.append(cut)
     hint, ub = None, None
     if candidates:

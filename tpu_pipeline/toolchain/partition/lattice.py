@@ -56,8 +56,9 @@ INF = np.iinfo(np.int64).max // 4
 
 
 def downsets(problem: PartitionProblem, limit: int | None = None) -> list[int] | None:
-    """Every down-set of the graph as an int bit mask (bit v = op v), by size; None past `limit`
-    (default MAX_DOWNSETS)."""
+    """Every down-set of the graph that keeps each state group whole (all of its ops or none: a
+    cut between them would split a variable across two interpreters), as an int bit mask (bit v =
+    op v), by size; None past `limit` (default MAX_DOWNSETS) of down-sets enumerated."""
     limit = MAX_DOWNSETS if limit is None else limit
     N = problem.n_ops
     pred = [0] * N
@@ -88,7 +89,8 @@ def downsets(problem: PartitionProblem, limit: int | None = None) -> list[int] |
         if len(out) > limit:
             return None
         level = nxt
-    return out
+    groups = [sum(1 << v for v in g) for g in problem.state_groups]
+    return [d for d in out if all(d & g in (0, g) for g in groups)]
 
 
 class Lattice:
