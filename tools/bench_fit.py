@@ -2,7 +2,7 @@
 """Benchmark `tpu-pipeline fit` (tpu_pipeline/toolchain/fit) on the zoo and write docs/bench/fit.md.
 
     python tools/bench_fit.py --models models [--thirdparty DIR] [--out docs/bench/fit.md] [--time-limit 30]
-                              [--wall-time]
+                              [--sections targets ablation frontier wall-time] [--only MODEL ...]
 
 Four tables. *Targets*: `fit` with a budget, as a user runs it, every
 written model checked in LiteRT and TFLite Micro and its real TFLite Micro head measured; the
@@ -17,7 +17,7 @@ under a peak, CP-SAT), the predicted latency overhead at 1/2, 1/4 and 1/8 of tod
 (TFLite Micro's own planner on the model as converted) and at TASO's headline memory ratio 2.2x
 of the proven optimal arena of the model as it is. *Wall time*: the installed command with
 `--objective memory` and its default time limit on every zoo model, timed from outside
-(`--wall-time` refreshes only that section, the page's last).
+(`--sections` reruns only the sections named and keeps the page's others as they are).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from tpu_pipeline.toolchain.fit import fit_model  # noqa: E402
 
 # (model, whole-arena budget or None: half of today's, why, fit options)
 TARGETS = [("mobilenet_v2_int8", 320 * 1024, "320 KiB: a SparkFun Edge's 384 KB SRAM with room for the rest", {}),
-           ("mobilenet_v2_int8", 207_514, "8x below today's head + tail (issue 23)", {}),
-           ("mobilenet_v2_int8", 207_514, "the same, the input outside the arena", {"input_outside_arena": True}),
+           ("mobilenet_v2_int8", 207_514, "8x below today's head + tail (issue 23)", {"time_limit": 600}),
+           ("mobilenet_v2_int8", 207_514, "the same, the input outside the arena",
+            {"input_outside_arena": True, "time_limit": 600}),
            ("mobilenet_v1_025_96_int8", None, "half of today's arena", {}),
            ("mlperf-tiny/kws_ref_model", 40_000, "MLPerf Tiny's DS-CNN at 40,000 B", {})]
 # what each kind of variant contributes, one added per column (fit --objective memory)
@@ -101,7 +102,9 @@ def target_rows(models: Path, thirdparty: Path | None, time_limit: float) -> lis
         base, whole = today(path), today_whole(path)
         budget = budget or whole // 2
         t0 = time.monotonic()
-        f = fit_model(path, budget=budget, time_limit=time_limit, **options)
+        options = dict(options)
+        limit = options.pop("time_limit", time_limit)
+        f = fit_model(path, budget=budget, time_limit=limit, **options)
         secs = time.monotonic() - t0
         r = f.result
         over = r.selection.latency_s / r.baseline_latency_s - 1
@@ -110,7 +113,8 @@ def target_rows(models: Path, thirdparty: Path | None, time_limit: float) -> lis
         rows.append(f"| {path.stem} | {kib(base)} + {kib(whole - base)} | {kib(budget)} ({why}) | "
                     f"{'yes' if r.fits else 'no'} | {kib(r.head)} | {measured(f)} | {base / r.head:.2f}x | "
                     f"{kib(fitted)}{larger} | {whole / fitted:.2f}x | {over:+.1%} | {len(r.graph.ops)} | "
-                    f"{'yes' if r.schedule.proven_optimal else 'no'} | {checked(f) if r.fits else '—'} | {secs:.0f} |")
+                    f"{'yes' if r.schedule.proven_optimal else 'no'} | {checked(f) if r.fits else '—'} | "
+                    f"{secs:.0f}{f' (limit {limit:g})' if limit != time_limit else ''} |")
         print(rows[-1], flush=True)
     return rows
 
@@ -215,7 +219,7 @@ def wall_time_section(rows: list[str]) -> list[str]:
         "",
         "The installed command as a user runs it, with the default time limit (30 s for the search), timed from "
         "outside: start-up, search, scheduling and planning the chosen graph, writing, and the checks in LiteRT "
-        "and TFLite Micro (refresh with `python tools/bench_fit.py --models models --wall-time`). Target (issue "
+        "and TFLite Micro (refresh with `python tools/bench_fit.py --models models --sections wall-time`). Target (issue "
         "12): at most 60 s on every model. *Ops*: of the written model; *as is*: the peak of the best order found for the model as it is (KiB; "
         "proven optimal except on the three large RandWire stages, issue 15); *head*: the CMSIS-NN arena head of "
         "the smallest selection (KiB); *as "
@@ -242,6 +246,88 @@ def _wall_time_summary(rows: list[str]) -> str:
             (f"; failed: {', '.join(failed)}" if failed else "") + ".")
 
 
+INTRO = " ".join([
+    "## Fitting a model into an arena budget (`tpu-pipeline fit`)\n\n"
+    "The zoo's int8 models (docs/fit.md explains the method); each section names the command that made it. "
+    "Heads are for the CMSIS-NN kernels, their im2col buffers included. *Today* = the arena head TFLite "
+    "Micro's own planner gives the model as converted (+ its persistent tail on the 32-bit target: the "
+    "*whole* arena a board needs); *optimum* = the proven optimal peak of the model as it is (our schedule "
+    "and plan, no rewrite). KiB. Budgets and the memory objective count the whole arena (head + tail).",
+    "Latency is the device cost model's prediction for qemu-mps2-an386 with CMSIS-NN kernels (fitted to QEMU "
+    "instruction counts; see the MCU section): a prediction, not a measurement. *Checked*: the written model "
+    "against the input on 2 random inputs, LiteRT and TFLite Micro. *Measured* = the head the host's TFLite "
+    "Micro (reference kernels) allocates for the written model with our offline plan; it must equal our "
+    "prediction for those kernels (the CMSIS-NN firmware's head is checked against the prediction on QEMU in "
+    "the tests)."])
+
+
+def targets_section(rows: list[str], command: str) -> list[str]:
+    return [
+        "### Targets (issues 12 and 23), `fit --budget`",
+        "",
+        f"{command}. *Today*: head + tail as converted. *Vs today*: the head's saving; *whole*: the fitted "
+        "model's head + tail, and its saving (a whole arena above today's would say LARGER). A target's own "
+        "time limit, where it has one, is in its row.",
+        "",
+        "| model | today (head + tail) | budget (whole) | fits | head | measured | vs today | whole | whole vs today "
+        "| latency | ops | order proven | checked | seconds |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        *rows,
+    ]
+
+
+def ablation_section(rows: list[str], command: str) -> list[str]:
+    return [
+        "### What each kind of variant contributes, `fit --objective memory` (ablation)",
+        "",
+        f"{command}. The smallest whole arena (head + tail, KiB, and the saving against today's head + tail) "
+        "with each kind of variant added in turn: the builtin kernels with the head selected (fit before the "
+        "whole arena counted), the builtin kernels with the whole arena selected, the harness's kernels without "
+        "patches (requantization in flash, folded PADs, overlapped, in-place and direct variants), and with "
+        "patches (by copies and as stages). Latency: the last column's predicted overhead.",
+        "",
+        "| model | today (whole) | " + " | ".join(label for label, _ in ABLATION) + " | latency |",
+        "|---|---:|" + "---:|" * len(ABLATION) + "---:|",
+        *rows,
+    ]
+
+
+def frontier_section(rows: list[str], command: str) -> list[str]:
+    return [
+        "### The frontier per model, `fit --objective memory --pareto`",
+        "",
+        f"{command}. Smallest = the smallest whole arena (head + tail) `fit` reaches (written and checked), its "
+        "saving against today's head + tail, and its head (*measured*: the host's check of that head). 1/2, "
+        "1/4, 1/8: the predicted latency overhead of the fastest selection within that fraction of today's "
+        "whole arena (the same search, asked for that budget); — = not reachable; t/o = none found within the "
+        f"time limit. TASO: the fastest selection within (optimum + today's tail) / {TASO_RATIO} (TASO's "
+        f"headline: {TASO_RATIO}x less memory for 15 % more time). Points: frontier points found; complete: the "
+        "sweep reached the smallest arena within the time limit. Built = variants built and measured / patch "
+        "candidates (the rest were priced by floors or estimates only, see docs/fit.md).",
+        "",
+        "| model | today (head + tail) | optimum | smallest (whole) | measured | checked | 1/2 | 1/4 | 1/8 | TASO 2.2x "
+        "| points | built | complete | seconds |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        *rows,
+    ]
+
+
+SECTIONS = ("targets", "ablation", "frontier", "wall-time")
+
+
+def page_sections(text: str) -> dict[str, str]:
+    """The page's sections by name (the intro under "intro"), to keep the ones not rerun."""
+    out, names = {}, dict(zip(("### Targets", "### What each kind", "### The frontier", WALL_TIME_HEADER), SECTIONS))
+    parts = text.split("\n### ")
+    out["intro"] = parts[0]
+    for part in parts[1:]:
+        part = "### " + part
+        for head, name in names.items():
+            if part.startswith(head):
+                out[name] = part.rstrip("\n")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="models")
@@ -249,81 +335,35 @@ def main() -> int:
                     help="a folder of third-party models (mlperf-tiny/kws_ref_model.tflite: MLPerf Tiny's DS-CNN)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fit.md"))
     ap.add_argument("--time-limit", type=float, default=30.0)
-    ap.add_argument("--wall-time", action="store_true", help="only refresh the wall-time section (the command timed on every zoo model)")
-    ap.add_argument("--only", nargs="+", metavar="MODEL", help="only these models (file stems); prints the rows")
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                    help="rerun only these sections; the page's others are kept as they are (default: all)")
+    ap.add_argument("--only", nargs="+", metavar="MODEL", help="only these models (file stems)")
     args = ap.parse_args()
     models = Path(args.models)
     thirdparty = Path(args.thirdparty) if args.thirdparty else None
-    if args.only:  # print the rows only: to refresh single rows of the section
+    if args.only:
         global TARGETS, FRONTIER
         TARGETS = [t for t in TARGETS if Path(t[0]).name in args.only]
         FRONTIER = [m for m in FRONTIER if m in args.only]
-        target_rows(models, thirdparty, args.time_limit)
-        frontier_rows(models, args.time_limit)
-        ablation_rows(models, args.time_limit)
-        return 0
-    if args.wall_time:  # refresh that section of the page (it is the page's last)
-        out = Path(args.out)
-        kept = out.read_text().split(WALL_TIME_HEADER)[0].rstrip("\n").split("\n") if out.exists() else []
-        out.write_text("\n".join([*kept, "", *wall_time_section(wall_time_rows(models))]) + "\n")
-        print(f"wrote {args.out}")
-        return 0
-    lines = [
-        "## Fitting a model into an arena budget (`tpu-pipeline fit`)",
-        "",
-        f"`python tools/bench_fit.py --models models --thirdparty DIR --time-limit {args.time_limit:g}` (the zoo's "
-        "int8 models; docs/fit.md explains the method). Heads are for the CMSIS-NN kernels, their im2col buffers "
-        "included. *Today* = the arena head TFLite Micro's own planner gives the model as converted (+ its "
-        "persistent tail on the 32-bit target: the *whole* arena a board needs); *optimum* = the proven optimal "
-        "peak of the model as it is (our schedule and plan, no rewrite). KiB. Budgets and the memory objective "
-        "count the whole arena (head + tail). Latency is the device cost model's prediction for qemu-mps2-an386 with CMSIS-NN "
-        "kernels (fitted to QEMU instruction counts; see the MCU section): a prediction, not a measurement. "
-        "*Checked*: the written model against the input on 2 random inputs, LiteRT and TFLite Micro. "
-        "*Measured* = the head the host's TFLite Micro (reference kernels) allocates for the written model with "
-        "our offline plan; it must equal our prediction for those kernels (the CMSIS-NN firmware's head is checked "
-        "against the prediction on QEMU in the tests).",
-        "",
-        "### Targets (issues 12 and 23), `fit --budget`, the time limit of the command above",
-        "",
-        "*Today*: head + tail as converted. *Vs today*: the head's saving; *whole*: the fitted model's head + "
-        "tail, and its saving (a whole arena above today's would say LARGER).",
-        "",
-        "| model | today (head + tail) | budget (whole) | fits | head | measured | vs today | whole | whole vs today "
-        "| latency | ops | order proven | checked | seconds |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
-        *target_rows(models, thirdparty, args.time_limit),
-        "",
-        "### What each kind of variant contributes, `fit --objective memory` (ablation)",
-        "",
-        "The smallest whole arena (head + tail, KiB, and the saving against today's head + tail) with each kind "
-        "of variant added in turn: the builtin kernels with the head selected (fit before the whole arena "
-        "counted), the builtin kernels with the whole arena selected, the harness's kernels without patches "
-        "(requantization in flash, folded PADs, overlapped, in-place and direct variants), and with patches "
-        "(by copies and as stages). Latency: the last column's predicted overhead.",
-        "",
-        "| model | today (whole) | " + " | ".join(label for label, _ in ABLATION) + " | latency |",
-        "|---|---:|" + "---:|" * len(ABLATION) + "---:|",
-        *ablation_rows(models, args.time_limit),
-        "",
-        "### The frontier per model, `fit --objective memory --pareto`",
-        "",
-        "Smallest = the smallest whole arena (head + tail) `fit` reaches (written and checked), its saving "
-        "against today's head + tail, and its head (*measured*: the host's check of that head). 1/2, 1/4, 1/8: "
-        "the predicted latency overhead of the fastest selection within that fraction of today's whole arena "
-        "(the same search, asked for that budget); — = not reachable; t/o = none found within the time limit. "
-        f"TASO: the fastest selection within (optimum + today's tail) / {TASO_RATIO} (TASO's headline: "
-        f"{TASO_RATIO}x less memory for 15 % more time). Points: frontier points "
-        "found; complete: the sweep reached the smallest arena within the time limit. Built = variants built "
-        "and measured / patch candidates (the rest were priced by floors or estimates only, see docs/fit.md).",
-        "",
-        "| model | today (head + tail) | optimum | smallest (whole) | measured | checked | 1/2 | 1/4 | 1/8 | TASO 2.2x | points "
-        "| built | complete | seconds |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
-        *frontier_rows(models, args.time_limit),
-        "",
-        *wall_time_section(wall_time_rows(models)),
-    ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    kept = page_sections(out.read_text()) if out.exists() else {}
+    command = (f"`python tools/bench_fit.py --models models --thirdparty DIR --time-limit {args.time_limit:g}"
+               + (f" --sections {' '.join(args.sections)}" if args.sections != list(SECTIONS) else "")
+               + (f" --only {' '.join(args.only)}" if args.only else "") + "`")
+    fresh = {}
+    if "targets" in args.sections:
+        fresh["targets"] = "\n".join(targets_section(target_rows(models, thirdparty, args.time_limit), command))
+    if "ablation" in args.sections:
+        fresh["ablation"] = "\n".join(ablation_section(ablation_rows(models, args.time_limit), command))
+    if "frontier" in args.sections:
+        fresh["frontier"] = "\n".join(frontier_section(frontier_rows(models, args.time_limit), command))
+    if "wall-time" in args.sections:
+        fresh["wall-time"] = "\n".join(wall_time_section(wall_time_rows(models)))
+    page = [INTRO] + [fresh.get(name) or kept.get(name) for name in SECTIONS]
+    out.write_text("\n\n".join(part for part in page if part) + "\n")
+    print(f"wrote {out}")
+    return 0
+
     print(f"wrote {args.out}")
     return 0
 
