@@ -107,3 +107,26 @@ def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_s
             built = upgrade(g, spans, est, secs, "qemu-mps2-an386", kernels)
             assert v.peak <= est.peak <= built.peak, (kernels, v.label)
             assert est.latency_s <= built.latency_s * (1 + 1e-9), (kernels, v.label)
+
+
+def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
+    """fit plans the arena for the kernels it is asked for; export-mcu plans its own for the
+    reference kernels and keeps the model's plan where that is no larger. Judged by the reference
+    head alone, fit's CMSIS-NN plan (12,048 B under both kernel sets here) lost to a plan 112 B
+    smaller under the reference kernels and 6,336 B larger under CMSIS-NN's, and the board got the
+    larger arena. The exported plan must give the CMSIS-NN head fit promised."""
+    from test_fit import _optimal_peak, _stem_heavy_cnn
+
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.memory.tflm_target import target_head
+    from tpu_pipeline.toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+    src = _stem_heavy_cnn(tmp_path, seed=17)
+    fitted = fit_model(src, budget=_optimal_peak(src) // 2, kernels="cmsis-nn", time_limit=20)
+    assert fitted.result.fits
+    export_mcu(src, "qemu-mps2-an386", tmp_path / "fw", model_data=fitted.data)
+    exported = read_model((tmp_path / "fw" / "model.tflite").read_bytes())
+    graph = from_model(exported)
+    assert target_head(graph, "cmsis-nn", read_offline_plan(exported))[0] == fitted.result.head

@@ -134,10 +134,12 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     methods = [resolver_method(o) for o in opcodes]
     offsets, planned_head, planner = _plan(model, graph)
     kept = read_offline_plan(model)  # a plan the model brings (fit's): kept where it is no larger
-    if kept is not None and len(kept) == len(offsets):
-        kept_head = target_head(graph, "reference", kept)[0]
-        if kept_head <= planned_head:
-            offsets, planned_head, planner = list(kept), kept_head, "the model's own"
+    if kept is not None and len(kept) == len(offsets) and any(
+            target_head(graph, k, kept)[0] <= target_head(graph, k, offsets)[0] for k in KERNEL_SETS):
+        # under either kernel set: fit plans for the kernels it was asked for (CMSIS-NN's scratch),
+        # ours for the reference kernels', so judging fit's plan by the reference head alone threw
+        # away plans that are smaller on the board they were made for
+        offsets, planned_head, planner = list(kept), target_head(graph, "reference", kept)[0], "the model's own"
     own_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     planned = with_offline_plan(model, offsets) if any(o >= 0 for o in offsets) else model
     data = model_to_bytes(planned)

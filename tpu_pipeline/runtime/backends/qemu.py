@@ -145,9 +145,9 @@ def project_dir(model_bytes: bytes, device: str) -> Path:
     if "cycles_per_instruction" in d.get("compute", {}):  # a cost-model figure: no part of the firmware
         d = {**d, "compute": {k: v for k, v in d["compute"].items() if k != "cycles_per_instruction"}}
     h = hashlib.sha256()
-    # "export-3": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
-    # arena sized for the 32-bit target too)
-    for part in (model_bytes, repr(sorted(d.items())).encode(), _firmware_fingerprint().encode(), b"export-3"):
+    # "export-4": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
+    # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets)
+    for part in (model_bytes, repr(sorted(d.items())).encode(), _firmware_fingerprint().encode(), b"export-4"):
         h.update(hashlib.sha256(part).digest())
     return cache_root().parent / "firmware" / f"{d.get('name', 'board')}-{h.hexdigest()[:16]}"
 
