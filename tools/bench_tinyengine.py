@@ -185,7 +185,8 @@ def render(results: dict, cmd: str) -> str:
              "--input-outside-arena` (the same counting of the input), **measured** in the harness firmware on the "
              "emulated Cortex-M4F with CMSIS-NN kernels: `arena_used_bytes` = head + persistent tail (TFLite Micro's "
              "node structs, eval tensors, scratch handles), outputs bit-identical to the host's TFLite Micro. "
-             "Latency: the MCU cost model's prediction against the model as converted.", "",
+             "Every figure measured equals fit's prediction unless the cell says otherwise. Latency: the MCU cost "
+             "model's prediction against the model as converted.", "",
              "| model | TinyEngine whole layers | TinyEngine best patched (patches, split) | TinyEngine best, split 2-11 "
              "| ours, whole layers: arena (head + tail), latency | ours, smallest: arena (head + tail), latency "
              "| ours within TinyEngine's best: arena, latency | ours smallest, input in the arena | as converted "
@@ -199,6 +200,7 @@ def render(results: dict, cmd: str) -> str:
                 return f"does not fit (smallest head {_b(r.get('head'))})"
             m = r.get("measured")
             ok = "" if r.get("outputs_match") else " (outputs differ!)"
+            ok += "" if m == r.get("predicted") else f" (NOT the predicted {_b(r.get('predicted'))})"
             return (f"**{_b(m)}** ({_b(r.get('head_measured'))} + {_b(r.get('tail_measured'))}), "
                     f"{r['overhead']:+.1%}{ok}")
 
