@@ -215,6 +215,17 @@ def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
     return r
 
 
+def test_a_selection_cut_short_by_the_time_limit_says_so(tmp_path):
+    """Out of time before its pick is built, the search answers with the best variant it built,
+    which can be far slower than the best there is: the result must say so."""
+    src = _stem_heavy_cnn(tmp_path, seed=17)
+    budget = _optimal_peak(src) * 7 // 10
+    cut = fit_model(src, budget=budget, time_limit=0.05)
+    assert any("stopped at the time limit" in n for n in cut.result.notes), cut.result.notes
+    done = fit_model(src, budget=budget, time_limit=20)
+    assert done.result.fits and not any("stopped at the time limit" in n for n in done.result.notes)
+
+
 def test_compile_and_export_mcu_run_the_same_fit(tmp_path):
     src = _stem_heavy_cnn(tmp_path, seed=19)
     budget = _optimal_peak(src) * 7 // 10
