@@ -145,3 +145,72 @@ def test_memory_room_takes_no_flatbuffer_models():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in modules
                           if m.startswith(("tpu_pipeline.toolchain.tflite", "ai_edge_litert")) and m != "tpu_pipeline.toolchain.tflite.io"]
     assert offenders == []
+
+
+# ---- issue 26: the package's import graph: no private names across modules, no cycles -------------
+PACKAGE = ROOT / "tpu_pipeline"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(source: str, module: str, is_package: bool, label: str) -> list[tuple[int, str, str | None]]:
+    """Every import in `source`, at the top or inside a function: (line, module imported from, name
+    or None for `import x.y`), with relative imports resolved against `module`."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            found += [(node.lineno, base, a.name) for a in node.names]
+    return found
+
+
+def _private_imports(source: str, module: str, is_package: bool, label: str) -> list[str]:
+    """Imports in `source` of a private name (`_x`: a function, class, constant or module) that
+    another module of the package owns."""
+    hits = []
+    for line, base, name in _imports(source, module, is_package, label):
+        if not base.startswith("tpu_pipeline"):
+            continue
+        dotted = base.split(".") + ([name] if name else [])
+        if base != module and any(part.startswith("_") and not part.startswith("__") for part in dotted):
+            hits.append(f"{label}:{line}: {base}{'.' + name if name else ''}")
+    return hits
+
+
+def test_no_module_imports_a_private_name_from_another():
+    """A name shared between modules is public (named, documented); a private one stays home."""
+    offenders = [hit for module, path in _package_modules().items()
+                 for hit in _private_imports(path.read_text(), module, path.name == "__init__.py",
+                                             str(path.relative_to(ROOT)))]
+    assert offenders == []
+
+
+def test_private_import_check_sees_every_spelling():
+    mod = "tpu_pipeline.toolchain.rewrite.patch_build"
+    for line in ["from tpu_pipeline.toolchain.rewrite.patch import _clip",
+                 "def f():\n    from tpu_pipeline.toolchain.rewrite.patch import hw, _window",
+                 "from .patch import _clip",
+                 "from tpu_pipeline.toolchain.schedule import _native_search",
+                 "import tpu_pipeline.toolchain.schedule._native_search"]:
+        assert _private_imports(line, mod, False, "probe.py"), line
+    for line in ["from tpu_pipeline.toolchain.rewrite.patch import clip",
+                 "from tpu_pipeline.toolchain import budget as _budget",
+                 "from __future__ import annotations",
+                 "import numpy._core"]:
+        assert _private_imports(line, mod, False, "probe.py") == [], line
+

@@ -226,16 +226,16 @@ def test_errors():
 
 def test_c_structs_match_their_ctypes_mirrors():
     """The C searches take the problem and their limits and results as structs passed by pointer
-    (_best_first.c); the ctypes mirrors in _native_search.py must name the same fields, in the
+    (_best_first.c); the ctypes mirrors in native_search.py must name the same fields, in the
     same order, at the same offsets and sizes, in a struct of the same size."""
     import ctypes
 
-    from tpu_pipeline.toolchain.schedule import _native_search
+    from tpu_pipeline.toolchain.schedule import native_search
 
-    if not _native_search.available():
+    if not native_search.available():
         pytest.skip("no C compiler: the C searches are not built here")
-    for k, mirror in enumerate(_native_search.STRUCTS):
-        fields, size = _native_search.c_layout(k)
+    for k, mirror in enumerate(native_search.STRUCTS):
+        fields, size = native_search.c_layout(k)
         assert fields == [(name, getattr(mirror, name).offset, getattr(mirror, name).size)
                           for name, _ in mirror._fields_], mirror.__name__
         assert size == ctypes.sizeof(mirror), mirror.__name__

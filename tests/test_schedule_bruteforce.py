@@ -39,7 +39,7 @@ from tpu_pipeline.toolchain.schedule.bounds.branching import branch_lower_bound
 from tpu_pipeline.toolchain.schedule.bounds.mincut import cut_lower_bound
 from tpu_pipeline.toolchain.schedule.bounds.static import model_lower_bound, static_lower_bound
 from tpu_pipeline.toolchain.schedule.divide import pieces, unit_dag
-from tpu_pipeline.toolchain.schedule import _native_search
+from tpu_pipeline.toolchain.schedule import native_search
 from tpu_pipeline.toolchain.schedule.dives import dive
 from tpu_pipeline.toolchain.schedule.dp import best_first
 from tpu_pipeline.toolchain.schedule.fusion import fuse
@@ -49,7 +49,7 @@ from tpu_pipeline.toolchain.schedule.problem import BoundQuery, Piece
 INF = float("inf")
 # The exact search runs in C when a compiler is here (_best_first.c) and in Python otherwise:
 # both are checked against the oracle.
-NATIVE = (True, False) if _native_search.available() else (False,)
+NATIVE = (True, False) if native_search.available() else (False,)
 
 # ---- random graphs -------------------------------------------------------------------------
 
@@ -591,7 +591,7 @@ def test_beams_stop_at_their_memory_cap():
     width until, passed as a C int, it wrapped to 0 (48 * 2**28) and the C beam wrote into
     0-byte buffers: a heap corruption, seen as `fit` aborting on Xception ("munmap_chunk():
     invalid pointer"). In a child process, as a regression aborts it."""
-    if not _native_search.available():
+    if not native_search.available():
         pytest.skip("no C compiler: the Python beam has no memory cap")
     proc = subprocess.run([sys.executable, "-c", BEAMS_AT_A_TINY_CAP], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).resolve().parent.parent)
@@ -609,7 +609,7 @@ def test_c_and_python_searches_agree_on_random_wirings():
     from tpu_pipeline.toolchain.ir import load
     from tpu_pipeline.toolchain.schedule.branches import body_units
 
-    if not _native_search.available():
+    if not native_search.available():
         pytest.skip("no C compiler: only the Python search runs here")
     graphs = [load(EXAMPLE)[1]] + [random_wiring(40, seed) for seed in range(4)]
     for graph in graphs:
