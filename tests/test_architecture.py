@@ -325,3 +325,28 @@ def test_import_graph_sees_lazy_relative_and_submodule_imports():
     assert _imported_modules("from .b import x", "tpu_pipeline.a", True, modules, "probe.py") == {"tpu_pipeline.a.b"}
     assert _cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
     assert _cycles({"x": {"y"}, "y": set()}) == []
+
+
+_CLI_AND_API = ("tpu_pipeline.cli", "tpu_pipeline.commands", "tpu_pipeline.api", "tpu_pipeline.entry",
+                "tpu_pipeline.output", "tpu_pipeline.batch_runner", "tpu_pipeline.runtime")
+
+
+def _reaches_runtime_or_cli(imported: set[str]) -> set[str]:
+    return {m for m in imported if m == "tpu_pipeline" or any(m == p or m.startswith(p + ".") for p in _CLI_AND_API)}
+
+
+def test_toolchain_never_imports_the_runtime_or_the_cli():
+    """The compiler stands alone: nothing in tpu_pipeline/toolchain imports tpu_pipeline.runtime, the
+    command line or the Python API above it (not even lazily)."""
+    graph = _import_graph()
+    offenders = {m: sorted(_reaches_runtime_or_cli(targets)) for m, targets in graph.items()
+                 if m.startswith("tpu_pipeline.toolchain") and _reaches_runtime_or_cli(targets)}
+    assert offenders == {}
+    assert _reaches_runtime_or_cli(graph["tpu_pipeline.commands.compile"])  # the allowed direction is seen
+
+
+def test_runtime_and_cli_check_sees_each_layer():
+    for m in ["tpu_pipeline", "tpu_pipeline.cli", "tpu_pipeline.commands.fit", "tpu_pipeline.api",
+              "tpu_pipeline.runtime.backends.qemu", "tpu_pipeline.output", "tpu_pipeline.batch_runner"]:
+        assert _reaches_runtime_or_cli({m}) == {m}, m
+    assert _reaches_runtime_or_cli({"tpu_pipeline.toolchain.ir", "tpu_pipeline.outputs"}) == set()
