@@ -279,31 +279,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Import cycles not broken yet, each named with why. The list can only shrink: an entry must be a
 # cycle exactly as it is today, so a broken one must leave the list and a grown one fails.
 KNOWN_CYCLES: list[tuple[str, ...]] = [
-    # The bottom knot: tflite/ runs LiteRT (litert_check, extract.runtime_shapes), ir/convert.py loads
-    # files through tflite/ and measures in TFLite Micro (load, load_exact, litert_or_tflm_notes), and
-    # execute/ converts back through ir/convert.py (builtin_view_bytes); the memory room is caught in
-    # it through execute.tflm_arena -> memory.tflm_target -> memory -> ir.
-    ("tpu_pipeline.toolchain.execute.inputs",
-     "tpu_pipeline.toolchain.execute.litert",
-     "tpu_pipeline.toolchain.execute.tflm",
-     "tpu_pipeline.toolchain.execute.tflm_arena",
-     "tpu_pipeline.toolchain.ir",
-     "tpu_pipeline.toolchain.ir.convert",
-     "tpu_pipeline.toolchain.ir.ops",
-     "tpu_pipeline.toolchain.memory.cpsat",
-     "tpu_pipeline.toolchain.memory.greedy",
-     "tpu_pipeline.toolchain.memory.lifetimes",
-     "tpu_pipeline.toolchain.memory.plan",
-     "tpu_pipeline.toolchain.memory.planners",
-     "tpu_pipeline.toolchain.memory.preprocess",
-     "tpu_pipeline.toolchain.memory.runtime_planners",
-     "tpu_pipeline.toolchain.memory.scratch",
-     "tpu_pipeline.toolchain.memory.search",
-     "tpu_pipeline.toolchain.memory.tflm",
-     "tpu_pipeline.toolchain.memory.tflm_target",
-     "tpu_pipeline.toolchain.tflite",
-     "tpu_pipeline.toolchain.tflite.extract",
-     "tpu_pipeline.toolchain.tflite.litert_check"),
     # api.batch runs its jobs through batch_runner, whose workers call the api back (run_job).
     ("tpu_pipeline.api", "tpu_pipeline.batch_runner"),
 ]

@@ -219,7 +219,7 @@ def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_
     assert "skipped" in rep["verification"]["whole_vs_source_tflm"]
     assert any("cannot run here" in n for n in rep["notes"])
     last = rep["segments"][-1]["file"]
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     _, g = load(out / last)
     assert any(op.is_custom for op in g.ops)  # the custom op and what follows it: last segment
 

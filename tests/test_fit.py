@@ -14,7 +14,7 @@ from cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.fit import fit_model
-from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -10,7 +10,7 @@ from cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
-from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, flags, kernel_choices
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.schedule.api import schedule

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from conftest import ROOT, run_cli, tflm_models
 from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import load
-from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.loader import load
+from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.memory import (
     Buffer, Lifetimes, check_plan, lifetimes, live_lower_bound, plan_arena, plan_buffers, plan_for_tflm,
     tflm_greedy,

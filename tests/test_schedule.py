@@ -200,7 +200,7 @@ def test_deterministic_and_bounds(graph):
 
 def test_baselines_are_topological():
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     if not EXAMPLE.exists():
         pytest.skip("example model missing")
@@ -275,7 +275,7 @@ def test_a_new_lower_bound_is_one_registration(monkeypatch):
     """The worked example of docs/schedule.md: a new bound is a function plus one entry in
     bounds.PIECE_BOUNDS; the scheduler runs it on the pieces and reports what it proved."""
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import bounds
     from tpu_pipeline.toolchain.schedule.bounds import LowerBound
 
@@ -294,7 +294,7 @@ def test_a_new_stage_is_one_registration(monkeypatch):
     entry in a method's stages.STAGES; it sees what is known about each piece left open by the
     bounds, and what it returns is what the next stage starts from."""
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import stages
 
     seen = []

@@ -606,7 +606,7 @@ def test_c_and_python_searches_agree_on_random_wirings():
     RandWire and on randomly wired graphs whose equal tensors make ties everywhere. Skips where
     no C compiler is found."""
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule.branches import body_units
 
     if not native_search.available():

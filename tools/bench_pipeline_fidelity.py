@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device  # noqa: E402
 from tpu_pipeline.toolchain.cost.pipeline import StageLoad, simulate, simulate_pipelines  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.partition import PartitionProblem, coral_heuristic  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 from tools.calibrate_edgetpu import DEFAULT_CSV, read_csv, zoo_models  # noqa: E402

@@ -48,7 +48,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "coral_published_latency.csv"

@@ -107,7 +107,7 @@ def dump(data: dict) -> str:
 def samples(data: dict, models_dirs: list[Path]):
     """(model stem, kernels, features, measured instructions) per measured op."""
     from tpu_pipeline.toolchain.cost.mcu import op_features
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     out = []
     for key, run in sorted(data["runs"].items()):

@@ -185,7 +185,7 @@ def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.Pa
     `plot`: also draw live bytes per step (.png, .svg, ...); `report`: write the HTML report there."""
     from tpu_pipeline.toolchain.execute.tflm_arena import tflm_refusal
     from tpu_pipeline.toolchain.inspect import summarize
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.report import plot_live_bytes
 
     with _source(model, name) as (path, label):
@@ -213,8 +213,8 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
              name: str = "model.tflite") -> ScheduleResult:
     """The memory-optimal op order, with its proof (`tpu-pipeline schedule`). With `output` the
     reordered model is written there; `model_bytes` holds it either way."""
-    from tpu_pipeline.toolchain.ir import load, to_model
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.ir import to_model
+    from tpu_pipeline.toolchain.loader import load, load_exact
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
     from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model
@@ -252,7 +252,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
     """Arena offsets down to the live-bytes bound, as TFLite Micro's offline plan (`tpu-pipeline
     plan`). `verify`: load the planned model in TFLite Micro and check its head (VerificationError)."""
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.loader import load_exact
     from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
     from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
     from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_model
@@ -515,7 +515,7 @@ def profile(model, device: str, *, backend: str = "auto", kernels: str | None = 
                 o["host_s"] = times.get(o["index"])
         if kind == "edgetpu" and target.is_file() and not rep.ops:
             from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
-            from tpu_pipeline.toolchain.ir import load
+            from tpu_pipeline.toolchain.loader import load
 
             _, graph = load(target)
             costs = EdgeTpuCostModel(device).op_costs(graph)
@@ -534,7 +534,7 @@ def profile(model, device: str, *, backend: str = "auto", kernels: str | None = 
 def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
     """Arena (32-bit target, export-mcu's plan), latency and energy for `kernels` on `device`."""
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
     from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
@@ -569,7 +569,7 @@ def _predicted_figures(target: Path, device: str, kernels: str) -> str:
     """One line of what is known without running: predicted latency, arena needed vs available,
     and where to go next (`fit --device`)."""
     from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory.tflm_target import target_arena
 
     _, graph = load(target)

@@ -12,7 +12,7 @@ same chained comparison applies:
     report["unverified"] = scope.to_json()
 
 and `runnable_part` does the same for one model (the input against the optimised whole model).
-`model` is the model as `tpu_pipeline.toolchain.ir.load` returns it, passed through untouched: cutting it is
+`model` is the model as `tpu_pipeline.toolchain.loader.load` returns it, passed through untouched: cutting it is
 `tpu_pipeline.toolchain.tflite.extract.segment_bytes`.
 """
 

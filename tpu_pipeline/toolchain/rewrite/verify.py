@@ -29,7 +29,7 @@ def tflm_hazards(model) -> list[str]:
       fresh arena, which is right only for float32 or a zero point of 0; LiteRT pads with the
       zero point). Nothing the toolchain writes can fix that inside the kernel.
     """
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
+    from tpu_pipeline.toolchain.tflite.names import opcode_name
     from tpu_pipeline.toolchain.tflite.extract import stale_shapes
 
     out = []

@@ -26,7 +26,7 @@ import weakref
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.tflite.names import text as _text
+from tpu_pipeline.toolchain.tflite.names import opcode_name, text as _text
 from tpu_pipeline.toolchain.tflite.metadata import OFFLINE_PLAN_NAME
 
 _KEEP_METADATA = ("min_runtime_version", "CONVERSION_METADATA")
@@ -108,7 +108,6 @@ def _shapes_before_custom_ops(model: schema.ModelT, prepared) -> dict | None:
     """Real shapes of the tensors up to the first custom op (LiteRT may have no kernel for it):
     the model cut to the ops not downstream of a custom op, every tensor they make an output.
     Tensors from the custom ops on keep their stored shapes. None if that does not help."""
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
     from tpu_pipeline.toolchain.tflite.io import model_to_bytes
 
     sg = model.subgraphs[0]
@@ -314,8 +313,6 @@ def _padding_space_to_batch_ops(model: schema.ModelT) -> list:
     """(position, 2x2 paddings) of every SPACE_TO_BATCH_ND of the main subgraph that pads: 4-D,
     constant, not all zero."""
     import numpy as np
-
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
 
     src = model.subgraphs[0]
     todo = []

@@ -15,7 +15,8 @@ from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io
 from tpu_pipeline.toolchain.partition import PartitionProblem
-from tpu_pipeline.toolchain.tflite import check_loads_in_litert, model_to_bytes, read_bytes, read_model
+from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 from tpu_pipeline.toolchain.tflite.extract import merge_models, runtime_exact_model
 
