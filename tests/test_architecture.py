@@ -325,3 +325,33 @@ def test_runtime_and_cli_check_sees_each_layer():
               "tpu_pipeline.runtime.backends.qemu", "tpu_pipeline.output", "tpu_pipeline.batch_runner"]:
         assert _reaches_runtime_or_cli({m}) == {m}, m
     assert _reaches_runtime_or_cli({"tpu_pipeline.toolchain.ir", "tpu_pipeline.outputs"}) == set()
+
+
+# the bottom layers and what each may import from the package (besides its own room)
+_BOTTOM_LAYERS = {
+    "tpu_pipeline.toolchain.tflite": ("tpu_pipeline.toolchain.errors", "tpu_pipeline.toolchain.interrupts"),
+    "tpu_pipeline.toolchain.ir": ("tpu_pipeline.toolchain.errors", "tpu_pipeline.toolchain.tflite"),
+}
+
+
+def _above_the_layer(room: str, imported: set[str]) -> set[str]:
+    allowed = (room, *_BOTTOM_LAYERS[room])
+    return {m for m in imported if not any(m == a or m.startswith(a + ".") for a in allowed)}
+
+
+def test_bottom_layers_run_nothing_and_load_nothing():
+    """tflite/ reads, validates and writes flatbuffers and runs nothing (the runtimes are execute/'s);
+    ir/ converts and loads nothing (loading a file for the passes is toolchain/loader.py's). Neither
+    imports anything above it, not even lazily."""
+    graph = _import_graph()
+    offenders = {m: sorted(_above_the_layer(room, targets)) for room in _BOTTOM_LAYERS
+                 for m, targets in graph.items() if (m == room or m.startswith(room + ".")) and _above_the_layer(room, targets)}
+    assert offenders == {}
+
+
+def test_bottom_layer_check_sees_a_runtime():
+    assert _above_the_layer("tpu_pipeline.toolchain.tflite", {"tpu_pipeline.toolchain.execute.litert",
+                                                             "tpu_pipeline.toolchain.tflite.io"}) == {
+        "tpu_pipeline.toolchain.execute.litert"}
+    assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.loader"}) == {"tpu_pipeline.toolchain.loader"}
+    assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.tflite.names"}) == set()

@@ -10,6 +10,7 @@ inside it) with its IR.
 from __future__ import annotations
 
 from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert
 from tpu_pipeline.toolchain.ir.convert import from_model
 from tpu_pipeline.toolchain.ir.graph import Graph
@@ -35,13 +36,13 @@ def load(path, check_litert: bool = False) -> tuple[object, Graph]:
 def resolve_dynamic_shapes(model: object, graph: Graph | None, label: str) -> tuple[object, Graph]:
     """One verdict on dynamic shapes for every command: a model with tensors of run-time size
     (shape signature -1 beyond the batch: [49, -1, 10], [-1, -1]) is taken with the shapes LiteRT
-    allocates for it as stored (`with_static_shapes`, what compile and plan have always written);
+    allocates for it as stored (`runtime_shapes`, `with_static_shapes`, what compile and plan have always written);
     what LiteRT cannot size either is refused (ModelError) with the first such tensor named."""
     graph = graph if graph is not None else from_model(model)
     if not any(t.is_dynamic for t in graph.tensors):
         return model, graph
     try:
-        model, _ = with_static_shapes(model)
+        model, _ = with_static_shapes(model, runtime_shapes(model))
     except ModelError:
         pass
     graph = from_model(model)
@@ -65,7 +66,7 @@ def load_exact(path, check_litert: bool = True, mcu: bool = False) -> tuple[obje
     notes: list[str] = []
     if check_litert:
         notes += litert_or_tflm_notes(path, mcu)
-    model, exact = runtime_exact_model(model)
+    model, exact = runtime_exact_model(model, runtime_shapes(model))
     return model, from_model(model), notes + exact
 
 

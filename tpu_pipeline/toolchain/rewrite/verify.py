@@ -30,12 +30,13 @@ def tflm_hazards(model) -> list[str]:
       zero point). Nothing the toolchain writes can fix that inside the kernel.
     """
     from tpu_pipeline.toolchain.tflite.names import opcode_name
+    from tpu_pipeline.toolchain.execute.litert import runtime_shapes
     from tpu_pipeline.toolchain.tflite.extract import stale_shapes
 
     out = []
     sg = model.subgraphs[0]
     try:
-        stale = stale_shapes(model)
+        stale = stale_shapes(model, runtime_shapes(model))
     except ModelError as exc:
         stale = {}
         out.append(f"cannot check the stored shapes: {exc}")
