@@ -276,20 +276,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-# Import cycles not broken yet, each named with why. The list can only shrink: an entry must be a
-# cycle exactly as it is today, so a broken one must leave the list and a grown one fails.
-KNOWN_CYCLES: list[tuple[str, ...]] = [
-    # api.batch runs its jobs through batch_runner, whose workers call the api back (run_job).
-    ("tpu_pipeline.api", "tpu_pipeline.batch_runner"),
-]
-
-
 def test_no_import_cycle_in_the_package():
     """Every module of tpu_pipeline can be imported on its own: no strongly connected component of
     the import graph (imports inside functions counted) holds two modules."""
-    cycles = _cycles(_import_graph())
-    assert [c for c in cycles if tuple(c) not in KNOWN_CYCLES] == []
-    assert [list(c) for c in KNOWN_CYCLES if list(c) not in cycles] == []  # broken: take it off the list
+    assert _cycles(_import_graph()) == []
 
 
 def test_import_graph_sees_lazy_relative_and_submodule_imports():

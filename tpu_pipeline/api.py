@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_pipeline.batch_runner import BatchResult  # stdlib only: cheap to import
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 
 Progress = Callable[[str], None]
 
-__all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run", "batch",
+__all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run",
            "InspectResult", "ScheduleResult", "PlanResult", "FitResult", "CompileResult", "RunResult",
-           "ProfileResult", "BatchResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
+           "ProfileResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
            "DeviceError", "VerificationError"]
 
 
@@ -584,18 +583,3 @@ def _predicted_figures(target: Path, device: str, kernels: str) -> str:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not (0 < value < float("inf")):
         raise UsageError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
-
-
-# ---- batch -------------------------------------------------------------------------------------
-def batch(models, *, command: str = "inspect", devices=(None,), budgets=(None,), jobs: int | None = None,
-          cluster: str | None = None, job_timeout: float = 600.0, options: dict | None = None,
-          out: str | os.PathLike | None = None, on_row: Callable | None = None):
-    """Run `command` (inspect, fit, profile or compile) over every model x device x budget in worker
-    processes (`jobs` at a time) or on a Dask cluster (`cluster`), each job under `job_timeout`
-    seconds; a failing job is a row, never the end of the batch (`tpu-pipeline batch`). `models`:
-    paths, folders of .tflite files, or bytes; `options`: the command's other options, e.g.
-    `{"n": 4}` for compile. Returns a `BatchResult` (`.rows`, `.to_csv()`, `.to_json()`)."""
-    from tpu_pipeline.batch_runner import run_batch
-
-    return run_batch(models, command=command, devices=devices, budgets=budgets, jobs=jobs, cluster=cluster,
-                     job_timeout=job_timeout, options=options, out=out, on_row=on_row)
