@@ -345,3 +345,46 @@ def test_bottom_layer_check_sees_a_runtime():
         "tpu_pipeline.toolchain.execute.litert"}
     assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.loader"}) == {"tpu_pipeline.toolchain.loader"}
     assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.tflite.names"}) == set()
+
+
+def _map_entries(doc: str) -> dict[str, str]:
+    """docs/architecture.md's map: package path -> the text of its entry (a list item
+    "- `tpu_pipeline/x/`: ..." and its indented continuation lines)."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in doc.splitlines():
+        found = re.match(r"- `(tpu_pipeline/[\w/]*)`:", line)
+        if found:
+            current = found.group(1)
+            entries[current] = line
+        elif current and line.startswith("  ") and line.strip():
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+def _missing_from_map(doc: str, modules: list[Path]) -> list[str]:
+    entries = _map_entries(doc)
+    missing = []
+    for path in modules:
+        if path.name == "__init__.py":
+            continue  # a package is named by its entry
+        package = path.parent.relative_to(ROOT).as_posix() + "/"
+        if f"`{path.stem}`" not in entries.get(package, ""):
+            missing.append(path.relative_to(ROOT).as_posix())
+    return missing
+
+
+def test_every_module_is_on_the_map():
+    """docs/architecture.md names every module of the package in its package's entry, so the map
+    cannot fall behind the code."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert _missing_from_map(doc, sorted(PACKAGE.rglob("*.py"))) == []
+
+
+def test_map_check_sees_a_missing_module():
+    doc = "- `tpu_pipeline/toolchain/fit/`: spans (`spans`), and\n  `select`.\n- `tpu_pipeline/x/`: `estimate`\n"
+    fit = ROOT / "tpu_pipeline" / "toolchain" / "fit"
+    assert _missing_from_map(doc, [fit / "spans.py", fit / "select.py", fit / "__init__.py"]) == []
+    assert _missing_from_map(doc, [fit / "estimate.py"]) == ["tpu_pipeline/toolchain/fit/estimate.py"]
