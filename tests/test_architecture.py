@@ -388,3 +388,28 @@ def test_map_check_sees_a_missing_module():
     fit = ROOT / "tpu_pipeline" / "toolchain" / "fit"
     assert _missing_from_map(doc, [fit / "spans.py", fit / "select.py", fit / "__init__.py"]) == []
     assert _missing_from_map(doc, [fit / "estimate.py"]) == ["tpu_pipeline/toolchain/fit/estimate.py"]
+
+
+def _test_module_imports(source: str, label: str) -> list[str]:
+    """Imports in `source` of a test module (`test_x`, `tests.test_x`): shared helpers belong in
+    tests/helpers/ or conftest.py."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""]
+        else:
+            continue
+        hits += [f"{label}:{node.lineno}: {m}" for m in modules if m.split(".")[-1].startswith("test_")]
+    return hits
+
+
+def test_no_test_module_imports_another():
+    offenders = [hit for path in _python_files("tests")
+                 for hit in _test_module_imports(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+    assert _test_module_imports("def f():\n    from test_fit import run\nfrom tests.test_cost import X", "probe.py")
+    assert _test_module_imports("from helpers.oracle import Oracle\nfrom conftest import ROOT", "probe.py") == []

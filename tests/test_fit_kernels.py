@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cnn_builder import CnnBuilder
+from helpers.cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
@@ -79,7 +79,7 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
     """The fitted model, its convolution overlapped in place on the direct kernel, in the CMSIS-NN
     firmware on QEMU: outputs bit-identical to the host's TFLite Micro, and the firmware's head is
     fit's prediction."""
-    from test_fit import run_fitted_on_qemu
+    from helpers.firmware import run_fitted_on_qemu
 
     fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels="cmsis-nn", time_limit=20)
     assert _flags(fitted.result.graph) == {OVERLAP, DIRECT}
@@ -90,12 +90,12 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
 def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_sets(tmp_path):
     """The lazy search is only optimal if every stage bounds the next from below: the tile-geometry
     estimate (scratch included) never exceeds the built variant's peak or latency."""
-    from test_fit import _stem_heavy_cnn
+    from helpers.models import stem_heavy_cnn
 
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
     from tpu_pipeline.toolchain.fit.variants import patch_candidates, upgrade
 
-    _, g = load(_stem_heavy_cnn(tmp_path, seed=23))
+    _, g = load(stem_heavy_cnn(tmp_path, seed=23))
     spans = split_spans(g)
     for kernels in ("cmsis-nn", "reference"):
         as_is = as_is_variants(g, spans, "qemu-mps2-an386", kernels)

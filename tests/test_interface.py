@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from cnn_builder import CnnBuilder
+from helpers.cnn_builder import CnnBuilder
 from conftest import run_cli
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.litert import run_litert

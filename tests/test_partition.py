@@ -18,7 +18,7 @@ from tpu_pipeline.toolchain.partition import (PartitionProblem, baseline_partiti
 from tpu_pipeline.toolchain.partition import lattice
 from tpu_pipeline.toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
 from tests.conftest import FIXTURES
-from tests.test_cost import EDGETPU
+from helpers.models import EDGETPU
 
 
 @pytest.fixture(scope="module")

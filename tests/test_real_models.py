@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.models import with_custom_op
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.partition import PartitionProblem, partition
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
@@ -17,7 +18,7 @@ from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
 from tpu_pipeline.toolchain.execute.inputs import random_inputs
 from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert, runtime_shapes
 from tpu_pipeline.toolchain.execute.tflm import run_tflm, run_tflm_in_child
-from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, schema
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.extract import extract_segment, stale_shapes, with_static_shapes
 
 FIX = Path(__file__).parent / "fixtures"
@@ -296,43 +297,11 @@ def test_partition_is_reproducible_when_stopped_by_its_budget_on_a_loaded_machin
 
 # ---- item 10a: custom ops LiteRT has no kernel for -------------------------------------------------
 
-def _with_custom_op(name: str, after_op: int | None, code: str = "MyCustomDecoder"):
-    """The fixture `name` with a CUSTOM op `code` (no kernel anywhere) inserted: reading the
-    output of op `after_op` and feeding that op's consumers (same shape and type, as a decoder
-    or a MediaPipe op would), or, with after_op None, reading the graph's first output and
-    giving a new graph output (Coral's PoseNet decoder at the end)."""
-    m = copy.deepcopy(read_model(FIX / f"{name}.tflite"))
-    sg = m.subgraphs[0]
-    oc = schema.OperatorCodeT()
-    oc.builtinCode = schema.BuiltinOperator.CUSTOM
-    oc.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
-    oc.customCode = code.encode()
-    oc.version = 1
-    m.operatorCodes.append(oc)
-    src = sg.outputs[0] if after_op is None else sg.operators[after_op].outputs[0]
-    new = copy.deepcopy(sg.tensors[src])
-    new.name = (sg.tensors[src].name.decode() + "/decoded").encode()
-    new.buffer = 0
-    sg.tensors.append(new)
-    t_new = len(sg.tensors) - 1
-    op = schema.OperatorT()
-    op.opcodeIndex = len(m.operatorCodes) - 1
-    op.inputs, op.outputs = [src], [t_new]
-    if after_op is None:
-        sg.operators.append(op)
-        sg.outputs = [t_new] + list(sg.outputs[1:])
-    else:
-        for o in sg.operators[after_op + 1:]:
-            o.inputs = [t_new if t == src else t for t in o.inputs]
-        sg.operators.insert(after_op + 1, op)
-    return m
-
-
 def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
     from tpu_pipeline.toolchain.errors import InfeasibleError
     from tpu_pipeline.toolchain.partition.host import litert_missing_kernels, verification_scope
 
-    model = _with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
+    model = with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
     g = from_model(model)
     assert [op.opcode for op in g.ops][4] == "CUSTOM:MyCustomDecoder"
     problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
@@ -359,7 +328,7 @@ def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
 def test_custom_decoder_at_the_end_leaves_every_other_output_verifiable():
     from tpu_pipeline.toolchain.partition.host import verification_scope
 
-    model = _with_custom_op("multi_output_int8", after_op=None)
+    model = with_custom_op("multi_output_int8", after_op=None)
     g = from_model(model)
     for n in (2, 3):
         p = partition(g, n, time_limit=5.0)
@@ -416,7 +385,7 @@ def test_runnable_part_of_the_input_and_of_a_reordered_model_compare_by_name():
     from tpu_pipeline.toolchain.partition.heuristic import coral_topological_sort
     from tpu_pipeline.toolchain.partition.host import runnable_part
 
-    model = _with_custom_op("tiny_irregular_int8", after_op=None)
+    model = with_custom_op("tiny_irregular_int8", after_op=None)
     g = from_model(model)
     order = coral_topological_sort(g)
     other = read_model(_reordered(model, order))
@@ -436,7 +405,7 @@ def test_dynamic_batch_model_with_a_custom_op_gets_its_real_shapes_and_segments(
 
     plain = from_model(_load("darts_s2b_dynbatch_int8"))
     mean = next(i for i, op in enumerate(plain.ops) if op.opcode == "MEAN")
-    model = _with_custom_op("darts_s2b_dynbatch_int8", after_op=mean)
+    model = with_custom_op("darts_s2b_dynbatch_int8", after_op=mean)
     with pytest.raises(Exception, match="MyCustomDecoder"):
         litert_interpreter(model_to_bytes(model))
     fixed, changed = with_static_shapes(model, runtime_shapes(model))

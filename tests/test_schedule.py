@@ -20,6 +20,7 @@ from tpu_pipeline.toolchain.schedule.fusion import fuse
 from tpu_pipeline.toolchain.schedule.model import bits
 from tpu_pipeline.toolchain.schedule.divide import pieces
 from tpu_pipeline.toolchain.schedule.problem import Piece
+from helpers.oracle import Oracle, topological_orders
 
 
 def random_graph(draw, max_ops=8, reshape=False) -> Graph:
@@ -59,28 +60,9 @@ def graphs(draw, max_ops=7, reshape=False):
     return random_graph(draw, max_ops, reshape)
 
 
-def topological_orders(graph: Graph):
-    n = len(graph.ops)
-    preds = [set(p) for p in graph.preds]
-
-    def rec(done, order):
-        if len(order) == n:
-            yield list(order)
-            return
-        for v in range(n):
-            if v not in done and preds[v] <= done:
-                done.add(v)
-                order.append(v)
-                yield from rec(done, order)
-                order.pop()
-                done.discard(v)
-
-    yield from rec(set(), [])
-
-
 def brute_force(graph: Graph, semantics="tflm") -> int:
-    model = build_model(graph, semantics)
-    return min(model.peak(o) for o in topological_orders(graph))
+    """The optimum by the independent oracle (tests/helpers/oracle.py), not the scheduler's model."""
+    return Oracle(graph, semantics).optimum()
 
 
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
