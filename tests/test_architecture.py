@@ -64,6 +64,17 @@ def test_only_tflite_and_ir_convert_import_the_flatbuffer_schema():
     assert offenders == []
 
 
+def test_no_schema_type_named_outside_the_schema_rooms():
+    """The flatbuffer's object types (ModelT, SubGraphT, TensorT, ...) appear in no signature or
+    docstring outside tflite/ and ir/convert.py: a model crosses the other rooms as bytes or as an
+    opaque object the schema rooms read."""
+    pattern = re.compile(r"\b(Model|SubGraph|Tensor|Operator|OperatorCode|Buffer|Metadata)T\b")
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("tpu_pipeline") if
+                 not (ROOT / "tpu_pipeline" / "toolchain" in path.parents and _schema_room(path))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
 def test_schema_import_check_sees_every_spelling():
     """The check above must not pass vacuously: each way of importing the schema is caught."""
     for line in ["from ai_edge_litert import schema_py_generated as schema",

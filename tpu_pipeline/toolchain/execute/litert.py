@@ -147,7 +147,7 @@ def runtime_shapes(model) -> dict[int, tuple[int, ...]]:
                                  f"it to find the real shapes ({first}); convert it with a static batch") from None
     try:
         _SHAPES_CACHE[model] = shapes
-    except TypeError:  # pragma: no cover - ModelT not weak-referenceable
+    except TypeError:  # pragma: no cover - a model object that is not weak-referenceable
         pass
     return shapes
 

@@ -295,6 +295,26 @@ def _padding_space_to_batch_ops(model: schema.ModelT) -> list:
     return todo
 
 
+def padding_space_to_batch_zero_points(model: schema.ModelT) -> list[int]:
+    """The output zero point of every SPACE_TO_BATCH_ND of the main subgraph whose paddings are not
+    constant zeros (TFLite Micro's kernel pads those with an arena byte it never wrote)."""
+    import numpy as np
+
+    sg = model.subgraphs[0]
+    pads = []
+    for op in sg.operators or []:
+        if opcode_name(model, op.opcodeIndex)[0] != "SPACE_TO_BATCH_ND" or len(op.inputs) < 3:
+            continue
+        pt = sg.tensors[op.inputs[2]]
+        buf = model.buffers[pt.buffer] if pt.buffer else None
+        data = np.frombuffer(bytes(buf.data), dtype=np.int32) if buf is not None and buf.data is not None else None
+        if data is None or np.any(data != 0):
+            q = sg.tensors[op.outputs[0]].quantization
+            zp = int(q.zeroPoint[0]) if q is not None and q.zeroPoint is not None and len(q.zeroPoint) else 0
+            pads.append(zp)
+    return pads
+
+
 def _int32_const(out: schema.ModelT, sg: schema.SubGraphT, name: bytes, values) -> int:
     """Append a constant int32 tensor (and its buffer) to `sg` / `out`; its tensor index."""
     import numpy as np

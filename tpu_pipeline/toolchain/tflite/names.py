@@ -22,3 +22,8 @@ def opcode_name(model: schema.ModelT, opcode_index: int) -> tuple[str, int, int]
     if builtin == schema.BuiltinOperator.CUSTOM:
         return f"CUSTOM:{text(code.customCode)}", builtin, int(code.version or 1)
     return BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}"), builtin, int(code.version or 1)
+
+
+def tensor_name(model: schema.ModelT, index: int, subgraph: int = 0) -> str:
+    """The name of tensor `index` of a subgraph (main by default), as text."""
+    return text(model.subgraphs[subgraph].tensors[index].name)
