@@ -64,6 +64,17 @@ def test_only_tflite_and_ir_convert_import_the_flatbuffer_schema():
     assert offenders == []
 
 
+def test_no_schema_type_named_outside_the_schema_rooms():
+    """The flatbuffer's object types (ModelT, SubGraphT, TensorT, ...) appear in no signature or
+    docstring outside tflite/ and ir/convert.py: a model crosses the other rooms as bytes or as an
+    opaque object the schema rooms read."""
+    pattern = re.compile(r"\b(Model|SubGraph|Tensor|Operator|OperatorCode|Buffer|Metadata)T\b")
+    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in _python_files("tpu_pipeline") if
+                 not (ROOT / "tpu_pipeline" / "toolchain" in path.parents and _schema_room(path))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
 def test_schema_import_check_sees_every_spelling():
     """The check above must not pass vacuously: each way of importing the schema is caught."""
     for line in ["from ai_edge_litert import schema_py_generated as schema",
@@ -145,3 +156,271 @@ def test_memory_room_takes_no_flatbuffer_models():
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno}: {m}" for m in modules
                           if m.startswith(("tpu_pipeline.toolchain.tflite", "ai_edge_litert")) and m != "tpu_pipeline.toolchain.tflite.io"]
     assert offenders == []
+
+
+# ---- issue 26: the package's import graph: no private names across modules, no cycles -------------
+PACKAGE = ROOT / "tpu_pipeline"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(source: str, module: str, is_package: bool, label: str) -> list[tuple[int, str, str | None]]:
+    """Every import in `source`, at the top or inside a function: (line, module imported from, name
+    or None for `import x.y`), with relative imports resolved against `module`."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join(package + ([node.module] if node.module else []))
+            found += [(node.lineno, base, a.name) for a in node.names]
+    return found
+
+
+def _private_imports(source: str, module: str, is_package: bool, label: str) -> list[str]:
+    """Imports in `source` of a private name (`_x`: a function, class, constant or module) that
+    another module of the package owns."""
+    hits = []
+    for line, base, name in _imports(source, module, is_package, label):
+        if not base.startswith("tpu_pipeline"):
+            continue
+        dotted = base.split(".") + ([name] if name else [])
+        if base != module and any(part.startswith("_") and not part.startswith("__") for part in dotted):
+            hits.append(f"{label}:{line}: {base}{'.' + name if name else ''}")
+    return hits
+
+
+def test_no_module_imports_a_private_name_from_another():
+    """A name shared between modules is public (named, documented); a private one stays home."""
+    offenders = [hit for module, path in _package_modules().items()
+                 for hit in _private_imports(path.read_text(), module, path.name == "__init__.py",
+                                             str(path.relative_to(ROOT)))]
+    assert offenders == []
+
+
+def test_private_import_check_sees_every_spelling():
+    mod = "tpu_pipeline.toolchain.rewrite.patch_build"
+    for line in ["from tpu_pipeline.toolchain.rewrite.patch import _clip",
+                 "def f():\n    from tpu_pipeline.toolchain.rewrite.patch import hw, _window",
+                 "from .patch import _clip",
+                 "from tpu_pipeline.toolchain.schedule import _native_search",
+                 "import tpu_pipeline.toolchain.schedule._native_search"]:
+        assert _private_imports(line, mod, False, "probe.py"), line
+    for line in ["from tpu_pipeline.toolchain.rewrite.patch import clip",
+                 "from tpu_pipeline.toolchain import budget as _budget",
+                 "from __future__ import annotations",
+                 "import numpy._core"]:
+        assert _private_imports(line, mod, False, "probe.py") == [], line
+
+
+def _imported_modules(source: str, module: str, is_package: bool, modules, label: str) -> set[str]:
+    """The package modules `source` imports (at the top or inside a function): `from pkg import
+    module` is an edge to the module, `from module import name` to the module, `import a.b` to a.b."""
+    found = set()
+    for _, base, name in _imports(source, module, is_package, label):
+        target = f"{base}.{name}" if name and f"{base}.{name}" in modules else base
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        if target and target != module:
+            found.add(target)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _package_modules()
+    return {m: _imported_modules(p.read_text(), m, p.name == "__init__.py", modules, str(p.relative_to(ROOT)))
+            for m, p in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_cycle_in_the_package():
+    """Every module of tpu_pipeline can be imported on its own: no strongly connected component of
+    the import graph (imports inside functions counted) holds two modules."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_import_graph_sees_lazy_relative_and_submodule_imports():
+    modules = {"tpu_pipeline.a", "tpu_pipeline.a.b", "tpu_pipeline.a.c", "tpu_pipeline.d"}
+    probe = "import os\nfrom . import c\ndef f():\n    from tpu_pipeline.d import thing\n    import tpu_pipeline.a\n"
+    assert _imported_modules(probe, "tpu_pipeline.a.b", False, modules, "probe.py") == {
+        "tpu_pipeline.a.c", "tpu_pipeline.d", "tpu_pipeline.a"}
+    assert _imported_modules("from .b import x", "tpu_pipeline.a", True, modules, "probe.py") == {"tpu_pipeline.a.b"}
+    assert _cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+    assert _cycles({"x": {"y"}, "y": set()}) == []
+
+
+_CLI_AND_API = ("tpu_pipeline.cli", "tpu_pipeline.commands", "tpu_pipeline.api", "tpu_pipeline.entry",
+                "tpu_pipeline.output", "tpu_pipeline.batch_runner", "tpu_pipeline.runtime")
+
+
+def _reaches_runtime_or_cli(imported: set[str]) -> set[str]:
+    return {m for m in imported if m == "tpu_pipeline" or any(m == p or m.startswith(p + ".") for p in _CLI_AND_API)}
+
+
+def test_toolchain_never_imports_the_runtime_or_the_cli():
+    """The compiler stands alone: nothing in tpu_pipeline/toolchain imports tpu_pipeline.runtime, the
+    command line or the Python API above it (not even lazily)."""
+    graph = _import_graph()
+    offenders = {m: sorted(_reaches_runtime_or_cli(targets)) for m, targets in graph.items()
+                 if m.startswith("tpu_pipeline.toolchain") and _reaches_runtime_or_cli(targets)}
+    assert offenders == {}
+    assert _reaches_runtime_or_cli(graph["tpu_pipeline.commands.compile"])  # the allowed direction is seen
+
+
+def test_runtime_and_cli_check_sees_each_layer():
+    for m in ["tpu_pipeline", "tpu_pipeline.cli", "tpu_pipeline.commands.fit", "tpu_pipeline.api",
+              "tpu_pipeline.runtime.backends.qemu", "tpu_pipeline.output", "tpu_pipeline.batch_runner"]:
+        assert _reaches_runtime_or_cli({m}) == {m}, m
+    assert _reaches_runtime_or_cli({"tpu_pipeline.toolchain.ir", "tpu_pipeline.outputs"}) == set()
+
+
+# the bottom layers and what each may import from the package (besides its own room)
+_BOTTOM_LAYERS = {
+    "tpu_pipeline.toolchain.tflite": ("tpu_pipeline.toolchain.errors", "tpu_pipeline.toolchain.interrupts"),
+    "tpu_pipeline.toolchain.ir": ("tpu_pipeline.toolchain.errors", "tpu_pipeline.toolchain.tflite"),
+}
+
+
+def _above_the_layer(room: str, imported: set[str]) -> set[str]:
+    allowed = (room, *_BOTTOM_LAYERS[room])
+    return {m for m in imported if not any(m == a or m.startswith(a + ".") for a in allowed)}
+
+
+def test_bottom_layers_run_nothing_and_load_nothing():
+    """tflite/ reads, validates and writes flatbuffers and runs nothing (the runtimes are execute/'s);
+    ir/ converts and loads nothing (loading a file for the passes is toolchain/loader.py's). Neither
+    imports anything above it, not even lazily."""
+    graph = _import_graph()
+    offenders = {m: sorted(_above_the_layer(room, targets)) for room in _BOTTOM_LAYERS
+                 for m, targets in graph.items() if (m == room or m.startswith(room + ".")) and _above_the_layer(room, targets)}
+    assert offenders == {}
+
+
+def test_bottom_layer_check_sees_a_runtime():
+    assert _above_the_layer("tpu_pipeline.toolchain.tflite", {"tpu_pipeline.toolchain.execute.litert",
+                                                             "tpu_pipeline.toolchain.tflite.io"}) == {
+        "tpu_pipeline.toolchain.execute.litert"}
+    assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.loader"}) == {"tpu_pipeline.toolchain.loader"}
+    assert _above_the_layer("tpu_pipeline.toolchain.ir", {"tpu_pipeline.toolchain.tflite.names"}) == set()
+
+
+def _map_entries(doc: str) -> dict[str, str]:
+    """docs/architecture.md's map: package path -> the text of its entry (a list item
+    "- `tpu_pipeline/x/`: ..." and its indented continuation lines)."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in doc.splitlines():
+        found = re.match(r"- `(tpu_pipeline/[\w/]*)`:", line)
+        if found:
+            current = found.group(1)
+            entries[current] = line
+        elif current and line.startswith("  ") and line.strip():
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+def _missing_from_map(doc: str, modules: list[Path]) -> list[str]:
+    entries = _map_entries(doc)
+    missing = []
+    for path in modules:
+        if path.name == "__init__.py":
+            continue  # a package is named by its entry
+        package = path.parent.relative_to(ROOT).as_posix() + "/"
+        if f"`{path.stem}`" not in entries.get(package, ""):
+            missing.append(path.relative_to(ROOT).as_posix())
+    return missing
+
+
+def test_every_module_is_on_the_map():
+    """docs/architecture.md names every module of the package in its package's entry, so the map
+    cannot fall behind the code."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert _missing_from_map(doc, sorted(PACKAGE.rglob("*.py"))) == []
+
+
+def test_map_check_sees_a_missing_module():
+    doc = "- `tpu_pipeline/toolchain/fit/`: spans (`spans`), and\n  `select`.\n- `tpu_pipeline/x/`: `estimate`\n"
+    fit = ROOT / "tpu_pipeline" / "toolchain" / "fit"
+    assert _missing_from_map(doc, [fit / "spans.py", fit / "select.py", fit / "__init__.py"]) == []
+    assert _missing_from_map(doc, [fit / "estimate.py"]) == ["tpu_pipeline/toolchain/fit/estimate.py"]
+
+
+def _test_module_imports(source: str, label: str) -> list[str]:
+    """Imports in `source` of a test module (`test_x`, `tests.test_x`): shared helpers belong in
+    tests/helpers/ or conftest.py."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            modules = [node.module or ""]
+        else:
+            continue
+        hits += [f"{label}:{node.lineno}: {m}" for m in modules if m.split(".")[-1].startswith("test_")]
+    return hits
+
+
+def test_no_test_module_imports_another():
+    offenders = [hit for path in _python_files("tests")
+                 for hit in _test_module_imports(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+    assert _test_module_imports("def f():\n    from test_fit import run\nfrom tests.test_cost import X", "probe.py")
+    assert _test_module_imports("from helpers.oracle import Oracle\nfrom conftest import ROOT", "probe.py") == []

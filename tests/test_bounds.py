@@ -35,7 +35,7 @@ from tpu_pipeline.toolchain.schedule.dp import MAX_STATE_BYTES, best_first, stat
 from tpu_pipeline.toolchain.schedule.model import build_model
 from tpu_pipeline.toolchain.schedule.problem import Piece
 from tpu_pipeline.toolchain.schedule import heuristics
-from tests.test_schedule import topological_orders
+from helpers.oracle import topological_orders
 
 
 # ---- graph generators (no TensorFlow) -----------------------------------------------------------
@@ -202,7 +202,7 @@ def test_schedule_returns_within_its_deadline_on_a_large_patched_graph():
     """A patched region is thousands of ops: the baselines and the branch-body pre-pass must stay
     inside the deadline too (they took 5.3 s of a 1 s deadline here, and 60 s on a fit's 4,588-op
     graph, before they watched the clock)."""
-    from tests.cnn_builder import CnnBuilder
+    from helpers.cnn_builder import CnnBuilder
     from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 
     b = CnnBuilder(seed=1)

@@ -11,7 +11,7 @@ import pytest
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.execute.inputs import seeded_inputs
 from tpu_pipeline.toolchain.execute.litert import litert_interpreter, run_named
-from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.tflite import read_model
 from tests.conftest import EXAMPLE, FIXTURES
 
@@ -145,7 +145,7 @@ def test_compile_passes_reorder_and_plan_for_tflite_micro(tmp_path):
     """The whole model compile writes is reordered to the proven optimum and carries an offline
     plan that real TFLite Micro follows to the byte, below TFLM's own planner."""
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import read_offline_plan
 

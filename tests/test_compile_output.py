@@ -206,10 +206,10 @@ def test_budget_allowance():
 
 def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_is_unverified(tmp_path, capsys):
     from tpu_pipeline.toolchain.tflite import write_model
-    from tests.test_real_models import _with_custom_op
+    from helpers.models import with_custom_op
 
     src = tmp_path / "decoder.tflite"
-    write_model(_with_custom_op("chain_int8", after_op=3), src)
+    write_model(with_custom_op("chain_int8", after_op=3), src)
     out = tmp_path / "out"
     assert main(["compile", str(src), "-n", "3", "-o", str(out), "--verify", "--time-limit", "2", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
@@ -219,7 +219,7 @@ def test_compile_verify_on_a_custom_op_model_keeps_it_on_the_host_and_says_what_
     assert "skipped" in rep["verification"]["whole_vs_source_tflm"]
     assert any("cannot run here" in n for n in rep["notes"])
     last = rep["segments"][-1]["file"]
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     _, g = load(out / last)
     assert any(op.is_custom for op in g.ops)  # the custom op and what follows it: last segment
 

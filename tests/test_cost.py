@@ -7,28 +7,7 @@ import pytest
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, available_devices, load_device, op_class
 from tpu_pipeline.toolchain.errors import UsageError
-
-EDGETPU = """
-name = "toy"
-kind = "edgetpu"
-[memory]
-param_sram_bytes = 1000
-[link]
-host_bandwidth_bytes_per_s = 1e9
-[timing]
-invoke_overhead_s = 1e-3
-[compute]
-peak_ops_per_s = 2e9
-[compute.efficiency]
-conv = 0.5
-depthwise = 0.25
-fully_connected = 1.0
-elementwise = 1.0
-other = 1.0
-[power]
-active_w = 2.0
-idle_w = 0.5
-"""
+from helpers.models import EDGETPU
 
 
 def test_every_shipped_descriptor_loads_and_validates():

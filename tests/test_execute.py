@@ -138,7 +138,7 @@ def _perturbed(data: bytes) -> bytes:
 def test_tflm_check_side_by_side_is_the_same_check():
     """Large models run the original in a child process next to the rewritten one: the verdicts
     (and the deviations) are those of the in-process check, for agreeing and for differing models."""
-    from tests.cnn_builder import CnnBuilder, graph_bytes
+    from helpers.cnn_builder import CnnBuilder, graph_bytes
     from tpu_pipeline.toolchain.execute.compare import verify_models
 
     def cnn(seed):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,28 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.errors import DeviceError, InfeasibleError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MODELS = ["chain_int8", "pool_softmax_int8", "multi_output_int8", "tiny_irregular_int8"]
 LINK_BOARDS = ["sparkfun-edge", "arduino-nano-33-ble", "stm32h743", "nucleo-l4r5zi"]
-
-HAVE_ARM = all(shutil.which(t) for t in ("arm-none-eabi-g++", "arm-none-eabi-gcc", "arm-none-eabi-size"))
-HAVE_QEMU = shutil.which("qemu-system-arm") is not None
-needs_arm = pytest.mark.skipif(not HAVE_ARM, reason="ARM toolchain not installed (apt-get install gcc-arm-none-eabi "
-                               "libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib; .ci/run does)")
-needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="qemu-system-arm not installed (apt-get install "
-                                "qemu-system-arm; .ci/run does)")
-
-
-def tree_or_skip(kernels: str) -> Path:
-    from tpu_pipeline.toolchain.firmware.library import find_tree
-
-    try:
-        return find_tree(kernels)
-    except UsageError as exc:
-        pytest.skip(f"no TFLite Micro tree: {exc}")
 
 
 def cli(*args, timeout=900):

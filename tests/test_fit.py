@@ -10,29 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from cnn_builder import CnnBuilder
+from helpers.firmware import run_fitted_on_qemu
+from helpers.models import stem_heavy_cnn
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.fit import fit_model
-from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def _stem_heavy_cnn(tmp_path: Path, seed: int = 3, dtype: str = "int8") -> Path:
-    """A MobileNet-like stem: the peak sits in the first, high-resolution layers."""
-    b = CnnBuilder(seed=seed, dtype=dtype)
-    x = b.input((1, 40, 40, 3))
-    y = b.conv(x, 16, k=3, stride=2, act="RELU6")  # 20x20x16
-    y = b.conv(y, 48, k=1, act="RELU6")  # expand: the peak
-    y = b.dw(y, k=3, stride=2, act="RELU6")  # 10x10x48
-    y = b.conv(y, 8, k=1)
-    z = b.add(b.conv(b.dw(b.conv(y, 24, k=1, act="RELU6"), k=3, act="RELU6"), 8, k=1), y)
-    out = b.conv(z, 4, k=3, stride=2, padding="VALID")
-    path = tmp_path / f"stem_{dtype}.tflite"
-    path.write_bytes(b.model_bytes([out]))
-    return path
 
 
 def _optimal_peak(path: Path) -> int:
@@ -40,7 +26,7 @@ def _optimal_peak(path: Path) -> int:
 
 
 def test_fit_meets_a_budget_below_the_proven_optimum_bit_identically(tmp_path):
-    src = _stem_heavy_cnn(tmp_path)
+    src = stem_heavy_cnn(tmp_path)
     optimum = _optimal_peak(src)
     budget = optimum * 6 // 10
     fitted = fit_model(src, budget=budget, time_limit=20, head_only=True)
@@ -58,7 +44,7 @@ def test_fit_meets_a_budget_below_the_proven_optimum_bit_identically(tmp_path):
 
 
 def test_fit_memory_objective_reaches_below_the_latency_choice(tmp_path):
-    src = _stem_heavy_cnn(tmp_path, seed=5)
+    src = stem_heavy_cnn(tmp_path, seed=5)
     fast = fit_model(src, budget=_optimal_peak(src), time_limit=20).result
     small = fit_model(src, objective="memory", time_limit=20).result
     assert small.head < fast.head
@@ -71,7 +57,7 @@ def _cli(*args, cwd=None):
 
 
 def test_cli_fit_json_pareto_and_plot(tmp_path):
-    src = _stem_heavy_cnn(tmp_path, seed=7)
+    src = stem_heavy_cnn(tmp_path, seed=7)
     out, plot = tmp_path / "fitted.tflite", tmp_path / "frontier.png"
     budget = _optimal_peak(src) * 7 // 10
     p = _cli("fit", src, "--budget", budget, "-o", out, "--pareto", "--plot", plot, "--json", "--time-limit", 20,
@@ -91,7 +77,7 @@ def test_cli_fit_json_pareto_and_plot(tmp_path):
 
 
 def test_cli_fit_unreachable_budget_exits_3_with_the_smallest_arena(tmp_path):
-    src = _stem_heavy_cnn(tmp_path, seed=9)
+    src = stem_heavy_cnn(tmp_path, seed=9)
     out = tmp_path / "never.tflite"
     p = _cli("fit", src, "--budget", 64, "-o", out, "--time-limit", 10)
     assert p.returncode == 3, p.stderr
@@ -109,7 +95,7 @@ def test_cli_fit_needs_a_budget_or_a_device(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_fit_float_model_is_exact_too(tmp_path, dtype):
-    src = _stem_heavy_cnn(tmp_path, seed=11, dtype=dtype)
+    src = stem_heavy_cnn(tmp_path, seed=11, dtype=dtype)
     fitted = fit_model(src, budget=_optimal_peak(src) * 6 // 10, time_limit=20, head_only=True)
     assert fitted.result.fits
     assert all(v.ok for v in fitted.verification)
@@ -122,7 +108,7 @@ def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_p
     from tpu_pipeline.toolchain.fit.variants import _costed
     from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 
-    src = _stem_heavy_cnn(tmp_path, seed=13)
+    src = stem_heavy_cnn(tmp_path, seed=13)
     _, g = load(src)
     g, _ = g.with_unique_tensor_names()
     first = g.tensors[g.inputs[0]].name
@@ -148,7 +134,7 @@ def test_fit_for_a_device_counts_the_target_tail(tmp_path):
     from tpu_pipeline.toolchain.fit.model import device_reserve
     from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
-    src = _stem_heavy_cnn(tmp_path, seed=15)
+    src = stem_heavy_cnn(tmp_path, seed=15)
     _, g = load(src)
     optimum = _optimal_peak(src)
     base = (REPO / "tpu_pipeline/toolchain/data/devices/qemu-mps2-an386.toml").read_text()
@@ -187,38 +173,17 @@ def load_bytes(data: bytes):
 def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
     """The fitted model in the real firmware on QEMU: outputs bit-identical to host TFLite Micro
     (reference kernels) and the head the firmware allocates is fit's prediction."""
-    src = _stem_heavy_cnn(tmp_path, seed=17)
+    src = stem_heavy_cnn(tmp_path, seed=17)
     fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, kernels="reference", time_limit=20)
     assert fitted.result.fits
     r = run_fitted_on_qemu(tmp_path, fitted, "reference")
     assert r.head_bytes == r.planned_head == fitted.result.head
 
 
-def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
-    """The fitted model in the harness firmware for `kernels` on QEMU (skips without the ARM
-    toolchain, QEMU or the TFLite Micro tree); its outputs must match the host's TFLite Micro."""
-    from test_firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
-
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
-    tree_or_skip(kernels)
-    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
-    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
-
-    out = tmp_path / "fitted.tflite"
-    out.write_bytes(fitted.data)
-    try:
-        r = run_on_qemu(out, "qemu-mps2-an386", kernels, iterations=2, seed=3)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, r.output_differences
-    return r
-
-
 def test_a_selection_cut_short_by_the_time_limit_says_so(tmp_path):
     """Out of time before its pick is built, the search answers with the best variant it built,
     which can be far slower than the best there is: the result must say so."""
-    src = _stem_heavy_cnn(tmp_path, seed=17)
+    src = stem_heavy_cnn(tmp_path, seed=17)
     budget = _optimal_peak(src) * 7 // 10
     cut = fit_model(src, budget=budget, time_limit=0.05)
     assert any("stopped at the time limit" in n for n in cut.result.notes), cut.result.notes
@@ -227,7 +192,7 @@ def test_a_selection_cut_short_by_the_time_limit_says_so(tmp_path):
 
 
 def test_compile_and_export_mcu_run_the_same_fit(tmp_path):
-    src = _stem_heavy_cnn(tmp_path, seed=19)
+    src = stem_heavy_cnn(tmp_path, seed=19)
     budget = _optimal_peak(src) * 7 // 10
     p = _cli("compile", src, "-n", "2", "--budget", budget, "--verify", "--json", "-o", tmp_path / "out",
              "--time-limit", 10)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cnn_builder import CnnBuilder
+from helpers.cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
-from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, flags, kernel_choices
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.schedule.api import schedule
@@ -79,7 +79,7 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
     """The fitted model, its convolution overlapped in place on the direct kernel, in the CMSIS-NN
     firmware on QEMU: outputs bit-identical to the host's TFLite Micro, and the firmware's head is
     fit's prediction."""
-    from test_fit import run_fitted_on_qemu
+    from helpers.firmware import run_fitted_on_qemu
 
     fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels="cmsis-nn", time_limit=20)
     assert _flags(fitted.result.graph) == {OVERLAP, DIRECT}
@@ -90,12 +90,12 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
 def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_sets(tmp_path):
     """The lazy search is only optimal if every stage bounds the next from below: the tile-geometry
     estimate (scratch included) never exceeds the built variant's peak or latency."""
-    from test_fit import _stem_heavy_cnn
+    from helpers.models import stem_heavy_cnn
 
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
     from tpu_pipeline.toolchain.fit.variants import patch_candidates, upgrade
 
-    _, g = load(_stem_heavy_cnn(tmp_path, seed=23))
+    _, g = load(stem_heavy_cnn(tmp_path, seed=23))
     spans = split_spans(g)
     for kernels in ("cmsis-nn", "reference"):
         as_is = as_is_variants(g, spans, "qemu-mps2-an386", kernels)
@@ -115,7 +115,7 @@ def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
     head alone, fit's CMSIS-NN plan (12,048 B under both kernel sets here) lost to a plan 112 B
     smaller under the reference kernels and 6,336 B larger under CMSIS-NN's, and the board got the
     larger arena. The exported plan must give the CMSIS-NN head fit promised."""
-    from test_fit import _optimal_peak, _stem_heavy_cnn
+    from helpers.models import stem_heavy_cnn
 
     from tpu_pipeline.toolchain.export_mcu import export_mcu
     from tpu_pipeline.toolchain.ir import from_model
@@ -123,8 +123,9 @@ def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
     from tpu_pipeline.toolchain.tflite import read_model
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
-    src = _stem_heavy_cnn(tmp_path, seed=17)
-    fitted = fit_model(src, budget=_optimal_peak(src) // 2, kernels="cmsis-nn", time_limit=20)
+    src = stem_heavy_cnn(tmp_path, seed=17)
+    optimum = schedule(load(src)[1], time_limit=10).peak
+    fitted = fit_model(src, budget=optimum // 2, kernels="cmsis-nn", time_limit=20)
     assert fitted.result.fits
     export_mcu(src, "qemu-mps2-an386", tmp_path / "fw", model_data=fitted.data)
     exported = read_model((tmp_path / "fw" / "model.tflite").read_bytes())

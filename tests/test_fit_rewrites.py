@@ -10,7 +10,8 @@ import pytest
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, rewrite_variants, splice
-from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.ir.convert import rewritten_model
+from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.schedule.api import schedule
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 

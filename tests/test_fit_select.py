@@ -11,7 +11,7 @@ import pytest
 from tpu_pipeline.toolchain.fit.select import chain_select, pareto, select
 from tpu_pipeline.toolchain.fit.spans import split_spans, span_graph
 from tpu_pipeline.toolchain.fit.variants import Variant
-from tpu_pipeline.toolchain.ir.convert import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.schedule.api import schedule
 

@@ -20,6 +20,7 @@ from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.cost.devices import DEVICES_DIR, load_device
 from tpu_pipeline.toolchain.errors import DeviceError, ModelError, UsageError
 from tpu_pipeline.toolchain import tflite
+from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert
 from tpu_pipeline.toolchain.tflite import io as tflite_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
@@ -179,7 +180,7 @@ def _stride_zero(model):
 def test_litert_load_failure_is_a_model_error(tmp_path, capsys):
     path = patched(tmp_path, _stride_zero)
     with pytest.raises(ModelError, match="LiteRT cannot load"):
-        tflite.check_loads_in_litert(path.read_bytes(), str(path))
+        check_loads_in_litert(path.read_bytes(), str(path))
     # plan used to write a model nothing can run, and exit 0; TFLite Micro runs it (computing
     # garbage), so the reader is what refuses it now, for every command alike
     code, err = cli(capsys, "plan", path, "-o", tmp_path / "out.tflite")
@@ -210,9 +211,9 @@ def _custom(code: str):
 
 def test_an_unresolved_custom_op_is_a_note_not_a_refusal(tmp_path):
     path = patched(tmp_path, _custom("MyAccelOp"))
-    note = tflite.check_loads_in_litert(path.read_bytes(), str(path))
+    note = check_loads_in_litert(path.read_bytes(), str(path))
     assert note and "MyAccelOp" in note
-    assert tflite.check_loads_in_litert(CHAIN.read_bytes(), str(CHAIN)) is None
+    assert check_loads_in_litert(CHAIN.read_bytes(), str(CHAIN)) is None
 
 
 # ---- item 10b: an Edge TPU-compiled model ---------------------------------------------------------

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cnn_builder import CnnBuilder
-from test_firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.export_mcu import export_mcu
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model

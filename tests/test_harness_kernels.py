@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-from cnn_builder import CnnBuilder
+from helpers.cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.errors import ModelError, UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import kernels

@@ -11,9 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from cnn_builder import CnnBuilder
+from helpers.cnn_builder import CnnBuilder
 from conftest import run_cli
 from tpu_pipeline.toolchain.errors import UsageError
+from tpu_pipeline.toolchain.execute.litert import run_litert
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.rewrite.interface import int8_io
@@ -30,13 +31,7 @@ def _float_io_cnn():
 
 
 def _run(data: bytes, x: np.ndarray) -> np.ndarray:
-    from ai_edge_litert.interpreter import Interpreter
-
-    it = Interpreter(model_content=data)
-    it.allocate_tensors()
-    it.set_tensor(it.get_input_details()[0]["index"], x)
-    it.invoke()
-    return it.get_tensor(it.get_output_details()[0]["index"])
+    return run_litert(data, [x])[0][0]
 
 
 def test_int8_io_gives_the_original_results_on_the_quantized_interface():

@@ -11,7 +11,8 @@ from ai_edge_litert import schema_py_generated as schema
 from conftest import FIXTURES, fixture_models
 from tpu_pipeline.toolchain.execute.litert import seeded_outputs
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, from_model, load, macs, param_bytes, to_model
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, from_model, macs, param_bytes, to_model
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import lifetimes, peak_memory
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
@@ -245,7 +246,8 @@ def test_ops_are_built_without_the_schema_and_written_with_it():
 def test_unique_tensor_names_are_given_in_the_ir_and_written_by_to_model():
     import dataclasses
 
-    from tpu_pipeline.toolchain.ir import from_model, load, to_model
+    from tpu_pipeline.toolchain.ir import from_model, to_model
+    from tpu_pipeline.toolchain.loader import load
 
     model, graph = load(FIXTURES / "chain_int8.tflite")
     t0, t1 = graph.tensors[0], graph.tensors[1]

@@ -16,7 +16,7 @@ from conftest import FIXTURES
 from tpu_pipeline.toolchain.cost.devices import load_device
 from tpu_pipeline.toolchain.cost.mcu import KERNEL_SETS, estimate_mcu, fitted_table, op_features, predict_instructions
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.toolchain.loader import load
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "bench" / "mcu_ops.json"

@@ -8,7 +8,8 @@ import pytest
 
 from conftest import tflm_models
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import from_model, load, to_model
+from tpu_pipeline.toolchain.ir import from_model, to_model
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import check_plan, lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 

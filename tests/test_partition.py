@@ -11,13 +11,14 @@ from hypothesis import example, given, settings, strategies as st
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device
 from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, load
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.partition import (PartitionProblem, baseline_partition, coral_heuristic, partition,
                                  refine_by_simulation, solve)
 from tpu_pipeline.toolchain.partition import lattice
 from tpu_pipeline.toolchain.partition.heuristic import coral_parameter_sizes, coral_topological_sort
 from tests.conftest import FIXTURES
-from tests.test_cost import EDGETPU
+from helpers.models import EDGETPU
 
 
 @pytest.fixture(scope="module")

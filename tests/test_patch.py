@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from tests.cnn_builder import CnnBuilder, graph_bytes
+from helpers.cnn_builder import CnnBuilder, graph_bytes
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import macs

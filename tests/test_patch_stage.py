@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cnn_builder import CnnBuilder
-from test_firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, stage

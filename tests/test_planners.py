@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from conftest import ROOT, run_cli, tflm_models
 from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import load
-from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.loader import load
+from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.memory import (
     Buffer, Lifetimes, check_plan, lifetimes, live_lower_bound, plan_arena, plan_buffers, plan_for_tflm,
     tflm_greedy,
 )
-from tpu_pipeline.toolchain.memory import _native
+from tpu_pipeline.toolchain.memory import native_search
 from tpu_pipeline.toolchain.memory.minimalloc import read_csv
 from tpu_pipeline.toolchain.memory.cpsat import cpsat_plan
 from tpu_pipeline.toolchain.memory.plan import arena_size
@@ -170,7 +170,7 @@ def test_planners_come_from_one_registry():
 
 
 def _needs_native():
-    if _native.load() is None:
+    if native_search.load() is None:
         pytest.skip("no C compiler here: the native search cannot be built, only the Python one runs")
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from conftest import tflm_models
-from tpu_pipeline.toolchain.ir import Graph, Op, Tensor, load
+from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import lifetimes, offchip_traffic, order_free_lower_bound
 from tpu_pipeline.toolchain.memory.semantics import align
 

@@ -10,15 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.models import with_custom_op
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.partition import PartitionProblem, partition
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
 from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
 from tpu_pipeline.toolchain.execute.inputs import random_inputs
-from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert
+from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert, runtime_shapes
 from tpu_pipeline.toolchain.execute.tflm import run_tflm, run_tflm_in_child
-from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, schema
-from tpu_pipeline.toolchain.tflite.extract import extract_segment, runtime_shapes, stale_shapes, with_static_shapes
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.extract import extract_segment, stale_shapes, with_static_shapes
 
 FIX = Path(__file__).parent / "fixtures"
 DARTS = ["darts_s2b_int8", "darts_s2b_float32", "darts_s2b_dynbatch_int8", "darts_s2b_dynbatch_float32"]
@@ -28,11 +29,16 @@ def _load(name):
     return read_model(FIX / f"{name}.tflite")
 
 
+def _stale(model):
+    return stale_shapes(model, runtime_shapes(model))
+
+
 def _segments(model, graph, stages, n):
     problem = PartitionProblem(graph, EdgeTpuCostModel("coral-usb"))
     ifaces = problem.interfaces(stages, n)
     return [model_to_bytes(extract_segment(model, [v for v, s in enumerate(stages) if s == k],
-                                           ifaces[k].inputs, ifaces[k].outputs)) for k in range(n)]
+                                           ifaces[k].inputs, ifaces[k].outputs, real=runtime_shapes(model)))
+            for k in range(n)]
 
 
 def _chain_equals_whole(whole: bytes, segments: list[bytes], samples: int = 2):
@@ -54,10 +60,10 @@ def test_fixtures_hold_space_to_batch_pairs_and_dynamic_batch_stores_placeholder
         g = from_model(_load(name))
         _pairs(g)
     dyn = _load("darts_s2b_dynbatch_int8")
-    stale = stale_shapes(dyn)
+    stale = stale_shapes(dyn, runtime_shapes(dyn))
     # the tensors between the pairs: stored [1, ...], allocated [4, ...] by LiteRT
     assert stale and all(old[0] == 1 and new[0] == 4 and old[1:] == new[1:] for old, new in stale.values())
-    assert stale_shapes(_load("darts_s2b_int8")) == {}
+    assert _stale(_load("darts_s2b_int8")) == {}
 
 
 @pytest.mark.parametrize("name", DARTS)
@@ -90,16 +96,16 @@ def test_partition_segments_load_and_chain_for_every_n(name, n):
 
 def test_with_static_shapes_writes_litert_shapes_and_leaves_static_models_alone():
     dyn = _load("darts_s2b_dynbatch_int8")
-    fixed, changed = with_static_shapes(dyn)
-    assert set(changed) == set(stale_shapes(dyn))
-    assert stale_shapes(fixed) == {}
+    fixed, changed = with_static_shapes(dyn, runtime_shapes(dyn))
+    assert set(changed) == set(stale_shapes(dyn, runtime_shapes(dyn)))
+    assert stale_shapes(fixed, runtime_shapes(fixed)) == {}
     real = runtime_shapes(dyn)
     for i, t in enumerate(fixed.subgraphs[0].tensors):
         if i in real:
             assert tuple(int(d) for d in t.shape) == real[i]
             assert t.shapeSignature is None or all(int(d) >= 0 for d in t.shapeSignature)
     static = _load("darts_s2b_int8")
-    assert with_static_shapes(static) == (static, {})
+    assert with_static_shapes(static, runtime_shapes(static)) == (static, {})
     # LiteRT gives the same outputs before and after (it recomputed these shapes anyway)
     _chain_equals_whole(model_to_bytes(dyn), [model_to_bytes(fixed)])
 
@@ -160,7 +166,7 @@ def test_tflm_batch_to_space_on_placeholder_shapes_leaves_output_bytes_unwritten
     assert not np.any(fresh[0][odd])                          # never written: a fresh arena's zeros
     assert np.array_equal(shared[0][~odd], fresh[0][~odd])   # the quarter it did write
 
-    fixed, changed = with_static_shapes(tiny)
+    fixed, changed = with_static_shapes(tiny, runtime_shapes(tiny))
     assert set(mids) <= set(changed)
     want = litert_interpreter(model_to_bytes(tiny))
     want.set_tensor(want.get_input_details()[0]["index"], x)
@@ -189,7 +195,7 @@ def test_reordering_changes_tflm_outputs_only_on_placeholder_shapes(dtype):
     order = coral_topological_sort(from_model(dyn))
     assert order != list(range(len(order)))
     assert _agree(model_to_bytes(dyn), _reordered(dyn, order)) == {"litert": True, "tflm": False}
-    fixed, _ = with_static_shapes(dyn)
+    fixed, _ = with_static_shapes(dyn, runtime_shapes(dyn))
     assert _agree(model_to_bytes(fixed), _reordered(fixed, order)) == {"litert": True, "tflm": True}
 
 
@@ -291,43 +297,11 @@ def test_partition_is_reproducible_when_stopped_by_its_budget_on_a_loaded_machin
 
 # ---- item 10a: custom ops LiteRT has no kernel for -------------------------------------------------
 
-def _with_custom_op(name: str, after_op: int | None, code: str = "MyCustomDecoder"):
-    """The fixture `name` with a CUSTOM op `code` (no kernel anywhere) inserted: reading the
-    output of op `after_op` and feeding that op's consumers (same shape and type, as a decoder
-    or a MediaPipe op would), or, with after_op None, reading the graph's first output and
-    giving a new graph output (Coral's PoseNet decoder at the end)."""
-    m = copy.deepcopy(read_model(FIX / f"{name}.tflite"))
-    sg = m.subgraphs[0]
-    oc = schema.OperatorCodeT()
-    oc.builtinCode = schema.BuiltinOperator.CUSTOM
-    oc.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
-    oc.customCode = code.encode()
-    oc.version = 1
-    m.operatorCodes.append(oc)
-    src = sg.outputs[0] if after_op is None else sg.operators[after_op].outputs[0]
-    new = copy.deepcopy(sg.tensors[src])
-    new.name = (sg.tensors[src].name.decode() + "/decoded").encode()
-    new.buffer = 0
-    sg.tensors.append(new)
-    t_new = len(sg.tensors) - 1
-    op = schema.OperatorT()
-    op.opcodeIndex = len(m.operatorCodes) - 1
-    op.inputs, op.outputs = [src], [t_new]
-    if after_op is None:
-        sg.operators.append(op)
-        sg.outputs = [t_new] + list(sg.outputs[1:])
-    else:
-        for o in sg.operators[after_op + 1:]:
-            o.inputs = [t_new if t == src else t for t in o.inputs]
-        sg.operators.insert(after_op + 1, op)
-    return m
-
-
 def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
     from tpu_pipeline.toolchain.errors import InfeasibleError
     from tpu_pipeline.toolchain.partition.host import litert_missing_kernels, verification_scope
 
-    model = _with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
+    model = with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
     g = from_model(model)
     assert [op.opcode for op in g.ops][4] == "CUSTOM:MyCustomDecoder"
     problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
@@ -354,7 +328,7 @@ def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
 def test_custom_decoder_at_the_end_leaves_every_other_output_verifiable():
     from tpu_pipeline.toolchain.partition.host import verification_scope
 
-    model = _with_custom_op("multi_output_int8", after_op=None)
+    model = with_custom_op("multi_output_int8", after_op=None)
     g = from_model(model)
     for n in (2, 3):
         p = partition(g, n, time_limit=5.0)
@@ -387,7 +361,7 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
 
     for name in ("darts_s2b_int8", "darts_s2b_dynbatch_int8", "darts_s2b_float32"):
         src = _load(name)
-        fixed, notes = runtime_exact_model(src)
+        fixed, notes = runtime_exact_model(src, runtime_shapes(src))
         assert tflm_hazards(fixed) == [] and tflm_hazards(src) != []
         assert any("SPACE_TO_BATCH_ND" in n for n in notes)
         g = from_model(fixed)
@@ -404,14 +378,14 @@ def test_explicit_space_to_batch_padding_makes_tflm_independent_of_the_arena():
             assert after <= 1e-5
     static = _load("tiny_irregular_int8")
     assert explicit_space_to_batch_padding(static) == (static, 0)
-    assert runtime_exact_model(static) == (static, [])
+    assert runtime_exact_model(static, runtime_shapes(static)) == (static, [])
 
 
 def test_runnable_part_of_the_input_and_of_a_reordered_model_compare_by_name():
     from tpu_pipeline.toolchain.partition.heuristic import coral_topological_sort
     from tpu_pipeline.toolchain.partition.host import runnable_part
 
-    model = _with_custom_op("tiny_irregular_int8", after_op=None)
+    model = with_custom_op("tiny_irregular_int8", after_op=None)
     g = from_model(model)
     order = coral_topological_sort(g)
     other = read_model(_reordered(model, order))
@@ -431,11 +405,11 @@ def test_dynamic_batch_model_with_a_custom_op_gets_its_real_shapes_and_segments(
 
     plain = from_model(_load("darts_s2b_dynbatch_int8"))
     mean = next(i for i, op in enumerate(plain.ops) if op.opcode == "MEAN")
-    model = _with_custom_op("darts_s2b_dynbatch_int8", after_op=mean)
+    model = with_custom_op("darts_s2b_dynbatch_int8", after_op=mean)
     with pytest.raises(Exception, match="MyCustomDecoder"):
         litert_interpreter(model_to_bytes(model))
-    fixed, changed = with_static_shapes(model)
-    assert len(changed) == len(stale_shapes(_load("darts_s2b_dynbatch_int8"))) == 24
+    fixed, changed = with_static_shapes(model, runtime_shapes(model))
+    assert len(changed) == len(_stale(_load("darts_s2b_dynbatch_int8"))) == 24
     g = from_model(model)
     for n in (3, 5):
         p = partition(g, n, time_limit=2.0)

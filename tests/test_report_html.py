@@ -94,7 +94,7 @@ def test_inspect_schedule_and_plan_reports(tmp_path):
     assert "our offline plan" in (tmp_path / "plan.html").read_text()
     # the arena drawing is TFLite Micro's layout: rectangles inside the head, none overlapping in
     # both lifetime and bytes
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     boxes, head, _ = R.arena_boxes(load(TINY)[1])
     assert head == tp.inspect(TINY).tflm_arena_bytes and all(b.offset + b.size <= head for b in boxes)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_pipeline.toolchain.ir import Graph, Op, Quantization, Tensor, load
+from tpu_pipeline.toolchain.ir import Graph, Op, Quantization, Tensor
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.ir import ops as ir_ops
 from tpu_pipeline.toolchain.ir.convert import rewritten_model, standalone_model
 from tpu_pipeline.toolchain.ir.options import (ACTIVATIONS, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conftest import run_cli
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import load
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import peak_memory
 
 FIX = Path(__file__).parent / "fixtures"

@@ -12,6 +12,7 @@ from tpu_pipeline.runtime.backends import select_backend
 from tpu_pipeline.runtime.backends.coral import list_edgetpus, run_coral
 from tpu_pipeline.runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
 from tpu_pipeline.runtime.deployment import load_deployment
+from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.data import DEVICES_DIR
@@ -48,7 +49,7 @@ def split_contiguous(src: Path, cuts: list[int], out: Path) -> Path:
         if k == n - 1:
             outs = [t for t in g.outputs]
         f = f"{stem}_segment_{k}_of_{n}.tflite"
-        write_model(extract_segment(model, ops, ins, outs), str(out / f))
+        write_model(extract_segment(model, ops, ins, outs, real=runtime_shapes(model)), str(out / f))
         segs.append({"index": k, "file": f, "inputs": [g.tensors[t].name for t in ins],
                      "outputs": [g.tensors[t].name for t in outs], "ops": len(ops)})
         assert mine

@@ -20,6 +20,7 @@ from tpu_pipeline.toolchain.schedule.fusion import fuse
 from tpu_pipeline.toolchain.schedule.model import bits
 from tpu_pipeline.toolchain.schedule.divide import pieces
 from tpu_pipeline.toolchain.schedule.problem import Piece
+from helpers.oracle import Oracle, topological_orders
 
 
 def random_graph(draw, max_ops=8, reshape=False) -> Graph:
@@ -59,28 +60,9 @@ def graphs(draw, max_ops=7, reshape=False):
     return random_graph(draw, max_ops, reshape)
 
 
-def topological_orders(graph: Graph):
-    n = len(graph.ops)
-    preds = [set(p) for p in graph.preds]
-
-    def rec(done, order):
-        if len(order) == n:
-            yield list(order)
-            return
-        for v in range(n):
-            if v not in done and preds[v] <= done:
-                done.add(v)
-                order.append(v)
-                yield from rec(done, order)
-                order.pop()
-                done.discard(v)
-
-    yield from rec(set(), [])
-
-
 def brute_force(graph: Graph, semantics="tflm") -> int:
-    model = build_model(graph, semantics)
-    return min(model.peak(o) for o in topological_orders(graph))
+    """The optimum by the independent oracle (tests/helpers/oracle.py), not the scheduler's model."""
+    return Oracle(graph, semantics).optimum()
 
 
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,7 +182,7 @@ def test_deterministic_and_bounds(graph):
 
 def test_baselines_are_topological():
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     if not EXAMPLE.exists():
         pytest.skip("example model missing")
@@ -226,16 +208,16 @@ def test_errors():
 
 def test_c_structs_match_their_ctypes_mirrors():
     """The C searches take the problem and their limits and results as structs passed by pointer
-    (_best_first.c); the ctypes mirrors in _native_search.py must name the same fields, in the
+    (_best_first.c); the ctypes mirrors in native_search.py must name the same fields, in the
     same order, at the same offsets and sizes, in a struct of the same size."""
     import ctypes
 
-    from tpu_pipeline.toolchain.schedule import _native_search
+    from tpu_pipeline.toolchain.schedule import native_search
 
-    if not _native_search.available():
+    if not native_search.available():
         pytest.skip("no C compiler: the C searches are not built here")
-    for k, mirror in enumerate(_native_search.STRUCTS):
-        fields, size = _native_search.c_layout(k)
+    for k, mirror in enumerate(native_search.STRUCTS):
+        fields, size = native_search.c_layout(k)
         assert fields == [(name, getattr(mirror, name).offset, getattr(mirror, name).size)
                           for name, _ in mirror._fields_], mirror.__name__
         assert size == ctypes.sizeof(mirror), mirror.__name__
@@ -275,7 +257,7 @@ def test_a_new_lower_bound_is_one_registration(monkeypatch):
     """The worked example of docs/schedule.md: a new bound is a function plus one entry in
     bounds.PIECE_BOUNDS; the scheduler runs it on the pieces and reports what it proved."""
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import bounds
     from tpu_pipeline.toolchain.schedule.bounds import LowerBound
 
@@ -294,7 +276,7 @@ def test_a_new_stage_is_one_registration(monkeypatch):
     entry in a method's stages.STAGES; it sees what is known about each piece left open by the
     bounds, and what it returns is what the next stage starts from."""
     from conftest import EXAMPLE
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import stages
 
     seen = []

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from tests.test_schedule_bruteforce import NATIVE, SEMS, Oracle, check_everything, compact, dags, fast
+from helpers.oracle import NATIVE, SEMS, Oracle, check_everything, compact, dags, fast
 from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
 from tpu_pipeline.toolchain.schedule import ScheduleParams, build_model, schedule
 from tpu_pipeline.toolchain.schedule.branches import _body_tensors, _res, body_order, body_units

@@ -12,7 +12,8 @@ from conftest import fixture_models, run_cli, tflm_models
 from tpu_pipeline.toolchain.execute.litert import seeded_outputs
 from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import from_model, load, to_model
+from tpu_pipeline.toolchain.ir import from_model, to_model
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound, tflm_greedy
 from tpu_pipeline.toolchain.schedule import schedule
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model

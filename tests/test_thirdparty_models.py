@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-from tpu_pipeline.toolchain.ir import from_model, load
+from tpu_pipeline.toolchain.ir import from_model
+from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, schema
 

@@ -66,7 +66,7 @@ def today(path: Path) -> int:
     """TFLite Micro's own arena head for the model as converted (no offline plan), with the CMSIS-NN
     kernels' scratch (tpu_pipeline.toolchain.memory.tflm_target: equal to the firmware's on every QEMU run); never
     below what the host's TFLite Micro (reference kernels) measures."""
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.loader import load_exact
     from tpu_pipeline.toolchain.memory.tflm_target import target_head
 
     return max(measure_tflm_arena(path).head, target_head(load_exact(path)[1], "cmsis-nn")[0])
@@ -80,7 +80,7 @@ def measured(f) -> str:
 def today_whole(path: Path) -> int:
     """Today's whole arena: TFLite Micro's own head (`today`) + the model's tail on the 32-bit target
     with the CMSIS-NN kernels."""
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.loader import load_exact
     from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
     return today(path) + (target_tail(load_exact(path)[1], "cmsis-nn").bytes or 0)
@@ -149,7 +149,7 @@ def _cell(p, r) -> str:
 
 def fit_model_optimum(path: Path) -> int:
     """The proven optimal peak of the model as it is (the baseline every fit reports)."""
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.loader import load_exact
     from tpu_pipeline.toolchain.schedule import schedule
 
     return schedule(load_exact(path)[1], time_limit=10).peak

@@ -17,7 +17,8 @@ sys.path.insert(0, str(ROOT))
 
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
 from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.ir import total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound, tflite_arena, tflm_greedy  # noqa: E402
 
 

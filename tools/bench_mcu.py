@@ -42,7 +42,7 @@ def _outputs(run: dict) -> str:
 
 
 def _graph(run: dict, dirs):
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     path = REPO / run["model"]
     if not path.exists():

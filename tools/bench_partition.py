@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tpu_pipeline.toolchain.ir import load  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.partition import partition  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 

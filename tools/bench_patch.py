@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from tpu_pipeline.toolchain.execute.compare import verify_models  # noqa: E402
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.ir.convert import rewritten_model  # noqa: E402
 from tpu_pipeline.toolchain.memory import plan_for_tflm  # noqa: E402
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions  # noqa: E402

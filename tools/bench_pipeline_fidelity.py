@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import re
 import sys
 import textwrap
 from pathlib import Path
@@ -32,10 +31,12 @@ sys.path.insert(0, str(REPO))
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device  # noqa: E402
 from tpu_pipeline.toolchain.cost.pipeline import StageLoad, simulate, simulate_pipelines  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.partition import PartitionProblem, coral_heuristic  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 from tools.calibrate_edgetpu import DEFAULT_CSV, read_csv, zoo_models  # noqa: E402
+from tools.package_toml import with_fitted_values, without_stamp  # noqa: E402
 
 MiB = 1 << 20
 PEAK = 4.0e12
@@ -115,28 +116,22 @@ def fit(cases) -> dict:
 
 def write_device(x: dict, rms_fit: float, rms_test: float, n_pub: int) -> None:
     path = REPO / "tpu_pipeline" / "toolchain" / "data" / "devices" / "coral-usb.toml"
-    text = path.read_text()
-    subs = {
-        r"param_sram_bytes = [0-9.e+]+": f"param_sram_bytes = {int(x['sram'])}",
-        r"host_bandwidth_bytes_per_s = [0-9.e+]+": f"host_bandwidth_bytes_per_s = {x['bw']:.6g}",
-        r"invoke_overhead_s = [0-9.e+-]+": f"invoke_overhead_s = {x['overhead']:.6g}",
-        r"per_op_s = [0-9.e+-]+": f"per_op_s = {x['per_op']:.6g}",
+    values = {
+        "memory.param_sram_bytes": f"{int(x['sram'])}",
+        "link.host_bandwidth_bytes_per_s": f"{x['bw']:.6g}",
+        "timing.invoke_overhead_s": f"{x['overhead']:.6g}",
+        "timing.per_op_s": f"{x['per_op']:.6g}",
     }
     for cls in ("conv", "depthwise", "fully_connected", "elementwise", "other"):
-        subs[rf"\n{cls} = [0-9.e+-]+"] = f"\n{cls} = {x['eff']:.6g}"
-    for pat, rep in subs.items():
-        text, k = re.subn(pat, rep, text, count=1)
-        if k != 1:
-            raise SystemExit(f"{path}: cannot find '{pat}'")
-    if "stream_overlaps_compute" not in text:
-        text = text.replace("per_op_s =", "# The TPU runs a layer while the next parameters stream in (fitted model: overlap).\n"
-                            "stream_overlaps_compute = 1\nper_op_s =", 1)
+        values[f"compute.efficiency.{cls}"] = f"{x['eff']:.6g}"
+    overlap = {"timing.stream_overlaps_compute": (
+        "1", "The TPU runs a layer while the next parameters stream in (fitted model: overlap).")}
+    text = with_fitted_values(without_stamp(path.read_text(), "# Coral "), values, str(path), added=overlap)
     stamp = ("# FITTED by tools/bench_pipeline_fidelity.py --write: least squares on relative errors against "
              f"Coral's\n# published usb3_ms latencies of {n_pub} zoo models and the ResNet101 row of Table I of the "
              "pipelined\n# Edge TPU paper (periods of Coral's segmentation on 1-5 USB TPUs, simulated with the shared "
              f"link);\n# fit rms {rms_fit:.1%}; ResNet152 row held out as the test, rms {rms_test:.1%}. "
              "See docs/bench/pipeline_fidelity.md.\n")
-    text = re.sub(r"(?m)^# FITTED by.*\n(^#.*\n)*?(?=^# Coral )", "", text)
     write_bytes_atomic(path, (stamp + text).encode())
 
 

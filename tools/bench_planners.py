@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
-from tpu_pipeline.toolchain.ir import load  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.memory import Lifetimes, lifetimes, live_lower_bound, plan_buffers, plan_for_tflm  # noqa: E402
 from tpu_pipeline.toolchain.memory import tflite_arena, tflm_greedy  # noqa: E402
 from tpu_pipeline.toolchain.memory.minimalloc import read_csv  # noqa: E402

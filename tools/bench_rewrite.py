@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_pipeline.toolchain.errors import ToolchainError  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.rewrite import rewrite_graph  # noqa: E402
 from tpu_pipeline.toolchain.ir.convert import rewritten_model  # noqa: E402
 from tpu_pipeline.toolchain.execute.compare import verify_models  # noqa: E402

@@ -42,7 +42,7 @@ def edgetpu_rows(path: Path, stages: list[int], iterations: int, time_limit: flo
     from tpu_pipeline.runtime.deployment import load_deployment
     from tpu_pipeline.toolchain.compile import compile_models
     from tpu_pipeline.toolchain.errors import ToolchainError
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
 
     _, g = load(path)
     rows = []

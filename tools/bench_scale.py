@@ -68,7 +68,7 @@ ABLATION = {  # name -> ScheduleParams switches of the at-scale search turned of
 
 def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
     """Runs in a child: the schedule's figures for one model, as JSON."""
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import ScheduleParams, schedule
 
     _, graph = load(path)
@@ -79,7 +79,7 @@ def one(path: str, time_limit: float, off: tuple[str, ...] = ()) -> dict:
 
 def exhaust(path: Path, seconds: float, gib: float) -> int:
     """The exact search on the largest piece with a large time and memory budget (see above)."""
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import dp, heuristics
     from tpu_pipeline.toolchain.schedule.beam import widening_beams
     from tpu_pipeline.toolchain.schedule.bounds.branching import branch_lower_bound

@@ -65,7 +65,7 @@ VARIANTS = {  # ablation: name -> (method, ScheduleParams switches turned off)
 
 
 def variant(path: str, name: str, time_limit: float) -> dict:
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.schedule import ScheduleParams, schedule
 
     _, graph = load(path)
@@ -91,7 +91,7 @@ def irregular(files: list[Path], dirs: list[Path]) -> list[Path]:
 
 def one(path: str, time_limit: float) -> dict:
     """Runs in a child: every figure for one model, as JSON."""
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.schedule import build_model, heuristics, schedule
 

@@ -37,7 +37,6 @@ import argparse
 import csv
 import itertools
 import json
-import re
 import textwrap
 import sys
 from pathlib import Path
@@ -48,8 +47,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
-from tpu_pipeline.toolchain.ir import load, macs, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.ir import macs, total_param_bytes  # noqa: E402
+from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
+from tools.package_toml import with_fitted_values, without_stamp  # noqa: E402
 
 DEFAULT_CSV = REPO.parent / "shared" / "data" / "coral_published_latency.csv"
 MiB = 1 << 20
@@ -216,26 +217,22 @@ def _summary(sram: int, x: np.ndarray, peak: float, rms: float) -> str:
 def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, n_models: int, rms: float,
                  constraint: dict) -> None:
     path = REPO / "tpu_pipeline" / "toolchain" / "data" / "devices" / f"{name}.toml"
-    text = path.read_text()
     overhead, k_dense, k_dw, k_byte, k_op = x
     eff_dense = min(1.0, 2 / (k_dense * peak)) if k_dense > 0 else 1.0
     eff_dw = min(1.0, 2 / (k_dw * peak)) if k_dw > 0 else 1.0
     bw = 1 / k_byte if k_byte > 0 else 1e12
-    subs = {
-        r"param_sram_bytes = [0-9.e+]+": f"param_sram_bytes = {sram}",
-        r"host_bandwidth_bytes_per_s = [0-9.e+]+": f"host_bandwidth_bytes_per_s = {bw:.6g}",
-        r"invoke_overhead_s = [0-9.e+-]+": f"invoke_overhead_s = {overhead:.6g}",
-        r"per_op_s = [0-9.e+-]+": f"per_op_s = {k_op:.6g}",
-        r"\nconv = [0-9.e+-]+": f"\nconv = {eff_dense:.6g}",
-        r"\ndepthwise = [0-9.e+-]+": f"\ndepthwise = {eff_dw:.6g}",
-        r"\nfully_connected = [0-9.e+-]+": f"\nfully_connected = {eff_dense:.6g}",
-        r"\nelementwise = [0-9.e+-]+": f"\nelementwise = {eff_dense:.6g}",
-        r"\nother = [0-9.e+-]+": f"\nother = {eff_dense:.6g}",
+    values = {
+        "memory.param_sram_bytes": f"{sram}",
+        "link.host_bandwidth_bytes_per_s": f"{bw:.6g}",
+        "timing.invoke_overhead_s": f"{overhead:.6g}",
+        "timing.per_op_s": f"{k_op:.6g}",
+        "compute.efficiency.conv": f"{eff_dense:.6g}",
+        "compute.efficiency.depthwise": f"{eff_dw:.6g}",
+        "compute.efficiency.fully_connected": f"{eff_dense:.6g}",
+        "compute.efficiency.elementwise": f"{eff_dense:.6g}",
+        "compute.efficiency.other": f"{eff_dense:.6g}",
     }
-    for pat, rep in subs.items():
-        text, k = re.subn(pat, rep, text, count=1)
-        if k != 1:
-            raise SystemExit(f"{path}: cannot find '{pat}'")
+    text = with_fitted_values(without_stamp(path.read_text(), "# Coral "), values, str(path))
     lo, hi = constraint["bandwidth"]
     stamp = (f"# FITTED by tools/calibrate_edgetpu.py: least squares on the relative error of the one-segment\n"
              f"# prediction against Coral's published `{source}` latencies of {n_models} zoo models (random weights,\n"
@@ -247,9 +244,7 @@ def write_device(name: str, sram: int, x: np.ndarray, peak: float, source: str, 
              f"# fitted: compute efficiency, bandwidth within its bound, a fixed cost per op, SRAM on the\n"
              f"# 7.0-7.9 MiB grid.\n"
              f"# Whole-model latencies alone cannot split overhead from compute. See docs/bench/calibration.md.\n")
-    text = re.sub(r"(?m)^# FITTED by.*\n(^#.*\n)*?(?=^# Coral )", "", text)
-    text = stamp + text
-    write_bytes_atomic(path, text.encode())
+    write_bytes_atomic(path, (stamp + text).encode())
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ same kernel as its builtin (its own cost is the builtin's), except:
   + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
   (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
 Both are fitted here by non-negative least squares on models built from random weights
-(tests/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
+(tests/helpers/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
 (`-icount shift=0`). The tables are merged into tpu_pipeline/toolchain/data/mcu_cost.toml (written with tomli_w).
 """
 
@@ -41,7 +41,7 @@ DEVICE = "qemu-mps2-an386"
 def models():
     """(name, graph, model bytes) for every measured variant of each size: harness kernels as
     they are, overlapped, and the block as patch stages on two grids."""
-    from cnn_builder import CnnBuilder
+    from helpers.cnn_builder import CnnBuilder
 
     from tpu_pipeline.toolchain.ir.convert import to_model
     from tpu_pipeline.toolchain.ir.kernels import OVERLAP, kernel_name, with_kernel

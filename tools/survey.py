@@ -76,7 +76,7 @@ def describe(model: Path) -> dict:
         m = read_model(model)
     except Exception as exc:  # noqa: BLE001 - the survey records, the commands judge
         return {"ops": None, "dtype": "?", "error": str(exc)[:200]}
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
+    from tpu_pipeline.toolchain.tflite.names import opcode_name
 
     sub = m.subgraphs[0]
     types = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 9: "int8", 7: "int16"}

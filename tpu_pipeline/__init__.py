@@ -14,23 +14,26 @@ command line's start-up do not import all of it. The compiler never imports the 
 command line.
 """
 
-_API = ("inspect", "schedule", "plan", "fit", "compile", "profile", "run", "batch",
+_API = ("inspect", "schedule", "plan", "fit", "compile", "profile", "run",
         "InspectResult", "ScheduleResult", "PlanResult", "FitResult", "CompileResult", "RunResult",
-        "ProfileResult", "BatchResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
+        "ProfileResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
         "DeviceError", "VerificationError")
+_BATCH = ("batch", "BatchResult")  # batch_runner: its workers call the API, so api.py cannot import it
 
-__all__ = list(_API)
+__all__ = [*_API, *_BATCH]
 
 
 def __getattr__(name: str):
-    if name in _API:
-        from tpu_pipeline import api
-
-        value = getattr(api, name)
-        globals()[name] = value  # once loaded, a plain attribute
-        return value
-    raise AttributeError(f"module 'tpu_pipeline' has no attribute {name!r}")
+    if name not in __all__:
+        raise AttributeError(f"module 'tpu_pipeline' has no attribute {name!r}")
+    if name in _BATCH:
+        from tpu_pipeline import batch_runner as home
+    else:
+        from tpu_pipeline import api as home
+    value = getattr(home, name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_API))
+    return sorted(set(globals()) | set(__all__))

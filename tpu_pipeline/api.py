@@ -24,15 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from tpu_pipeline.batch_runner import BatchResult  # stdlib only: cheap to import
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 
 Progress = Callable[[str], None]
 
-__all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run", "batch",
+__all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run",
            "InspectResult", "ScheduleResult", "PlanResult", "FitResult", "CompileResult", "RunResult",
-           "ProfileResult", "BatchResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
+           "ProfileResult", "ToolchainError", "UsageError", "ModelError", "InfeasibleError",
            "DeviceError", "VerificationError"]
 
 
@@ -185,7 +184,7 @@ def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.Pa
     `plot`: also draw live bytes per step (.png, .svg, ...); `report`: write the HTML report there."""
     from tpu_pipeline.toolchain.execute.tflm_arena import tflm_refusal
     from tpu_pipeline.toolchain.inspect import summarize
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.report import plot_live_bytes
 
     with _source(model, name) as (path, label):
@@ -213,8 +212,8 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
              name: str = "model.tflite") -> ScheduleResult:
     """The memory-optimal op order, with its proof (`tpu-pipeline schedule`). With `output` the
     reordered model is written there; `model_bytes` holds it either way."""
-    from tpu_pipeline.toolchain.ir import load, to_model
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.ir import to_model
+    from tpu_pipeline.toolchain.loader import load, load_exact
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
     from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model
@@ -252,7 +251,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
     """Arena offsets down to the live-bytes bound, as TFLite Micro's offline plan (`tpu-pipeline
     plan`). `verify`: load the planned model in TFLite Micro and check its head (VerificationError)."""
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-    from tpu_pipeline.toolchain.ir.convert import load_exact
+    from tpu_pipeline.toolchain.loader import load_exact
     from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
     from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
     from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_model
@@ -515,7 +514,7 @@ def profile(model, device: str, *, backend: str = "auto", kernels: str | None = 
                 o["host_s"] = times.get(o["index"])
         if kind == "edgetpu" and target.is_file() and not rep.ops:
             from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
-            from tpu_pipeline.toolchain.ir import load
+            from tpu_pipeline.toolchain.loader import load
 
             _, graph = load(target)
             costs = EdgeTpuCostModel(device).op_costs(graph)
@@ -534,7 +533,7 @@ def profile(model, device: str, *, backend: str = "auto", kernels: str | None = 
 def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
     """Arena (32-bit target, export-mcu's plan), latency and energy for `kernels` on `device`."""
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
     from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
@@ -569,7 +568,7 @@ def _predicted_figures(target: Path, device: str, kernels: str) -> str:
     """One line of what is known without running: predicted latency, arena needed vs available,
     and where to go next (`fit --device`)."""
     from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
-    from tpu_pipeline.toolchain.ir import load
+    from tpu_pipeline.toolchain.loader import load
     from tpu_pipeline.toolchain.memory.tflm_target import target_arena
 
     _, graph = load(target)
@@ -584,18 +583,3 @@ def _predicted_figures(target: Path, device: str, kernels: str) -> str:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not (0 < value < float("inf")):
         raise UsageError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
-
-
-# ---- batch -------------------------------------------------------------------------------------
-def batch(models, *, command: str = "inspect", devices=(None,), budgets=(None,), jobs: int | None = None,
-          cluster: str | None = None, job_timeout: float = 600.0, options: dict | None = None,
-          out: str | os.PathLike | None = None, on_row: Callable | None = None):
-    """Run `command` (inspect, fit, profile or compile) over every model x device x budget in worker
-    processes (`jobs` at a time) or on a Dask cluster (`cluster`), each job under `job_timeout`
-    seconds; a failing job is a row, never the end of the batch (`tpu-pipeline batch`). `models`:
-    paths, folders of .tflite files, or bytes; `options`: the command's other options, e.g.
-    `{"n": 4}` for compile. Returns a `BatchResult` (`.rows`, `.to_csv()`, `.to_json()`)."""
-    from tpu_pipeline.batch_runner import run_batch
-
-    return run_batch(models, command=command, devices=devices, budgets=budgets, jobs=jobs, cluster=cluster,
-                     job_timeout=job_timeout, options=options, out=out, on_row=on_row)

@@ -344,15 +344,17 @@ def run_dask(jobs: list[Job], address: str, on_row: Callable[[Row], None] | None
     return [rows[j.index] for j in jobs]
 
 
-def run_batch(models, *, command: str = "inspect", devices: Iterable = (None,), budgets: Iterable = (None,),
-              jobs: int | None = None, cluster: str | None = None, job_timeout: float = DEFAULT_JOB_TIMEOUT_S,
-              options: dict | None = None, out: str | os.PathLike | None = None,
-              on_row: Callable[[Row], None] | None = None) -> BatchResult:
-    """Run `command` over every model x device x budget: `models` are paths, folders or bytes;
+def batch(models, *, command: str = "inspect", devices: Iterable = (None,), budgets: Iterable = (None,),
+          jobs: int | None = None, cluster: str | None = None, job_timeout: float = DEFAULT_JOB_TIMEOUT_S,
+          options: dict | None = None, out: str | os.PathLike | None = None,
+          on_row: Callable[[Row], None] | None = None) -> BatchResult:
+    """`tpu_pipeline.batch` (`tpu-pipeline batch`): run `command` (inspect, fit, profile or compile)
+    over every model x device x budget, a failing job a row, never the end of the batch: `models` are paths, folders or bytes;
     `options` the command's other options (`{"time_limit": 10}`, compile's `{"n": 4}`); `jobs`
     local processes at a time (default: the CPU count); `cluster` a Dask scheduler address
     instead; `job_timeout` seconds per job; `out` a folder for compile's outputs (default: none
-    kept). `on_row` is called with each row as it finishes. Returns one row per job, in job order."""
+    kept). `on_row` is called with each row as it finishes. Returns a `BatchResult` (`.rows`, one
+    per job in job order; `.to_csv()`, `.to_json()`)."""
     if isinstance(models, (str, os.PathLike, bytes)):
         models = [models]
     planned = plan_jobs(list(models), command, list(devices), list(budgets), options, job_timeout, out)

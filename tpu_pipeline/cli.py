@@ -100,7 +100,6 @@ def _name_the_model(args, exc: ToolchainError) -> str:
     return message
 
 
-if __name__ == "__main__":
-    from tpu_pipeline.entry import main as _entry
-
-    _entry()
+if __name__ == "__main__":  # python -m tpu_pipeline.cli: the console script's steps (entry.py)
+    interrupts.install()
+    sys.exit(main())

@@ -47,7 +47,7 @@ def _options(args) -> dict:
 
 
 def run(args) -> int:
-    from tpu_pipeline import api
+    from tpu_pipeline.batch_runner import batch
     from tpu_pipeline.toolchain.errors import UsageError
 
     if args.output and not args.output.endswith((".csv", ".json")):
@@ -65,9 +65,9 @@ def run(args) -> int:
                 + (f" {row.device}" if row.device else "") + (f" budget {row.budget:,}" if row.budget is not None else "")
                 + f": {row.status}" + (f" ({row.error})" if row.error else ""))
 
-        result = api.batch(args.models, command=args.command, devices=args.devices or [None],
-                           budgets=args.budgets or [None], jobs=args.jobs, cluster=args.cluster,
-                           job_timeout=args.job_timeout, options=_options(args), out=args.out, on_row=on_row)
+        result = batch(args.models, command=args.command, devices=args.devices or [None],
+                       budgets=args.budgets or [None], jobs=args.jobs, cluster=args.cluster,
+                       job_timeout=args.job_timeout, options=_options(args), out=args.out, on_row=on_row)
     if args.output:
         from tpu_pipeline.toolchain.tflite import write_bytes_atomic
 

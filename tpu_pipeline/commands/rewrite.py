@@ -5,7 +5,7 @@ from __future__ import annotations
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report
 from tpu_pipeline.commands.options import check_output, positive_int, seconds
-from tpu_pipeline.toolchain.ir.convert import load_exact
+from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite import LOSSY, rewrite_graph
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model

@@ -1,4 +1,4 @@
-"""The MCU harness's serial line protocol (documented in firmware_configs/PROTOCOL.md).
+"""The MCU harness's serial line protocol (documented in tpu_pipeline/toolchain/data/firmware/PROTOCOL.md).
 
 Every line, either way, is printable ASCII: `<KIND> <field> ... *<CC>\\n`, where CC is the XOR
 of all bytes before the `*`, as two upper-case hex digits (NMEA style). A line whose checksum,

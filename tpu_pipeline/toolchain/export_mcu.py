@@ -179,7 +179,8 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     }
     firmware = None
     if "firmware" in d:
-        from tpu_pipeline.toolchain.firmware.project import board_firmware, project_files
+        from tpu_pipeline.toolchain.cost.devices import board_firmware
+        from tpu_pipeline.toolchain.firmware.project import project_files
 
         firmware = board_firmware(d)
         files.update(project_files(d))

@@ -3,7 +3,7 @@
 - `emulator`: LiteRT on the host per segment (Edge TPU pipelines, with the cost model's
   predictions beside the host times), or TFLite Micro with the device's SRAM as the arena (MCUs).
 - `coral`: Edge TPUs over USB or PCIe through libedgetpu's LiteRT delegate.
-- `mcu`: the harness firmware over a serial port (firmware_configs/PROTOCOL.md).
+- `mcu`: the harness firmware over a serial port (tpu_pipeline/toolchain/data/firmware/PROTOCOL.md).
 
 `select_backend` picks one and says why; `run_backend` checks the request against what the
 backend can do (device kind, a one-model MCU, `--power-meter`) and runs it. Options are checked

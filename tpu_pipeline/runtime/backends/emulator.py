@@ -53,7 +53,7 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         return out
     from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
     from tpu_pipeline.toolchain.ir import from_model, total_param_bytes
-    from tpu_pipeline.toolchain.ir.convert import resolve_dynamic_shapes
+    from tpu_pipeline.toolchain.loader import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.tflite import read_model
 
     model = EdgeTpuCostModel(device)
@@ -101,7 +101,7 @@ def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iteration
     from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
     from tpu_pipeline.toolchain.ir import total_param_bytes
-    from tpu_pipeline.toolchain.ir.convert import resolve_dynamic_shapes
+    from tpu_pipeline.toolchain.loader import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.tflite import read_model
 

@@ -167,7 +167,7 @@ def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernel
     data = Path(model_path).read_bytes()
     # The library first, outside the project lock (it may take minutes, or be busy elsewhere).
     from tpu_pipeline.toolchain.cost.mcu import device_dict
-    from tpu_pipeline.toolchain.firmware.project import board_firmware
+    from tpu_pipeline.toolchain.cost.devices import board_firmware
 
     ensure_library(find_tree(kernels, tflm_tree), kernels, board_firmware(device_dict(device)).library_cpu,
                    quiet=quiet, wait=wait)
@@ -235,7 +235,7 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
     from tpu_pipeline.toolchain.execute.compare import compare_outputs
-    from tpu_pipeline.toolchain.firmware.project import board_firmware
+    from tpu_pipeline.toolchain.cost.devices import board_firmware
 
     model_path = Path(model_path)
     data = model_path.read_bytes()

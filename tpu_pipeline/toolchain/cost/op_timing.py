@@ -16,6 +16,7 @@ def tflm_op_times(model_bytes: bytes, iterations: int = 3, arena_size: int = 64 
 
     ModelError when the model has float16 tensors (TFLite Micro cannot run any of them)."""
     from tpu_pipeline.toolchain.execute.inputs import random_tensor
+    from tpu_pipeline.toolchain.execute.litert import runtime_shapes
     from tpu_pipeline.toolchain.execute.tflm import tflm_interpreter
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
     from tpu_pipeline.toolchain.ir import from_model
@@ -31,7 +32,7 @@ def tflm_op_times(model_bytes: bytes, iterations: int = 3, arena_size: int = 64 
         ins = [t for t in dict.fromkeys(op.inputs) if t >= 0 and graph.is_activation(t)]
         outs = [t for t in op.outputs if t >= 0]
         try:
-            part = extract_segment(model, [i], ins, outs)
+            part = extract_segment(model, [i], ins, outs, real=runtime_shapes(model))
             one = tflm_interpreter(model_to_bytes(part), arena_size)
             for k in range(len(part.subgraphs[0].inputs)):
                 d = one.get_input_details(k)

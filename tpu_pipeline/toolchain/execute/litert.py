@@ -8,6 +8,7 @@ latency and for the load check. Delegates (the Edge TPU) are passed in by the ca
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -114,3 +115,62 @@ def seeded_outputs(model: bytes | str | Path, seed: int = 0) -> list[np.ndarray]
 
     it = litert_interpreter(model)
     return run_positional(it, seeded_inputs(it.get_input_details(), seed))
+
+
+_SHAPES_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def runtime_shapes(model) -> dict[int, tuple[int, ...]]:
+    """Shape of every tensor of the main subgraph of `model` (as read by tflite/) as LiteRT
+    allocates it when it prepares the model at its stored input shapes (batch 1 for a dynamic-batch
+    model); the stored shapes, without running anything, for a model with static shapes. Only
+    tensors whose shape LiteRT reports are listed. Raises ModelError if LiteRT cannot prepare the
+    model and the stored shapes are not all static (the real shapes are then unknown)."""
+    from tpu_pipeline.toolchain.tflite.extract import needs_runtime_shapes, stored_shapes
+    from tpu_pipeline.toolchain.tflite.io import model_to_bytes
+
+    cached = _SHAPES_CACHE.get(model)
+    if cached is not None:
+        return cached
+    if not needs_runtime_shapes(model):
+        shapes = stored_shapes(model)
+    else:
+        count = len(model.subgraphs[0].tensors or [])
+        try:
+            got = _prepared_shapes(model_to_bytes(model))
+            shapes = {i: v for i, v in got.items() if i < count}
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            shapes = _shapes_before_custom_ops(model)
+            if shapes is None:
+                raise ModelError(f"the model has dynamic dimensions (shape signature -1) and LiteRT cannot prepare "
+                                 f"it to find the real shapes ({first}); convert it with a static batch") from None
+    try:
+        _SHAPES_CACHE[model] = shapes
+    except TypeError:  # pragma: no cover - a model object that is not weak-referenceable
+        pass
+    return shapes
+
+
+def _prepared_shapes(data: bytes) -> dict[int, tuple[int, ...]]:
+    it = new_interpreter(data)
+    return {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
+
+
+def _shapes_before_custom_ops(model) -> dict | None:
+    """Real shapes of the tensors up to the first custom op (LiteRT may have no kernel for it):
+    the model cut to the ops not downstream of a custom op (`tflite.extract.cut_before_custom_ops`).
+    Tensors from the custom ops on keep their stored shapes. None if that does not help."""
+    from tpu_pipeline.toolchain.tflite.extract import cut_before_custom_ops, stored_shapes
+    from tpu_pipeline.toolchain.tflite.io import model_to_bytes
+
+    try:
+        cut = cut_before_custom_ops(model)
+        if cut is None:
+            return None
+        got = _prepared_shapes(model_to_bytes(cut[0]))
+    except (RuntimeError, ValueError, ModelError):
+        return None
+    shapes = stored_shapes(model)
+    shapes.update({cut[1][i]: v for i, v in got.items() if i < len(cut[1])})
+    return shapes

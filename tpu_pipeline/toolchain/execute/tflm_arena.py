@@ -32,7 +32,7 @@ class TflmArena:
 def check_tflm_dtypes(model, label: str | None = None) -> None:
     """ModelError when the model has tensors TFLite Micro has no kernels for (float16).
 
-    `model` is a ModelT, the .tflite bytes or a path. Without this check TFLite Micro fails to
+    `model` is the model as tflite/ reads it, its .tflite bytes or a path. Without this check TFLite Micro fails to
     allocate and the caller can only say "cannot run with any arena", which reads like a size
     problem."""
     from tpu_pipeline.toolchain.tflite import tensor_names_of_type

@@ -93,7 +93,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     smallest arena; with "latency" for the fastest variant (the model as it is, usually).
     `probe_budgets`: also report the fastest selection within each of these (benchmarks).
     `allow_lossy`: also offer the int8 partial-sum splits (requantized: not bit-identical), which
-    calibrate on `model` (the source ModelT, for graphs with custom ops). `harness`: the model
+    calibrate on `model` (the source model as tflite/ reads it, for graphs with custom ops). `harness`: the model
     will run on the harness firmware, so its kernels may be chosen (`on_harness`, kernel twins);
     without it every op stays on a builtin kernel (a model for any TFLite Micro build). `arena`:
     "whole" counts the budget and the memory objective as head + the persistent tail on the

@@ -13,7 +13,8 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.cost.mcu import device_dict
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
-from tpu_pipeline.toolchain.ir.convert import load_exact, rewritten_model
+from tpu_pipeline.toolchain.ir.convert import rewritten_model
+from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 

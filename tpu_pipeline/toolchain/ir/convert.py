@@ -18,9 +18,8 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import kernels, stage
 from tpu_pipeline.toolchain.ir import options as opts
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
-from tpu_pipeline.toolchain.tflite.names import text as _text
+from tpu_pipeline.toolchain.tflite.names import BUILTIN_NAMES, opcode_name, text as _text
 
-BUILTIN_NAMES = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
 BUILTIN_CODES = {k: v for v, k in BUILTIN_NAMES.items()}
 DTYPE_NAMES = {v: k.lower() for k, v in vars(schema.TensorType).items() if not k.startswith("_")}
 DTYPE_CODES = {k: v for v, k in DTYPE_NAMES.items()}
@@ -128,15 +127,6 @@ def encode_options(record: opts.Options) -> tuple[int, object]:
 
 def _ints(values) -> tuple[int, ...]:
     return () if values is None else tuple(int(v) for v in values)
-
-
-def opcode_name(model: schema.ModelT, opcode_index: int) -> tuple[str, int, int]:
-    """(name, builtin code, version) of an operator code entry."""
-    code = model.operatorCodes[opcode_index]
-    builtin = max(int(code.builtinCode or 0), int(code.deprecatedBuiltinCode or 0))
-    if builtin == schema.BuiltinOperator.CUSTOM:
-        return f"CUSTOM:{_text(code.customCode)}", builtin, int(code.version or 1)
-    return BUILTIN_NAMES.get(builtin, f"BUILTIN_{builtin}"), builtin, int(code.version or 1)
 
 
 def _quantization(q) -> Quantization | None:
@@ -424,87 +414,6 @@ def rewritten_model(graph: Graph, model: schema.ModelT) -> schema.ModelT:
             out = copy.copy(out)
             out.metadata = kept
     return prune_buffers(out)
-
-
-def load(path, check_litert: bool = False) -> tuple[schema.ModelT, Graph]:
-    """Read a .tflite file and build the IR of its main subgraph (ModelError on any problem).
-
-    `check_litert`: also refuse a model LiteRT cannot load (see `check_loads_in_litert`); the
-    commands that write a model derived from the input ask for it.
-    """
-    from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes, read_model
-
-    label = str(path)
-    data = read_bytes(path, label)
-    model = read_model(data, name=label)
-    graph = from_model(model)
-    if check_litert:
-        check_loads_in_litert(data, label)
-    return resolve_dynamic_shapes(model, graph, label)
-
-
-def resolve_dynamic_shapes(model: schema.ModelT, graph: Graph | None, label: str) -> tuple[schema.ModelT, Graph]:
-    """One verdict on dynamic shapes for every command: a model with tensors of run-time size
-    (shape signature -1 beyond the batch: [49, -1, 10], [-1, -1]) is taken with the shapes LiteRT
-    allocates for it as stored (`with_static_shapes`, what compile and plan have always written);
-    what LiteRT cannot size either is refused (ModelError) with the first such tensor named."""
-    graph = graph if graph is not None else from_model(model)
-    if not any(t.is_dynamic for t in graph.tensors):
-        return model, graph
-    from tpu_pipeline.toolchain.tflite.extract import with_static_shapes
-
-    try:
-        model, _ = with_static_shapes(model)
-    except ModelError:
-        pass
-    graph = from_model(model)
-    for t in graph.tensors:
-        if t.is_dynamic and t.kind == "activation":
-            t.nbytes  # ModelError: "tensor '...' has a dynamic shape [...]; its size is unknown until run time"
-    return model, graph
-
-
-def load_exact(path, check_litert: bool = True, mcu: bool = False) -> tuple[schema.ModelT, Graph, list[str]]:
-    """`load` for commands that write a model derived from the input: the model is first made
-    exact for TFLite Micro (`tpu_pipeline.toolchain.tflite.extract.runtime_exact_model`: real shapes for
-    placeholder ones, explicit padding for SPACE_TO_BATCH_ND, no tensors that no operator uses),
-    so that no op order or arena plan can change its TFLite Micro outputs. Returns the model, its
-    IR and one note per change.
-
-    `mcu`: the command targets TFLite Micro (schedule, plan, fit): a model LiteRT refuses is
-    accepted when TFLite Micro allocates it (TFLite Micro's own person_detect.tflite), with a note
-    that checks run in TFLite Micro alone; refused only when neither runtime loads it."""
-    from tpu_pipeline.toolchain.tflite.extract import runtime_exact_model
-
-    model, _ = load(path)
-    notes: list[str] = []
-    if check_litert:
-        notes += litert_or_tflm_notes(path, mcu)
-    model, exact = runtime_exact_model(model)
-    return model, from_model(model), notes + exact
-
-
-def litert_or_tflm_notes(path, mcu: bool) -> list[str]:
-    """Refuse (ModelError) a model LiteRT cannot load, unless `mcu` and TFLite Micro allocates it:
-    then one note saying the checks run in TFLite Micro alone."""
-    from tpu_pipeline.toolchain.tflite import check_loads_in_litert, read_bytes
-
-    label = str(path)
-    data = read_bytes(path, label)
-    try:
-        note = check_loads_in_litert(data, label)
-    except ModelError as refusal:
-        if not mcu:
-            raise
-        from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-
-        try:
-            measure_tflm_arena(data, label=label, invoke=True)  # loads and runs: an invalid model cannot pass
-        except ModelError:
-            raise refusal from None
-        reason = str(refusal).split(": ", 1)[-1]
-        return [f"{reason}; TFLite Micro loads it: the model is checked in TFLite Micro alone"]
-    return [note] if note else []
 
 
 def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:

@@ -44,7 +44,7 @@ class Tensor:
     signature: tuple[int, ...] | None = None
     # Constant bytes (a read-only view of the model's buffer), None for activations.
     data: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # Index of the TensorT this came from in the source subgraph; None for tensors a pass created.
+    # Index of the tensor this came from in the source subgraph; None for tensors a pass created.
     source: int | None = None
 
     @property
@@ -98,7 +98,7 @@ class Op:
     opcode: str  # builtin name ("CONV_2D") or "CUSTOM:<custom code>"
     inputs: tuple[int, ...]  # tensor indices; -1 marks an omitted optional input
     outputs: tuple[int, ...]
-    # Index of the OperatorT this came from (or is modelled on) in the source subgraph.
+    # Index of the operator this came from (or is modelled on) in the source subgraph.
     source: int | None = None
     # Builtin options: a record of tpu_pipeline.toolchain.ir.options (None for an op without options).
     options: Options = field(default=None, compare=False, repr=False)

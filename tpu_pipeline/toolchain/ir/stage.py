@@ -55,8 +55,9 @@ STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 12, ADD: 15, COPY_OUT: 6}
 LAYER_WORDS = 28
 _HEADER = 9
 _TENSOR_WORDS = 7
-_ACT = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
-_PAD = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
+# a layer record's codes for its fused activation and its padding
+ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
+PADDING_CODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "ADD": 0}
 
 
@@ -130,8 +131,8 @@ def _layer_op(words, tensors, where: str) -> Op:
     kind, in0, in1, out = words[:4]
     act, pad_mode, top, left, version = words[-5:]
     name = {v: k for k, v in KINDS.items()}.get(kind)
-    activation = {v: k for k, v in _ACT.items()}.get(act)
-    padding = {v: k for k, v in _PAD.items()}.get(pad_mode)
+    activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
+    padding = {v: k for k, v in PADDING_CODE.items()}.get(pad_mode)
     if name is None or activation is None or padding is None or not all(0 <= t < len(tensors) for t in (in0, out)):
         raise ModelError(f"{where}: {OPCODE} has a malformed layer {list(words)}")
     if name == "ADD":

@@ -1,6 +1,6 @@
 /* Exact search over canonical arena placements: the same algorithm as `_Search` in planners.py
  * (itself in the style of MiniMalloc, Moffitt, ASPLOS 2023), in C for speed. Compiled on first
- * use by tpu_pipeline/toolchain/memory/_native.py; when no C compiler is available the Python version runs.
+ * use by tpu_pipeline/toolchain/memory/native_search.py; when no C compiler is available the Python version runs.
  *
  * Buffers occupy section ranges [lo, hi) (sections = time cut at every start and end). A buffer is
  * placed only at its minimum offset (the top of the placed buffers it overlaps), buffers in

@@ -45,11 +45,11 @@ def place_in_order(buffers: Sequence[Buffer], order: Sequence[int], overlaps, be
 
 def _native_sweep(buffers, order, deadline: Deadline | None):
     """The C sweep: (offsets, placed count), or None without a compiler."""
-    from tpu_pipeline.toolchain.memory import _native
+    from tpu_pipeline.toolchain.memory import native_search
 
-    if _native.load() is None:
+    if native_search.load() is None:
         return None
-    return _native.sweep_first_fit(order, [b.first for b in buffers], [b.last for b in buffers],
+    return native_search.sweep_first_fit(order, [b.first for b in buffers], [b.last for b in buffers],
                                    [b.size for b in buffers], 1e9 if deadline is None else deadline.remaining())
 
 

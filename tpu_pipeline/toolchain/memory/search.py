@@ -215,7 +215,7 @@ def search_plan(buffers: Sequence[Buffer], capacity: int, time_limit: float = 5.
                 params: SearchParams | None = None, prepared: Sections | None = None):
     """Offsets fitting `capacity` (list), None if proven impossible, or "timeout".
 
-    Uses the compiled search (`_native`) when a C compiler is available and the pruning switches
+    Uses the compiled search (`native_search`) when a C compiler is available and the pruning switches
     are the default, else the Python one. `prepared` = `preprocess.sections(buffers)`, when the
     caller asks about several capacities (it is then trusted to fit in memory).
     """
@@ -229,12 +229,12 @@ def search_plan(buffers: Sequence[Buffer], capacity: int, time_limit: float = 5.
     g = prepared.unit
     s = _Search(prepared, capacity // g, time.monotonic() + time_limit, params)
     if params.native and params.default_pruning and params.heuristics == SearchParams.heuristics:
-        from tpu_pipeline.toolchain.memory import _native
+        from tpu_pipeline.toolchain.memory import native_search
 
-        if _native.load() is not None:
+        if native_search.load() is not None:
             if len(prepared.sizes) * max(s.n_sec, 1) > NATIVE_MAX_CELLS:  # its slot table is n x sections
                 return "timeout"
-            status, offsets, _ = _native.canonical_search(s.lo, s.hi, s.sizes, s.width, s.sections, s.overlaps,
+            status, offsets, _ = native_search.canonical_search(s.lo, s.hi, s.sizes, s.width, s.sections, s.overlaps,
                                                           capacity // g, time_limit)
             if status == -1:
                 return "timeout"

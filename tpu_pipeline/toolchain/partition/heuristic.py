@@ -32,7 +32,8 @@ class HeuristicResult:
     note: str = ""
 
 
-def _edges(graph: Graph) -> list[tuple[int, int]]:
+def producer_consumer_edges(graph: Graph) -> list[tuple[int, int]]:
+    """(producer, consumer) op pairs, one for every tensor with both (libcoral\'s edge set)."""
     consumers: dict[int, list[int]] = {}
     producers: dict[int, list[int]] = {}
     for i, op in enumerate(graph.ops):
@@ -69,7 +70,7 @@ def coral_topological_sort(graph: Graph) -> list[int]:
     n = len(graph.ops)
     children: list[list[int]] = [[] for _ in range(n)]
     in_deg = [0] * n
-    for p, c in _edges(graph):
+    for p, c in producer_consumer_edges(graph):
         children[p].append(c)
         in_deg[c] += 1
     out_deg = [len(ch) for ch in children]
@@ -100,7 +101,7 @@ def coral_heuristic(graph: Graph, n: int) -> HeuristicResult:
     total = sum(sizes)
     target = total // n + 1
     out_deg = [0] * num
-    for p, _ in _edges(graph):
+    for p, _ in producer_consumer_edges(graph):
         out_deg[p] += 1
     first_output = 0
     while out_deg[order[first_output]] != 0:

@@ -12,7 +12,7 @@ same chained comparison applies:
     report["unverified"] = scope.to_json()
 
 and `runnable_part` does the same for one model (the input against the optimised whole model).
-`model` is the model as `tpu_pipeline.toolchain.ir.load` returns it, passed through untouched: cutting it is
+`model` is the model as `tpu_pipeline.toolchain.loader.load` returns it, passed through untouched: cutting it is
 `tpu_pipeline.toolchain.tflite.extract.segment_bytes`.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.litert import litert_load_error, runtime_shapes
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.partition.problem import downstream
 from tpu_pipeline.toolchain.tflite.extract import segment_bytes
@@ -28,8 +29,6 @@ from tpu_pipeline.toolchain.tflite.extract import segment_bytes
 
 def _litert_loads(data: bytes) -> str | None:
     """None if LiteRT builds and prepares an interpreter for `data`, else its first error line."""
-    from tpu_pipeline.toolchain.execute.litert import litert_load_error
-
     error = litert_load_error(data)
     return None if error is None else error.splitlines()[0]
 
@@ -47,7 +46,7 @@ def litert_missing_kernels(model, graph: Graph) -> dict[int, str]:
             ins = [t for t in dict.fromkeys(op.inputs) if t >= 0 and graph.is_activation(t)]
             outs = [t for t in dict.fromkeys(op.outputs) if t >= 0]
             try:
-                data = segment_bytes(model, [v], ins, outs)
+                data = segment_bytes(model, [v], ins, outs, real=runtime_shapes(model))
                 verdict[op.opcode] = _litert_loads(data)
             except ModelError as exc:
                 verdict[op.opcode] = str(exc)
@@ -106,7 +105,7 @@ def verification_scope(model, graph: Graph, stages, interfaces,
     # what the runnable part hands to the skipped part, and the graph outputs it makes itself
     handed = {t for v in skipped for t in graph.ops[v].inputs if t in produced}
     ref_outs = [t for t in graph.outputs if t in produced] + sorted(handed - set(graph.outputs))
-    reference = segment_bytes(model, run, list(graph.inputs), ref_outs)
+    reference = segment_bytes(model, run, list(graph.inputs), ref_outs, real=runtime_shapes(model))
     segs = []
     for k in range(n):
         ops = [v for v in run if stages[v] == k]
@@ -118,7 +117,7 @@ def verification_scope(model, graph: Graph, stages, interfaces,
         outs += [t for t in ref_outs if t not in outs and any(t in graph.ops[v].outputs for v in ops)]
         if not outs:
             continue
-        segs.append(segment_bytes(model, ops, ins, outs))
+        segs.append(segment_bytes(model, ops, ins, outs, real=runtime_shapes(model)))
     names = {t: graph.tensors[t].name for t in range(len(graph.tensors))}
     reasons = tuple(sorted({f"{graph.ops[v].opcode}: {why}" for v, why in missing.items()}))
     return VerificationScope(reference, tuple(segs), tuple(sorted(skipped)),

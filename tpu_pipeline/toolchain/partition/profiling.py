@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.cost.pipeline import simulate_many
-from tpu_pipeline.toolchain.partition.heuristic import _edges, coral_heuristic, coral_topological_sort
+from tpu_pipeline.toolchain.partition.heuristic import producer_consumer_edges, coral_heuristic, coral_topological_sort
 from tpu_pipeline.toolchain.partition.problem import PartitionProblem
 
 DIFF_THRESHOLD_NS = 1_000_000   # libcoral's default --diff_threshold_ns
@@ -117,7 +117,7 @@ def profiling_partition(problem: PartitionProblem, n: int, diff_threshold_ns: in
     if n == 1:
         return ProfilingResult(tuple([0] * N), (N,), 0)
     out_deg = [0] * N
-    for p, _ in _edges(g):
+    for p, _ in producer_consumer_edges(g):
         out_deg[p] += 1
     first_output = next(k for k, v in enumerate(order) if out_deg[v] == 0)
     last_min = max(N - first_output, 1)

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.options import ConcatenationOptions
@@ -32,8 +30,6 @@ from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
 MAX_GRID = 8  # TFLite Micro's CONCATENATION takes at most 10 inputs; keep every join <= 8
 ELEMENTWISE = ("ADD", "SUB", "MUL", "MAXIMUM", "MINIMUM", "RELU", "RELU6", "RELU_N1_TO_1", "LOGISTIC",
                "TANH", "HARD_SWISH", "LEAKY_RELU", "QUANTIZE", "ABS", "NEG")
-_MIN = {"int8": -128, "uint8": 0, "int16": -32768, "float32": float(np.finfo(np.float32).min)}
-
 
 
 @dataclass(frozen=True)
@@ -220,9 +216,3 @@ def apply_patches(graph: Graph, region: PatchRegion, grid: tuple[int, int]) -> G
         raise AssertionError(f"apply_patches built a broken graph: {problems[0]}")
     return out
 
-
-def pool_min(dtype: str):
-    """The value that never wins a max (PADV2 before a SAME max-pool)."""
-    if dtype not in _MIN:
-        raise UsageError(f"patch region: a SAME max pool on {dtype} tensors is not supported")
-    return _MIN[dtype]

@@ -9,7 +9,15 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, ops as irops
 from tpu_pipeline.toolchain.rewrite.edit import GraphEditor
 from tpu_pipeline.toolchain.ir.geometry import PADS, WINDOWED, Box, clip, hw, reads, region_needs, splits, window
-from tpu_pipeline.toolchain.rewrite.patch import pool_min
+
+_MIN = {"int8": -128, "uint8": 0, "int16": -32768, "float32": float(np.finfo(np.float32).min)}
+
+
+def pool_min(dtype: str):
+    """The value that never wins a max (PADV2 before a SAME max-pool)."""
+    if dtype not in _MIN:
+        raise UsageError(f"patch region: a SAME max pool on {dtype} tensors is not supported")
+    return _MIN[dtype]
 
 
 def _same_pads_it(graph: Graph, op, vbox: Box, real: Box, obox: Box) -> bool:

@@ -30,7 +30,7 @@ from tpu_pipeline.toolchain.ir import Graph, Op, kernels
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
-                                             PatchStage, _ACT, _PAD)
+                                             PatchStage, ACTIVATION_CODE, PADDING_CODE)
 from tpu_pipeline.toolchain.memory.lifetimes import Buffer
 from tpu_pipeline.toolchain.memory.planners import plan_buffers
 
@@ -50,7 +50,7 @@ def stage_refusal(graph: Graph, positions) -> str | None:
             ts = [graph.tensors[t] for t in (*op.inputs, *op.outputs)]
             if all(t.dtype == "int8" and t.quant is not None and t.shape == ts[2].shape and len(t.shape) == 4
                    for t in ts) and all(graph.is_activation(t) for t in op.inputs) \
-                    and op.options.fused_activation in _ACT:
+                    and op.options.fused_activation in ACTIVATION_CODE:
                 continue
             return f"op {i} (ADD) is not an int8 add of two activations of one shape"
         return f"op {i} ({op.opcode}) cannot run inside a patch stage"
@@ -124,7 +124,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
         w[1], w[2], w[3] = where[op.inputs[0]], where[op.inputs[1]] if op.opcode == "ADD" else -1, where[op.outputs[0]]
         if op.opcode == "ADD":
             w[4:17] = _add_params(graph, op)
-            w[23:28] = [_ACT[op.options.fused_activation], 0, 0, 0, op.version]
+            w[23:28] = [ACTIVATION_CODE[op.options.fused_activation], 0, 0, 0, op.version]
         else:
             o = op.options
             x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
@@ -138,7 +138,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             w[16], w[17], w[18] = hi, wt.shape[1], wt.shape[2]
             w[19], w[20] = leading_pads(graph, op)  # on the whole tensor: sizes the kernel's buffer
             top, left = (o.pad_top, o.pad_left) if o.padding == "EXPLICIT" else (0, 0)
-            w[23:28] = [_ACT[o.fused_activation], _PAD[o.padding], top, left, op.version]
+            w[23:28] = [ACTIVATION_CODE[o.fused_activation], PADDING_CODE[o.padding], top, left, op.version]
         words += w
     return words
 

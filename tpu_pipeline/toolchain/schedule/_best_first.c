@@ -11,7 +11,7 @@
  * Both searches take the problem as one struct (Problem) and their own limits and results as
  * another (Search, Beam), each passed by pointer. Every struct is declared from one list of its
  * fields (the X macros below), from which `struct_layout` also reports the names, offsets and
- * sizes: _native_search.py's ctypes mirrors are tested against that report.
+ * sizes: native_search.py's ctypes mirrors are tested against that report.
  *
  * best_first_search returns 1 (an order below ub was found: units in out_units), 0 (exhausted:
  * nothing below ub), -1 (stopped by the deadline, the state cap or the memory cap; out_f is the

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
-from tpu_pipeline.toolchain.schedule import _native_search
-from tpu_pipeline.toolchain.schedule._native_search import TooWide
+from tpu_pipeline.toolchain.schedule import native_search
+from tpu_pipeline.toolchain.schedule.native_search import TooWide
 from tpu_pipeline.toolchain.schedule.forks import moves
 from tpu_pipeline.toolchain.schedule.params import ScheduleParams
 from tpu_pipeline.toolchain.schedule.problem import Known, Piece, StageContext, units_to_ops
@@ -37,8 +37,8 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
     if m == 0:
         return None
     g0 = max(piece.step0, floor)  # peaks under the floor rank alike (see above)
-    if native and _native_search.available():
-        return _native_search.beam(piece, width, deadline, ub, MAX_BEAM_BYTES, g0)
+    if native and native_search.available():
+        return native_search.beam(piece, width, deadline, ub, MAX_BEAM_BYTES, g0)
     upred = piece.upred
     # state: U -> (peak so far, S, R, ready units, trail of moves)
     beam = {0: (g0, piece.S0, piece.R0, tuple(k for k in range(m) if upred[k] == 0), ())}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from tpu_pipeline.toolchain.schedule import _native_search
+from tpu_pipeline.toolchain.schedule import native_search
 from tpu_pipeline.toolchain.schedule.dp import best_first
 from tpu_pipeline.toolchain.schedule.params import ScheduleParams
 from tpu_pipeline.toolchain.schedule.problem import Known, Piece, StageContext
@@ -19,7 +19,7 @@ from tpu_pipeline.toolchain.schedule.problem import Known, Piece, StageContext
 def dive(piece: Piece, ub: int, floor: int, until: float,
          params: ScheduleParams = ScheduleParams()) -> tuple[tuple[list[int], int] | None, int]:
     """(the best (order, peak) below `ub` found or None, a proven bound)."""
-    native = params.native and _native_search.available()
+    native = params.native and native_search.available()
     max_states = params.dive_states_c if native else params.dive_states_python
     lo, best, proven = floor, None, floor
     while ub - lo > max(ub // params.dive_gap_divisor, 1) and time.monotonic() < until:

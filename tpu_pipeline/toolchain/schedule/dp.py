@@ -23,7 +23,7 @@ Adaptive soft budgeting, as done here (what differs from SERENITY's Algorithm 2)
   earlier, and inputs shared with the x's die no later), k's own step costs what it costs at S,
   and every step after k sees the same set, hence the same bytes. This prunes most of the lattice
   on real networks (an ADD that joins two branches is scheduled as soon as it is ready).
-- The search runs in C (`_best_first.c`, through `_native_search.py`) when a C compiler is at
+- The search runs in C (`_best_first.c`, through `native_search.py`) when a C compiler is at
   hand: the same states, moves and keys, about 20x the states per second. The Python version
   below is the fallback and the reference the tests hold the C one to.
 - `budgeted_dp` + `bisect_budget` keep the paper's literal scheme (a memoised DFS under a budget,
@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import time
 
-from tpu_pipeline.toolchain.schedule import _native_search
+from tpu_pipeline.toolchain.schedule import native_search
 from tpu_pipeline.toolchain.schedule.bounds.static import static_lower_bound
 from tpu_pipeline.toolchain.schedule.forks import moves
 from tpu_pipeline.toolchain.schedule.problem import Known, Piece, SearchResult, StageContext, units_to_ops
@@ -66,7 +66,7 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     `native`: run the C version (_best_first.c) when it can be built; the Python one below is
     the same algorithm and the reference the tests compare it with."""
     if max_states is None:
-        max_states = state_cap(piece) if not (native and _native_search.available()) else 2**62
+        max_states = state_cap(piece) if not (native and native_search.available()) else 2**62
     m = len(piece.units)
     full_u = (1 << m) - 1
     static_lb = static_lower_bound(piece)
@@ -84,8 +84,8 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     # graph (fusion makes the same exception; the brute-force test pins it).
     if piece.model.final_only and piece.ends_graph:
         free_moves = False
-    if native and _native_search.available():
-        return _native_search.best_first(piece, ub, floor, static_lb, g0, deadline, max_states,
+    if native and native_search.available():
+        return native_search.best_first(piece, ub, floor, static_lb, g0, deadline, max_states,
                                          MAX_STATE_BYTES, free_moves)
     best = {0: g0}
     parent: dict[int, tuple[int, int]] = {}

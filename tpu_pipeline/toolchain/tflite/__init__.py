@@ -10,7 +10,6 @@ from tpu_pipeline.toolchain.tflite.io import (
     write_bytes_atomic,
     write_model,
 )
-from tpu_pipeline.toolchain.tflite.litert_check import check_loads_in_litert
 from tpu_pipeline.toolchain.tflite.metadata import (
     OFFLINE_PLAN_NAME,
     get_metadata,
@@ -25,7 +24,6 @@ __all__ = [
     "write_model",
     "write_bytes_atomic",
     "check_output_path",
-    "check_loads_in_litert",
     "model_to_bytes",
     "schema",
     "tensor_names_of_type",

@@ -14,19 +14,19 @@ SPACE_TO_BATCH_ND (block 2x2) and BATCH_TO_SPACE_ND a tensor stored as [1, h, w,
 1 is not divisible by the block), and TFLite Micro, which never recomputes shapes, runs the whole
 model on the placeholders: BATCH_TO_SPACE_ND then writes a quarter of its output and the ops after
 it read arena bytes nothing wrote (outputs depend on the op order and the memory plan).
-`runtime_shapes` asks LiteRT for the real shapes; `with_static_shapes` writes them into a model;
-`extract_segment` always gives the tensors it keeps their real shapes.
+`tpu_pipeline.toolchain.execute.litert.runtime_shapes` asks LiteRT for the real shapes (this room
+runs nothing); `with_static_shapes` writes them into a model; `extract_segment` gives the tensors
+it keeps their real shapes.
 """
 
 from __future__ import annotations
 
 import copy
-import weakref
 
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.tflite.names import text as _text
+from tpu_pipeline.toolchain.tflite.names import opcode_name, text as _text
 from tpu_pipeline.toolchain.tflite.metadata import OFFLINE_PLAN_NAME
 
 _KEEP_METADATA = ("min_runtime_version", "CONVERSION_METADATA")
@@ -65,52 +65,22 @@ def _has_dynamic_dims(sg: schema.SubGraphT) -> bool:
     return False
 
 
-_SHAPES_CACHE: "weakref.WeakKeyDictionary[schema.ModelT, dict]" = weakref.WeakKeyDictionary()
+def needs_runtime_shapes(model: schema.ModelT) -> bool:
+    """Whether the main subgraph stores placeholder shapes (shape signature -1): its real shapes
+    are then LiteRT's (`tpu_pipeline.toolchain.execute.litert.runtime_shapes`)."""
+    return _has_dynamic_dims(model.subgraphs[0])
 
 
-def runtime_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
-    """Shape of every tensor of the main subgraph as LiteRT allocates it when it prepares the
-    model at its stored input shapes (batch 1 for a dynamic-batch model). Only tensors whose
-    shape LiteRT reports are listed. Raises ModelError if LiteRT cannot prepare the model and the
-    stored shapes are not all static (the real shapes are then unknown)."""
-    cached = _SHAPES_CACHE.get(model)
-    if cached is not None:
-        return cached
-    from tpu_pipeline.toolchain.tflite.io import model_to_bytes
-
-    sg = model.subgraphs[0]
-    if not _has_dynamic_dims(sg):
-        shapes = {i: tuple(int(d) for d in (t.shape if t.shape is not None else ())) for i, t in enumerate(sg.tensors or [])}
-    else:
-        from tpu_pipeline.toolchain.execute.litert import new_interpreter
-
-        def prepared(data: bytes):
-            it = new_interpreter(data)
-            return {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
-
-        try:
-            got = prepared(model_to_bytes(model))
-            shapes = {i: v for i, v in got.items() if i < len(sg.tensors or [])}
-        except (RuntimeError, ValueError) as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            shapes = _shapes_before_custom_ops(model, prepared)
-            if shapes is None:
-                raise ModelError(f"the model has dynamic dimensions (shape signature -1) and LiteRT cannot prepare "
-                                 f"it to find the real shapes ({first}); convert it with a static batch") from None
-    try:
-        _SHAPES_CACHE[model] = shapes
-    except TypeError:  # pragma: no cover - ModelT not weak-referenceable
-        pass
-    return shapes
+def stored_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
+    """Shape of every tensor of the main subgraph as stored."""
+    return {i: tuple(int(d) for d in (t.shape if t.shape is not None else ()))
+            for i, t in enumerate(model.subgraphs[0].tensors or [])}
 
 
-def _shapes_before_custom_ops(model: schema.ModelT, prepared) -> dict | None:
-    """Real shapes of the tensors up to the first custom op (LiteRT may have no kernel for it):
-    the model cut to the ops not downstream of a custom op, every tensor they make an output.
-    Tensors from the custom ops on keep their stored shapes. None if that does not help."""
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
-    from tpu_pipeline.toolchain.tflite.io import model_to_bytes
-
+def cut_before_custom_ops(model: schema.ModelT):
+    """The main subgraph cut to the ops not downstream of a custom op (LiteRT may have no kernel
+    for one), every tensor they make an output, and the source index of each tensor of the cut;
+    None when the model has no custom op."""
     sg = model.subgraphs[0]
     ops = sg.operators or []
     blocked = {k for k, o in enumerate(ops) if opcode_name(model, o.opcodeIndex)[0].startswith("CUSTOM")}
@@ -123,23 +93,16 @@ def _shapes_before_custom_ops(model: schema.ModelT, prepared) -> dict | None:
             tainted |= {int(t) for t in o.outputs if t >= 0}
     keep = [k for k in range(len(ops)) if k not in blocked]
     made = sorted({int(t) for k in keep for t in ops[k].outputs if t >= 0})
-    try:
-        cut, order = _extract(model, keep, [int(t) for t in sg.inputs], made, 0, None, False)
-        got = prepared(model_to_bytes(cut))
-    except (RuntimeError, ValueError, ModelError):
-        return None
-    shapes = {i: tuple(int(d) for d in (t.shape if t.shape is not None else ())) for i, t in enumerate(sg.tensors or [])}
-    shapes.update({order[i]: v for i, v in got.items() if i < len(order)})
-    return shapes
+    return _extract(model, keep, [int(t) for t in sg.inputs], made, 0, None, None)
 
 
-def stale_shapes(model: schema.ModelT) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Tensors of the main subgraph whose stored shape differs from the shape LiteRT allocates:
-    index -> (stored, real). Empty for a model with static shapes."""
+def stale_shapes(model: schema.ModelT, real: dict) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Tensors of the main subgraph whose stored shape differs from `real`, the shape LiteRT
+    allocates (`execute.litert.runtime_shapes`): index -> (stored, real). Empty for a model with
+    static shapes."""
     sg = model.subgraphs[0]
     if not _has_dynamic_dims(sg):
         return {}
-    real = runtime_shapes(model)
     out = {}
     for i, t in enumerate(sg.tensors or []):
         stored = tuple(int(d) for d in (t.shape if t.shape is not None else ()))
@@ -148,8 +111,9 @@ def stale_shapes(model: schema.ModelT) -> dict[int, tuple[tuple[int, ...], tuple
     return out
 
 
-def with_static_shapes(model: schema.ModelT) -> tuple[schema.ModelT, dict]:
-    """A copy of `model` whose main-subgraph tensors carry the shapes LiteRT allocates, stored as
+def with_static_shapes(model: schema.ModelT, real: dict) -> tuple[schema.ModelT, dict]:
+    """A copy of `model` whose main-subgraph tensors carry `real`, the shapes LiteRT allocates
+    (`execute.litert.runtime_shapes`), stored as
     both shape and shape signature (a static model; the Edge TPU compiler needs one anyway), and
     the tensors whose stored shape changed (index -> (old, new)). A model that is already static
     is returned unchanged. Call this right after reading a model, before the IR is built: the
@@ -158,8 +122,7 @@ def with_static_shapes(model: schema.ModelT) -> tuple[schema.ModelT, dict]:
     sg = model.subgraphs[0]
     if not _has_dynamic_dims(sg):
         return model, {}
-    real = runtime_shapes(model)
-    changed = stale_shapes(model)
+    changed = stale_shapes(model, real)
     out = copy.copy(model)
     sg2 = copy.copy(sg)
     tensors = []
@@ -175,21 +138,23 @@ def with_static_shapes(model: schema.ModelT) -> tuple[schema.ModelT, dict]:
 
 
 def extract_segment(model: schema.ModelT, ops: list[int] | tuple[int, ...], inputs, outputs,
-                    subgraph: int = 0, name: str | None = None) -> schema.ModelT:
+                    subgraph: int = 0, name: str | None = None, *, real: dict) -> schema.ModelT:
     """A new ModelT holding operators `ops` (positions in subgraph `subgraph`, kept in the given
-    order) with graph inputs `inputs` and outputs `outputs` (tensor indices of that subgraph)."""
-    return _extract(model, ops, inputs, outputs, subgraph, name, True)[0]
+    order) with graph inputs `inputs` and outputs `outputs` (tensor indices of that subgraph).
+    `real`: the main subgraph's shapes as LiteRT allocates them (`execute.litert.runtime_shapes`),
+    given to the kept tensors of a model with placeholder shapes."""
+    return _extract(model, ops, inputs, outputs, subgraph, name, real)[0]
 
 
-def segment_bytes(model: schema.ModelT, ops, inputs, outputs) -> bytes:
+def segment_bytes(model: schema.ModelT, ops, inputs, outputs, *, real: dict) -> bytes:
     """`extract_segment` of the main subgraph, serialised: the .tflite bytes of a part of a model
     (callers outside this room never see the flatbuffer objects)."""
     from tpu_pipeline.toolchain.tflite.io import model_to_bytes
 
-    return model_to_bytes(extract_segment(model, ops, inputs, outputs))
+    return model_to_bytes(extract_segment(model, ops, inputs, outputs, real=real))
 
 
-def _extract(model, ops, inputs, outputs, subgraph, name, real_shapes: bool):
+def _extract(model, ops, inputs, outputs, subgraph, name, real_shapes: dict | None):
     """extract_segment, and the source index of each tensor of the result."""
     src = model.subgraphs[subgraph]
     bufs = _Buffers(model)
@@ -212,7 +177,7 @@ def _extract(model, ops, inputs, outputs, subgraph, name, real_shapes: bool):
         return opcode_map[idx]
 
     # every kept tensor gets the shape the runtime really allocates (see the module docstring)
-    real = runtime_shapes(model) if real_shapes and subgraph == 0 and _has_dynamic_dims(src) else {}
+    real = real_shapes if real_shapes is not None and subgraph == 0 and _has_dynamic_dims(src) else {}
     sg = schema.SubGraphT()
     sg.name = name if name is not None else src.name
     sg.tensors = [_copy_tensor(src.tensors[t], bufs, real.get(t)) for t in order]
@@ -315,8 +280,6 @@ def _padding_space_to_batch_ops(model: schema.ModelT) -> list:
     constant, not all zero."""
     import numpy as np
 
-    from tpu_pipeline.toolchain.ir.convert import opcode_name
-
     src = model.subgraphs[0]
     todo = []
     for k, op in enumerate(src.operators or []):
@@ -330,6 +293,26 @@ def _padding_space_to_batch_ops(model: schema.ModelT) -> list:
         if np.any(p != 0):
             todo.append((k, p))
     return todo
+
+
+def padding_space_to_batch_zero_points(model: schema.ModelT) -> list[int]:
+    """The output zero point of every SPACE_TO_BATCH_ND of the main subgraph whose paddings are not
+    constant zeros (TFLite Micro's kernel pads those with an arena byte it never wrote)."""
+    import numpy as np
+
+    sg = model.subgraphs[0]
+    pads = []
+    for op in sg.operators or []:
+        if opcode_name(model, op.opcodeIndex)[0] != "SPACE_TO_BATCH_ND" or len(op.inputs) < 3:
+            continue
+        pt = sg.tensors[op.inputs[2]]
+        buf = model.buffers[pt.buffer] if pt.buffer else None
+        data = np.frombuffer(bytes(buf.data), dtype=np.int32) if buf is not None and buf.data is not None else None
+        if data is None or np.any(data != 0):
+            q = sg.tensors[op.outputs[0]].quantization
+            zp = int(q.zeroPoint[0]) if q is not None and q.zeroPoint is not None and len(q.zeroPoint) else 0
+            pads.append(zp)
+    return pads
 
 
 def _int32_const(out: schema.ModelT, sg: schema.SubGraphT, name: bytes, values) -> int:
@@ -476,7 +459,7 @@ def without_unused_tensors(model: schema.ModelT) -> tuple[schema.ModelT, int]:
     return out, len(dropped)
 
 
-def runtime_exact_model(model: schema.ModelT) -> tuple[schema.ModelT, list[str]]:
+def runtime_exact_model(model: schema.ModelT, real: dict) -> tuple[schema.ModelT, list[str]]:
     """`model` with what makes TFLite Micro read bytes it never wrote taken out: the real shapes
     written (`with_static_shapes`) and SPACE_TO_BATCH_ND padding made explicit
     (`explicit_space_to_batch_padding`); and without the tensors no operator uses
@@ -485,7 +468,7 @@ def runtime_exact_model(model: schema.ModelT) -> tuple[schema.ModelT, list[str]]
     input before the IR is built, and use the result (in the input's op order) as TFLite Micro's
     reference when verifying."""
     notes = []
-    out, changed = with_static_shapes(model)
+    out, changed = with_static_shapes(model, real)
     if changed:
         notes.append(f"{len(changed)} tensor(s) were stored with placeholder shapes (dynamic batch); "
                      f"their real shapes are written, so TFLite Micro and the memory plan use them")

@@ -15,7 +15,9 @@ from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io
 from tpu_pipeline.toolchain.partition import PartitionProblem
-from tpu_pipeline.toolchain.tflite import check_loads_in_litert, model_to_bytes, read_bytes, read_model
+from tpu_pipeline.toolchain.execute.litert import runtime_shapes
+from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 from tpu_pipeline.toolchain.tflite.extract import merge_models, runtime_exact_model
 
@@ -48,7 +50,7 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
         model = merge_models(models, list(prefixes), name=opts.stem)
     # what would make TFLite Micro read bytes it never wrote (placeholder shapes, SPACE_TO_BATCH_ND
     # padding) is taken out first, so every order and plan below gives the same TFLM outputs
-    model, exact_notes = runtime_exact_model(model)
+    model, exact_notes = runtime_exact_model(model, runtime_shapes(model))
     notes += exact_notes
     graph, renamed = from_model(model).with_unique_tensor_names()
     if renamed:

@@ -8,6 +8,7 @@ from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord, SegmentFile
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
 from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.memory import lifetimes, plan_arena
 from tpu_pipeline.toolchain.partition import PartitionProblem
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
@@ -28,7 +29,7 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
         ops, iface = part.ops_of(k), part.interfaces[k]
         if k < o.n - 1 and not iface.outputs:
             raise ModelError(f"{o.label}: segment {k} would produce nothing a later segment reads")
-        data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs))
+        data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs, real=runtime_shapes(whole)))
         sc = part.cost.stages[k]
         lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
         arena = plan_arena(lt, time_limit=max(0.05, allowed / o.n), deadline=deadline).size

@@ -9,6 +9,7 @@ from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.errors import ModelError, VerificationError
 from tpu_pipeline.toolchain.execute.child import RuntimeCrash
 from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
+from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.ir import from_model, macs, to_model
 from tpu_pipeline.toolchain.partition.host import runnable_part, verification_scope
 from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
@@ -27,7 +28,8 @@ def _verify_in_tflm(source: bytes, whole: bytes, whole_model, graph) -> dict:
     total = sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
     if total > TFLM_VERIFY_MAX_MACS:
         return {"skipped": f"{total / 1e9:.1f} GMACs: too slow for TFLite Micro's reference kernels here"}
-    reference = model_to_bytes(runtime_exact_model(read_model(source))[0])
+    model = read_model(source)
+    reference = model_to_bytes(runtime_exact_model(model, runtime_shapes(model))[0])
     result = verify_models(reference, whole, runs=2, runtimes=("tflm",))[0]
     if result.outputs and not result.ok:
         worst = max(o.max_abs for o in result.outputs)
@@ -40,7 +42,8 @@ def named_as_loaded(data: bytes) -> bytes:
     repeated tensor names made unique), written back: the chained comparison matches tensors by
     name, and a model with unnamed tensors (TFLite Micro's keyword_scrambled) must meet the
     optimised model's names. LiteRT's outputs are those of the input."""
-    model = runtime_exact_model(read_model(data))[0]
+    model = read_model(data)
+    model = runtime_exact_model(model, runtime_shapes(model))[0]
     graph, _ = from_model(model).with_unique_tensor_names()
     return model_to_bytes(to_model(graph, model))
 

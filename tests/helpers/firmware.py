@@ -1,0 +1,46 @@
+"""What the firmware tests need from the machine: the ARM toolchain, QEMU, a TFLite Micro tree."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tpu_pipeline.toolchain.errors import UsageError
+
+HAVE_ARM = all(shutil.which(t) for t in ("arm-none-eabi-g++", "arm-none-eabi-gcc", "arm-none-eabi-size"))
+HAVE_QEMU = shutil.which("qemu-system-arm") is not None
+needs_arm = pytest.mark.skipif(not HAVE_ARM, reason="ARM toolchain not installed (apt-get install gcc-arm-none-eabi "
+                               "libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib; .ci/run does)")
+needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="qemu-system-arm not installed (apt-get install "
+                                "qemu-system-arm; .ci/run does)")
+
+
+def tree_or_skip(kernels: str) -> Path:
+    """The TFLite Micro tree for `kernels`, or skip the test when none is here."""
+    from tpu_pipeline.toolchain.firmware.library import find_tree
+
+    try:
+        return find_tree(kernels)
+    except UsageError as exc:
+        pytest.skip(f"no TFLite Micro tree: {exc}")
+
+
+def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
+    """The fitted model in the harness firmware for `kernels` on QEMU (skips without the ARM
+    toolchain, QEMU or the TFLite Micro tree); its outputs must match the host's TFLite Micro."""
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
+    tree_or_skip(kernels)
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    out = tmp_path / "fitted.tflite"
+    out.write_bytes(fitted.data)
+    try:
+        r = run_on_qemu(out, "qemu-mps2-an386", kernels, iterations=2, seed=3)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    return r
