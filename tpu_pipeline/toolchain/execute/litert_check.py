@@ -8,11 +8,7 @@ crash on a model it cannot prepare, and that must end as one error line, not kil
 
 from __future__ import annotations
 
-import os
 import re
-import select
-import signal
-import time
 
 from tpu_pipeline.toolchain.errors import ModelError
 
@@ -59,60 +55,9 @@ def _try_load(data: bytes) -> tuple[bool, str]:
 
 
 def _run(data: bytes) -> tuple[bool, str]:
-    if not hasattr(os, "fork"):
-        return _try_load(data)
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: silence LiteRT's own logging, report through the pipe
-        code = 1
-        try:
-            # Interrupts are the parent's to handle (it kills this child); the child must not
-            # write to the parent's signal wakeup socket either.
-            try:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_IGN)
-                signal.set_wakeup_fd(-1)
-            except ValueError:  # not the main thread: nothing of the parent's to undo
-                pass
-            os.close(read_fd)
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, 1)
-            os.dup2(null, 2)
-            ok, message = _try_load(data)
-            os.write(write_fd, (("1" if ok else "0") + message).encode("utf-8", "replace")[:65536])
-            code = 0
-        except BaseException:  # noqa: BLE001 - the parent reports the missing answer
-            pass
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    chunks = []
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                break
-            ready, _, _ = select.select([read_fd], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(read_fd, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    finally:
-        os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    answer = b"".join(chunks).decode("utf-8", "replace")
-    if answer:
-        return answer[0] == "1", answer[1:]
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        return False, f"LiteRT crashed ({name})"
-    return False, "LiteRT gave no answer" if time.monotonic() < deadline else f"no answer in {TIMEOUT_S:.0f} s"
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash, call_in_child
 
+    try:
+        return call_in_child(_try_load, data, runtime="LiteRT", doing="loading the model", timeout=TIMEOUT_S)
+    except RuntimeCrash as exc:
+        return False, str(exc)
