@@ -8,7 +8,7 @@ from rich.table import Table
 from tpu_pipeline.output import printer, progress
 
 from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import add_report_argument, fraction, non_negative_int, seconds
+from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, fraction, non_negative_int, seconds
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
@@ -41,13 +41,9 @@ def add_arguments(p) -> None:
     p.add_argument("--budget", type=non_negative_int, metavar="BYTES",
                    help="fit the TFLite Micro arena head into BYTES at the least predicted latency (the fit pass, "
                         "see `tpu-pipeline fit`; replaces the rewrite pass and implies --semantics tflm)")
-    p.add_argument("--int8-io", action="store_true",
-                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output: the interface becomes "
-                        "int8 with the same scales (changes the interface: opt-in; the checks compare against the "
-                        "model with that change)")
-    p.add_argument("--input-outside-arena", action="store_true",
-                   help="the whole model's offline plan keeps the inputs out of the arena (the application's own "
-                        "buffer: the harness firmware, export-mcu); the segments are unchanged")
+    add_interface_arguments(p, "changes the interface: opt-in; the checks compare against the model with that "
+                               "change", "in the whole model's offline plan, for the harness firmware and export-mcu; "
+                               "the segments are unchanged")
     p.add_argument("--verify", action="store_true",
                    help="chain the segments in LiteRT against the original model: outputs must be bit-identical")
     add_report_argument(p)

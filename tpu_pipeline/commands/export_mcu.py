@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
-from tpu_pipeline.commands.options import check_output_folder, positive_int, seconds
+from tpu_pipeline.commands.options import add_interface_arguments, check_output_folder, positive_int, seconds
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 
@@ -17,12 +17,7 @@ def add_arguments(p) -> None:
                    help="first fit the TFLite Micro arena (head + tail; --head-only: the head) into BYTES "
                         "(`tpu-pipeline fit`), then export that")
     p.add_argument("--head-only", action="store_true", help="with --budget: the budget counts the head alone")
-    p.add_argument("--int8-io", action="store_true",
-                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output (the interface becomes "
-                        "int8 with the same scales; implies a fit)")
-    p.add_argument("--input-outside-arena", action="store_true",
-                   help="the application keeps the inputs in its own buffer; the firmware's arena is planned "
-                        "without them (implies a fit)")
+    add_interface_arguments(p, "implies a fit", "implies a fit")
     p.add_argument("--builtin-kernels", action="store_true",
                    help="with a fit: only TFLite Micro's builtin kernels")
     p.add_argument("--fit", action="store_true",

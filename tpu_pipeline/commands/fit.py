@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from tpu_pipeline.output import printer, progress
-from tpu_pipeline.commands.options import add_report_argument, non_negative_int, plot_path, positive_int, seconds
+from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, non_negative_int, plot_path, positive_int, seconds
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
@@ -18,12 +18,7 @@ def add_arguments(p) -> None:
     p.add_argument("--head-only", action="store_true",
                    help="the budget and the memory objective count the planned head alone (the arena's "
                         "non-persistent part), not the whole arena")
-    p.add_argument("--int8-io", action="store_true",
-                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output: the interface becomes "
-                        "int8 with the same scales (changes the interface: opt-in)")
-    p.add_argument("--input-outside-arena", action="store_true",
-                   help="the application keeps the inputs in its own buffer (a camera frame, a DMA target); the "
-                        "arena is planned without them (needs the harness firmware: export-mcu)")
+    add_interface_arguments(p, "changes the interface: opt-in", "needs the harness firmware: export-mcu")
     p.add_argument("--no-patches", action="store_true",
                    help="no patch-based execution: every layer runs whole (the other choices remain)")
     p.add_argument("--builtin-kernels", action="store_true",

@@ -81,6 +81,17 @@ def html_path(text: str) -> str:
     return text
 
 
+def add_interface_arguments(p, int8_note: str, input_note: str) -> None:
+    """--int8-io and --input-outside-arena (fit, compile and export-mcu), each with what it means
+    for the command at hand."""
+    p.add_argument("--int8-io", action="store_true",
+                   help="drop the float QUANTIZE at each input and DEQUANTIZE at each output: the interface becomes "
+                        f"int8 with the same scales ({int8_note})")
+    p.add_argument("--input-outside-arena", action="store_true",
+                   help="the application keeps the inputs in its own buffer (a camera frame, a DMA target) and the "
+                        f"arena is planned without them ({input_note})")
+
+
 def add_report_argument(p) -> None:
     p.add_argument("--report", metavar="FILE.html", type=html_path,
                    help="also write a self-contained HTML report (memory timeline, arena layout, ...; docs/cli.md)")
