@@ -240,7 +240,8 @@ def failures(rows: list[dict]) -> list[str]:
     return ["| model | command | exit | last line |", "|---|---|---:|---|", *out] if out else ["(none)"]
 
 
-def write(rows: list[dict], manifest: dict, out: Path, argv: str, before: tuple | None = None) -> None:
+def write(rows: list[dict], manifest: dict, out: Path, argv: str, before: tuple | None = None,
+          folder: Path | None = None) -> None:
     sources = {}
     for m in manifest.values():
         sources.setdefault(m["source"], (m["repo"], m["commit"][:12], m["license"]))
@@ -256,7 +257,10 @@ def write(rows: list[dict], manifest: dict, out: Path, argv: str, before: tuple 
              "| source | repository | commit | license |", "|---|---|---|---|",
              *[f"| {s} | {repo} | {c} | {lic} |" for s, (repo, c, lic) in sorted(sources.items())], "",
              "Every non-zero exit, with the command's last line:", "", *failures(rows), ""]
-    out.write_text("\n".join(lines))
+    text = "\n".join(lines)
+    if folder is not None:  # the commands' messages name the files: say DIR, as the command line does
+        text = text.replace(str(folder.resolve()) + "/", "DIR/").replace(str(folder) + "/", "DIR/")
+    out.write_text(text)
 
 
 def main() -> int:
@@ -314,7 +318,7 @@ def main() -> int:
     if args.before:
         earlier = json.loads(Path(args.before[0]).read_text())
         before = ([earlier[k] for k in sorted(earlier) if (folder / k).exists()], args.before[1])
-    write(rows, manifest, Path(args.out), cmd, before)
+    write(rows, manifest, Path(args.out), cmd, before, folder)
     print("\n".join(summary(rows)))
     return 0
 
