@@ -81,7 +81,7 @@ BUILTIN_DATA = {
     "SVDF": (8, 4), "UNIDIRECTIONAL_SEQUENCE_LSTM": (16, 4), "TRANSPOSE_CONV": (16, 4),
     "SPLIT": (4, 4), "LEAKY_RELU": (4, 4), "CAST": (2, 1), "DIV": (1, 1),
 }
-NO_BUILTIN_DATA = frozenset({"QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "PAD", "SPACE_TO_BATCH_ND",
+NO_BUILTIN_DATA = frozenset({"QUANTIZE", "DEQUANTIZE", "RELU", "RELU6", "PAD", "PADV2", "SPACE_TO_BATCH_ND",
                              "BATCH_TO_SPACE_ND", "LOGISTIC", "TANH", "TRANSPOSE", "MAXIMUM", "MINIMUM",
                              "LOG_SOFTMAX"})
 
