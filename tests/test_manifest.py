@@ -238,6 +238,37 @@ def test_power_meter_on_the_emulator_is_refused_not_ignored(capsys):
             assert err[0].startswith("error: --power-meter: the emulator backend cannot use a power meter"), err
 
 
+def test_a_new_backend_is_one_module_and_one_registration(monkeypatch, capsys):
+    """docs/architecture.md's worked example: a backend module plus its line in BUILTIN is all it
+    takes; the command line offers it and `run` reaches it through the registry's checks."""
+    import sys
+    import types
+
+    from tpu_pipeline.runtime import backends
+    from tpu_pipeline.runtime.backends.common import Backend
+    from tpu_pipeline.toolchain.errors import DeviceError
+
+    ran = []
+
+    class MyBackend(Backend):
+        name, kinds = "mydevice", ("mcu",)
+
+        def readiness(self, port=None, deployment=None):
+            return False, "no board"
+
+        def run(self, request, progress=None, power=None):
+            ran.append(request.device)
+            raise DeviceError("mydevice: no board attached")
+
+    module = types.ModuleType("tpu_pipeline.runtime.backends.mydevice")
+    module.MyBackend = MyBackend
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(backends.BUILTIN, "mydevice", "mydevice:MyBackend")
+    code = main(["run", str(MODEL), "--backend", "mydevice", "--device", "sparkfun-edge", "-N", "1"])
+    assert code == 4 and ran == ["sparkfun-edge"]
+    assert "mydevice: no board attached" in capsys.readouterr().err
+
+
 def test_backend_registry_checks_requests_in_one_place():
     from tpu_pipeline.runtime.backends import (Backend, RunRequest, get_backend, register, registry, run_backend,
                                   select_backend)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tpu_pipeline.commands import run as run_cmd
 from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
+from tpu_pipeline.runtime.backends import BUILTIN
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
@@ -11,7 +12,7 @@ HELP = "profile a model on a device (or its emulation): latency, throughput, are
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
     p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
-    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu", "qemu"))
+    p.add_argument("--backend", default="auto", choices=("auto", *BUILTIN))
     p.add_argument("--kernels", dest="mcu_kernels", choices=("cmsis-nn", "reference"), default=None,
                    help="MCU: TFLite Micro kernels the predictions (arena, latency, energy) are for "
                         "(default cmsis-nn; with --backend qemu also the firmware's)")

@@ -6,13 +6,14 @@ import contextlib
 import sys
 
 from tpu_pipeline.output import printer
+from tpu_pipeline.runtime.backends import BUILTIN
 
 HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the host emulator; measure it"
 
 
 def add_arguments(p) -> None:
     p.add_argument("target", help="a compiled directory (report.json + segments) or a .tflite")
-    p.add_argument("--backend", default="auto", choices=("auto", "emulator", "coral", "mcu", "qemu"),
+    p.add_argument("--backend", default="auto", choices=("auto", *BUILTIN),
                    help="auto (default) takes hardware when found, else the emulator")
     p.add_argument("--device", help="device descriptor (devices/<name>.toml); default: report.json's, "
                    "else coral-usb (sparkfun-edge with --backend mcu)")

@@ -12,14 +12,34 @@ here, once, so no backend silently ignores one.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tpu_pipeline.runtime.backends.common import Backend, RunRequest
 from tpu_pipeline.toolchain.errors import UsageError
 
-BACKENDS = ("auto", "emulator", "coral", "mcu", "qemu")
+if TYPE_CHECKING:
+    from tpu_pipeline.runtime.backends.common import Backend, RunRequest
+
+# The built-in backends, name -> "module:class" in this package: a new one is its module and one
+# line here (the command line's --backend choices are read from it). Nothing heavy is imported
+# until a backend is used, so the command line can list them at start-up.
+BUILTIN = {
+    "emulator": "emulator:EmulatorBackend",
+    "coral": "coral:CoralBackend",
+    "mcu": "mcu:McuBackend",
+    "qemu": "qemu:QemuBackend",  # the harness firmware on an emulated board
+}
 _KIND = {"edgetpu": "an Edge TPU", "mcu": "an MCU"}
 _EXTRA: dict[str, Backend] = {}
+
+
+def __getattr__(name: str):  # Backend and RunRequest, loaded when first asked for
+    if name in ("Backend", "RunRequest"):
+        from tpu_pipeline.runtime.backends import common
+
+        return getattr(common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -37,12 +57,10 @@ def register(backend: Backend) -> None:
 
 def registry() -> dict[str, Backend]:
     """Every backend by name: the built-in ones, then those added with `register`."""
-    from tpu_pipeline.runtime.backends.coral import CoralBackend
-    from tpu_pipeline.runtime.backends.emulator import EmulatorBackend
-    from tpu_pipeline.runtime.backends.mcu import McuBackend
-    from tpu_pipeline.runtime.backends.qemu import QemuBackend  # the harness firmware on an emulated board
-
-    found: dict[str, Backend] = {b.name: b for b in (EmulatorBackend(), CoralBackend(), McuBackend(), QemuBackend())}
+    found: dict[str, Backend] = {}
+    for name, where in BUILTIN.items():
+        module, cls = where.split(":")
+        found[name] = getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
     found.update(_EXTRA)
     return found
 
@@ -94,5 +112,5 @@ def run_backend(name: str, request: RunRequest, power_meter: str | None = None, 
     return backend.run(request, progress, power)
 
 
-__all__ = ["BACKENDS", "Backend", "Choice", "RunRequest", "get_backend", "register", "registry", "run_backend",
+__all__ = ["BUILTIN", "Backend", "Choice", "RunRequest", "get_backend", "register", "registry", "run_backend",
            "select_backend"]
