@@ -24,6 +24,13 @@ TINY = FIXTURES / "tiny_irregular_int8.tflite"
 CLI = [sys.executable, "-c", "from tpu_pipeline.entry import main; main()"]
 
 
+def _as_from_a_terminal() -> None:
+    """The child's Ctrl-C as a terminal gives it. A test run started in the background by a shell
+    without job control ignores SIGINT, the CLI keeps an ignored signal ignored (as it should), and
+    the interrupt tests would then test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
@@ -90,7 +97,8 @@ def _start_and_signal(args, tmp_path, sig, after_s, wait_for: str | None = None)
     """Start the CLI, wait until its log shows `wait_for` (if given) and `after_s` more, signal it."""
     log = tmp_path / "stderr.log"
     with open(log, "w") as err_fh:
-        proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=err_fh, text=True, cwd=tmp_path)
+        proc = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=err_fh, text=True, cwd=tmp_path,
+                                preexec_fn=_as_from_a_terminal)
         deadline = time.monotonic() + 120
         while wait_for and wait_for not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -126,7 +134,7 @@ def test_an_interrupt_during_the_solve_ends_at_once_and_keeps_the_earlier_result
 def test_an_interrupt_at_startup_is_one_line(tmp_path):
     """Ctrl-C while the heavy modules load (numpy is mapped, OR-Tools and LiteRT are still to come)."""
     proc = subprocess.Popen([*CLI, "inspect", str(TINY)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=_as_from_a_terminal)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 60
     while "numpy" not in maps.read_text() and time.monotonic() < deadline:
