@@ -24,7 +24,7 @@ from tpu_pipeline.toolchain.fit.variants import (Variant, as_is_variants, best_o
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
-from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import Semantics, tflm_semantics
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
 from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, target_tail
 from tpu_pipeline.toolchain.rewrite.patch import checked_region, apply_patches
@@ -103,6 +103,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     if arena not in ARENAS:
         raise UsageError(f"unknown arena '{arena}' (choose from {', '.join(ARENAS)})")
+    sem = tflm_semantics(kernels)  # resolved once: every floor below takes the object
     t0 = time.monotonic()
     whole_run = deadline or Deadline(time_limit)
     original = graph
@@ -114,14 +115,14 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     deadline = whole_run.sub(fraction=1.0 - REALISE_SHARE)
     spans = split_spans(graph)
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
-    as_is = as_is_variants(graph, spans, device, kernels, deadline.sub(fraction=0.25), progress)
-    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=kernels).ops}
-    rewrites = rewrite_variants(graph, spans, as_is, device, kernels, allow_lossy, model, deadline.sub(fraction=0.15),
+    as_is = as_is_variants(graph, spans, device, sem, deadline.sub(fraction=0.25), progress)
+    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=sem.kernels).ops}
+    rewrites = rewrite_variants(graph, spans, as_is, device, sem, allow_lossy, model, deadline.sub(fraction=0.15),
                                 harness)
-    twins = [t for v in as_is + rewrites for t in kernel_twins(v, device, kernels)] if harness else []
+    twins = [t for v in as_is + rewrites for t in kernel_twins(v, device, sem)] if harness else []
     candidates = patch_candidates(graph, spans, as_is, harness) if patches else []
-    tail_fixed, tail_note = _tail_fixed(graph, kernels, arena)
-    pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, kernels, op_seconds, harness, tail_fixed)
+    tail_fixed, tail_note = _tail_fixed(graph, sem, arena)
+    pool = _Pool(graph, spans, as_is + rewrites + twins + candidates, device, sem, op_seconds, harness, tail_fixed)
     say(progress, t0, f"fit: {len(candidates)} patch candidates, {len(rewrites)} rewrite variants, "
                       f"{len(twins)} kernel variants; selecting")
     baseline = _selection_of(as_is, tail_fixed)
@@ -144,9 +145,9 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     if sel is None:  # nothing fits: the smallest arena we can reach
         sel = frontier[-1] if frontier else pool.select(len(spans), None, "memory", deadline.sub(fraction=0.5))
     say(progress, t0, f"fit: {pool.estimated} variants estimated, {pool.measured} built and measured")
-    whole, sched, plan = _realise(graph, spans, sel, kernels, whole_run, progress, t0)
+    whole, sched, plan = _realise(graph, spans, sel, sem, whole_run, progress, t0)
     for _ in range(REPLAN_ROUNDS):  # overlapped ops' rigid groups can leave the plan above the peak
-        over = _overshoot(whole, plan, sel, kernels)
+        over = _overshoot(whole, plan, sel, sem)
         if not over or whole_run.expired():
             break
         for v, top in over:
@@ -156,21 +157,21 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
                  or pool.select(len(spans), None, "memory", more))
         if again is None or [id(v) for v in again.variants] == [id(v) for v in sel.variants]:
             break
-        tried = _realise(graph, spans, again, kernels, whole_run, progress, t0)
-        if tried[2].head + (target_tail(tried[0], kernels).bytes or 0) >= plan.head + (target_tail(whole, kernels).bytes or 0):
+        tried = _realise(graph, spans, again, sem, whole_run, progress, t0)
+        if tried[2].head + (target_tail(tried[0], sem).bytes or 0) >= plan.head + (target_tail(whole, sem).bytes or 0):
             break
         sel, (whole, sched, plan) = again, tried
     notes = []
     as_is_chosen = len(sel.variants) == len(baseline.variants) and all(
         a is b for a, b in zip(sel.variants, baseline.variants))
     def counted(g: Graph, p) -> int:  # what the budget and the memory objective count
-        return p.head + ((target_tail(g, kernels).bytes or 0) if arena == "whole" else 0)
+        return p.head + ((target_tail(g, sem).bytes or 0) if arena == "whole" else 0)
 
     if not as_is_chosen and counted(whole, plan) > baseline.arena and (budget is None or baseline.arena <= budget):
         # the chosen variant's real arena came out above the model as it is (its graph is too big
         # for the scheduler or the planner in the time left, or its ops' tail was not known to the
         # selection): keep whichever is smaller
-        again = _realise(graph, spans, baseline, kernels, whole_run, progress, t0)
+        again = _realise(graph, spans, baseline, sem, whole_run, progress, t0)
         as_is_arena = counted(again[0], again[2])
         if as_is_arena < counted(whole, plan):
             notes.append(f"the chosen variant's arena ({counted(whole, plan):,} B) came out above the model as it "
@@ -178,12 +179,12 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
             sel, (whole, sched, plan) = baseline, again
     offsets = tuple(plan.tensor_offsets) if any(o >= 0 for o in plan.tensor_offsets) else None
     notes = harness_notes + ([tail_note] if tail_note else []) + notes
-    baseline_tail = target_tail(original, kernels).bytes
+    baseline_tail = target_tail(original, sem).bytes
     if harness:  # the model as the user gave it is the baseline, not its harness form
         base_sched = schedule(original, time_limit=None, deadline=Deadline(max(0.5, 0.05 * time_limit)),
-                              semantics=tflm_semantics(kernels).name)
+                              semantics=sem)
         baseline = replace(baseline, peak=base_sched.peak,
-                           latency_s=estimate_mcu(original, device, kernels=kernels).latency_s)
+                           latency_s=estimate_mcu(original, device, kernels=sem.kernels).latency_s)
     if cut_short:
         notes.append(f"the selection stopped at the time limit ({pool.measured} of {len(candidates)} patch candidates "
                      "built): it is the best of those built, and a longer --time-limit may find a faster or smaller one")
@@ -194,7 +195,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
                      "not reach the peak within the time limit (a longer --time-limit may)")
     if sched.peak > sel.peak:
         notes.append(f"the whole graph's schedule peaks at {sched.peak:,} B, above the selection's {sel.peak:,} B")
-    tail = target_tail(whole, kernels).bytes
+    tail = target_tail(whole, sem).bytes
     fits = budget is None or plan.head + ((tail or 0) if arena == "whole" else 0) <= budget
     return FitResult(whole, sel, sched, plan.head, offsets, plan.head <= sched.peak, budget, fits,
                      baseline.peak, baseline.latency_s, len(spans), pool.measured, len(candidates), pool.dropped,
@@ -208,9 +209,9 @@ class _Pool:
     it picks only measured variants. The answer is then `select`'s (CP-SAT) over the measured
     variants, which must agree with the chain DP that steered the loop."""
 
-    def __init__(self, graph, spans, variants, device, kernels, op_seconds, harness=True, tail_fixed=None):
+    def __init__(self, graph, spans, variants, device, sem: Semantics, op_seconds, harness=True, tail_fixed=None):
         self.graph, self.spans, self.variants = graph, spans, list(variants)
-        self.device, self.kernels, self.op_seconds = device, kernels, op_seconds
+        self.device, self.sem, self.op_seconds = device, sem, op_seconds
         self.harness = harness  # kernel twins of measured variants may be offered
         self.tail_fixed = tail_fixed  # the whole arena is selected on (None: the head alone)
         self.estimated = self.measured = 0
@@ -255,15 +256,15 @@ class _Pool:
             del self.variants[k]
             self.dropped += 1
             return
-        v = best_order(v, tflm_semantics(self.kernels).name, deadline, below)
+        v = best_order(v, self.sem, deadline, below)
         self.variants[k] = v
         if self.harness:
-            self.variants += kernel_twins(v, self.device, self.kernels)
+            self.variants += kernel_twins(v, self.device, self.sem)
 
     def refine(self, budget, deadline, only=None) -> bool:
         measured = [v for v in self.variants
                     if v.stage == "measured" and (only is None or any(v is w for w in only))]
-        better = refine(measured, budget, deadline, self.kernels)
+        better = refine(measured, budget, deadline, self.sem)
         changed = [(a, b) for a, b in zip(measured, better) if a != b]
         for old, new in changed:
             self.variants[self.index(old)] = new
@@ -280,7 +281,7 @@ class _Pool:
             return
         self.variants[k] = up
         if up.stage == "measured" and self.harness:
-            self.variants += kernel_twins(up, self.device, self.kernels)
+            self.variants += kernel_twins(up, self.device, self.sem)
 
     def index(self, v: Variant) -> int:
         return next(k for k, w in enumerate(self.variants) if w is v)
@@ -289,7 +290,7 @@ class _Pool:
         """`v` one stage further (upgrade), counted; None if it does not exist after all."""
         self.estimated += v.stage == "bound"
         self.measured += v.stage == "estimate"
-        return upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.kernels)
+        return upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.sem)
 
 
 MAX_SMALLEST_ROUNDS = 4
@@ -388,14 +389,14 @@ def _from_frontier(frontier, budget, objective) -> Selection | None:
     return next((p for p in frontier if budget is None or p.arena <= budget), None)
 
 
-def _overshoot(whole: Graph, plan, sel: Selection, kernels: str) -> list[tuple[Variant, int]]:
+def _overshoot(whole: Graph, plan, sel: Selection, sem: Semantics) -> list[tuple[Variant, int]]:
     """Chosen variants whose ops run at a step where the realised plan reaches above the
     selection's peak, with the highest such reach: what the selection should have been told. Only
     where overlapped ops are planned (their groups' fixed offsets are what a span's figure cannot
     see; other plans reach their peak or are left as the planner's note says)."""
     if plan.head <= sel.peak:
         return []
-    lt = lifetimes(whole, None, tflm_semantics(kernels))
+    lt = lifetimes(whole, None, sem)
     if not any(b.group >= 0 for b in lt.buffers) or len(plan.buffer_offsets) != len(lt.buffers):
         return []
     top = [0] * lt.n_steps
@@ -421,24 +422,23 @@ def _selection_of(chosen: list[Variant], tail_fixed: int | None = None) -> Selec
     return Selection(tuple(chosen), max(v.peak for v in chosen), sum(v.latency_s for v in chosen), True, tail)
 
 
-def _tail_fixed(graph: Graph, kernels: str, arena: str) -> tuple[int | None, str]:
+def _tail_fixed(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None, str]:
     """The part of the target's tail no variant changes (the allocator's structs, the I/O tensors,
     the graph inputs' eval tensors): what the selection adds to the variants' own tails; None
     (and a note) when the head alone is selected on."""
     if arena == "head":
         return None, ""
-    whole, ops = target_tail(graph, kernels).bytes, ops_tail(graph, kernels)
+    whole, ops = target_tail(graph, sem).bytes, ops_tail(graph, sem)
     if whole is None or ops is None:
-        missing = ", ".join(target_tail(graph, kernels).unmodelled)
+        missing = ", ".join(target_tail(graph, sem).unmodelled)
         return None, (f"the target's tail is not modelled for {missing}: the selection counts the head alone "
                       "(the tail is added once the model is fitted)")
     return whole - ops, ""
 
 
-def _realise(graph: Graph, spans, sel: Selection, kernels: str, deadline: Deadline, progress, t0):
+def _realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadline, progress, t0):
     """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
     semantics of the kernel set it will run with."""
-    sem = tflm_semantics(kernels)
     whole = _apply(graph, sel.variants, spans)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     # the variants' own orders reach the selection's peak; the scheduler may only improve on them
@@ -446,7 +446,7 @@ def _realise(graph: Graph, spans, sel: Selection, kernels: str, deadline: Deadli
     # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
     # gains here, while the planner needs its time to reach the peak on thousands of buffers)
     sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, 0.35 * deadline.remaining())),
-                     semantics=sem.name)
+                     semantics=sem)
     whole = whole.reordered(sched.order)
     plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(2.0, deadline.remaining())))

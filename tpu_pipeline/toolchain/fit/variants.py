@@ -38,7 +38,7 @@ from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, OVERLAP, builti
                                                flags, in_place_source, is_harness, kernel_name, with_flag,
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import align, tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import Semantics, align, tflm_semantics
 from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
@@ -94,16 +94,16 @@ class Variant:
         return d
 
 
-def _costed(graph: Graph, device, kernels: str) -> tuple[float, int]:
-    est = estimate_mcu(graph, device, kernels=kernels)
+def _costed(graph: Graph, device, kernels: str | Semantics) -> tuple[float, int]:
+    est = estimate_mcu(graph, device, kernels=tflm_semantics(kernels).kernels)
     return est.latency_s, sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
 
 
-def as_is_variants(graph: Graph, spans: list[Span], device, kernels="cmsis-nn", deadline: Deadline | None = None,
+def as_is_variants(graph: Graph, spans: list[Span], device, kernels: str | Semantics = "cmsis-nn", deadline: Deadline | None = None,
                    progress: Progress = None) -> list[Variant]:
     """One variant per span: its ops in the proven memory-optimal order."""
     out = []
-    sem = tflm_semantics(kernels).name
+    sem = tflm_semantics(kernels)
     for s in spans:
         g = span_graph(graph, [s])
         sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2), semantics=sem)
@@ -129,7 +129,8 @@ def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
     return g, notes
 
 
-def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device, kernels: str = "cmsis-nn",
+def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device,
+                     kernels: str | Semantics = "cmsis-nn",
                      allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
                      harness: bool = False) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
@@ -140,7 +141,7 @@ def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], devi
     from tpu_pipeline.toolchain.rewrite.driver import rewrite_graph
     from tpu_pipeline.toolchain.rewrite.rules import find_candidates
 
-    sem = tflm_semantics(kernels).name
+    sem = tflm_semantics(kernels)
     runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
     runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
     calibrate_on = builtin_view(graph)
@@ -205,7 +206,7 @@ def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
 MAX_TWINS = 6  # kernel twins per variant: each changes the ops at its predecessor's peak
 
 
-def kernel_twins(v: Variant, device, kernels: str) -> list[Variant]:
+def kernel_twins(v: Variant, device, kernels: str | Semantics) -> list[Variant]:
     """Kernel variants of measured variant `v`, in its own op order: at its peak step, the op that
     runs there overlaps its output with its input where that is legal (cheap: a copy per output
     row; an ADD or MUL simply runs in place), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
@@ -280,7 +281,7 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            kernels="cmsis-nn") -> Variant | None:
+            kernels: str | Semantics = "cmsis-nn") -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, the device model's latency of the built ops, MACs, ops). None when the variant
@@ -321,11 +322,11 @@ def short_name(name: str, keep: int = 48) -> str:
 
 
 def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None,
-           kernels: str = "cmsis-nn") -> list[Variant]:
+           kernels: str | Semantics = "cmsis-nn") -> list[Variant]:
     """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
     ask the exact scheduler (within the deadline) for their true optimum."""
     out = []
-    sem = tflm_semantics(kernels).name
+    sem = tflm_semantics(kernels)
     for v in variants:
         if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
                 and (deadline is None or not deadline.expired()):
@@ -337,7 +338,7 @@ def refine(variants: list[Variant], budget: int, deadline: Deadline | None = Non
     return out
 
 
-def best_order(v: Variant, sem: str, deadline: Deadline | None = None, below: int | None = None) -> Variant:
+def best_order(v: Variant, sem: str | Semantics, deadline: Deadline | None = None, below: int | None = None) -> Variant:
     """Measured patch variant `v` in the best order the exact scheduler finds within the deadline
     (its emitted order is achievable, not optimal), with the scheduler's lower bound. `below`: only
     an order under it is of interest (the scheduler stops at the first, or when none can exist)."""
@@ -386,7 +387,7 @@ def achievable_peak(graph: Graph, sem) -> int:
     return plan_arena(lt, "auto", GROUP_PLAN_SECONDS).size
 
 
-def _tail(graph: Graph, kernels: str) -> int:
+def _tail(graph: Graph, kernels: str | Semantics) -> int:
     """The tail a variant's ops bring (0 where an op's allocations are not modelled: fit then
     selects on the head; see fit_graph)."""
     return ops_tail(graph, kernels) or 0

@@ -41,7 +41,7 @@ from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import Semantics, tflm_semantics
 
 KERNEL_SETS = ("cmsis-nn", "reference")
 _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's persistent buffers
@@ -136,9 +136,11 @@ class TargetArena:
         return None if self.tail is None else self.head + self.tail
 
 
-def _check_kernels(kernels: str) -> int:
-    tflm_semantics(kernels)  # UsageError for an unknown set
-    return {"reference": 0, "cmsis-nn": 1}[kernels]  # the column of OP_DATA
+def _kernel_set(kernels: str | Semantics) -> tuple[Semantics, str, int]:
+    """(semantics, kernel-set name, column of OP_DATA) of a kernel set given by name or resolved;
+    UsageError for an unknown one."""
+    sem = tflm_semantics(kernels)
+    return sem, sem.kernels, {"reference": 0, "cmsis-nn": 1}[sem.kernels]
 
 
 def _quantized(t) -> bool:
@@ -172,10 +174,9 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
     return []
 
 
-def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -> TargetTail:
+def target_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn", n_subgraphs: int = 1) -> TargetTail:
     """The persistent allocations of `graph` on the 32-bit target with `kernels`, in order."""
-    col = _check_kernels(kernels)
-    sem = tflm_semantics(kernels)
+    sem, kernels, col = _kernel_set(kernels)
     allocs: list[tuple[str, int, int]] = [
         ("SingleArenaBufferAllocator", *_SINGLE_ARENA_ALLOCATOR),
         ("GreedyMemoryPlanner" if not graph.external else "HarnessPlanner", *_planner(len(graph.external))),
@@ -230,7 +231,7 @@ def target_tail(graph: Graph, kernels: str = "cmsis-nn", n_subgraphs: int = 1) -
     return TargetTail(kernels, None if missing else used, tuple(allocs), missing)
 
 
-def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) -> tuple[int, tuple]:
+def target_head(graph: Graph, kernels: str | Semantics = "cmsis-nn", tensor_offsets=None) -> tuple[int, tuple]:
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
@@ -245,10 +246,11 @@ def target_head(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) ->
     return tflm_greedy(lt, offline=pinned).size, scratch
 
 
-def target_arena(graph: Graph, kernels: str = "cmsis-nn", tensor_offsets=None) -> TargetArena:
+def target_arena(graph: Graph, kernels: str | Semantics = "cmsis-nn", tensor_offsets=None) -> TargetArena:
     """Predicted `arena_used_bytes()` of the harness firmware on a 32-bit Cortex-M."""
-    head, scratch = target_head(graph, kernels, tensor_offsets)
-    return TargetArena(kernels, head, target_tail(graph, kernels).bytes, scratch)
+    sem = tflm_semantics(kernels)
+    head, scratch = target_head(graph, sem, tensor_offsets)
+    return TargetArena(sem.kernels, head, target_tail(graph, sem).bytes, scratch)
 
 
 def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: float = 5.0) -> tuple[int, ...]:
@@ -259,7 +261,7 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
 
 
-def ops_tail(graph: Graph, kernels: str = "cmsis-nn") -> int | None:
+def ops_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn") -> int | None:
     """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
     adds it up per variant): their nodes, the eval tensors of what they write and of the constants
     they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each

@@ -37,7 +37,7 @@ from tpu_pipeline.toolchain import budget as _budget
 from tpu_pipeline.toolchain.budget import Deadline, DeadlineExpired, Progress
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.memory import get_semantics, order_free_lower_bound
+from tpu_pipeline.toolchain.memory import Semantics, get_semantics, order_free_lower_bound
 from tpu_pipeline.toolchain.schedule import schedule
 from tpu_pipeline.toolchain.schedule.bounds.ancestry import ancestry_lower_bound
 from tpu_pipeline.toolchain.rewrite.rules import ALL_KINDS, LOSSY, Candidate, apply_candidate, find_candidates
@@ -136,7 +136,7 @@ class _Search:
             raise DeadlineExpired("rewrite search", self.deadline.seconds)
         self.calls += 1
         limit = min(self.time_limit, remaining)
-        return self.schedule(graph, method="auto", time_limit=limit, semantics=self.sem.name, below=below)
+        return self.schedule(graph, method="auto", time_limit=limit, semantics=self.sem, below=below)
 
     def beats(self, graph: Graph, peak: int):
         """The best schedule of `graph` when some order peaks below `peak`, else None."""
@@ -276,7 +276,8 @@ def _applied_chain(chain, g2: Graph, s2, peak: int) -> list[AppliedRewrite]:
     return out
 
 
-def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm", allow_lossy: bool = False,
+def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str | Semantics = "tflm",
+                  allow_lossy: bool = False,
                   *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
                   joint: bool = True, deadline: Deadline | None = None,
                   progress: Progress = None, calibrate_on: Graph | None = None) -> RewriteResult:
@@ -307,7 +308,7 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str = "tflm
     try:
         s0 = search.run_schedule(graph)
     except DeadlineExpired:  # no time for a search: the cheap heuristics, no rewrite
-        s0 = schedule(graph, method="greedy", time_limit=1.0, semantics=search.sem.name)
+        s0 = schedule(graph, method="greedy", time_limit=1.0, semantics=search.sem)
         search.notes.append("time budget spent before the search started")
     current = graph.reordered(s0.order)
     peak, sched = s0.peak, s0
