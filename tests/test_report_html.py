@@ -72,7 +72,9 @@ def test_compile_writes_a_report_the_browser_draws(tmp_path):
 
 def test_fit_report_draws_the_frontier(tmp_path):
     page = tmp_path / "fit.html"
-    proc = run_cli("fit", str(TINY), "--budget", "12000", "-o", str(tmp_path / "f.tflite"), "--pareto",
+    # the head alone: with the whole arena counted, this small model's patch variants bring more
+    # tail than they save and its frontier is one point (15,252 B); on the head it has eight
+    proc = run_cli("fit", str(TINY), "--budget", "12000", "--head-only", "-o", str(tmp_path / "f.tflite"), "--pareto",
                    "--time-limit", "10", "--report", str(page))
     assert proc.returncode == 0, proc.stderr
     text = page.read_text()
