@@ -161,16 +161,22 @@ def _auto_exact(req: Request, deadline: float, name: str, best) -> ArenaPlan:
                 proven_lb = max(proven_lb, mid + g)
     if best_size <= proven_lb:
         return req.finish(best, name, True, lower_bound=best_size)
+    name, best, best_size, proven_lb = _cpsat_polish(bufs, deadline, name, best, best_size, proven_lb)
+    return req.finish(best, name, best_size <= proven_lb, lower_bound=proven_lb)
+
+
+def _cpsat_polish(bufs, deadline: float, name: str, best, size: int, lb: int):
+    """CP-SAT from the best plan so far (its hint and upper bound) in what time is left, when that
+    is worth starting: (name, offsets, size, proven lower bound), improved where it found better."""
     remaining = deadline - time.monotonic() - 0.1 - 0.002 * len(bufs)  # building the model takes time too
     if remaining > 0.5:
-        offsets, size, bound, optimal = cpsat_plan(bufs, remaining, hint=best, lower_bound=proven_lb,
-                                                   upper_bound=best_size)
-        proven_lb = max(proven_lb, bound)
-        if offsets is not None and size < best_size:
-            best, best_size, name = offsets, size, "cpsat"
+        offsets, got, bound, optimal = cpsat_plan(bufs, remaining, hint=best, lower_bound=lb, upper_bound=size)
+        lb = max(lb, bound)
+        if offsets is not None and got < size:
+            best, size, name = offsets, got, "cpsat"
         if optimal:
-            proven_lb = max(proven_lb, best_size)
-    return req.finish(best, name, best_size <= proven_lb, lower_bound=proven_lb)
+            lb = max(lb, size)
+    return name, best, size, lb
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,14 +280,8 @@ def _plan_grouped(req: Request, planner: str) -> ArenaPlan:
         candidates = grouped_portfolio(bufs, overlaps)[:1]
     name, best = min(candidates, key=lambda c: (arena_size(bufs, c[1]), c[0]))
     size = arena_size(bufs, best)
-    remaining = deadline - time.monotonic() - 0.1 - 0.002 * len(bufs)
-    if size > lb and planner in ("auto", "cpsat") and remaining > 0.5:
-        offsets, got, bound, optimal = cpsat_plan(bufs, remaining, hint=best, lower_bound=lb, upper_bound=size)
-        lb = max(lb, bound)
-        if offsets is not None and got < size:
-            best, size, name = offsets, got, "cpsat"
-        if optimal:
-            lb = max(lb, size)
+    if size > lb and planner in ("auto", "cpsat"):
+        name, best, size, lb = _cpsat_polish(bufs, deadline, name, best, size, lb)
     return req.finish(best, name, size <= lb, lower_bound=lb)
 
 
