@@ -41,7 +41,44 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
          (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
 }
 
+}  // namespace
+
 int Align16(int n) { return (n + 15) / 16 * 16; }
+
+TfLiteStatus RequestScratch(TfLiteContext* context, TfLiteNode* node, int bytes) {
+  node->user_data = nullptr;
+  if (bytes > 0) {
+    int index = -1;
+    TF_LITE_ENSURE_STATUS(context->RequestScratchBufferInArena(context, bytes, &index));
+    node->user_data = reinterpret_cast<void*>(static_cast<intptr_t>(index) + 1);
+  }
+  return kTfLiteOk;
+}
+
+uint8_t* GetScratch(TfLiteContext* context, TfLiteNode* node) {
+  const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
+  return index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
+}
+
+namespace {
+
+// The quantized parameters CONV_2D and DEPTHWISE_CONV_2D share, for a band whose top padding is
+// `pad_top`.
+template <typename Params>
+Params QuantizedParams(const ConvOptions& o, int pad_top) {
+  Params p = {};
+  p.padding_values.height = static_cast<int16_t>(pad_top);
+  p.padding_values.width = static_cast<int16_t>(o.pad_left);
+  p.stride_height = static_cast<int16_t>(o.stride_h);
+  p.stride_width = static_cast<int16_t>(o.stride_w);
+  p.dilation_height_factor = static_cast<int16_t>(o.dilation_h);
+  p.dilation_width_factor = static_cast<int16_t>(o.dilation_w);
+  p.input_offset = o.input_offset;
+  p.output_offset = o.output_offset;
+  p.quantized_activation_min = o.act_min;
+  p.quantized_activation_max = o.act_max;
+  return p;
+}
 
 #if defined(CMSIS_NN)
 void Dims(const Geometry& g, int in_h, int out_h, bool depthwise, cmsis_nn_dims* in, cmsis_nn_dims* filter,
@@ -165,34 +202,14 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   const int32_t dw_filter_d[4] = {1, g.k_h, g.k_w, g.out_c}, filter_d[4] = {g.out_c, g.k_h, g.k_w, g.in_c};
   const tflite::RuntimeShape in_shape(4, in_d), out_shape(4, out_d), bias_shape(1, &out_d[3]);
   if (depthwise) {
-    tflite::DepthwiseParams p = {};
-    p.padding_values.height = static_cast<int16_t>(band.pad_top);
-    p.padding_values.width = static_cast<int16_t>(o.pad_left);
-    p.stride_height = static_cast<int16_t>(o.stride_h);
-    p.stride_width = static_cast<int16_t>(o.stride_w);
-    p.dilation_height_factor = static_cast<int16_t>(o.dilation_h);
-    p.dilation_width_factor = static_cast<int16_t>(o.dilation_w);
+    auto p = QuantizedParams<tflite::DepthwiseParams>(o, band.pad_top);
     p.depth_multiplier = static_cast<int16_t>(o.depth_multiplier);
-    p.input_offset = o.input_offset;
-    p.output_offset = o.output_offset;
-    p.quantized_activation_min = o.act_min;
-    p.quantized_activation_max = o.act_max;
     tflite::reference_integer_ops::DepthwiseConvPerChannel(
         p, multiplier, shift, in_shape, band_in, tflite::RuntimeShape(4, dw_filter_d), filter,
         bias_shape, bias, out_shape, out);
     return kTfLiteOk;
   }
-  tflite::ConvParams p = {};
-  p.padding_values.height = static_cast<int16_t>(band.pad_top);
-  p.padding_values.width = static_cast<int16_t>(o.pad_left);
-  p.stride_height = static_cast<int16_t>(o.stride_h);
-  p.stride_width = static_cast<int16_t>(o.stride_w);
-  p.dilation_height_factor = static_cast<int16_t>(o.dilation_h);
-  p.dilation_width_factor = static_cast<int16_t>(o.dilation_w);
-  p.input_offset = o.input_offset;
-  p.output_offset = o.output_offset;
-  p.quantized_activation_min = o.act_min;
-  p.quantized_activation_max = o.act_max;
+  const auto p = QuantizedParams<tflite::ConvParams>(o, band.pad_top);
   tflite::reference_integer_ops::ConvPerChannel(p, multiplier, shift, in_shape, band_in,
                                                 tflite::RuntimeShape(4, filter_d), filter,
                                                 bias_shape, bias, out_shape, out);
@@ -283,14 +300,7 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   TF_LITE_ENSURE_MSG(context, ok, "TPUP conv: needs int8 input, filter and output and an int32 [2, C] requantization");
   const int own = OwnBufferSize(o, g, kDepthwise);
   const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
-  const int total = ring ? Align16(own) + ring : own;
-  node->user_data = nullptr;
-  if (total > 0) {
-    int index = -1;
-    TF_LITE_ENSURE_STATUS(context->RequestScratchBufferInArena(context, total, &index));
-    node->user_data = reinterpret_cast<void*>(static_cast<intptr_t>(index) + 1);
-  }
-  return kTfLiteOk;
+  return RequestScratch(context, node, ring ? Align16(own) + ring : own);
 }
 
 template <bool kDepthwise>
@@ -309,8 +319,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int8_t* w = tflite::micro::GetTensorData<int8_t>(filter);
   const int32_t* b = bias != nullptr ? tflite::micro::GetTensorData<int32_t>(bias) : nullptr;
   const int32_t* q = tflite::micro::GetTensorData<int32_t>(requant);
-  const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
-  uint8_t* scratch = index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
+  uint8_t* scratch = GetScratch(context, node);
 
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * g.in_w * g.in_c;
   const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * g.out_w * g.out_c;

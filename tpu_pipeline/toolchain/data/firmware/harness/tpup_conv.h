@@ -34,6 +34,15 @@ struct ConvGeometry {
   int in_h, in_w, in_c, out_h, out_w, out_c, k_h, k_w;
 };
 
+// `n` rounded up to 16 bytes (TFLite Micro's arena alignment): where a buffer follows another
+// inside one scratch request.
+int Align16(int n);
+
+// The op's one scratch buffer of `bytes` (none for 0), requested at Prepare; its index is kept in
+// node->user_data (index + 1, 0 = none). GetScratch gives it at Eval, or nullptr.
+TfLiteStatus RequestScratch(TfLiteContext* context, TfLiteNode* node, int bytes);
+uint8_t* GetScratch(TfLiteContext* context, TfLiteNode* node);
+
 // The kernel's own buffer (CMSIS-NN's; none for the direct or reference kernels) a call needs.
 int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
 

@@ -57,8 +57,6 @@ bool ReadStage(const TfLiteNode* node, Stage* stage) {
          stage->program_at() + stage->program_words == stage->w.size;
 }
 
-int Align16(int n) { return (n + 15) / 16 * 16; }
-
 // The layer's convolution options and its geometry on a call's boxes.
 ConvOptions LayerOptions(const Stage& stage, int k, int pad_top, int pad_left) {
   ConvOptions o = {};
@@ -136,14 +134,7 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   Stage stage;
   TF_LITE_ENSURE_MSG(context, ReadStage(node, &stage), "TPUP stage: invalid options");
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
-  const int total = Align16(stage.scratch) + KernelBuffer(stage);
-  node->user_data = nullptr;
-  if (total > 0) {
-    int index = -1;
-    TF_LITE_ENSURE_STATUS(context->RequestScratchBufferInArena(context, total, &index));
-    node->user_data = reinterpret_cast<void*>(static_cast<intptr_t>(index) + 1);
-  }
-  return kTfLiteOk;
+  return RequestScratch(context, node, Align16(stage.scratch) + KernelBuffer(stage));
 }
 
 TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
@@ -155,8 +146,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   int8_t* y = tflite::micro::GetTensorData<int8_t>(output);
   const int x_w = input->dims->data[2], x_c = input->dims->data[3];
   const int y_w = output->dims->data[2], y_c = output->dims->data[3];
-  const intptr_t index = reinterpret_cast<intptr_t>(node->user_data) - 1;
-  uint8_t* scratch = index >= 0 ? static_cast<uint8_t*>(context->GetScratchBuffer(context, index)) : nullptr;
+  uint8_t* scratch = GetScratch(context, node);
   uint8_t* kernel_buffer = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
   int32_t step[15];
   for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
