@@ -304,22 +304,20 @@ class ChainProblem:
 
     def min_link(self, limit: int) -> tuple[int, tuple[int, ...] | None]:
         """The smallest link work over the chains whose every stage is <= limit, and one such chain."""
-        def first(L):
-            return np.where(L.lat <= limit, L.link, INF)
-
-        def step(cur, L):
-            return np.where(L.lat <= limit, cur[:, None] + L.link, INF)
-
-        val, back = self._forward(first, step)
-        return (int(val), self._chain(back)) if val < INF else (INF, None)
+        return self._min_total(limit, lambda L: L.link)
 
     def min_sum_stage(self, limit: int) -> tuple[int, tuple[int, ...] | None]:
         """The smallest sum of stage latencies over the chains whose every stage is <= limit."""
+        return self._min_total(limit, lambda L: L.lat)
+
+    def _min_total(self, limit: int, cost) -> tuple[int, tuple[int, ...] | None]:
+        """The smallest sum of `cost(layer)` over the chains whose every stage is <= limit, and one
+        such chain (INF, None when there is none)."""
         def first(L):
-            return np.where(L.lat <= limit, L.lat, INF)
+            return np.where(L.lat <= limit, cost(L), INF)
 
         def step(cur, L):
-            return np.where(L.lat <= limit, cur[:, None] + L.lat, INF)
+            return np.where(L.lat <= limit, cur[:, None] + cost(L), INF)
 
         val, back = self._forward(first, step)
         return (int(val), self._chain(back)) if val < INF else (INF, None)
