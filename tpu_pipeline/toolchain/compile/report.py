@@ -36,7 +36,7 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
         "source": str(o.paths[0]) if len(o.paths) == 1 else [str(p) for p in o.paths],
         "num_segments": part.n,
         "device": o.device.name,
-        "strategy": o.strategy,
+        "strategy": part.strategy,  # "user" for --cuts
         "inputs": [name(t) for t in graph.inputs],
         "outputs": [name(t) for t in graph.outputs],
         "segments": [s.report for s in state.segments],

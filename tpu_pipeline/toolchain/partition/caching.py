@@ -79,19 +79,21 @@ def explain(problem: PartitionProblem, stages, n: int) -> list[dict]:
         entry = {"index": k, "cache_bytes": sram, "parameter_bytes": sc.param_bytes, "cached_bytes": sc.sram_bytes,
                  "streamed_bytes": sc.offchip_bytes, "cache_full_at_op": full_at,
                  "cache_full_at_byte": sc.sram_bytes if sc.offchip_bytes else None, "streamed_ops": streaming}
-        entry["advice"] = _advice(problem, stages, n, k, sc, full_at, fewest)
+        entry["advice"], entry["move_to_next"] = _advice(problem, stages, n, k, sc, full_at, fewest)
         out.append(entry)
     return out
 
 
-def _advice(problem, stages, n, k, sc, full_at, fewest) -> str:
+def _advice(problem, stages, n, k, sc, full_at, fewest) -> tuple[str, list[int] | None]:
+    """One sentence, and the ops to move to the next segment when that is the advice."""
     g, sram = problem.graph, problem.model.sram_bytes
     if not sc.offchip_bytes:
-        return f"segment {k}: all {sc.param_bytes:,} B of parameters are cached on chip ({sram - sc.param_bytes:,} B free)"
+        return (f"segment {k}: all {sc.param_bytes:,} B of parameters are cached on chip "
+                f"({sram - sc.param_bytes:,} B free)"), None
     big = next((v for v in range(problem.n_ops) if stages[v] == k and problem.op_costs[v].param_bytes > sram), None)
     if big is not None:
         return (f"segment {k}: op {big} ({g.ops[big].opcode}) alone has {problem.op_costs[big].param_bytes:,} B of "
-                f"parameters, more than the {sram:,} B cache: it streams on any number of TPUs")
+                f"parameters, more than the {sram:,} B cache: it streams on any number of TPUs"), None
     head = f"segment {k} streams {sc.offchip_bytes:,} B from op {full_at} ({g.ops[full_at].opcode}) on"
     if k < n - 1:
         move = _move_suffix(problem, stages, n, k, sc.offchip_bytes)
@@ -100,14 +102,15 @@ def _advice(problem, stages, n, k, sc, full_at, fewest) -> str:
             nxt = problem.stage_costs(trial, n)[k + 1]
             what = f"op {ops[0]}" if len(ops) == 1 else f"ops {ops[0]}..{ops[-1]} ({len(ops)} ops)"
             if not nxt.offchip_bytes:
-                return f"{head}; moving {what} to segment {k + 1} brings it on chip (segment {k + 1} then caches " \
-                       f"{nxt.param_bytes:,} of {sram:,} B)"
+                return (f"{head}; moving {what} to segment {k + 1} brings it on chip (segment {k + 1} then caches "
+                        f"{nxt.param_bytes:,} of {sram:,} B)"), ops
     if fewest is not None and fewest > n:
-        return f"{head}; {fewest - n} more TPU(s) ({fewest} along the op order) would cache every parameter of the model"
+        return (f"{head}; {fewest - n} more TPU(s) ({fewest} along the op order) would cache every parameter of "
+                f"the model"), None
     if fewest is not None:
-        return f"{head}; one more TPU, or a split that spreads the parameters ({fewest} TPUs can cache them all " \
-               f"along the op order), brings it on chip"
-    return f"{head}; no split brings every parameter on chip"
+        return (f"{head}; one more TPU, or a split that spreads the parameters ({fewest} TPUs can cache them all "
+                f"along the op order), brings it on chip"), None
+    return f"{head}; no split brings every parameter on chip", None
 
 
 __all__ = ["explain", "fewest_tpus_on_chip"]

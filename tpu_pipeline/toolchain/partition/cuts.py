@@ -146,9 +146,10 @@ def _crossings(g: Graph, bounds, latest, earliest, n: int) -> list[str]:
 def _segment_rules(problem: PartitionProblem, stages, n: int, colocate: bool) -> list[str]:
     g, problems = problem.graph, []
     for k in range(n):
-        if k not in stages:
-            problems.append(f"segment {k} would be empty: cut {k + 1 if k < n - 1 else n - 1} adds no op "
-                            f"to what the cuts before it need")
+        if k not in stages and k < n - 1:
+            problems.append(f"segment {k} would be empty: cut {k + 1} adds no op to what the cuts before it need")
+        elif k not in stages:
+            problems.append(f"segment {k} would be empty: no op follows cut {k}")
     for group in problem.state_groups:
         used = sorted({stages[v] for v in group})
         if len(used) > 1:

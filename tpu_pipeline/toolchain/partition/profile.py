@@ -3,8 +3,11 @@
 RUN.json is what `tpu-pipeline run DIR --backend coral|emulator --json` printed for an earlier
 compile's folder DIR: per stage its measured median latency and the latency the cost model
 predicted for it. Each op is found in the segment file that ran it (by its output tensor names,
-which every pass keeps), and its compute time is multiplied by its stage's measured / predicted.
-The same exact search (down-set DP, then the simulated-period refinement) then partitions the
+which every pass keeps), and the compute time of each stage's ops is scaled so that the cost model
+gives that stage exactly its measured time: factor = (compute + measured - predicted) / compute,
+the stage's difference put on its ops in proportion to their predicted compute (a stage measured
+2x slower than predicted whose time is mostly fixed per-invoke cost gets a much larger factor than
+2: only its ops can be moved). The same exact search (down-set DP, then the simulated-period refinement) then partitions the
 scaled problem: every stage is balanced against the measurements, the slowest one included,
 unlike libcoral's `partition_with_profiling`, whose bisection looks at the last segment.
 
@@ -24,6 +27,8 @@ from tpu_pipeline.toolchain.errors import ModelError, UsageError
 from tpu_pipeline.toolchain.ir import Graph
 
 BACKENDS = ("coral", "emulator")
+# A stage measured faster than its predicted fixed costs allow keeps this much of its ops' compute.
+MIN_FACTOR = 0.01
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Profile:
     stage_factors: tuple[float, ...]     # the multiplier of the compute time of each stage's ops
     op_factors: tuple[float, ...]        # per op of the graph being compiled
     op_stages: tuple[int, ...]           # the stage each op ran in (-1: not found)
+    targets_s: tuple[float, ...] = ()    # the stage times the scaled model reproduces (measured, or relative)
 
     @property
     def unmatched_ops(self) -> int:
@@ -43,8 +49,9 @@ class Profile:
 
     def to_json(self) -> dict:
         return {"source": self.source, "backend": self.backend, "relative": self.relative,
-                "stages": [{"index": k, "measured_s": m, "predicted_s": p, "factor": f}
-                           for k, (m, p, f) in enumerate(zip(self.measured_s, self.predicted_s, self.stage_factors))],
+                "stages": [{"index": k, "measured_s": m, "predicted_s": p, "target_s": t, "factor": f}
+                           for k, (m, p, t, f) in enumerate(zip(self.measured_s, self.predicted_s, self.targets_s,
+                                                                self.stage_factors))],
                 "unmatched_ops": self.unmatched_ops}
 
 
@@ -98,8 +105,9 @@ def _op_stages(graph: Graph, folder: Path, files: list[str], label: str) -> list
     return stage
 
 
-def read_profile(path, graph: Graph) -> Profile:
-    """The measured profile of `path` mapped onto `graph`'s ops (UsageError: one line)."""
+def read_profile(path, graph: Graph, compute_ps) -> Profile:
+    """The measured profile of `path` mapped onto `graph`'s ops, whose predicted compute times are
+    `compute_ps` (UsageError: one line)."""
     path = Path(path)
     label = str(path)
     try:
@@ -120,9 +128,16 @@ def read_profile(path, graph: Graph) -> Profile:
     if relative:
         mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         ratios = [r / mean for r in ratios]
-    factors = tuple(ratios[s] if s >= 0 else 1.0 for s in op_stages)
+    targets = [p * r for (_, _, p), r in zip(stages, ratios)]
+    compute = [0] * len(stages)
+    for v, s in enumerate(op_stages):
+        if s >= 0:
+            compute[s] += compute_ps[v]
+    scale = [max(MIN_FACTOR, (c + (t - p) * 1e12) / c) if c else 1.0
+             for c, t, (_, _, p) in zip(compute, targets, stages)]
+    factors = tuple(scale[s] if s >= 0 else 1.0 for s in op_stages)
     return Profile(label, backend, relative, tuple(m for _, m, _ in stages), tuple(p for _, _, p in stages),
-                   tuple(ratios), factors, tuple(op_stages))
+                   tuple(scale), factors, tuple(op_stages), tuple(targets))
 
 
 __all__ = ["Profile", "read_profile", "BACKENDS"]

@@ -24,7 +24,7 @@ def partition(state: CompileState, allowed: float) -> tuple[CompileState, PassRe
     if o.profile is not None:
         from tpu_pipeline.toolchain.partition.profile import read_profile
 
-        profile = read_profile(o.profile, graph)
+        profile = read_profile(o.profile, graph, [oc.compute_ps for oc in problem.op_costs])
         problem = problem.scaled(profile.op_factors)
         notes.append(_profile_note(profile))
 
@@ -82,5 +82,6 @@ def _profile_note(profile) -> str:
     factors = ", ".join(f"x{f:.2f}" for f in profile.stage_factors)
     unmatched = f"; {profile.unmatched_ops} op(s) not found in the profiled segments kept their prediction" \
         if profile.unmatched_ops else ""
-    return (f"--profile {profile.source}: each op's compute time scaled by its stage's measured / predicted "
-            f"time ({how}: {factors}){unmatched}; the predictions below are under that profile")
+    return (f"--profile {profile.source}: each stage's op compute scaled so that the cost model gives the stage "
+            f"its measured time ({how}; compute factors {factors}){unmatched}; the predictions below are under "
+            f"that profile")
