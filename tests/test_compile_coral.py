@@ -264,3 +264,34 @@ def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys):
     bad.write_text(json.dumps({"backend": "mcu", "stages": []}))
     assert main(["compile", str(TINY), "-n", "2", "--profile", str(bad), "-o", str(tmp_path / "o")]) == 2
     assert "--profile takes a run on coral or emulator" in capsys.readouterr().err
+
+
+# ---- co-compilation order ----------------------------------------------------------------------
+def test_cocompile_order_follows_the_mix(tmp_path, capsys):
+    text = Path(EdgeTpuCostModel("coral-usb").device.path).read_text()
+    dev = tmp_path / "slow-link.toml"   # a small cache behind a slow link: who gets the cache matters
+    dev.write_text(text.replace("param_sram_bytes = 8126464", "param_sram_bytes = 12000")
+                   .replace("host_bandwidth_bytes_per_s = 4.2e+08", "host_bandwidth_bytes_per_s = 1.0e+07")
+                   .replace('name = "coral-usb"', 'name = "slow-link"'))
+    models = [str(TINY), str(FIXTURES / "chain_int8.tflite")]
+    best = {}
+    for mix in ("tiny_irregular_int8=1,chain_int8=5", "tiny_irregular_int8=5,chain_int8=1"):
+        out = tmp_path / mix.replace(",", "_")
+        assert main(["compile", *models, "-n", "2", "--device", str(dev), "--mix", mix, "-o", str(out),
+                     "--time-limit", "2"]) == 0
+        assert "co-compile order for the mix" in capsys.readouterr().out
+        co = _report(out)["co_compile"]
+        assert len(co["orders"]) == 2 and co["order"] == co["orders"][0]["order"]
+        for row in co["orders"]:
+            mean = sum(co["mix"][m] * row["period_s"][m] for m in row["order"]) / sum(co["mix"].values())
+            assert row["mean_period_s"] == pytest.approx(mean)
+        assert co["orders"][0]["mean_period_s"] < co["orders"][1]["mean_period_s"]
+        first = co["order"][0]   # the first model gets the cache first: it caches at least as much as in the other order
+        assert co["orders"][0]["cached_bytes"][first] >= co["orders"][1]["cached_bytes"][first]
+        best[mix] = co["order"]
+    # the model invoked more often gets the cache
+    assert best["tiny_irregular_int8=1,chain_int8=5"][0] == "chain_int8"
+    assert best["tiny_irregular_int8=5,chain_int8=1"][0] == "tiny_irregular_int8"
+    assert main(["compile", str(TINY), "-n", "2", "--mix", "a=1", "-o", str(tmp_path / "x")]) == 2
+    assert main(["compile", *models, "-n", "2", "--mix", "nope=1", "-o", str(tmp_path / "x")]) == 2
+    assert "--mix: 'nope' is not one of the models" in capsys.readouterr().err

@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
                         "comma-separated (join tensors of one boundary with '+'), or @FILE with one per line; "
                         "checked (exit 2 with one line per violation), written and verified like ours, and "
                         "compared with ours and Coral's in the report")
+    p.add_argument("--mix", metavar="A=3,B=1",
+                   help="several models: the invocation mix (model file stems and weights; default equal) for which "
+                        "the co-compilation order (which model's parameters get the cache first) is chosen")
     p.add_argument("--profile", metavar="RUN.json",
                    help="re-partition with the per-stage times measured by `tpu-pipeline run DIR --backend "
                         "coral|emulator --json` (DIR: an earlier compile of this model) in place of the predictions")
@@ -85,7 +88,7 @@ def run(args) -> int:
                         no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
                         budget=args.budget, verify=args.verify, progress=say, report=args.report,
                         int8_io=args.int8_io, input_outside_arena=args.input_outside_arena, max_n=args.max_n,
-                        knee=args.knee, cuts=args.cuts, profile=args.profile)
+                        knee=args.knee, cuts=args.cuts, profile=args.profile, mix=args.mix)
     if args.json:
         printer(args).json(r.to_json())
         return 0
@@ -168,6 +171,12 @@ def _print_choices(r: dict, con) -> None:
             t.add_row(c["label"], str(c["n"]), _ms(c["period_s"]), f"{c['throughput_per_s']:,.1f}", hb(c["cached_bytes"]),
                       hb(c["streamed_bytes"]), " / ".join(f"{x * 1e3:,.2f}" for x in c["stage_latency_s"]))
         con.print(t)
+    co = r.get("co_compile")
+    if co:
+        best = co["orders"][0]
+        others = "; ".join(f"{', '.join(o['order'])}: {_ms(o['mean_period_s'])} ms" for o in co["orders"][1:])
+        con.print(f"co-compile order for the mix {co['mix']}: {', '.join(best['order'])} (mean period "
+                  f"{_ms(best['mean_period_s'])} ms)" + (f"; other orders: {others}" if others else ""))
     for s in r["segments"]:
         c = s.get("caching")
         if c and c["streamed_bytes"]:

@@ -72,7 +72,7 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str = "cor
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
                     semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
                     int8_io: bool = False, input_outside_arena: bool = False, max_n: int = DEFAULT_MAX_N,
-                    knee: float = DEFAULT_KNEE, cuts=None, profile=None) -> CompileOptions:
+                    knee: float = DEFAULT_KNEE, cuts=None, profile=None, mix: str | None = None) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work. `n`: a number of
     segments, "auto" (choose among 1..max_n), or None with `cuts` (their count fixes it)."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
@@ -100,6 +100,12 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str = "cor
         profile = Path(profile)
         if not profile.is_file():
             raise UsageError(f"--profile {profile}: no such file (give the --json output of `tpu-pipeline run DIR`)")
+    if mix is not None:
+        from tpu_pipeline.toolchain.partition.cocompile import parse_mix
+
+        if len(paths) < 2:
+            raise UsageError("--mix orders several models co-compiled on the same TPUs; give two or more models")
+        parse_mix(mix, [p.stem for p in paths])  # UsageError now, not after the passes
     dev = load_device(device)
     if dev.kind != "edgetpu":
         raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
@@ -108,7 +114,8 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str = "cor
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics, budget, gap, int8_io, input_outside_arena, max_n, knee, cuts, profile)
+                          semantics, budget, gap, int8_io, input_outside_arena, max_n, knee, cuts, profile,
+                          mix)
 
 
 def _segments(n, cuts, max_n: int, knee: float) -> int | None:

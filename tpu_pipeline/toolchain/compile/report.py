@@ -73,6 +73,8 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
     if state.compared:  # --cuts / --profile: the written partition beside the others, same cost model
         report["compared"] = [partition_summary(part.strategy if part.strategy in LABELS else "ours", part)] + [
             partition_summary(label, p) for label, p in state.compared]
+    if state.cocompile is not None:
+        report["co_compile"] = state.cocompile
     if state.profile is not None:
         report["profile"] = state.profile.to_json()
     if len(o.paths) > 1:

@@ -35,6 +35,7 @@ class CompileOptions:
     knee: float = 0.05         # -n auto: the fewest TPUs within this fraction of the best throughput per TPU
     cuts: tuple[tuple[str, ...], ...] | None = None  # --cuts: per boundary, tensor names or op indices (text)
     profile: Path | None = None  # --profile: a `run --json` whose measured stage times replace the predictions
+    mix: str | None = None     # several models: the invocation mix (A=3,B=1) the co-compilation order is chosen for
 
     @property
     def stem(self) -> str:
@@ -69,6 +70,7 @@ class CompileState:
     sweep: Any = None                              # -n auto: partition.auto.Sweep (the n = 1..K table)
     compared: tuple = ()                           # (label, Partition) shown beside the written one (--cuts, --profile)
     profile: Any = None                            # --profile: partition.profile.Profile (the measured scale factors)
+    cocompile: dict | None = None                  # several models: the co-compilation order for the mix
     segments: tuple[SegmentFile, ...] = ()
     verification: dict | None = None
     edgetpu_compiler: dict | None = None           # what edgetpu_compiler did, when it is on PATH

@@ -43,8 +43,9 @@ def partition(state: CompileState, allowed: float) -> tuple[CompileState, PassRe
         part = run(o.n, allowed)
     if profile is not None:
         compared = _profile_comparison(graph, problem, profile, part, o.device)
+    cocompile = _cocompile(state, part.n, allowed) if len(o.paths) > 1 else None
     state = dataclasses.replace(state, partition=part, sweep=sweep, compared=compared, profile=profile,
-                                notes=state.noted(*notes))
+                                cocompile=cocompile, notes=state.noted(*notes))
     detail = {"strategy": part.strategy, "proven_optimal": part.proven_optimal, "n": part.n}
     if sweep is not None:
         detail["n_chosen"] = sweep.n_chosen
@@ -74,6 +75,28 @@ def _profile_comparison(graph, problem, profile, part, device) -> tuple:
         out.append(("profiled", evaluated_partition(problem, profile.op_stages, n_prof, "profiled")))
     out.append(("libcoral-profiling", profiled_partition(graph, part.n, device, problem)))
     return tuple(out)
+
+
+def _cocompile(state: CompileState, n: int, allowed: float) -> dict:
+    """Each model partitioned into n segments on its own; every order of the models scored for the mix."""
+    from tpu_pipeline.toolchain.loader import load
+    from tpu_pipeline.toolchain.partition.cocompile import order_costs, parse_mix
+
+    o = state.options
+    labels = [p.stem for p in o.paths]
+    mix = parse_mix(o.mix, labels)
+    parts = {}
+    for label, path in zip(labels, o.paths):
+        graph = load(path)[1]
+        problem = PartitionProblem(graph, EdgeTpuCostModel(o.device))
+        k = min(n, problem.max_stages())
+        p = partition_graph(graph, k, device=o.device, time_limit=max(0.5, allowed / len(labels)), label=str(path),
+                            gap=o.gap, problem=problem)
+        parts[label] = (problem, p.stages)
+    rows = order_costs(parts, mix)
+    return {"mix": mix, "order": rows[0]["order"], "orders": rows,
+            "objective": "the mix's mean period: sum of weight x period / sum of weights (each model alone on the "
+                         "TPUs, with the caches its place in the order leaves it)"}
 
 
 def _profile_note(profile) -> str:
