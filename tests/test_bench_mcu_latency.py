@@ -42,13 +42,13 @@ def test_layer_classes_name_kernel_and_stride():
 
 
 def test_the_table_states_ratios_against_tinyengine_on_the_same_core():
-    rows = [b.row("m", "tinyengine", "an386", "whole layers, integer requantize", 100, 10, "x", True, "c",
+    rows = [b.row("m", "tinyengine", "an386", "whole layers, float requantize", 100, 10, "x", True, "c",
                   layers=[{"class": "conv 1x1", "instructions": 60}, {"class": "add", "instructions": 40}]),
             b.row("m", "tflm-builtin", "an386", "as converted", 150, 20, "y", True, "c",
                   layers=[{"class": "conv 1x1", "instructions": 120}, {"class": "add", "instructions": 30}]),
-            b.row("m", "tinyengine", "an500", "whole layers, integer requantize", 200, 10, "x", False, "c",
+            b.row("m", "tinyengine", "an500", "whole layers, float requantize", 200, 10, "x", False, "c",
                   match={"elements_equal": 1, "elements": 2, "max_abs_diff": 3})]
     text = b.render(rows)
     assert "| m | tflm-builtin | an386 | as converted | 150 | 1.50x |" in text
     assert "no: 1/2 equal, max diff 3" in text
-    assert "| m | an386 | conv 1x1 | 60 | 120 (2.00x) | - |" in text
+    assert "| m | an386 | conv 1x1 | 60 | - | 120 (2.00x) | - |" in text

@@ -380,17 +380,23 @@ def tinyengine_rows(te: Path, name: str, plan: dict, cores, work: Path, log) -> 
     rows, profile = [], {}
     cmd = "python tools/bench_mcu_latency.py --tinyengine DIR"
     for label, n, split, fpreq in variants:
-        for prof in (False, True) if (n == 0 and not fpreq) else (False,):
+        for prof in (False, True) if n == 0 else (False,):
             gen = work / f"{name}-{n}-{split}-{int(fpreq)}-{int(prof)}"
             info = generate(te, model, gen, n, split, fpreq, prof)
             write_input_header(gen / "te_input.h", x, n > 0, _offset(info["input_buffer"]), output_places(info, want))
             for core in cores:
                 lib, failed = te_library(te, core, gen)
-                elf, _ = build_runner(te, gen, core, lib)
-                r = run_elf(elf, core)
+                try:
+                    elf, _ = build_runner(te, gen, core, lib)
+                    r = run_elf(elf, core)
+                except RuntimeError as exc:  # a TinyEngine program that fails is a row saying so
+                    rows.append(row(name, "tinyengine", core, label + (" (profile)" if prof else ""), None,
+                                    info["peak_mem"], "-", None, cmd, error=str(exc), library_not_built=failed))
+                    log(rows[-1])
+                    continue
                 if prof:
                     classes = [layer_class(*lay) for lay in info["layers"]]
-                    profile[core] = [{"class": c, **lay} for c, lay in zip(classes, r["layers"])]
+                    profile[(core, label)] = [{"class": c, **lay} for c, lay in zip(classes, r["layers"])]
                     continue
                 cmp = compare(r["outputs"], want)
                 counts = TE_COUNTS.format(input=", the input image in the application's buffer" if n else "")
@@ -469,7 +475,11 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds for each fit's search (default 60)")
     ap.add_argument("--only", nargs="+", help="models to run (default: TinyEngine's three and MLPerf's four)")
     ap.add_argument("--cores", nargs="+", choices=sorted(CORES), default=sorted(CORES))
+    ap.add_argument("--render", action="store_true", help="only rewrite the .md from docs/bench/mcu_latency.json")
     args = ap.parse_args()
+    if args.render:
+        OUT.write_text(render(json.loads(OUT.with_suffix(".json").read_text())))
+        return 0
     te = find_tinyengine(args.tinyengine)
     mlperf = Path(args.mlperf or os.environ.get("MLPERF_TINY_DIR") or REPO.parent / "peers" / "mlperf-tiny")
     if te is None:
@@ -493,8 +503,8 @@ def main() -> int:
             plan = run_peer(te, te / "assets" / f"{name}.tflite")
             te_rows, profile = tinyengine_rows(te, name, plan, args.cores, work, log)
             for r in te_rows:
-                if r["point"].startswith("whole layers, integer"):
-                    r["layers"] = profile.get(r["core"], [])
+                if (r["core"], r["point"]) in profile:
+                    r["layers"] = profile[(r["core"], r["point"])]
                 r["plan"] = plan
             rows += te_rows
             rows += our_rows(te / "assets" / f"{name}.tflite", name, plan["best"]["peak"], args.cores, work,
@@ -521,13 +531,14 @@ def render(rows: list[dict]) -> str:
              f"Command: `{cmd}` (the script's docstring says how each side is built and counted; every figure "
              "of a model is measured in the same run as its peers). Instructions per inference under QEMU "
              "`-icount shift=0` (SysTick x 40, as the harness counts), not a real board's cycles. Ratio: "
-             "instructions / TinyEngine's whole-layer integer-requantize figure on the same core. "
+             "instructions / TinyEngine's whole-layer code as its GenerateSourceFilesFromTFlite writes it (float "
+             "requantization, its fastest variant) on the same core. "
              "Outputs identical: int8 outputs equal, element for element, to host TFLite Micro's (the wheel) "
              "on the same input (TinyEngine: the model with int8 I/O; ours: the model the firmware ran).", "",
              "| model | engine | core | point | instructions | ratio vs TinyEngine | whole arena (B) "
              "| what the arena counts | outputs identical |", "|---|---|---|---|---:|---:|---:|---|---|"]
-    base = {(r["model"], r["core"]): r["instructions"] for r in rows
-            if r["engine"] == "tinyengine" and r["point"].startswith("whole layers, integer")}
+    base = {(r["model"], r["core"]): r["instructions"] for r in rows if r["engine"] == "tinyengine"
+            and r["point"].startswith("whole layers, float") and r["instructions"]}
     conv = {(r["model"], r["core"]): r["instructions"] for r in rows if r["engine"] == "tflm-builtin"}
     for r in rows:
         ref = base.get((r["model"], r["core"]))
@@ -535,6 +546,8 @@ def render(rows: list[dict]) -> str:
         if ref is None and r["engine"] == "tpu-pipeline" and conv.get((r["model"], r["core"])) and r["instructions"]:
             ratio = f"{r['instructions'] / conv[(r['model'], r['core'])]:.2f}x of as converted"
         ident = r["outputs_identical"]
+        if r.get("error") and r["instructions"] is None:
+            ident = f"not measured: {r['error']}"
         if r.get("match") and not ident:
             m = r["match"]
             ident = f"no: {m['elements_equal']:,}/{m['elements']:,} equal, max diff {m['max_abs_diff']}"
@@ -545,21 +558,27 @@ def render(rows: list[dict]) -> str:
               "tiles overrun the image (e.g. vww's 3x3 at split 14, the figure docs/bench/tinyengine.md quotes) "
               "are a memory figure, not a runnable program."]
     lines += ["", "### Per layer type (instructions summed over the layers of each type)", "",
-              "TinyEngine whole layers (integer requantize, its profile mode) against the model as converted on "
-              "TFLite Micro + CMSIS-NN and against fit's fastest point (harness kernels); ratio = ours / TinyEngine.",
-              "", "| model | core | layer type | TinyEngine | as converted (ratio) | fit fastest (ratio) |",
-              "|---|---|---|---:|---:|---:|"]
-    for (model, core), _ in base.items():
-        te = next(r for r in rows if r["model"] == model and r["core"] == core and r["engine"] == "tinyengine"
-                  and r["point"].startswith("whole layers, integer"))
-        ours = next((r for r in rows if r["model"] == model and r["core"] == core and r["engine"] == "tflm-builtin"), None)
-        fast = next((r for r in rows if r["model"] == model and r["core"] == core and r["engine"] == "tpu-pipeline"
-                     and r["point"].startswith("fastest")), None)
-        t, o, f = by_class(te.get("layers", [])), by_class((ours or {}).get("layers", [])), by_class((fast or {}).get("layers", []))
+              "TinyEngine whole layers in its profile mode (per-layer ticks; totals above come from the plain "
+              "build), float and integer requantization, against the model as converted on TFLite Micro + "
+              "CMSIS-NN and fit's fastest point (harness kernels); ratio = ours / TinyEngine's float-requantize "
+              "layers, else its integer ones.", "",
+              "| model | core | layer type | TinyEngine float req. | TinyEngine integer req. | as converted (ratio) "
+              "| fit fastest (ratio) |", "|---|---|---|---:|---:|---:|---:|"]
+
+    def pick(model, core, engine, prefix):
+        return next((r for r in rows if r["model"] == model and r["core"] == core and r["engine"] == engine
+                     and r["point"].startswith(prefix)), {})
+
+    for model, core in sorted({(r["model"], r["core"]) for r in rows if r["engine"] == "tinyengine"}):
+        tf = by_class(pick(model, core, "tinyengine", "whole layers, float").get("layers", []))
+        ti = by_class(pick(model, core, "tinyengine", "whole layers, integer").get("layers", []))
+        o = by_class(pick(model, core, "tflm-builtin", "as converted").get("layers", []))
+        f = by_class(pick(model, core, "tpu-pipeline", "fastest").get("layers", []))
+        t = {**ti, **tf} if tf else ti
         for c in sorted(set(t) | set(o) | set(f), key=lambda c: -max(t.get(c, 0), o.get(c, 0))):
             def cell(d):
                 return "-" if c not in d else f"{d[c]:,}" + (f" ({d[c] / t[c]:.2f}x)" if t.get(c) else "")
-            lines.append(f"| {model} | {core} | {c} | {_n(t.get(c))} | {cell(o)} | {cell(f)} |")
+            lines.append(f"| {model} | {core} | {c} | {_n(tf.get(c))} | {_n(ti.get(c))} | {cell(o)} | {cell(f)} |")
     return "\n".join(lines) + "\n"
 
 
