@@ -32,12 +32,14 @@ from tpu_pipeline.toolchain.compile.passes.schedule import schedule
 from tpu_pipeline.toolchain.compile.passes.segments import segments
 from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
 from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
-from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import get_semantics
+from tpu_pipeline.toolchain.memory import Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.report import json_default
+
+FIT_COST_DEVICE = "qemu-mps2-an386"  # whose MCU cost model the fit pass prices variants with
 
 PASSES: list[Pass] = [
     Pass("load", load),
@@ -66,12 +68,13 @@ class CompileResult:
     notes: list[str]
 
 
-def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
+def compile_options(paths, n: int, out_dir=None, device: str | Device = "coral-usb", strategy: str = "latency",
                     time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
+                    semantics: str | Semantics = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
                     int8_io: bool = False, input_outside_arena: bool = False) -> CompileOptions:
-    """Check the options (UsageError) and the output folder before any work."""
+    """Check the options (UsageError) and the output folder before any work: the device and the
+    semantics are resolved here, once, and the passes take the objects."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
         raise UsageError("no model given")
@@ -81,13 +84,13 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if not (0 < time_limit < float("inf")):
         raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
-    get_semantics(semantics)  # UsageError for an unknown name
+    semantics = get_semantics(semantics)  # UsageError for an unknown name
     if not 0 <= gap < 1:
         raise UsageError(f"--gap must be a fraction in [0, 1), got {gap}")
     if budget is not None:
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
-        semantics = "tflm"  # the budget is a TFLite Micro arena: every pass minimises that
+        semantics = get_semantics("tflm")  # the budget is a TFLite Micro arena: every pass minimises that
     dev = load_device(device)
     if dev.kind != "edgetpu":
         raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
@@ -95,8 +98,10 @@ def compile_options(paths, n: int, out_dir=None, device: str = "coral-usb", stra
     stem = "+".join(p.stem for p in paths)
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
+    # the fit pass (--budget) prices variants with the emulated MCU's cost model
+    fit_cost = load_device(FIT_COST_DEVICE) if budget is not None else None
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics, budget, gap, int8_io, input_outside_arena)
+                          semantics, budget, gap, int8_io, input_outside_arena, fit_cost)
 
 
 def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:

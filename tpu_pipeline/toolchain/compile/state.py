@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpu_pipeline.toolchain.cost.devices import Device
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.semantics import TFLITE, Semantics
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,12 @@ class CompileOptions:
     colocate: bool = False
     passes: tuple[str, ...] = ("rewrite", "schedule", "plan")   # the optional passes that run
     workers: int = 2
-    semantics: str = "tflite"
+    semantics: Semantics = TFLITE  # whose memory model rewrite and schedule minimise
     budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
     gap: float = 0.01          # the partition stops within this fraction of its proven bound
     int8_io: bool = False      # the float QUANTIZE/DEQUANTIZE at the interface dropped (rewrite.interface)
     input_outside_arena: bool = False  # the offline plan keeps the inputs out of the arena (harness firmware)
+    fit_cost_device: Device | None = None  # the MCU whose cost model the fit pass prices variants with
 
     @property
     def stem(self) -> str:
