@@ -20,7 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from tpu_pipeline.toolchain.cost.classes import op_class
-from tpu_pipeline.toolchain.device import REFERENCE, Device, KernelSet
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir import kernels as harness
@@ -239,7 +239,7 @@ class McuEstimate:
                 "ops": [o.__dict__ for o in self.ops]}
 
 
-def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet) -> McuEstimate:
+def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet = DEFAULT_KERNEL_SET) -> McuEstimate:
     """Predicted cycles, latency and energy of one inference of `graph` on an MCU with the
     TFLite Micro `kernels`."""
     if device.kind != "mcu":

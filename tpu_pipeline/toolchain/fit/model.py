@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
-from tpu_pipeline.toolchain.device import REFERENCE, Device, KernelSet, load_device
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
@@ -62,7 +62,7 @@ def device_reserve(device: Device) -> tuple[int, int]:
     return device.memory.sram_bytes, stack_and_heap + HARNESS_STATIC_BYTES
 
 
-def fit_model(path, *, kernels: KernelSet, budget: int | None = None, device: Device | None = None,
+def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | None = None, device: Device | None = None,
               objective: str = "latency", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
               allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, KernelSet
+from tpu_pipeline.toolchain.device import CMSIS_NN, DEFAULT_KERNEL_SET, REFERENCE, KernelSet
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
@@ -136,7 +136,7 @@ class TargetArena:
         return None if self.tail is None else self.head + self.tail
 
 
-def _kernel_set(kernels: KernelSet | Semantics) -> tuple[Semantics, KernelSet, int]:
+def _kernel_set(kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> tuple[Semantics, KernelSet, int]:
     """(semantics, kernel set, column of OP_DATA) of a kernel set or its TFLite Micro semantics."""
     sem = tflm_semantics(kernels)
     return sem, sem.kernels, sem.kernels.tail_column
@@ -173,7 +173,7 @@ def _prepare_allocations(graph: Graph, op, kernels: KernelSet) -> list[int]:
     return []
 
 
-def target_tail(graph: Graph, kernels: KernelSet | Semantics, n_subgraphs: int = 1) -> TargetTail:
+def target_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, n_subgraphs: int = 1) -> TargetTail:
     """The persistent allocations of `graph` on the 32-bit target with `kernels`, in order."""
     sem, kernels, col = _kernel_set(kernels)
     allocs: list[tuple[str, int, int]] = [
@@ -230,7 +230,7 @@ def target_tail(graph: Graph, kernels: KernelSet | Semantics, n_subgraphs: int =
     return TargetTail(kernels.name, None if missing else used, tuple(allocs), missing)
 
 
-def target_head(graph: Graph, kernels: KernelSet | Semantics, tensor_offsets=None) -> tuple[int, tuple]:
+def target_head(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> tuple[int, tuple]:
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
@@ -245,7 +245,7 @@ def target_head(graph: Graph, kernels: KernelSet | Semantics, tensor_offsets=Non
     return tflm_greedy(lt, offline=pinned).size, scratch
 
 
-def target_arena(graph: Graph, kernels: KernelSet | Semantics, tensor_offsets=None) -> TargetArena:
+def target_arena(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> TargetArena:
     """Predicted `arena_used_bytes()` of the harness firmware on a 32-bit Cortex-M."""
     sem = tflm_semantics(kernels)
     head, scratch = target_head(graph, sem, tensor_offsets)
@@ -260,7 +260,7 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
 
 
-def ops_tail(graph: Graph, kernels: KernelSet | Semantics) -> int | None:
+def ops_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> int | None:
     """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
     adds it up per variant): their nodes, the eval tensors of what they write and of the constants
     they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each
