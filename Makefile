@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-test
 ZOO_STAMP := $(VENV)/.installed-zoo
 
-.PHONY: demo test bench zoo clean
+.PHONY: demo test flakes bench zoo clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash tools/install_system_deps.sh
 	$(PY) -m pytest
+
+# the tests about time, 3 runs idle and 3 with every core busy: a machine-speed flake shows here first
+flakes: $(STAMP)
+	bash tools/install_system_deps.sh
+	$(PY) tools/flakes.py --runs 3
 
 zoo: $(ZOO_STAMP)
 	$(PY) tools/build_zoo.py --out models

@@ -38,6 +38,8 @@ def example_model() -> Path:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: many more random examples; run with `-m slow`")
+    config.addinivalue_line("markers", "timing: behaviour around time (deadlines, time limits, timeouts, "
+                                       "interrupts); `make flakes` runs these idle and under load")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,8 +1,11 @@
 """Bounded time and memory (issue 10, item 3): the Deadline, the scheduler's and the rewrite
 search's budgets, the rewrite pruning rule, and the arena planners on large problems.
 
-Wall-clock assertions are loose (a shared 2-core machine); benchmarks hold the real figures
-(docs/bench/planners.md)."""
+No assertion here depends on how fast the machine is (issue 34): a test of a search stopping at
+its deadline hands it a deadline that trips after a fixed number of questions
+(helpers.deadlines.TripDeadline), and "returns within SLACK of its deadline" is held as the CPU time
+spent after the deadline passed, which a loaded machine does not inflate. Wall-clock figures are
+benchmarks (docs/bench/planners.md)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from tpu_pipeline.toolchain.schedule.dp import MAX_STATE_BYTES, best_first, stat
 from tpu_pipeline.toolchain.schedule.model import build_model
 from tpu_pipeline.toolchain.schedule.problem import Piece
 from tpu_pipeline.toolchain.schedule import heuristics
+from helpers.deadlines import TripDeadline, cpu_past_deadline
+from helpers.models import random_dag
 from helpers.oracle import topological_orders
 
 
@@ -139,45 +144,16 @@ def wide_graph(branches=12, length=4, hw=8, seed=0):
     return Graph(tuple(tensors), tuple(ops), (x_in,), (y,), "wide")
 
 
-def random_dag(n_ops=60, seed=0, hw=4):
-    """Random float32 DAG of ADD/CONCAT-free 1x1 convs with 1-3 inputs (summed by ADD)."""
-    rng = np.random.default_rng(seed)
-    tensors, ops = [], []
-
-    def act(name, c):
-        tensors.append(Tensor(len(tensors), name, "float32", (1, hw, hw, int(c))))
-        return len(tensors) - 1
-
-    x_in = act("input", 4)
-    avail = [(x_in, 4)]
-    readers = {x_in: 0}
-    for k in range(n_ops):
-        ins = [avail[int(j)] for j in rng.choice(len(avail), size=min(len(avail), int(rng.integers(1, 3))), replace=False)]
-        c = int(rng.integers(1, 32))
-        y = act(f"t{k}", c)
-        if len(ins) == 1:
-            ops.append(ir_ops.op("RELU", (ins[0][0],), (y,)))
-        else:
-            tensors[y] = Tensor(y, f"t{k}", "float32", (1, hw, hw, sum(ci for _, ci in ins)))
-            c = sum(ci for _, ci in ins)
-            ops.append(ir_ops.concatenation([t for t, _ in ins], y, axis=3))
-        for t, _ in ins:
-            readers[t] = readers.get(t, 0) + 1
-        avail.append((y, c))
-        readers[y] = 0
-        if len(avail) > 12:
-            avail = avail[-12:]
-    outs = tuple(t for t, n in readers.items() if n == 0)
-    return Graph(tuple(tensors), tuple(ops), (x_in,), outs, "random")
-
-
 # ---- the Deadline ---------------------------------------------------------------------------------
+@pytest.mark.timing
 def test_deadline_counts_down_and_check_raises():
-    d = Deadline(0.2)
-    assert not d.expired() and 0.1 < d.remaining() <= 0.2
+    d = Deadline(600.0)  # not expired right after it is made, however loaded the machine
+    assert not d.expired() and 0 < d.remaining() <= 600.0
     d.check("not yet")
     inner = d.sub(fraction=0.5)
-    assert inner.end <= d.end and inner.start == d.start
+    assert inner.end <= d.end and inner.start == d.start and inner.remaining() <= 300.0
+    d = Deadline(0.2)
+    assert d.remaining() <= 0.2
     time.sleep(0.25)
     assert d.expired() and d.remaining() == 0.0
     with pytest.raises(DeadlineExpired, match="spent"):
@@ -189,15 +165,17 @@ def test_deadline_counts_down_and_check_raises():
 
 
 # ---- scheduler ---------------------------------------------------------------------------------------
+@pytest.mark.timing
 def test_schedule_returns_within_its_deadline_on_a_hard_graph():
     g = random_dag(120, 0)  # the search runs to any time limit here (not proven in 20 s)
-    t0 = time.monotonic()
-    s = schedule(g, time_limit=120.0, deadline=Deadline(2.0))
-    assert time.monotonic() - t0 < 2.0 + SLACK + 0.5
+    deadline = Deadline(2.0)
+    s, past = cpu_past_deadline(deadline, lambda: schedule(g, time_limit=120.0, deadline=deadline))
+    assert past < SLACK
     assert g.is_topological(s.order) and s.peak == lifetimes(g, s.order).peak
     assert s.peak <= lifetimes(g, None).peak
 
 
+@pytest.mark.timing
 def test_schedule_returns_within_its_deadline_on_a_large_patched_graph():
     """A patched region is thousands of ops: the baselines and the branch-body pre-pass must stay
     inside the deadline too (they took 5.3 s of a 1 s deadline here, and 60 s on a fit's 4,588-op
@@ -213,9 +191,9 @@ def test_schedule_returns_within_its_deadline_on_a_large_patched_graph():
     region = max(patch_regions(g), key=lambda r: len(r.ops))
     patched = apply_patches(g, region, (8, 8))
     assert len(patched.ops) > 1000
-    t0 = time.monotonic()
-    s = schedule(patched, time_limit=None, deadline=Deadline(1.0))
-    assert time.monotonic() - t0 < 1.0 + SLACK + 0.5
+    deadline = Deadline(1.0)
+    s, past = cpu_past_deadline(deadline, lambda: schedule(patched, time_limit=None, deadline=deadline))
+    assert past < SLACK
     assert patched.is_topological(s.order) and s.peak <= lifetimes(patched, None).peak
 
 
@@ -230,6 +208,7 @@ def test_schedule_below_answers_the_question_only():
     assert yes.peak <= full.peak and g.is_topological(yes.order)
 
 
+@pytest.mark.timing
 def test_dp_state_cap_bounds_the_search():
     g = random_dag(120, 0)
     m = build_model(g)
@@ -237,8 +216,8 @@ def test_dp_state_cap_bounds_the_search():
     cap = state_cap(pc)
     assert 10_000 <= cap <= MAX_STATE_BYTES // 560
     ub = schedule(g, time_limit=5.0).peak
-    res = best_first(pc, ub, 0, time.monotonic() + 60.0, max_states=20_000, free_moves=False)
-    assert not res.complete and res.states <= 20_000 + 512 * 64  # stops at the cap, well before 60 s
+    res = best_first(pc, ub, 0, time.monotonic() + 3600.0, max_states=20_000, free_moves=False)
+    assert not res.complete and res.states <= 20_000 + 512 * 64  # the cap stops it, not the clock
 
 
 # ---- rewrite search --------------------------------------------------------------------------------
@@ -266,30 +245,31 @@ def test_ancestry_lower_bound_sees_the_dense_block_peak():
 
 def test_rewrite_search_skips_candidates_that_cannot_pay():
     g = dense_graph(blocks=(6, 12, 24, 16))  # DenseNet-like int8, 58 concat candidates, none pays
-    t0 = time.monotonic()
     r = rewrite_graph(g, time_limit=10.0, joint=False)
     assert r.candidates_tried >= 58 and not r.applied
     assert r.schedule_calls == 1  # only the input graph is scheduled: every candidate is pruned
-    assert time.monotonic() - t0 < 60.0
 
 
+@pytest.mark.timing
 def test_rewrite_search_respects_its_deadline_and_reports_progress():
     g = dense_graph(blocks=(6, 12, 24, 16), dtype="float32")  # float splits do pay here
     lines = []
-    t0 = time.monotonic()
-    r = rewrite_graph(g, time_limit=10.0, deadline=Deadline(4.0), progress=lines.append)
-    assert time.monotonic() - t0 < 4.0 + SLACK + 0.5
+    deadline = TripDeadline(30)  # trips at its 31st question: mid-search on every machine
+    r = rewrite_graph(g, time_limit=10.0, deadline=deadline, progress=lines.append)
+    # it stopped because it asked: one more question at most after the trip, and it said so
+    assert deadline.tripped_at is not None and deadline.asked - deadline.tripped_at <= 2
     assert lines and all(line.startswith("[") and " s] rewrite" in line for line in lines)
     assert r.peak_after <= r.peak_before and r.graph.is_topological(range(len(r.graph.ops)))
     assert any("time budget" in n for n in r.notes)
     assert lifetimes(r.graph, None).peak == r.peak_after
 
 
+@pytest.mark.timing
 def test_rewrite_with_no_time_left_returns_the_input():
     g = dense_graph(blocks=(4, 6))
-    t0 = time.monotonic()
-    r = rewrite_graph(g, time_limit=10.0, deadline=Deadline(0.0))
-    assert time.monotonic() - t0 < SLACK + 2.0
+    deadline = Deadline(0.0)
+    r, past = cpu_past_deadline(deadline, lambda: rewrite_graph(g, time_limit=10.0, deadline=deadline))
+    assert past < SLACK + 2.0
     assert not r.applied and r.peak_after == r.peak_before and len(r.graph.ops) == len(g.ops)
 
 
@@ -322,6 +302,7 @@ def test_first_conflict_agrees_with_check_plan():
         assert (first_conflict(bufs, offsets) is None) == (check_plan(tuple(bufs), offsets) == [])
 
 
+@pytest.mark.timing
 def test_sweep_first_fit_is_sound_even_out_of_time():
     bufs = _random_buffers(3000, 3)
     for deadline in (None, Deadline(0.0)):
@@ -331,6 +312,7 @@ def test_sweep_first_fit_is_sound_even_out_of_time():
     assert arena_size(bufs, stacked) == sum(b.size for b in bufs)  # nothing placed in time: all stacked
 
 
+@pytest.mark.timing
 def test_greedy_portfolio_stops_at_the_deadline_and_auto_still_plans():
     bufs = _random_buffers(2000, 4)
     assert greedy_portfolio(bufs, overlap_lists(bufs), Deadline(0.0)) == []
@@ -338,6 +320,7 @@ def test_greedy_portfolio_stops_at_the_deadline_and_auto_still_plans():
     assert check_plan(tuple(bufs), plan.offsets) == [] and plan.size >= plan.lower_bound
 
 
+@pytest.mark.timing
 def test_plan_buffers_cli_on_50000_buffers_is_bounded(tmp_path):
     bufs = _random_buffers(50_000, 5)
     assert overlap_pairs(bufs) > MAX_OVERLAP_PAIRS  # the lists the old portfolio built grow as n^2
@@ -350,6 +333,7 @@ def test_plan_buffers_cli_on_50000_buffers_is_bounded(tmp_path):
     assert solved.offsets is not None and first_conflict(solved.buffers, solved.offsets) is None
 
 
+@pytest.mark.timing
 def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
     """The branching min-cut bound (schedule/bounds/branching.py) never exceeds the exact optimum (the
     best-first search, itself checked against brute force) and is stronger than the min-cut
@@ -367,14 +351,15 @@ def test_branching_bound_is_valid_and_beats_the_min_cut_bound():
         opt = best_first(piece, ub + 1, 0)
         assert opt.complete and opt.order is not None
         cut = cut_lower_bound(piece)
-        lb = branch_lower_bound(piece, _time.monotonic() + 10, max_leaves=200)
+        lb = branch_lower_bound(piece, _time.monotonic() + 3600, max_leaves=200)
         assert cut <= lb <= opt.peak, (seed, cut, lb, opt.peak)
-        assert branch_lower_bound(piece, _time.monotonic() + 10, ub=cut, max_leaves=200) <= cut
+        assert branch_lower_bound(piece, _time.monotonic() + 3600, ub=cut, max_leaves=200) <= cut
         raised += lb > cut
         reached += lb == opt.peak
     assert raised >= 6 and reached >= 6, (raised, reached)
 
 
+@pytest.mark.timing
 def test_a_piece_stopped_early_keeps_a_valid_certificate():
     """A random DAG whose one hard piece does not finish in 0.5 s runs the at-scale path
     (the auto stages: branching bound, beams, dives): its order is real and its certificate

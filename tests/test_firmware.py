@@ -339,6 +339,7 @@ def test_qemu_backend_refuses_a_board_it_cannot_emulate():
 
 
 # ---- faults ------------------------------------------------------------------------------------
+@pytest.mark.timing
 @needs_arm
 @needs_qemu
 def test_qemu_killed_mid_run_exits_4_in_one_line(built):
@@ -437,6 +438,7 @@ def test_garbage_on_the_line_exits_4_in_one_line(built):
     assert "garbled line" in one_line(err)
 
 
+@pytest.mark.timing
 @needs_qemu
 def test_qemu_that_cannot_boot_or_a_silent_board_is_a_device_error(tmp_path):
     from tpu_pipeline.runtime.backends.qemu import QemuBoard

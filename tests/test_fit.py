@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.deadlines import TripDeadline, never
 from helpers.firmware import run_fitted_on_qemu
 from helpers.models import stem_heavy_cnn
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.fit import fit_model
+from tpu_pipeline.toolchain.fit.fit import fit_graph
 from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 from tpu_pipeline.toolchain.schedule.api import schedule
@@ -182,15 +184,19 @@ def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
     assert r.head_bytes == r.planned_head == fitted.result.head
 
 
+@pytest.mark.timing
 def test_a_selection_cut_short_by_the_time_limit_says_so(tmp_path):
     """Out of time before its pick is built, the search answers with the best variant it built,
     which can be far slower than the best there is: the result must say so."""
     src = stem_heavy_cnn(tmp_path, seed=17)
     budget = _optimal_peak(src) * 7 // 10
-    cut = fit_model(src, budget=budget, time_limit=0.05)
-    assert any("stopped at the time limit" in n for n in cut.result.notes), cut.result.notes
-    done = fit_model(src, budget=budget, time_limit=20)
-    assert done.result.fits and not any("stopped at the time limit" in n for n in done.result.notes)
+    model, graph = load(src)[:2]
+    # deadlines that trip on the count of questions asked, not on the clock (machine speed): the
+    # first trips while the selection has built a few of its candidates, the second never
+    cut = fit_graph(graph, budget=budget, model=model, deadline=TripDeadline(50))
+    assert any("stopped at the time limit" in n for n in cut.notes), cut.notes
+    done = fit_graph(graph, budget=budget, model=model, deadline=never())
+    assert done.fits and not any("stopped at the time limit" in n for n in done.notes)
 
 
 def test_compile_and_export_mcu_run_the_same_fit(tmp_path):

@@ -163,13 +163,13 @@ def test_manifest_types_defaults_and_unknown_fields(tmp_path):
     report["solver"] = {"proven_optimal": True, "lower_bounds": [1, 2]}
     report["segments"][0]["sram_bytes"] = 123
     m = Manifest.from_json(report, d)
-    assert m.version == 1 == MANIFEST_VERSION  # no version: read as 1
+    assert m.version == 1 and MANIFEST_VERSION == 2  # no version: read as 1 (version 2 adds -n auto's table)
     assert m.num_segments == 1 and m.model == "m.tflite" and m.device == "coral-usb"
     assert isinstance(m.segments[0], SegmentEntry) and m.segments[0].ops == report["segments"][0]["ops"]
     assert m.segments[0].inputs == tuple(report["segments"][0]["inputs"])
     assert m.predicted == Prediction(0.001, 1000.0, 0.002, {})
     out = m.to_json()
-    assert out["version"] == MANIFEST_VERSION
+    assert out["version"] == 1  # kept as read
     assert out["solver"] == report["solver"] and out["segments"][0]["sram_bytes"] == 123  # kept
     again = Manifest.from_json(json.loads(m.dumps()), d)
     assert again == m

@@ -123,6 +123,7 @@ def test_no_device():
         SerialMcu("/dev/nonexistent-tpu-pipeline-port").open()
 
 
+@pytest.mark.timing
 def test_silent_device_times_out():
     with FakeMcu(DATA, arena_used=1, fault="silent") as dev, SerialMcu(dev.port, timeout=0.5) as mcu:
         with pytest.raises(DeviceError, match="no answer within 0.5 s while waiting for READY"):
@@ -135,6 +136,7 @@ def test_silent_device_times_out():
     ("reset", "device reset during inference 2"),
     ("error", "failed on the device: invoke failed"),
 ])
+@pytest.mark.timing
 def test_faults_mid_run_keep_results_already_measured(host, fault, message):
     xs = inputs(host, 4)
     with FakeMcu(DATA, arena_used=1, fault=fault, fault_at=2) as dev, SerialMcu(dev.port, timeout=0.5) as mcu:

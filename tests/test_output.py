@@ -7,6 +7,8 @@ import csv
 import io
 import json
 
+import pytest
+
 from conftest import FIXTURES, run_cli
 
 TINY = FIXTURES / "tiny_irregular_int8.tflite"
@@ -65,6 +67,7 @@ def test_format_json_is_json_and_conflicts_are_usage_errors(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "two formats" in proc.stderr
 
 
+@pytest.mark.timing
 def test_progress_heartbeat_names_the_step_and_the_time():
     from tpu_pipeline.output import Progress
 

@@ -268,6 +268,7 @@ print(p.reproducible, ",".join(p.stopped_by), ",".join(map(str, p.stages)), sep=
 """
 
 
+@pytest.mark.timing
 def test_partition_is_reproducible_when_stopped_by_its_budget_on_a_loaded_machine():
     """Two partitions of the same model started together, next to a process that keeps a core
     busy, with a budget CP-SAT cannot prove optimality within: both stop on the deterministic

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time",
+ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time", "coral",
          "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "scale", "fuzz", "survey"]
 
 

@@ -350,21 +350,27 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
 
 
 # ---- compile -----------------------------------------------------------------------------------
-def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str = "coral-usb",  # noqa: A001
+def compile(models, n: int | str | None, *, out: str | os.PathLike | None = None, device: str = "coral-usb",  # noqa: A001
             strategy: str = "latency", time_limit: float = 10.0, gap: float = 0.01, colocate: bool = False,
             no_schedule: bool = False, no_rewrite: bool = False, no_plan: bool = False, semantics: str = "tflite",
             budget: int | None = None, verify: bool = False, progress: Progress | None = None,
             report: str | os.PathLike | None = None, int8_io: bool = False,
-            input_outside_arena: bool = False) -> CompileResult:
+            input_outside_arena: bool = False, max_n: int = 8, knee: float = 0.05, cuts=None,
+            profile: str | os.PathLike | None = None, mix: str | None = None) -> CompileResult:
     """Partition into `n` Edge TPU pipeline segments and write them with report.json and report.html
     into `out` (default out/<stem>) (`tpu-pipeline compile`). `models`: one model (path or bytes)
-    or a list of paths to co-deploy. `report`: also copy the HTML report there."""
+    or a list of paths to co-deploy. `report`: also copy the HTML report there. `n="auto"`: the
+    fewest TPUs within `knee` of the best throughput per TPU among 1..`max_n`; `cuts` (n=None): the
+    user's cut points (text as --cuts takes it, or a list of entries); `profile`: a `run --json`
+    whose measured stage times replace the predictions. `mix` (several models): "A=3,B=1", the
+    invocation mix the co-compilation order is chosen for (report.json's co_compile)."""
     passes = tuple(x for x, off in (("rewrite", no_rewrite), ("schedule", no_schedule), ("plan", no_plan)) if not off)
     options = dict(device=device, strategy=strategy, time_limit=time_limit, verify=verify, colocate=colocate,
                    passes=passes, semantics=semantics, budget=budget, gap=gap, int8_io=int8_io,
-                   input_outside_arena=input_outside_arena)
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise UsageError(f"-n must be a whole number of segments, got {n!r}")
+                   input_outside_arena=input_outside_arena, max_n=max_n, knee=knee, cuts=cuts, profile=profile,
+                   mix=mix)
+    if n != "auto" and n is not None and (isinstance(n, bool) or not isinstance(n, int)):
+        raise UsageError(f"-n must be a whole number of segments or 'auto', got {n!r}")
     with contextlib.ExitStack() as stack:
         if isinstance(models, (bytes, bytearray, memoryview)):
             paths = [stack.enter_context(_source(models))[0]]
@@ -377,7 +383,7 @@ def compile(models, n: int, *, out: str | os.PathLike | None = None, device: str
     if report is not None:
         write_bytes_atomic(report, (Path(res.out_dir) / "report.html").read_bytes())
     p = res.partition
-    return CompileResult(r, tuple(str(x) for x in paths), str(res.out_dir), n, tuple(res.files),
+    return CompileResult(r, tuple(str(x) for x in paths), str(res.out_dir), p.n, tuple(res.files),
                          p.cost.throughput_per_s, p.cost.latency_s, p.gain, p.gap, p.proven_optimal, res)
 
 

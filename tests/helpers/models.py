@@ -1,12 +1,17 @@
 """Models and descriptors several test modules build: a stem-heavy CNN, a fixture with a CUSTOM op
-nothing has a kernel for, a toy Edge TPU descriptor."""
+nothing has a kernel for, a toy Edge TPU descriptor, a random DAG whose schedule no machine proves
+quickly (for tests that need a search to run until it is stopped)."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
-from helpers.cnn_builder import CnnBuilder
+import numpy as np
+
+from helpers.cnn_builder import CnnBuilder, graph_bytes
+from tpu_pipeline.toolchain.ir import Graph, Tensor
+from tpu_pipeline.toolchain.ir import ops as ir_ops
 from tpu_pipeline.toolchain.tflite import read_model, schema
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -80,3 +85,42 @@ def with_custom_op(name: str, after_op: int | None, code: str = "MyCustomDecoder
             o.inputs = [t_new if t == src else t for t in o.inputs]
         sg.operators.insert(after_op + 1, op)
     return m
+
+
+def random_dag(n_ops=60, seed=0, hw=4):
+    """A random float32 DAG of RELUs (one input) and channel CONCATENATIONs (two): at 120 ops its
+    memory-optimal order is not proven within minutes, so a search on it runs to its deadline."""
+    rng = np.random.default_rng(seed)
+    tensors, ops = [], []
+
+    def act(name, c):
+        tensors.append(Tensor(len(tensors), name, "float32", (1, hw, hw, int(c))))
+        return len(tensors) - 1
+
+    x_in = act("input", 4)
+    avail = [(x_in, 4)]
+    readers = {x_in: 0}
+    for k in range(n_ops):
+        ins = [avail[int(j)] for j in rng.choice(len(avail), size=min(len(avail), int(rng.integers(1, 3))), replace=False)]
+        c = int(rng.integers(1, 32))
+        y = act(f"t{k}", c)
+        if len(ins) == 1:
+            ops.append(ir_ops.op("RELU", (ins[0][0],), (y,)))
+        else:
+            tensors[y] = Tensor(y, f"t{k}", "float32", (1, hw, hw, sum(ci for _, ci in ins)))
+            c = sum(ci for _, ci in ins)
+            ops.append(ir_ops.concatenation([t for t, _ in ins], y, axis=3))
+        for t, _ in ins:
+            readers[t] = readers.get(t, 0) + 1
+        avail.append((y, c))
+        readers[y] = 0
+        if len(avail) > 12:
+            avail = avail[-12:]
+    outs = tuple(t for t, n in readers.items() if n == 0)
+    return Graph(tuple(tensors), tuple(ops), (x_in,), outs, "random")
+
+
+def hard_schedule_model(path: Path) -> Path:
+    """`random_dag(120)` as a .tflite: every command that schedules it searches until its time limit."""
+    path.write_bytes(graph_bytes(random_dag(120, 0)))
+    return path

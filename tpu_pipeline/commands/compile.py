@@ -3,21 +3,51 @@
 
 from __future__ import annotations
 
+import argparse
+
 from rich.table import Table
 
 from tpu_pipeline.output import printer, progress
 
 from tpu_pipeline.toolchain import report
-from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, fraction, non_negative_int, seconds
+from tpu_pipeline.commands.options import (add_interface_arguments, add_report_argument, fraction, non_negative_int,
+                                           positive_int, seconds)
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
 HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
 
 
+def segments_or_auto(text: str):
+    """argparse type of -n: a whole number or 'auto' (the range is checked against the model)."""
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of segments or 'auto', got {text!r}") from None
+
+
 def add_arguments(p) -> None:
     p.add_argument("models", nargs="+", metavar="model.tflite",
                    help="a .tflite file; give several to co-deploy them in one pipeline")
-    p.add_argument("-n", "--num-segments", type=int, required=True, dest="n", help="number of pipeline segments (Edge TPUs)")
+    p.add_argument("-n", "--num-segments", type=segments_or_auto, dest="n",
+                   help="number of pipeline segments (Edge TPUs), or 'auto': partition every n from 1 to --max-n and "
+                        "keep the fewest TPUs within --knee of the best throughput per TPU (required unless --cuts)")
+    p.add_argument("--max-n", type=positive_int, default=8, metavar="K", help="-n auto: the largest n tried (default 8)")
+    p.add_argument("--knee", type=fraction, default=0.05, metavar="TOL",
+                   help="-n auto: choose the fewest TPUs whose throughput per TPU is within TOL of the best "
+                        "(a fraction or a percentage; default 5%%)")
+    p.add_argument("--cuts", metavar="CUTS",
+                   help="your own cut points, in pipeline order: tensor names or op indices of the model as given, "
+                        "comma-separated (join tensors of one boundary with '+'), or @FILE with one per line; "
+                        "checked (exit 2 with one line per violation), written and verified like ours, and "
+                        "compared with ours and Coral's in the report")
+    p.add_argument("--mix", metavar="A=3,B=1",
+                   help="several models: the invocation mix (model file stems and weights; default equal) for which "
+                        "the co-compilation order (which model's parameters get the cache first) is chosen")
+    p.add_argument("--profile", metavar="RUN.json",
+                   help="re-partition with the per-stage times measured by `tpu-pipeline run DIR --backend "
+                        "coral|emulator --json` (DIR: an earlier compile of this model) in place of the predictions")
     p.add_argument("-o", "--out", metavar="DIR", help="output directory (default: out/<stem>)")
     p.add_argument("--device", default="coral-usb", help="device descriptor name or .toml path (default coral-usb)")
     p.add_argument("--strategy", default="latency", choices=STRATEGY_NAMES,
@@ -57,7 +87,8 @@ def run(args) -> int:
                         time_limit=args.time_limit, gap=args.gap, colocate=args.colocate, no_schedule=args.no_schedule,
                         no_rewrite=args.no_rewrite, no_plan=args.no_plan, semantics=args.semantics,
                         budget=args.budget, verify=args.verify, progress=say, report=args.report,
-                        int8_io=args.int8_io, input_outside_arena=args.input_outside_arena)
+                        int8_io=args.int8_io, input_outside_arena=args.input_outside_arena, max_n=args.max_n,
+                        knee=args.knee, cuts=args.cuts, profile=args.profile, mix=args.mix)
     if args.json:
         printer(args).json(r.to_json())
         return 0
@@ -95,6 +126,7 @@ def print_report(res, con) -> None:
         s.add_row("Coral heuristic", _ms(b["latency_s"]), f"{b['throughput_per_s']:,.1f}",
                   f"{b['energy_j'] * 1e3:,.3f}", str(b["bottleneck_stage"]))
     con.print(s)
+    _print_choices(r, con)
     sol = r["solver"]
     if r.get("gain_throughput") is not None:
         con.print(f"throughput gain over Coral's heuristic: x{r['gain_throughput']:.3f}")
@@ -115,6 +147,42 @@ def print_report(res, con) -> None:
             con.print(line)
     for note in r["notes"]:
         con.print(f"note: {note}")
+
+
+def _print_choices(r: dict, con) -> None:
+    """-n auto's table, the partitions side by side, and what streams off chip."""
+    hb = report.human_bytes
+    if r.get("n_candidates"):
+        t = Table(title=f"n = 1..{r['n_auto']['max_n']} (predicted)", show_header=True)
+        for col in ("n", "period ms", "per s", "per s per TPU", "cached", "streamed", "proven"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for c in r["n_candidates"]:
+            t.add_row(("*" if c["n"] == r["n_chosen"] else "") + str(c["n"]), _ms(c["period_s"]),
+                      f"{c['throughput_per_s']:,.1f}", f"{c['throughput_per_tpu']:,.1f}", hb(c["cached_bytes"]),
+                      hb(c["streamed_bytes"]), "yes" if c["proven"] else "no")
+        con.print(t)
+        con.print(f"chose n={r['n_chosen']}: {r['n_chosen_reason']}" + (f" ({r['n_auto']['skipped']})"
+                                                                       if r["n_auto"].get("skipped") else ""))
+    if r.get("compared"):
+        t = Table(title="partitions side by side (predicted, same cost model)", show_header=True)
+        for col in ("partition", "n", "period ms", "per s", "cached", "streamed", "stage ms"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for c in r["compared"]:
+            t.add_row(c["label"], str(c["n"]), _ms(c["period_s"]), f"{c['throughput_per_s']:,.1f}", hb(c["cached_bytes"]),
+                      hb(c["streamed_bytes"]), " / ".join(f"{x * 1e3:,.2f}" for x in c["stage_latency_s"]))
+        con.print(t)
+    co = r.get("co_compile")
+    if co:
+        best = co["orders"][0]
+        others = "; ".join(f"{', '.join(o['order'])}: {_ms(o['mean_period_s'])} ms" for o in co["orders"][1:])
+        con.print(f"co-compile order for the mix {co['mix']}: {', '.join(best['order'])} (mean period "
+                  f"{_ms(best['mean_period_s'])} ms)" + (f"; other orders: {others}" if others else ""))
+    for s in r["segments"]:
+        c = s.get("caching")
+        if c and c["streamed_bytes"]:
+            ops = ", ".join(str(o["op"]) for o in c["streamed_ops"][:8]) + (", ..." if len(c["streamed_ops"]) > 8 else "")
+            con.print(f"off-chip: {c['advice']} (cache full at byte {c['cache_full_at_byte']:,}; streaming ops, in "
+                      f"caching order: {ops})")
 
 
 def _solver_status(sol: dict) -> str:

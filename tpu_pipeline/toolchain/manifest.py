@@ -11,6 +11,10 @@ Only the fields the runtime uses are typed here; every other field (solver figur
 passes, notes, ...) is kept as it is in `extra`, so newer compilers can add fields freely.
 A report without "version" (written before the manifest existed) is read as version 1 when it
 validates; a version newer than MANIFEST_VERSION is refused.
+
+Version 2 (`compile -n auto`) adds `n_candidates` (one entry per n tried: n, period_s,
+throughput_per_s, cached_bytes, streamed_bytes, proven) and `n_chosen` (the n written, one of
+them); both are optional and checked when present.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Mapping
 
 from tpu_pipeline.toolchain.errors import ModelError
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 REPORT_NAME = "report.json"
 
 MAX_REPORT_BYTES = 32 * 1024 * 1024  # compile writes kilobytes; anything this big is not ours
@@ -330,9 +334,38 @@ class _Reader:
                                      for k in ("latency_s", "throughput_per_s", "energy_j")),
                                    extra={k: v for k, v in p.items()
                                           if k not in ("latency_s", "throughput_per_s", "energy_j")})
+        if obj.get("n_candidates") is not None or obj.get("n_chosen") is not None:
+            self.n_choice(obj, len(segments))
         typed = {"version", "segments", "num_segments", "model", "device", "inputs", "outputs", "predicted"}
         extra = {k: v for k, v in obj.items() if k not in typed}
         return Manifest(version, tuple(segments), model, device, inputs, outputs, predicted, extra)
+
+    def n_choice(self, obj: dict, n_segments: int) -> None:
+        """-n auto's table (version 2): every row typed, the chosen n one of its rows and the n written."""
+        rows = obj.get("n_candidates")
+        if not isinstance(rows, list) or not rows:
+            self.fail("n_candidates", f"expected a list of the n tried, got {_kind(rows)}")
+        seen = []
+        for k, raw in enumerate(rows):
+            where = f"n_candidates[{k}]"
+            row = self.object(raw, where)
+            for key in ("n", "period_s", "throughput_per_s", "cached_bytes", "streamed_bytes", "proven"):
+                if key not in row:
+                    self.fail(f"{where}.{key}", "missing")
+            seen.append(self.integer(row["n"], f"{where}.n", 1, MAX_SEGMENTS))
+            for key in ("period_s", "throughput_per_s"):
+                self.seconds(row[key], f"{where}.{key}")
+            for key in ("cached_bytes", "streamed_bytes"):
+                self.integer(row[key], f"{where}.{key}")
+            if not isinstance(row["proven"], bool):
+                self.fail(f"{where}.proven", f"expected true or false, got {_kind(row['proven'])}")
+        if len(set(seen)) != len(seen):
+            self.fail("n_candidates", "an n is listed twice")
+        chosen = self.integer(obj.get("n_chosen"), "n_chosen", 1, MAX_SEGMENTS)
+        if chosen not in seen:
+            self.fail("n_chosen", f"{chosen} is not one of the n_candidates ({', '.join(map(str, seen))})")
+        if chosen != n_segments:
+            self.fail("n_chosen", f"{chosen}, but {n_segments} segment(s) are listed")
 
     def tflite_name(self, name: Any, where: str) -> Path:
         path = inside(self.folder, name, self.label, where)

@@ -64,6 +64,15 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Table:
+    title: str
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    intro: str = ""
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Report:
     title: str
     command: str
@@ -80,6 +89,7 @@ class Report:
     frontier_chosen: tuple[int, float] | None = None
     figures: tuple[Figure, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    tables: tuple[Table, ...] = ()
 
 
 # ---- builders ----------------------------------------------------------------------------------
@@ -202,8 +212,40 @@ def for_compile(state, report: dict) -> Report:
     if v:
         figures.append(Figure("segment chain vs the input model", "bit-identical",
                               f"measured ({v.get('runtime', 'LiteRT')}, {v.get('samples', '?')} inputs)", "-"))
-    return Report(f"{o.stem}: compile -n {o.n}", "compile", o.stem, o.semantics.name, tuple(lines), boxes, head, arena,
-                  stages, len(state.graph.ops), figures=tuple(figures), notes=tuple(report.get("notes", ())))
+    title = f"{o.stem}: compile -n {'auto (chose ' + str(part.n) + ')' if o.n is None else part.n}"
+    return Report(title, "compile", o.stem, o.semantics.name, tuple(lines), boxes, head, arena,
+                  stages, len(state.graph.ops), figures=tuple(figures), notes=tuple(report.get("notes", ())),
+                  tables=compile_tables(report))
+
+
+def compile_tables(report: dict) -> tuple[Table, ...]:
+    """-n auto's table, the partitions side by side (--cuts, --profile), the off-chip explanation."""
+    out = []
+    if report.get("n_candidates"):
+        rows = tuple((("> " if c["n"] == report["n_chosen"] else "") + str(c["n"]), f"{c['period_s'] * 1e3:,.3f}",
+                      f"{c['throughput_per_s']:,.1f}", f"{c['throughput_per_tpu']:,.1f}", _b(c["cached_bytes"]),
+                      _b(c["streamed_bytes"]), "yes" if c["proven"] else f"bound {c['period_lower_bound_s'] * 1e3:,.3f} ms")
+                     for c in report["n_candidates"])
+        out.append(Table("How many Edge TPUs: n = 1.." + str(report["n_auto"]["max_n"]),
+                         ("n", "period ms", "per s", "per s per TPU", "cached", "streamed", "period proven"), rows,
+                         f"chose n={report['n_chosen']}: {report['n_chosen_reason']}", "n-auto"))
+    if report.get("compared"):
+        rows = tuple((c["label"], str(c["n"]), f"{c['period_s'] * 1e3:,.3f}", f"{c['throughput_per_s']:,.1f}",
+                      _b(c["cached_bytes"]), _b(c["streamed_bytes"]),
+                      " / ".join(f"{x * 1e3:,.2f}" for x in c["stage_latency_s"]))
+                     for c in report["compared"])
+        out.append(Table("Partitions side by side (same cost model)", ("partition", "n", "period ms", "per s", "cached",
+                         "streamed", "stage latencies ms"), rows, "the first row is the one written", "compared"))
+    rows = tuple((str(s["index"]), _b(s["caching"]["cached_bytes"]), _b(s["caching"]["streamed_bytes"]),
+                  ", ".join(f"{o['op']} {o['opcode']} ({o['streamed_bytes']:,} B)" for o in s["caching"]["streamed_ops"])
+                  or "-", s["caching"]["advice"])
+                 for s in report.get("segments", ()) if "caching" in s)
+    if rows:
+        out.append(Table("Off-chip streaming explained", ("segment", "cached", "streamed", "ops that stream, in "
+                         "caching order", "what would bring it on chip"), rows,
+                         "parameters are cached in each segment's execution order until the on-chip memory runs out",
+                         "offchip"))
+    return tuple(out)
 
 
 # ---- rendering ---------------------------------------------------------------------------------
@@ -367,6 +409,11 @@ def render(r: Report) -> str:
                   svg_arena(r.boxes, r.arena_head)]
     if r.stages:
         parts += [f"<h2>Pipeline partition: {len(r.stages)} stages</h2>", svg_pipeline(r.stages, r.n_ops)]
+    for t in r.tables:
+        head = "".join(f"<th>{_esc(h)}</th>" for h in t.header)
+        body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in t.rows)
+        parts += [f"<h2>{_esc(t.title)}</h2>", f"<p>{_esc(t.intro)}</p>" if t.intro else "",
+                  f"<table id=\"{_esc(t.id)}\"><tr>{head}</tr>{body}</table>"]
     if r.frontier:
         parts += ["<h2>Fit frontier: arena vs predicted latency</h2>",
                   svg_frontier(r.frontier, r.frontier_budget, r.frontier_chosen)]

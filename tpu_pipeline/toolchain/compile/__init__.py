@@ -36,6 +36,7 @@ from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.memory import Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
+from tpu_pipeline.toolchain.partition.auto import DEFAULT_KNEE, DEFAULT_MAX_N
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.report import json_default
 
@@ -68,13 +69,15 @@ class CompileResult:
     notes: list[str]
 
 
-def compile_options(paths, n: int, out_dir=None, device: str | Device = "coral-usb", strategy: str = "latency",
-                    time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
+def compile_options(paths, n: int | str | None, out_dir=None, device: str | Device = "coral-usb",
+                    strategy: str = "latency", time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
                     semantics: str | Semantics = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
-                    int8_io: bool = False, input_outside_arena: bool = False) -> CompileOptions:
-    """Check the options (UsageError) and the output folder before any work: the device and the
-    semantics are resolved here, once, and the passes take the objects."""
+                    int8_io: bool = False, input_outside_arena: bool = False, max_n: int = DEFAULT_MAX_N,
+                    knee: float = DEFAULT_KNEE, cuts=None, profile=None, mix: str | None = None) -> CompileOptions:
+    """Check the options (UsageError) and the output folder before any work. `n`: a number of
+    segments, "auto" (choose among 1..max_n), or None with `cuts` (their count fixes it). The device
+    and the semantics are resolved here, once, and the passes take the objects."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
         raise UsageError("no model given")
@@ -91,6 +94,21 @@ def compile_options(paths, n: int, out_dir=None, device: str | Device = "coral-u
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
         semantics = get_semantics("tflm")  # the budget is a TFLite Micro arena: every pass minimises that
+    n = _segments(n, cuts, max_n, knee)
+    if cuts is not None:
+        from tpu_pipeline.toolchain.partition.cuts import parse_cuts
+
+        cuts = parse_cuts(cuts)
+    if profile is not None:
+        profile = Path(profile)
+        if not profile.is_file():
+            raise UsageError(f"--profile {profile}: no such file (give the --json output of `tpu-pipeline run DIR`)")
+    if mix is not None:
+        from tpu_pipeline.toolchain.partition.cocompile import parse_mix
+
+        if len(paths) < 2:
+            raise UsageError("--mix orders several models co-compiled on the same TPUs; give two or more models")
+        parse_mix(mix, [p.stem for p in paths])  # UsageError now, not after the passes
     dev = load_device(device)
     if dev.kind != "edgetpu":
         raise UsageError(f"compile partitions for Edge TPU pipelines; '{dev.name}' is a {dev.kind} "
@@ -101,10 +119,30 @@ def compile_options(paths, n: int, out_dir=None, device: str | Device = "coral-u
     # the fit pass (--budget) prices variants with the emulated MCU's cost model
     fit_cost = load_device(FIT_COST_DEVICE) if budget is not None else None
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
-                          semantics, budget, gap, int8_io, input_outside_arena, fit_cost)
+                          semantics, budget, gap, int8_io, input_outside_arena, max_n, knee, cuts, profile,
+                          mix, fit_cost)
 
 
-def compile_models(paths, n: int, out_dir=None, progress=None, **options) -> CompileResult:
+def _segments(n, cuts, max_n: int, knee: float) -> int | None:
+    """-n as the options hold it: a number, or None (auto, or fixed by --cuts)."""
+    if isinstance(max_n, bool) or not isinstance(max_n, int) or max_n < 1:
+        raise UsageError(f"--max-n must be a whole number >= 1, got {max_n!r}")
+    if not 0 <= knee < 1:
+        raise UsageError(f"--knee must be a fraction in [0, 1), got {knee}")
+    if n == "auto":
+        if cuts is not None:
+            raise UsageError("-n auto chooses the number of segments; --cuts fixes it (give one or the other)")
+        return None
+    if n is None:
+        if cuts is None:
+            raise UsageError("give -n N, -n auto or --cuts")
+        return None
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise UsageError(f"-n must be a whole number of segments or 'auto', got {n!r}")
+    return n
+
+
+def compile_models(paths, n: int | str | None, out_dir=None, progress=None, **options) -> CompileResult:
     opts = compile_options(paths, n, out_dir, **options)
     state, records = run_passes(PASSES, CompileState(opts), progress)
     files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}

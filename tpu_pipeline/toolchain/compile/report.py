@@ -6,6 +6,20 @@ import dataclasses
 
 from tpu_pipeline.toolchain.compile.passes.verify import is_integer_model
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.manifest import MANIFEST_VERSION
+
+LABELS = {"user": "your cuts (--cuts)", "ours": "ours (exact)", "coral": "Coral's heuristic (libcoral)",
+          "profiled": "the profiled run's partition", "libcoral-profiling": "libcoral's profiling partitioner"}
+
+
+def partition_summary(label: str, part) -> dict:
+    """One partition's figures, for putting several side by side."""
+    c = part.cost
+    return {"name": label, "label": LABELS.get(label, label), "n": part.n, "period_s": c.period_s,
+            "throughput_per_s": c.throughput_per_s, "latency_s": c.latency_s,
+            "cached_bytes": sum(s.sram_bytes for s in c.stages), "streamed_bytes": sum(s.offchip_bytes for s in c.stages),
+            "bottleneck_stage": c.bottleneck, "stage_ops": [s.ops for s in c.stages],
+            "stage_latency_s": [s.latency_s for s in c.stages]}
 
 
 def build_report(state: CompileState, records: list[PassRecord], files: list[str]) -> dict:
@@ -17,11 +31,12 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
                      "predictions describe a hypothetical int8 version")
     base = part.baseline
     report = {
+        "version": MANIFEST_VERSION,
         "model": f"{o.stem}.tflite",
         "source": str(o.paths[0]) if len(o.paths) == 1 else [str(p) for p in o.paths],
-        "num_segments": o.n,
+        "num_segments": part.n,
         "device": o.device.name,
-        "strategy": o.strategy,
+        "strategy": part.strategy,  # "user" for --cuts
         "inputs": [name(t) for t in graph.inputs],
         "outputs": [name(t) for t in graph.outputs],
         "segments": [s.report for s in state.segments],
@@ -51,6 +66,17 @@ def build_report(state: CompileState, records: list[PassRecord], files: list[str
         "notes": notes,
         "files": files,
     }
+    if state.sweep is not None:  # -n auto: the n = 1..K table and the choice
+        sw = state.sweep.to_json()
+        report.update(n_candidates=sw["n_candidates"], n_chosen=sw["n_chosen"], n_chosen_reason=sw["reason"],
+                      n_auto={k: sw[k] for k in ("knee", "max_n", "skipped")})
+    if state.compared:  # --cuts / --profile: the written partition beside the others, same cost model
+        report["compared"] = [partition_summary(part.strategy if part.strategy in LABELS else "ours", part)] + [
+            partition_summary(label, p) for label, p in state.compared]
+    if state.cocompile is not None:
+        report["co_compile"] = state.cocompile
+    if state.profile is not None:
+        report["profile"] = state.profile.to_json()
     if len(o.paths) > 1:
         # one push runs every model once through the shared TPUs and link: each model's simulated
         # throughput is the pipeline's

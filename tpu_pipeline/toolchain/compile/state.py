@@ -18,7 +18,7 @@ from tpu_pipeline.toolchain.memory.semantics import TFLITE, Semantics
 @dataclass(frozen=True)
 class CompileOptions:
     paths: tuple[Path, ...]
-    n: int
+    n: int | None              # None: -n auto (the partition pass chooses it among 1..max_n)
     out_dir: Path
     device: Device
     strategy: str = "latency"
@@ -32,6 +32,11 @@ class CompileOptions:
     gap: float = 0.01          # the partition stops within this fraction of its proven bound
     int8_io: bool = False      # the float QUANTIZE/DEQUANTIZE at the interface dropped (rewrite.interface)
     input_outside_arena: bool = False  # the offline plan keeps the inputs out of the arena (harness firmware)
+    max_n: int = 8             # -n auto: the largest n tried
+    knee: float = 0.05         # -n auto: the fewest TPUs within this fraction of the best throughput per TPU
+    cuts: tuple[tuple[str, ...], ...] | None = None  # --cuts: per boundary, tensor names or op indices (text)
+    profile: Path | None = None  # --profile: a `run --json` whose measured stage times replace the predictions
+    mix: str | None = None     # several models: the invocation mix (A=3,B=1) the co-compilation order is chosen for
     fit_cost_device: Device | None = None  # the MCU whose cost model the fit pass prices variants with
 
     @property
@@ -63,7 +68,11 @@ class CompileState:
     loaded: Graph | None = None                    # the IR as read, before any pass changed it (report.html)
     offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
     whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
-    partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition
+    partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition (the one written)
+    sweep: Any = None                              # -n auto: partition.auto.Sweep (the n = 1..K table)
+    compared: tuple = ()                           # (label, Partition) shown beside the written one (--cuts, --profile)
+    profile: Any = None                            # --profile: partition.profile.Profile (the measured scale factors)
+    cocompile: dict | None = None                  # several models: the co-compilation order for the mix
     segments: tuple[SegmentFile, ...] = ()
     verification: dict | None = None
     edgetpu_compiler: dict | None = None           # what edgetpu_compiler did, when it is on PATH

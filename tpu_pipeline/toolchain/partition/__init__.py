@@ -102,6 +102,12 @@ def _make(problem: PartitionProblem, n, stages, strategy, bounds, proven, second
                      tuple(stopped_by), reproducible)
 
 
+def evaluated_partition(problem: PartitionProblem, stages, n: int, strategy: str,
+                        baseline: Partition | None = None) -> Partition:
+    """A given stage assignment (the user's cuts, a profiled run's) scored in the same cost model."""
+    return _make(problem, n, stages, strategy, {}, False, 0.0, "", baseline)
+
+
 def baseline_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
                        problem: PartitionProblem | None = None) -> Partition:
     """Coral's parameter-count heuristic (libcoral) scored with the same cost model."""
@@ -133,7 +139,8 @@ def profiled_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
 
 def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
-              deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP) -> Partition:
+              deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
+              problem: PartitionProblem | None = None) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -152,7 +159,9 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     them, else CP-SAT (cpsat.py), which `deterministic` and `workers` are about; the DP's work is
     bounded by lattice.MAX_DOWNSETS and MAX_PAIRS (seconds at most). The refinement simulates at
     most CANDIDATES_PER_SECOND x `time_limit` candidates; `time_limit` also caps CP-SAT's and the
-    refinement's wall clock. `p.gap` says how close the answer is."""
+    refinement's wall clock. `p.gap` says how close the answer is. `problem`: the graph's problem
+    if already built (its cached down-set lattice is shared between calls for several n; a
+    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs)."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -161,7 +170,7 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
         raise UsageError(f"--gap must be a fraction in [0, 1), got {gap:g}")
     t_start = time.perf_counter()
     device = load_device(device)  # a name or path is resolved here, once (an entry of the library API)
-    problem = PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
     problem.check_n(n, label or graph.name or "model")
     base = baseline_partition(graph, n, device, problem)
     if strategy == "coral":
@@ -230,4 +239,4 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",
            "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "CANDIDATES_PER_SECOND", "partition", "baseline_partition",
-           "profiled_partition", "coral_heuristic", "solve", "refine_by_simulation"]
+           "profiled_partition", "evaluated_partition", "coral_heuristic", "solve", "refine_by_simulation"]

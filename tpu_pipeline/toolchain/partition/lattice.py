@@ -211,6 +211,7 @@ class ChainProblem:
         self.host = -(-n * m.overhead_ps // m.host_slots) if m.host_slots else 0
         self.layers: list[_Layer] = []
         self.pairs = 0
+        self.exceeded = False     # stopped at MAX_PAIRS (not: no chain fits under ub)
         # The layers (stage j between ends[j] and ends[j+1]) are computed from both ends inwards,
         # the cheaper side first, each pruning the next: a down-set no chain reaches (from the
         # empty set, or on to V) under ub is dropped before its pairs are costed.
@@ -221,6 +222,7 @@ class ChainProblem:
             front, back = len(ends[lo]) * len(ends[lo + 1]), len(ends[hi]) * len(ends[hi + 1])
             j = lo if front <= back else hi
             if self.pairs + min(front, back) > MAX_PAIRS:
+                self.exceeded = True
                 return
             layer = self._layer(ends[j], ends[j + 1], forward=j == lo)
             if j == lo:
@@ -404,6 +406,15 @@ class ChainProblem:
         return (int(pr[k]), int(least[k]), next(tick), j, c, int(mx[k]), int(lk[k]), path + (c,), kids, k)
 
 
+def lattice_of(problem: PartitionProblem) -> Lattice | None:
+    """The problem's down-set lattice (None past MAX_DOWNSETS), built once per problem: it does not
+    depend on n, so `-n auto` costs it once for every n."""
+    if "lattice" not in problem.cache:
+        masks = downsets(problem)
+        problem.cache["lattice"] = None if masks is None else Lattice(problem, masks)
+    return problem.cache["lattice"]
+
+
 def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds) -> tuple[SolveResult, ChainProblem] | None:
     """Strategy `latency` solved exactly over the down-sets: the smallest P (proven), among its
     chains the smallest sum of stage latencies, and the chain problem the refinement enumerates.
@@ -411,10 +422,11 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
     (the warm starts; may be empty). None when the graph has too many down-sets or pairs: CP-SAT
     then."""
     t0 = time.perf_counter()
-    masks = downsets(problem)
-    if masks is None:
+    lattice = lattice_of(problem)
+    # the pairs a chain problem costs grow with n: once one n ran past MAX_PAIRS, a larger n on the
+    # same problem (`-n auto`) goes to CP-SAT without costing its pairs first
+    if lattice is None or n >= problem.cache.get("pairs_exceeded_at", n + 1):
         return None
-    lattice = Lattice(problem, masks)
     m = problem.model
     # without a known assignment: no stage and no link work exceeds everything at once
     everything = (m.overhead_ps + sum(oc.compute_ps for oc in problem.op_costs) + m.ps_per_byte
@@ -429,6 +441,8 @@ def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds
     if chains is None or not chains.ok:
         chains = ChainProblem(lattice, n, min(known_bounds, default=everything))
         if not chains.ok:
+            if chains.exceeded:
+                problem.cache["pairs_exceeded_at"] = min(n, problem.cache.get("pairs_exceeded_at", n))
             return None
     best, chain = chains.min_period()
     # the tie-break: the smallest sum of stage latencies among the chains of period P*. The

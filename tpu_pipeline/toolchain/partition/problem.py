@@ -11,6 +11,8 @@ EVERY later segment that reads it (there is no TPU-to-TPU link).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -72,6 +74,18 @@ class PartitionProblem:
                 continue
             tensors.append(BoundaryTensor(t, graph.tensors[t].nbytes, prod, cons, t in outs))
         self.tensors: tuple[BoundaryTensor, ...] = tuple(tensors)
+        # work that does not depend on n, shared by every search over this problem (the down-set
+        # lattice of lattice.py: `compile -n auto` partitions one problem for n = 1..K)
+        self.cache: dict = {}
+
+    def scaled(self, factors) -> "PartitionProblem":
+        """The same problem with each op's compute time multiplied by factors[op] (a measured
+        profile in place of the prediction, profile.py); parameters and traffic unchanged."""
+        other = copy.copy(self)
+        other.op_costs = tuple(dataclasses.replace(oc, compute_ps=round(oc.compute_ps * f))
+                               for oc, f in zip(self.op_costs, factors))
+        other.cache = {}
+        return other
 
     @cached_property
     def host_ops(self) -> frozenset[int]:

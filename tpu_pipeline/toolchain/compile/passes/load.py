@@ -61,7 +61,8 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
         graph = external_inputs(graph)
     for t in (*graph.inputs, *graph.outputs):
         graph.tensors[t].nbytes  # raises ModelError for dynamic shapes
-    PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
+    if opts.n is not None:  # -n auto tries what the graph allows; --cuts checks its own n
+        PartitionProblem(graph, EdgeTpuCostModel(opts.device)).check_n(opts.n, opts.label)
     state = dataclasses.replace(state, sources=tuple(sources), prefixes=prefixes, template=model, graph=graph, loaded=graph,
                                 other_subgraph_tensors=total_tensor_count(model) - len(graph.tensors),
                                 notes=state.noted(*notes))

@@ -11,6 +11,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.memory import lifetimes, plan_arena
 from tpu_pipeline.toolchain.partition import PartitionProblem
+from tpu_pipeline.toolchain.partition.caching import explain
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.extract import extract_segment
 
@@ -21,19 +22,21 @@ def segment_file_name(stem: str, k: int, n: int) -> str:
 
 def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     o, graph, part = state.options, state.graph, state.partition
+    n = part.n
     whole = read_model(state.whole)
     problem = PartitionProblem(graph, EdgeTpuCostModel(o.device))
     name = lambda t: graph.tensors[t].name  # noqa: E731
     out, deadline = [], Deadline(allowed)
-    for k in range(o.n):
+    caching = explain(problem, part.stages, n)  # what streams and what would bring it on chip
+    for k in range(n):
         ops, iface = part.ops_of(k), part.interfaces[k]
-        if k < o.n - 1 and not iface.outputs:
+        if k < n - 1 and not iface.outputs:
             raise ModelError(f"{o.label}: segment {k} would produce nothing a later segment reads")
         data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs, real=runtime_shapes(whole)))
         sc = part.cost.stages[k]
         lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
-        arena = plan_arena(lt, time_limit=max(0.05, allowed / o.n), deadline=deadline).size
-        fname = segment_file_name(o.stem, k, o.n)
+        arena = plan_arena(lt, time_limit=max(0.05, allowed / n), deadline=deadline).size
+        fname = segment_file_name(o.stem, k, n)
         out.append(SegmentFile(fname, data, {
             "index": k, "file": fname,
             "inputs": [name(t) for t in iface.inputs], "outputs": [name(t) for t in iface.outputs],
@@ -41,6 +44,7 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
             "offchip_bytes": sc.offchip_bytes, "in_bytes": sc.in_bytes, "out_bytes": sc.out_bytes,
             "activation_peak_bytes": lt.peak, "activation_arena_bytes": arena,
             "predicted_latency_s": sc.latency_s, "predicted": sc.to_json(), "file_bytes": len(data),
+            "caching": caching[k],
         }))
     state = dataclasses.replace(state, segments=tuple(out))
     return state, PassRecord("segments", "ran", 0.0, {"files": [s.file for s in out]})
