@@ -13,9 +13,9 @@ command turns into its exit code (`UsageError`/`ModelError` 2, `InfeasibleError`
 Writing is optional where the command's `-o` is: without `output` the result carries the bytes.
 
 The API is where a call starts: it resolves a device name or path to a `Device` and a kernel-set
-name to a `KernelSet` once, and everything below takes those objects. Its imports are all at
-the top: the API is loaded lazily by `tpu_pipeline/__init__.py`, and the command line imports it
-only when a command runs.
+name to a `KernelSet` once, and everything below takes those objects. Its imports are at the top
+(the API is loaded lazily by `tpu_pipeline/__init__.py`, and the command line imports it only
+when a command runs), but for the one lazy loader, `_fit_model`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, 
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
-from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
@@ -187,6 +186,15 @@ def _source(model, name: str = "model.tflite") -> Iterator[tuple[Path, str]]:
     yield Path(model), os.fspath(model)
 
 
+def _fit_model():
+    """The API's one lazy import: `toolchain.fit` selects variants in CP-SAT, and OR-Tools imports
+    pandas (~0.5 s of a 2 s compile), so only `fit` loads it; a compile whose searches need no
+    CP-SAT never does (tests/test_compile.py)."""
+    from tpu_pipeline.toolchain.fit import fit_model
+
+    return fit_model
+
+
 def _html(path, builder: str, *args, **kwargs) -> None:
     """Write the HTML report (tpu_pipeline/toolchain/report_html.py) made by `builder`."""
     report_html.write(path, getattr(report_html, builder)(*args, **kwargs))
@@ -324,7 +332,7 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
             if extra is not None:
                 check_output(extra, [path, *([output] if output is not None else [])])
         dev = load_device(device) if device is not None else None
-        fitted = fit_model(path, budget=budget, device=dev, objective=objective, kernels=kernel_set(kernels),
+        fitted = _fit_model()(path, budget=budget, device=dev, objective=objective, kernels=kernel_set(kernels),
                            time_limit=time_limit, want_pareto=pareto or plot is not None, verify_runs=runs,
                            progress=progress, allow_lossy=allow_lossy, int8_io=int8_io,
                            input_outside_arena=input_outside_arena, harness=not builtin_kernels,
