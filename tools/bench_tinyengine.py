@@ -130,10 +130,11 @@ def run_peer(te: Path, model: Path) -> dict:
 def ours(model: Path, tmp: Path, label: str, time_limit: float, **options) -> dict:
     """fit with `options`, written and measured in the CMSIS-NN firmware on QEMU."""
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.device import CMSIS_NN, load_device
     from tpu_pipeline.toolchain.fit import fit_model
 
     t0 = time.time()
-    fitted = fit_model(model, kernels="cmsis-nn", time_limit=time_limit, **options)
+    fitted = fit_model(model, kernels=CMSIS_NN, time_limit=time_limit, **options)
     r = fitted.result
     out = {"label": label, "fits": r.fits, "head": r.head, "tail": fitted.tail_target,
            "predicted": r.head + (fitted.tail_target or 0), "baseline": r.baseline_peak + (r.baseline_tail or 0),
@@ -144,7 +145,7 @@ def ours(model: Path, tmp: Path, label: str, time_limit: float, **options) -> di
         return out
     path = tmp / f"{model.stem}_{label}.tflite"
     path.write_bytes(fitted.data)
-    q = run_on_qemu(path, DEVICE, "cmsis-nn", iterations=1, quiet=True, timeout=1800)
+    q = run_on_qemu(path, load_device(DEVICE), CMSIS_NN, iterations=1, quiet=True, timeout=1800)
     out.update(measured=q.arena_used_bytes, head_measured=q.head_bytes, tail_measured=q.tail_bytes,
                outputs_match=q.outputs_match, error=q.error)
     return out
