@@ -111,17 +111,18 @@ def cache_dir() -> Path:
 
 
 def board(core: str):
-    from tpu_pipeline.toolchain.cost.devices import board_firmware
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
+    """The emulated board of `core` as a Device, and its firmware section."""
+    from tpu_pipeline.toolchain.device import load_device, require_firmware
 
-    d = device_dict(CORES[core])
-    return d, board_firmware(d)
+    d = load_device(CORES[core])
+    return d, require_firmware(d)
 
 
 def kernel_flags(core: str) -> list[str]:
     """The flags of the TFLite Micro library (CMSIS-NN kernels included) our firmware links on
     this board: its library CPU profile, -O2, sections; C as the library compiles C."""
-    from tpu_pipeline.toolchain.firmware.library import C_FLAGS, COMMON_FLAGS, CPU_FLAGS
+    from tpu_pipeline.toolchain.device import CPU_FLAGS
+    from tpu_pipeline.toolchain.firmware.library import C_FLAGS, COMMON_FLAGS
 
     return [*CPU_FLAGS[board(core)[1].library_cpu], *COMMON_FLAGS, *C_FLAGS]
 
