@@ -35,6 +35,7 @@ MEASUREMENTS = REPO / "docs" / "bench" / "harness_ops.json"
 TABLE = REPO / "tpu_pipeline" / "toolchain" / "data" / "mcu_cost.toml"
 KERNEL_SETS = ("cmsis-nn", "reference")
 SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block's input
+SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 DEVICE = "qemu-mps2-an386"
 
 
@@ -74,6 +75,31 @@ def models():
         for grid in ((2, 2), (3, 3)):
             staged = build_stage(plain, tin, tout, positions, grid)
             yield f"h{h}c{c}_stage{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
+    for h, c in SE_SIZES:
+        yield f"se_h{h}c{c}", *_se_model(h, c)
+
+
+def _se_model(h: int, c: int):
+    """(graph, bytes): squeeze-and-excitation on TPUP_MEAN / TPUP_MUL, as MCUNetV2 writes it (MEAN
+    over W then H, a scalar MUL, the broadcast scaling) and as MobileNetV3 does (MEAN over H and W)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import MEAN_MUL, kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + c, spread=True)
+    x = b.input((1, h, h, c))
+    d = b.conv(x, c, k=1, act="RELU6")
+    s = b.conv(b.mean(b.mean(d, axes=(2,), scale=0.03), axes=(1,), scale=0.02), c, k=1)
+    k = b._tensor((1,), "int8", quant=b.tensors[s].quant, values=[60])
+    y = b.mul(d, b.mul(s, k))
+    g2 = b.conv(b.mean(y, axes=(1, 2), scale=0.04), c, k=1)
+    out = b.mul(y, g2)
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in MEAN_MUL], kernel_name())
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def collect(out: Path, force: bool = False) -> dict:
@@ -120,6 +146,7 @@ def fit(data: dict) -> dict:
     out: dict[str, dict] = {}
     for kernels in KERNEL_SETS:
         table = dict(base[kernels])
+        out.setdefault(kernels, {}).update(_fit_own_ops(data, graphs, kernels))
         for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
             a, y = [], []
             for name, g in graphs.items():
@@ -152,6 +179,34 @@ def fit(data: dict) -> dict:
     return out
 
 
+def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
+    """[K.tpup_mean] and [K.tpup_mul]: instructions = per_unit x work + per_output x outputs +
+    overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
+    import numpy as np
+
+    from fit_mcu_cost import nnls
+    from tpu_pipeline.toolchain.cost.mcu import op_features
+
+    rows: dict[str, tuple[list, list]] = {}
+    for name, g in graphs.items():
+        run = data["runs"].get(f"{name}/{kernels}", {})
+        if not run.get("ops") or not run.get("outputs_match"):
+            continue
+        for i, _, measured in run["ops"]:
+            f = op_features(g, i)
+            if f.fit_class in ("tpup_mean", "tpup_mul"):
+                a, y = rows.setdefault(f.fit_class, ([], []))
+                a.append([f.work, f.outputs, 1.0])
+                y.append(measured)
+    out = {}
+    for cls, (a, y) in rows.items():
+        a, y = np.array(a, dtype=float), np.array(y, dtype=float)
+        w = 1.0 / np.maximum(np.abs(y), 1.0)
+        coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
+        out[cls] = {**dict(zip(("per_unit", "per_output", "overhead"), coef)), "ops": len(y)}
+    return out
+
+
 def merge(tables: dict) -> None:
     """Merge the fitted tables into mcu_cost.toml, keeping its header comment."""
     import tomllib
@@ -163,7 +218,8 @@ def merge(tables: dict) -> None:
     data = tomllib.loads(text)
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
-    note = ("# [K.overlap] and [K.patch_stage] (the harness's overlapped convolutions and patch stages) by\n"
+    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean] and [K.tpup_mul] (the harness's overlapped convolutions,\n"
+            "# patch stages, MEAN and MUL) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note

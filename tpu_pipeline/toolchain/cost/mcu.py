@@ -32,7 +32,8 @@ _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_ba
              "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
-             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other"}
+             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
+             "tpup_mean": "mean", "tpup_mul": "mul"}  # (the harness's MEAN and MUL, until fitted: the builtins')
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -59,6 +60,8 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
         cls = "conv_1x1"
     elif op.opcode == "DEPTHWISE_CONV_2D":
         cls = _depthwise_path(graph, op)
+    elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):
+        cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL: their own loops (tools/fit_harness_cost.py)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)

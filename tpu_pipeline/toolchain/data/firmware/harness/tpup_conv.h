@@ -20,6 +20,8 @@ namespace tpup {
 const TFLMRegistration* Register_CONV_2D();
 const TFLMRegistration* Register_DEPTHWISE_CONV_2D();
 const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
+const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
+const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 
 constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2;
 
