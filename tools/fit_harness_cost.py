@@ -35,6 +35,9 @@ MEASUREMENTS = REPO / "docs" / "bench" / "harness_ops.json"
 TABLE = REPO / "tpu_pipeline" / "toolchain" / "data" / "mcu_cost.toml"
 KERNEL_SETS = ("cmsis-nn", "reference")
 SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block's input
+# (H = W, channels, window, stride): the fast depthwise kernel against the kernel set's
+DW_SIZES = [(28, 48, 5, 1), (14, 96, 7, 1), (20, 64, 7, 2), (32, 40, 5, 2), (14, 64, 3, 1), (28, 32, 3, 1),
+            (7, 96, 5, 1), (10, 44, 3, 2)]
 SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 DEVICE = "qemu-mps2-an386"
 
@@ -77,6 +80,28 @@ def models():
             yield f"h{h}c{c}_stage{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
     for h, c in SE_SIZES:
         yield f"se_h{h}c{c}", *_se_model(h, c)
+    for h, c, k, stride in DW_SIZES:
+        for flags in (("fast",), ()):
+            yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
+
+
+def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
+    """(graph, bytes): one depthwise convolution on the harness's own kernel ("fast") or on the
+    kernel set's (CMSIS-NN's "opt" or 3x3 kernel): the same layer, for the fit and the comparison."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + c + k, spread=True)
+    x = b.input((1, h, h, 8))
+    e = b.conv(x, c, k=1, act="RELU6")
+    out = b.dw(e, k=k, stride=stride, act="RELU6")
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(with_kernel(g, [0], kernel_name()), [1], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def _se_model(h: int, c: int):
@@ -180,7 +205,7 @@ def fit(data: dict) -> dict:
 
 
 def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
-    """[K.tpup_mean] and [K.tpup_mul]: instructions = per_unit x work + per_output x outputs +
+    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast]: instructions = per_unit x work + per_output x outputs +
     overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
     import numpy as np
 
@@ -188,13 +213,14 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
         if not run.get("ops") or not run.get("outputs_match"):
             continue
         for i, _, measured in run["ops"]:
             f = op_features(g, i)
-            if f.fit_class in ("tpup_mean", "tpup_mul"):
+            if f.fit_class in OWN_CLASSES:
                 a, y = rows.setdefault(f.fit_class, ([], []))
                 a.append([f.work, f.outputs, 1.0])
                 y.append(measured)

@@ -27,6 +27,11 @@ keep in RAM:
   its rows last to first). The kernel computes output rows into a small ring of rows and writes
   each row out once no row still to compute reads the input bytes under it (`ring_rows_for`
   sizes the ring).
+- **fast** (`+fast`, depthwise only: `can_run_fast`): the harness's own depthwise kernel
+  (harness/tpup_depthwise.cc), in both firmware builds: four channels at a time with the DSP
+  extension's SIMD multiplies, the int8 input read in place, no buffer; the same integers as
+  TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
+  (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
 
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
@@ -41,7 +46,7 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
+(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -65,8 +70,10 @@ from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOpt
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
-DIRECT, OVERLAP = "direct", "overlap"
-FLAGS = (DIRECT, OVERLAP)
+DIRECT, OVERLAP, FAST = "direct", "overlap", "fast"
+FLAGS = (DIRECT, OVERLAP, FAST)
+FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
+FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
@@ -77,7 +84,7 @@ BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MU
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
-_FLAG_BITS = {DIRECT: 1, OVERLAP: 2}
+_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4}
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
@@ -177,6 +184,30 @@ def can_run_harness(graph: Graph, i: int) -> bool:
     return bias < 0 or (graph.tensors[bias].dtype == "int32" and graph.tensors[bias].is_constant)
 
 
+def can_run_fast(graph: Graph, i: int) -> bool:
+    """The harness's own depthwise kernel (flag "fast", harness/tpup_depthwise.cc) runs an int8
+    depthwise convolution with one output channel per input channel, no dilation and a window of
+    at most FAST_MAX_TAPS taps: no buffer, SIMD over four channels, bit-identical."""
+    op = graph.ops[i]
+    if op.opcode != "DEPTHWISE_CONV_2D" or not can_run_harness(graph, i):
+        return False
+    o, w = op.options, graph.tensors[op.inputs[1]].shape
+    x = graph.tensors[op.inputs[0]].shape
+    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3]
+            and w[1] * w[2] <= FAST_MAX_TAPS)
+
+
+def fast_wins(graph: Graph, i: int) -> bool:
+    """Whether a harness depthwise convolution goes on the fast kernel wherever it may: it can, and
+    its window is one where the kernel beat CMSIS-NN's in QEMU (docs/bench/harness_ops.json,
+    tools/fit_harness_cost.py: 5x5 and 7x7). It needs no buffer, so it never costs memory."""
+    op = graph.ops[i]
+    if not is_harness(op) or FAST in flags(op) or not can_run_fast(graph, i):
+        return False
+    w = graph.tensors[op.inputs[1]].shape
+    return w[1] * w[2] >= FAST_WINS_FROM_TAPS
+
+
 def can_run_direct(graph: Graph, i: int) -> bool:
     """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
     buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
@@ -247,7 +278,8 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         op = graph.ops[i]
         if kernel:
             kernel_name(*wanted)  # validates the flags
-            if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted):
+            if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) \
+                    or (FAST in wanted and not can_run_fast(graph, i)):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
         elif op.opcode in MEAN_MUL:
@@ -428,7 +460,7 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~0x33:
+            or min(top, left) < 0 or bits & ~0x37:
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
     kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}

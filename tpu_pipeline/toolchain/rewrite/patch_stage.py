@@ -65,10 +65,11 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
-    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart)
-        op = graph.ops[i]
+    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
+        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage's layers run tpup_conv.cc's paths)
         if op.opcode != "ADD":
-            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP})))
+            drop = {kernels.OVERLAP, kernels.FAST}
+            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)

@@ -14,10 +14,6 @@
 #include "tensorflow/lite/micro/micro_log.h"
 #include "tpup_conv.h"
 
-#if defined(TFLITE_SINGLE_ROUNDING)
-#error "tpup_mean_mul.cc inlines TFLite's double-rounding MultiplyByQuantizedMultiplier"
-#endif
-
 namespace tpup {
 namespace {
 
@@ -52,21 +48,6 @@ bool ReadMean(const TfLiteNode* node, MeanOptions* o) {
 bool ReadMul(const TfLiteNode* node, MulOptions* o) {
   return ReadWords<MulOptions, kMulWords>(node, o) && o->broadcast >= 0 && o->broadcast <= 2 &&
          o->act_min <= o->act_max && o->shift >= -31 && o->shift <= 30;
-}
-
-// tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined: the same
-// integers (SaturatingRoundingDoublingHighMul's one saturating case, both operands INT32_MIN,
-// cannot occur: the multiplier is not negative).
-inline int32_t Requantize(int32_t x, int32_t multiplier, int left, int right) {
-  const int64_t ab = static_cast<int64_t>(x * (1 << left)) * multiplier;
-  const int32_t high = static_cast<int32_t>((ab + (1ll << 30)) >> 31);  // = gemmlowp's truncating nudge
-  const int32_t mask = static_cast<int32_t>((1ll << right) - 1);
-  const int32_t threshold = (mask >> 1) + (high < 0 ? 1 : 0);
-  return (high >> right) + ((high & mask) > threshold ? 1 : 0);
-}
-
-inline int8_t Clamp(int32_t v, int32_t lo, int32_t hi) {
-  return static_cast<int8_t>(v < lo ? lo : (v > hi ? hi : v));
 }
 
 void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
