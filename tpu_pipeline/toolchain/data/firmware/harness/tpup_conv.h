@@ -16,7 +16,7 @@
 #include "tensorflow/lite/micro/micro_common.h"
 
 #if defined(TFLITE_SINGLE_ROUNDING)
-#error "the harness inlines TFLite's double-rounding MultiplyByQuantizedMultiplier (Requantize)"
+#error "the harness inlines TFLite's double-rounding MultiplyByQuantizedMultiplier (Requant)"
 #endif
 
 namespace tpup {
@@ -71,16 +71,23 @@ bool DepthwiseFastFits(const ConvOptions& o, const ConvGeometry& g);
 void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                       const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
 
-// tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined with the
-// shift split into its left and right parts: the same integers (SaturatingRoundingDoublingHighMul's
-// one saturating case, both operands INT32_MIN, cannot occur: a multiplier is not negative).
-inline int32_t Requantize(int32_t x, int32_t multiplier, int left, int right) {
-  const int64_t ab = static_cast<int64_t>(x * (1 << left)) * multiplier;
-  const int32_t high = static_cast<int32_t>((ab + (1ll << 30)) >> 31);  // = gemmlowp's truncating nudge
-  const int32_t mask = static_cast<int32_t>((1ll << right) - 1);
-  const int32_t threshold = (mask >> 1) + (high < 0 ? 1 : 0);
-  return (high >> right) + ((high & mask) > threshold ? 1 : 0);
-}
+// tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined, its shift
+// split at setup into a left shift and a rounding right shift: the same integers
+// (SaturatingRoundingDoublingHighMul's one saturating case, both operands INT32_MIN, cannot
+// occur: a multiplier is not negative).
+struct Requant {
+  int32_t multiplier, left, right, mask;
+  Requant() = default;
+  Requant(int32_t m, int32_t shift)
+      : multiplier(m), left(shift > 0 ? shift : 0), right(shift > 0 ? 0 : -shift),
+        mask(static_cast<int32_t>((1ll << (shift > 0 ? 0 : -shift)) - 1)) {}
+  int32_t operator()(int32_t x) const {
+    const int64_t ab = static_cast<int64_t>(x * (1 << left)) * multiplier;
+    const int32_t high = static_cast<int32_t>((ab + (1ll << 30)) >> 31);  // = gemmlowp's truncating nudge
+    const int32_t threshold = (mask >> 1) + (high < 0 ? 1 : 0);
+    return (high >> right) + ((high & mask) > threshold ? 1 : 0);
+  }
+};
 
 inline int8_t Clamp(int32_t v, int32_t lo, int32_t hi) { return static_cast<int8_t>(v < lo ? lo : (v > hi ? hi : v)); }
 

@@ -35,8 +35,7 @@ namespace {
 void OneChannel(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                 const int8_t* filter, const int32_t* bias, const int32_t* requant, int c, int8_t* out) {
   const int C = g.in_c;
-  const int32_t multiplier = requant[c], shift = requant[g.out_c + c];
-  const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
+  const Requant scale(requant[c], requant[g.out_c + c]);
   for (int oy = 0; oy < out_rows; ++oy) {
     for (int ox = 0; ox < g.out_w; ++ox) {
       const int iy0 = oy * o.stride_h - pad_top, ix0 = ox * o.stride_w - o.pad_left;
@@ -51,7 +50,7 @@ void OneChannel(const ConvOptions& o, const ConvGeometry& g, int pad_top, int ou
         }
       }
       out[(oy * g.out_w + ox) * C + c] =
-          Clamp(Requantize(acc, multiplier, left, right) + o.output_offset, o.act_min, o.act_max);
+          Clamp(scale(acc) + o.output_offset, o.act_min, o.act_max);
     }
   }
 }
@@ -114,13 +113,12 @@ template <int KW>
 void FourChannels(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                   const int8_t* filter, const int32_t* bias, const int32_t* requant, int c, int8_t* out) {
   const int C = g.in_c, taps = g.k_h * g.k_w, row = g.in_w * C;
-  int32_t w[2 * kFastMaxTaps], full[4], start[4], multiplier[4], left[4], right[4];
+  int32_t w[2 * kFastMaxTaps], full[4], start[4];
+  Requant scale[4];
   for (int k = 0; k < 4; ++k) {
     start[k] = bias != nullptr ? bias[c + k] : 0;
     full[k] = start[k];
-    multiplier[k] = requant[c + k];
-    const int32_t shift = requant[g.out_c + c + k];
-    left[k] = shift > 0 ? shift : 0, right[k] = shift > 0 ? 0 : -shift;
+    scale[k] = Requant(requant[c + k], requant[g.out_c + c + k]);
   }
   for (int t = 0; t < taps; ++t) {
     const int8_t* f = filter + t * C + c;
@@ -145,7 +143,7 @@ void FourChannels(const ConvOptions& o, const ConvGeometry& g, int pad_top, int 
         PartWindow(in + c, g, iy0, ix0, ky0, ky1, kx0, kx1, offset2, w, a);
       }
       for (int k = 0; k < 4; ++k) {
-        dst[k] = Clamp(Requantize(a[k], multiplier[k], left[k], right[k]) + o.output_offset, o.act_min, o.act_max);
+        dst[k] = Clamp(scale[k](a[k]) + o.output_offset, o.act_min, o.act_max);
       }
     }
   }

@@ -120,12 +120,11 @@ TfLiteStatus PrepareMul(TfLiteContext* context, TfLiteNode* node) {
 // written).
 void MulLoop(const MulOptions& o, const int8_t* a, int32_t a_offset, const int8_t* b, int32_t b_offset, int n, int m,
              int8_t* out) {
-  const int left = o.shift > 0 ? o.shift : 0, right = o.shift > 0 ? 0 : -o.shift;
+  const Requant requant(o.multiplier, o.shift);
   if (m == 1) {
     const int32_t bv = b[0] + b_offset;
     for (int i = 0; i < n; ++i) {
-      out[i] = Clamp(Requantize((a[i] + a_offset) * bv, o.multiplier, left, right) + o.output_offset, o.act_min,
-                     o.act_max);
+      out[i] = Clamp(requant((a[i] + a_offset) * bv) + o.output_offset, o.act_min, o.act_max);
     }
     return;
   }
@@ -135,7 +134,7 @@ void MulLoop(const MulOptions& o, const int8_t* a, int32_t a_offset, const int8_
     const int8_t* pb = m == n ? b + i : b;
     for (int j = 0; j < m; ++j) {
       const int32_t v = (pa[j] + a_offset) * (pb[j] + b_offset);
-      po[j] = Clamp(Requantize(v, o.multiplier, left, right) + o.output_offset, o.act_min, o.act_max);
+      po[j] = Clamp(requant(v) + o.output_offset, o.act_min, o.act_max);
     }
   }
 }
