@@ -277,7 +277,8 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
                 continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
             tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
-            for grid in _grids(region.max_grid if form == "copies" else _stage_max_grid(graph, region)):
+            grids = _grids(region.max_grid) if form == "copies" else _stage_grids(_stage_max_grid(graph, region))
+            for grid in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
                 out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
@@ -315,7 +316,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
 
 
 def _patch_label(region, grid, form: str = "copies") -> str:
-    how = " in one stage op" if form == "stage" else ""
+    how = (" streamed" if grid[1] == 1 else "") + " in one stage op" if form == "stage" else ""
     return f"patches {grid[0]}x{grid[1]}{how} from {short_name(region.input)} to {short_name(region.output)}"
 
 
@@ -406,6 +407,13 @@ def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
     """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
     oh, ow = hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
     return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
+
+
+def _stage_grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
+    """A stage's grids: the square ones, and row stripes (n x 1), which a stage runs streamed:
+    every row computed once, the rows stripes share kept in stream buffers (rewrite/patch_stage.py)."""
+    stripes = [(n, 1) for n in range(2, max_grid[0] + 1)]
+    return list(dict.fromkeys(_grids(max_grid) + stripes))
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:

@@ -58,15 +58,18 @@ def stage_refusal(graph: Graph, positions) -> str | None:
 
 
 def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: tuple[int, int],
-                in_place: bool = True, stream: bool = False) -> Graph:
+                in_place: bool = True, stream: bool | None = None) -> Graph:
     """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
     TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
     `stream`: tiles are row stripes (grid (n, 1)) and nothing is recomputed: each layer's rows
-    the next stripe needs again are kept in a stream buffer (`_stream_program`).
+    the next stripe needs again are kept in a stream buffer (`_stream_program`); by default every
+    stripe grid streams (it computes each row once) and other grids recompute their halos.
     UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
+    if stream is None:
+        stream = grid[1] == 1
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
