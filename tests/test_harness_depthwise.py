@@ -102,3 +102,21 @@ def test_the_fast_depthwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
     predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+def test_the_model_on_the_harness_takes_the_fast_kernel_where_it_won():
+    """fit's on_harness: 5x5 and 7x7 windows on the fast kernel (faster than CMSIS-NN's there, and
+    no buffer), 3x3 left on CMSIS-NN's 3x3 kernel (faster there); the cost model says the same."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+
+    b = CnnBuilder(seed=4, spread=True)
+    x = b.input((1, 14, 14, 16))
+    y = b.dw(b.dw(b.dw(b.conv(x, 16, k=1), k=3), k=5), k=7, stride=2)
+    g, _ = on_harness(b.graph([y]))
+    fast = {g.tensors[op.inputs[1]].shape[1]: FAST in kernels.flags(op) for op in g.ops
+            if op.opcode == "DEPTHWISE_CONV_2D"}
+    assert fast == {3: False, 5: True, 7: True}
+    slow = with_kernel(g, [i for i, op in enumerate(g.ops) if FAST in kernels.flags(op)], kernel_name())
+    board = load_device("qemu-mps2-an386")
+    assert estimate_mcu(g, board).instructions < estimate_mcu(slow, board).instructions

@@ -412,7 +412,9 @@ def tinyengine_rows(te: Path, name: str, plan: dict, cores, work: Path, log) -> 
 def qemu_row(path: Path, name: str, engine: str, core: str, point: str, counts: str, command: str, log) -> dict:
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
 
-    q = run_on_qemu(path, CORES[core], "cmsis-nn", iterations=1, quiet=True, timeout=3600)
+    from tpu_pipeline.toolchain.device import kernel_set
+
+    q = run_on_qemu(path, board(core)[0], kernel_set("cmsis-nn"), iterations=1, quiet=True, timeout=3600)
     classes = our_classes(Path(q.model).read_bytes())
     layers = [{"class": classes.get(o["index"], o["opcode"].lower()), **o} for o in q.op_instructions]
     r = row(name, engine, core, point, q.instructions, q.arena_used_bytes, counts, q.outputs_match, command,
@@ -428,7 +430,11 @@ OURS_COUNTS = ("TFLite Micro's whole arena measured on the board: arena_used_byt
 def fitted(path: Path, work: Path, label: str, time_limit: float, **options) -> Path | None:
     from tpu_pipeline.toolchain.fit import fit_model
 
-    f = fit_model(path, kernels="cmsis-nn", time_limit=time_limit, **options)
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
+
+    if isinstance(options.get("device"), str):  # (a board's name: fit_model takes the Device)
+        options = {**options, "device": load_device(options["device"])}
+    f = fit_model(path, kernels=kernel_set("cmsis-nn"), time_limit=time_limit, **options)
     if not f.result.fits:
         return None
     out = work / f"{path.stem}_{label}.tflite"
