@@ -3,14 +3,15 @@
 
     python tools/fit_harness_cost.py --collect   # QEMU, both kernel sets (about 20 minutes, once)
     python tools/fit_harness_cost.py             # fit from the collected counts
+    python tools/fit_harness_cost.py --report    # also docs/bench/harness_kernels.md (own kernels vs the set's)
 
 The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
 same kernel as its builtin (its own cost is the builtin's), except:
 - overlapped (output over its input): one kernel call per output row into a ring, then a copy
   of each row: instructions = the builtin's + per_unit x output rows + per_output x output
   elements + overhead (the [K.overlap] table);
-- a patch stage: every tile's layers priced by their classes' per-unit and per-output rates
-  (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
+- a patch stage (square grids recomputing halos, and row stripes streamed): every call's rows
+  priced by their layer's class rates (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
   + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
   (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
 Both are fitted here by non-negative least squares on models built from random weights
@@ -78,6 +79,9 @@ def models():
         for grid in ((2, 2), (3, 3)):
             staged = build_stage(plain, tin, tout, positions, grid)
             yield f"h{h}c{c}_stage{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
+        for n in (2, 4):  # row stripes, streamed: nothing recomputed
+            staged = build_stage(plain, tin, tout, positions, (n, 1))
+            yield f"h{h}c{c}_stream{n}", staged, model_to_bytes(to_model(staged, read_model(src)))
     for h, c in SE_SIZES:
         yield f"se_h{h}c{c}", *_se_model(h, c)
     for h, c, k, stride in DW_SIZES:
@@ -252,12 +256,69 @@ def merge(tables: dict) -> None:
     TABLE.write_text(header + "\n" + tomli_w.dumps(data))
 
 
+REPORT = REPO / "docs" / "bench" / "harness_kernels.md"
+
+
+def report(data: dict) -> str:
+    """docs/bench/harness_kernels.md: the harness's own kernels against the kernel set's on the
+    same layers (QEMU counts of the collected models, CMSIS-NN build)."""
+    from tpu_pipeline.toolchain.cost.mcu import op_features
+    from tpu_pipeline.toolchain.ir import stage
+
+    runs, graphs = data["runs"], {name: g for name, g, _ in models()}
+
+    def ops(name: str) -> list:
+        return runs.get(f"{name}/cmsis-nn", {}).get("ops") or []
+
+    lines = ["## The harness's own kernels, per layer", "",
+             "Command: `python tools/fit_harness_cost.py --collect --report` (QEMU mps2-an386, `-icount shift=0`, "
+             "instructions per op as the harness counts them; every run's outputs equal host TFLite Micro's). "
+             "Models from random weights (tests/helpers/cnn_builder.py); the same layer on the harness's own kernel "
+             "and on the kernel set's (CMSIS-NN's depthwise 'opt' or 3x3 kernel).", "",
+             "| depthwise layer (input H x W x C, window, stride) | CMSIS-NN | fast | CMSIS-NN / fast |",
+             "|---|---:|---:|---:|"]
+    for h, c, k, st in DW_SIZES:
+        a, b = ops(f"dw_h{h}c{c}k{k}s{st}_cmsis"), ops(f"dw_h{h}c{c}k{k}s{st}_fast")
+        if a and b:
+            lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x |")
+    lines += ["", "| op | elements read | instructions | per element |", "|---|---:|---:|---:|"]
+    for h, c in SE_SIZES:
+        g = graphs[f"se_h{h}c{c}"]
+        for i, code, n in ops(f"se_h{h}c{c}"):
+            f = op_features(g, i)
+            if code in ("TPUP_MEAN", "TPUP_MUL") and f.work >= 1000:
+                lines.append(f"| {code} ({h} x {h} x {c}) | {f.work:,} | {n:,} | {n / f.work:.1f} |")
+    lines += ["", "Patch stages against the same layers run whole (the region from the block's input; "
+              "`h`: H = W, `c`: channels): a streamed stage computes every row once, a square grid "
+              "recomputes its halos.", "",
+              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes |",
+              "|---|---:|---:|---:|---:|"]
+    for h, c in SIZES:
+        plain = ops(f"h{h}c{c}_plain")
+        cells = []
+        body = None
+        for form in ("stage2", "stream2", "stream4"):
+            st = [(i, n) for i, code, n in ops(f"h{h}c{c}_{form}") if code == stage.OPCODE]
+            if st:
+                body = len(graphs[f"h{h}c{c}_{form}"].ops[st[0][0]].options.body.ops)
+            cells.append(st[0][1] if st else None)
+        if not plain or body is None:
+            continue
+        whole = sum(n for _, _, n in plain[:body])  # (the region starts at the input: its first layers)
+        lines.append(f"| h{h}c{c} | {whole:,} | " + " | ".join(
+            "-" if n is None else f"{n:,} ({n / whole - 1:+.1%})" for n in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--collect", action="store_true", help="measure in QEMU first (resumable)")
     ap.add_argument("--force", action="store_true", help="with --collect: measure again what is there")
+    ap.add_argument("--report", action="store_true", help="also write docs/bench/harness_kernels.md")
     args = ap.parse_args()
     data = collect(MEASUREMENTS, args.force) if args.collect else json.loads(MEASUREMENTS.read_text())
+    if args.report:
+        REPORT.write_text(report(data))
     tables = fit(data)
     print(json.dumps(tables, indent=1))
     merge(tables)
