@@ -225,3 +225,16 @@ def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_pat
     predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert r.arena_used_bytes == predicted.total
+
+
+def test_fit_offers_stages_on_row_stripes_and_they_stream():
+    from tpu_pipeline.toolchain.fit.variants import _patch_label, _stage_grids
+
+    grids = _stage_grids((4, 3))
+    assert {(2, 1), (3, 1), (4, 1)} <= set(grids) and (2, 2) in grids and len(grids) == len(set(grids))
+    g, _ = _mbv2_like()
+    region = _region(g)
+    assert "streamed" in _patch_label(region, (3, 1), "stage") and "streamed" not in _patch_label(region, (2, 2), "stage")
+    tin, tout, positions = checked_region(g, region)
+    default = build_stage(g, tin, tout, positions, (3, 1))  # a stripe grid streams unless told not to
+    assert _rows_computed(default) == _rows_computed(_streamed(g, 3))
