@@ -1,4 +1,5 @@
-"""The harness's own kernels for int8 convolutions: per-op choices a model carries as op codes.
+"""The harness's own kernels for int8 convolutions, means and products: per-op choices a model
+carries as op codes.
 
 TFLite Micro binds one kernel to each op code, so a model can only choose an implementation per op
 if each implementation has its own code. Our MCU harness (tpu_pipeline/toolchain/data/firmware/harness/
@@ -6,6 +7,8 @@ tpup_conv.cc) registers two custom ops next to the kernel set's own:
 
     TPUP_CONV_2D            an int8 CONV_2D
     TPUP_DEPTHWISE_CONV_2D  an int8 DEPTHWISE_CONV_2D
+
+(and TPUP_MEAN / TPUP_MUL, see "means and products" below).
 
 They compute exactly what the builtins compute (the same CMSIS-NN functions in a CMSIS-NN build,
 TFLite's reference kernels in a reference build: bit-identical outputs), and differ in what they
