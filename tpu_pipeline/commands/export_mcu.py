@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.commands.options import add_interface_arguments, check_output_folder, positive_int, seconds
@@ -13,7 +15,11 @@ HELP = "write what the TFLite Micro harness firmware is built from: C array, op 
 def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file")
     p.add_argument("--device", default="sparkfun-edge", help="MCU descriptor (default sparkfun-edge)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("-o", "--out", metavar="DIR", help="output directory (the harness firmware project)")
+    p.add_argument("--library", metavar="DIR",
+                   help="instead of the harness project: a drop-in library for your own TFLite Micro application "
+                        "(C API, the model with its plan, only the kernels it uses, CMakeLists.txt; docs/deploy.md)")
+    p.add_argument("--name", help="with --library: the C name of the model (default: the file's stem)")
     p.add_argument("--budget", type=positive_int, metavar="BYTES",
                    help="first fit the TFLite Micro arena (head + tail; --head-only: the head) into BYTES "
                         "(`tpu-pipeline fit`), then export that")
@@ -33,7 +39,16 @@ def run(args) -> int:
     from tpu_pipeline.toolchain.device import kernel_set, load_device
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
-    check_output_folder(args.out, inputs=[args.model])
+    if (args.out is None) == (args.library is None):
+        from tpu_pipeline.toolchain.errors import UsageError
+
+        raise UsageError("export-mcu: give -o DIR (the harness firmware project) or --library DIR, one of them")
+    if args.library is not None:
+        from tpu_pipeline.toolchain.deploy.library import check_library_folder
+
+        check_library_folder(Path(args.library))  # before any work
+    else:
+        check_output_folder(args.out, inputs=[args.model])
     device = load_device(args.device)  # resolved once: everything below takes the objects
     kernels = kernel_set(args.kernels)
     fitted = None
@@ -49,6 +64,8 @@ def run(args) -> int:
             what = "arena head" if args.head_only else "arena (head + tail)"
             raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of {what} "
                                   f"({fitted.budget_from}); the smallest reachable head is {fitted.result.head:,} B")
+    if args.library is not None:
+        return _library(args, device, fitted)
     r = export_mcu(args.model, device, args.out, model_data=fitted.data if fitted else None)
     if args.json:
         out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})
@@ -69,4 +86,23 @@ def run(args) -> int:
     c.print("files: " + ", ".join(r.files))
     if r.firmware:  # a board layer was written: the project builds as it is
         c.print(f"build: make -C {r.out_dir}  (or: tpu-pipeline build-firmware {r.out_dir} [--kernels reference])")
+    return 0
+
+
+def _library(args, device, fitted) -> int:
+    from tpu_pipeline.toolchain.deploy.library import export_library
+
+    r = export_library(args.model, device, args.library, name=args.name, model_data=fitted.data if fitted else None)
+    if args.json:
+        out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})
+        return 0
+    c = printer(args)
+    c.print(f"[bold]{args.model}[/bold] -> library tpup_{r.name} in {r.out_dir} (for {r.device})")
+    c.print(f"ops ({len(r.ops)}): {', '.join(r.ops)}" + (f"; tpu-pipeline kernels included: {', '.join(r.custom_ops)}"
+                                                        if r.custom_ops else ""))
+    for k in r.head_bytes:
+        c.print(f"arena with {k}: head {r.head_bytes[k]:,} B + tail {r.tail_bytes[k]:,} B "
+                f"(TPUP_{r.name.upper()}_ARENA_BYTES {r.arena_bytes[k]:,} B)")
+    c.print("files: " + ", ".join(r.files))
+    c.print(f"use: add_subdirectory({r.out_dir}) and target_link_libraries(app PRIVATE tpup_{r.name}); README.md there")
     return 0

@@ -1,0 +1,154 @@
+"""Models exported as drop-in libraries (`export-mcu --library`), run by a plain application of
+ours (its own `main`, no harness protocol: toolchain/deploy/app.py) on an emulated board.
+
+    r = run_libraries_on_qemu(["kws.tflite"], load_device("qemu-mps2-an386"), CMSIS_NN, work="out/app")
+    r.models[0].outputs_match, r.models[0].arena_used, r.models[0].head_predicted
+
+Each model's library is written, the application built with CMake against the cached TFLite
+Micro library, booted in QEMU, and its UART read to `END`. Every output is compared with TFLite
+Micro on the host (the `tflite_micro` wheel) on the same inputs; the arena the board reports
+(`arena_used_bytes()`, head and tail apart) against the library's macros.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tpu_pipeline.runtime.backends.qemu import QemuBoard
+from tpu_pipeline.toolchain.device import Device, KernelSet, require_firmware
+from tpu_pipeline.toolchain.errors import DeviceError, UsageError
+
+
+@dataclass
+class LibraryModelRun:
+    model: str
+    name: str
+    init_rc: int | None  # TPUP_OK = 0
+    refused_small: int | None  # init on an arena 16 B too small: TPUP_ERR_ARENA_SIZE (-2) expected
+    refused_misaligned: int | None  # TPUP_ERR_ARENA_ALIGN (-1) expected
+    arena_used: int | None  # arena_used_bytes() on the board
+    head: int | None
+    tail: int | None
+    head_predicted: int
+    tail_predicted: int
+    arena_bytes: int  # TPUP_<NAME>_ARENA_BYTES for the kernels run
+    outputs_match: bool | None  # every output identical to host TFLite Micro
+    output_differences: list = field(default_factory=list)
+
+
+@dataclass
+class LibraryRun:
+    board: str
+    machine: str
+    kernels: str
+    elf: str
+    models: list
+    errors: list
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def run_libraries_on_qemu(models, device: Device, kernels: KernelSet, work: str | Path, inferences: int = 2,
+                          seed: int = 0, timeout: float = 120.0, tflm_tree: str | None = None) -> LibraryRun:
+    from tpu_pipeline.toolchain.deploy.app import build_app, write_app
+    from tpu_pipeline.toolchain.deploy.library import export_library
+
+    fw = require_firmware(device)
+    if not fw.qemu_machine:
+        raise UsageError(f"device '{fw.board}' is not an emulated board (no [firmware] qemu_machine)")
+    work = Path(work)
+    libs, hosts, inputs = [], [], []
+    for i, m in enumerate(models):
+        lib = export_library(m, device, work / f"lib{i}")
+        data = (Path(lib.out_dir) / f"tpup_{lib.name}.tflite").read_bytes()
+        host, arrays = _host_inputs(data, str(m), inferences, seed + i)
+        libs.append(lib), hosts.append(host), inputs.append(arrays)
+    app = write_app(work / "app", [lib.out_dir for lib in libs], device,
+                    [[[np.ascontiguousarray(a).tobytes() for a in x] for x in arrays] for arrays in inputs])
+    elf = build_app(app, device, kernels, tflm_tree)
+    lines = _boot_and_read(elf, fw.qemu_machine, timeout)
+    runs = [_model_run(str(m), lib, host, arrays, lines, kernels) for m, lib, host, arrays
+            in zip(models, libs, hosts, inputs)]
+    errors = [ln for ln in lines if ln.startswith("ERR")]
+    return LibraryRun(fw.board, fw.qemu_machine, kernels.name, str(elf), runs, errors)
+
+
+def _host_inputs(data: bytes, label: str, inferences: int, seed: int):
+    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
+    from tpu_pipeline.toolchain.execute.tflm import TflmModel
+
+    host = TflmModel(data, 64 * 1024 * 1024, label)
+    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
+    stream = input_stream(specs, inferences, seed, shape_operand_values(data))
+    return host, [[x[n] for n in host.input_names] for x in stream]
+
+
+def _boot_and_read(elf: Path, machine: str, timeout: float) -> list[str]:
+    """The application's UART lines up to END (DeviceError if it never gets there)."""
+    import serial
+
+    with QemuBoard(elf, machine) as board:
+        text, deadline = b"", time.monotonic() + timeout
+        with serial.Serial(board.port, 115200, timeout=0.2) as port:
+            while b"END\n" not in text.replace(b"\r", b""):
+                if time.monotonic() > deadline or not board.alive():
+                    tail = text.decode(errors="replace").strip().splitlines()[-1:] or ["nothing"]
+                    raise DeviceError(f"{elf}: the application did not reach END on QEMU {machine} within "
+                                      f"{timeout:g} s (last line: {tail[0][:120]})")
+                text += port.read(4096)
+    return [ln.strip() for ln in text.decode(errors="replace").replace("\r", "").splitlines() if ln.strip()]
+
+
+def _model_run(model: str, lib, host, arrays, lines: list[str], kernels: KernelSet) -> LibraryModelRun:
+    init = next((ln.split()[2:] for ln in lines if ln.startswith(f"INIT {lib.name} ")), None)
+    got: dict[tuple[int, int], bytearray] = {}
+    for ln in lines:
+        parts = ln.split()
+        if len(parts) == 6 and parts[0] == "OUT" and parts[1] == lib.name:
+            k, j, off = int(parts[2]), int(parts[3]), int(parts[4])
+            buf = got.setdefault((k, j), bytearray())
+            if off != len(buf):
+                raise DeviceError(f"{model}: output {j} of inference {k} arrived out of order (offset {off})")
+            buf += bytes.fromhex(parts[5])
+    diffs, complete = [], bool(init) and int(init[0]) == 0
+    for k, x in enumerate(arrays):
+        for j, want in enumerate(host.run(x)):
+            data = bytes(got.get((k, j), b""))
+            if len(data) != want.nbytes:
+                complete = False
+                continue
+            g = np.frombuffer(data, dtype=want.dtype).reshape(want.shape)
+            if not np.array_equal(g, want):
+                diffs.append({"inference": k, "output": j, "elements_differing": int(np.count_nonzero(g != want)),
+                              "max_abs_diff": float(np.abs(g.astype(np.float64) - want.astype(np.float64)).max())})
+    ints = [int(v) for v in init] if init else [None] * 6
+    return LibraryModelRun(model, lib.name, ints[0], ints[4], ints[5], ints[1], ints[2], ints[3],
+                           lib.head_bytes[kernels.name], lib.tail_bytes[kernels.name], lib.arena_bytes[kernels.name],
+                           (not diffs) if complete else None, diffs)
+
+
+def main(argv=None) -> int:
+    """python -m tpu_pipeline.runtime.library_app MODEL... --device D --kernels K --work DIR: JSON out."""
+    import argparse
+
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
+
+    p = argparse.ArgumentParser()
+    p.add_argument("models", nargs="+")
+    p.add_argument("--device", default="qemu-mps2-an386")
+    p.add_argument("--kernels", default="cmsis-nn")
+    p.add_argument("--work", required=True)
+    a = p.parse_args(argv)
+    r = run_libraries_on_qemu(a.models, load_device(a.device), kernel_set(a.kernels), a.work)
+    print(json.dumps(r.to_json(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

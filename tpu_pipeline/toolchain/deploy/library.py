@@ -1,0 +1,248 @@
+"""`export-mcu --library DIR`: a model as a drop-in library for any TFLite Micro application.
+
+    r = export_library("kws.tflite", load_device("stm32h743"), "lib/kws")
+    r.head_bytes["cmsis-nn"], r.tail_bytes["cmsis-nn"], r.files
+
+DIR gets the model as a C array with its offline arena plan (`tpup_<name>_model_data.cc/.h`),
+the harness kernels it uses and only those (`tpup_conv.cc`, `tpup_stage.cc`), one registration
+call for the application's op resolver (`tpup_<name>_ops.h`), a C API (`tpup_<name>.h/.cc`:
+init on the user's arena, input/output tensors with their quantisation, invoke, the exact head
+and tail per kernel set as macros), a CMakeLists.txt and a README with Arduino, Zephyr and
+ESP-IDF notes. The folder is written whole or not at all; a folder that exists and is not one
+of ours is refused before any work (`tpup_library.json` marks ours).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tpu_pipeline.toolchain import interrupts
+from tpu_pipeline.toolchain.data import FIRMWARE_DIR, HARNESS_DIR
+from tpu_pipeline.toolchain.device import KERNEL_SETS, Device
+from tpu_pipeline.toolchain.errors import DeviceError, ModelError, UsageError
+from tpu_pipeline.toolchain.export_mcu import HARNESS_CUSTOM_OPS, c_array, resolver_method, resolver_opcode
+
+LIBRARY_DIR = FIRMWARE_DIR / "library"
+MARKER = "tpup_library.json"
+LIBRARY_VERSION = 1
+# The TFLite Micro the library is checked against (the harness's trees); any with TFLMRegistration works.
+TFLM_CHECKED = "tflite-micro 90b983c2 (2026-08-20)"
+# TFLite Micro plans at init in the arena's free space (an AllocationInfo and the greedy planner's
+# lists per buffer, the scratch requests): a bound per tensor and op, used only when the head is
+# smaller than it (tiny models).
+PLANNING_BYTES_PER_ENTRY, PLANNING_BYTES_FIXED = 64, 256
+
+
+@dataclass(frozen=True)
+class LibraryResult:
+    out_dir: str
+    name: str
+    device: str
+    files: tuple[str, ...]
+    ops: tuple[str, ...]  # op codes registered, first use first
+    custom_ops: tuple[str, ...]  # tpu-pipeline's own kernels among them
+    model_bytes: int
+    head_bytes: dict  # kernel set name -> predicted head on the 32-bit target
+    tail_bytes: dict  # kernel set name -> predicted tail (None: an op not modelled)
+    arena_bytes: dict  # kernel set name -> TPUP_<NAME>_ARENA_BYTES
+    planning_bytes: int
+    model_crc: str
+
+    def to_json(self) -> dict:
+        return {"kind": "tpu-pipeline library", "version": LIBRARY_VERSION, **asdict(self)}
+
+
+def library_name(stem: str) -> str:
+    """A C identifier from a model's file stem: `kws_ref_model` from 'kws-ref.model'."""
+    name = re.sub(r"[^0-9a-zA-Z]+", "_", stem).strip("_").lower()
+    return name if name[:1].isalpha() else f"m_{name}"
+
+
+def check_library_folder(out: Path) -> None:
+    """Refuse (exit 2) a target that exists and is not a library we wrote: nothing is written."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"{out}: exists and is not a folder; choose a new or empty folder for --library")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        first = sorted(p.name for p in out.iterdir())[0]
+        raise UsageError(f"{out}: holds '{first}' and is not a tpu-pipeline library (no {MARKER}); choose a new "
+                         "or empty folder for --library")
+
+
+def custom_ops_note(graph) -> str | None:
+    """What a model with tpu-pipeline's own kernels needs, for inspect and fit (None: builtins only)."""
+    from tpu_pipeline.toolchain.ir import kernels as harness
+
+    names = sorted({harness.custom_code(op) for op in graph.ops if harness.is_harness(op)})
+    if not names:
+        return None
+    return (f"needs tpu-pipeline's custom ops {', '.join(names)}: stock TFLite Micro stops with \"Failed to get "
+            "registration from op code CUSTOM\"; `tpu-pipeline export-mcu MODEL --library DIR` writes their "
+            "kernels and one registration call for your op resolver (or fit with --builtin-kernels)")
+
+
+def export_library(model_path: str | Path, device: Device, out_dir: str | Path, name: str | None = None,
+                   model_data: bytes | None = None) -> LibraryResult:
+    """Write the library for `model_path` (or `model_data`, e.g. fit's output) into `out_dir`."""
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
+
+    src, out = Path(model_path), Path(out_dir)
+    check_library_folder(out)
+    if name is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        raise UsageError(f"--name: '{name}' is not a C identifier (a letter, then letters, digits, _)")
+    name = library_name(name or src.stem)
+    with tempfile.TemporaryDirectory(prefix="tpup-library-") as tmp:
+        exported = export_mcu(src, device, tmp, model_data=model_data)  # plan, checks, flash and SRAM verdicts
+        data = (Path(tmp) / "model.tflite").read_bytes()
+    graph, offsets = _planned_graph(data)
+    if graph.external:
+        raise UsageError(f"{src}: its input lies outside the arena (--input-outside-arena); the library runs "
+                         "models whose tensors are all in the arena: export without it")
+    opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
+    for o in opcodes:
+        resolver_method(o)  # one line for a custom op no firmware of ours has
+    figures = _arena_figures(graph, offsets)
+    files = _library_files(name, src.name, device, data, graph, opcodes, figures)
+    customs = tuple(o for o in opcodes if o in HARNESS_CUSTOM_OPS)
+    result = LibraryResult(str(out), name, device.name, tuple(sorted([*files, MARKER])), opcodes, customs, len(data),
+                           *figures, exported.model_crc)
+    files[MARKER] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
+    write_folder(out, files)
+    return result
+
+
+def _planned_graph(data: bytes):
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+    model = read_model(data)
+    return from_model(model), read_offline_plan(model)
+
+
+def _arena_figures(graph, offsets) -> tuple[dict, dict, dict, int]:
+    """(head, tail, arena size) per kernel set and the planning bound, on the 32-bit target."""
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+
+    planning = PLANNING_BYTES_PER_ENTRY * (len(graph.tensors) + len(graph.ops)) + PLANNING_BYTES_FIXED
+    head, tail, arena = {}, {}, {}
+    for k in KERNEL_SETS:
+        a = target_arena(graph, k, offsets)
+        if a.tail is None:
+            missing = ", ".join(target_tail(graph, k).unmodelled)
+            raise ModelError(f"the {k.name} arena's tail is not predicted for {missing} (persistent data not "
+                             "modelled); the library's arena macros must be exact")
+        head[k.name], tail[k.name] = a.head, a.tail
+        arena[k.name] = -(-(max(a.head, planning) + a.tail) // 16) * 16
+    return head, tail, arena, planning
+
+
+def _fill(template: str, values: dict) -> str:
+    for k, v in values.items():
+        template = template.replace(f"@{k}@", str(v))
+    return template
+
+
+def _library_files(name, source, device, data, graph, opcodes, figures) -> dict[str, bytes]:
+    head, tail, arena, planning = figures
+    kernel_files = _kernel_files(opcodes)
+    sources = [f"tpup_{name}.cc", f"tpup_{name}_model_data.cc", *[f for f in kernel_files if f.endswith(".cc")]]
+    values = {"NAME": name, "UNAME": name.upper(), "SOURCE": source, "DEVICE": device.name, "DIRNAME": f"tpup_{name}",
+              "NUM_INPUTS": len(graph.inputs), "NUM_OUTPUTS": len(graph.outputs), "NUM_OPS": len(opcodes),
+              "PLANNING": planning, "TFLM": TFLM_CHECKED, "SOURCES": " ".join(sources),
+              **{f"{w}_{k.upper().replace('-', '_')}": v[k] for w, v in (("HEAD", head), ("TAIL", tail),
+                                                                            ("ARENA", arena)) for k in head}}
+    customs = [o for o in opcodes if o in HARNESS_CUSTOM_OPS]
+    values["CUSTOM"] = (f"{', '.join(customs)} (tpu-pipeline's kernels, in this folder; `tpup_{name}_register_ops` "
+                        "registers them)") if customs else "none (builtin ops only)"
+    files = {
+        "tpup_api.h": (LIBRARY_DIR / "tpup_api.h").read_bytes(),
+        f"tpup_{name}.h": _fill((LIBRARY_DIR / "model.h.in").read_text(), values).encode(),
+        f"tpup_{name}.cc": _fill((LIBRARY_DIR / "model.cc.in").read_text(), values).encode(),
+        f"tpup_{name}_ops.h": _ops_header(name, opcodes).encode(),
+        f"tpup_{name}_model_data.h": (f"#pragma once\n// Generated by tpu-pipeline export-mcu --library: {source}\n"
+                                      f"extern const unsigned char tpup_{name}_model_data[];\n"
+                                      f"extern const unsigned int tpup_{name}_model_data_len;\n").encode(),
+        f"tpup_{name}_model_data.cc": c_array(data, f"tpup_{name}_model_data").replace(
+            '#include "model_data.h"', f'#include "tpup_{name}_model_data.h"').encode(),
+        f"tpup_{name}.tflite": data,
+        "CMakeLists.txt": _fill((LIBRARY_DIR / "CMakeLists.txt.in").read_text(), values).encode(),
+        **{f: (HARNESS_DIR / f).read_bytes() for f in kernel_files},
+    }
+    listing = "\n".join(f"| `{f}` | {_what(f, name)} |" for f in sorted([*files, "README.md", MARKER]))
+    files["README.md"] = _fill((LIBRARY_DIR / "README.md.in").read_text(), {**values, "FILES": listing}).encode()
+    return files
+
+
+def _kernel_files(opcodes) -> list[str]:
+    """The harness kernel sources the model's custom ops need, and only those."""
+    used = set(opcodes) & set(HARNESS_CUSTOM_OPS)
+    if not used:
+        return []
+    # every custom op registers through tpup_conv.h; a patch stage runs its layers with tpup_conv.cc
+    return ["tpup_conv.h", "tpup_conv.cc", *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else [])]
+
+
+def _what(f: str, name: str) -> str:
+    return {"tpup_api.h": "what every model's C API shares: tpup_tensor, return codes",
+            f"tpup_{name}.h": "the C API and the arena macros", f"tpup_{name}.cc": "the C API on TFLite Micro",
+            f"tpup_{name}_ops.h": "one call registering the model's ops on your MicroMutableOpResolver",
+            f"tpup_{name}_model_data.h": "the model array's declaration",
+            f"tpup_{name}_model_data.cc": "the model, 16-byte aligned, its offline arena plan inside",
+            f"tpup_{name}.tflite": "the same model as a file (for host tools)",
+            "CMakeLists.txt": "the static library target", "README.md": "this file",
+            MARKER: "what tpu-pipeline wrote (figures; marks the folder as its own)"}.get(
+        f, "tpu-pipeline's kernel (custom op) source")
+
+
+def _ops_header(name: str, opcodes) -> str:
+    lines = ["#pragma once", "// Generated by tpu-pipeline export-mcu --library: every op the model uses.", "",
+             '#include "tensorflow/lite/micro/micro_mutable_op_resolver.h"',
+             *(['#include "tpup_conv.h"'] if set(opcodes) & set(HARNESS_CUSTOM_OPS) else []),
+             f'#include "tpup_{name}.h"', "",
+             f"// Adds the ops of model {name} to `resolver` (size it with TPUP_{name.upper()}_NUM_OPS more than",
+             "// your own ops); an op the resolver already has is kept, so several models share one resolver.",
+             "template <unsigned int N>",
+             f"TfLiteStatus tpup_{name}_register_ops(tflite::MicroMutableOpResolver<N>& resolver) {{"]
+    for op in opcodes:
+        if op in HARNESS_CUSTOM_OPS:
+            lines.append(f'  if (resolver.FindOp("{op}") == nullptr) TF_LITE_ENSURE_STATUS(resolver.'
+                         f'{HARNESS_CUSTOM_OPS[op]});')
+        else:
+            lines.append(f"  if (resolver.FindOp(tflite::BuiltinOperator_{op}) == nullptr) "
+                         f"TF_LITE_ENSURE_STATUS(resolver.{resolver_method(op)}());")
+    return "\n".join([*lines, "  return kTfLiteOk;", "}", ""])
+
+
+def write_folder(out: Path, files: dict[str, bytes]) -> None:
+    """`files` as the folder `out`, all at once: written beside it, then renamed into place (an
+    earlier library there is replaced whole)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.library.", dir=out.parent))
+    except OSError as exc:
+        raise DeviceError(f"{out}: cannot create the library folder ({exc.strerror})") from None
+    interrupts.register_temp(tmp)
+    old = None
+    try:
+        for fname, content in files.items():
+            (tmp / fname).write_bytes(content)
+        os.chmod(tmp, 0o755)
+        with interrupts.critical():
+            check_library_folder(out)  # again: something may have appeared meanwhile
+            if out.exists():
+                old = Path(f"{tmp}.old")
+                os.rename(out, old)
+            os.rename(tmp, out)
+    except OSError as exc:
+        raise DeviceError(f"{out}: cannot write ({exc.strerror})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        interrupts.unregister_temp(tmp)
