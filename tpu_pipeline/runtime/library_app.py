@@ -12,7 +12,6 @@ Micro on the host (the `tflite_micro` wheel) on the same inputs; the arena the b
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -132,23 +131,3 @@ def _model_run(model: str, lib, host, arrays, lines: list[str], kernels: KernelS
                            lib.head_bytes[kernels.name], lib.tail_bytes[kernels.name], lib.arena_bytes[kernels.name],
                            (not diffs) if complete else None, diffs)
 
-
-def main(argv=None) -> int:
-    """python -m tpu_pipeline.runtime.library_app MODEL... --device D --kernels K --work DIR: JSON out."""
-    import argparse
-
-    from tpu_pipeline.toolchain.device import kernel_set, load_device
-
-    p = argparse.ArgumentParser()
-    p.add_argument("models", nargs="+")
-    p.add_argument("--device", default="qemu-mps2-an386")
-    p.add_argument("--kernels", default="cmsis-nn")
-    p.add_argument("--work", required=True)
-    a = p.parse_args(argv)
-    r = run_libraries_on_qemu(a.models, load_device(a.device), kernel_set(a.kernels), a.work)
-    print(json.dumps(r.to_json(), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

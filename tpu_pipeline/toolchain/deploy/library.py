@@ -74,11 +74,16 @@ def check_library_folder(out: Path) -> None:
                          "or empty folder for --library")
 
 
-def custom_ops_note(graph) -> str | None:
-    """What a model with tpu-pipeline's own kernels needs, for inspect and fit (None: builtins only)."""
+def custom_ops(graph) -> tuple[str, ...]:
+    """tpu-pipeline's own kernels (custom ops) a model uses, by name."""
     from tpu_pipeline.toolchain.ir import kernels as harness
 
-    names = sorted({harness.custom_code(op) for op in graph.ops if harness.is_harness(op)})
+    return tuple(sorted({harness.custom_code(op) for op in graph.ops if harness.is_harness(op)}))
+
+
+def custom_ops_note(graph) -> str | None:
+    """What a model with tpu-pipeline's own kernels needs, for inspect and fit (None: builtins only)."""
+    names = custom_ops(graph)
     if not names:
         return None
     return (f"needs tpu-pipeline's custom ops {', '.join(names)}: stock TFLite Micro stops with \"Failed to get "

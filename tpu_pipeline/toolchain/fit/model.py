@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
@@ -49,7 +50,8 @@ class FittedModel:
                  arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
                  arena_bytes_available=self.arena_available,
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
-                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
+                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
+                 custom_ops=list(custom_ops(self.result.graph)))
         return d
 
 
@@ -123,6 +125,8 @@ def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | No
     if host.head != host_head:
         raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted model's "
                                 f"plan; {host_head:,} B were predicted")
+    if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
+        notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
                        budget_from, tuple(notes))
 
