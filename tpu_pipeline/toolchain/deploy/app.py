@@ -1,14 +1,15 @@
 """A plain application built on `export-mcu --library` output: its own `main`, no harness protocol.
 
-    write_app(app_dir, ["lib/kws", "lib/vww"], device, inputs)  # inputs[model][inference][input] = bytes
-    elf = build_app(app_dir, device, CMSIS_NN)                 # cmake + make, arm-none-eabi
+    write_app(app_dir, "lib", device, inputs)   # inputs[model][inference][input] = bytes
+    elf = build_app(app_dir, device, CMSIS_NN)  # cmake + make, arm-none-eabi
 
-It is what a user's firmware does with the libraries: each model's `tpup_<name>_init` on an arena
-sized by its macro (after one 16 bytes too small and one misaligned, which must be refused), the
-inputs copied in, `invoke`, and every output printed over the board's UART as hex lines
-(`OUT model inference output offset HEX`), with `arena_used_bytes()`, head and tail (`INIT model
-rc used head tail small misaligned`), then `END`. The board layer (startup, UART, linker script)
-is the harness's (`firmware/project.py`); each library is built through its own CMakeLists.txt.
+It is what a user's firmware does with a library: each model's `tpup_<name>_init` on an arena
+sized by its macro, or `tpup_shared_init` on one arena for all (after one 16 bytes too small and
+one misaligned, which must be refused: `INIT what rc used head tail small misaligned`), then per
+inference every model in turn: inputs copied in, `invoke`, every output printed over the board's
+UART as hex lines (`OUT model inference output offset HEX`); then `END`. The board layer (startup,
+UART, linker script) is the harness's (`firmware/project.py`); the library is built through its
+own CMakeLists.txt.
 """
 
 from __future__ import annotations
@@ -27,28 +28,31 @@ MARKER = "tpup_library.json"
 _OVERFLOW = re.compile(r"region [`']([A-Za-z0-9_]+)' overflowed by (\d+) bytes")
 
 
-def library_names(libraries) -> list[str]:
-    names = []
-    for lib in libraries:
-        try:
-            names.append(json.loads((Path(lib) / MARKER).read_text())["name"])
-        except (OSError, ValueError, KeyError):
-            raise UsageError(f"{lib}: not a library written by export-mcu --library (no readable {MARKER})") from None
-    return names
+def read_library(library) -> dict:
+    """The library's tpup_library.json (what export-mcu --library wrote)."""
+    try:
+        meta = json.loads((Path(library) / MARKER).read_text())
+        meta["models"][0]["name"], meta["target"]
+        return meta
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        raise UsageError(f"{library}: not a library written by export-mcu --library (no readable {MARKER})") from None
 
 
-def write_app(app_dir: str | Path, libraries, device: Device, inputs) -> Path:
-    """The application project in `app_dir`: main.cc, app_inputs.h, the board layer, CMake files."""
+def write_app(app_dir: str | Path, library, device: Device, inputs) -> Path:
+    """The application project in `app_dir` on the library folder `library` (one model or several
+    on one shared arena): main.cc, app_inputs.h, the board layer, CMake files."""
     from tpu_pipeline.toolchain.firmware.project import project_files
 
     app = Path(app_dir)
     app.mkdir(parents=True, exist_ok=True)
-    names = library_names(libraries)
+    meta = read_library(library)
+    names = [m["name"] for m in meta["models"]]
+    shared = meta.get("shared") is not None
     files = {k: v for k, v in project_files(device).items() if k != "Makefile"}
     files["harness_platform.h"] = (HARNESS_DIR / "harness_platform.h").read_bytes()
     files["app_inputs.h"] = _inputs_header(names, inputs).encode()
-    files["main.cc"] = _main(names, device.link.baud).encode()
-    files["CMakeLists.txt"] = _cmake(names, [Path(lib).resolve() for lib in libraries]).encode()
+    files["main.cc"] = _main(names, device.link.baud, shared).encode()
+    files["CMakeLists.txt"] = _cmake(meta["target"], Path(library).resolve()).encode()
     files["arm-none-eabi.cmake"] = _toolchain(device).encode()
     for name, content in files.items():
         (app / name).write_bytes(content)
@@ -71,18 +75,26 @@ def _inputs_header(names, inputs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _main(names, baud: int) -> str:
-    includes = "\n".join(f'#include "tpup_{n}.h"' for n in names)
-    arenas = "\n".join(f"alignas(16) uint8_t g_arena_{n}[TPUP_{n.upper()}_ARENA_BYTES + 16];" for n in names)
-    calls = "\n".join(
-        f"  run(\"{n}\", g_arena_{n}, TPUP_{n.upper()}_ARENA_BYTES, tpup_{n}_init, tpup_{n}_input, tpup_{n}_output,\n"
-        f"      tpup_{n}_invoke, tpup_{n}_arena_used_bytes, tpup_{n}_head_used_bytes, tpup_{n}_tail_used_bytes,\n"
-        f"      &{n}_inputs[0][0], k_{n}_inferences, TPUP_{n.upper()}_NUM_INPUTS, TPUP_{n.upper()}_NUM_OUTPUTS);"
-        for n in names)
-    return _fill_main(includes, arenas, calls, baud)
+def _main(names, baud: int, shared: bool) -> str:
+    """Inference k runs every model in turn (A, B, A, B, ...: a shared head is overwritten each time)."""
+    includes = "\n".join(f'#include "tpup_{n}.h"' for n in names) + ('\n#include "tpup_shared.h"' if shared else "")
+    if shared:
+        arenas = "alignas(16) uint8_t g_arena[TPUP_SHARED_ARENA_BYTES + 16];"
+        inits = ('  init("shared", g_arena, TPUP_SHARED_ARENA_BYTES, tpup_shared_init, tpup_shared_arena_used_bytes,\n'
+                 "       tpup_shared_head_used_bytes, tpup_shared_tail_used_bytes);")
+    else:
+        arenas = "\n".join(f"alignas(16) uint8_t g_arena_{n}[TPUP_{n.upper()}_ARENA_BYTES + 16];" for n in names)
+        inits = "\n".join(f'  init("{n}", g_arena_{n}, TPUP_{n.upper()}_ARENA_BYTES, tpup_{n}_init, '
+                          f"tpup_{n}_arena_used_bytes,\n       tpup_{n}_head_used_bytes, tpup_{n}_tail_used_bytes);"
+                          for n in names)
+    runs = "\n".join(f'    if (k < k_{n}_inferences) run("{n}", k, tpup_{n}_input, tpup_{n}_output, tpup_{n}_invoke, '
+                     f"&{n}_inputs[k][0],\n        TPUP_{n.upper()}_NUM_INPUTS, TPUP_{n.upper()}_NUM_OUTPUTS);"
+                     for n in names)
+    most = " > ".join(f"k_{n}_inferences" for n in names[:1])  # every model gets the same count
+    return _fill_main(includes, arenas, inits, runs, most, baud)
 
 
-def _fill_main(includes: str, arenas: str, calls: str, baud: int) -> str:
+def _fill_main(includes: str, arenas: str, inits: str, runs: str, most: str, baud: int) -> str:
     return f"""// A plain application on tpu-pipeline's model libraries (generated by toolchain/deploy/app.py):
 // no harness protocol; results go out over the UART as text lines.
 #include <cstdio>
@@ -96,6 +108,7 @@ struct AppInput {{ const unsigned char* data; size_t bytes; }};
 
 namespace {{
 {arenas}
+bool g_ok = true;
 
 void say(const char* s) {{ harness_platform_write(s, strlen(s)); }}
 
@@ -111,32 +124,31 @@ void print_tensor(const char* model, int k, int j, const tpup_tensor& t) {{
   }}
 }}
 
-using Init = int (*)(void*, size_t);
-using Tensor = int (*)(int, tpup_tensor*);
 using Size = size_t (*)(void);
+using Tensor = int (*)(int, tpup_tensor*);
 
-void run(const char* model, uint8_t* arena, size_t bytes, Init init, Tensor input, Tensor output, int (*invoke)(void),
-         Size used, Size head, Size tail, const AppInput* inputs, int inferences, int n_in, int n_out) {{
+void init(const char* what, uint8_t* arena, size_t bytes, int (*fn)(void*, size_t), Size used, Size head, Size tail) {{
   char line[160];
-  int small = init(arena, bytes - 16);      // must be refused: TPUP_ERR_ARENA_SIZE
-  int misaligned = init(arena + 8, bytes);  // must be refused: TPUP_ERR_ARENA_ALIGN
-  int rc = init(arena, bytes);
-  snprintf(line, sizeof line, "INIT %s %d %u %u %u %d %d\\n", model, rc, static_cast<unsigned>(used()),
+  int small = fn(arena, bytes - 16);      // must be refused: TPUP_ERR_ARENA_SIZE
+  int misaligned = fn(arena + 8, bytes);  // must be refused: TPUP_ERR_ARENA_ALIGN
+  int rc = fn(arena, bytes);
+  snprintf(line, sizeof line, "INIT %s %d %u %u %u %d %d\\n", what, rc, static_cast<unsigned>(used()),
            static_cast<unsigned>(head()), static_cast<unsigned>(tail()), small, misaligned);
   say(line);
-  if (rc != TPUP_OK) return;
-  for (int k = 0; k < inferences; ++k) {{
-    for (int i = 0; i < n_in; ++i) {{
-      tpup_tensor t;
-      const AppInput& in = inputs[k * n_in + i];
-      if (input(i, &t) != TPUP_OK || t.bytes != in.bytes) {{ say("ERR input size\\n"); return; }}
-      memcpy(t.data, in.data, t.bytes);
-    }}
-    if (invoke() != TPUP_OK) {{ say("ERR invoke\\n"); return; }}
-    for (int j = 0; j < n_out; ++j) {{
-      tpup_tensor t;
-      if (output(j, &t) == TPUP_OK) print_tensor(model, k, j, t);
-    }}
+  g_ok = g_ok && rc == TPUP_OK;
+}}
+
+void run(const char* model, int k, Tensor input, Tensor output, int (*invoke)(void), const AppInput* in, int n_in,
+         int n_out) {{
+  for (int i = 0; i < n_in; ++i) {{
+    tpup_tensor t;
+    if (input(i, &t) != TPUP_OK || t.bytes != in[i].bytes) {{ say("ERR input size\\n"); return; }}
+    memcpy(t.data, in[i].data, t.bytes);
+  }}
+  if (invoke() != TPUP_OK) {{ say("ERR invoke\\n"); return; }}
+  for (int j = 0; j < n_out; ++j) {{
+    tpup_tensor t;
+    if (output(j, &t) == TPUP_OK) print_tensor(model, k, j, t);
   }}
 }}
 }}  // namespace
@@ -144,7 +156,10 @@ void run(const char* model, uint8_t* arena, size_t bytes, Init init, Tensor inpu
 int main() {{
   harness_platform_init({baud});
   say("APP tpup-library-app\\n");
-{calls}
+{inits}
+  for (int k = 0; g_ok && k < {most}; ++k) {{
+{runs}
+  }}
   say("END\\n");
   for (;;) {{
   }}
@@ -152,17 +167,16 @@ int main() {{
 """
 
 
-def _cmake(names, lib_dirs) -> str:
-    subdirs = "\n".join(f'add_subdirectory("{d}" lib_{n})' for n, d in zip(names, lib_dirs))
+def _cmake(target: str, library: Path) -> str:
     return f"""# A plain application on tpu-pipeline's model libraries (toolchain/deploy/app.py).
 cmake_minimum_required(VERSION 3.13)
 project(tpup_app C CXX)
 set(TFLM_LIB "" CACHE FILEPATH "libtflm.a built for this board's CPU and the kernels of TPUP_KERNELS")
-{subdirs}
+add_subdirectory("{library}" library)
 add_executable(app.elf main.cc platform.cc board_uart.cc startup.c)
 target_include_directories(app.elf PRIVATE ${{CMAKE_CURRENT_LIST_DIR}})
 target_compile_features(app.elf PRIVATE cxx_std_17)
-target_link_libraries(app.elf PRIVATE {' '.join(f'tpup_{n}' for n in names)} -Wl,--start-group ${{TFLM_LIB}} m c -Wl,--end-group)
+target_link_libraries(app.elf PRIVATE {target} -Wl,--start-group ${{TFLM_LIB}} m c -Wl,--end-group)
 target_link_options(app.elf PRIVATE -T${{CMAKE_CURRENT_LIST_DIR}}/link.ld -Wl,--gc-sections
   -Wl,-Map=${{CMAKE_BINARY_DIR}}/app.map --specs=nano.specs --specs=nosys.specs)
 """

@@ -40,22 +40,36 @@ PLANNING_BYTES_PER_ENTRY, PLANNING_BYTES_FIXED = 64, 256
 
 
 @dataclass(frozen=True)
-class LibraryResult:
-    out_dir: str
+class LibraryModel:
+    """One model of a library and its arena on the 32-bit target, per kernel set."""
     name: str
-    device: str
-    files: tuple[str, ...]
+    source: str
     ops: tuple[str, ...]  # op codes registered, first use first
     custom_ops: tuple[str, ...]  # tpu-pipeline's own kernels among them
     model_bytes: int
-    head_bytes: dict  # kernel set name -> predicted head on the 32-bit target
-    tail_bytes: dict  # kernel set name -> predicted tail (None: an op not modelled)
+    head_bytes: dict  # kernel set name -> predicted head
+    tail_bytes: dict  # kernel set name -> predicted tail
     arena_bytes: dict  # kernel set name -> TPUP_<NAME>_ARENA_BYTES
     planning_bytes: int
     model_crc: str
 
+
+@dataclass(frozen=True)
+class LibraryResult:
+    out_dir: str
+    target: str  # the CMake target: tpup_<name> for one model, tpup_shared for several
+    device: str
+    files: tuple[str, ...]
+    models: tuple[LibraryModel, ...]
+    shared: dict | None = None  # several models: kernel set name -> SharedArena.to_json()
+
     def to_json(self) -> dict:
         return {"kind": "tpu-pipeline library", "version": LIBRARY_VERSION, **asdict(self)}
+
+    def __getattr__(self, key):  # one model: its figures as the library's (r.name, r.head_bytes, ...)
+        if key in LibraryModel.__dataclass_fields__ and len(self.__dict__.get("models", ())) == 1:
+            return getattr(self.models[0], key)
+        raise AttributeError(key)
 
 
 def library_name(stem: str) -> str:
@@ -91,16 +105,54 @@ def custom_ops_note(graph) -> str | None:
             "kernels and one registration call for your op resolver (or fit with --builtin-kernels)")
 
 
-def export_library(model_path: str | Path, device: Device, out_dir: str | Path, name: str | None = None,
+def export_library(model_paths, device: Device, out_dir: str | Path, names=None,
                    model_data: bytes | None = None) -> LibraryResult:
-    """Write the library for `model_path` (or `model_data`, e.g. fit's output) into `out_dir`."""
+    """Write the library of one model or several (one shared arena) into `out_dir`. `model_data`:
+    the one model's bytes when they are not the file's (e.g. fit's output)."""
+    paths = [Path(model_paths)] if isinstance(model_paths, (str, Path)) else [Path(p) for p in model_paths]
+    out = Path(out_dir)
+    check_library_folder(out)
+    names = _names(paths, [names] if isinstance(names, str) else names)
+    entries, files, opcodes_all, planned = [], {}, [], []
+    for src, name in zip(paths, names):
+        entry, model_files, graph, offsets = _one_model(src, name, device, model_data)
+        entries.append(entry)
+        files.update(model_files)
+        opcodes_all += entry.ops
+        planned.append((graph, offsets))
+    shared = None
+    if len(paths) > 1:
+        from tpu_pipeline.toolchain.deploy.shared_arena import shared_arena
+
+        arenas = {k.name: shared_arena(planned, k) for k in KERNEL_SETS}
+        shared = {k: a.to_json() for k, a in arenas.items()}
+        files.update(_shared_files(names, arenas, max(e.planning_bytes for e in entries)))
+    target = f"tpup_{names[0]}" if len(paths) == 1 else "tpup_shared"
+    files.update(_common_files(target, names, device, entries, tuple(dict.fromkeys(opcodes_all)), files))
+    result = LibraryResult(str(out), target, device.name, tuple(sorted([*files, MARKER])), tuple(entries), shared)
+    files[MARKER] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
+    write_folder(out, files)
+    return result
+
+
+def _names(paths, given) -> list[str]:
+    if given is not None:
+        if len(given) != len(paths):
+            raise UsageError(f"--name: {len(given)} name(s) for {len(paths)} model(s); give one per model, "
+                             "comma-separated")
+        for n in given:
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", n):
+                raise UsageError(f"--name: '{n}' is not a C identifier (a letter, then letters, digits, _)")
+    names = [library_name(n) for n in (given or [p.stem for p in paths])]
+    if len(set(names)) != len(names) or "shared" in names:
+        raise UsageError(f"models named {', '.join(names)}: each needs its own C name (not 'shared'); give --name")
+    return names
+
+
+def _one_model(src: Path, name: str, device: Device, model_data):
+    """(LibraryModel, its files, its graph, its offline plan): the model planned and checked by export-mcu."""
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
-    src, out = Path(model_path), Path(out_dir)
-    check_library_folder(out)
-    if name is not None and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-        raise UsageError(f"--name: '{name}' is not a C identifier (a letter, then letters, digits, _)")
-    name = library_name(name or src.stem)
     with tempfile.TemporaryDirectory(prefix="tpup-library-") as tmp:
         exported = export_mcu(src, device, tmp, model_data=model_data)  # plan, checks, flash and SRAM verdicts
         data = (Path(tmp) / "model.tflite").read_bytes()
@@ -111,14 +163,10 @@ def export_library(model_path: str | Path, device: Device, out_dir: str | Path, 
     opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
     for o in opcodes:
         resolver_method(o)  # one line for a custom op no firmware of ours has
-    figures = _arena_figures(graph, offsets)
-    files = _library_files(name, src.name, device, data, graph, opcodes, figures)
-    customs = tuple(o for o in opcodes if o in HARNESS_CUSTOM_OPS)
-    result = LibraryResult(str(out), name, device.name, tuple(sorted([*files, MARKER])), opcodes, customs, len(data),
-                           *figures, exported.model_crc)
-    files[MARKER] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
-    write_folder(out, files)
-    return result
+    head, tail, arena, planning = _arena_figures(graph, offsets)
+    entry = LibraryModel(name, src.name, opcodes, tuple(o for o in opcodes if o in HARNESS_CUSTOM_OPS), len(data),
+                         head, tail, arena, planning, exported.model_crc)
+    return entry, _model_files(entry, device, data, graph), graph, offsets
 
 
 def _planned_graph(data: bytes):
@@ -153,35 +201,67 @@ def _fill(template: str, values: dict) -> str:
     return template
 
 
-def _library_files(name, source, device, data, graph, opcodes, figures) -> dict[str, bytes]:
-    head, tail, arena, planning = figures
-    kernel_files = _kernel_files(opcodes)
-    sources = [f"tpup_{name}.cc", f"tpup_{name}_model_data.cc", *[f for f in kernel_files if f.endswith(".cc")]]
-    values = {"NAME": name, "UNAME": name.upper(), "SOURCE": source, "DEVICE": device.name, "DIRNAME": f"tpup_{name}",
-              "NUM_INPUTS": len(graph.inputs), "NUM_OUTPUTS": len(graph.outputs), "NUM_OPS": len(opcodes),
-              "PLANNING": planning, "TFLM": TFLM_CHECKED, "SOURCES": " ".join(sources),
-              **{f"{w}_{k.upper().replace('-', '_')}": v[k] for w, v in (("HEAD", head), ("TAIL", tail),
-                                                                            ("ARENA", arena)) for k in head}}
-    customs = [o for o in opcodes if o in HARNESS_CUSTOM_OPS]
-    values["CUSTOM"] = (f"{', '.join(customs)} (tpu-pipeline's kernels, in this folder; `tpup_{name}_register_ops` "
-                        "registers them)") if customs else "none (builtin ops only)"
-    files = {
-        "tpup_api.h": (LIBRARY_DIR / "tpup_api.h").read_bytes(),
-        f"tpup_{name}.h": _fill((LIBRARY_DIR / "model.h.in").read_text(), values).encode(),
-        f"tpup_{name}.cc": _fill((LIBRARY_DIR / "model.cc.in").read_text(), values).encode(),
-        f"tpup_{name}_ops.h": _ops_header(name, opcodes).encode(),
-        f"tpup_{name}_model_data.h": (f"#pragma once\n// Generated by tpu-pipeline export-mcu --library: {source}\n"
-                                      f"extern const unsigned char tpup_{name}_model_data[];\n"
-                                      f"extern const unsigned int tpup_{name}_model_data_len;\n").encode(),
-        f"tpup_{name}_model_data.cc": c_array(data, f"tpup_{name}_model_data").replace(
-            '#include "model_data.h"', f'#include "tpup_{name}_model_data.h"').encode(),
-        f"tpup_{name}.tflite": data,
-        "CMakeLists.txt": _fill((LIBRARY_DIR / "CMakeLists.txt.in").read_text(), values).encode(),
-        **{f: (HARNESS_DIR / f).read_bytes() for f in kernel_files},
+def _model_files(m: LibraryModel, device: Device, data: bytes, graph) -> dict[str, bytes]:
+    """One model's files: its C API, registration call, model array."""
+    values = {"NAME": m.name, "UNAME": m.name.upper(), "SOURCE": m.source, "NUM_INPUTS": len(graph.inputs),
+              "NUM_OUTPUTS": len(graph.outputs), "NUM_OPS": len(m.ops), "PLANNING": m.planning_bytes,
+              **_per_kernel_values(m)}
+    n = m.name
+    return {
+        f"tpup_{n}.h": _fill((LIBRARY_DIR / "model.h.in").read_text(), values).encode(),
+        f"tpup_{n}.cc": _fill((LIBRARY_DIR / "model.cc.in").read_text(), values).encode(),
+        f"tpup_{n}_ops.h": _ops_header(n, m.ops).encode(),
+        f"tpup_{n}_model_data.h": (f"#pragma once\n// Generated by tpu-pipeline export-mcu --library: {m.source}\n"
+                                   f"extern const unsigned char tpup_{n}_model_data[];\n"
+                                   f"extern const unsigned int tpup_{n}_model_data_len;\n").encode(),
+        f"tpup_{n}_model_data.cc": c_array(data, f"tpup_{n}_model_data").replace(
+            '#include "model_data.h"', f'#include "tpup_{n}_model_data.h"').encode(),
+        f"tpup_{n}.tflite": data,
     }
-    listing = "\n".join(f"| `{f}` | {_what(f, name)} |" for f in sorted([*files, "README.md", MARKER]))
-    files["README.md"] = _fill((LIBRARY_DIR / "README.md.in").read_text(), {**values, "FILES": listing}).encode()
-    return files
+
+
+def _per_kernel_values(m: LibraryModel) -> dict:
+    return {f"{w}_{k.upper().replace('-', '_')}": v[k] for w, v in (("HEAD", m.head_bytes), ("TAIL", m.tail_bytes),
+                                                                     ("ARENA", m.arena_bytes)) for k in m.head_bytes}
+
+
+def _shared_files(names, arenas, planning: int) -> dict[str, bytes]:
+    """tpup_shared.h/.cc: every model on one arena (heads overlap, tails stack)."""
+    values = {"PLANNING": planning, "DECLS": "\n".join(
+        f"int tpup_{n}_init_on(tflite::SingleArenaBufferAllocator* buffers, tflite::MicroAllocator* allocator);"
+        for n in names), "INITS": "\n".join(
+        f"  if ((rc = tpup_{n}_init_on(g_buffers, allocator)) != TPUP_OK) return rc;" for n in names),
+        "MODELS": ", ".join(names), "INCLUDES": "\n".join(f'#include "tpup_{n}.h"' for n in names)}
+    for k, a in arenas.items():
+        suffix = k.upper().replace("-", "_")
+        values[f"HEAD_{suffix}"], values[f"TAIL_{suffix}"] = a.head, a.tail
+        values[f"SEPARATE_{suffix}"] = a.separate_total
+    return {"tpup_shared.h": _fill((LIBRARY_DIR / "shared.h.in").read_text(), values).encode(),
+            "tpup_shared.cc": _fill((LIBRARY_DIR / "shared.cc.in").read_text(), values).encode()}
+
+
+def _common_files(target: str, names, device: Device, entries, opcodes, files: dict) -> dict[str, bytes]:
+    """What the models share: tpup_api.h, the kernels any of them uses, CMakeLists.txt, README.md."""
+    kernel_files = _kernel_files(opcodes)
+    sources = sorted(f for f in [*files, *kernel_files] if f.endswith(".cc"))
+    if "tpup_shared.h" in files:
+        sources.append("tpup_shared.cc")
+    first = entries[0]
+    customs = sorted({o for e in entries for o in e.custom_ops})
+    values = {"NAME": first.name, "UNAME": first.name.upper(), "TARGET": target, "SOURCE": ", ".join(
+        e.source for e in entries), "DEVICE": device.name, "DIRNAME": target, "TFLM": TFLM_CHECKED,
+        "SOURCES": " ".join(sources), **_per_kernel_values(first),
+        "CUSTOM": (f"{', '.join(customs)} (tpu-pipeline's kernels, in this folder; `tpup_<model>_register_ops` "
+                   "registers them)") if customs else "none (builtin ops only)",
+        "ARENA_ROWS": "\n".join(f"| {e.name} | {k} | {e.head_bytes[k]:,} | {e.tail_bytes[k]:,} | {e.arena_bytes[k]:,} |"
+                                for e in entries for k in e.head_bytes)}
+    out = {"tpup_api.h": (LIBRARY_DIR / "tpup_api.h").read_bytes(),
+           "CMakeLists.txt": _fill((LIBRARY_DIR / "CMakeLists.txt.in").read_text(), values).encode(),
+           **{f: (HARNESS_DIR / f).read_bytes() for f in kernel_files}}
+    names_all = sorted([*files, *out, "README.md", MARKER])
+    listing = "\n".join(f"| `{f}` | {_what(f)} |" for f in names_all)
+    out["README.md"] = _fill((LIBRARY_DIR / "README.md.in").read_text(), {**values, "FILES": listing}).encode()
+    return out
 
 
 def _kernel_files(opcodes) -> list[str]:
@@ -193,16 +273,22 @@ def _kernel_files(opcodes) -> list[str]:
     return ["tpup_conv.h", "tpup_conv.cc", *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else [])]
 
 
-def _what(f: str, name: str) -> str:
-    return {"tpup_api.h": "what every model's C API shares: tpup_tensor, return codes",
-            f"tpup_{name}.h": "the C API and the arena macros", f"tpup_{name}.cc": "the C API on TFLite Micro",
-            f"tpup_{name}_ops.h": "one call registering the model's ops on your MicroMutableOpResolver",
-            f"tpup_{name}_model_data.h": "the model array's declaration",
-            f"tpup_{name}_model_data.cc": "the model, 16-byte aligned, its offline arena plan inside",
-            f"tpup_{name}.tflite": "the same model as a file (for host tools)",
-            "CMakeLists.txt": "the static library target", "README.md": "this file",
-            MARKER: "what tpu-pipeline wrote (figures; marks the folder as its own)"}.get(
-        f, "tpu-pipeline's kernel (custom op) source")
+def _what(f: str) -> str:
+    fixed = {"tpup_api.h": "what every model's C API shares: tpup_tensor, return codes",
+             "tpup_shared.h": "several models on one arena: init and the shared arena macros",
+             "tpup_shared.cc": "their interpreters on one MicroAllocator", "CMakeLists.txt": "the static library target",
+             "README.md": "this file", MARKER: "what tpu-pipeline wrote (figures; marks the folder as its own)"}
+    if f in fixed:
+        return fixed[f]
+    for suffix, what in (("_ops.h", "one call registering the model's ops on your MicroMutableOpResolver"),
+                         ("_model_data.h", "the model array's declaration"),
+                         ("_model_data.cc", "the model, 16-byte aligned, its offline arena plan inside"),
+                         (".tflite", "the same model as a file (for host tools)"),
+                         (".h", "the model's C API and arena macros"), (".cc", "the model's C API on TFLite Micro")):
+        if f.startswith("tpup_") and f.endswith(suffix) and not f.startswith("tpup_conv") \
+                and not f.startswith("tpup_stage"):
+            return what
+    return "tpu-pipeline's kernel (custom op) source"
 
 
 def _ops_header(name: str, opcodes) -> str:
