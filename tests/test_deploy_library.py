@@ -19,7 +19,7 @@ from tpu_pipeline.toolchain.deploy.library import MARKER, export_library
 from tpu_pipeline.toolchain.device import KERNEL_SETS, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import from_model
-from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
 from tpu_pipeline.toolchain.tflite import read_model, read_offline_plan
 
 FIX = Path(__file__).parent / "fixtures"
@@ -65,13 +65,13 @@ def test_a_builtin_model_gets_its_ops_and_exact_arena_macros_and_no_kernels(tmp_
     assert ops.count("resolver.Add") == len(r.ops) == macros["TPUP_CHAIN_INT8_NUM_OPS"]
     assert "tpup_conv.h" not in ops
     meta = json.loads((lib / MARKER).read_text())
-    assert meta["kind"] == "tpu-pipeline library" and meta["name"] == "chain_int8"
+    assert meta["kind"] == "tpu-pipeline library" and meta["models"][0]["name"] == "chain_int8"
     cmake = (lib / "CMakeLists.txt").read_text()
     assert "add_library(tpup_chain_int8 STATIC tpup_chain_int8.cc tpup_chain_int8_model_data.cc)" in cmake
 
 
 def test_a_fitted_model_gets_only_the_kernels_it_uses(tmp_path, staged_model):
-    r = export_library(staged_model, BOARD, tmp_path / "lib", name="stem")
+    r = export_library(staged_model, BOARD, tmp_path / "lib", names="stem")
     lib = Path(r.out_dir)
     assert set(r.custom_ops) == {"TPUP_CONV_2D", "TPUP_DEPTHWISE_CONV_2D", "TPUP_PATCH_STAGE"}
     for f in ("tpup_conv.h", "tpup_conv.cc", "tpup_stage.cc"):
@@ -121,13 +121,13 @@ def test_a_folder_that_is_not_ours_is_refused_and_left_alone(tmp_path, capsys):
 
 def test_a_library_of_ours_is_replaced_whole(tmp_path):
     out = tmp_path / "lib"
-    export_library(FIX / "chain_int8.tflite", BOARD, out, name="first")
-    r = export_library(FIX / "multi_output_int8.tflite", BOARD, out, name="second")
+    export_library(FIX / "chain_int8.tflite", BOARD, out, names="first")
+    r = export_library(FIX / "multi_output_int8.tflite", BOARD, out, names="second")
     assert sorted(p.name for p in out.iterdir()) == sorted(r.files)  # nothing of the first is left
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())
 
 
-def _run_app(tmp_path, models, board: str, kernels: str):
+def _run_app(tmp_path, models, board: str, kernels: str, shared: bool = False):
     if not (HAVE_ARM and HAVE_QEMU):
         pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
     tree_or_skip(kernels)
@@ -135,31 +135,84 @@ def _run_app(tmp_path, models, board: str, kernels: str):
     from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     try:
-        return run_libraries_on_qemu(models, load_device(board), kernel_set(kernels), tmp_path / "work", seed=7)
+        return run_libraries_on_qemu(models, load_device(board), kernel_set(kernels), tmp_path / "work", seed=7,
+                                     shared=shared)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
 
 
-def _check(run):
+def _check(run, n_models: int):
     assert run.errors == []
+    assert len(run.models) == n_models
+    for a in run.arenas:
+        assert (a.init_rc, a.refused_small, a.refused_misaligned) == (0, -2, -1), a
+        assert (a.head, a.tail) == (a.head_predicted, a.tail_predicted), a  # arena used = prediction
+        assert a.used == a.head + a.tail <= a.arena_bytes
     for m in run.models:
-        assert (m.init_rc, m.refused_small, m.refused_misaligned) == (0, -2, -1), m
         assert m.outputs_match is True, (m.model, m.output_differences)
-        assert (m.head, m.tail) == (m.head_predicted, m.tail_predicted), m  # arena used = prediction
-        assert m.arena_used == m.head + m.tail <= m.arena_bytes
 
 
 @pytest.mark.parametrize("board,kernels", [("qemu-mps2-an386", "cmsis-nn"), ("qemu-mps2-an500", "cmsis-nn"),
                                            ("qemu-mps2-an386", "reference")])
 def test_a_plain_application_runs_the_libraries_in_qemu(tmp_path, staged_model, board, kernels):
-    """Two libraries in one application: a builtin model and fit's patch-stage output."""
+    """Two libraries, each on its own arena: a builtin model and fit's patch-stage output."""
     run = _run_app(tmp_path, [FIX / "multi_output_int8.tflite", staged_model], board, kernels)
-    _check(run)
-    assert len(run.models) == 2
+    _check(run, 2)
+    assert len(run.arenas) == 2
+
+
+@pytest.mark.parametrize("kernels", ["cmsis-nn", "reference"])
+def test_two_models_share_one_arena_in_qemu(tmp_path, staged_model, kernels):
+    """One library, one arena: the heads overlap, the tails stack; run interleaved, each model's
+    outputs are those of the model alone, and the arena is the prediction to the byte."""
+    run = _run_app(tmp_path, [FIX / "multi_output_int8.tflite", staged_model], "qemu-mps2-an386", kernels, shared=True)
+    _check(run, 2)
+    (a,) = run.arenas
+    lib = json.loads((tmp_path / "work" / "lib" / MARKER).read_text())
+    figures = lib["shared"][kernels]
+    assert a.head == max(figures["heads"]) and a.used == figures["shared_arena_bytes_predicted"]
+    assert a.used < figures["separate_arena_bytes_predicted"]
+
+
+def test_shared_arena_prediction_is_the_largest_head_and_the_stacked_tails(tmp_path):
+    from tpu_pipeline.toolchain.deploy.shared_arena import SHARED_OBJECTS, shared_arena
+
+    r = export_library([FIX / "chain_int8.tflite", FIX / "multi_output_int8.tflite"], BOARD, tmp_path / "lib")
+    assert r.target == "tpup_shared" and (tmp_path / "lib" / "tpup_shared.h").is_file()
+    planned = []
+    for m in r.models:
+        model = read_model((tmp_path / "lib" / f"tpup_{m.name}.tflite").read_bytes())
+        planned.append((from_model(model), read_offline_plan(model)))
+    for k in KERNEL_SETS:
+        a = shared_arena(planned, k)
+        assert a.head == max(m.head_bytes[k.name] for m in r.models)
+        once = sum(size for _, size, _ in target_tail(planned[1][0], k).allocations[:SHARED_OBJECTS])
+        assert sum(a.tails) - once - 16 <= a.tail <= sum(a.tails) - once + 16  # the allocator objects once
+        macros = _macros((tmp_path / "lib" / "tpup_shared.h").read_text())
+        suffix = k.name.upper().replace("-", "_")
+        assert (macros[f"TPUP_SHARED_HEAD_BYTES_{suffix}"], macros[f"TPUP_SHARED_TAIL_BYTES_{suffix}"]) == (a.head, a.tail)
+
+
+def test_several_models_need_distinct_names_and_the_library(tmp_path):
+    chain = str(FIX / "chain_int8.tflite")
+    assert main(["export-mcu", chain, chain, "--device", "qemu-mps2-an386", "--library", str(tmp_path / "l")]) == 2
+    assert main(["export-mcu", chain, chain, "--device", "qemu-mps2-an386", "--library", str(tmp_path / "l"),
+                 "--name", "a"]) == 2
+    assert main(["export-mcu", chain, chain, "--device", "qemu-mps2-an386", "-o", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "l").exists() and not (tmp_path / "o").exists()
+    assert main(["export-mcu", chain, chain, "--device", "qemu-mps2-an386", "--library", str(tmp_path / "l"),
+                 "--name", "a,b"]) == 0
 
 
 @pytest.mark.skipif(not MLPERF.is_dir(), reason="set TPUP_MLPERF_DIR to a folder of MLPerf Tiny's int8 models")
 @pytest.mark.parametrize("board", ["qemu-mps2-an386", "qemu-mps2-an500"])
 def test_mlperf_tiny_models_as_libraries_in_qemu(tmp_path, board):
     models = [MLPERF / f"{m}.tflite" for m in MLPERF_MODELS if (MLPERF / f"{m}.tflite").is_file()]
-    _check(_run_app(tmp_path, models, board, "cmsis-nn"))
+    _check(_run_app(tmp_path, models, board, "cmsis-nn"), len(models))
+
+
+@pytest.mark.skipif(not MLPERF.is_dir(), reason="set TPUP_MLPERF_DIR to a folder of MLPerf Tiny's int8 models")
+def test_mlperf_kws_and_vww_share_one_arena_in_qemu(tmp_path):
+    run = _run_app(tmp_path, [MLPERF / "kws_ref_model.tflite", MLPERF / "vww_96_int8.tflite"], "qemu-mps2-an386",
+                   "cmsis-nn", shared=True)
+    _check(run, 2)

@@ -66,3 +66,23 @@ def shared_arena(models, kernels: KernelSet) -> SharedArena:
     for _, size, alignment in allocations:  # each aligned down from the arena's end, as target_tail does
         used = -(-(used + size) // alignment) * alignment
     return SharedArena(kernels.name, tuple(heads), tuple(tails), max(heads), used)
+
+
+def plan_shared(paths, device, kernels: KernelSet) -> SharedArena:
+    """Each model planned as export-mcu plans it (offline plan, checked in TFLite Micro), then their
+    shared arena on `device`'s 32-bit target with `kernels`."""
+    import tempfile
+    from pathlib import Path
+
+    from tpu_pipeline.toolchain.export_mcu import export_mcu
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+    planned = []
+    for p in paths:
+        with tempfile.TemporaryDirectory(prefix="tpup-shared-") as tmp:
+            export_mcu(p, device, tmp)
+            model = read_model((Path(tmp) / "model.tflite").read_bytes())
+        planned.append((from_model(model), read_offline_plan(model)))
+    return shared_arena(planned, kernels)
