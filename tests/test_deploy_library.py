@@ -216,3 +216,15 @@ def test_mlperf_kws_and_vww_share_one_arena_in_qemu(tmp_path):
     run = _run_app(tmp_path, [MLPERF / "kws_ref_model.tflite", MLPERF / "vww_96_int8.tflite"], "qemu-mps2-an386",
                    "cmsis-nn", shared=True)
     _check(run, 2)
+
+
+def test_profile_of_several_models_predicts_their_shared_arena(capsys):
+    chain, multi = str(FIX / "chain_int8.tflite"), str(FIX / "multi_output_int8.tflite")
+    assert main(["profile", chain, multi, "--device", "qemu-mps2-an386", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    heads = [m["arena_head_predicted"] for m in d["models"]]
+    tails = [m["arena_tail_predicted"] for m in d["models"]]
+    assert d["head"] == max(heads) and d["heads"] == heads and d["tails"] == tails
+    assert d["shared_arena_bytes_predicted"] == d["head"] + d["tail"] < max(heads) + sum(tails)
+    assert d["separate_arena_bytes_predicted"] == sum(heads) + sum(tails) and d["fits"] is True
+    assert main(["profile", chain, multi, "--device", "coral-usb"]) == 2
