@@ -56,6 +56,7 @@ class FitResult:
     # none), or "time limit" (none among the variants measured before the time limit)
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    variants_estimated: int = 0  # patch candidates whose tile geometry was estimated (built: variants_evaluated)
 
     def to_json(self) -> dict:
         return {
@@ -71,6 +72,7 @@ class FitResult:
             "latency_overhead_predicted": self.selection.latency_s / self.baseline_latency_s - 1
             if self.baseline_latency_s else None,
             "ops": len(self.graph.ops), "spans": self.spans, "variants_evaluated": self.variants_evaluated,
+            "variants_estimated": self.variants_estimated,
             "patch_candidates": self.candidates, "patch_candidates_dropped": self.candidates_dropped,
             "selection": self.selection.to_json(),
             "frontier": [p.to_json() for p in self.frontier], "frontier_complete": self.frontier_complete,
@@ -133,4 +135,4 @@ def result_of(state: FitState, seconds: float) -> FitResult:
     return FitResult(whole, sel, sched, plan.head, offsets, plan.head <= sched.peak, p.budget, fits,
                      state.baseline.peak, state.baseline.latency_s, len(state.spans), pool.measured,
                      len(state.candidates), pool.dropped, tail, target_tail(state.original, sem).bytes, p.arena,
-                     state.frontier, state.complete, state.probes, seconds, tuple(notes))
+                     state.frontier, state.complete, state.probes, seconds, tuple(notes), pool.estimated)
