@@ -69,8 +69,8 @@ def fit_cli(python: str, tree: Path, path: Path, *args: str) -> tuple[float, int
         p = subprocess.run([python, "-m", "tpu_pipeline.cli", "fit", str(path), *args, "-o", f"{tmp}/out.tflite",
                             "--json"], capture_output=True, text=True, env=env, cwd=str(tree))
         secs = time.monotonic() - t0
-    if p.returncode != 0:
-        return secs, p.returncode, (p.stderr.strip().splitlines() or ["?"])[-1]
+    if p.returncode != 0:  # (the model's folder named DIR: no machine paths in the page)
+        return secs, p.returncode, (p.stderr.strip().splitlines() or ["?"])[-1].replace(str(path.parent), "DIR")
     return secs, 0, json.loads(p.stdout)
 
 
@@ -104,37 +104,41 @@ def _fmt(v, spec: str = ",") -> str:
 
 
 def section(rows: list[dict], before: dict[str, dict], command: str) -> list[str]:
+    head = ("| model | ops | wall s | complete | estimated / built / offered | arena B | latency ms | budget B | "
+            "budget wall s | stopped |")
     lines = [HEADER, "",
              f"Made by {command} on this machine (2 cores, shared): every model of the benchmark set up to 300 ops, "
              "`fit MODEL --objective memory --pareto` with default options, whole-process wall seconds (median), "
              "whether the frontier is complete, patch candidates estimated / built of those offered, the smallest "
              "whole arena (head + tail, predicted; the host's real head is checked equal by the command) and its "
              "predicted latency; then `fit MODEL --budget B` at the frontier's middle arena: wall seconds and "
-             "whether the selection stopped at its time limit. *Before*: the same on the tree before this change.",
-             "",
-             "| model | ops | wall s | complete | estimated / built / offered | arena B | latency ms | "
-             "budget B | budget wall s | stopped | before: wall s | complete | arena B | latency ms |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|"]
+             "whether the selection stopped at its time limit (`exit 3`: B, a frontier point's predicted arena, "
+             "was not met once realised)." + (" *Before*: the same on the tree before." if before else ""), "",
+             head + (" before: wall s | complete | arena B | latency ms |" if before else ""),
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---|" + ("---:|---|---:|---:|" if before else "")]
     for r in rows:
-        b = before.get(r["model"], {})
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * 12)
-            continue
-        lines.append(
-            f"| {r['model']} | {r['ops']} | {r['wall_s']:.1f} | {'yes' if r['frontier_complete'] else 'NO'} | "
-            f"{_fmt(r['estimated'])} / {r['built']:,} / {r['candidates']:,} | {r['arena']:,} | "
-            f"{r['latency_ms']:.2f} | {r['budget']:,} | {r['budget_wall_s']:.1f} | "
-            f"{'YES' if r['budget_stopped'] is True else 'no' if r['budget_stopped'] is False else r['budget_stopped']}"
-            f" | {_fmt(b.get('wall_s'), '.1f')} | "
-            f"{'' if not b else 'yes' if b.get('frontier_complete') else 'NO'} | {_fmt(b.get('arena'))} | "
-            f"{_fmt(b.get('latency_ms'), '.2f')} |")
+        lines.append(_line(r, before.get(r["model"]) if before else None))
     done = [r for r in rows if "error" not in r]
     within = [r for r in done if r["frontier_complete"] and r["wall_s"] <= 10 and r["budget_stopped"] is False]
     lines += ["", f"Summary: {len(within)} of {len(done)} models finish their frontier within 10 s with a budget run "
-                  "that never stops at its time limit" +
+                  "that does not stop at its time limit" +
               (f"; not yet: {', '.join(r['model'] for r in done if r not in within)}" if len(within) < len(done)
                else "") + "."]
     return lines
+
+
+def _line(r: dict, b: dict | None) -> str:
+    if "error" in r:
+        return f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * (7 if b is None else 11)
+    stopped = r["budget_stopped"]
+    line = (f"| {r['model']} | {r['ops']} | {r['wall_s']:.1f} | {'yes' if r['frontier_complete'] else 'NO'} | "
+            f"{_fmt(r['estimated'])} / {r['built']:,} / {r['candidates']:,} | {r['arena']:,} | "
+            f"{r['latency_ms']:.2f} | {r['budget']:,} | {r['budget_wall_s']:.1f} | "
+            f"{'YES' if stopped is True else 'no' if stopped is False else stopped} |")
+    if b is not None:
+        line += (f" {_fmt(b.get('wall_s'), '.1f')} | {'yes' if b.get('frontier_complete') else 'NO'} | "
+                 f"{_fmt(b.get('arena'))} | {_fmt(b.get('latency_ms'), '.2f')} |")
+    return line
 
 
 def write_section(out: Path, lines: list[str]) -> None:
@@ -142,6 +146,18 @@ def write_section(out: Path, lines: list[str]) -> None:
     parts = text.split("\n### ")
     kept = [parts[0]] + ["### " + p for p in parts[1:] if not ("### " + p).startswith(HEADER)]
     out.write_text("\n\n".join(p.rstrip("\n") for p in kept if p.strip()) + "\n\n" + "\n".join(lines) + "\n")
+
+
+def measure(args) -> list[dict]:
+    dirs = [Path(d) if d and Path(d).is_dir() else None for d in (args.tinyengine, args.mlperf, args.models)]
+    rows = []
+    for path in model_set(*dirs):
+        ops = ops_of(path)
+        if ops is None or ops > args.max_ops or (args.only and path.stem not in args.only):
+            continue
+        rows.append(row(args.python, Path(args.tree), path, ops, args.runs))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def main() -> int:
@@ -158,17 +174,14 @@ def main() -> int:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose fit is timed (default this one)")
     ap.add_argument("--no-doc", action="store_true", help="only the --json rows (e.g. of the tree before)")
+    ap.add_argument("--render", action="store_true", help="rewrite the section from the --json rows, run nothing")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    dirs = [Path(d) if d and Path(d).is_dir() else None for d in (args.tinyengine, args.mlperf, args.models)]
-    rows = []
-    for path in model_set(*dirs):
-        ops = ops_of(path)
-        if ops is None or ops > args.max_ops or (args.only and path.stem not in args.only):
-            continue
-        rows.append(row(args.python, Path(args.tree), path, ops, args.runs))
-        print(json.dumps(rows[-1]), flush=True)
-    Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    if args.render:
+        rows = json.loads(Path(args.json).read_text())
+    else:
+        rows = measure(args)
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     if not args.no_doc:
         before = {r["model"]: r for r in json.loads(Path(args.before).read_text())} if args.before else {}
         command = (f"`python tools/bench_fit_speed.py --tinyengine DIR --mlperf DIR --runs {args.runs}"
