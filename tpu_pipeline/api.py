@@ -15,7 +15,7 @@ Writing is optional where the command's `-o` is: without `output` the result car
 The API is where a call starts: it resolves a device name or path to a `Device` and a kernel-set
 name to a `KernelSet` once, and everything below takes those objects. Its imports are at the top
 (the API is loaded lazily by `tpu_pipeline/__init__.py`, and the command line imports it only
-when a command runs), but for the one lazy loader, `_fit_model`.
+when a command runs), but for the one lazy loader, `_fit`.
 """
 
 from __future__ import annotations
@@ -186,13 +186,13 @@ def _source(model, name: str = "model.tflite") -> Iterator[tuple[Path, str]]:
     yield Path(model), os.fspath(model)
 
 
-def _fit_model():
+def _fit():
     """The API's one lazy import: `toolchain.fit` selects variants in CP-SAT, and OR-Tools imports
     pandas (~0.5 s of a 2 s compile), so only `fit` loads it; a compile whose searches need no
-    CP-SAT never does (tests/test_compile.py)."""
-    from tpu_pipeline.toolchain.fit import fit_model
+    CP-SAT never does (tests/test_compile.py). Returns (FitParams, fit_file)."""
+    from tpu_pipeline.toolchain.fit import FitParams, fit_file
 
-    return fit_model
+    return FitParams, fit_file
 
 
 def _html(path, builder: str, *args, **kwargs) -> None:
@@ -320,23 +320,19 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
     inputs (harness firmware); `builtin_kernels`: only TFLite Micro's builtin kernels;
     `patches`: offer patch-based execution (docs/fit.md). `kernels`: the TFLite Micro kernel set
     (None: the default set, CMSIS-NN's)."""
-    _positive("time_limit", time_limit)
-    if runs < 1:
-        raise UsageError(f"--runs must be at least 1, got {runs}")
-    if budget is not None and budget < 0:
-        raise UsageError(f"--budget must be a number of bytes >= 0, got {budget}")
+    fit_params, fit_file = _fit()
+    params = fit_params(budget=budget, device=load_device(device) if device is not None else None,
+                        objective=objective, kernels=kernel_set(kernels), int8_io=int8_io,
+                        input_outside_arena=input_outside_arena, head_only=head_only, patches=patches,
+                        harness=not builtin_kernels, allow_lossy=allow_lossy, pareto=pareto or plot is not None,
+                        time_limit=time_limit, verify_runs=runs)  # every switch checked before any work
     with _source(model, name) as (path, label):
         if output is not None:
             check_output(output, [path])
         for extra in (plot, report):
             if extra is not None:
                 check_output(extra, [path, *([output] if output is not None else [])])
-        dev = load_device(device) if device is not None else None
-        fitted = _fit_model()(path, budget=budget, device=dev, objective=objective, kernels=kernel_set(kernels),
-                           time_limit=time_limit, want_pareto=pareto or plot is not None, verify_runs=runs,
-                           progress=progress, allow_lossy=allow_lossy, int8_io=int8_io,
-                           input_outside_arena=input_outside_arena, harness=not builtin_kernels,
-                           head_only=head_only, patches=patches)
+        fitted = fit_file(path, params, progress)
         r = fitted.result
         if not r.fits:
             what = "arena head" if head_only else "arena (head + tail)"

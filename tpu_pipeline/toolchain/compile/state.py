@@ -6,11 +6,12 @@ saying what it did. The options are fixed for the whole run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpu_pipeline.toolchain.device import Device
+from tpu_pipeline.toolchain.driver import PassRecord  # what a pass returns beside its state
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.semantics import TFLITE, Semantics
 
@@ -81,11 +82,3 @@ class CompileState:
 
     def noted(self, *notes: str) -> tuple[str, ...]:
         return self.notes + tuple(notes)
-
-
-@dataclass(frozen=True)
-class PassRecord:
-    name: str
-    status: str                 # "ran", "no gain" or "skipped"
-    seconds: float = 0.0
-    detail: dict = field(default_factory=dict)
