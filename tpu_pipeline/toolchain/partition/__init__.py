@@ -137,7 +137,7 @@ def profiled_partition(graph: Graph, n: int, device="coral-usb", problem: Partit
 def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
-              problem: PartitionProblem | None = None) -> Partition:
+              problem: PartitionProblem | None = None, prune_above_ps: int | None = None) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -158,7 +158,9 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     most CANDIDATES_PER_SECOND x `time_limit` candidates; `time_limit` also caps CP-SAT's and the
     refinement's wall clock. `p.gap` says how close the answer is. `problem`: the graph's problem
     if already built (its cached down-set lattice is shared between calls for several n; a
-    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs)."""
+    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs). `prune_above_ps`
+    (`-n auto`): if every assignment's period is proven above it, the best warm start is returned
+    unsearched (`p.refined_by` "pruned", `p.period_lower_bound_ps` the proof)."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -192,6 +194,15 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
             simulated[st] = problem.period_ps(st, n)
         return simulated[st]
 
+    if prune_above_ps is not None and strategy == "latency" and not colocate and candidates:
+        from tpu_pipeline.toolchain.partition.lattice import period_exceeds
+        low = period_exceeds(problem, n, prune_above_ps)
+        if low is not None:
+            best = min(dict.fromkeys(candidates), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+            out = _make(problem, n, best, strategy, {"period_ps": low}, False, 0.0,
+                        f"not searched: every {n}-stage period is proven above {prune_above_ps / 1e9:.3f} ms", base)
+            return dataclasses.replace(out, seconds=time.perf_counter() - t_start, gap_limit=gap, method="bound",
+                                       period_lower_bound_ps=low, refined_by="pruned")
     exact = None
     if strategy == "latency" and not colocate:
         from tpu_pipeline.toolchain.partition.lattice import exact_latency

@@ -415,6 +415,28 @@ def lattice_of(problem: PartitionProblem) -> Lattice | None:
     return problem.cache["lattice"]
 
 
+def period_exceeds(problem: PartitionProblem, n: int, limit: int) -> int | None:
+    """A proven lower bound above `limit` of every n-stage assignment's P (so of its simulated
+    period), or None when none is found cheaply. `-n auto` uses it to leave a row that cannot
+    reach the knee unsearched. First the mean stage (every stage costs the overhead and its
+    compute), then the chain problem under `limit`: no chain whose every stage fits, or none of
+    those whose link work fits, proves P > limit."""
+    m = problem.model
+    host = -(-n * m.overhead_ps // m.host_slots) if m.host_slots else 0
+    cheap = max(m.overhead_ps - (-sum(oc.compute_ps for oc in problem.op_costs) // n), host)
+    if cheap > limit:
+        return cheap
+    lattice = lattice_of(problem)
+    if lattice is None or pairs_at_most(lattice, n, limit) > MAX_PAIRS:
+        return None
+    chains = ChainProblem(lattice, n, limit)
+    if chains.exceeded:
+        return None
+    if chains.ok and max(chains.min_max_stage(), chains.min_link(limit)[0], chains.host) <= limit:
+        return None
+    return limit + 1
+
+
 def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds) -> tuple[SolveResult, ChainProblem] | None:
     """Strategy `latency` solved exactly over the down-sets: the smallest P (proven), among its
     chains the smallest sum of stage latencies, and the chain problem the refinement enumerates.
