@@ -76,6 +76,9 @@ class CompileState:
     edgetpu_compiler: dict | None = None           # what edgetpu_compiler did, when it is on PATH
     extra_files: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) written beside the segments
     notes: tuple[str, ...] = ()
+    # the rewrite pass's proven-optimal schedule of `graph` when it left the graph as it was: the
+    # schedule pass takes it instead of solving the same problem again
+    proven_schedule: Any = None
 
     def noted(self, *notes: str) -> tuple[str, ...]:
         return self.notes + tuple(notes)

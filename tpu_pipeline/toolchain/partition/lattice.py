@@ -107,19 +107,21 @@ class Lattice:
         tensors = p.tensors
         T = len(tensors)
         nb = np.array([bt.nbytes for bt in tensors], dtype=np.float64)
-        prod, cons = np.zeros((N, T)), np.zeros((N, T))
         is_input = np.array([bt.producer is None for bt in tensors], dtype=bool)
         gout = np.array([bt.graph_output for bt in tensors], dtype=bool)
+        # per tensor: its producer's column of X (inputs: none), the sum of its consumers' columns
+        inside = np.zeros((M, T))                          # producer in the down-set
+        cnt = np.zeros((M, T))                             # consumers in the down-set
+        ncons = np.zeros(T)
         for t, bt in enumerate(tensors):
             if bt.producer is not None:
-                prod[bt.producer, t] = 1
-            for c in set(bt.consumers):
-                cons[c, t] = 1
-        ncons = cons.sum(0)
-        inside = X @ prod                                  # producer in the down-set
+                inside[:, t] = X[:, bt.producer]
+            users = sorted(set(bt.consumers))
+            ncons[t] = len(users)
+            if users:
+                cnt[:, t] = X[:, users].sum(1)
         pin = inside.copy()
         pin[:, is_input] = 1                               # graph inputs: produced before every stage
-        cnt = X @ cons                                     # consumers in the down-set
         leaves = inside * ((cnt < ncons) | gout)           # produced inside, read outside or a graph output
         multi = ncons > 1
         # Bytes through the host of the stage between down-sets D' and D (D' a proper subset):
@@ -137,6 +139,9 @@ class Lattice:
         exact32 = 2 * nb.sum() < 2**24 and N < 2**24
         ft = np.float32 if exact32 else np.float64
         self.A, self.B, self.X = self.A.astype(ft), self.B.astype(ft), X.astype(ft)
+        # the masks as 64-bit words: D' is a subset of D iff no word of D' has a bit outside D's
+        pad = (-nbytes) % 8
+        self.words = np.ascontiguousarray(np.pad(raw.reshape(M, nbytes), ((0, 0), (0, pad)))).view(np.uint64)
         self.size = X.sum(1).astype(np.int64)
         self.comp = (X @ np.array([oc.compute_ps for oc in p.op_costs], dtype=np.float64)).astype(np.int64)
         self.par = (X @ np.array([oc.param_bytes for oc in p.op_costs], dtype=np.float64)).astype(np.int64)
@@ -149,7 +154,11 @@ class Lattice:
         """(latency, link work) in ps of the stage between down-set rows[i] and cols[j] (the
         stage's ops: cols[j] minus rows[i]); INF where rows[i] is not a proper subset of cols[j]."""
         size_r, size_c = self.size[rows][:, None], self.size[cols][None, :]
-        subset = ((self.X[rows] @ self.X[cols].T) == size_r) & (size_c > size_r)
+        wr, wc = self.words[rows], self.words[cols]
+        outside = np.zeros((len(rows), len(cols)), dtype=bool)
+        for w in range(wr.shape[1]):
+            outside |= (wr[:, w][:, None] & ~wc[:, w][None, :]) != 0
+        subset = ~outside & (size_c > size_r)
         moved = self.A[rows] @ self.B[cols].T
         moved = np.rint(moved).astype(np.int64) + self.row_const[rows][:, None] + self.col_const[cols][None, :]
         for w, pin, cnt in self.multi:

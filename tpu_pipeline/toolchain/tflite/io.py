@@ -89,6 +89,14 @@ def read_model(source: str | os.PathLike | bytes | bytearray, name: str | None =
     return model
 
 
+def read_checked(data: bytes, label: str = "<bytes>") -> bytes:
+    """`data` once its header and every table, vector and string in it are checked (read_model's
+    first steps), for a caller that reads a few fields through the flatbuffer accessors."""
+    _check_header(data, label)
+    verify_flatbuffer(data, label)
+    return data
+
+
 def _check_header(data: bytes, label: str) -> None:
     if len(data) == 0:
         raise ModelError(f"{label}: empty file")
