@@ -139,6 +139,29 @@ def test_a_crash_in_the_child_is_one_error():
         call_in_child(divmod, 1, 0, runtime="x", doing="y")
 
 
+def test_a_child_started_early_is_collected_or_cancelled(tmp_path):
+    """compile --verify starts the whole-model checks in a child while it partitions
+    (start_in_child): its answer, its exception or its crash arrive at result(); one cancelled
+    is killed, reaped and its folder removed."""
+    import time
+
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash, start_in_child
+
+    calls = [start_in_child(sum, [1, 2], runtime="x", doing="y"), start_in_child(divmod, 1, 0, runtime="x", doing="y"),
+             start_in_child(_segfault, runtime="LiteRT", doing="running it")]
+    assert calls[0].result() == 3
+    with pytest.raises(ZeroDivisionError):
+        calls[1].result()
+    with pytest.raises(RuntimeCrash, match=r"LiteRT crashed \(SIGSEGV\) running it"):
+        calls[2].result()
+    slow = start_in_child(time.sleep, 600, runtime="x", doing="y")
+    pid, folder = slow.pid, slow.tmp
+    slow.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped
+    assert not os.path.exists(folder) and all(not os.path.exists(c.tmp) for c in calls)
+
+
 def test_litert_crash_on_a_valid_model_is_refused_by_compile_and_fit_checks_in_tflm(tmp_path):
     """LiteRT's SVDF kernel crashes on TFLite Micro's int8 keyword model (it did kill compile
     --verify and fit with SIGSEGV)."""
