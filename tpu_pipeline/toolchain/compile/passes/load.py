@@ -16,7 +16,7 @@ from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io
 from tpu_pipeline.toolchain.partition import PartitionProblem
 from tpu_pipeline.toolchain.execute.litert import runtime_shapes
-from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert
+from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert, start_litert_check
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 from tpu_pipeline.toolchain.tflite.extract import merge_models, runtime_exact_model
@@ -27,7 +27,9 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     sources, models, notes = [], [], []
     for p in opts.paths:
         data = read_bytes(p)  # ModelError naming what is wrong with the path
-        model = read_model(data, name=str(p))
+        # LiteRT's load check of the file as it is runs in a child while our reader parses it
+        early = None if opts.int8_io else start_litert_check(data, str(p))
+        model = read_model(data, name=str(p))  # its error comes first (the child is killed when dropped)
         if opts.int8_io:  # a new interface: the model with that change alone is the reference
             io_graph, changed = int8_io(from_model(model), str(p))
             notes += [f"{p}: {note}" if len(opts.paths) > 1 else note for note in changed]
@@ -36,7 +38,7 @@ def load(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
         models.append(model)
         sources.append((str(p), data))
         try:
-            unresolved = check_loads_in_litert(data, str(p))
+            unresolved = early() if early is not None else check_loads_in_litert(data, str(p))
         except ModelError as exc:  # the pipeline's host runtime is LiteRT: say where the model does run
             raise ModelError(f"{exc}; compile's Edge TPU pipeline runs on LiteRT, so this model cannot be compiled "
                              f"(the MCU commands inspect, schedule, plan, fit, profile and export-mcu accept what "
