@@ -66,6 +66,7 @@ class CompileState:
     loaded: Graph | None = None                    # the IR as read, before any pass changed it (report.html)
     offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
     whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
+    whole_model: Any = None                        # `whole` as read back (read_model), once, for the passes after emit
     partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition (the one written)
     sweep: Any = None                              # -n auto: partition.auto.Sweep (the n = 1..K table)
     compared: tuple = ()                           # (label, Partition) shown beside the written one (--cuts, --profile)

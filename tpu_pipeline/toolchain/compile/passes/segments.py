@@ -23,7 +23,7 @@ def segment_file_name(stem: str, k: int, n: int) -> str:
 def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     o, graph, part = state.options, state.graph, state.partition
     n = part.n
-    whole = read_model(state.whole)
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     problem = PartitionProblem(graph, EdgeTpuCostModel(o.device))
     name = lambda t: graph.tensors[t].name  # noqa: E731
     out, deadline = [], Deadline(allowed)

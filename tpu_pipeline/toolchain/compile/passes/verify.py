@@ -59,20 +59,21 @@ def start_whole_checks(state: CompileState):
     are not wanted, and `verify` runs them itself if it needs them)."""
     if not state.options.verify or len(state.sources) != 1:
         return None
-    missing = litert_missing_kernels(read_model(state.whole), state.graph)
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
+    missing = litert_missing_kernels(whole, state.graph)
     if missing:  # verify compares the runnable parts instead
         return None
-    return state.graph, state.whole, start_in_child(_whole_checks, state.sources[0], state.whole, state.graph,
+    return state.graph, state.whole, start_in_child(_whole_checks, state.sources[0], state.whole, whole, state.graph,
                                                     runtime="LiteRT", doing="checking the whole model")
 
 
-def _whole_checks(source: tuple[str, bytes], whole: bytes, graph) -> dict:
+def _whole_checks(source: tuple[str, bytes], whole: bytes, whole_model, graph) -> dict:
     """Each check's outcome, (True, result) or (False, its exception), raised by `verify` in order."""
     label, data = source
     out = {}
     for name, check in (("litert", lambda: verify_chain([(label, named_as_loaded(data), "")], [whole],
                                                           exact=is_integer_model(graph))),
-                        ("tflm", lambda: _verify_in_tflm(data, whole, read_model(whole), graph))):
+                        ("tflm", lambda: _verify_in_tflm(data, whole, whole_model, graph))):
         try:
             out[name] = (True, check())
         except Exception as exc:  # noqa: BLE001 - re-raised by verify, where the foreground would raise it
@@ -97,7 +98,7 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     if early is not None and (early[0] is not graph or early[1] != state.whole):
         early[2].cancel()  # a pass changed the model since: check what is there now
         early = None
-    whole = read_model(state.whole)
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
     # the early checks started only where LiteRT has every kernel
     scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None)
