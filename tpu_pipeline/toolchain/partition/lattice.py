@@ -103,26 +103,30 @@ class Lattice:
         self.masks = masks
         nbytes = (N + 7) // 8
         raw = np.frombuffer(b"".join(d.to_bytes(nbytes, "little") for d in masks), dtype=np.uint8)
-        X = np.unpackbits(raw.reshape(M, nbytes), axis=1, bitorder="little")[:, :N].astype(np.float64)
+        X = np.unpackbits(raw.reshape(M, nbytes), axis=1, bitorder="little")[:, :N]
+        # the per-tensor arrays are built tensor by tensor, so as rows (tensor, down-set), and
+        # turned into the (down-set, feature) matrices the pair costs gather rows of at the end
+        XT = np.ascontiguousarray(X.T).astype(np.float64)
+        X = X.astype(np.float64)
         tensors = p.tensors
         T = len(tensors)
         nb = np.array([bt.nbytes for bt in tensors], dtype=np.float64)
         is_input = np.array([bt.producer is None for bt in tensors], dtype=bool)
         gout = np.array([bt.graph_output for bt in tensors], dtype=bool)
-        # per tensor: its producer's column of X (inputs: none), the sum of its consumers' columns
-        inside = np.zeros((M, T))                          # producer in the down-set
-        cnt = np.zeros((M, T))                             # consumers in the down-set
+        # per tensor: its producer's row of XT (inputs: none), the sum of its consumers' rows
+        inside = np.zeros((T, M))                          # producer in the down-set
+        cnt = np.zeros((T, M))                             # consumers in the down-set
         ncons = np.zeros(T)
         for t, bt in enumerate(tensors):
             if bt.producer is not None:
-                inside[:, t] = X[:, bt.producer]
+                inside[t] = XT[bt.producer]
             users = sorted(set(bt.consumers))
             ncons[t] = len(users)
             if users:
-                cnt[:, t] = X[:, users].sum(1)
+                cnt[t] = XT[users].sum(0)
         pin = inside.copy()
-        pin[:, is_input] = 1                               # graph inputs: produced before every stage
-        leaves = inside * ((cnt < ncons) | gout)           # produced inside, read outside or a graph output
+        pin[is_input] = 1                                  # graph inputs: produced before every stage
+        leaves = inside * ((cnt < ncons[:, None]) | gout[:, None])  # produced inside, read outside or a graph output
         multi = ncons > 1
         # Bytes through the host of the stage between down-sets D' and D (D' a proper subset):
         #   in  = sum_t nb_t pin(D') [a consumer in D, none of them only in D']
@@ -130,15 +134,16 @@ class Lattice:
         # For a tensor with one consumer [consumer in D \ D'] = cnt(D) - cnt(D'), so everything but
         # the multi-consumer tensors is one matrix product A(D') . B(D) plus a term per side.
         single = ~multi
-        self.A = np.hstack([pin[:, single] * nb[single], -pin * nb])
-        self.B = np.hstack([cnt[:, single], leaves])
-        self.row_const = np.rint(-(pin[:, single] * cnt[:, single]) @ nb[single]).astype(np.int64)
-        self.col_const = np.rint(leaves @ nb).astype(np.int64)
-        self.multi = [(nb[t], pin[:, t].astype(np.int8), cnt[:, t].astype(np.int8)) for t in np.flatnonzero(multi)]
         # integers below 2**24 are exact in float32, which halves the products' cost
         exact32 = 2 * nb.sum() < 2**24 and N < 2**24
         ft = np.float32 if exact32 else np.float64
-        self.A, self.B, self.X = self.A.astype(ft), self.B.astype(ft), X.astype(ft)
+        A = np.vstack([pin[single] * nb[single][:, None], -pin * nb[:, None]])
+        B = np.vstack([cnt[single], leaves])
+        self.A, self.B = np.ascontiguousarray(A.T, dtype=ft), np.ascontiguousarray(B.T, dtype=ft)
+        self.row_const = np.rint(-nb[single] @ (pin[single] * cnt[single])).astype(np.int64)
+        self.col_const = np.rint(nb @ leaves).astype(np.int64)
+        self.multi = [(nb[t], pin[t].astype(np.int8), cnt[t].astype(np.int8)) for t in np.flatnonzero(multi)]
+        self.X = X.astype(ft)
         # the masks as 64-bit words: D' is a subset of D iff no word of D' has a bit outside D's
         pad = (-nbytes) % 8
         self.words = np.ascontiguousarray(np.pad(raw.reshape(M, nbytes), ((0, 0), (0, pad)))).view(np.uint64)
