@@ -44,11 +44,16 @@ BEFORE = {
 }
 
 
-def run_once(cli: str, model: Path, args: list[str], tree: Path | None = None) -> dict:
-    """One compile; `tree`: the checkout whose package the console script imports (PYTHONPATH)."""
+def run_once(cli: str, model: Path, args: list[str], tree: Path | None = None, pycache: Path | None = None) -> dict:
+    """One compile; `tree`: the checkout whose package the console script imports (PYTHONPATH);
+    `pycache`: Python may write and read its bytecode cache there (as an installed package has
+    its sources compiled), else the environment's setting holds."""
     out = Path(tempfile.mkdtemp(prefix="bench_compile_")) / "out"
     load = os.getloadavg()[0]
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache / (tree or ROOT).name)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([cli, "compile", str(model), *args, "-o", str(out)], cwd=ROOT, capture_output=True, text=True,
@@ -74,10 +79,12 @@ def main(argv=None) -> int:
     ap.add_argument("--before-tree", type=Path, help="another checkout (the commit before a change) run the same "
                     "way, interleaved run by run with this one, so both see the same load")
     ap.add_argument("--before-label", default="before")
+    ap.add_argument("--bytecode", action="store_true", help="also measure with Python's bytecode cache written "
+                    "and read (a separate cache folder; one warm-up run first), as an installed package runs")
     a = ap.parse_args(argv)
     cli = str(Path(sys.executable).parent / "tpu-pipeline")
     rel = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731
-    rows, missing, same_load = [], [], []
+    rows, missing, same_load, cached = [], [], [], []
     for label, name, in_zoo, args, target in CASES:
         model = (a.models / name if in_zoo else ROOT / name).resolve()
         if not model.exists():
@@ -88,6 +95,15 @@ def main(argv=None) -> int:
             runs.append(run_once(cli, model, args))
             if a.before_tree:
                 theirs.append(run_once(cli, model, args, a.before_tree))
+        if a.bytecode:
+            cache = Path(tempfile.mkdtemp(prefix="bench_pycache_"))
+            run_once(cli, model, args, pycache=cache)  # writes the cache
+            warm = [run_once(cli, model, args, pycache=cache) for _ in range(a.runs)]
+            shutil.rmtree(cache, ignore_errors=True)
+            cached.append(f"| `{rel(model)} {' '.join(args)}` | {statistics.median(r['wall'] for r in warm):.2f} "
+                          f"({min(r['wall'] for r in warm):.2f}-{max(r['wall'] for r in warm):.2f}) | "
+                          f"{statistics.median(r['cpu'] for r in warm):.2f} | "
+                          f"{statistics.median(r['load'] for r in warm):.1f} | {target:g} |")
         for r in runs + theirs:
             print(label, {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}, flush=True)
         med = {k: statistics.median(r[k] for r in runs) for k in ("wall", "cpu", "partition", "load")}
@@ -119,6 +135,10 @@ def main(argv=None) -> int:
              "refinement to the deterministic budget.", "",
              "| command | wall s | CPU s | partition s | load | target wall s | partition | before |",
              "|---|---:|---:|---:|---:|---:|---|---|", *rows, ""]
+    if cached:
+        lines += ["With the bytecode cache (`--bytecode`: PYTHONDONTWRITEBYTECODE unset, a cache folder of its own "
+                  "written by one warm-up run), as an installed package runs: median wall (min-max) and CPU seconds.",
+                  "", "| command | wall s | CPU s | load | target wall s |", "|---|---:|---:|---:|---:|", *cached, ""]
     if same_load:
         lines += [f"Interleaved with {a.before_label} (`--before-tree`, run by run, so both see the same load): "
                   "median wall / CPU / partition seconds.", "",

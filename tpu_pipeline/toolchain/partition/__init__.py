@@ -134,6 +134,20 @@ def profiled_partition(graph: Graph, n: int, device="coral-usb", problem: Partit
                  time.perf_counter() - t0, note)
 
 
+def _pruned(problem: PartitionProblem, n: int, candidates, period, limit_ps: int, base: Partition) -> Partition | None:
+    """The best warm start, unsearched, if every n-stage period is proven above `limit_ps`
+    (`-n auto`: the row cannot come within the knee); else None."""
+    from tpu_pipeline.toolchain.partition.lattice import period_exceeds
+
+    low = period_exceeds(problem, n, limit_ps)
+    if low is None:
+        return None
+    best = min(dict.fromkeys(candidates), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+    out = _make(problem, n, best, "latency", {"period_ps": low}, False, 0.0,
+                f"not searched: every {n}-stage period is proven above {limit_ps / 1e9:.3f} ms", base)
+    return dataclasses.replace(out, method="bound", period_lower_bound_ps=low, refined_by="pruned")
+
+
 def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
@@ -195,14 +209,9 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
         return simulated[st]
 
     if prune_above_ps is not None and strategy == "latency" and not colocate and candidates:
-        from tpu_pipeline.toolchain.partition.lattice import period_exceeds
-        low = period_exceeds(problem, n, prune_above_ps)
-        if low is not None:
-            best = min(dict.fromkeys(candidates), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
-            out = _make(problem, n, best, strategy, {"period_ps": low}, False, 0.0,
-                        f"not searched: every {n}-stage period is proven above {prune_above_ps / 1e9:.3f} ms", base)
-            return dataclasses.replace(out, seconds=time.perf_counter() - t_start, gap_limit=gap, method="bound",
-                                       period_lower_bound_ps=low, refined_by="pruned")
+        out = _pruned(problem, n, candidates, period, prune_above_ps, base)
+        if out is not None:
+            return dataclasses.replace(out, seconds=time.perf_counter() - t_start, gap_limit=gap)
     exact = None
     if strategy == "latency" and not colocate:
         from tpu_pipeline.toolchain.partition.lattice import exact_latency
