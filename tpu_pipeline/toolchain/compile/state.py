@@ -80,6 +80,8 @@ class CompileState:
     # the rewrite pass's proven-optimal schedule of `graph` when it left the graph as it was: the
     # schedule pass takes it instead of solving the same problem again
     proven_schedule: Any = None
+    # LiteRT's load check of the input, still running (passes/load.confirm_litert collects it)
+    litert_check: Any = None
     # --verify: (graph, whole, ChildCall) of the whole-model checks `emit` started (passes/verify.py)
     early_checks: Any = None
 

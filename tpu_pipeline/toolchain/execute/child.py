@@ -21,9 +21,11 @@ import tempfile
 import time
 import weakref
 
+from tpu_pipeline.toolchain import interrupts
 from tpu_pipeline.toolchain.errors import ModelError
 
 TIMEOUT_S = 1800.0
+_IN_CHILD = False  # this process is a child started here (its process group is its own)
 
 
 class RuntimeCrash(ModelError):
@@ -63,6 +65,7 @@ class ChildCall:
         self.owner = os.getpid()
         self.outcome = None      # (ok, value) once known without a child (no fork)
         self.tmp = tempfile.mkdtemp(prefix="tpup-child-")
+        interrupts.register_temp(self.tmp)  # removed by a hard exit too, which runs no finalizer
         self.result_path = os.path.join(self.tmp, "result.pickle")
         self.log_path = os.path.join(self.tmp, "log")
         self.read_fd = -1
@@ -88,7 +91,7 @@ class ChildCall:
         while True:  # the pipe closes when the child exits, however it exits (an interrupt: see result)
             left = self.deadline - time.monotonic()
             if left <= 0:
-                os.kill(self.pid, signal.SIGKILL)
+                _kill(self.pid)
                 timed_out = True
                 break
             ready, _, _ = select.select([self.read_fd], [], [], min(left, 1.0))
@@ -111,22 +114,34 @@ class ChildCall:
                                runtime) from None
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL to the child's process group (it and any child of its own), or to it alone if it
+    has not made its group yet."""
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):
+        try:
+            kill(target, signal.SIGKILL)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
 def _cancel(call: dict) -> None:
     """Kill and reap a child still running, close its pipe, remove its folder (in the process
     that started it: a forked process exiting runs the finalizers it inherited, too)."""
     if call["owner"] != os.getpid():
         return
     if call["pid"]:
+        _kill(call["pid"])
         try:
-            os.kill(call["pid"], signal.SIGKILL)
             os.waitpid(call["pid"], 0)
-        except (ProcessLookupError, ChildProcessError):
+        except ChildProcessError:
             pass
         call["pid"] = 0
     if call["read_fd"] >= 0:
         os.close(call["read_fd"])
         call["read_fd"] = -1
     shutil.rmtree(call["tmp"], ignore_errors=True)
+    interrupts.unregister_temp(call["tmp"])
 
 
 def start_in_child(fn, *args, runtime: str, doing: str, timeout: float = TIMEOUT_S, **kwargs) -> ChildCall:
@@ -142,15 +157,22 @@ def start_in_child(fn, *args, runtime: str, doing: str, timeout: float = TIMEOUT
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
-        _run_child(fn, args, kwargs, read_fd, call.log_path, call.result_path)
+        _run_child(fn, args, kwargs, read_fd, call.tmp, call.log_path, call.result_path)
     os.close(write_fd)
     call.pid, call.read_fd = pid, read_fd
     return call
 
 
-def _run_child(fn, args, kwargs, read_fd: int, log_path: str, result_path: str) -> None:
+def _run_child(fn, args, kwargs, read_fd: int, tmp: str, log_path: str, result_path: str) -> None:
     code = 1
     try:
+        # its own process group, and its temporary files in its folder: a child killed while it
+        # waits for one of its own (`_cancel`) takes that one along, and leaves nothing behind
+        global _IN_CHILD
+        if not _IN_CHILD:  # a child's own children stay in its group
+            os.setpgid(0, 0)
+            _IN_CHILD = True
+        tempfile.tempdir = tmp
         try:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, signal.SIG_IGN)

@@ -38,7 +38,10 @@ def shape_operand_values(model: bytes) -> dict[str, np.ndarray]:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.tflite import read_model
 
-    if not _reads_an_input_as_shape(bytes(model)):
+    from tpu_pipeline.toolchain.tflite.io import reads_an_input_at
+
+    # most models have no such op: the op codes are read without unpacking the model
+    if not reads_an_input_at(bytes(model), SHAPE_OPERANDS):
         return {}
     graph = from_model(read_model(bytes(model)))
     inputs = set(graph.inputs)
@@ -51,28 +54,6 @@ def shape_operand_values(model: bytes) -> dict[str, np.ndarray]:
         if t.dtype in ("int32", "int64") and t.num_elements == len(shape):
             out[t.name] = np.asarray(shape, dtype=t.dtype).reshape(t.shape)
     return out
-
-
-def _reads_an_input_as_shape(data: bytes) -> bool:
-    """Whether an op of the main subgraph reads a graph input where SHAPE_OPERANDS says it reads a
-    shape: the opcodes and operand indices read through the flatbuffer's accessors (every
-    verification asks this of each model it runs, and most have no such op)."""
-    from ai_edge_litert import schema_py_generated as schema
-
-    from tpu_pipeline.toolchain.tflite.io import read_checked
-
-    root = schema.Model.GetRootAs(read_checked(data), 0)
-    wanted = {getattr(schema.BuiltinOperator, name): k for name, k in SHAPE_OPERANDS.items()}
-    codes = [max(root.OperatorCodes(i).DeprecatedBuiltinCode(), root.OperatorCodes(i).BuiltinCode())
-             for i in range(root.OperatorCodesLength())]
-    sg = root.Subgraphs(0)
-    inputs = {sg.Inputs(i) for i in range(sg.InputsLength())}
-    for i in range(sg.OperatorsLength()):
-        op = sg.Operators(i)
-        k = wanted.get(codes[op.OpcodeIndex()]) if op.OpcodeIndex() < len(codes) else None
-        if k is not None and op.InputsLength() > k and op.Inputs(k) in inputs:
-            return True
-    return False
 
 
 def random_inputs(details, rng: np.random.Generator, fixed: dict | None = None) -> list[np.ndarray]:

@@ -34,15 +34,11 @@ def tflm_interpreter(data: bytes, arena_size: int):
 @functools.lru_cache(maxsize=8)
 def io_counts(data: bytes) -> tuple[int, int]:
     """(inputs, outputs) of the main subgraph. The binding has no count, and asking it for one
-    past the end prints an error on the C++ side, so the count comes from the model itself: the
-    flatbuffer checked (`verify_flatbuffer`) and its two vectors read, not the whole model
-    unpacked (a verification asks once per model and run)."""
-    from ai_edge_litert import schema_py_generated as schema
+    past the end prints an error on the C++ side, so the count comes from the model itself: its
+    two vectors read, not the whole model unpacked (a verification asks once per model and run)."""
+    from tpu_pipeline.toolchain.tflite.io import main_io_counts
 
-    from tpu_pipeline.toolchain.tflite.io import read_checked
-
-    sg = schema.Model.GetRootAs(read_checked(bytes(data)), 0).Subgraphs(0)
-    return sg.InputsLength(), sg.OutputsLength()
+    return main_io_counts(bytes(data))
 
 
 def io_details(interp, which: str, data: bytes) -> list[dict]:

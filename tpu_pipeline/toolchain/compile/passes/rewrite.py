@@ -5,11 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_pipeline.toolchain.budget import Deadline
+from tpu_pipeline.toolchain.compile.passes.load import confirm_litert
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.rewrite import rewrite_graph
 
 
 def rewrite(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
+    if any(op.opcode == "DEPTHWISE_CONV_2D" for op in state.graph.ops):
+        # a depthwise split is checked in LiteRT in this process: the input's load check comes first
+        state = confirm_litert(state)
     rr = rewrite_graph(state.graph, time_limit=allowed, semantics=state.options.semantics,
                       deadline=Deadline(allowed))
     if rr.applied:
