@@ -424,3 +424,161 @@ def test_no_test_module_imports_another():
     assert offenders == []
     assert _test_module_imports("def f():\n    from test_fit import run\nfrom tests.test_cost import X", "probe.py")
     assert _test_module_imports("from helpers.oracle import Oracle\nfrom conftest import ROOT", "probe.py") == []
+
+
+# ---- issue 31: one typed device, one kernel-set value, a thin API -------------------------------
+DEVICE_ROOM = "tpu_pipeline.toolchain.device"
+# the descriptor's TOML tables: read as typed sections (Device.memory, .compute, ...) outside the room
+_SECTIONS = {"memory", "compute", "link", "power", "timing", "firmware"}
+
+
+def _in(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def test_the_device_room_is_on_the_ground_floor():
+    """tpu_pipeline/toolchain/device imports nothing of the package but itself and `errors` (not even
+    lazily): every room may take a Device, and the device room depends on none of them."""
+    graph = _import_graph()
+    offenders = {m: sorted(t for t in targets if not (_in(t, DEVICE_ROOM) or t == "tpu_pipeline.toolchain.errors"))
+                 for m, targets in graph.items() if _in(m, DEVICE_ROOM)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+    assert any(_in(m, DEVICE_ROOM) for m in graph)
+
+
+def _descriptor_reads(source: str, label: str) -> list[str]:
+    """Places in `source` that read a device descriptor as a dict: `d["memory"]["sram_bytes"]`,
+    `d["compute"].items()`, `d.get("link", {})`, `dev.get("timing", "per_op_s", 0.0)`, or any use
+    of the old `device_dict`."""
+    import ast
+
+    def section(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in _SECTIONS
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Subscript) and section(node.value.slice):
+            hits.append(f"{label}:{node.lineno}")  # d["memory"]["sram_bytes"]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Subscript) and section(node.value.slice):
+            hits.append(f"{label}:{node.lineno}")  # d["compute"].items()
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and section(node.args[0])
+              and (len(node.args) >= 3 or (len(node.args) == 2 and isinstance(node.args[1], ast.Dict)))):
+            hits.append(f"{label}:{node.lineno}")  # d.get("link", {}), dev.get("timing", "per_op_s", 0.0)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and getattr(node, "id", getattr(node, "attr", None)) == "device_dict":
+            hits.append(f"{label}:{node.lineno}")
+        elif isinstance(node, ast.alias) and node.name == "device_dict":
+            hits.append(f"{label}:{getattr(node, 'lineno', 0)}")
+    return hits
+
+
+def test_no_module_outside_the_device_room_reads_a_descriptor_as_a_dict():
+    """A board's facts are read from the typed Device (tpu_pipeline/toolchain/device), loaded and
+    validated once; nothing else digs in the parsed TOML."""
+    offenders = [hit for module, path in _package_modules().items() if not _in(module, DEVICE_ROOM)
+                 for hit in _descriptor_reads(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+
+
+def test_descriptor_read_check_sees_every_spelling():
+    for line in ['sram = int(d["memory"]["sram_bytes"])', 'cpm = d["compute"].items()',
+                 'baud = d.get("link", {}).get("baud", 115200)', 'x = device.get("timing", "per_op_s", 0.0)',
+                 "from tpu_pipeline.toolchain.cost.mcu import device_dict", "d = mcu.device_dict(name)"]:
+        assert _descriptor_reads(line, "probe.py"), line
+    for line in ['users["link"] += 1', 'shares = {"link": 1.0}', "fw = device.firmware", 'meta.get("firmware")',
+                 'extra["link"]']:
+        assert _descriptor_reads(line, "probe.py") == [], line
+
+
+def test_the_runtime_never_imports_the_cost_models():
+    """The runtime reads board facts from the Device it is handed and asks for predictions through
+    tpu_pipeline/toolchain/predict.py: nothing in tpu_pipeline/runtime imports toolchain/cost."""
+    graph = _import_graph()
+    offenders = {m: sorted(t for t in targets if _in(t, "tpu_pipeline.toolchain.cost"))
+                 for m, targets in graph.items() if _in(m, "tpu_pipeline.runtime")}
+    assert {m: t for m, t in offenders.items() if t} == {}
+    modules = set(_package_modules())
+    probe = "def f():\n    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu\n"
+    assert "tpu_pipeline.toolchain.cost.mcu" in _imported_modules(probe, "tpu_pipeline.runtime.backends.x", False,
+                                                                   modules, "probe.py")
+
+
+def _between(graph: dict[str, set[str]], a: str, b: str) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if _in(m, a) for t in targets if _in(t, b))
+
+
+def test_no_arrow_between_cost_and_firmware():
+    """The cost models and the firmware builder share board facts through the device room, never
+    through each other (the old tie: cost/devices.py imported firmware/library's CPU_FLAGS and
+    firmware/project.py imported cost/devices)."""
+    graph = _import_graph()
+    cost, firmware = "tpu_pipeline.toolchain.cost", "tpu_pipeline.toolchain.firmware"
+    assert _between(graph, cost, firmware) == [] and _between(graph, firmware, cost) == []
+    probe = {"tpu_pipeline.toolchain.cost.devices": {"tpu_pipeline.toolchain.firmware.library"}}
+    assert _between(probe, cost, firmware) == ["tpu_pipeline.toolchain.cost.devices -> tpu_pipeline.toolchain.firmware.library"]
+
+
+_COMMAND_LINE = ("tpu_pipeline.cli", "tpu_pipeline.commands", "tpu_pipeline.entry", "tpu_pipeline.output")
+
+
+def _lazy_loaders(source: str, label: str) -> dict[str, bool]:
+    """The functions of `source` that import something: name -> has a docstring."""
+    import ast
+
+    return {f.name: ast.get_docstring(f) is not None for f in ast.walk(ast.parse(source, label))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(f))}
+
+
+def test_the_api_is_a_thin_face():
+    """api.py imports nothing of the command line (what they share lives in the room that owns it,
+    e.g. tflite/io.py's check_output), and imports at module level but in one documented lazy
+    loader (OR-Tools only where it is needed)."""
+    graph = _import_graph()
+    assert sorted(t for t in graph["tpu_pipeline.api"] if any(_in(t, c) for c in _COMMAND_LINE)) == []
+    loaders = _lazy_loaders((PACKAGE / "api.py").read_text(), "api.py")
+    assert len(loaders) <= 1 and all(loaders.values()), loaders
+    two = "import os\ndef f():\n    from a import b\ndef g():\n    \"doc\"\n    import c\n"
+    assert _lazy_loaders(two, "probe.py") == {"f": False, "g": True}
+    assert _lazy_loaders("import os\nfrom tpu_pipeline import output\n", "probe.py") == {}
+
+
+def _literal_modules(text: str) -> list[str]:
+    """Package modules whose code holds the string constant `text` (docstrings and messages
+    counted; a longer string that contains it is another value)."""
+    import ast
+
+    return sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+                  if any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(ast.parse(p.read_text()))))
+
+
+def test_the_kernel_set_is_defined_once():
+    """"cmsis-nn" is spelled where the KernelSet value is defined (and at most one more module, the
+    command line's parser); every other room passes the value."""
+    found = _literal_modules("cmsis-nn")
+    assert "tpu_pipeline/toolchain/device/kernel_sets.py" in found and len(found) <= 2, found
+    assert len(_literal_modules("tflite")) > 2  # the check sees a string spelled in many modules
+
+
+# Where a device name or path, or a kernel-set name, becomes the object: the command line, the API
+# and the library's own entry points (compile_options, partition, fit_model's default cost device,
+# the fake MCU's demo entry). Below them every room takes a Device and a KernelSet.
+_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.commands.export_mcu", "tpu_pipeline.commands.build_firmware",
+              "tpu_pipeline.toolchain.compile", "tpu_pipeline.toolchain.partition", "tpu_pipeline.toolchain.fit.model",
+              "tpu_pipeline.runtime.fake_mcu", "tpu_pipeline.toolchain.firmware.library"}
+
+
+def _resolutions(source: str, label: str) -> list[str]:
+    import ast
+
+    return [f"{label}:{n.lineno}" for n in ast.walk(ast.parse(source, label))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id in ("load_device", "kernel_set")]
+
+
+def test_devices_and_kernel_sets_are_resolved_only_at_the_entry_points():
+    offenders = [hit for module, path in _package_modules().items()
+                 if module not in _RESOLVERS and not _in(module, DEVICE_ROOM)
+                 for hit in _resolutions(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+    assert _resolutions("def f(d):\n    return estimate(load_device(d), kernel_set('reference'))\n", "probe.py")

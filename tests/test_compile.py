@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.execute.inputs import seeded_inputs
 from tpu_pipeline.toolchain.execute.litert import litert_interpreter, run_named
@@ -90,7 +91,7 @@ def test_infeasible_n_exits_3(tmp_path, capsys):
     _, g = load(FIXTURES / "multi_output_int8.tflite")
     from tpu_pipeline.toolchain.partition import PartitionProblem
     from tpu_pipeline.toolchain.cost import EdgeTpuCostModel
-    limit = PartitionProblem(g, EdgeTpuCostModel()).max_stages()
+    limit = PartitionProblem(g, EdgeTpuCostModel(load_device("coral-usb"))).max_stages()
     if limit >= len(g.ops):
         pytest.skip("every op can have its own segment in this fixture")
     out = tmp_path / "never"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tpu_pipeline.cli import main
-from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, available_devices, load_device, op_class
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, op_class
+from tpu_pipeline.toolchain.device import available_devices, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from helpers.models import EDGETPU
 
@@ -18,10 +19,11 @@ def test_every_shipped_descriptor_loads_and_validates():
     assert kinds == {"edgetpu", "mcu"}
     assert sum(load_device(n).kind == "mcu" for n in names) >= 2
     usb = load_device("coral-usb")
-    assert 7 * 2**20 <= usb.param_sram_bytes <= 8 * 2**20
-    assert set(usb.efficiency) == set(OP_CLASSES)
+    assert 7 * 2**20 <= usb.memory.param_sram_bytes <= 8 * 2**20
+    assert set(usb.compute.efficiency) == set(OP_CLASSES)
     edge = load_device("sparkfun-edge")
-    assert edge.sram_bytes == 384 * 1024 and edge.clock_hz == 48e6 and edge.baud == 921600
+    assert edge.memory.sram_bytes == 384 * 1024 and edge.compute.clock_hz == 48e6 and edge.link.baud == 921600
+    assert edge.memory.banks[0].origin == edge.firmware.ram_origin  # one bank today: the arena's
 
 
 @pytest.mark.parametrize("mutation, message", [
@@ -81,4 +83,109 @@ def test_op_classes():
 
 def test_mcu_descriptor_is_not_an_edge_tpu():
     with pytest.raises(UsageError, match="not an Edge TPU"):
-        EdgeTpuCostModel("sparkfun-edge")
+        EdgeTpuCostModel(load_device("sparkfun-edge"))
+
+
+# docs/architecture.md's worked example: a new board is one descriptor file, nothing else.
+MY_BOARD = """
+name = "my-board"
+kind = "mcu"
+description = "a Cortex-M7 with a tightly coupled data RAM and an AXI SRAM"
+
+[memory]
+flash_bytes = 1048576
+[[memory.banks]]             # the first bank holds the arena
+name = "axi"
+origin = 0x24000000
+size_bytes = 262144
+wait_states = 1
+[[memory.banks]]
+name = "dtcm"
+origin = 0x20000000
+size_bytes = 131072
+wait_states = 0
+
+[compute]
+clock_hz = 200000000
+cycles_per_instruction = 1.0
+[compute.cycles_per_mac]
+conv = 2.0
+depthwise = 3.0
+fully_connected = 2.0
+elementwise = 5.0
+other = 6.0
+
+[link]
+baud = 115200
+
+[power]
+active_w = 0.25
+idle_w = 0.01
+
+[firmware]
+cpu = "cortex-m7+fp"
+library_cpu = "cortex-m4+fp"
+flash_origin = 0x08000000
+ram_origin = 0x24000000
+stack_bytes = 8192
+heap_bytes = 2048
+uart = "stm32-usart"
+uart_base = 0x40004800
+uart_clock_hz = 64000000
+core_clock_hz = 64000000
+"""
+
+
+def test_a_new_board_is_one_descriptor_file(tmp_path, capsys):
+    import json
+
+    from conftest import FIXTURES
+
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.device import CMSIS_NN
+    from tpu_pipeline.toolchain.fit.model import HARNESS_STATIC_BYTES
+    from tpu_pipeline.toolchain.loader import load
+
+    board = tmp_path / "my-board.toml"
+    board.write_text(MY_BOARD)
+    dev = load_device(board)
+    assert [(b.name, b.size, b.origin, b.wait_states) for b in dev.memory.banks] == [
+        ("axi", 262144, 0x24000000, 1), ("dtcm", 131072, 0x20000000, 0)]
+    assert dev.memory.sram_bytes == 262144 and dev.firmware.ram_bytes == 262144
+    model = FIXTURES / "chain_int8.tflite"
+
+    # profile: TFLite Micro on the host with the arena bank as the arena, the cost model for the board
+    assert main(["profile", str(model), "--device", str(board), "--backend", "emulator", "-N", "1", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["device"].startswith("my-board") and rep["arena"]["configured"] == 262144
+    est = estimate_mcu(load(model)[1], dev, CMSIS_NN)
+    assert rep["latency_s_predicted"] == pytest.approx(est.instructions * 1.0 / 200e6)
+
+    # fit: the budget is the arena bank less the firmware's stack, heap and static RAM
+    out = tmp_path / "fitted.tflite"
+    assert main(["fit", str(model), "--device", str(board), "-o", str(out), "--time-limit", "5", "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    assert fitted["budget_from"] == str(board)
+    assert fitted["arena_bytes_available"] == 262144 - 8192 - 2048 - HARNESS_STATIC_BYTES
+
+    # export-mcu: the board layer and linker script from the descriptor
+    assert main(["export-mcu", str(model), "--device", str(board), "-o", str(tmp_path / "fw"), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["device"] == "my-board" and exported["sram_bytes"] == 262144
+    link = (tmp_path / "fw" / "link.ld").read_text()
+    assert "ORIGIN = 0x24000000, LENGTH = 262144" in link
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.replace('name = "dtcm"', 'name = "axi"'), "needs a name of its own"),
+    (lambda s: s.replace("size_bytes = 131072", "size_bytes = 0"), "size_bytes must be > 0"),
+    (lambda s: s.replace("flash_bytes = 1048576", "flash_bytes = 1048576\nsram_bytes = 4096"),
+     "is not the size of the first bank"),
+    (lambda s: s.replace("ram_origin = 0x24000000", "ram_origin = 0x20000000"), "is not the first"),
+    (lambda s: s.replace("wait_states = 0", "speed = 0"), "unknown key 'speed'"),
+])
+def test_bad_memory_banks_are_refused_naming_the_bank(tmp_path, change, message):
+    board = tmp_path / "bad.toml"
+    board.write_text(change(MY_BOARD))
+    with pytest.raises(UsageError, match=message):
+        load_device(board)

@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 
 from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.device import REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import DeviceError, InfeasibleError, UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 MODELS = ["chain_int8", "pool_softmax_int8", "multi_output_int8", "tiny_irregular_int8"]
+QEMU = load_device("qemu-mps2-an386")
 LINK_BOARDS = ["sparkfun-edge", "arduino-nano-33-ble", "stm32h743", "nucleo-l4r5zi"]
 
 
@@ -49,10 +51,10 @@ def test_tree_not_found_is_one_clear_usage_error(tmp_path, monkeypatch):
     monkeypatch.delenv("TFLM_TREE", raising=False)
     monkeypatch.setattr(library, "__file__", str(tmp_path / "pkg" / "library.py"))
     with pytest.raises(UsageError, match="no TFLite Micro source tree found.*create_tflm_tree.py"):
-        library.find_tree("cmsis-nn", start=tmp_path)
+        library.find_tree(kernel_set("cmsis-nn"), start=tmp_path)
     monkeypatch.setenv("TFLM_TREE", str(tmp_path))
     with pytest.raises(UsageError, match="not a TFLite Micro source tree"):
-        library.find_tree("reference")
+        library.find_tree(kernel_set("reference"))
 
 
 def test_tree_found_next_to_the_checkout(tmp_path, monkeypatch):
@@ -63,15 +65,15 @@ def test_tree_found_next_to_the_checkout(tmp_path, monkeypatch):
     (tree / "tensorflow" / "lite" / "micro").mkdir(parents=True)
     (tree / "tensorflow" / "lite" / "micro" / "micro_interpreter.h").write_text("")
     monkeypatch.setattr(library, "__file__", str(tmp_path / "elsewhere" / "library.py"))
-    assert library.find_tree("reference", start=tmp_path / "main" / "sub") == tree.resolve()
+    assert library.find_tree(kernel_set("reference"), start=tmp_path / "main" / "sub") == tree.resolve()
     with pytest.raises(UsageError):
-        library.find_tree("cmsis-nn", start=tmp_path / "main")
+        library.find_tree(kernel_set("cmsis-nn"), start=tmp_path / "main")
 
 
 def test_build_firmware_without_a_tree_exits_2(tmp_path, monkeypatch):
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
-    export_mcu(FIXTURES / "chain_int8.tflite", "qemu-mps2-an386", tmp_path / "fw")
+    export_mcu(FIXTURES / "chain_int8.tflite", load_device("qemu-mps2-an386"), tmp_path / "fw")
     env = dict(os.environ, TFLM_TREE=str(tmp_path / "nothing"))
     p = subprocess.run([sys.executable, "-m", "tpu_pipeline.cli", "build-firmware", str(tmp_path / "fw")],
                        capture_output=True, text=True, env=env, cwd=ROOT)
@@ -82,7 +84,7 @@ def test_build_firmware_without_a_tree_exits_2(tmp_path, monkeypatch):
 def test_export_writes_the_board_memory_map_and_makefile(tmp_path):
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
-    r = export_mcu(FIXTURES / "chain_int8.tflite", "nucleo-l4r5zi", tmp_path)
+    r = export_mcu(FIXTURES / "chain_int8.tflite", load_device("nucleo-l4r5zi"), tmp_path)
     ld = (tmp_path / "link.ld").read_text()
     assert "ORIGIN = 0x08000000, LENGTH = 2097152" in ld and "ORIGIN = 0x20000000, LENGTH = 655360" in ld
     for f in ("Makefile", "startup.c", "platform.cc", "board_uart.cc", "board_config.h", "main.cc"):
@@ -103,7 +105,6 @@ def test_export_writes_the_board_memory_map_and_makefile(tmp_path):
 def test_bad_firmware_section_is_refused_naming_the_key(tmp_path, key, value, message):
     import tomllib
 
-    from tpu_pipeline.toolchain.cost.devices import load_device
 
     raw = tomllib.loads((ROOT / "tpu_pipeline/toolchain/data/devices/qemu-mps2-an386.toml").read_text())
     raw["firmware"][key] = value
@@ -150,18 +151,18 @@ def test_library_is_built_once_and_resumes_from_its_objects(tmp_path, monkeypatc
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     tree = _tiny_tree(tmp_path)
     seen = []
-    lib = library.ensure_library(tree, "reference", progress=lambda d, n: seen.append((d, n)))
+    lib = library.ensure_library(tree, REFERENCE, progress=lambda d, n: seen.append((d, n)))
     assert lib.path.is_file() and seen[-1] == (2, 2)
     names = subprocess.run(["arm-none-eabi-ar", "t", str(lib.path)], capture_output=True, text=True).stdout.split()
     assert sorted(names) == ["a.cc.o", "b.c.o"]
     seen.clear()
-    assert library.ensure_library(tree, "reference", progress=lambda d, n: seen.append(d)).path == lib.path
+    assert library.ensure_library(tree, REFERENCE, progress=lambda d, n: seen.append(d)).path == lib.path
     assert seen == []  # cached: nothing compiled
     lib.path.unlink()  # an interrupted build: objects stay, the archive is missing
-    library.ensure_library(tree, "reference", progress=lambda d, n: seen.append(d))
+    library.ensure_library(tree, REFERENCE, progress=lambda d, n: seen.append(d))
     assert seen == [] and lib.path.is_file()  # archived again without recompiling
     (tree / "a.cc").write_text("int tiny_a(int x) { return x + 2; }\n")  # new content, new key
-    assert library.ensure_library(tree, "reference", quiet=True).key != lib.key
+    assert library.ensure_library(tree, REFERENCE, quiet=True).key != lib.key
 
 
 @needs_arm
@@ -184,7 +185,7 @@ def test_two_library_builds_at_once_leave_one_good_archive(tmp_path):
 def build_firmware_lib_ready(kernels: str, cpu: str = "cortex-m4+fp"):
     from tpu_pipeline.toolchain.firmware.library import ensure_library, find_tree
 
-    return ensure_library(find_tree(kernels), kernels, cpu, quiet=True, wait=False)
+    return ensure_library(find_tree(kernel_set(kernels)), kernel_set(kernels), cpu, quiet=True, wait=False)
 
 
 # ---- real builds ---------------------------------------------------------------------------
@@ -203,7 +204,7 @@ def built():
         if (model, kernels) not in done:
             tree_or_skip(kernels)
             try:  # builds the library if nobody else is; a concurrent run skips instead of waiting
-                done[(model, kernels)] = build_for_board(FIXTURES / f"{model}.tflite", "qemu-mps2-an386", kernels,
+                done[(model, kernels)] = build_for_board(FIXTURES / f"{model}.tflite", QEMU, kernel_set(kernels),
                                                          quiet=True, wait=False)
             except LibraryBusy as exc:
                 pytest.skip(str(exc))
@@ -233,7 +234,7 @@ def test_models_run_in_qemu_over_the_serial_protocol(built, model, kernels):
     from tpu_pipeline.toolchain.tflite import read_model
 
     built(model, kernels)
-    r = run_on_qemu(FIXTURES / f"{model}.tflite", "qemu-mps2-an386", kernels, iterations=3, seed=5)
+    r = run_on_qemu(FIXTURES / f"{model}.tflite", QEMU, kernel_set(kernels), iterations=3, seed=5)
     assert r.error is None and r.iterations == 3
     if kernels == "reference":
         assert r.outputs_match is True, r.output_differences  # the wheel's kernels: bit for bit
@@ -270,7 +271,7 @@ def test_recurrent_models_arena_on_the_target(model, kernels):
 
     tree_or_skip(kernels)
     try:
-        r = run_on_qemu(FIXTURES / "thirdparty" / f"{model}.tflite", "qemu-mps2-an386", kernels, iterations=1, seed=2)
+        r = run_on_qemu(FIXTURES / "thirdparty" / f"{model}.tflite", QEMU, kernel_set(kernels), iterations=1, seed=2)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_agree is True, r.output_differences
@@ -284,8 +285,8 @@ def test_instruction_counts_are_deterministic(built):
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
 
     built("chain_int8", "reference")
-    a = run_on_qemu(FIXTURES / "chain_int8.tflite", kernels="reference", iterations=2, seed=3)
-    b = run_on_qemu(FIXTURES / "chain_int8.tflite", kernels="reference", iterations=2, seed=3)
+    a = run_on_qemu(FIXTURES / "chain_int8.tflite", QEMU, REFERENCE, iterations=2, seed=3)
+    b = run_on_qemu(FIXTURES / "chain_int8.tflite", QEMU, REFERENCE, iterations=2, seed=3)
     assert a.instructions == b.instructions and a.op_instructions == b.op_instructions
 
 
@@ -303,7 +304,7 @@ def test_the_cortex_m7_board_runs_too():
         build_firmware_lib_ready("reference")
     except LibraryBusy as exc:
         pytest.skip(str(exc))
-    r = run_on_qemu(FIXTURES / "pool_softmax_int8.tflite", "qemu-mps2-an500", "reference", iterations=2)
+    r = run_on_qemu(FIXTURES / "pool_softmax_int8.tflite", load_device("qemu-mps2-an500"), REFERENCE, iterations=2)
     assert r.machine == "mps2-an500" and r.outputs_match is True and r.head_bytes == r.planned_head
     ops_total = sum(o["instructions"] for o in r.op_instructions)
     assert 0 < ops_total <= r.instructions < 2 * ops_total + 1_000_000
@@ -461,7 +462,6 @@ def test_qemu_that_cannot_boot_or_a_silent_board_is_a_device_error(tmp_path):
 @needs_arm
 @pytest.mark.parametrize("board", LINK_BOARDS)
 def test_harness_links_for_real_boards(tmp_path, board):
-    from tpu_pipeline.toolchain.cost.devices import load_device
     from tpu_pipeline.toolchain.export_mcu import export_mcu
     from tpu_pipeline.toolchain.firmware.build import build_firmware
 
@@ -470,7 +470,7 @@ def test_harness_links_for_real_boards(tmp_path, board):
     # The reference kernels: the link check is about the board layer and memory map, and this
     # library is the smaller of the two (CMSIS-NN builds the same way, see the QEMU runs).
     tree_or_skip("reference")
-    export_mcu(FIXTURES / "chain_int8.tflite", board, tmp_path)
+    export_mcu(FIXTURES / "chain_int8.tflite", load_device(board), tmp_path)
     # A cached project outlives the interpreter that exported it (another checkout's venv): the
     # build runs the library step with its own interpreter, not the one written in the Makefile.
     makefile = tmp_path / "Makefile"
@@ -478,12 +478,12 @@ def test_harness_links_for_real_boards(tmp_path, board):
     assert "PYTHON ?= " in text
     makefile.write_text(re.sub(r"PYTHON \?= .*", "PYTHON ?= /nonexistent/venv/bin/python", text))
     try:
-        b = build_firmware(tmp_path, "reference", quiet=True, wait=False)
+        b = build_firmware(tmp_path, REFERENCE, quiet=True, wait=False)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
-    fw = load_device(board).raw["firmware"]
-    assert b.regions["FLASH"]["origin"] == fw["flash_origin"] and b.regions["RAM"]["origin"] == fw["ram_origin"]
-    assert b.regions["RAM"]["length"] == load_device(board).sram_bytes
+    fw = load_device(board).firmware
+    assert b.regions["FLASH"]["origin"] == fw.flash_origin and b.regions["RAM"]["origin"] == fw.ram_origin
+    assert b.regions["RAM"]["length"] == load_device(board).memory.sram_bytes
     assert 0 < b.flash_bytes <= b.regions["FLASH"]["length"] and 0 < b.ram_bytes <= b.regions["RAM"]["length"]
 
 
@@ -494,7 +494,7 @@ def test_a_firmware_that_does_not_fit_exits_3_naming_the_region(tmp_path):
     from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
     tree_or_skip("reference")
-    export_mcu(FIXTURES / "chain_int8.tflite", "sparkfun-edge", tmp_path)
+    export_mcu(FIXTURES / "chain_int8.tflite", load_device("sparkfun-edge"), tmp_path)
     try:
         build_firmware_lib_ready("reference")
     except LibraryBusy as exc:

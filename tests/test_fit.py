@@ -13,11 +13,13 @@ import pytest
 from helpers.deadlines import TripDeadline, never
 from helpers.firmware import run_fitted_on_qemu
 from helpers.models import stem_heavy_cnn
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.fit import fit_graph
 from tpu_pipeline.toolchain.loader import load
+from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -120,7 +122,7 @@ def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_p
             continue
         for grid in _grids(region.max_grid):
             pg = apply_patches(g, region, grid)
-            tried.append((schedule(pg, time_limit=10).peak, _costed(pg, "qemu-mps2-an386", "cmsis-nn")[0]))
+            tried.append((schedule(pg, time_limit=10).peak, _costed(pg, load_device("qemu-mps2-an386"), tflm_semantics(CMSIS_NN))[0]))
     budget = min(p for p, _ in tried)
     fastest = min(t for p, t in tried if p <= budget)
     # the builtin kernels and the head alone: what the brute force above measures
@@ -140,12 +142,12 @@ def test_fit_for_a_device_counts_the_target_tail(tmp_path):
     _, g = load(src)
     optimum = _optimal_peak(src)
     base = (REPO / "tpu_pipeline/toolchain/data/devices/qemu-mps2-an386.toml").read_text()
-    _, reserve = device_reserve("qemu-mps2-an386")
+    _, reserve = device_reserve(load_device("qemu-mps2-an386"))
     sram = reserve + target_tail(g).bytes + optimum * 9 // 10
     dev = tmp_path / "tiny-board.toml"
     dev.write_text(base.replace('name = "qemu-mps2-an386"', 'name = "tiny-board"')
                    .replace(_sram_line(base), f"sram_bytes = {sram}"))
-    fitted = fit_model(src, device=str(dev), time_limit=30)
+    fitted = fit_model(src, device=load_device(dev), time_limit=30)
     r = fitted.result
     assert fitted.arena_available == sram - reserve
     assert r.fits and r.head + fitted.tail_target <= fitted.arena_available
@@ -176,7 +178,7 @@ def test_fitted_model_runs_on_the_emulated_cortex_m_as_predicted(tmp_path):
     """The fitted model in the real firmware on QEMU: outputs bit-identical to host TFLite Micro
     (reference kernels) and the head the firmware allocates is fit's prediction."""
     src = stem_heavy_cnn(tmp_path, seed=17)
-    fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, kernels="reference", time_limit=20)
+    fitted = fit_model(src, budget=_optimal_peak(src) * 7 // 10, kernels=REFERENCE, time_limit=20)
     assert fitted.result.fits
     r = run_fitted_on_qemu(tmp_path, fitted, "reference")
     assert r.head_bytes == r.planned_head == fitted.result.head

@@ -7,13 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers.cnn_builder import CnnBuilder
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, flags, kernel_choices
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 from tpu_pipeline.toolchain.schedule.api import schedule
+
+QEMU = load_device("qemu-mps2-an386")
 
 
 def _wide_conv(tmp_path: Path) -> Path:
@@ -35,22 +39,22 @@ def test_kernel_twins_trade_latency_for_the_bytes_at_the_peak(tmp_path):
     _, g = load(_wide_conv(tmp_path))
     g, _ = on_harness(g)
     spans = split_spans(g)
-    (plain,) = as_is_variants(g, spans, "qemu-mps2-an386", "cmsis-nn")
+    (plain,) = as_is_variants(g, spans, QEMU, tflm_semantics(CMSIS_NN))
     assert plain.peak == 4096 + 4096 + 2304  # input + output + CMSIS-NN's im2col
-    overlapped, direct = kernel_twins(plain, "qemu-mps2-an386", "cmsis-nn")
+    overlapped, direct = kernel_twins(plain, QEMU, tflm_semantics(CMSIS_NN))
     # in place: the output over the input, a ring of two rows (8 x 64 bytes each) besides the im2col
     assert overlapped.peak == 4096 + 2304 + 2 * 512 and _flags(overlapped.graph) == {OVERLAP}
     assert direct.peak == 4096 + 2 * 512 == direct.lower_bound and _flags(direct.graph) == {OVERLAP, DIRECT}
     assert plain.latency_s < overlapped.latency_s < direct.latency_s
     # the reference kernels ask for no im2col buffer: overlapping is the only trade
-    (ref,) = as_is_variants(g, spans, "qemu-mps2-an386", "reference")
-    assert ref.peak == 8192 and [t.peak for t in kernel_twins(ref, "qemu-mps2-an386", "reference")] == [4096 + 1024]
+    (ref,) = as_is_variants(g, spans, QEMU, tflm_semantics(REFERENCE))
+    assert ref.peak == 8192 and [t.peak for t in kernel_twins(ref, QEMU, tflm_semantics(REFERENCE))] == [4096 + 1024]
 
 
 def test_fit_picks_the_slower_kernels_only_when_the_budget_needs_them(tmp_path):
     src = _wide_conv(tmp_path)
     assert schedule(load(src)[1], semantics="tflm-cmsis-nn", time_limit=5).peak == 10496
-    fitted = fit_model(src, budget=6000, kernels="cmsis-nn", time_limit=20)
+    fitted = fit_model(src, budget=6000, kernels=CMSIS_NN, time_limit=20)
     r = fitted.result
     assert r.fits and r.head == 5120
     assert _flags(r.graph) == {OVERLAP, DIRECT}
@@ -59,10 +63,10 @@ def test_fit_picks_the_slower_kernels_only_when_the_budget_needs_them(tmp_path):
     assert {v.runtime for v in fitted.verification} == {"litert", "tflm"}
     assert all(o.ok for v in fitted.verification for o in v.outputs)
     # a budget the overlap alone meets keeps CMSIS-NN's faster convolution
-    r = fit_model(src, budget=8000, kernels="cmsis-nn", time_limit=20).result
+    r = fit_model(src, budget=8000, kernels=CMSIS_NN, time_limit=20).result
     assert r.fits and r.head == 7424 and _flags(r.graph) == {OVERLAP}
     # without a budget that needs either, the fastest stays
-    fast = fit_model(src, budget=20000, kernels="cmsis-nn", time_limit=20)
+    fast = fit_model(src, budget=20000, kernels=CMSIS_NN, time_limit=20)
     assert fast.result.fits and not _flags(fast.result.graph)
 
 
@@ -70,7 +74,7 @@ def test_fit_counts_the_kernel_sets_scratch(tmp_path):
     """The arena fit promises is the one the kernels it runs with need: under CMSIS-NN the im2col
     buffer is part of it, under the reference kernels it is not."""
     src = _wide_conv(tmp_path)
-    for kernels, head in (("cmsis-nn", 10496), ("reference", 8192)):
+    for kernels, head in ((CMSIS_NN, 10496), (REFERENCE, 8192)):
         r = fit_model(src, budget=20000, kernels=kernels, time_limit=20).result
         assert r.fits and r.head == head and not _flags(r.graph)
 
@@ -81,7 +85,7 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
     fit's prediction."""
     from helpers.firmware import run_fitted_on_qemu
 
-    fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels="cmsis-nn", time_limit=20)
+    fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels=CMSIS_NN, time_limit=20)
     assert _flags(fitted.result.graph) == {OVERLAP, DIRECT}
     r = run_fitted_on_qemu(tmp_path, fitted, "cmsis-nn")
     assert r.head_bytes == fitted.result.head == 5120
@@ -97,14 +101,15 @@ def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_s
 
     _, g = load(stem_heavy_cnn(tmp_path, seed=23))
     spans = split_spans(g)
-    for kernels in ("cmsis-nn", "reference"):
-        as_is = as_is_variants(g, spans, "qemu-mps2-an386", kernels)
-        secs = {o.index: o.seconds for o in estimate_mcu(g, "qemu-mps2-an386", kernels=kernels).ops}
+    for kernels in (CMSIS_NN, REFERENCE):
+        sem = tflm_semantics(kernels)
+        as_is = as_is_variants(g, spans, QEMU, sem)
+        secs = {o.index: o.seconds for o in estimate_mcu(g, QEMU, kernels).ops}
         cands = patch_candidates(g, spans, as_is)
         assert len(cands) >= 4
         for v in cands:
-            est = upgrade(g, spans, v, secs, "qemu-mps2-an386", kernels)
-            built = upgrade(g, spans, est, secs, "qemu-mps2-an386", kernels)
+            est = upgrade(g, spans, v, secs, QEMU, sem)
+            built = upgrade(g, spans, est, secs, QEMU, sem)
             assert v.peak <= est.peak <= built.peak, (kernels, v.label)
             assert est.latency_s <= built.latency_s * (1 + 1e-9), (kernels, v.label)
 
@@ -125,9 +130,9 @@ def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
 
     src = stem_heavy_cnn(tmp_path, seed=17)
     optimum = schedule(load(src)[1], time_limit=10).peak
-    fitted = fit_model(src, budget=optimum // 2, kernels="cmsis-nn", time_limit=20)
+    fitted = fit_model(src, budget=optimum // 2, kernels=CMSIS_NN, time_limit=20)
     assert fitted.result.fits
-    export_mcu(src, "qemu-mps2-an386", tmp_path / "fw", model_data=fitted.data)
+    export_mcu(src, QEMU, tmp_path / "fw", model_data=fitted.data)
     exported = read_model((tmp_path / "fw" / "model.tflite").read_bytes())
     graph = from_model(exported)
-    assert target_head(graph, "cmsis-nn", read_offline_plan(exported))[0] == fitted.result.head
+    assert target_head(graph, CMSIS_NN, read_offline_plan(exported))[0] == fitted.result.head

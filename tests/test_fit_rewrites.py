@@ -7,23 +7,26 @@ from pathlib import Path
 
 import pytest
 
+from tpu_pipeline.toolchain.device import REFERENCE, load_device
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, rewrite_variants, splice
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.loader import load_exact
+from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
 from tpu_pipeline.toolchain.schedule.api import schedule
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 FIX = Path(__file__).parent / "fixtures"
-DEVICE = "qemu-mps2-an386"
+DEVICE = load_device("qemu-mps2-an386")
+SEM = tflm_semantics(REFERENCE)
 
 
 def _setup(name):
     model, g, _ = load_exact(FIX / name)
     g, _ = g.with_unique_tensor_names()
     spans = split_spans(g)
-    return model, g, spans, as_is_variants(g, spans, DEVICE, "reference")
+    return model, g, spans, as_is_variants(g, spans, DEVICE, SEM)
 
 
 def _spliced(model, g, spans, v):
@@ -35,7 +38,7 @@ def _spliced(model, g, spans, v):
 
 def test_float_splits_are_variants_and_splice_into_the_model():
     model, g, spans, as_is = _setup("concat_conv_float32.tflite")
-    (v,) = rewrite_variants(g, spans, as_is, DEVICE, "reference")
+    (v,) = rewrite_variants(g, spans, as_is, DEVICE, SEM)
     assert v.kind == "rewrite" and v.rewrites and v.peak < max(a.peak for a in as_is[v.first:v.last + 1])
     assert v.latency_s > sum(a.latency_s for a in as_is[v.first:v.last + 1])  # more, smaller ops
     res = verify_models(model_to_bytes(model), _spliced(model, g, spans, v), runs=2)
@@ -44,8 +47,8 @@ def test_float_splits_are_variants_and_splice_into_the_model():
 
 def test_int8_partial_sums_only_with_allow_lossy_calibrated_on_the_whole_model():
     model, g, spans, as_is = _setup("concat_conv_int8.tflite")
-    assert rewrite_variants(g, spans, as_is, DEVICE, "reference") == []  # lossy: not offered by default
-    (v,) = rewrite_variants(g, spans, as_is, DEVICE, "reference", allow_lossy=True, model=model)
+    assert rewrite_variants(g, spans, as_is, DEVICE, SEM) == []  # lossy: not offered by default
+    (v,) = rewrite_variants(g, spans, as_is, DEVICE, SEM, allow_lossy=True, model=model)
     assert any(r.numerics == "lossy-int8" for r in v.rewrites)
     res = verify_models(model_to_bytes(model), _spliced(model, g, spans, v), runs=2, lossy_ok=True)
     for r in res:
@@ -55,7 +58,7 @@ def test_int8_partial_sums_only_with_allow_lossy_calibrated_on_the_whole_model()
 
 def test_splice_refuses_nothing_silently():
     model, g, spans, as_is = _setup("concat_conv_float32.tflite")
-    (v,) = rewrite_variants(g, spans, as_is, DEVICE, "reference")
+    (v,) = rewrite_variants(g, spans, as_is, DEVICE, SEM)
     whole = splice(g, v, spans)
     assert whole.is_topological(list(range(len(whole.ops))))
     names = [whole.tensors[op.outputs[0]].name for op in whole.ops]

@@ -17,7 +17,7 @@ from ai_edge_litert import schema_py_generated as schema
 
 from conftest import FIXTURES, ROOT
 from tpu_pipeline.cli import main
-from tpu_pipeline.toolchain.cost.devices import DEVICES_DIR, load_device
+from tpu_pipeline.toolchain.device import DEVICES_DIR, load_device
 from tpu_pipeline.toolchain.errors import DeviceError, ModelError, UsageError
 from tpu_pipeline.toolchain import tflite
 from tpu_pipeline.toolchain.execute.litert_check import check_loads_in_litert

@@ -17,6 +17,7 @@ import pytest
 
 from helpers.cnn_builder import CnnBuilder
 from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.export_mcu import export_mcu
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
@@ -29,7 +30,7 @@ from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
-BOARD = "qemu-mps2-an386"
+BOARD = load_device("qemu-mps2-an386")
 
 
 def _cnn():
@@ -94,7 +95,7 @@ def _run(path, kernels_set):
 
     tree_or_skip(kernels_set)
     try:
-        return run_on_qemu(path, BOARD, kernels_set, iterations=2, seed=7)
+        return run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=2, seed=7)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
 
@@ -110,7 +111,7 @@ def test_harness_kernels_run_in_qemu_as_the_host_runs_the_builtin_view(model, ke
     assert {i for i, code in ran.items() if code.startswith("TPUP_")} == set(chosen)
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")  # the project's (offline plan inside)
     graph = from_model(exported)
-    predicted = target_arena(graph, r.kernels, read_offline_plan(exported))
+    predicted = target_arena(graph, kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert r.arena_used_bytes == predicted.total
     # the overlap really saved memory: the firmware's head is below any plan of separate buffers
@@ -156,7 +157,7 @@ def test_malformed_options_stop_the_firmware_with_its_message(model, tmp_path):
         shutil.copytree(tmp_path, f"{project}.tmp{os.getpid()}", dirs_exist_ok=True)
         os.replace(f"{project}.tmp{os.getpid()}", project)
     try:
-        b = build_firmware(project, "reference", quiet=True, wait=False)
+        b = build_firmware(project, REFERENCE, quiet=True, wait=False)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     logs, err = [], None
@@ -198,7 +199,7 @@ def test_an_input_outside_the_arena(tmp_path, kernels_set):
     r = _run(path, kernels_set)
     assert r.error is None and r.outputs_match is True, r.output_differences
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     # the input takes no arena: nothing is live before the first op, and the head is no larger
     assert lifetimes(outside, semantics="tflm").live_bytes()[0] == 0 < lifetimes(g, semantics="tflm").live_bytes()[0]
@@ -269,6 +270,6 @@ def test_elementwise_ops_run_in_place_on_the_board(tmp_path, kernels_set):
     r = _run(path, kernels_set)
     assert r.error is None and r.outputs_match is True, r.output_differences
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert sum(kernels.runs_in_place(op) for op in from_model(exported).ops) == 2

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set
 from tpu_pipeline.toolchain.errors import ModelError, UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import kernels
@@ -126,7 +127,7 @@ def test_harness_ops_keep_nothing_in_the_tail():
     b, outs = _cnn()
     g = b.graph(outs)
     h = with_kernel(g, _convs(g), kernel_name())
-    for kset in ("reference", "cmsis-nn"):
+    for kset in (REFERENCE, CMSIS_NN):
         before, after = target_tail(g, kset), target_tail(h, kset)
         names = [what for what, _, _ in after.allocations]
         assert not any(f"op {i} " in what for i in _convs(g) for what in names if "ScratchBuffer" not in what)

@@ -134,7 +134,7 @@ def test_wheel_holds_the_package_data(installed):
 def test_the_installed_copy_is_the_one_imported(installed):
     _, bindir, work = installed
     proc = _run(bindir, work, "python", "-c",
-                "import tpu_pipeline.toolchain, tpu_pipeline.toolchain.cost.devices as d, tpu_pipeline.toolchain.memory.native_search as n; "
+                "import tpu_pipeline.toolchain, tpu_pipeline.toolchain.device as d, tpu_pipeline.toolchain.memory.native_search as n; "
                 "import tpu_pipeline.toolchain.schedule.native_search as s; "
                 "print(tpu_pipeline.toolchain.__file__); print(d.available_devices()); print(n._SOURCE.is_file()); "
                 "print(s._SOURCE.is_file(), s.available())")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -257,7 +258,7 @@ def test_a_new_backend_is_one_module_and_one_registration(monkeypatch, capsys):
             return False, "no board"
 
         def run(self, request, progress=None, power=None):
-            ran.append(request.device)
+            ran.append(request.device.name)  # the Device the command resolved
             raise DeviceError("mydevice: no board attached")
 
     module = types.ModuleType("tpu_pipeline.runtime.backends.mydevice")
@@ -285,11 +286,11 @@ def test_backend_registry_checks_requests_in_one_place():
     with pytest.raises(UsageError, match="unknown backend 'tpu-v9'"):
         select_backend("tpu-v9", "mcu")
     with pytest.raises(UsageError, match="--backend coral cannot run device 'sparkfun-edge': it is an MCU"):
-        run_backend("coral", RunRequest(dep, "sparkfun-edge", "mcu"))
+        run_backend("coral", RunRequest(dep, load_device("sparkfun-edge"), "mcu"))
     with pytest.raises(UsageError, match="--backend mcu cannot run device 'coral-usb': it is an Edge TPU"):
-        run_backend("mcu", RunRequest(dep, "coral-usb", "edgetpu", port="/dev/ttyX"))
+        run_backend("mcu", RunRequest(dep, load_device("coral-usb"), "edgetpu", port="/dev/ttyX"))
     with pytest.raises(UsageError, match="needs --port"):
-        run_backend("mcu", RunRequest(dep, "sparkfun-edge", "mcu"))
+        run_backend("mcu", RunRequest(dep, load_device("sparkfun-edge"), "mcu"))
 
     class Board(Backend):  # a backend added later gets the same checks before it runs
         name = "test-board"
@@ -302,7 +303,7 @@ def test_backend_registry_checks_requests_in_one_place():
     register(Board())
     try:
         with pytest.raises(UsageError, match="test-board backend cannot use a power meter .no meter on this board"):
-            run_backend("test-board", RunRequest(dep, "sparkfun-edge", "mcu"), power_meter="/dev/ttyUSB9")
+            run_backend("test-board", RunRequest(dep, load_device("sparkfun-edge"), "mcu"), power_meter="/dev/ttyUSB9")
     finally:
         from tpu_pipeline.runtime import backends
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
-from tpu_pipeline.toolchain.cost.devices import load_device
-from tpu_pipeline.toolchain.cost.mcu import KERNEL_SETS, estimate_mcu, fitted_table, op_features, predict_instructions
+from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, fitted_table, op_features, predict_instructions
+from tpu_pipeline.toolchain.device import CMSIS_NN, KERNEL_SETS, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.loader import load
 
@@ -29,9 +29,9 @@ def _measured_runs():
 
 def test_table_covers_the_op_classes_the_fit_needs():
     table = fitted_table()
-    assert set(table) == set(KERNEL_SETS)
+    assert set(table) == {k.cost_key for k in KERNEL_SETS}
     _, g = load(FIXTURES / "darts_s2b_int8.tflite")
-    for kernels in KERNEL_SETS:
+    for kernels in (k.cost_key for k in KERNEL_SETS):
         for i in range(len(g.ops)):
             assert predict_instructions(op_features(g, i), table[kernels]) > 0
         for cls in ("conv", "conv_1x1", "depthwise", "add", "pad", "strided_slice", "concatenation", "other"):
@@ -41,7 +41,7 @@ def test_table_covers_the_op_classes_the_fit_needs():
             assert 0 < small < big, (kernels, cls)  # more work never costs less
 
 
-@pytest.mark.parametrize("kernels", KERNEL_SETS)
+@pytest.mark.parametrize("kernels", [k.name for k in KERNEL_SETS])
 def test_fixture_predictions_are_close_to_qemu(kernels):
     """Per-op rms relative error and whole-model totals on the committed QEMU counts."""
     runs = _measured_runs()
@@ -50,7 +50,7 @@ def test_fixture_predictions_are_close_to_qemu(kernels):
                  "darts_s2b_int8"):
         run = runs[f"{name}/{kernels}"]
         _, g = load(FIXTURES / f"{name}.tflite")
-        est = estimate_mcu(g, "qemu-mps2-an386", kernels=kernels)
+        est = estimate_mcu(g, load_device("qemu-mps2-an386"), kernel_set(kernels))
         for idx, _, instr in run["ops"]:
             errors.append((est.ops[idx].instructions - instr) / instr)
         totals.append(est.instructions / sum(i for _, _, i in run["ops"]))
@@ -69,30 +69,33 @@ TOTAL_BOUND = {"cmsis-nn": (0.8, 1.05), "reference": (0.94, 1.06)}
 @pytest.mark.parametrize("board", BOARDS)
 def test_latency_is_instructions_times_cpi_over_clock(board):
     _, g = load(FIXTURES / "tiny_irregular_int8.tflite")
-    d = load_device(board).raw
-    cpi, clock, watts = d["compute"]["cycles_per_instruction"], d["compute"]["clock_hz"], d["power"]["active_w"]
-    ref, cmsis = (estimate_mcu(g, board, kernels=k) for k in ("reference", "cmsis-nn"))
+    d = load_device(board)
+    cpi, clock, watts = d.compute.cycles_per_instruction, d.compute.clock_hz, d.power.active_w
+    ref, cmsis = (estimate_mcu(g, d, k) for k in (REFERENCE, CMSIS_NN))
     for e in (ref, cmsis):
         assert e.source == "fitted" and e.cycles_per_instruction == cpi
         assert e.latency_s == pytest.approx(e.instructions * cpi / clock)
         assert e.energy_j == pytest.approx(e.latency_s * watts)
     assert ref.latency_s > 3 * cmsis.latency_s  # CMSIS-NN's int8 kernels are several times faster
-    assert estimate_mcu(g, board).kernels == "cmsis-nn"  # the default, as deployed
+    assert kernel_set(None) is CMSIS_NN and cmsis.kernels == "cmsis-nn"  # the default, as deployed
 
 
-def test_a_descriptor_without_cpi_keeps_its_cycles_per_mac():
+def test_a_descriptor_without_cpi_keeps_its_cycles_per_mac(tmp_path):
     _, g = load(FIXTURES / "chain_int8.tflite")
-    d = dict(load_device("sparkfun-edge").raw)
-    d["compute"] = {k: v for k, v in d["compute"].items() if k != "cycles_per_instruction"}
-    e = estimate_mcu(g, d)
+    text = (ROOT / "tpu_pipeline" / "toolchain" / "data" / "devices" / "sparkfun-edge.toml").read_text()
+    own = tmp_path / "own.toml"
+    own.write_text(text.replace("cycles_per_instruction = 1.25", ""))
+    d = load_device(own)
+    assert d.compute.cycles_per_instruction is None
+    e = estimate_mcu(g, d, CMSIS_NN)
     assert e.source == "cycles_per_mac" and e.instructions is None
-    assert e.cycles == pytest.approx(sum(d["compute"]["cycles_per_mac"]["conv"] * o.work for o in e.ops))
+    assert e.cycles == pytest.approx(sum(d.compute.cycles_per_mac["conv"] * o.work for o in e.ops))
 
 
 def test_bad_kernels_and_cpi_are_usage_errors(tmp_path):
     _, g = load(FIXTURES / "chain_int8.tflite")
     with pytest.raises(UsageError, match="kernel set"):
-        estimate_mcu(g, "sparkfun-edge", kernels="arm-nn")
+        kernel_set("arm-nn")
     text = (ROOT / "tpu_pipeline" / "toolchain" / "data" / "devices" / "sparkfun-edge.toml").read_text()
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace("cycles_per_instruction = 1.25", "cycles_per_instruction = 0.0"))
@@ -110,7 +113,7 @@ def test_profile_json_predicts_arena_latency_and_energy(kernels, arena):
     rep = json.loads(p.stdout)
     assert rep["kernels"] == kernels and rep["arena_bytes_predicted"] == arena
     _, g = load(FIXTURES / "chain_int8.tflite")
-    est = estimate_mcu(g, "nucleo-l4r5zi", kernels=kernels)
+    est = estimate_mcu(g, load_device("nucleo-l4r5zi"), kernel_set(kernels))
     assert rep["latency_s_predicted"] == pytest.approx(est.latency_s)
     assert rep["energy_j_predicted"] == pytest.approx(est.energy_j) and rep["energy_j_predicted"] > 0
     assert rep["predicted"]["latency_s"] == pytest.approx(est.latency_s)
@@ -120,7 +123,7 @@ def test_emulated_board_latency_is_qemu_virtual_time():
     """-icount shift=0: 1 ns per instruction, so predicted latency = predicted instructions x 1 ns."""
     _, g = load(FIXTURES / "pool_softmax_int8.tflite")
     for board in ("qemu-mps2-an386", "qemu-mps2-an500"):
-        e = estimate_mcu(g, board, kernels="reference")
+        e = estimate_mcu(g, load_device(board), REFERENCE)
         assert e.latency_s == pytest.approx(e.instructions * 1e-9)
 
 

@@ -14,6 +14,7 @@ from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, op_class
 from tpu_pipeline.toolchain.data import DEVICES_DIR
+from tpu_pipeline.toolchain.device import CMSIS_NN, device_from_descriptor
 from tpu_pipeline.toolchain.export_mcu import resolver_method
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.tflite import read_model, read_offline_plan
@@ -96,11 +97,12 @@ def test_resolver_method_names():
 
 def test_mcu_cost_model_sums_its_ops():
     g = from_model(read_model(FIX / "tiny_irregular_int8.tflite"))
-    device = {"name": "m", "kind": "mcu", "memory": {"sram_bytes": 1},
-              "compute": {"clock_hz": 1e6, "cycles_per_mac": {"conv": 2, "depthwise": 3, "fully_connected": 5,
-                                                                "elementwise": 7, "other": 11}},
-              "power": {"active_w": 0.5}}
-    e = estimate_mcu(g, device)
+    device = device_from_descriptor(
+        {"name": "m", "kind": "mcu", "memory": {"sram_bytes": 1, "flash_bytes": 1}, "link": {"baud": 9600},
+         "compute": {"clock_hz": 1e6, "cycles_per_mac": {"conv": 2, "depthwise": 3, "fully_connected": 5,
+                                                         "elementwise": 7, "other": 11}},
+         "power": {"active_w": 0.5, "idle_w": 0.0}}, "m.toml")
+    e = estimate_mcu(g, device, CMSIS_NN)
     assert e.cycles == sum(o.cycles for o in e.ops)
     assert e.latency_s == pytest.approx(e.cycles / 1e6) and e.energy_j == pytest.approx(e.latency_s * 0.5)
     for o in e.ops:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.runtime import protocol as P
 from tpu_pipeline.runtime.fake_mcu import FakeMcu
 from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
@@ -89,7 +90,7 @@ def test_any_single_bit_flip_is_detected(seq, payload, pos, bit):
 
 def test_happy_path_device_figures_and_outputs(host):
     graph = from_model(read_model(DATA))
-    est = estimate_mcu(graph, "sparkfun-edge")
+    est = estimate_mcu(graph, load_device("sparkfun-edge"))
     xs = inputs(host, 3)
     with FakeMcu(DATA, arena_used=12345) as dev, SerialMcu(dev.port, timeout=5) as mcu:
         info = mcu.handshake(DATA)
@@ -155,7 +156,7 @@ def test_run_cli_over_serial(capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["backend"] == "mcu" and rep["verified"] is True and rep["latency"]["n"] == 3
     assert rep["arena"]["used"] == 20576
-    est = estimate_mcu(from_model(read_model(DATA)), "sparkfun-edge")
+    est = estimate_mcu(from_model(read_model(DATA)), load_device("sparkfun-edge"))
     assert rep["latency"]["median_s"] == pytest.approx(est.latency_s, rel=1e-6)
     assert len(rep["ops"]) == len(est.ops)
 

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from conftest import tflm_models
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.ir import from_model, to_model
 from tpu_pipeline.toolchain.loader import load
@@ -81,7 +82,7 @@ def test_target_arena_equals_what_the_firmware_reported(name):
 
     _, graph = load(FIXTURES / f"{name}.tflite")
     offsets = export_plan_offsets(graph)
-    for kernels, (head, tail) in zip(("cmsis-nn", "reference"), TARGET[name]):
+    for kernels, (head, tail) in zip((CMSIS_NN, REFERENCE), TARGET[name]):
         a = target_arena(graph, kernels, offsets)
         assert (a.head, a.tail, a.total) == (head, tail, head + tail), kernels
 
@@ -121,7 +122,7 @@ def test_every_op_the_rewrites_emit_has_a_modelled_tail():
     _, graph = load(FIXTURES / "chain_int8.tflite")
     for opcode in sorted(emitted):
         g = replace(graph, ops=(replace(graph.ops[0], opcode=opcode),) + graph.ops[1:])
-        for kernels in ("cmsis-nn", "reference"):
+        for kernels in (CMSIS_NN, REFERENCE):
             assert opcode not in target_tail(g, kernels).unmodelled, (opcode, kernels)
 
 
@@ -136,20 +137,20 @@ def test_target_tail_names_an_op_it_does_not_model():
 
     _, graph = load(FIXTURES / "chain_int8.tflite")
     odd = replace(graph, ops=(replace(graph.ops[0], opcode="CUMSUM"),) + graph.ops[1:])
-    t = target_tail(odd, "cmsis-nn")
+    t = target_tail(odd, CMSIS_NN)
     assert t.bytes is None and t.unmodelled == ("CUMSUM",)
-    assert target_arena(odd, "reference").total is None
+    assert target_arena(odd, REFERENCE).total is None
     # TANH's parser allocates nothing, but its kernel's OpData is not in the table: still refused
     tanh = replace(graph, ops=(replace(graph.ops[0], opcode="TANH"),) + graph.ops[1:])
-    assert target_tail(tanh, "reference").unmodelled == ("TANH",)
+    assert target_tail(tanh, REFERENCE).unmodelled == ("TANH",)
     # CMSIS-NN's int16 convolution is modelled (its im2col with a 64-bit bias; the reference path,
     # no buffer, with this 32-bit one); its int16 depthwise buffers are not: said so, not guessed
     x = graph.ops[0].inputs[0]
     s16 = replace(graph, tensors=tuple(replace(t, dtype="int16") if t.index == x else t for t in graph.tensors))
-    assert target_tail(s16, "cmsis-nn").unmodelled == ()
+    assert target_tail(s16, CMSIS_NN).unmodelled == ()
     assert scratch_requests(s16, 0, TFLM_CMSIS_NN) == []
     dw16 = replace(s16, ops=(replace(s16.ops[0], opcode="DEPTHWISE_CONV_2D"),) + s16.ops[1:])
-    assert target_tail(dw16, "cmsis-nn").unmodelled == ("DEPTHWISE_CONV_2D (int16)",)
-    assert target_tail(s16, "reference").bytes is not None
+    assert target_tail(dw16, CMSIS_NN).unmodelled == ("DEPTHWISE_CONV_2D (int16)",)
+    assert target_tail(s16, REFERENCE).bytes is not None
     with pytest.raises(UsageError, match="kernel set"):
         target_tail(graph, "arm-nn")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, Tensor
 from tpu_pipeline.toolchain.loader import load
@@ -413,7 +414,7 @@ def test_chains_lists_every_assignment_below_a_limit_smallest_period_first(trade
 
 def test_too_many_downsets_fall_back_to_cpsat():
     _, g = load(FIXTURES.parent.parent / "examples" / "randwire_small_int8.tflite")
-    problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(g, EdgeTpuCostModel(load_device("coral-usb")))
     assert len(lattice.downsets(problem)) == 10_673
     assert lattice.downsets(problem, limit=10_000) is None
     with exact_step("cpsat"):

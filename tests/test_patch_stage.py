@@ -11,6 +11,7 @@ import pytest
 
 from helpers.cnn_builder import CnnBuilder
 from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, stage
@@ -24,7 +25,7 @@ from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusa
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
 
-BOARD = "qemu-mps2-an386"
+BOARD = load_device("qemu-mps2-an386")
 
 
 def _mbv2_like(seed=3):
@@ -97,7 +98,7 @@ def test_a_stage_beats_patches_by_copies_in_arena_and_tail():
     region = _region(g)
     copies = apply_patches(g, region, (3, 2))
     staged, _ = _staged(g, (3, 2))
-    for kernels in ("cmsis-nn", "reference"):
+    for kernels in (CMSIS_NN, REFERENCE):
         assert target_tail(staged, kernels).bytes < target_tail(copies, kernels).bytes - 1000
     sem = "tflm"
     assert lifetimes(staged, semantics=sem).peak < lifetimes(copies, semantics=sem).peak
@@ -150,12 +151,12 @@ def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernel
     path = tmp_path / "staged.tflite"
     path.write_bytes(_write(staged, src))
     try:
-        r = run_on_qemu(path, BOARD, kernels_set, iterations=2, seed=5)
+        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=2, seed=5)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
     assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
     assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), r.kernels, read_offline_plan(exported))
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

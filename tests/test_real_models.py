@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers.models import with_custom_op
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.partition import PartitionProblem, partition
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
@@ -34,7 +35,7 @@ def _stale(model):
 
 
 def _segments(model, graph, stages, n):
-    problem = PartitionProblem(graph, EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(graph, EdgeTpuCostModel(load_device("coral-usb")))
     ifaces = problem.interfaces(stages, n)
     return [model_to_bytes(extract_segment(model, [v for v, s in enumerate(stages) if s == k],
                                            ifaces[k].inputs, ifaces[k].outputs, real=runtime_shapes(model)))
@@ -305,7 +306,7 @@ def test_custom_op_and_everything_after_it_stay_in_the_last_segment():
     model = with_custom_op("chain_int8", after_op=3)       # conv x4, custom, conv x4
     g = from_model(model)
     assert [op.opcode for op in g.ops][4] == "CUSTOM:MyCustomDecoder"
-    problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(g, EdgeTpuCostModel(load_device("coral-usb")))
     assert problem.host_ops == frozenset(range(4, 9))
     assert set(litert_missing_kernels(model, g)) == {4}
     for n in (2, 3, 4, 5):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.runtime.backends import select_backend
 from tpu_pipeline.runtime.backends.coral import list_edgetpus, run_coral
 from tpu_pipeline.runtime.backends.emulator import run_edgetpu_emulation, run_mcu_emulation
@@ -69,7 +70,7 @@ def test_three_segment_pipeline_reproduces_the_whole_model_bit_exactly(tmp_path)
     d = split_contiguous(MODEL, [5, 11], tmp_path / "c")
     dep = load_deployment(d)
     assert len(dep.segments) == 3
-    rep = run_edgetpu_emulation(dep, iterations=8, warmup=1)
+    rep = run_edgetpu_emulation(dep, 8, 1, 0, load_device("coral-usb"))
     assert rep.error is None
     assert rep.verified is True and rep.max_abs_diff == 0.0
     assert [s.latency.n for s in rep.stages] == [8, 8, 8]
@@ -79,7 +80,7 @@ def test_three_segment_pipeline_reproduces_the_whole_model_bit_exactly(tmp_path)
     from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
     from tpu_pipeline.toolchain.cost.pipeline import simulate
     from tpu_pipeline.toolchain.ir import total_param_bytes
-    m = EdgeTpuCostModel("coral-usb")
+    m = EdgeTpuCostModel(load_device("coral-usb"))
     loads = []
     for seg in dep.segments:
         g = from_model(read_model(seg.path))
@@ -101,7 +102,7 @@ def test_tensors_skipping_a_segment_travel_by_name(tmp_path):
     # multi_output: two graph outputs; cut so the last segment does not produce all of them.
     g = from_model(read_model(MULTI))
     d = split_contiguous(MULTI, [len(g.ops) // 2], tmp_path / "m")
-    rep = run_edgetpu_emulation(load_deployment(d), iterations=4, warmup=0)
+    rep = run_edgetpu_emulation(load_deployment(d), 4, 0, 0, load_device("coral-usb"))
     assert rep.verified is True
 
 
@@ -178,14 +179,14 @@ def test_coral_without_hardware_fails_fast_with_a_clear_error(capsys):
     if list_edgetpus():
         pytest.skip("an Edge TPU is attached")
     with pytest.raises(DeviceError, match="no Edge TPU found"):
-        run_coral(load_deployment(MODEL), iterations=1)
+        run_coral(load_deployment(MODEL), load_device("coral-usb"), iterations=1)
     assert main(["run", str(MODEL), "--backend", "coral"]) == 4
     assert "no Edge TPU found" in capsys.readouterr().err
     assert select_backend("auto", "edgetpu").backend == "emulator"
 
 
 def test_mcu_emulation_measures_the_real_tflm_arena():
-    rep = run_mcu_emulation(MODEL, "sparkfun-edge", iterations=3, warmup=1)
+    rep = run_mcu_emulation(MODEL, load_device("sparkfun-edge"), iterations=3, warmup=1)
     real = measure_tflm_arena(MODEL)
     a = rep.arena
     assert rep.error is None and a["fits"] is True

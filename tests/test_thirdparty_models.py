@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tpu_pipeline.toolchain.device import load_device
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.toolchain.ir import from_model
 from tpu_pipeline.toolchain.loader import load
@@ -68,14 +70,14 @@ def test_target_tail_counts_variables_and_recurrent_kernels():
     from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
     _, graph = load(THIRD / "keyword_scrambled_8bit.tflite")
-    for kernels in ("cmsis-nn", "reference"):
+    for kernels in (CMSIS_NN, REFERENCE):
         t = target_tail(graph, kernels)
         assert t.unmodelled == () and t.bytes is not None
         variables = [a for a in t.allocations if a[0].startswith("variable")]
         assert sum(a[1] for a in variables) == sum(x.nbytes for x in graph.tensors if x.is_variable)
     # the QEMU firmware (CMSIS-NN) reported arena_used_bytes 8,212 = head 672 + tail 7,540
     # (tests/test_firmware.py checks it on the emulated board itself)
-    assert target_tail(graph, "cmsis-nn").bytes == 7540
+    assert target_tail(graph, CMSIS_NN).bytes == 7540
 
 
 # ---- tensors no operator uses: TFLite Micro allocates them; the writers drop them ------------------
@@ -342,7 +344,7 @@ def test_ops_sharing_a_state_tensor_stay_in_one_segment():
     for k in (1, 6):  # two ops far apart read the same state
         ops[k] = replace(ops[k], inputs=ops[k].inputs + (state,))
     g = replace(graph, tensors=graph.tensors + (var,), ops=tuple(ops))
-    problem = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(g, EdgeTpuCostModel(load_device("coral-usb")))
     assert problem.state_groups == ((1, 6),)
     p = partition(g, 3, time_limit=5)
     assert p.stages[1] == p.stages[6]

@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time", "coral",
-         "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "scale", "fuzz", "survey"]
+         "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "mcu_latency", "scale",
+         "fuzz", "survey"]
 
 
 def machine() -> str:

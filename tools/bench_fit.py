@@ -71,9 +71,10 @@ def today(path: Path) -> int:
     kernels' scratch (tpu_pipeline.toolchain.memory.tflm_target: equal to the firmware's on every QEMU run); never
     below what the host's TFLite Micro (reference kernels) measures."""
     from tpu_pipeline.toolchain.loader import load_exact
+    from tpu_pipeline.toolchain.device import CMSIS_NN
     from tpu_pipeline.toolchain.memory.tflm_target import target_head
 
-    return max(measure_tflm_arena(path).head, target_head(load_exact(path)[1], "cmsis-nn")[0])
+    return max(measure_tflm_arena(path).head, target_head(load_exact(path)[1], CMSIS_NN)[0])
 
 
 def cut_short(r) -> bool:
@@ -90,9 +91,10 @@ def today_whole(path: Path) -> int:
     """Today's whole arena: TFLite Micro's own head (`today`) + the model's tail on the 32-bit target
     with the CMSIS-NN kernels."""
     from tpu_pipeline.toolchain.loader import load_exact
+    from tpu_pipeline.toolchain.device import CMSIS_NN
     from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 
-    return today(path) + (target_tail(load_exact(path)[1], "cmsis-nn").bytes or 0)
+    return today(path) + (target_tail(load_exact(path)[1], CMSIS_NN).bytes or 0)
 
 
 def model_path(models: Path, thirdparty: Path | None, name: str) -> Path | None:

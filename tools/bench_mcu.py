@@ -52,6 +52,7 @@ def _graph(run: dict, dirs):
 
 def arena_table(data: dict, dirs) -> list[str]:
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
 
     rows = ["| model | kernels | flash B | RAM B | arena predicted / measured B | head predicted / measured B "
             "(offline plan) | tail predicted / measured B | instructions measured / predicted | outputs |",
@@ -62,7 +63,7 @@ def arena_table(data: dict, dirs) -> list[str]:
             rows.append(f"| {name} | {kernels} | | | | | | | {run['error'].replace('|', '/')[:140]} |")
             continue
         g = _graph(run, dirs)
-        pred = estimate_mcu(g, "qemu-mps2-an386", kernels=kernels).instructions if g else None
+        pred = estimate_mcu(g, load_device("qemu-mps2-an386"), kernel_set(kernels)).instructions if g else None
         eq = "**=**" if run["arena_bytes_predicted"] == run["arena_used_bytes"] else "≠"
         rows.append(f"| {name} | {kernels} | {run['flash_bytes']:,} | {run['ram_bytes']:,} | "
                     f"{run['arena_bytes_predicted']:,} {eq} {run['arena_used_bytes']:,} | "
@@ -98,8 +99,9 @@ def error_table(data: dict, dirs) -> list[str]:
 
 
 def latency_table(data: dict, dirs) -> list[str]:
-    from tpu_pipeline.toolchain.cost.devices import load_device
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
 
     head = "| model | " + " | ".join(f"{b} {k} ms" for b in BOARDS for k in fit.KERNEL_SETS) + " |"
     out = [head, "|---|" + "---:|" * (len(BOARDS) * len(fit.KERNEL_SETS))]
@@ -115,15 +117,15 @@ def latency_table(data: dict, dirs) -> list[str]:
         size = (REPO / run["model"]).stat().st_size if (REPO / run["model"]).exists() else 0
         cells = []
         for b in BOARDS:
-            mem = load_device(b).raw["memory"]
+            mem = load_device(b).memory
             # flash: the model alone (the code adds ~0.1-0.2 MB); SRAM: the predicted arena alone
-            fits = size <= mem["flash_bytes"] and run["arena_bytes_predicted"] <= mem["sram_bytes"]
+            fits = size <= mem.flash_bytes and run["arena_bytes_predicted"] <= mem.sram_bytes
             for k in fit.KERNEL_SETS:
-                ms = f"{estimate_mcu(g, b, kernels=k).latency_s * 1e3:,.1f}"
+                ms = f"{estimate_mcu(g, load_device(b), kernel_set(k)).latency_s * 1e3:,.1f}"
                 cells.append(ms if fits else f"({ms}: does not fit)")
         out.append(f"| {name} | " + " | ".join(cells) + " |")
-    cpis = ", ".join(f"{b}: {load_device(b).raw['compute']['cycles_per_instruction']} cycles per instruction at "
-                     f"{load_device(b).raw['compute']['clock_hz'] / 1e6:g} MHz" for b in BOARDS)
+    cpis = ", ".join(f"{b}: {load_device(b).compute.cycles_per_instruction} cycles per instruction at "
+                     f"{load_device(b).compute.clock_hz / 1e6:g} MHz" for b in BOARDS)
     return out + ["", f"Boards ({cpis}; the figures and their sources are in the device files): a prediction, "
                       "not measured on a board."]
 

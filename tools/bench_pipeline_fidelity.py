@@ -29,7 +29,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device  # noqa: E402
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel  # noqa: E402
+from tpu_pipeline.toolchain.device import load_device  # noqa: E402
 from tpu_pipeline.toolchain.cost.pipeline import StageLoad, simulate, simulate_pipelines  # noqa: E402
 from tpu_pipeline.toolchain.ir import macs  # noqa: E402
 from tpu_pipeline.toolchain.loader import load  # noqa: E402
@@ -51,7 +52,7 @@ OVERHEAD = (0.2e-3, 1.5e-3)
 def stage_features(path: Path, n: int) -> list[dict]:
     """Per stage of Coral's segmentation: ops, MACs, parameter bytes, bytes in and out."""
     _, g = load(path)
-    prob = PartitionProblem(g, EdgeTpuCostModel("coral-usb"))
+    prob = PartitionProblem(g, EdgeTpuCostModel(load_device("coral-usb")))
     st = coral_heuristic(g, n).stages
     inb, outb = prob.traffic(st, n)
     out = []

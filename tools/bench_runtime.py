@@ -24,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tpu_pipeline.toolchain.device import load_device  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
 from bench_partition import find  # noqa: E402  (tools/ is the script's directory)
 
@@ -50,7 +51,7 @@ def edgetpu_rows(path: Path, stages: list[int], iterations: int, time_limit: flo
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 compile_models(path, n, Path(tmp) / "c", time_limit=time_limit, passes=())
-                rep = run_edgetpu_emulation(load_deployment(Path(tmp) / "c"), iterations, 1)
+                rep = run_edgetpu_emulation(load_deployment(Path(tmp) / "c"), iterations, 1, 0, load_device("coral-usb"))
             except ToolchainError as exc:
                 rows.append(f"| {path.stem} | {len(g.ops)} | {n} | - | - | - | - | - | - | {str(exc)[:60]} |")
                 continue
@@ -70,7 +71,7 @@ def mcu_row(path: Path, iterations: int) -> str:
     from tpu_pipeline.runtime.backends.emulator import run_mcu_emulation
     from tpu_pipeline.toolchain.errors import ToolchainError
 
-    rep = run_mcu_emulation(path, "sparkfun-edge", iterations, 1)
+    rep = run_mcu_emulation(path, load_device("sparkfun-edge"), iterations, 1)
     a = rep.arena
     kib = lambda b: "-" if b is None else f"{b / 1024:,.1f}"  # noqa: E731
     exported = "-"
@@ -79,7 +80,7 @@ def mcu_row(path: Path, iterations: int) -> str:
 
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                e = export_mcu(path, "sparkfun-edge", Path(tmp) / "fw")
+                e = export_mcu(path, load_device("sparkfun-edge"), Path(tmp) / "fw")
                 exported = f"{kib(e.measured_head)} ({kib(e.tflm_own_head)})"
             except ToolchainError as exc:
                 exported = "flash too small" if "flash" in str(exc) else str(exc).split(": ", 1)[-1][:40]

@@ -46,7 +46,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, load_device, op_class  # noqa: E402
+from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, op_class  # noqa: E402
+from tpu_pipeline.toolchain.device import load_device  # noqa: E402
 from tpu_pipeline.toolchain.ir import macs, total_param_bytes  # noqa: E402
 from tpu_pipeline.toolchain.loader import load  # noqa: E402
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic  # noqa: E402
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
              "folding per-model fixed costs into a per-invoke overhead that pipelining would multiply.", ""]
     for column, devices in (("usb3_ms", ["coral-usb"]), ("devboard_ms", ["coral-devboard", "coral-pcie"])):
         target = {n: float(table[n][column]) / 1e3 for n in usable}
-        peak = load_device(devices[0]).peak_ops_per_s
+        peak = load_device(devices[0]).compute.peak_ops_per_s
         con = CONSTRAINTS[column]
         score, sram, x, pred = fit(feats, target, peak, con["overhead_s"], con["bandwidth"])
         rel = {n: pred[n] / target[n] - 1 for n in usable}
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
         lines += ["", f"not in the zoo: {', '.join(missing)}", ""]
         # consistency check: the shipped cost model reproduces the fit when written
         if a.write and column != "usb3_ms":
-            m = EdgeTpuCostModel(devices[0])
+            m = EdgeTpuCostModel(load_device(devices[0]))
             for n, p in usable.items():
                 _, g = load(p)
                 from tpu_pipeline.toolchain.partition import PartitionProblem

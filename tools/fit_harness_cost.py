@@ -78,6 +78,7 @@ def models():
 
 def collect(out: Path, force: bool = False) -> dict:
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
     from tpu_pipeline.toolchain.errors import ToolchainError
 
     data = json.loads(out.read_text()) if out.exists() else {"runs": {}}
@@ -91,7 +92,7 @@ def collect(out: Path, force: bool = False) -> dict:
                     continue
                 t0 = time.time()
                 try:
-                    r = run_on_qemu(path, DEVICE, kernels, iterations=1, quiet=True, timeout=600)
+                    r = run_on_qemu(path, load_device(DEVICE), kernel_set(kernels), iterations=1, quiet=True, timeout=600)
                 except ToolchainError as exc:
                     data["runs"][key] = {"error": str(exc)}
                     print(f"{key}: {exc}", flush=True)

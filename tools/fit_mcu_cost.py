@@ -67,6 +67,7 @@ def load_measurements(path: Path = MEASUREMENTS) -> dict:
 def collect(paths: list[Path], device: str, out: Path, force: bool = False, iterations: int = 1) -> dict:
     """Run each model with each kernel set in QEMU; store the per-op counts (one run at a time)."""
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
     from tpu_pipeline.toolchain.errors import ToolchainError
 
     data = load_measurements(out)
@@ -79,7 +80,7 @@ def collect(paths: list[Path], device: str, out: Path, force: bool = False, iter
                 continue
             t0 = time.time()
             try:
-                r = run_on_qemu(p, device, kernels, iterations=iterations, quiet=True, timeout=1800)
+                r = run_on_qemu(p, load_device(device), kernel_set(kernels), iterations=iterations, quiet=True, timeout=1800)
             except ToolchainError as exc:
                 runs[key] = {"model": _rel(p), "kernels": kernels, "error": f"{type(exc).__name__}: {exc}"}
                 print(f"{key}: {exc}", flush=True)

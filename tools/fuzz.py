@@ -338,7 +338,7 @@ def campaign(count: int, seed: int, commands=COMMANDS, fixtures: list[Path] | No
                     if progress:
                         progress(o)
         toml_count = count if toml_count is None else toml_count
-        from tpu_pipeline.toolchain.cost.devices import DEVICES_DIR
+        from tpu_pipeline.toolchain.device import DEVICES_DIR
 
         base = (DEVICES_DIR / "coral-usb.toml").read_text()
         rng = random.Random(f"{seed}:device")

@@ -11,6 +11,11 @@ exactly what the command prints with `--json`, and raises the `ToolchainError` s
 command turns into its exit code (`UsageError`/`ModelError` 2, `InfeasibleError` 3, `DeviceError`
 4, `VerificationError` 1). The command line calls these functions: there is one code path.
 Writing is optional where the command's `-o` is: without `output` the result carries the bytes.
+
+The API is where a call starts: it resolves a device name or path to a `Device` and a kernel-set
+name to a `KernelSet` once, and everything below takes those objects. Its imports are at the top
+(the API is loaded lazily by `tpu_pipeline/__init__.py`, and the command line imports it only
+when a command runs), but for the one lazy loader, `_fit_model`.
 """
 
 from __future__ import annotations
@@ -24,8 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from tpu_pipeline.runtime import backends, deployment  # the API sits above the runtime
+from tpu_pipeline.toolchain import report_html
+from tpu_pipeline.toolchain.compile import compile_models
+from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
+from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
+from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
+from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
+from tpu_pipeline.toolchain.inspect import summarize
+from tpu_pipeline.toolchain.ir import to_model
+from tpu_pipeline.toolchain.loader import load, load_exact
+from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
+from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
+from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
+from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
+from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_bytes_atomic, write_model
+from tpu_pipeline.toolchain.tflite.io import check_output
+from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
 
 Progress = Callable[[str], None]
 
@@ -37,8 +61,6 @@ __all__ = ["inspect", "schedule", "plan", "fit", "compile", "profile", "run",
 
 def _plain(data: Mapping) -> dict:
     """A JSON-able copy (numpy scalars, dataclasses and tuples made plain), as `--json` prints it."""
-    from tpu_pipeline.toolchain.report import json_default
-
     return json.loads(json.dumps(data, default=json_default))
 
 
@@ -164,17 +186,18 @@ def _source(model, name: str = "model.tflite") -> Iterator[tuple[Path, str]]:
     yield Path(model), os.fspath(model)
 
 
+def _fit_model():
+    """The API's one lazy import: `toolchain.fit` selects variants in CP-SAT, and OR-Tools imports
+    pandas (~0.5 s of a 2 s compile), so only `fit` loads it; a compile whose searches need no
+    CP-SAT never does (tests/test_compile.py)."""
+    from tpu_pipeline.toolchain.fit import fit_model
+
+    return fit_model
+
+
 def _html(path, builder: str, *args, **kwargs) -> None:
     """Write the HTML report (tpu_pipeline/toolchain/report_html.py) made by `builder`."""
-    from tpu_pipeline.toolchain import report_html
-
     report_html.write(path, getattr(report_html, builder)(*args, **kwargs))
-
-
-def _check_output(path, inputs) -> None:
-    from tpu_pipeline.commands.options import check_output
-
-    check_output(path, inputs=inputs)
 
 
 # ---- inspect -----------------------------------------------------------------------------------
@@ -182,15 +205,10 @@ def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.Pa
             name: str = "model.tflite") -> InspectResult:
     """Op histogram, parameter bytes, activation peak and arena predictions (`tpu-pipeline inspect`).
     `plot`: also draw live bytes per step (.png, .svg, ...); `report`: write the HTML report there."""
-    from tpu_pipeline.toolchain.execute.tflm_arena import tflm_refusal
-    from tpu_pipeline.toolchain.inspect import summarize
-    from tpu_pipeline.toolchain.loader import load
-    from tpu_pipeline.toolchain.report import plot_live_bytes
-
     with _source(model, name) as (path, label):
         for extra in (plot, report):
             if extra is not None:
-                _check_output(extra, [path])
+                check_output(extra, [path])
         m, graph = load(path)
         # one verdict with the MCU commands: TFLite Micro's own answer, asked once (host wheel, a child)
         s = summarize(graph, path=label, subgraphs=len(m.subgraphs), tflm_cannot_run=tflm_refusal(path, label=label))
@@ -212,17 +230,11 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
              name: str = "model.tflite") -> ScheduleResult:
     """The memory-optimal op order, with its proof (`tpu-pipeline schedule`). With `output` the
     reordered model is written there; `model_bytes` holds it either way."""
-    from tpu_pipeline.toolchain.ir import to_model
-    from tpu_pipeline.toolchain.loader import load, load_exact
-    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
-    from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
-    from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model
-
     _positive("time_limit", time_limit)
     with _source(model, name) as (path, label):
         for extra in (output, report):
             if extra is not None:
-                _check_output(extra, [path])
+                check_output(extra, [path])
         # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
         m, graph, notes = load_exact(path, mcu=True) if output is not None else (*load(path), [])
         result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=semantics)
@@ -250,20 +262,13 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
          name: str = "model.tflite") -> PlanResult:
     """Arena offsets down to the live-bytes bound, as TFLite Micro's offline plan (`tpu-pipeline
     plan`). `verify`: load the planned model in TFLite Micro and check its head (VerificationError)."""
-    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
-    from tpu_pipeline.toolchain.loader import load_exact
-    from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
-    from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
-    from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_model
-    from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
-
     _positive("time_limit", time_limit)
     if onchip is not None and onchip < 0:
         raise UsageError(f"--onchip must be a number of bytes >= 0, got {onchip}")
     with _source(model, name) as (path, label):
         for extra in (output, report):
             if extra is not None:
-                _check_output(extra, [path])
+                check_output(extra, [path])
         m, graph, notes = load_exact(path, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
         lt = lifetimes(graph, semantics="tflm")
         result = plan_for_tflm(graph, lt, planner, time_limit, n_tensors=total_tensor_count(m))
@@ -300,8 +305,9 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
 
 
 # ---- fit ---------------------------------------------------------------------------------------
-def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = None, device: str | None = None,
-        objective: str = "latency", kernels: str = "cmsis-nn", allow_lossy: bool = False, pareto: bool = False,
+def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = None,
+        device: str | Device | None = None, objective: str = "latency", kernels: str | KernelSet | None = None,
+        allow_lossy: bool = False, pareto: bool = False,
         plot: str | os.PathLike | None = None, time_limit: float = 30.0, runs: int = 2,
         progress: Progress | None = None, report: str | os.PathLike | None = None,
         name: str = "model.tflite", int8_io: bool = False, input_outside_arena: bool = False,
@@ -312,9 +318,8 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
     arena reachable). `pareto` (or `plot`): also the arena/latency frontier. `int8_io`: drop the
     float QUANTIZE/DEQUANTIZE at the interface; `input_outside_arena`: the application keeps the
     inputs (harness firmware); `builtin_kernels`: only TFLite Micro's builtin kernels;
-    `patches`: offer patch-based execution (docs/fit.md)."""
-    from tpu_pipeline.toolchain.fit import fit_model
-
+    `patches`: offer patch-based execution (docs/fit.md). `kernels`: the TFLite Micro kernel set
+    (None: the default set, CMSIS-NN's)."""
     _positive("time_limit", time_limit)
     if runs < 1:
         raise UsageError(f"--runs must be at least 1, got {runs}")
@@ -322,11 +327,12 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
         raise UsageError(f"--budget must be a number of bytes >= 0, got {budget}")
     with _source(model, name) as (path, label):
         if output is not None:
-            _check_output(output, [path])
+            check_output(output, [path])
         for extra in (plot, report):
             if extra is not None:
-                _check_output(extra, [path, *([output] if output is not None else [])])
-        fitted = fit_model(path, budget=budget, device=device, objective=objective, kernels=kernels,
+                check_output(extra, [path, *([output] if output is not None else [])])
+        dev = load_device(device) if device is not None else None
+        fitted = _fit_model()(path, budget=budget, device=dev, objective=objective, kernels=kernel_set(kernels),
                            time_limit=time_limit, want_pareto=pareto or plot is not None, verify_runs=runs,
                            progress=progress, allow_lossy=allow_lossy, int8_io=int8_io,
                            input_outside_arena=input_outside_arena, harness=not builtin_kernels,
@@ -338,12 +344,8 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
             raise InfeasibleError(f"{label}: no variant fits {r.budget:,} B of {what}; the smallest reachable "
                                   f"is {reached:,} B ({len(r.graph.ops)} ops)")
         if output is not None:
-            from tpu_pipeline.toolchain.tflite import write_bytes_atomic
-
             write_bytes_atomic(output, fitted.data, inputs=[path])
         if plot is not None:
-            from tpu_pipeline.toolchain.report import plot_frontier
-
             plot_frontier(r, os.fspath(plot), label)
         d = fitted.to_json()
         d.update(model=label, output=None if output is None else os.fspath(output))
@@ -370,8 +372,6 @@ def compile(models, n: int | str | None, *, out: str | os.PathLike | None = None
     user's cut points (text as --cuts takes it, or a list of entries); `profile`: a `run --json`
     whose measured stage times replace the predictions. `mix` (several models): "A=3,B=1", the
     invocation mix the co-compilation order is chosen for (report.json's co_compile)."""
-    from tpu_pipeline.toolchain.compile import compile_models
-
     passes = tuple(x for x, off in (("rewrite", no_rewrite), ("schedule", no_schedule), ("plan", no_plan)) if not off)
     options = dict(device=device, strategy=strategy, time_limit=time_limit, verify=verify, colocate=colocate,
                    passes=passes, semantics=semantics, budget=budget, gap=gap, int8_io=int8_io,
@@ -385,12 +385,10 @@ def compile(models, n: int | str | None, *, out: str | os.PathLike | None = None
         else:
             paths = [models] if isinstance(models, (str, os.PathLike)) else list(models)
         if report is not None:
-            _check_output(report, paths)
+            check_output(report, paths)
         res = compile_models(paths, n, out, progress=progress, **options)
     r = _plain(res.report)
     if report is not None:
-        from tpu_pipeline.toolchain.tflite import write_bytes_atomic
-
         write_bytes_atomic(report, (Path(res.out_dir) / "report.html").read_bytes())
     p = res.partition
     return CompileResult(r, tuple(str(x) for x in paths), str(res.out_dir), p.n, tuple(res.files),
@@ -398,19 +396,11 @@ def compile(models, n: int | str | None, *, out: str | os.PathLike | None = None
 
 
 # ---- run and profile ---------------------------------------------------------------------------
-def _device_kind(name: str) -> str:
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
-
-    return str(device_dict(name).get("kind", "edgetpu"))
-
-
 def _compiled_for(dep) -> str | None:
     """The device report.json names, looked up only among devices/*.toml: a report never makes
     the runtime open a path of its choosing."""
     if dep.device is None:
         return None
-    from tpu_pipeline.toolchain.cost.devices import available_devices
-
     known = available_devices()
     if dep.device not in known:
         raise ModelError(f"{dep.source}/report.json: device: '{dep.device}' is not a known device "
@@ -418,12 +408,10 @@ def _compiled_for(dep) -> str | None:
     return dep.device
 
 
-def _execute(target: Path, device: str | None, backend: str, iterations: int, warmup: int, seed: int,
-             port: str | None, baud: int | None, timeout: float, kernels: str | None, power_meter: str | None,
-             kind_hint: str | None = None, announce: Progress | None = None, progress_bar=None):
+def _execute(target: Path, device: str | Device | None, backend: str, iterations: int, warmup: int, seed: int,
+             port: str | None, baud: int | None, timeout: float, kernels: KernelSet | None, power_meter: str | None,
+             announce: Progress | None = None, progress_bar=None):
     """Shared by run and profile: choose a backend, run, return (report, choice)."""
-    from tpu_pipeline.runtime import backends, deployment  # the API sits above the runtime
-
     if iterations < 1:
         raise UsageError(f"--iterations must be at least 1, got {iterations}")
     if warmup < 0:
@@ -431,12 +419,12 @@ def _execute(target: Path, device: str | None, backend: str, iterations: int, wa
     dep = deployment.load_deployment(target)
     if device is None:
         device = {"mcu": "sparkfun-edge", "qemu": "qemu-mps2-an386"}.get(backend) or (_compiled_for(dep) or "coral-usb")
-    kind = kind_hint or _device_kind(device)
-    choice = backends.select_backend(backend, kind, port, dep)
+    dev = load_device(device)
+    choice = backends.select_backend(backend, dev.kind, port, dep)
     if kernels and choice.backend != "qemu":
         raise UsageError(f"--kernels selects the firmware's TFLite Micro kernels: it needs --backend qemu, "
                          f"not {choice.backend}")
-    request = backends.RunRequest(dep, device, kind, iterations, warmup, seed, port, baud, timeout, kernels)
+    request = backends.RunRequest(dep, dev, dev.kind, iterations, warmup, seed, port, baud, timeout, kernels)
     if announce is not None:
         announce(f"backend: {choice.backend} ({choice.reason})")
     total = backends.get_backend(choice.backend).progress_total(request)
@@ -471,59 +459,57 @@ def _run_fields(rep) -> dict:
                 throughput_per_s=rep.throughput_per_s, verified=rep.verified, error=rep.error, report=rep)
 
 
-def run(target, *, backend: str = "auto", device: str | None = None, iterations: int = 20, warmup: int = 2,
-        seed: int = 0, port: str | None = None, baud: int | None = None, power_meter: str | None = None,
-        timeout: float = 10.0, kernels: str | None = None, announce: Progress | None = None,
+def run(target, *, backend: str = "auto", device: str | Device | None = None, iterations: int = 20,
+        warmup: int = 2, seed: int = 0, port: str | None = None, baud: int | None = None,
+        power_meter: str | None = None, timeout: float = 10.0, kernels: str | KernelSet | None = None, announce: Progress | None = None,
         progress_bar=None) -> RunResult:
     """Run a compiled folder or a .tflite on Coral, an MCU, QEMU or the host emulator and measure it
     (`tpu-pipeline run`). A failed run raises (DeviceError, VerificationError, ...) with the
     partial result as the exception's `.result`."""
     with _source(target) as (path, _):
-        rep, _ = _execute(path, device, backend, iterations, warmup, seed, port, baud, timeout, kernels, power_meter,
-                          announce=announce, progress_bar=progress_bar)
+        rep, _ = _execute(path, device, backend, iterations, warmup, seed, port, baud, timeout,
+                          kernel_set(kernels) if kernels else None, power_meter, announce, progress_bar)
     return _outcome(rep, RunResult(_plain(rep.to_json()), **_run_fields(rep)))
 
 
-def profile(model, device: str, *, backend: str = "auto", kernels: str | None = None, iterations: int = 20,
+def profile(model, device: str | Device, *, backend: str = "auto", kernels: str | KernelSet | None = None,
+            iterations: int = 20,
             warmup: int = 2, seed: int = 0, port: str | None = None, baud: int | None = None,
             power_meter: str | None = None, timeout: float = 10.0, host_ops: bool = False,
             announce: Progress | None = None, progress_bar=None) -> ProfileResult:
     """Latency, throughput, arena bytes, energy and the slowest ops of a model on `device` or its
-    emulation, with the predictions beside the measurements (`tpu-pipeline profile`)."""
+    emulation, with the predictions beside the measurements (`tpu-pipeline profile`). `kernels`:
+    the TFLite Micro kernel set the MCU predictions are for (None: the default set)."""
     with _source(model) as (target, _):
-        kind = _device_kind(device)
+        dev = load_device(device)
+        kind, label, ks = dev.kind, dev.label, kernel_set(kernels)
         if kind == "mcu" and target.is_dir():
             raise UsageError(f"{target}: profile an MCU with one .tflite, not a directory")
         if kernels and kind != "mcu":
-            raise UsageError(f"--kernels is for MCU devices; '{device}' is not one")
+            raise UsageError(f"--kernels is for MCU devices; '{label}' is not one")
         try:
-            rep, choice = _execute(target, device, backend, iterations, warmup, seed, port, baud, timeout,
-                                   kernels if backend == "qemu" else None, power_meter, kind, announce, progress_bar)
+            rep, choice = _execute(target, dev, backend, iterations, warmup, seed, port, baud, timeout,
+                                   ks if kernels and backend == "qemu" else None, power_meter, announce, progress_bar)
         except InfeasibleError as exc:  # e.g. the firmware overflows the board: still give the predictions
             if kind != "mcu" or not target.is_file():
                 raise
-            raise InfeasibleError(f"{exc}; {_predicted_figures(target, device, kernels or 'cmsis-nn')}") from None
+            raise InfeasibleError(f"{exc}; {_predicted_figures(target, dev, ks)}") from None
         extra: dict = {}
         if kind == "mcu" and target.is_file():
-            extra = _mcu_predictions(rep, target, device, kernels or "cmsis-nn")
+            extra = _mcu_predictions(rep, target, dev, ks)
             arena = rep.arena or {}
             if rep.error and arena.get("fits") is False and (arena.get("total") or 0) > (arena.get("configured") or 0):
                 s = extra.get("latency_s_predicted")
                 rep.error += (f"; predicted latency {f'{s * 1e3:,.1f} ms on the device' if s is not None else 'not available'}; "
-                              f"`tpu-pipeline fit {target} --device {device} -o fitted.tflite` looks for a "
+                              f"`tpu-pipeline fit {target} --device {label} -o fitted.tflite` looks for a "
                               f"variant whose arena fits")
         if kind == "mcu" and host_ops and choice.backend == "emulator" and not rep.error:
-            from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
-
             times = tflm_op_times(target.read_bytes(), iterations=max(1, min(iterations, 5)))
             for o in rep.ops:
                 o["host_s"] = times.get(o["index"])
         if kind == "edgetpu" and target.is_file() and not rep.ops:
-            from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
-            from tpu_pipeline.toolchain.loader import load
-
             _, graph = load(target)
-            costs = EdgeTpuCostModel(device).op_costs(graph)
+            costs = EdgeTpuCostModel(dev).op_costs(graph)
             rep.ops = [{"index": i, "opcode": op.opcode, "class": c.op_class, "work": c.macs,
                         "predicted_s": c.compute_ps / PS_PER_S} for i, (op, c) in enumerate(zip(graph.ops, costs))]
     d = rep.to_json()
@@ -536,15 +522,10 @@ def profile(model, device: str, *, backend: str = "auto", kernels: str | None = 
     return _outcome(rep, result)
 
 
-def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
+def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> dict:
     """Arena (32-bit target, export-mcu's plan), latency and energy for `kernels` on `device`."""
-    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
-    from tpu_pipeline.toolchain.loader import load
-    from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
-    from tpu_pipeline.toolchain.tflite.metadata import total_tensor_count
-
     model, graph = load(target)
-    est = estimate_mcu(graph, device, kernels=kernels)
+    est = estimate_mcu(graph, device, kernels)
     try:
         arena = target_arena(graph, kernels, export_plan_offsets(graph, total_tensor_count(model)))
     except ToolchainError as exc:  # e.g. control flow: no offline plan is written
@@ -561,8 +542,8 @@ def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
     if rep.backend == "emulator":
         rep.predicted.update(latency_s=est.latency_s, energy_j=est.energy_j, cycles=est.cycles,
                              throughput_per_s=1.0 / est.latency_s if est.latency_s else None,
-                             source=f"MCU cost model ({est.device}, {kernels} kernels)")
-    return {"kernels": kernels, "arena_bytes_predicted": arena.total if arena else None,
+                             source=f"MCU cost model ({est.device}, {kernels.name} kernels)")
+    return {"kernels": kernels.name, "arena_bytes_predicted": arena.total if arena else None,
             "arena_head_predicted": arena.head if arena else None,
             "arena_tail_predicted": arena.tail if arena else None,
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
@@ -570,20 +551,16 @@ def _mcu_predictions(rep, target: Path, device: str, kernels: str) -> dict:
             "clock_hz": est.clock_hz}
 
 
-def _predicted_figures(target: Path, device: str, kernels: str) -> str:
+def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:
     """One line of what is known without running: predicted latency, arena needed vs available,
     and where to go next (`fit --device`)."""
-    from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
-    from tpu_pipeline.toolchain.loader import load
-    from tpu_pipeline.toolchain.memory.tflm_target import target_arena
-
     _, graph = load(target)
-    est = estimate_mcu(graph, device, kernels=kernels)
+    est = estimate_mcu(graph, device, kernels)
     arena = target_arena(graph, kernels)
-    sram = int(device_dict(device)["memory"]["sram_bytes"])
+    sram = device.memory.sram_bytes
     need = f"{arena.total:,} B" if arena.total is not None else f"head {arena.head:,} B + a tail not modelled"
-    return (f"predicted: latency {est.latency_s * 1e3:,.1f} ms, arena {need} ({kernels} kernels) of {sram:,} B SRAM; "
-            f"`tpu-pipeline fit {target} --device {device} -o fitted.tflite` looks for a variant that fits")
+    return (f"predicted: latency {est.latency_s * 1e3:,.1f} ms, arena {need} ({kernels.name} kernels) of {sram:,} B "
+            f"SRAM; `tpu-pipeline fit {target} --device {device.label} -o fitted.tflite` looks for a variant that fits")
 
 
 def _positive(name: str, value: float) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tpu_pipeline.toolchain.device import KernelSet, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 
 HAVE_ARM = all(shutil.which(t) for t in ("arm-none-eabi-g++", "arm-none-eabi-gcc", "arm-none-eabi-size"))
@@ -17,17 +18,17 @@ needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="qemu-system-arm not insta
                                 "qemu-system-arm; .ci/run does)")
 
 
-def tree_or_skip(kernels: str) -> Path:
+def tree_or_skip(kernels: str | KernelSet) -> Path:
     """The TFLite Micro tree for `kernels`, or skip the test when none is here."""
     from tpu_pipeline.toolchain.firmware.library import find_tree
 
     try:
-        return find_tree(kernels)
+        return find_tree(kernel_set(kernels))
     except UsageError as exc:
         pytest.skip(f"no TFLite Micro tree: {exc}")
 
 
-def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
+def run_fitted_on_qemu(tmp_path, fitted, kernels: str | KernelSet):
     """The fitted model in the harness firmware for `kernels` on QEMU (skips without the ARM
     toolchain, QEMU or the TFLite Micro tree); its outputs must match the host's TFLite Micro."""
     if not (HAVE_ARM and HAVE_QEMU):
@@ -39,7 +40,7 @@ def run_fitted_on_qemu(tmp_path, fitted, kernels: str):
     out = tmp_path / "fitted.tflite"
     out.write_bytes(fitted.data)
     try:
-        r = run_on_qemu(out, "qemu-mps2-an386", kernels, iterations=2, seed=3)
+        r = run_on_qemu(out, load_device("qemu-mps2-an386"), kernel_set(kernels), iterations=2, seed=3)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences

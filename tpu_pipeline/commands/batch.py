@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
+from tpu_pipeline.toolchain.device import KERNEL_SET_NAMES
 from tpu_pipeline.output import printer, progress
 
 HELP = "run inspect, fit, profile or compile over many models x devices x budgets; one table, one row per job"
@@ -22,7 +23,7 @@ def add_arguments(p) -> None:
                         "inspect the `fits` column")
     p.add_argument("-n", "--num-segments", type=int, dest="n", help="compile: number of pipeline segments")
     p.add_argument("--time-limit", type=seconds, metavar="S", help="the command's --time-limit")
-    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), help="fit/profile: TFLite Micro kernel set")
+    p.add_argument("--kernels", choices=KERNEL_SET_NAMES, help="fit/profile: TFLite Micro kernel set")
     p.add_argument("--iterations", "-N", type=positive_int, help="profile: timed inferences")
     p.add_argument("--jobs", "-j", type=positive_int, help="local worker processes at a time (default: the CPU count)")
     p.add_argument("--cluster", metavar="ADDRESS",

@@ -1,16 +1,17 @@
-"""`tpu-pipeline build-firmware DIR [--kernels cmsis-nn|reference] [--tflm-tree TREE] [--json]`."""
+"""`tpu-pipeline build-firmware DIR [--kernels KERNEL_SET] [--tflm-tree TREE] [--json]`."""
 
 from __future__ import annotations
 
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
 HELP = "build the harness firmware ELF of an export-mcu project (make, cached TFLite Micro library); flash and RAM"
 
 
 def add_arguments(p) -> None:
     p.add_argument("project", metavar="DIR", help="a folder written by `tpu-pipeline export-mcu --device BOARD`")
-    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
+    p.add_argument("--kernels", choices=KERNEL_SET_NAMES, default=DEFAULT_KERNEL_SET.name,
                    help="TFLite Micro kernels: CMSIS-NN (default, what deployments run) or reference")
     p.add_argument("--tflm-tree", metavar="TREE", default=None,
                    help="TFLite Micro source tree (default: $TFLM_TREE, else shared/tflm/<kernels> near the checkout)")
@@ -20,13 +21,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from tpu_pipeline.toolchain.device import kernel_set
     from tpu_pipeline.toolchain.errors import UsageError
     from tpu_pipeline.toolchain.firmware.build import build_firmware
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     # the library build's progress goes to stderr in every format (a first build takes minutes)
-    b = build_firmware(args.project, args.kernels, args.tflm_tree, args.arena_size, args.jobs)
+    b = build_firmware(args.project, kernel_set(args.kernels), args.tflm_tree, args.arena_size, args.jobs)
     if args.json:
         out.print_json(b.to_json())
         return 0

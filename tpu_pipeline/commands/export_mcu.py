@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.commands.options import add_interface_arguments, check_output_folder, positive_int, seconds
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
 HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 
@@ -22,22 +23,25 @@ def add_arguments(p) -> None:
                    help="with a fit: only TFLite Micro's builtin kernels")
     p.add_argument("--fit", action="store_true",
                    help="first fit the model to what the device's SRAM leaves for the arena (`fit --device`)")
-    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
-                   help="with --fit/--budget: the kernel set the fit prices variants for (default cmsis-nn)")
+    p.add_argument("--kernels", choices=KERNEL_SET_NAMES, default=DEFAULT_KERNEL_SET.name,
+                   help=f"with --fit/--budget: the kernel set the fit prices variants for (default {DEFAULT_KERNEL_SET.name})")
     p.add_argument("--time-limit", type=seconds, default=30.0, metavar="S",
                    help="with --fit/--budget: seconds for the fit's search (default 30)")
 
 
 def run(args) -> int:
+    from tpu_pipeline.toolchain.device import kernel_set, load_device
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     check_output_folder(args.out, inputs=[args.model])
+    device = load_device(args.device)  # resolved once: everything below takes the objects
+    kernels = kernel_set(args.kernels)
     fitted = None
     if args.fit or args.budget is not None or args.int8_io or args.input_outside_arena:
         from tpu_pipeline.toolchain.errors import InfeasibleError
         from tpu_pipeline.toolchain.fit import fit_model
 
-        fitted = fit_model(args.model, budget=args.budget, device=args.device, kernels=args.kernels,
+        fitted = fit_model(args.model, budget=args.budget, device=device, kernels=kernels,
                            time_limit=args.time_limit, int8_io=args.int8_io,
                            input_outside_arena=args.input_outside_arena, harness=not args.builtin_kernels,
                            head_only=args.head_only)
@@ -45,7 +49,7 @@ def run(args) -> int:
             what = "arena head" if args.head_only else "arena (head + tail)"
             raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of {what} "
                                   f"({fitted.budget_from}); the smallest reachable head is {fitted.result.head:,} B")
-    r = export_mcu(args.model, args.device, args.out, model_data=fitted.data if fitted else None)
+    r = export_mcu(args.model, device, args.out, model_data=fitted.data if fitted else None)
     if args.json:
         out.print_json({**r.to_json(), **({"fit": fitted.to_json()} if fitted else {})})
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tpu_pipeline.output import printer, progress
 from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, non_negative_int, plot_path, positive_int, seconds
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
 HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
@@ -30,9 +31,9 @@ def add_arguments(p) -> None:
                         "predicted for it (default cost model: qemu-mps2-an386)")
     p.add_argument("--objective", choices=("latency", "memory"), default="latency",
                    help="latency: fastest variant within the budget (default); memory: smallest arena")
-    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default="cmsis-nn",
+    p.add_argument("--kernels", choices=KERNEL_SET_NAMES, default=DEFAULT_KERNEL_SET.name,
                    help="TFLite Micro kernel set whose cost model prices the variants (and, with --device, whose "
-                        "persistent allocations count against SRAM); default cmsis-nn")
+                        f"persistent allocations count against SRAM); default {DEFAULT_KERNEL_SET.name}")
     p.add_argument("--allow-lossy", action="store_true",
                    help="also offer int8 partial-convolution splits (requantized partial sums: not bit-identical; "
                         "the deviation is measured and reported)")

@@ -1,20 +1,18 @@
 """Option checks shared by the command modules, all done before any work starts.
 
 The argparse types turn a bad value into argparse's one-line error (exit 2). `check_output`
-refuses an output path the writer would refuse anyway (an input model: exit 2; a directory, a
-device, a fifo, a folder nobody can write into: exit 4), so no minutes of solving are lost to it.
+(tpu_pipeline.toolchain.tflite.io's, re-exported for the commands) refuses an output path the
+writer would refuse anyway (an input model: exit 2; a directory, a device, a fifo, a folder
+nobody can write into: exit 4), so no minutes of solving are lost to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import tempfile
 from pathlib import Path
 
-from tpu_pipeline.toolchain.errors import DeviceError, UsageError
-from tpu_pipeline.toolchain.tflite.io import check_output_folder, check_output_path  # noqa: F401 (re-exported)
+from tpu_pipeline.toolchain.tflite.io import check_output, check_output_folder, check_output_path  # noqa: F401 (re-exported)
 
 # What matplotlib's Agg canvas writes (FigureCanvasBase.get_supported_filetypes()), without
 # importing matplotlib just to parse the options.
@@ -95,18 +93,3 @@ def add_interface_arguments(p, int8_note: str, input_note: str) -> None:
 def add_report_argument(p) -> None:
     p.add_argument("--report", metavar="FILE.html", type=html_path,
                    help="also write a self-contained HTML report (memory timeline, arena layout, ...; docs/cli.md)")
-
-
-def check_output(path: str | os.PathLike, inputs=()) -> Path:
-    """Refuse, before any work, an output file that cannot or must not be written (see
-    `tpu_pipeline.toolchain.tflite.io.check_output_path`), and one whose existing folder refuses a new file."""
-    target = check_output_path(path, inputs)
-    folder = target.parent
-    if folder.is_dir():
-        try:
-            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
-        except OSError as exc:
-            raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
-        os.close(fd)
-        os.unlink(probe)
-    return target

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tpu_pipeline.commands import run as run_cmd
 from tpu_pipeline.commands.options import non_negative_int, positive_int, seconds
 from tpu_pipeline.runtime.backends import BUILTIN
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
 HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
@@ -13,9 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
     p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
     p.add_argument("--backend", default="auto", choices=("auto", *BUILTIN))
-    p.add_argument("--kernels", dest="mcu_kernels", choices=("cmsis-nn", "reference"), default=None,
+    p.add_argument("--kernels", dest="mcu_kernels", choices=KERNEL_SET_NAMES, default=None,
                    help="MCU: TFLite Micro kernels the predictions (arena, latency, energy) are for "
-                        "(default cmsis-nn; with --backend qemu also the firmware's)")
+                        f"(default {DEFAULT_KERNEL_SET.name}; with --backend qemu also the firmware's)")
     p.add_argument("--iterations", "-N", type=positive_int, default=20)
     p.add_argument("--warmup", type=non_negative_int, default=2)
     p.add_argument("--seed", type=non_negative_int, default=0)

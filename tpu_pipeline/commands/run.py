@@ -7,6 +7,7 @@ import sys
 
 from tpu_pipeline.output import printer
 from tpu_pipeline.runtime.backends import BUILTIN
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
 HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the host emulator; measure it"
 
@@ -24,8 +25,8 @@ def add_arguments(p) -> None:
     p.add_argument("--baud", type=int, help="serial baud rate (default: the device's [link] baud)")
     p.add_argument("--power-meter", metavar="PORT", help="serial port of a UM24C/UM25C/UM34C USB power meter")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any one answer (default 10)")
-    p.add_argument("--kernels", choices=("cmsis-nn", "reference"), default=None,
-                   help="TFLite Micro kernels of the firmware (qemu backend; default cmsis-nn)")
+    p.add_argument("--kernels", choices=KERNEL_SET_NAMES, default=None,
+                   help=f"TFLite Micro kernels of the firmware (qemu backend; default {DEFAULT_KERNEL_SET.name})")
 
 
 def hooks(args) -> dict:

@@ -22,25 +22,27 @@ import numpy as np
 
 from tpu_pipeline.runtime import protocol as P
 from tpu_pipeline.runtime.fake_pty import PtyDevice
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, load_device
 
 FAULTS = ("silent", "hang", "garble", "reset", "error")
 
 
 class FakeMcu(PtyDevice):
-    def __init__(self, model_bytes: bytes, arena_size: int = 393216, device="sparkfun-edge",
+    def __init__(self, model_bytes: bytes, arena_size: int = 393216, device: str | Device = "sparkfun-edge",
                  fault: str | None = None, fault_at: int = 0, arena_used: int | None = None,
                  board: str = "sparkfun-edge", announce_boot: bool = True):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
-        from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
         from tpu_pipeline.toolchain.ir import from_model
+        from tpu_pipeline.toolchain.predict import mcu_prediction
         from tpu_pipeline.toolchain.tflite import read_model
 
         self.model_bytes = bytes(model_bytes)
         self.arena_size = arena_size
         self.fault, self.fault_at = fault, fault_at
         self.board = board
-        est = estimate_mcu(from_model(read_model(self.model_bytes)), device)
+        # a stand-in's entry point (tests, demos): the board is resolved here, once
+        est = mcu_prediction(from_model(read_model(self.model_bytes)), load_device(device), DEFAULT_KERNEL_SET)
         self.clock_hz = int(est.clock_hz)
         self.op_ticks = [(o.index, o.opcode, int(round(o.cycles))) for o in est.ops]
         if arena_used is None:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tpu_pipeline.toolchain.data import HARNESS_DIR  # package data: found from any folder, in a wheel too
+from tpu_pipeline.toolchain.device import KERNEL_SETS, REFERENCE, Device
 from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError, UsageError
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.tflite.io import write_bytes_atomic
@@ -102,14 +103,13 @@ def c_array(data: bytes, name: str) -> str:
             f"const unsigned int {name}_len = {len(data)};\n")
 
 
-def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify: bool = True,
+def export_mcu(model_path: str | Path, device: Device, out_dir: str | Path, verify: bool = True,
                model_data: bytes | None = None) -> ExportResult:
     """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, predicted_host_head
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
-    from tpu_pipeline.toolchain.memory.tflm_target import KERNEL_SETS, target_arena, target_head
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_head
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
     from tpu_pipeline.toolchain.tflite.extract import without_unused_tensors
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
@@ -118,11 +118,9 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a directory")
-    d = device_dict(device)
-    if d.get("kind") != "mcu":
-        raise UsageError(f"device '{d.get('name', device)}' is not an MCU (kind = {d.get('kind')!r})")
-    sram = int(d["memory"]["sram_bytes"])
-    flash = int(d["memory"].get("flash_bytes", 0))
+    if device.kind != "mcu":
+        raise UsageError(f"device '{device.name}' is not an MCU (kind = {device.kind!r})")
+    sram, flash = device.memory.sram_bytes, device.memory.flash_bytes
     model = read_model(model_data, name=str(src)) if model_data is not None else read_model(src)
     # TFLite Micro's own verdict first: the same words as every MCU command for a model it cannot run
     measure_tflm_arena(model_to_bytes(model), label=str(src))
@@ -139,12 +137,12 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
         # under either kernel set: fit plans for the kernels it was asked for (CMSIS-NN's scratch),
         # ours for the reference kernels', so judging fit's plan by the reference head alone threw
         # away plans that are smaller on the board they were made for
-        offsets, planned_head, planner = list(kept), target_head(graph, "reference", kept)[0], "the model's own"
+        offsets, planned_head, planner = list(kept), target_head(graph, REFERENCE, kept)[0], "the model's own"
     own_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     planned = with_offline_plan(model, offsets) if any(o >= 0 for o in offsets) else model
     data = model_to_bytes(planned)
     if flash and len(data) > flash:
-        raise InfeasibleError(f"{src}: the model is {len(data):,} bytes; {d['name']} has {flash:,} bytes of flash")
+        raise InfeasibleError(f"{src}: the model is {len(data):,} bytes; {device.name} has {flash:,} bytes of flash")
     measured = measure_tflm_arena(data, arena_size=max(64 * 1024 * 1024, 4 * sram))
     # the host's TFLite Micro runs the builtin view of harness kernels (no overlapped buffers): its
     # head is checked against what the same plan gives that view
@@ -167,7 +165,7 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
         if on_harness else 0
     arena_size = -(-(max(needed or [measured.head + measured.tail]) + temporaries) // 16) * 16
     if arena_size > sram:
-        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena; {d['name']} has {sram:,} bytes of SRAM")
+        raise InfeasibleError(f"{src}: needs a {arena_size:,}-byte arena; {device.name} has {sram:,} bytes of SRAM")
     crc = f"{zlib.crc32(data):08X}"
     sg = planned.subgraphs[0]
     files: dict[str, bytes] = {
@@ -177,22 +175,20 @@ def export_mcu(model_path: str | Path, device: str, out_dir: str | Path, verify:
         "model_data.cc": c_array(data, "g_model_data").encode(),
         "op_resolver.h": _resolver_header(opcodes, methods).encode(),
     }
-    firmware = None
-    if "firmware" in d:
-        from tpu_pipeline.toolchain.cost.devices import board_firmware
+    firmware = device.firmware
+    if firmware is not None:
         from tpu_pipeline.toolchain.firmware.project import project_files
 
-        firmware = board_firmware(d)
-        files.update(project_files(d))
+        files.update(project_files(device))
     external = [(t, graph.tensors[t].nbytes) for t in sorted(graph.external)]  # TFLM adds them by index
-    files["harness_config.h"] = _config_header(d, arena_size, measured.head, crc, len(sg.inputs), len(sg.outputs),
+    files["harness_config.h"] = _config_header(device, arena_size, measured.head, crc, len(sg.inputs), len(sg.outputs),
                                                src.name, firmware.core_clock_hz if firmware else None,
                                                external).encode()
     if HARNESS_DIR.is_dir():
         for f in sorted(HARNESS_DIR.iterdir()):
             if f.is_file():
                 files[f.name] = f.read_bytes()
-    result = ExportResult(str(out), tuple(sorted([*files, "export.json"])), str(d.get("name", device)), opcodes,
+    result = ExportResult(str(out), tuple(sorted([*files, "export.json"])), device.name, opcodes,
                           len(data), planned_head, own_head, measured.head, measured.tail, arena_size, sram,
                           flash, planner, sum(1 for o in offsets if o >= 0), crc,
                           firmware.to_json() if firmware else None)
@@ -217,19 +213,19 @@ def _resolver_header(opcodes, methods) -> str:
     return "\n".join(lines)
 
 
-def _config_header(d: dict, arena: int, head: int, crc: str, n_in: int, n_out: int, model_name: str,
+def _config_header(device: Device, arena: int, head: int, crc: str, n_in: int, n_out: int, model_name: str,
                    core_clock_hz: int | None = None, external=()) -> str:
     # Ticks count at the clock the board layer really runs the core at (its [firmware] section),
     # which may differ from the chip's maximum in [compute] clock_hz.
-    ticks = core_clock_hz or int(d["compute"]["clock_hz"])
+    ticks = core_clock_hz or int(device.compute.clock_hz)
     return "\n".join([
         "#pragma once", "// Generated by tpu-pipeline export-mcu.", "",
-        f'#define HARNESS_BOARD "{d.get("name", "mcu")}"',
+        f'#define HARNESS_BOARD "{device.name}"',
         f'#define HARNESS_MODEL_NAME "{model_name}"',
         "#ifndef HARNESS_ARENA_SIZE  // make ARENA_SIZE=N overrides it",
         f"#define HARNESS_ARENA_SIZE {arena}  // head {head} (planned, offline plan inside the model) + tail",
         "#endif",
-        f"#define HARNESS_BAUD {int(d.get('link', {}).get('baud', 115200))}",
+        f"#define HARNESS_BAUD {device.link.baud}",
         f"#define HARNESS_TICKS_PER_S {ticks}u",
         f"#define HARNESS_NUM_INPUTS {n_in}",
         f"#define HARNESS_NUM_OUTPUTS {n_out}",

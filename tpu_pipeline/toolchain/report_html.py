@@ -99,7 +99,7 @@ def _op_label(graph: Graph, step: int) -> str:
     return f"{step - 1} {graph.ops[step - 1].opcode}" if step <= len(graph.ops) else "the end"
 
 
-def timeline(label: str, graph: Graph, semantics: str = "tflm") -> Timeline:
+def timeline(label: str, graph: Graph, semantics="tflm") -> Timeline:
     from tpu_pipeline.toolchain.memory import lifetimes
 
     live = lifetimes(graph, semantics=semantics).live_bytes()
@@ -202,7 +202,7 @@ def for_compile(state, report: dict) -> Report:
     for pr in report["passes"]:
         d = pr.get("detail", {})
         if pr["name"] == "schedule" and "peak" in d:
-            figures.append(Figure(f"activation peak ({d.get('semantics', o.semantics)})", _b(d["peak"]), "predicted",
+            figures.append(Figure(f"activation peak ({d.get('semantics', o.semantics.name)})", _b(d["peak"]), "predicted",
                                   "proven optimal" if d.get("proven_optimal") else
                                   f"lower bound {d.get('lower_bound', 0):,} B"))
         if pr["name"] == "plan" and "tflm_head_bytes" in d:
@@ -213,7 +213,7 @@ def for_compile(state, report: dict) -> Report:
         figures.append(Figure("segment chain vs the input model", "bit-identical",
                               f"measured ({v.get('runtime', 'LiteRT')}, {v.get('samples', '?')} inputs)", "-"))
     title = f"{o.stem}: compile -n {'auto (chose ' + str(part.n) + ')' if o.n is None else part.n}"
-    return Report(title, "compile", o.stem, o.semantics, tuple(lines), boxes, head, arena,
+    return Report(title, "compile", o.stem, o.semantics.name, tuple(lines), boxes, head, arena,
                   stages, len(state.graph.ops), figures=tuple(figures), notes=tuple(report.get("notes", ())),
                   tables=compile_tables(report))
 

@@ -95,7 +95,7 @@ def run_backend(name: str, request: RunRequest, power_meter: str | None = None, 
     backend = get_backend(name)
     if request.kind not in backend.kinds:
         others = [b.name for b in registry().values() if request.kind in b.kinds]
-        raise UsageError(f"--backend {name} cannot run device '{request.device}': it is "
+        raise UsageError(f"--backend {name} cannot run device '{request.device.label}': it is "
                          f"{_KIND.get(request.kind, request.kind)} (use --backend {' or '.join(others)})")
     n = len(request.deployment.segments)
     if request.kind == "mcu" and n != 1:

@@ -10,6 +10,7 @@ from typing import Callable, ClassVar
 from tpu_pipeline.runtime.deployment import Deployment
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport, StageReport
 from tpu_pipeline.runtime.pipeline import Stage, run_pipeline
+from tpu_pipeline.toolchain.device import Device, KernelSet
 from tpu_pipeline.toolchain.errors import DeviceError, ModelError
 from tpu_pipeline.toolchain.execute.compare import compare_named
 from tpu_pipeline.toolchain.execute.inputs import input_stream
@@ -20,7 +21,7 @@ class RunRequest:
     """What to run and how: the same for every backend."""
 
     deployment: Deployment
-    device: str  # a device name (devices/<name>.toml) or a descriptor path
+    device: Device  # loaded and validated where the command or API call started
     kind: str  # the device's kind: "edgetpu" or "mcu"
     iterations: int = 20
     warmup: int = 2
@@ -28,7 +29,7 @@ class RunRequest:
     port: str | None = None  # serial port of the MCU harness
     baud: int | None = None
     timeout: float = 10.0
-    kernels: str | None = None  # TFLite Micro kernel set of a firmware build (qemu backend)
+    kernels: KernelSet | None = None  # TFLite Micro kernel set of a firmware build (qemu backend; None: the default)
 
 
 class Backend:

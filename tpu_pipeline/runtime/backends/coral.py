@@ -19,6 +19,7 @@ from pathlib import Path
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest, litert_stage, measure_stages
 from tpu_pipeline.runtime.deployment import Deployment
 from tpu_pipeline.runtime.measure import RunReport
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.errors import DeviceError, UsageError
 from tpu_pipeline.toolchain.manifest import inside
 
@@ -98,7 +99,7 @@ class CoralBackend(Backend):
 
     def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
         r = request
-        return run_coral(r.deployment, r.iterations, r.warmup, r.seed, progress, r.timeout, power, r.device)
+        return run_coral(r.deployment, r.device, r.iterations, r.warmup, r.seed, progress, r.timeout, power)
 
 
 def _load_delegate(device_id: str, timeout: float):
@@ -122,9 +123,10 @@ def _load_delegate(device_id: str, timeout: float):
     return box["delegate"]
 
 
-def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int = 0,
-              progress=None, timeout: float = 10.0, power=None, device: str | None = None) -> RunReport:
-    """`power`: a PowerRecorder (not started) sampling the accelerators' USB power during the run."""
+def run_coral(dep: Deployment, device: Device, iterations: int = 100, warmup: int = 5, seed: int = 0,
+              progress=None, timeout: float = 10.0, power=None) -> RunReport:
+    """`device`: the Edge TPU's descriptor (its cost model, its idle power); `power`: a
+    PowerRecorder (not started) sampling the accelerators' USB power during the run."""
     tpus = list_edgetpus()
     if not tpus:
         raise DeviceError("no Edge TPU found (looked for USB 1a6e:089a / 18d1:9302 in /sys/bus/usb/devices "
@@ -160,9 +162,7 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
     finally:
         summary = recorder.stop() if recorder is not None else None
     if summary is not None:
-        from tpu_pipeline.toolchain.cost.mcu import device_dict
-
-        idle = float(device_dict(device or dep.device or "coral-usb").get("power", {}).get("idle_w", 0.0))
+        idle = device.power.idle_w
         # warm-up, the sequential pass and the pipelined pass all ran while the meter sampled
         report.energy = summary.to_json(warmup + 2 * iterations, idle)
     report.notes.append("outputs come from the Edge TPU; they are compared with nothing (quantized TPU kernels "
@@ -174,7 +174,7 @@ def run_coral(dep: Deployment, iterations: int = 100, warmup: int = 5, seed: int
         report.throughput_per_s = throughput
     from tpu_pipeline.runtime.backends.emulator import predict_edgetpu
 
-    report.predicted = predict_edgetpu(dep, device or dep.device or "coral-usb")
+    report.predicted = predict_edgetpu(dep, device)
     return report
 
 

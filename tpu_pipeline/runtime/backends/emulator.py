@@ -18,6 +18,7 @@ from pathlib import Path
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest, litert_stage, measure_stages
 from tpu_pipeline.runtime.deployment import Deployment
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device
 from tpu_pipeline.toolchain.errors import InfeasibleError, ModelError
 from tpu_pipeline.toolchain.execute.litert import litert_interpreter
 
@@ -41,7 +42,7 @@ class EmulatorBackend(Backend):
         return run_edgetpu_emulation(r.deployment, r.iterations, r.warmup, r.seed, r.device, progress)
 
 
-def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
+def predict_edgetpu(dep: Deployment, device: Device) -> dict:
     """Predicted per-stage latency and pipeline latency/throughput/energy for the Edge TPU."""
     pred = dep.manifest.predicted if dep.manifest is not None else None
     stage_pred = [s.predicted_latency_s for s in dep.segments]
@@ -51,35 +52,23 @@ def predict_edgetpu(dep: Deployment, device: str = "coral-usb") -> dict:
         out["stages_s"] = stage_pred
         out["source"] = "report.json"
         return out
-    from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
-    from tpu_pipeline.toolchain.ir import from_model, total_param_bytes
-    from tpu_pipeline.toolchain.loader import resolve_dynamic_shapes
-    from tpu_pipeline.toolchain.tflite import read_model
+    from tpu_pipeline.toolchain.predict import edgetpu_segments
 
-    model = EdgeTpuCostModel(device)
-    stages = []
-    for seg in dep.segments:
-        g = from_model(read_model(seg.path))
-        compute = sum(c.compute_ps for c in model.op_costs(g))
-        in_b = sum(g.tensors[t].nbytes for t in g.inputs)
-        out_b = sum(g.tensors[t].nbytes for t in g.outputs)
-        stages.append(model.stage(len(g.ops), compute, total_param_bytes(g), in_b, out_b))
-    pc = model.pipeline(stages)  # the pipeline simulator: shared link and host
+    pc, stages = edgetpu_segments([seg.path for seg in dep.segments], device)  # the simulator: shared link and host
     return {"latency_s": pc.latency_s, "throughput_per_s": pc.throughput_per_s, "energy_j": pc.energy_j,
             "period_s": pc.period_s, "period_bound_s": pc.period_bound_ps / 1e12, "limited_by": pc.limited_by,
-            "stages_s": [s.latency_s for s in stages], "source": f"pipeline simulator ({device})"}
+            "stages_s": [s.latency_s for s in stages], "source": f"pipeline simulator ({device.label})"}
 
 
-def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2, seed: int = 0,
-                          device: str | None = None, progress=None) -> RunReport:
-    device = device or dep.device or "coral-usb"
+def run_edgetpu_emulation(dep: Deployment, iterations: int, warmup: int, seed: int, device: Device,
+                          progress=None) -> RunReport:
     # LiteRT's default resolver: the host latency a user's interpreter would see
     interps = [litert_interpreter(s.path, label=str(s.path), builtin_only=False) for s in dep.segments]
     stages = [litert_stage(s.path.name, it, s.inputs, s.outputs) for s, it in zip(dep.segments, interps)]
     same = len(dep.segments) == 1 and dep.whole is not None and dep.segments[0].path.resolve() == dep.whole.resolve()
     ref = (litert_interpreter(dep.whole, label=str(dep.whole), builtin_only=False)
            if dep.whole is not None and not same else None)
-    report = measure_stages(dep, stages, interps, "emulator", f"host CPU (LiteRT) for {device}",
+    report = measure_stages(dep, stages, interps, "emulator", f"host CPU (LiteRT) for {device.label}",
                             iterations, warmup, seed, reference_interp=ref, progress=progress)
     if same:
         report.verified = True  # the segment is the whole model itself
@@ -93,26 +82,24 @@ def run_edgetpu_emulation(dep: Deployment, iterations: int = 20, warmup: int = 2
     return report
 
 
-def run_mcu_emulation(model_path: Path, device: str = "sparkfun-edge", iterations: int = 10, warmup: int = 1,
+def run_mcu_emulation(model_path: Path, device: Device, iterations: int = 10, warmup: int = 1,
                       seed: int = 0, progress=None) -> RunReport:
     """TFLite Micro with the device's SRAM as the arena, plus the MCU cost model."""
     from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
-    from tpu_pipeline.toolchain.cost.mcu import device_dict, estimate_mcu
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
     from tpu_pipeline.toolchain.ir import total_param_bytes
     from tpu_pipeline.toolchain.loader import resolve_dynamic_shapes
     from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.predict import mcu_prediction
     from tpu_pipeline.toolchain.tflite import read_model
 
     data = Path(model_path).read_bytes()
     check_tflm_dtypes(data, str(model_path))  # else "cannot run with any arena" reads like a size problem
-    d = device_dict(device)
-    sram = int(d["memory"]["sram_bytes"])
-    flash = int(d["memory"].get("flash_bytes", 0))
+    sram, flash = device.memory.sram_bytes, device.memory.flash_bytes
     graph = resolve_dynamic_shapes(read_model(data, name=str(model_path)), None, str(model_path))[1]
-    est = estimate_mcu(graph, d)
-    report = RunReport("emulator", f"{d.get('name', device)} (TFLite Micro on the host)", str(model_path), iterations)
+    est = mcu_prediction(graph, device, DEFAULT_KERNEL_SET)  # api.profile re-prices for the kernels asked for
+    report = RunReport("emulator", f"{device.name} (TFLite Micro on the host)", str(model_path), iterations)
     predicted_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
     arena = {"configured": sram, "fits": False, "head": None, "tail": None, "total": None,
              "predicted_head": predicted_head, "model_bytes": len(data), "flash_bytes": flash,

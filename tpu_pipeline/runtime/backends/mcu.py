@@ -15,7 +15,8 @@ import numpy as np
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
 from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
-from tpu_pipeline.runtime.serial_mcu import DEFAULT_BAUD, McuRunAborted, SerialMcu
+from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.errors import UsageError
 
 
@@ -40,22 +41,20 @@ class McuBackend(Backend):
                        progress, power)
 
 
-def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iterations: int = 10, seed: int = 0,
+def run_mcu(model_path: Path, port: str, device: Device, iterations: int = 10, seed: int = 0,
             baud: int | None = None, timeout: float = 5.0, progress=None, power=None) -> RunReport:
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
 
     data = Path(model_path).read_bytes()
     check_tflm_dtypes(data, str(model_path))
-    d = device_dict(device)
-    baud = baud or int(d.get("link", {}).get("baud", DEFAULT_BAUD))
+    baud = baud or device.link.baud
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))  # the host reference, any arena
     specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
     inputs = input_stream(specs, iterations, seed, shape_operand_values(data))
     arrays = [[x[n] for n in host.input_names] for x in inputs]
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
-    report = RunReport("mcu", f"{d.get('name', device)} on {port}", str(model_path), iterations)
+    report = RunReport("mcu", f"{device.name} on {port}", str(model_path), iterations)
     results = []
     with SerialMcu(port, baud, timeout) as mcu:
         info = mcu.handshake(data)
@@ -68,7 +67,7 @@ def run_mcu(model_path: Path, port: str, device: str = "sparkfun-edge", iteratio
         finally:
             if recorder is not None:
                 summary = recorder.stop()
-                report.energy = summary.to_json(len(results), float(d.get("power", {}).get("idle_w", 0.0)))
+                report.energy = summary.to_json(len(results), device.power.idle_w)
     report.arena = {"configured": info.arena, "used": info.used, "fits": True, "board": info.board}
     if info.simulated:  # the fake MCU: its ticks come from the cost model, not a clock
         report.simulated = True

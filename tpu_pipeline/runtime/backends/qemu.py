@@ -2,7 +2,7 @@
 `qemu-system-arm -M <machine> -nographic -serial pty -icount shift=0`, and driven through the same
 serial code path as a real board (tpu_pipeline/runtime/serial_mcu.py on the pseudo-terminal QEMU opens).
 
-    r = run_on_qemu("model.tflite", kernels="reference", iterations=3)
+    r = run_on_qemu("model.tflite", load_device("qemu-mps2-an386"), REFERENCE, iterations=3)
     r.outputs_match, r.arena_used_bytes, r.head_bytes, r.instructions, r.op_instructions, r.flash_bytes
 
 Under `-icount shift=0` every instruction advances the virtual clock by 1 ns, so SysTick counts
@@ -30,11 +30,12 @@ import numpy as np
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
 from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, require_firmware
 from tpu_pipeline.toolchain.errors import DeviceError, UsageError
 
 ICOUNT_SHIFT = 0
 _PTY = re.compile(r"char device redirected to (/dev/pts/\d+)")
-DEFAULT_DEVICE = "qemu-mps2-an386"
+DEFAULT_DEVICE = "qemu-mps2-an386"  # the board `--backend qemu` boots unless told (resolved by the API)
 
 
 def qemu_binary() -> str:
@@ -137,22 +138,18 @@ def _firmware_fingerprint() -> str:
     return h.hexdigest()
 
 
-def project_dir(model_bytes: bytes, device: str) -> Path:
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
+def project_dir(model_bytes: bytes, device: Device) -> Path:
     from tpu_pipeline.toolchain.firmware.library import cache_root
 
-    d = device_dict(device)
-    if "cycles_per_instruction" in d.get("compute", {}):  # a cost-model figure: no part of the firmware
-        d = {**d, "compute": {k: v for k, v in d["compute"].items() if k != "cycles_per_instruction"}}
     h = hashlib.sha256()
     # "export-4": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
     # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets)
-    for part in (model_bytes, repr(sorted(d.items())).encode(), _firmware_fingerprint().encode(), b"export-4"):
+    for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(), b"export-4"):
         h.update(hashlib.sha256(part).digest())
-    return cache_root().parent / "firmware" / f"{d.get('name', 'board')}-{h.hexdigest()[:16]}"
+    return cache_root().parent / "firmware" / f"{device.name}-{h.hexdigest()[:16]}"
 
 
-def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: str = "cmsis-nn",
+def build_for_board(model_path: str | Path, device: Device, kernels: KernelSet,
                     tflm_tree: str | None = None, arena_size: int | None = None, quiet: bool = False,
                     wait: bool = True):
     """(export result dict, FirmwareBuild): the project exported once per (model, board, harness)
@@ -166,10 +163,7 @@ def build_for_board(model_path: str | Path, device: str = DEFAULT_DEVICE, kernel
 
     data = Path(model_path).read_bytes()
     # The library first, outside the project lock (it may take minutes, or be busy elsewhere).
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
-    from tpu_pipeline.toolchain.cost.devices import board_firmware
-
-    ensure_library(find_tree(kernels, tflm_tree), kernels, board_firmware(device_dict(device)).library_cpu,
+    ensure_library(find_tree(kernels, tflm_tree), kernels, require_firmware(device).library_cpu,
                    quiet=quiet, wait=wait)
     out = project_dir(data, device)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,7 +185,7 @@ class QemuResult:
     model: str
     board: str
     machine: str
-    kernels: str
+    kernels: str  # the kernel set's name
     iterations: int
     outputs: list  # per inference: list of np.ndarray (the device's outputs)
     outputs_match: bool | None  # identical to host TFLite Micro on every inference
@@ -224,7 +218,7 @@ def _instructions(ticks: int, ticks_per_s: int) -> int:
     return int(round(ticks * 1e9 / (ticks_per_s * (1 << ICOUNT_SHIFT))))
 
 
-def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: str = "cmsis-nn",
+def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
                 iterations: int = 3, seed: int = 0, timeout: float = 30.0, tflm_tree: str | None = None,
                 arena_size: int | None = None, quiet: bool = True, progress=None) -> QemuResult:
     """Build (cached), boot QEMU, run `iterations` random inputs over the serial protocol, compare
@@ -232,16 +226,13 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     InfeasibleError (exit 3) when the firmware does not fit the board."""
     from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel
-    from tpu_pipeline.toolchain.cost.mcu import device_dict
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
     from tpu_pipeline.toolchain.execute.compare import compare_outputs
-    from tpu_pipeline.toolchain.cost.devices import board_firmware
 
     model_path = Path(model_path)
     data = model_path.read_bytes()
     check_tflm_dtypes(data, str(model_path))
-    d = device_dict(device)
-    fw = board_firmware(d)
+    fw = require_firmware(device)
     if not fw.qemu_machine:
         raise UsageError(f"device '{fw.board}' is not an emulated board (no [firmware] qemu_machine); "
                          f"use --device {DEFAULT_DEVICE} or run the real board with --backend mcu --port")
@@ -255,7 +246,7 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
     arrays = [[x[n] for n in host.input_names] for x in stream]
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
     notes = []
-    baud = int(d.get("link", {}).get("baud", 115200))
+    baud = device.link.baud
     try:
         info, results, error, kv = _session(build.elf, fw.qemu_machine, baud, timeout, data, arrays, out_sizes, progress)
     except DeviceError as exc:
@@ -295,7 +286,7 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
             per_op.setdefault((idx, tag), []).append(ticks)
     used = max([r.arena_used for r in results], default=info.used)
     return QemuResult(
-        model=str(model_path), board=fw.board, machine=fw.qemu_machine, kernels=kernels, iterations=len(results),
+        model=str(model_path), board=fw.board, machine=fw.qemu_machine, kernels=kernels.name, iterations=len(results),
         outputs=outputs, outputs_match=(not diffs) if results else None, output_differences=diffs,
         outputs_agree=agree if results else None,
         arena_used_bytes=used, head_bytes=int(head) if head is not None else None,
@@ -309,7 +300,7 @@ def run_on_qemu(model_path: str | Path, device: str = DEFAULT_DEVICE, kernels: s
         flash_bytes=build.flash_bytes, ram_bytes=build.ram_bytes, elf=build.elf, error=error, notes=notes)
 
 
-def _predicted_arena(model_bytes: bytes, kernels: str):
+def _predicted_arena(model_bytes: bytes, kernels: KernelSet):
     """The target arena model on the exact model the firmware holds (its offline plan inside)."""
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory.tflm_target import target_arena
@@ -320,7 +311,7 @@ def _predicted_arena(model_bytes: bytes, kernels: str):
     return target_arena(from_model(model), kernels, read_offline_plan(model))
 
 
-def target_tail_unmodelled(model_bytes: bytes, kernels: str) -> tuple[str, ...]:
+def target_tail_unmodelled(model_bytes: bytes, kernels: KernelSet) -> tuple[str, ...]:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.memory.tflm_target import target_tail
     from tpu_pipeline.toolchain.tflite import read_model
@@ -371,25 +362,23 @@ class QemuBackend(Backend):
         return False, "the qemu backend runs only when asked for (--backend qemu)"
 
     def check(self, request: RunRequest) -> None:
-        from tpu_pipeline.toolchain.cost.mcu import device_dict
-
         if request.port:
             raise UsageError("--backend qemu boots its own emulated board: drop --port "
                              "(or drive a board's serial port with --backend mcu --port)")
-        if "qemu_machine" not in device_dict(request.device).get("firmware", {}):
-            raise UsageError(f"--backend qemu: device '{request.device}' is not an emulated board "
+        if request.device.firmware is None or request.device.firmware.qemu_machine is None:
+            raise UsageError(f"--backend qemu: device '{request.device.label}' is not an emulated board "
                              f"(use --device {DEFAULT_DEVICE} or qemu-mps2-an500)")
 
     def progress_total(self, request: RunRequest) -> int:
         return request.iterations
 
     def run(self, request: RunRequest, progress=None, power=None) -> RunReport:
-        kernels = getattr(request, "kernels", None) or "cmsis-nn"
+        kernels = request.kernels or DEFAULT_KERNEL_SET
         r = run_on_qemu(request.deployment.segments[0].path, request.device, kernels, request.iterations,
                         request.seed, request.timeout, quiet=False, progress=progress)
         rep = QemuRunReport("qemu", f"{r.board} (QEMU {r.machine}, {kernels} kernels)", r.model, request.iterations)
         rep.simulated = True  # emulated: instruction counts, not a board's latency
-        rep.kernels = kernels
+        rep.kernels = kernels.name
         rep.outputs_match = r.outputs_match
         rep.output_differences = r.output_differences
         rep.arena_bytes_measured = r.arena_used_bytes
@@ -405,7 +394,7 @@ class QemuBackend(Backend):
         rep.error = r.error
         # Reference kernels must match the host bit for bit; CMSIS-NN may round differently:
         # its differences are reported (output_differences) rather than failing the run.
-        rep.verified = r.outputs_agree if kernels == "reference" else (True if r.outputs_match else None)
+        rep.verified = r.outputs_agree if kernels == REFERENCE else (True if r.outputs_match else None)
         rep.notes.extend(r.notes)
         rep.notes.append(f"{r.instructions:,} instructions per invoke (QEMU -icount shift={ICOUNT_SHIFT}); "
                          f"flash {r.flash_bytes:,} B, RAM {r.ram_bytes:,} B; arena used {r.arena_used_bytes:,} B "

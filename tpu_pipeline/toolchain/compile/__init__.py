@@ -32,13 +32,15 @@ from tpu_pipeline.toolchain.compile.passes.schedule import schedule
 from tpu_pipeline.toolchain.compile.passes.segments import segments
 from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
 from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
-from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import get_semantics
+from tpu_pipeline.toolchain.memory import Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
 from tpu_pipeline.toolchain.partition.auto import DEFAULT_KNEE, DEFAULT_MAX_N
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.report import json_default
+
+FIT_COST_DEVICE = "qemu-mps2-an386"  # whose MCU cost model the fit pass prices variants with
 
 PASSES: list[Pass] = [
     Pass("load", load),
@@ -67,14 +69,15 @@ class CompileResult:
     notes: list[str]
 
 
-def compile_options(paths, n: int | str | None, out_dir=None, device: str = "coral-usb", strategy: str = "latency",
-                    time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
+def compile_options(paths, n: int | str | None, out_dir=None, device: str | Device = "coral-usb",
+                    strategy: str = "latency", time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
+                    semantics: str | Semantics = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
                     int8_io: bool = False, input_outside_arena: bool = False, max_n: int = DEFAULT_MAX_N,
                     knee: float = DEFAULT_KNEE, cuts=None, profile=None, mix: str | None = None) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work. `n`: a number of
-    segments, "auto" (choose among 1..max_n), or None with `cuts` (their count fixes it)."""
+    segments, "auto" (choose among 1..max_n), or None with `cuts` (their count fixes it). The device
+    and the semantics are resolved here, once, and the passes take the objects."""
     paths = tuple(Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths))
     if not paths:
         raise UsageError("no model given")
@@ -84,13 +87,13 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str = "cor
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if not (0 < time_limit < float("inf")):
         raise UsageError(f"--time-limit must be a number of seconds > 0, got {time_limit}")
-    get_semantics(semantics)  # UsageError for an unknown name
+    semantics = get_semantics(semantics)  # UsageError for an unknown name
     if not 0 <= gap < 1:
         raise UsageError(f"--gap must be a fraction in [0, 1), got {gap}")
     if budget is not None:
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
-        semantics = "tflm"  # the budget is a TFLite Micro arena: every pass minimises that
+        semantics = get_semantics("tflm")  # the budget is a TFLite Micro arena: every pass minimises that
     n = _segments(n, cuts, max_n, knee)
     if cuts is not None:
         from tpu_pipeline.toolchain.partition.cuts import parse_cuts
@@ -113,9 +116,11 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str = "cor
     stem = "+".join(p.stem for p in paths)
     out = Path(out_dir) if out_dir is not None else Path("out") / stem
     check_result_folder(out, list(paths))
+    # the fit pass (--budget) prices variants with the emulated MCU's cost model
+    fit_cost = load_device(FIT_COST_DEVICE) if budget is not None else None
     return CompileOptions(paths, n, out, dev, strategy, time_limit, verify, colocate, tuple(passes), workers,
                           semantics, budget, gap, int8_io, input_outside_arena, max_n, knee, cuts, profile,
-                          mix)
+                          mix, fit_cost)
 
 
 def _segments(n, cuts, max_n: int, knee: float) -> int | None:

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpu_pipeline.toolchain.cost.devices import Device
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.semantics import TFLITE, Semantics
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class CompileOptions:
     colocate: bool = False
     passes: tuple[str, ...] = ("rewrite", "schedule", "plan")   # the optional passes that run
     workers: int = 2
-    semantics: str = "tflite"
+    semantics: Semantics = TFLITE  # whose memory model rewrite and schedule minimise
     budget: int | None = None  # TFLite Micro arena head to fit (the fit pass; semantics is then tflm)
     gap: float = 0.01          # the partition stops within this fraction of its proven bound
     int8_io: bool = False      # the float QUANTIZE/DEQUANTIZE at the interface dropped (rewrite.interface)
@@ -36,6 +37,7 @@ class CompileOptions:
     cuts: tuple[tuple[str, ...], ...] | None = None  # --cuts: per boundary, tensor names or op indices (text)
     profile: Path | None = None  # --profile: a `run --json` whose measured stage times replace the predictions
     mix: str | None = None     # several models: the invocation mix (A=3,B=1) the co-compilation order is chosen for
+    fit_cost_device: Device | None = None  # the MCU whose cost model the fit pass prices variants with
 
     @property
     def stem(self) -> str:

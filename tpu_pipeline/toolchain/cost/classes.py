@@ -7,7 +7,9 @@ device's `other` rate.
 
 from __future__ import annotations
 
-OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
+from tpu_pipeline.toolchain.device import OP_CLASSES  # the descriptors' per-class tables are keyed by them
+
+__all__ = ["OP_CLASSES", "op_class"]
 
 _CLASS = {
     "CONV_2D": "conv", "CONV_3D": "conv", "TRANSPOSE_CONV": "conv", "CONV_3D_TRANSPOSE": "conv",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.cost.classes import op_class
 from tpu_pipeline.toolchain.cost.pipeline import PipelineSim, StageLoad, simulate, simulate_many
-from tpu_pipeline.toolchain.cost.devices import Device, load_device
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.ir import Graph, macs, param_bytes
 
 PS_PER_S = 10**12
@@ -99,20 +99,19 @@ class PipelineCost:
 class EdgeTpuCostModel:
     """Integer-picosecond cost model built from an `edgetpu` device descriptor."""
 
-    def __init__(self, device: Device | str = "coral-usb"):
-        device = load_device(device)
+    def __init__(self, device: Device):
         if device.kind != "edgetpu":
             from tpu_pipeline.toolchain.errors import UsageError
             raise UsageError(f"device '{device.name}' is a {device.kind}, not an Edge TPU")
         self.device = device
-        self.sram_bytes = device.param_sram_bytes
-        self.ps_per_byte = max(1, round(PS_PER_S / device.host_bandwidth_bytes_per_s))
-        self.overhead_ps = round(device.invoke_overhead_s * PS_PER_S)
-        self.per_op_ps = round(float(device.get("timing", "per_op_s", 0.0)) * PS_PER_S)
-        eff = device.efficiency
-        self.overlap = bool(int(device.get("timing", "stream_overlaps_compute", 0)))
-        self.host_slots = int(device.get("timing", "host_concurrency", 0))
-        self.ps_per_mac = {c: 2 * PS_PER_S / (device.peak_ops_per_s * eff[c]) for c in eff}
+        self.sram_bytes = device.memory.param_sram_bytes
+        self.ps_per_byte = max(1, round(PS_PER_S / device.link.host_bandwidth_bytes_per_s))
+        self.overhead_ps = round(device.timing.invoke_overhead_s * PS_PER_S)
+        self.per_op_ps = round(device.timing.per_op_s * PS_PER_S)
+        eff = device.compute.efficiency
+        self.overlap = device.timing.stream_overlaps_compute
+        self.host_slots = device.timing.host_concurrency
+        self.ps_per_mac = {c: 2 * PS_PER_S / (device.compute.peak_ops_per_s * eff[c]) for c in eff}
 
     def op_cost(self, graph: Graph, i: int) -> OpCost:
         op = graph.ops[i]
@@ -160,7 +159,7 @@ class EdgeTpuCostModel:
         sim = simulate([self.load(s) for s in stages], self.bandwidth, host_slots=self.host_slots)
         # the simulator works in float seconds; never report below the exact bound
         period = max(bound, round(sim.period_s * PS_PER_S))
-        d = self.device
-        energy = sum(d.active_w * s.latency_ps + d.idle_w * (period - s.latency_ps) for s in stages) / PS_PER_S
+        power = self.device.power
+        energy = sum(power.active_w * s.latency_ps + power.idle_w * (period - s.latency_ps) for s in stages) / PS_PER_S
         return PipelineCost(tuple(stages), sim.latency_s, PS_PER_S / period, energy, bottleneck, period,
                             bound, term, sim)

@@ -19,17 +19,14 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
-
-from tpu_pipeline.toolchain.cost.classes import OP_CLASSES, op_class
-from tpu_pipeline.toolchain.cost.devices import load_device
+from tpu_pipeline.toolchain.cost.classes import op_class
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.geometry import hw, leading_pads, region_needs, splits
 
-KERNEL_SETS = ("cmsis-nn", "reference")
 # Fit classes with no measurements of their own fall back along this chain.
 _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_batch": "data_movement",
              "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
@@ -44,15 +41,6 @@ _FIT_CLASS = {
     "PADV2": "pad", "STRIDED_SLICE": "strided_slice", "SLICE": "strided_slice", "SPACE_TO_BATCH_ND": "space_batch",
     "BATCH_TO_SPACE_ND": "space_batch", "RESIZE_NEAREST_NEIGHBOR": "resize", "RESIZE_BILINEAR": "resize",
     "RESHAPE": "reshape", "SQUEEZE": "reshape", "EXPAND_DIMS": "reshape"}
-
-
-def device_dict(device: Any) -> dict:
-    """The parsed descriptor of a Device (its `.raw`), a dict, or a name/path to load (validated)."""
-    if isinstance(device, dict):
-        return device
-    if hasattr(device, "raw"):
-        return dict(device.raw)
-    return dict(load_device(str(device)).raw)
 
 
 @dataclass(frozen=True)
@@ -238,7 +226,7 @@ class McuEstimate:
     latency_s: float
     energy_j: float
     active_w: float
-    kernels: str = "cmsis-nn"
+    kernels: str = ""  # the kernel set's name
     instructions: float | None = None
     cycles_per_instruction: float | None = None
     source: str = "fitted"  # "fitted" (QEMU instructions x CPI) or "cycles_per_mac" (descriptor rates)
@@ -251,29 +239,16 @@ class McuEstimate:
                 "ops": [o.__dict__ for o in self.ops]}
 
 
-def mcu_params(device: Any) -> tuple[str, float, dict[str, float], float]:
-    d = device_dict(device)
-    try:
-        clock = float(d["compute"]["clock_hz"])
-        cpm = {k: float(v) for k, v in d["compute"]["cycles_per_mac"].items()}
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"device '{d.get('name', '?')}' has no [compute] clock_hz and cycles_per_mac "
-                         "(is it an MCU descriptor?)") from None
-    for c in OP_CLASSES:
-        cpm.setdefault(c, cpm.get("other", 4.0))
-    active = float(d.get("power", {}).get("active_w", 0.0))
-    return str(d.get("name", "mcu")), clock, cpm, active
-
-
-def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEstimate:
+def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet = DEFAULT_KERNEL_SET) -> McuEstimate:
     """Predicted cycles, latency and energy of one inference of `graph` on an MCU with the
-    TFLite Micro `kernels` ("cmsis-nn" or "reference")."""
-    if kernels not in KERNEL_SETS:
-        raise UsageError(f"unknown kernel set '{kernels}' (choose from {', '.join(KERNEL_SETS)})")
-    name, clock, cpm, active = mcu_params(device)
-    cpi = device_dict(device).get("compute", {}).get("cycles_per_instruction")
+    TFLite Micro `kernels`."""
+    if device.kind != "mcu":
+        raise UsageError(f"device '{device.name}' has no [compute] clock_hz and cycles_per_mac "
+                         "(is it an MCU descriptor?)")
+    name, clock, cpm, active = device.name, device.compute.clock_hz, device.compute.cycles_per_mac, device.power.active_w
+    cpi = device.compute.cycles_per_instruction
     tables = fitted_table() if cpi is not None else {}
-    table = tables.get(kernels)
+    table = tables.get(kernels.cost_key)
     ops = []
     for i, op in enumerate(graph.ops):
         cls = op_class(op.opcode)
@@ -290,7 +265,7 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
             if direct and op.opcode == "DEPTHWISE_CONV_2D":
                 instr = predict_instructions(OpFeatures("depthwise", f.work, f.outputs), table)
             else:
-                instr = predict_instructions(f, tables["reference"] if direct else table)
+                instr = predict_instructions(f, tables[REFERENCE.cost_key] if direct else table)
             if harness.OVERLAP in harness.flags(op):
                 instr += overlap_instructions(graph, op, table)
             cycles = instr * float(cpi)
@@ -304,5 +279,5 @@ def estimate_mcu(graph: Graph, device: Any, kernels: str = "cmsis-nn") -> McuEst
     total = sum(o.cycles for o in ops)
     latency = total / clock
     instructions = sum(o.instructions for o in ops) if table is not None else None
-    return McuEstimate(name, clock, tuple(ops), total, latency, latency * active, active, kernels, instructions,
+    return McuEstimate(name, clock, tuple(ops), total, latency, latency * active, active, kernels.name, instructions,
                        float(cpi) if table is not None else None, "fitted" if table is not None else "cycles_per_mac")

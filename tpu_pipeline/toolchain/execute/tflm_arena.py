@@ -141,6 +141,7 @@ def predicted_host_head(data: bytes) -> int:
     """The head our model of TFLite Micro's planner predicts the host's interpreter (reference
     kernels) allocates for `data` with the offline plan it carries: for a model on the harness's
     kernels, its builtin view (what the host runs; overlapped tensors left to the runtime)."""
+    from tpu_pipeline.toolchain.device import REFERENCE
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
     from tpu_pipeline.toolchain.memory.tflm_target import target_head
@@ -148,4 +149,4 @@ def predicted_host_head(data: bytes) -> int:
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
     view = read_model(builtin_view_bytes(data))
-    return target_head(from_model(view), "reference", read_offline_plan(view))[0]
+    return target_head(from_model(view), REFERENCE, read_offline_plan(view))[0]

@@ -1,6 +1,6 @@
 """Build an exported firmware project and size it with the real linker's figures.
 
-    b = build_firmware("out/fw", kernels="reference")   # make -C out/fw KERNELS=reference
+    b = build_firmware("out/fw", REFERENCE)   # make -C out/fw KERNELS=reference
     b.flash_bytes, b.ram_bytes, b.elf
 
 Whether a model fits is the linker's decision: ld's "region `RAM' overflowed by N bytes" ends in
@@ -17,8 +17,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tpu_pipeline.toolchain.device import BoardFirmware, KernelSet
 from tpu_pipeline.toolchain.errors import DeviceError, InfeasibleError, UsageError
-from tpu_pipeline.toolchain.firmware.library import check_kernels, ensure_library, find_tree, tool
+from tpu_pipeline.toolchain.firmware.library import ensure_library, find_tree, tool
 
 _OVERFLOW = re.compile(r"region [`']([A-Za-z0-9_]+)' overflowed by (\d+) bytes")
 _REGION = re.compile(r"^(\S+)\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)")
@@ -28,7 +29,7 @@ _REGION = re.compile(r"^(\S+)\s+0x([0-9a-fA-F]+)\s+0x([0-9a-fA-F]+)")
 class FirmwareBuild:
     project: str
     board: str
-    kernels: str
+    kernels: str  # the kernel set's name
     elf: str
     map_file: str
     flash_bytes: int  # code + constants + .data's initial values
@@ -109,21 +110,20 @@ def usage(elf: Path, map_file: Path) -> tuple[int, int, dict]:
     return flash_b, ram_b, info
 
 
-def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: str | None = None,
+def build_firmware(project: str | Path, kernels: KernelSet, tflm_tree: str | None = None,
                    arena_size: int | None = None, jobs: int | None = None, quiet: bool = False,
                    wait: bool = True) -> FirmwareBuild:
     """Build DIR's firmware with `make` against the cached TFLite Micro library (`wait=False`:
     library.LibraryBusy rather than waiting for another process's library build)."""
     project = Path(project)
-    check_kernels(kernels)
     meta = read_export(project)
-    fw = meta["firmware"]
+    fw = BoardFirmware.from_json(meta["firmware"])  # the board the project was exported for
     tree = find_tree(kernels, tflm_tree)
-    lib = ensure_library(tree, kernels, fw["library_cpu"], jobs, quiet=quiet, wait=wait)
+    lib = ensure_library(tree, kernels, fw.library_cpu, jobs, quiet=quiet, wait=wait)
     tool("arm-none-eabi-g++")
     # PYTHON: this interpreter, not the one the Makefile names; a cached project (runtime's QEMU
     # backend) outlives the checkout and venv that exported it
-    cmd = ["make", "-C", str(project), f"KERNELS={kernels}", f"LIB_CPU={fw['library_cpu']}", f"TFLM_TREE={tree}",
+    cmd = ["make", "-C", str(project), f"KERNELS={kernels.name}", f"LIB_CPU={fw.library_cpu}", f"TFLM_TREE={tree}",
            f"PYTHON={sys.executable}", f"-j{jobs or 2}"]
     if arena_size is not None:
         if arena_size <= 0:
@@ -136,13 +136,13 @@ def build_firmware(project: str | Path, kernels: str = "cmsis-nn", tflm_tree: st
         if m:
             region, n = m.group(1), int(m.group(2))
             what = "the model and code" if region == "FLASH" else "the arena, stack and data"
-            raise InfeasibleError(f"{project}: the firmware does not fit {fw['board']}: region `{region}' "
+            raise InfeasibleError(f"{project}: the firmware does not fit {fw.board}: region `{region}' "
                                   f"overflowed by {n:,} bytes ({what}; the linker's verdict)")
         errors = [ln.strip() for ln in text.splitlines() if "error" in ln.lower()]
         first = errors[0] if errors else (text.strip().splitlines() or ["no output"])[-1]
         raise DeviceError(f"{project}: the firmware build failed: {first[:240]}")
-    elf = project / "build" / kernels / "firmware.elf"
-    map_file = project / "build" / kernels / "firmware.map"
+    elf = project / "build" / kernels.name / "firmware.elf"
+    map_file = project / "build" / kernels.name / "firmware.map"
     flash_b, ram_b, regions = usage(elf, map_file)
-    return FirmwareBuild(str(project), fw["board"], kernels, str(elf), str(map_file), flash_b, ram_b, regions,
+    return FirmwareBuild(str(project), fw.board, kernels.name, str(elf), str(map_file), flash_b, ram_b, regions,
                          int(arena_size or meta.get("arena_size", 0)), str(lib.path), str(tree))

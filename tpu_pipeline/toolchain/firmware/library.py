@@ -1,7 +1,7 @@
 """The TFLite Micro static library, built once per (tree content, compiler, flags) and cached.
 
-    tree = find_tree("cmsis-nn")             # TFLM_TREE, else shared/tflm/<kernels> near the checkout
-    lib = ensure_library(tree, "cortex-m4+fp")  # builds on first use (~13 CPU-minutes), then cached
+    tree = find_tree(CMSIS_NN)                   # TFLM_TREE, else shared/tflm/<kernel set> near the checkout
+    lib = ensure_library(tree, CMSIS_NN, "cortex-m4+fp")  # built on first use (~13 CPU-minutes), then cached
 
 The cache lives in `${XDG_CACHE_HOME:-~/.cache}/tpu-pipeline/tflm/<key>/`: `libtflm.a`, the
 object files (kept, so an interrupted build resumes where it stopped), the generated makefile
@@ -23,18 +23,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpu_pipeline.toolchain.device import CPU_FLAGS, DEFAULT_CPU, KERNEL_SET_NAMES, KernelSet, check_cpu, kernel_set
 from tpu_pipeline.toolchain.errors import DeviceError, UsageError
 
-KERNELS = ("cmsis-nn", "reference")
 BUILDER_VERSION = "2"  # bump when the way the library is compiled changes
-
-# Code generation per CPU profile. ARMv7E-M cores with the FPU share one instruction set and the
-# hard-float ABI, so a library built for one links into firmware for the other.
-CPU_FLAGS = {
-    "cortex-m4+fp": ("-mcpu=cortex-m4", "-mfpu=fpv4-sp-d16", "-mfloat-abi=hard", "-mthumb"),
-    "cortex-m7+fp": ("-mcpu=cortex-m7", "-mfpu=fpv5-d16", "-mfloat-abi=hard", "-mthumb"),
-    "cortex-m33+fp": ("-mcpu=cortex-m33", "-mfpu=fpv5-sp-d16", "-mfloat-abi=hard", "-mthumb"),
-}
 
 # As checked in shared/tflm/README.md, plus per-function sections so the linker drops unused kernels.
 COMMON_FLAGS = ("-O2", "-DTF_LITE_STATIC_MEMORY", "-ffunction-sections", "-fdata-sections", "-fno-common")
@@ -58,7 +50,7 @@ HOW_TO_GENERATE = ("generate one from a tflite-micro checkout with "
 @dataclass(frozen=True)
 class Library:
     tree: Path
-    kernels: str
+    kernels: KernelSet
     cpu: str
     key: str
     path: Path  # libtflm.a
@@ -69,29 +61,16 @@ class Library:
 
     @property
     def defines(self) -> list[str]:
-        return ["-DCMSIS_NN"] if self.kernels == "cmsis-nn" else []
-
-
-def check_kernels(kernels: str) -> str:
-    if kernels not in KERNELS:
-        raise UsageError(f"--kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
-    return kernels
-
-
-def check_cpu(cpu: str) -> str:
-    if cpu not in CPU_FLAGS:
-        raise UsageError(f"unknown CPU profile {cpu!r} (known: {', '.join(CPU_FLAGS)})")
-    return cpu
+        return list(self.kernels.defines)
 
 
 def _looks_like_tree(p: Path) -> bool:
     return (p / "tensorflow" / "lite" / "micro" / "micro_interpreter.h").is_file()
 
 
-def find_tree(kernels: str = "cmsis-nn", explicit: str | os.PathLike | None = None, start: Path | None = None) -> Path:
+def find_tree(kernels: KernelSet, explicit: str | os.PathLike | None = None, start: Path | None = None) -> Path:
     """The TFLM source tree: `explicit`, else $TFLM_TREE, else shared/tflm/<kernels> found by
     walking up from the current folder and from this package. UsageError (exit 2) if none."""
-    check_kernels(kernels)
     given = explicit or os.environ.get("TFLM_TREE")
     if given:
         p = Path(given).expanduser()
@@ -102,10 +81,10 @@ def find_tree(kernels: str = "cmsis-nn", explicit: str | os.PathLike | None = No
     starts = [Path(start or Path.cwd()).resolve(), Path(__file__).resolve().parent]
     for s in starts:
         for d in (s, *s.parents):
-            cand = d / "shared" / "tflm" / kernels
+            cand = d / "shared" / "tflm" / kernels.name
             if _looks_like_tree(cand):
                 return cand
-    raise UsageError(f"no TFLite Micro source tree found (looked for shared/tflm/{kernels} above "
+    raise UsageError(f"no TFLite Micro source tree found (looked for shared/tflm/{kernels.name} above "
                      f"{starts[0]} and the installed package); " + HOW_TO_GENERATE)
 
 
@@ -151,8 +130,8 @@ def compiler_version(cxx: str = "arm-none-eabi-g++") -> str:
     return out.splitlines()[0].strip() if out else "unknown"
 
 
-def library_flags(kernels: str, cpu: str) -> list[str]:
-    return [*CPU_FLAGS[check_cpu(cpu)], *COMMON_FLAGS, *(["-DCMSIS_NN"] if kernels == "cmsis-nn" else [])]
+def library_flags(kernels: KernelSet, cpu: str) -> list[str]:
+    return [*CPU_FLAGS[check_cpu(cpu)], *COMMON_FLAGS, *kernels.defines]
 
 
 def cache_root() -> Path:
@@ -160,12 +139,12 @@ def cache_root() -> Path:
     return Path(base) / "tpu-pipeline" / "tflm"
 
 
-def library_key(tree: Path, kernels: str, cpu: str) -> str:
+def library_key(tree: Path, kernels: KernelSet, cpu: str) -> str:
     h = hashlib.sha256()
     for part in (BUILDER_VERSION, tree_hash(tree), compiler_version(), " ".join(library_flags(kernels, cpu)),
                  " ".join(CXX_FLAGS), " ".join(C_FLAGS), " ".join(INCLUDE_DIRS)):
         h.update(part.encode() + b"\n")
-    return f"{kernels}-{cpu}-{h.hexdigest()[:16]}"
+    return f"{kernels.name}-{cpu}-{h.hexdigest()[:16]}"
 
 
 def _makefile(tree: Path, srcs: list[str], flags: list[str]) -> str:
@@ -233,12 +212,11 @@ def _lock(path: Path, wait: bool = True):
     return f
 
 
-def ensure_library(tree: Path, kernels: str, cpu: str = "cortex-m4+fp", jobs: int | None = None,
+def ensure_library(tree: Path, kernels: KernelSet, cpu: str = DEFAULT_CPU, jobs: int | None = None,
                    progress=None, quiet: bool = False, wait: bool = True) -> Library:
     """The cached library for (tree, kernels, cpu), built now if missing. `progress(done, total)`
     is called per compiled file; without it (and unless `quiet`) progress lines go to stderr.
     `wait=False`: LibraryBusy instead of waiting while another process builds it."""
-    check_kernels(kernels)
     check_cpu(cpu)
     for t in ("arm-none-eabi-g++", "arm-none-eabi-gcc", "arm-none-eabi-ar"):
         tool(t)
@@ -302,14 +280,15 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m tpu_pipeline.toolchain.firmware.library",
                                 description="print 'TREE LIB' of the cached TFLite Micro library, building it if needed")
-    p.add_argument("--kernels", default="cmsis-nn", choices=KERNELS)
-    p.add_argument("--cpu", default="cortex-m4+fp", choices=tuple(CPU_FLAGS))
+    p.add_argument("--kernels", default=None, choices=KERNEL_SET_NAMES, help="default: the default kernel set")
+    p.add_argument("--cpu", default=DEFAULT_CPU, choices=tuple(CPU_FLAGS))
     p.add_argument("--tflm-tree", default=None)
     p.add_argument("--jobs", "-j", type=int, default=None)
     args = p.parse_args(argv)
     try:
-        tree = find_tree(args.kernels, args.tflm_tree)
-        lib = ensure_library(tree, args.kernels, args.cpu, args.jobs)
+        kernels = kernel_set(args.kernels)
+        tree = find_tree(kernels, args.tflm_tree)
+        lib = ensure_library(tree, kernels, args.cpu, args.jobs)
     except (UsageError, DeviceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,6 +1,6 @@
 """A firmware project for one board: the board layer, linker script and Makefile that
 `export-mcu` writes next to the harness, from the device descriptor's `[firmware]` section (its
-keys and their validation: `tpu_pipeline.toolchain.cost.devices.board_firmware`).
+keys and their validation: `tpu_pipeline.toolchain.device.firmware`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shlex
 import sys
 
 from tpu_pipeline.toolchain.data import FIRMWARE_DIR
-from tpu_pipeline.toolchain.cost.devices import BoardFirmware, board_firmware
+from tpu_pipeline.toolchain.device import BoardFirmware, Device, require_firmware
 
 PROJECT_VERSION = 1
 
@@ -41,10 +41,10 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return template
 
 
-def project_files(d: dict) -> dict[str, bytes]:
-    """The board layer, linker script, board_config.h and Makefile for device dict `d`."""
-    b = board_firmware(d)
-    baud = int(d.get("link", {}).get("baud", 115200))
+def project_files(device: Device) -> dict[str, bytes]:
+    """The board layer, linker script, board_config.h and Makefile for `device`."""
+    b = require_firmware(device)
+    baud = device.link.baud
     common = FIRMWARE_DIR / "cortex-m"
     uart_dir = FIRMWARE_DIR / f"uart-{b.uart}"  # uart-cmsdk, uart-stm32-usart, uart-nrf52-uarte, uart-apollo3
     files = {

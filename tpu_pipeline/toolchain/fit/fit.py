@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from tpu_pipeline.toolchain.budget import Deadline, Progress, say
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+from tpu_pipeline.toolchain.device import Device, KernelSet
 from tpu_pipeline.toolchain.fit.select import Selection, chain_select, pareto, select
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.fit.variants import (Variant, as_is_variants, best_order, kernel_twins, on_harness,
@@ -84,8 +85,8 @@ class FitResult:
         }
 
 
-def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", device="qemu-mps2-an386",
-              kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
+def fit_graph(graph: Graph, *, budget: int | None, device: Device, kernels: KernelSet | Semantics,
+              objective: str = "latency", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), deadline: Deadline | None = None,
               progress: Progress = None, allow_lossy: bool = False, model=None, harness: bool = True,
               arena: str = "whole", patches: bool = True) -> FitResult:
@@ -103,7 +104,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         raise UsageError(f"unknown objective '{objective}' (choose from {', '.join(OBJECTIVES)})")
     if arena not in ARENAS:
         raise UsageError(f"unknown arena '{arena}' (choose from {', '.join(ARENAS)})")
-    sem = tflm_semantics(kernels)  # resolved once: every floor below takes the object
+    sem = tflm_semantics(kernels)  # the kernel set's semantics: every floor below takes the object
     t0 = time.monotonic()
     whole_run = deadline or Deadline(time_limit)
     original = graph
@@ -116,7 +117,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
     spans = split_spans(graph)
     say(progress, t0, f"fit: {len(graph.ops)} ops in {len(spans)} spans")
     as_is = as_is_variants(graph, spans, device, sem, deadline.sub(fraction=0.25), progress)
-    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, kernels=sem.kernels).ops}
+    op_seconds = {o.index: o.seconds for o in estimate_mcu(graph, device, sem.kernels).ops}
     rewrites = rewrite_variants(graph, spans, as_is, device, sem, allow_lossy, model, deadline.sub(fraction=0.15),
                                 harness)
     twins = [t for v in as_is + rewrites for t in kernel_twins(v, device, sem)] if harness else []
@@ -184,7 +185,7 @@ def fit_graph(graph: Graph, *, budget: int | None, objective: str = "latency", d
         base_sched = schedule(original, time_limit=None, deadline=Deadline(max(0.5, 0.05 * time_limit)),
                               semantics=sem)
         baseline = replace(baseline, peak=base_sched.peak,
-                           latency_s=estimate_mcu(original, device, kernels=sem.kernels).latency_s)
+                           latency_s=estimate_mcu(original, device, sem.kernels).latency_s)
     if cut_short:
         notes.append(f"the selection stopped at the time limit ({pool.measured} of {len(candidates)} patch candidates "
                      "built): it is the best of those built, and a longer --time-limit may find a faster or smaller one")

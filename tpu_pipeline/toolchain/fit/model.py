@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
-from tpu_pipeline.toolchain.cost.mcu import device_dict
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
@@ -35,7 +35,7 @@ class FittedModel:
     head_measured: int | None  # the host's TFLite Micro head with our plan (real interpreter, reference kernels,
     # the builtin view of harness kernels)
     head_predicted_host: int | None  # what we predict it to be
-    kernels: str  # the kernel set result.head is for
+    kernels: KernelSet  # the kernel set result.head is for
     tail_measured: int | None  # the host interpreter's tail (64-bit)
     tail_target: int | None  # the tail on the 32-bit target (or the host's where not modelled, see notes)
     arena_available: int | None  # --device: SRAM - firmware reserve
@@ -44,7 +44,7 @@ class FittedModel:
 
     def to_json(self) -> dict:
         d = self.result.to_json()
-        d.update(budget_from=self.budget_from, kernels=self.kernels, arena_head_bytes_measured=self.head_measured,
+        d.update(budget_from=self.budget_from, kernels=self.kernels.name, arena_head_bytes_measured=self.head_measured,
                  arena_head_bytes_predicted_host=self.head_predicted_host,
                  arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
                  arena_bytes_available=self.arena_available,
@@ -53,23 +53,23 @@ class FittedModel:
         return d
 
 
-def device_reserve(device) -> tuple[int, int]:
-    """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU descriptor."""
-    d = device_dict(device)
-    if d.get("kind") != "mcu":
-        raise UsageError(f"device '{d.get('name', device)}' is not an MCU; fit budgets come from MCU SRAM")
-    fw = d.get("firmware", {})
-    return int(d["memory"]["sram_bytes"]), int(fw.get("stack_bytes", 0)) + int(fw.get("heap_bytes", 0)) + \
-        HARNESS_STATIC_BYTES
+def device_reserve(device: Device) -> tuple[int, int]:
+    """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU."""
+    if device.kind != "mcu":
+        raise UsageError(f"device '{device.name}' is not an MCU; fit budgets come from MCU SRAM")
+    fw = device.firmware
+    stack_and_heap = fw.stack_bytes + fw.heap_bytes if fw is not None else 0
+    return device.memory.sram_bytes, stack_and_heap + HARNESS_STATIC_BYTES
 
 
-def fit_model(path, *, budget: int | None = None, device: str | None = None, objective: str = "latency",
-              kernels: str = "cmsis-nn", time_limit: float = 30.0, want_pareto: bool = False,
+def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | None = None, device: Device | None = None,
+              objective: str = "latency", time_limit: float = 30.0, want_pareto: bool = False,
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
               allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,
               harness: bool = True, head_only: bool = False, patches: bool = True) -> FittedModel:
     """Fit the model at `path` to `budget` bytes of arena, or to what `device` leaves for the arena
-    (SRAM - firmware reserve). The arena is TFLite Micro's whole arena on the 32-bit target, head +
+    (SRAM - firmware reserve; without a device, variants are priced for DEFAULT_COST_DEVICE). The
+    arena is TFLite Micro's whole arena on the 32-bit target, head +
     persistent tail for the kernel set (`kernels`), unless `head_only` (the planned head alone).
     `int8_io`: the interface becomes int8 (rewrite.interface; the model with that change alone is
     the reference of every check). `input_outside_arena`: the application keeps the inputs in its
@@ -100,9 +100,10 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     fit_budget, budget_from, avail = budget, "--budget", None
     if device is not None and budget is None:
         sram, reserve = device_reserve(device)
-        avail, budget_from = sram - reserve, device
+        avail, budget_from = sram - reserve, device.label
         fit_budget = avail if not head_only else avail - _tail(graph, kernels, source, notes)
-    result = fit_graph(graph, budget=fit_budget, objective=objective, device=device or DEFAULT_COST_DEVICE,
+    pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
+    result = fit_graph(graph, budget=fit_budget, objective=objective, device=pricing,
                        kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
                        deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
                        model=model, harness=harness, arena=arena, patches=patches)
@@ -110,7 +111,7 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     if avail is not None and result.head + tail > avail:
         result = replace(result, fits=False)
-        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device} leaves "
+        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device.label} leaves "
                      "for the arena")
     host = measure_tflm_arena(data, label=str(path))
     host_head = _host_head(result, kernels, data)
@@ -126,14 +127,14 @@ def fit_model(path, *, budget: int | None = None, device: str | None = None, obj
                        budget_from, tuple(notes))
 
 
-def _host_head(result: FitResult, kernels: str, data: bytes) -> int:
+def _host_head(result: FitResult, kernels: KernelSet, data: bytes) -> int:
     """The head the host's TFLite Micro (reference kernels, the builtin view) allocates for the
     written model: `result.head` itself when the fit was for the reference kernels and picks no
     harness kernel; otherwise what the written plan gives the host's view."""
     from tpu_pipeline.toolchain.execute.tflm_arena import predicted_host_head
     from tpu_pipeline.toolchain.ir.kernels import kernel_choices
 
-    if result.offline_plan is None or (kernels == "reference" and not kernel_choices(result.graph)):
+    if result.offline_plan is None or (kernels == REFERENCE and not kernel_choices(result.graph)):
         return result.head
     return predicted_host_head(data)
 
@@ -145,7 +146,7 @@ def _written(result: FitResult, model, path) -> bytes:
     return model_to_bytes(written)
 
 
-def _tail(graph, kernels: str, data: bytes, notes: list) -> int:
+def _tail(graph, kernels: KernelSet, data: bytes, notes: list) -> int:
     """The persistent tail on the 32-bit target (tpu_pipeline.toolchain.memory.tflm_target); where an op's
     allocations are not modelled there, the host interpreter's tail (64-bit pointers: larger)."""
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena

@@ -28,6 +28,7 @@ from typing import Any
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.fit.estimate import estimate_patches
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
@@ -38,7 +39,7 @@ from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, OVERLAP, builti
                                                flags, in_place_source, is_harness, kernel_name, with_flag,
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, align, tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import Semantics, align
 from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
@@ -94,24 +95,23 @@ class Variant:
         return d
 
 
-def _costed(graph: Graph, device, kernels: str | Semantics) -> tuple[float, int]:
-    est = estimate_mcu(graph, device, kernels=tflm_semantics(kernels).kernels)
+def _costed(graph: Graph, device: Device, sem: Semantics) -> tuple[float, int]:
+    est = estimate_mcu(graph, device, sem.kernels)
     return est.latency_s, sum(macs(graph, i) or 0 for i in range(len(graph.ops)))
 
 
-def as_is_variants(graph: Graph, spans: list[Span], device, kernels: str | Semantics = "cmsis-nn", deadline: Deadline | None = None,
+def as_is_variants(graph: Graph, spans: list[Span], device, sem: Semantics, deadline: Deadline | None = None,
                    progress: Progress = None) -> list[Variant]:
     """One variant per span: its ops in the proven memory-optimal order."""
     out = []
-    sem = tflm_semantics(kernels)
     for s in spans:
         g = span_graph(graph, [s])
         sched = schedule(g, time_limit=None, deadline=(deadline or Deadline(10.0)).sub(fraction=0.2), semantics=sem)
-        lat, work = _costed(g, device, kernels)
+        lat, work = _costed(g, device, sem)
         name = graph.tensors[graph.ops[s.ops[-1]].outputs[0]].name
         out.append(Variant(s.index, s.index, "as-is", f"as is up to {short_name(name)}", sched.peak,
                            sched.lower_bound, lat, work, len(g.ops), graph=g.reordered(sched.order),
-                           tail=_tail(g, kernels)))
+                           tail=_tail(g, sem)))
     return out
 
 
@@ -130,7 +130,7 @@ def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device,
-                     kernels: str | Semantics = "cmsis-nn",
+                     sem: Semantics,
                      allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
                      harness: bool = False) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
@@ -141,7 +141,6 @@ def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], devi
     from tpu_pipeline.toolchain.rewrite.driver import rewrite_graph
     from tpu_pipeline.toolchain.rewrite.rules import find_candidates
 
-    sem = tflm_semantics(kernels)
     runs = [(a, b) for a in range(len(spans)) for b in (a, a + 1) if b < len(spans)]
     runs.sort(key=lambda r: -max(v.peak for v in as_is[r[0]:r[1] + 1]))
     calibrate_on = builtin_view(graph)
@@ -164,10 +163,10 @@ def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], devi
             bound = min(peak, order_free_lower_bound(g, sem))
         if peak >= covered:
             continue
-        lat, work = _costed(g, device, kernels)
+        lat, work = _costed(g, device, sem)
         kinds = ", ".join(dict.fromkeys(x.kind for x in r.applied))
         out.append(Variant(a, b, "rewrite", f"{kinds} x{len(r.applied)} in spans {a}-{b}", peak,
-                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied, tail=_tail(g, kernels)))
+                           bound, lat, work, len(g.ops), graph=g, rewrites=r.applied, tail=_tail(g, sem)))
     return out
 
 
@@ -206,14 +205,13 @@ def splice(graph: Graph, v: Variant, spans: list[Span]) -> Graph:
 MAX_TWINS = 6  # kernel twins per variant: each changes the ops at its predecessor's peak
 
 
-def kernel_twins(v: Variant, device, kernels: str | Semantics) -> list[Variant]:
+def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
     """Kernel variants of measured variant `v`, in its own op order: at its peak step, the op that
     runs there overlaps its output with its input where that is legal (cheap: a copy per output
     row; an ADD or MUL simply runs in place), else the int8 convolutions whose im2col scratch is part of the peak move to the direct
     kernel (no scratch, slower); again while that lowers the peak. Each step is a twin with a lower
     peak and a higher latency. The order is kept (it stays valid, and its peak is achievable);
     `lower_bound` is the order-free bound."""
-    sem = tflm_semantics(kernels)
     g, out, moved = v.graph, [], dict(v.kernels)
     for _ in range(MAX_TWINS):
         lt = lifetimes(g, None, sem)
@@ -238,7 +236,7 @@ def kernel_twins(v: Variant, device, kernels: str | Semantics) -> list[Variant]:
         g, ops = tried
         new_peak = achievable_peak(g, sem)
         moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
-        lat, work = _costed(g, device, kernels)
+        lat, work = _costed(g, device, sem)
         n_overlap = sum(OVERLAP in k for k in moved.values())
         n_in_place = sum(k == IN_PLACE for k in moved.values())
         n_direct = sum(DIRECT in k for k in moved.values())
@@ -247,7 +245,7 @@ def kernel_twins(v: Variant, device, kernels: str | Semantics) -> list[Variant]:
                                      f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
-                           tail=_tail(g, kernels)))
+                           tail=_tail(g, sem)))
     return out
 
 
@@ -281,7 +279,7 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            kernels: str | Semantics = "cmsis-nn") -> Variant | None:
+            sem: Semantics) -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, the device model's latency of the built ops, MACs, ops). None when the variant
@@ -289,7 +287,6 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
-        sem = tflm_semantics(kernels)
         scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
         est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, scratch, stage=v.form == "stage")
         if est is None:
@@ -304,10 +301,10 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
             g = apply_patches(sub, v.region, v.grid)
     except UsageError:
         return None
-    lat, work = _costed(g, device, kernels)
+    lat, work = _costed(g, device, sem)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, tflm_semantics(kernels)).peak, latency_s=lat, macs=work, ops=len(g.ops),
-                   graph=g, stage="measured", tail=_tail(g, kernels))
+    return replace(v, peak=lifetimes(g, None, sem).peak, latency_s=lat, macs=work, ops=len(g.ops),
+                   graph=g, stage="measured", tail=_tail(g, sem))
 
 
 def _patch_label(region, grid, form: str = "copies") -> str:
@@ -321,12 +318,10 @@ def short_name(name: str, keep: int = 48) -> str:
     return repr(first if len(first) <= keep else "..." + first[-keep:])
 
 
-def refine(variants: list[Variant], budget: int, deadline: Deadline | None = None,
-           kernels: str | Semantics = "cmsis-nn") -> list[Variant]:
+def refine(variants: list[Variant], budget: int, deadline: Deadline | None, sem: Semantics) -> list[Variant]:
     """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
     ask the exact scheduler (within the deadline) for their true optimum."""
     out = []
-    sem = tflm_semantics(kernels)
     for v in variants:
         if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
                 and (deadline is None or not deadline.expired()):
@@ -338,7 +333,7 @@ def refine(variants: list[Variant], budget: int, deadline: Deadline | None = Non
     return out
 
 
-def best_order(v: Variant, sem: str | Semantics, deadline: Deadline | None = None, below: int | None = None) -> Variant:
+def best_order(v: Variant, sem: Semantics, deadline: Deadline | None = None, below: int | None = None) -> Variant:
     """Measured patch variant `v` in the best order the exact scheduler finds within the deadline
     (its emitted order is achievable, not optimal), with the scheduler's lower bound. `below`: only
     an order under it is of interest (the scheduler stops at the first, or when none can exist)."""
@@ -387,10 +382,10 @@ def achievable_peak(graph: Graph, sem) -> int:
     return plan_arena(lt, "auto", GROUP_PLAN_SECONDS).size
 
 
-def _tail(graph: Graph, kernels: str | Semantics) -> int:
+def _tail(graph: Graph, sem: Semantics) -> int:
     """The tail a variant's ops bring (0 where an op's allocations are not modelled: fit then
     selects on the head; see fit_graph)."""
-    return ops_tail(graph, kernels) or 0
+    return ops_tail(graph, sem) or 0
 
 
 def _stage_tail_floor(graph: Graph, positions) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 
 
@@ -14,15 +15,15 @@ class Semantics:
     inputs_live_whole_run: bool  # TFLite keeps graph inputs allocated for the whole invocation
     in_place_ops: frozenset[str]  # ops whose output shares its first input's buffer when that dies there
     allocates_unused: bool = False  # tensors no op touches get arena bytes too (TFLite Micro)
-    kernels: str | None = None  # TFLite Micro's kernel set (its scratch, tail and cost tables); None: not TFLM
+    kernels: KernelSet | None = None  # TFLite Micro's kernel set (its scratch, tail and cost tables); None: not TFLM
 
 
 # TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
 # fit, is runtime_planners.tflm_greedy).
-TFLM = Semantics("tflm", 16, False, frozenset(), allocates_unused=True, kernels="reference")
+TFLM = Semantics("tflm", 16, False, frozenset(), allocates_unused=True, kernels=REFERENCE)
 # TFLite Micro built with CMSIS-NN kernels (what Cortex-M deployments run): the same planner and
 # lifetimes, but the optimised kernels request their own scratch buffers (tpu_pipeline/toolchain/memory/scratch.py).
-TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset(), allocates_unused=True, kernels="cmsis-nn")
+TFLM_CMSIS_NN = Semantics("tflm-cmsis-nn", 16, False, frozenset(), allocates_unused=True, kernels=CMSIS_NN)
 # TFLite / LiteRT: 64-byte alignment, reshape-like ops share their input's buffer (its ArenaPlanner,
 # best fit, is runtime_planners.tflite_arena).
 TFLITE = Semantics("tflite", 64, True, frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "BITCAST"}))
@@ -39,16 +40,16 @@ def get_semantics(name: str | Semantics) -> Semantics:
         raise UsageError(f"unknown semantics '{name}' (choose from {', '.join(SEMANTICS)})") from None
 
 
-def tflm_semantics(kernels: str | Semantics) -> Semantics:
-    """The TFLite Micro semantics of a kernel set: "reference" (the Python wheel) or "cmsis-nn".
-    Resolve it once where a command starts and pass the object down: an object is returned as it
-    is (`.kernels` names the set where a table is keyed by it)."""
+def tflm_semantics(kernels: KernelSet | Semantics) -> Semantics:
+    """The TFLite Micro semantics of a kernel set (the host wheel runs the reference kernels).
+    Resolved once where a command starts and passed down as the object: a TFLite Micro Semantics
+    is returned as it is (`.kernels` is its KernelSet)."""
     if isinstance(kernels, Semantics) and kernels.kernels is not None:
         return kernels
-    try:
-        return {"reference": TFLM, "cmsis-nn": TFLM_CMSIS_NN}[kernels]
-    except KeyError:
-        raise UsageError(f"unknown kernel set '{kernels}' (choose from cmsis-nn, reference)") from None
+    for s in (TFLM, TFLM_CMSIS_NN):
+        if s.kernels == kernels:
+            return s
+    raise UsageError(f"not a TFLite Micro kernel set: {kernels!r}")
 
 
 def align(size: int, alignment: int) -> int:

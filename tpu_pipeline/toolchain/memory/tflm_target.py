@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpu_pipeline.toolchain.device import CMSIS_NN, DEFAULT_KERNEL_SET, REFERENCE, KernelSet
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
@@ -43,7 +44,6 @@ from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, tflm_semantics
 
-KERNEL_SETS = ("cmsis-nn", "reference")
 _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's persistent buffers
 
 # (size, alignment) of the fixed allocations of step 1-2 and 6-7 (32-bit target).
@@ -118,7 +118,7 @@ _LOG_SOFTMAX_OP_DATA = 28  # LogSoftmaxOpData, allocated by Prepare for int8
 
 @dataclass(frozen=True)
 class TargetTail:
-    kernels: str
+    kernels: str  # the kernel set's name
     bytes: int | None  # None when an op is not modelled
     allocations: tuple[tuple[str, int, int], ...]  # (what, size, alignment) in allocation order
     unmodelled: tuple[str, ...]  # opcodes whose kernel allocations are not in the tables
@@ -126,7 +126,7 @@ class TargetTail:
 
 @dataclass(frozen=True)
 class TargetArena:
-    kernels: str
+    kernels: str  # the kernel set's name
     head: int  # the memory plan the target reports (non-persistent bytes)
     tail: int | None
     scratch: tuple[tuple[int, int], ...]  # (op position, bytes) in request order
@@ -136,24 +136,23 @@ class TargetArena:
         return None if self.tail is None else self.head + self.tail
 
 
-def _kernel_set(kernels: str | Semantics) -> tuple[Semantics, str, int]:
-    """(semantics, kernel-set name, column of OP_DATA) of a kernel set given by name or resolved;
-    UsageError for an unknown one."""
+def _kernel_set(kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> tuple[Semantics, KernelSet, int]:
+    """(semantics, kernel set, column of OP_DATA) of a kernel set or its TFLite Micro semantics."""
     sem = tflm_semantics(kernels)
-    return sem, sem.kernels, {"reference": 0, "cmsis-nn": 1}[sem.kernels]
+    return sem, sem.kernels, sem.kernels.tail_column
 
 
 def _quantized(t) -> bool:
     return t.quant is not None and len(t.quant.scale) > 0 and len(t.quant.zero_point) > 0
 
 
-def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
+def _prepare_allocations(graph: Graph, op, kernels: KernelSet) -> list[int]:
     """Step 5: what a kernel's Prepare allocates persistently."""
     if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D"):
         x, w = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
         # conv_common.cc / depthwise_conv_common.cc allocate for every type; cmsis_nn's kernels
         # only for int8 and int16
-        if kernels == "reference" or x.dtype in ("int8", "int16"):
+        if kernels == REFERENCE or x.dtype in ("int8", "int16"):
             channels = w.shape[0 if op.opcode == "CONV_2D" else 3]  # the quantized dimension
             return [channels * _INT, channels * _INT]  # output multipliers, shifts
         return []
@@ -166,7 +165,7 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
         return [channels * _INT, channels * _INT]
     if op.opcode == "LOG_SOFTMAX" and graph.tensors[op.inputs[0]].dtype == "int8":
         return [_LOG_SOFTMAX_OP_DATA]
-    if op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM" and kernels == "cmsis-nn" and len(op.inputs) >= 20:
+    if op.opcode == "UNIDIRECTIONAL_SEQUENCE_LSTM" and kernels == CMSIS_NN and len(op.inputs) >= 20:
         # CMSIS_NN_PortOpData: eight kernel-sum vectors (hidden size) of the bias type
         x, hidden, cell = (graph.tensors[op.inputs[i]] for i in (0, 18, 19))
         bias_bytes = {"int8": 4, "int16": 8}.get(x.dtype) if cell.dtype == "int16" else None
@@ -174,7 +173,7 @@ def _prepare_allocations(graph: Graph, op, kernels: str) -> list[int]:
     return []
 
 
-def target_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn", n_subgraphs: int = 1) -> TargetTail:
+def target_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, n_subgraphs: int = 1) -> TargetTail:
     """The persistent allocations of `graph` on the 32-bit target with `kernels`, in order."""
     sem, kernels, col = _kernel_set(kernels)
     allocs: list[tuple[str, int, int]] = [
@@ -200,7 +199,7 @@ def target_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn", n_subgraphs
             allocs.append((f"op {i} {op.opcode} OpData", size, _ARENA_ALIGN))
         elif op.opcode not in OP_DATA:
             unmodelled.append(op.opcode)
-        missing = cmsis_nn_unmodelled(graph, op) if kernels == "cmsis-nn" else None
+        missing = cmsis_nn_unmodelled(graph, op) if kernels == CMSIS_NN else None
         if missing:
             unmodelled.append(missing)
     requests = 0
@@ -228,10 +227,10 @@ def target_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn", n_subgraphs
     for _, size, alignment in allocs:
         used = -(-(used + size) // alignment) * alignment
     missing = tuple(dict.fromkeys(unmodelled))
-    return TargetTail(kernels, None if missing else used, tuple(allocs), missing)
+    return TargetTail(kernels.name, None if missing else used, tuple(allocs), missing)
 
 
-def target_head(graph: Graph, kernels: str | Semantics = "cmsis-nn", tensor_offsets=None) -> tuple[int, tuple]:
+def target_head(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> tuple[int, tuple]:
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""
     sem = tflm_semantics(kernels)
@@ -246,11 +245,11 @@ def target_head(graph: Graph, kernels: str | Semantics = "cmsis-nn", tensor_offs
     return tflm_greedy(lt, offline=pinned).size, scratch
 
 
-def target_arena(graph: Graph, kernels: str | Semantics = "cmsis-nn", tensor_offsets=None) -> TargetArena:
+def target_arena(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> TargetArena:
     """Predicted `arena_used_bytes()` of the harness firmware on a 32-bit Cortex-M."""
     sem = tflm_semantics(kernels)
     head, scratch = target_head(graph, sem, tensor_offsets)
-    return TargetArena(sem.kernels, head, target_tail(graph, sem).bytes, scratch)
+    return TargetArena(sem.kernels.name, head, target_tail(graph, sem).bytes, scratch)
 
 
 def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: float = 5.0) -> tuple[int, ...]:
@@ -261,7 +260,7 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
 
 
-def ops_tail(graph: Graph, kernels: str | Semantics = "cmsis-nn") -> int | None:
+def ops_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> int | None:
     """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
     adds it up per variant): their nodes, the eval tensors of what they write and of the constants
     they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel, PipelineCost
+from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.partition.contiguous import best_contiguous
@@ -107,9 +108,10 @@ def evaluated_partition(problem: PartitionProblem, stages, n: int, strategy: str
     return _make(problem, n, stages, strategy, {}, False, 0.0, "", baseline)
 
 
-def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
+def baseline_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
+                       problem: PartitionProblem | None = None) -> Partition:
     """Coral's parameter-count heuristic (libcoral) scored with the same cost model."""
-    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(load_device(device)))
     problem.check_n(n, graph.name or "model")
     t0 = time.perf_counter()
     h = coral_heuristic(graph, n)
@@ -119,11 +121,12 @@ def baseline_partition(graph: Graph, n: int, device="coral-usb", problem: Partit
     return _make(problem, n, h.stages, "coral", {}, False, time.perf_counter() - t0, note)
 
 
-def profiled_partition(graph: Graph, n: int, device="coral-usb", problem: PartitionProblem | None = None) -> Partition:
+def profiled_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
+                       problem: PartitionProblem | None = None) -> Partition:
     """libcoral's profiling-based partitioner, every profile simulated (tpu_pipeline/toolchain/partition/profiling.py)."""
     from tpu_pipeline.toolchain.partition.profiling import profiling_partition
 
-    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
+    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(load_device(device)))
     problem.check_n(n, graph.name or "model")
     t0 = time.perf_counter()
     r = profiling_partition(problem, n)
@@ -148,7 +151,7 @@ def _pruned(problem: PartitionProblem, n: int, candidates, period, limit_ps: int
     return dataclasses.replace(out, method="bound", period_lower_bound_ps=low, refined_by="pruned")
 
 
-def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency", time_limit: float = 10.0,
+def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
               problem: PartitionProblem | None = None, prune_above_ps: int | None = None) -> Partition:
@@ -182,6 +185,7 @@ def partition(graph: Graph, n: int, device="coral-usb", strategy: str = "latency
     if not 0 <= gap < 1:
         raise UsageError(f"--gap must be a fraction in [0, 1), got {gap:g}")
     t_start = time.perf_counter()
+    device = load_device(device)  # a name or path is resolved here, once (an entry of the library API)
     problem = problem or PartitionProblem(graph, EdgeTpuCostModel(device))
     problem.check_n(n, label or graph.name or "model")
     base = baseline_partition(graph, n, device, problem)

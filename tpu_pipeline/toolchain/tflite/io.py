@@ -267,6 +267,22 @@ def check_output_path(path: str | os.PathLike, inputs=()) -> Path:
     return target
 
 
+def check_output(path: str | os.PathLike, inputs=()) -> Path:
+    """Refuse, before any work, an output file that cannot or must not be written (see
+    `check_output_path`), and one whose existing folder refuses a new file (exit 4). Every
+    command and API call that writes a file asks this first, so no minutes of solving are lost."""
+    target = check_output_path(path, inputs)
+    folder = target.parent
+    if folder.is_dir():
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        except OSError as exc:
+            raise DeviceError(f"{target}: cannot write ({exc.strerror})") from None
+        os.close(fd)
+        os.unlink(probe)
+    return target
+
+
 def _existing_ancestor(folder: Path) -> Path | None:
     for p in (folder, *folder.parents):
         if os.path.lexists(p):

@@ -9,25 +9,27 @@ import dataclasses
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
+from tpu_pipeline.toolchain.device import REFERENCE
 from tpu_pipeline.toolchain.errors import InfeasibleError
 
-COST_DEVICE = "qemu-mps2-an386"  # an Edge TPU compile prices variants with the emulated MCU's model
 # The passes after it plan for the reference kernels (the host's TFLite Micro), and a compiled model
-# must run anywhere: no harness-only kernel variants (tpu_pipeline.toolchain.ir.kernels).
-KERNELS = "reference"
+# must run anywhere: no harness-only kernel variants (tpu_pipeline.toolchain.ir.kernels). Variants are
+# priced with the emulated MCU's model (CompileOptions.fit_cost_device).
+KERNELS = REFERENCE
 
 
 def fit(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
     from tpu_pipeline.toolchain.fit import fit_graph  # CP-SAT (and pandas, ~0.5 s): only with --budget
 
     budget = state.options.budget
-    r = fit_graph(state.graph, budget=budget, device=COST_DEVICE, kernels=KERNELS, deadline=Deadline(allowed),
+    cost_device = state.options.fit_cost_device
+    r = fit_graph(state.graph, budget=budget, device=cost_device, kernels=KERNELS, deadline=Deadline(allowed),
                   harness=False, arena="head")
     if not r.fits:
         raise InfeasibleError(f"{state.options.label}: no variant fits {budget:,} B of TFLite Micro arena head; "
                               f"the smallest reachable is {r.head:,} B")
     detail = {k: v for k, v in r.to_json().items() if k not in ("frontier",)}
-    detail["cost_device"] = COST_DEVICE
+    detail["cost_device"] = cost_device.name
     changed = len(r.graph.ops) != len(state.graph.ops)
     state = dataclasses.replace(state, graph=r.graph)
     return state, PassRecord("fit", "ran" if changed else "no gain", 0.0, detail)

@@ -22,4 +22,4 @@ def rewrite(state: CompileState, allowed: float) -> tuple[CompileState, PassReco
         state = dataclasses.replace(state, proven_schedule=(state.graph, rr.input_schedule))
     return state, PassRecord("rewrite", "ran" if rr.applied else "no gain", 0.0,
                              {"applied": [a.to_json() for a in rr.applied], "peak_before": rr.peak_before,
-                              "peak_after": rr.peak_after, "semantics": state.options.semantics})
+                              "peak_after": rr.peak_after, "semantics": state.options.semantics.name})

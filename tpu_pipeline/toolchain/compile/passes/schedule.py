@@ -24,4 +24,4 @@ def schedule(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
     return state, PassRecord("schedule", "ran", 0.0,
                              {"method": s.method, "peak": s.peak, "peak_before": before,
                               "lower_bound": s.lower_bound, "proven_optimal": s.proven_optimal,
-                              "semantics": semantics})
+                              "semantics": semantics.name})

@@ -15,13 +15,13 @@ Op classes: conv, depthwise, fully_connected, elementwise, other.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpu_pipeline.toolchain.cost.classes import OP_CLASSES
+from tpu_pipeline.toolchain.device.descriptor import (OP_CLASSES, Compute, Device, Link, Memory, Power, RamBank,
+                                                      Timing)
+from tpu_pipeline.toolchain.device.firmware import BoardFirmware, parse_firmware
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.firmware.library import CPU_FLAGS
 
 DEVICES_DIR = Path(__file__).resolve().parents[1] / "data" / "devices"  # package data (tpu_pipeline.toolchain.data)
 KINDS = ("edgetpu", "mcu")
@@ -57,72 +57,6 @@ _MCU_OPTIONAL = {("compute", "cycles_per_instruction"): (float, 0.01, 100.0)}
 _PER_CLASS_RANGE = {"efficiency": (1e-6, 1.0), "cycles_per_mac": (1e-3, 1e6)}
 MAX_FILE_BYTES = 1 << 20   # a descriptor is a few hundred bytes
 MAX_NESTING = 16           # tables and arrays inside one another; tomllib recurses on each level
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    kind: str
-    raw: dict = field(compare=False, repr=False)
-    path: str = ""
-
-    def get(self, section: str, key: str, default: Any = None) -> Any:
-        return self.raw.get(section, {}).get(key, default)
-
-    @property
-    def description(self) -> str:
-        return str(self.raw.get("description", self.name))
-
-    # ---- Edge TPU ---------------------------------------------------------------------------
-    @property
-    def param_sram_bytes(self) -> int:
-        return int(self.get("memory", "param_sram_bytes"))
-
-    @property
-    def host_bandwidth_bytes_per_s(self) -> float:
-        return float(self.get("link", "host_bandwidth_bytes_per_s"))
-
-    @property
-    def invoke_overhead_s(self) -> float:
-        return float(self.get("timing", "invoke_overhead_s"))
-
-    @property
-    def peak_ops_per_s(self) -> float:
-        return float(self.get("compute", "peak_ops_per_s"))
-
-    @property
-    def efficiency(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.raw["compute"]["efficiency"].items()}
-
-    # ---- MCU --------------------------------------------------------------------------------
-    @property
-    def sram_bytes(self) -> int:
-        return int(self.get("memory", "sram_bytes"))
-
-    @property
-    def flash_bytes(self) -> int:
-        return int(self.get("memory", "flash_bytes"))
-
-    @property
-    def clock_hz(self) -> float:
-        return float(self.get("compute", "clock_hz"))
-
-    @property
-    def cycles_per_mac(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.raw["compute"]["cycles_per_mac"].items()}
-
-    @property
-    def baud(self) -> int:
-        return int(self.get("link", "baud"))
-
-    # ---- both -------------------------------------------------------------------------------
-    @property
-    def active_w(self) -> float:
-        return float(self.get("power", "active_w"))
-
-    @property
-    def idle_w(self) -> float:
-        return float(self.get("power", "idle_w"))
 
 
 def available_devices() -> list[str]:
@@ -166,7 +100,10 @@ def validate(raw: dict, label: str) -> None:
     if kind not in KINDS:
         raise UsageError(f"{label}: 'kind' must be one of {', '.join(KINDS)}, got {kind!r}")
     keys = _EDGETPU_KEYS if kind == "edgetpu" else _MCU_KEYS
+    banks = kind == "mcu" and isinstance(raw.get("memory"), dict) and "banks" in raw["memory"]
     for (section, key), (typ, lowest, highest) in keys.items():
+        if banks and (section, key) == ("memory", "sram_bytes") and key not in raw["memory"]:
+            continue  # the banks say it (_banks below)
         sec = raw.get(section)
         if not isinstance(sec, dict) or key not in sec:
             raise UsageError(f"{label}: missing [{section}] {key}")
@@ -179,8 +116,13 @@ def validate(raw: dict, label: str) -> None:
         for (section, key), (typ, lowest, highest) in _MCU_OPTIONAL.items():
             if key in raw.get(section, {}):
                 _number(f"{label}: [{section}] {key}", raw[section][key], typ, lowest, highest)
-    if kind == "mcu" and "firmware" in raw:  # the board layer's facts (board_firmware below)
-        board_firmware(raw, label)
+    if kind == "mcu":
+        ram = _banks(raw, label)
+        if "firmware" in raw:  # the board layer's facts (firmware.py)
+            fw = parse_firmware(raw, label, ram[0].size)
+            if ram[0].origin is not None and ram[0].origin != fw.ram_origin:
+                raise UsageError(f"{label}: [firmware] ram_origin 0x{fw.ram_origin:08X} is not the first "
+                                 f"[[memory.banks]] origin 0x{ram[0].origin:08X} (the arena's bank)")
     table = "efficiency" if kind == "edgetpu" else "cycles_per_mac"
     per_class = raw.get("compute", {}).get(table)
     if not isinstance(per_class, dict):
@@ -195,6 +137,68 @@ def validate(raw: dict, label: str) -> None:
         if table == "efficiency" and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 1:
             raise UsageError(f"{label}: [compute.efficiency] {cls} is a fraction of peak, must be <= 1, got {v}")
         _number(f"{label}: [compute.{table}] {cls}", v, float, *_PER_CLASS_RANGE[table])
+
+
+_BANK_KEYS = {"name", "size_bytes", "origin", "wait_states"}
+
+
+def _banks(raw: dict, label: str) -> tuple[RamBank, ...]:
+    """An MCU's RAM banks: `[[memory.banks]]` if the descriptor lists them (the first holds the
+    arena; `sram_bytes`, if given too, must be its size), else one bank "sram" of `sram_bytes`."""
+    mem = raw["memory"]
+    origin = raw.get("firmware", {}).get("ram_origin") if isinstance(raw.get("firmware"), dict) else None
+    if "banks" not in mem:
+        return (RamBank("sram", int(mem["sram_bytes"]), origin if isinstance(origin, int) else None),)
+    listed = mem["banks"]
+    if not isinstance(listed, list) or not listed or not all(isinstance(b, dict) for b in listed):
+        raise UsageError(f"{label}: [[memory.banks]] must be a list of tables (name, size_bytes, origin)")
+    out = []
+    for n, b in enumerate(listed):
+        where = f"{label}: [[memory.banks]] {n}"
+        unknown = sorted(set(b) - _BANK_KEYS)
+        if unknown:
+            raise UsageError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_BANK_KEYS))})")
+        name = b.get("name")
+        if not isinstance(name, str) or not name or name in (x.name for x in out):
+            raise UsageError(f"{where}: needs a name of its own, got {name!r}")
+        if "size_bytes" not in b:
+            raise UsageError(f"{where}: missing size_bytes")
+        _number(f"{where} size_bytes", b["size_bytes"], int, 1, TIB)
+        for key, highest in (("origin", 2**32 - 1), ("wait_states", 64)):
+            if key in b:
+                _number(f"{where} {key}", b[key], int, 0, highest)
+        out.append(RamBank(name, int(b["size_bytes"]), b.get("origin"), b.get("wait_states")))
+    if "sram_bytes" in mem and int(mem["sram_bytes"]) != out[0].size:
+        raise UsageError(f"{label}: [memory] sram_bytes {mem['sram_bytes']} is not the size of the first bank "
+                         f"'{out[0].name}' ({out[0].size}), which holds the arena")
+    return tuple(out)
+
+
+def _device(raw: dict, path: str, given: str) -> Device:
+    """The typed record of a validated descriptor."""
+    mem, comp, link, power = raw["memory"], raw["compute"], raw["link"], raw["power"]
+    mcu = raw["kind"] == "mcu"
+    ram = _banks(raw, path) if mcu else ()
+    firmware = parse_firmware(raw, path, ram[0].size) if mcu and "firmware" in raw else None
+    timing = raw.get("timing", {})
+    cpi = comp.get("cycles_per_instruction")
+    # a firmware build depends on everything but the cost model's figure (the QEMU backend's cache key)
+    built = {**raw, "compute": {k: v for k, v in comp.items() if k != "cycles_per_instruction"}} \
+        if cpi is not None else raw
+    return Device(
+        name=raw["name"], kind=raw["kind"], description=str(raw.get("description", raw["name"])),
+        memory=Memory(ram, int(mem["flash_bytes"]) if mcu else None,
+                      None if mcu else int(mem["param_sram_bytes"])),
+        compute=Compute(float(comp["clock_hz"]) if mcu else None, None if cpi is None else float(cpi),
+                        {k: float(v) for k, v in comp.get("cycles_per_mac", {}).items()},
+                        None if mcu else float(comp["peak_ops_per_s"]),
+                        {k: float(v) for k, v in comp.get("efficiency", {}).items()}),
+        link=Link(int(link["baud"]) if mcu else None, None if mcu else float(link["host_bandwidth_bytes_per_s"])),
+        power=Power(float(power["active_w"]), float(power["idle_w"])),
+        timing=None if mcu else Timing(float(timing["invoke_overhead_s"]), float(timing.get("per_op_s", 0.0)),
+                                       bool(int(timing.get("stream_overlaps_compute", 0))),
+                                       int(timing.get("host_concurrency", 0))),
+        firmware=firmware, path=path, given=given, firmware_key=repr(sorted(built.items())))
 
 
 def _nesting(text: str) -> int:
@@ -226,8 +230,9 @@ def _nesting(text: str) -> int:
     return deepest
 
 
-def load_device(name_or_path: str | Path) -> Device:
-    """Load and validate a descriptor by name (devices/<name>.toml) or path."""
+def load_device(name_or_path: str | Path | Device) -> Device:
+    """Load and validate a descriptor by name (devices/<name>.toml) or path, once, where a command
+    or an API call starts; a Device is returned as it is."""
     if isinstance(name_or_path, Device):
         return name_or_path
     path = _resolve(name_or_path)
@@ -246,114 +251,24 @@ def load_device(name_or_path: str | Path) -> Device:
         raise UsageError(f"{path}: not valid TOML ({' '.join(str(exc).split())})") from None
     except RecursionError:
         raise UsageError(f"{path}: nested too deeply") from None
-    validate(raw, str(path))
-    return Device(name=raw["name"], kind=raw["kind"], raw=raw, path=str(path))
+    return device_from_descriptor(raw, str(path), str(name_or_path))
 
 
-# ---- the [firmware] section: the board layer export-mcu writes (tpu_pipeline/toolchain/firmware/project.py)
-#     [firmware]
-#     cpu = "cortex-m4+fp"          # code generation (tpu_pipeline.toolchain.firmware.library.CPU_FLAGS)
-#     library_cpu = "cortex-m4+fp"  # optional: the TFLite Micro library build to link (default: cpu)
-#     flash_origin, ram_origin      # where [memory] flash_bytes and sram_bytes start
-#     stack_bytes, heap_bytes       # reserved at the top of RAM
-#     uart = "cmsdk" | "stm32-usart" | "nrf52-uarte" | "apollo3"   # firmware/uart-<name>/board_uart.cc
-#     uart_base, uart_clock_hz, uart_rx_irq (-1: poll)
-#     uart_tx_pin, uart_rx_pin, uart_af  # pin routing, where the UART needs it
-#     gpio_base, uart_lpuart        # STM32: the UART pins' GPIO port; LPUART baud formula
-#     init_writes = [[addr, bits]]  # registers OR-ed with bits before the UART starts (clock/power enables)
-#     ticks = "systick" | "dwt"     # DWT cycle counter on silicon; SysTick where it is missing (QEMU)
-#     core_clock_hz                 # the clock the board layer runs the core at: HARNESS_TICKS_PER_S
-#     qemu_machine                  # emulated boards only: qemu-system-arm -M <machine>
-UARTS = ("cmsdk", "stm32-usart", "nrf52-uarte", "apollo3")
-TICKS = ("systick", "dwt")
+def device_from_descriptor(raw: dict, label: str, given: str = "") -> Device:
+    """A Device from a parsed descriptor (a TOML document as a dict), validated; `label` names it
+    in errors (the file)."""
+    validate(raw, label)
+    return _device(raw, label, given)
 
 
-@dataclass(frozen=True)
-class BoardFirmware:
-    board: str
-    cpu: str
-    library_cpu: str
-    flash_origin: int
-    flash_bytes: int
-    ram_origin: int
-    ram_bytes: int
-    stack_bytes: int
-    heap_bytes: int
-    uart: str
-    uart_base: int
-    uart_clock_hz: int
-    uart_rx_irq: int
-    uart_tx_pin: int
-    uart_rx_pin: int
-    uart_af: int
-    gpio_base: int
-    uart_lpuart: bool
-    init_writes: tuple
-    ticks: str
-    core_clock_hz: int
-    qemu_machine: str | None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @property
-    def cpu_flags(self) -> tuple[str, ...]:
-        return CPU_FLAGS[self.cpu]
-
-
-def _int(fw: dict, key: str, label: str, default=None, minimum: int = 0) -> int:
-    v = fw.get(key, default)
-    if v is None:
-        raise UsageError(f"{label}: [firmware] {key} is missing")
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UsageError(f"{label}: [firmware] {key} must be a whole number >= {minimum}, got {v!r}")
-    return v
-
-
-def board_firmware(d: dict, label: str | None = None) -> BoardFirmware:
-    """The validated `[firmware]` section of device dict `d`; UsageError naming the key."""
-    label = label or str(d.get("name", "device"))
-    fw = d.get("firmware")
-    if not isinstance(fw, dict):
-        raise UsageError(f"device '{label}' has no [firmware] section: the harness cannot be built for it "
+def require_firmware(device: Device) -> BoardFirmware:
+    """The board's `[firmware]` section; UsageError for a board the harness cannot be built for."""
+    if device.firmware is None:
+        raise UsageError(f"device '{device.name}' has no [firmware] section: the harness cannot be built for it "
                          f"(boards with one: {', '.join(firmware_boards())})")
-    cpu = fw.get("cpu")
-    if cpu not in CPU_FLAGS:
-        raise UsageError(f"{label}: [firmware] cpu must be one of {', '.join(CPU_FLAGS)}, got {cpu!r}")
-    lib_cpu = fw.get("library_cpu", cpu)
-    if lib_cpu not in CPU_FLAGS:
-        raise UsageError(f"{label}: [firmware] library_cpu must be one of {', '.join(CPU_FLAGS)}, got {lib_cpu!r}")
-    uart = fw.get("uart")
-    if uart not in UARTS:
-        raise UsageError(f"{label}: [firmware] uart must be one of {', '.join(UARTS)}, got {uart!r}")
-    ticks = fw.get("ticks", "dwt")
-    if ticks not in TICKS:
-        raise UsageError(f"{label}: [firmware] ticks must be one of {', '.join(TICKS)}, got {ticks!r}")
-    machine = fw.get("qemu_machine")
-    if machine is not None and (not isinstance(machine, str) or not machine.replace("-", "").isalnum()):
-        raise UsageError(f"{label}: [firmware] qemu_machine must be a machine name, got {machine!r}")
-    writes = fw.get("init_writes", [])
-    if not isinstance(writes, list) or not all(
-            isinstance(w, list) and len(w) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                        and 0 <= x < 2 ** 32 for x in w) for w in writes):
-        raise UsageError(f"{label}: [firmware] init_writes must be a list of [address, bits] pairs of 32-bit "
-                         f"numbers, got {writes!r}")
-    lpuart = fw.get("uart_lpuart", False)
-    if not isinstance(lpuart, bool):
-        raise UsageError(f"{label}: [firmware] uart_lpuart must be true or false, got {lpuart!r}")
-    mem = d.get("memory", {})
-    return BoardFirmware(
-        board=str(d.get("name", label)), cpu=cpu, library_cpu=lib_cpu,
-        flash_origin=_int(fw, "flash_origin", label), flash_bytes=int(mem.get("flash_bytes", 0)),
-        ram_origin=_int(fw, "ram_origin", label), ram_bytes=int(mem.get("sram_bytes", 0)),
-        stack_bytes=_int(fw, "stack_bytes", label, 16384, 1024), heap_bytes=_int(fw, "heap_bytes", label, 4096),
-        uart=uart, uart_base=_int(fw, "uart_base", label), uart_clock_hz=_int(fw, "uart_clock_hz", label, minimum=1),
-        uart_rx_irq=_int(fw, "uart_rx_irq", label, -1, -1), uart_tx_pin=_int(fw, "uart_tx_pin", label, 0),
-        uart_rx_pin=_int(fw, "uart_rx_pin", label, 0), uart_af=_int(fw, "uart_af", label, 0),
-        gpio_base=_int(fw, "gpio_base", label, 0), uart_lpuart=lpuart, init_writes=tuple(tuple(w) for w in writes),
-        ticks=ticks, core_clock_hz=_int(fw, "core_clock_hz", label, minimum=1), qemu_machine=machine)
+    return device.firmware
 
 
 def firmware_boards() -> list[str]:
     """The descriptors with a [firmware] section: the boards the harness can be built for."""
-    return [n for n in available_devices() if "firmware" in load_device(n).raw]
+    return [n for n in available_devices() if load_device(n).firmware is not None]
