@@ -124,7 +124,9 @@ def main(argv=None) -> int:
                 "compiles the package's sources (~0.2 s); an installed wheel has them compiled. "
                 if os.environ.get("PYTHONDONTWRITEBYTECODE") else "")
     lines = ["## Compile time", "",
-             f"`python tools/bench_compile_time.py --models {rel(a.models.resolve())} --runs {a.runs}`", "",
+             f"`python tools/bench_compile_time.py --models {rel(a.models.resolve())} --runs {a.runs}"
+             + (f" --before-tree DIR --before-label '{a.before_label}'" if a.before_tree else "")
+             + (" --bytecode" if a.bytecode else "") + "`", "",
              "Each command runs as its own process (the `tpu-pipeline` console script) into a fresh folder; "
              f"median of {a.runs} runs (min-max in brackets). Wall and CPU seconds are the whole process "
              "(start-up, every pass, writing the folder); *partition* is that pass alone (report.json). The "
