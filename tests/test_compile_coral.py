@@ -297,3 +297,31 @@ def test_cocompile_order_follows_the_mix(tmp_path, capsys):
     assert main(["compile", str(TINY), "-n", "2", "--mix", "a=1", "-o", str(tmp_path / "x")]) == 2
     assert main(["compile", *models, "-n", "2", "--mix", "nope=1", "-o", str(tmp_path / "x")]) == 2
     assert "--mix: 'nope' is not one of the models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, knee", [("tiny_irregular_int8.tflite", 0.05), ("tiny_irregular_int8.tflite", 0.5)])
+def test_n_auto_pruning_keeps_the_choice_and_proves_each_pruned_row(name, knee):
+    """A row left unsearched must be one the full search would not choose: the same n and reason
+    as searching every row; its bound holds against the full search's period."""
+    from tpu_pipeline.toolchain.partition import partition
+    from tpu_pipeline.toolchain.partition.auto import sweep
+
+    graph = load(FIXTURES / name)[1]
+    problem = PartitionProblem(graph, EdgeTpuCostModel(load_device("coral-usb")))
+
+    def run(prune):
+        return lambda n, limit, above: partition(graph, n, time_limit=limit, problem=problem,
+                                                 prune_above_ps=above if prune else None)
+
+    pruned, chosen = sweep(graph, problem, 6, knee, 4.0, run(True))
+    full, _ = sweep(graph, problem, 6, knee, 4.0, run(False))
+    assert pruned.n_chosen == full.n_chosen == chosen.n
+    rows = {r.n: r for r in full.candidates}
+    assert any(r.pruned for r in pruned.candidates) and not any(r.pruned for r in full.candidates)
+    for r in pruned.candidates:
+        if r.pruned:
+            assert not r.proven and r.period_s >= rows[r.n].period_s
+            assert r.period_lower_bound_s <= rows[r.n].period_s
+            assert r.throughput_per_tpu < (1 - knee) * max(c.throughput_per_tpu for c in full.candidates)
+        else:
+            assert r.period_s == rows[r.n].period_s

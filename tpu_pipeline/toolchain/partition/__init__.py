@@ -184,10 +184,24 @@ def _refined(problem, n: int, res, chains, candidates, prof, period, colocate: b
     return stages, extra
 
 
+def _pruned(problem: PartitionProblem, n: int, candidates, period, limit_ps: int, base: Partition) -> Partition | None:
+    """The best warm start, unsearched, if every n-stage period is proven above `limit_ps`
+    (`-n auto`: the row cannot come within the knee); else None."""
+    from tpu_pipeline.toolchain.partition.lattice import period_exceeds
+
+    low = period_exceeds(problem, n, limit_ps)
+    if low is None:
+        return None
+    best = min(dict.fromkeys(candidates), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+    out = _make(problem, n, best, "latency", {"period_ps": low}, False, 0.0,
+                f"not searched: every {n}-stage period is proven above {limit_ps / 1e9:.3f} ms", base)
+    return dataclasses.replace(out, method="bound", period_lower_bound_ps=low, refined_by="pruned")
+
+
 def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
-              problem: PartitionProblem | None = None) -> Partition:
+              problem: PartitionProblem | None = None, prune_above_ps: int | None = None) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -208,7 +222,9 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     most CANDIDATES_PER_SECOND x `time_limit` candidates; `time_limit` also caps CP-SAT's and the
     refinement's wall clock. `p.gap` says how close the answer is. `problem`: the graph's problem
     if already built (its cached down-set lattice is shared between calls for several n; a
-    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs)."""
+    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs). `prune_above_ps`
+    (`-n auto`): if every assignment's period is proven above it, the best warm start is returned
+    unsearched (`p.refined_by` "pruned", `p.period_lower_bound_ps` the proof)."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -230,6 +246,10 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
             simulated[st] = problem.period_ps(st, n)
         return simulated[st]
 
+    if prune_above_ps is not None and strategy == "latency" and not colocate and candidates:
+        out = _pruned(problem, n, candidates, period, prune_above_ps, base)
+        if out is not None:
+            return dataclasses.replace(out, seconds=time.perf_counter() - t_start, gap_limit=gap)
     exact, chains = None, None
     if strategy == "latency" and not colocate:
         from tpu_pipeline.toolchain.partition.lattice import exact_latency
