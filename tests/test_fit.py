@@ -193,9 +193,10 @@ def test_a_selection_cut_short_by_the_time_limit_says_so(tmp_path):
     model, graph = load(src)[:2]
     # deadlines that trip on the count of questions asked, not on the clock (machine speed): the
     # first trips while the selection has built a few of its candidates, the second never
-    cut = fit_graph(graph, budget=budget, model=model, deadline=TripDeadline(50))
+    pricing = dict(device=load_device("qemu-mps2-an386"), kernels=CMSIS_NN)
+    cut = fit_graph(graph, budget=budget, model=model, deadline=TripDeadline(50), **pricing)
     assert any("stopped at the time limit" in n for n in cut.notes), cut.notes
-    done = fit_graph(graph, budget=budget, model=model, deadline=never())
+    done = fit_graph(graph, budget=budget, model=model, deadline=never(), **pricing)
     assert done.fits and not any("stopped at the time limit" in n for n in done.notes)
 
 

@@ -63,12 +63,12 @@ def run(args) -> int:
     fitted = None
     if args.fit or args.budget is not None or args.int8_io or args.input_outside_arena:
         from tpu_pipeline.toolchain.errors import InfeasibleError
-        from tpu_pipeline.toolchain.fit import fit_model
+        from tpu_pipeline.toolchain.fit import FitParams, fit_file
 
-        fitted = fit_model(args.model, budget=args.budget, device=device, kernels=kernels,
-                           time_limit=args.time_limit, int8_io=args.int8_io,
-                           input_outside_arena=args.input_outside_arena, harness=not args.builtin_kernels,
-                           head_only=args.head_only)
+        fitted = fit_file(args.model, FitParams(budget=args.budget, device=device, kernels=kernels,
+                                                time_limit=args.time_limit, int8_io=args.int8_io,
+                                                input_outside_arena=args.input_outside_arena,
+                                                harness=not args.builtin_kernels, head_only=args.head_only))
         if not fitted.result.fits:
             what = "arena head" if args.head_only else "arena (head + tail)"
             raise InfeasibleError(f"{args.model}: no variant fits {fitted.result.budget:,} B of {what} "

@@ -45,34 +45,15 @@ def run(args) -> int:
 
 def _shared(args) -> int:
     """Several models on one MCU, run one at a time on one arena: predicted, or measured in QEMU."""
-    import tempfile
-
+    from tpu_pipeline import api
     from tpu_pipeline.output import printer
     from tpu_pipeline.toolchain import report as out
-    from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
-    from tpu_pipeline.toolchain.device import kernel_set, load_device
     from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
 
-    device = load_device(args.device)
-    kernels = kernel_set(args.mcu_kernels or DEFAULT_KERNEL_SET.name)
-    if device.kind != "mcu" or args.backend not in ("auto", "qemu"):
-        raise UsageError("several models: an MCU --device, and --backend auto (predicted) or qemu (measured)")
-    a = plan_shared(args.model, device, kernels)
-    sram = device.memory.sram_bytes
-    d = {"device": device.name, "kernels": kernels.name, **a.to_json(), "sram_bytes": sram,
-         "fits": a.total <= sram,
-         "models": [{"model": m, "arena_head_predicted": h, "arena_tail_predicted": t, "arena_bytes_predicted": h + t}
-                    for m, h, t in zip(args.model, a.heads, a.tails)]}
-    if args.backend == "qemu":
-        from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
-
-        with tempfile.TemporaryDirectory(prefix="tpup-profile-") as tmp:
-            r = run_libraries_on_qemu(args.model, device, kernels, tmp, inferences=min(args.iterations, 3),
-                                      seed=args.seed, shared=True)
-        d.update(arena_bytes_measured=r.arenas[0].used, arena_head_measured=r.arenas[0].head,
-                 arena_tail_measured=r.arenas[0].tail, simulated=True)
-        for m, run in zip(d["models"], r.models):
-            m["outputs_match"], m["output_differences"] = run.outputs_match, run.output_differences
+    if args.backend not in ("auto", "qemu"):
+        raise UsageError("several models: --backend auto (predicted) or qemu (measured in QEMU)")
+    d = api.profile_shared(args.model, args.device, args.mcu_kernels, measure=args.backend == "qemu",
+                           inferences=min(args.iterations, 3), seed=args.seed)
     if args.json:
         out.print_json(d)
     else:
@@ -80,11 +61,13 @@ def _shared(args) -> int:
         for m in d["models"]:
             c.print(f"{m['model']}: head {m['arena_head_predicted']:,} B + tail {m['arena_tail_predicted']:,} B"
                     + (f", outputs identical to the model alone: {m['outputs_match']}" if "outputs_match" in m else ""))
-        c.print(f"one shared arena ({kernels.name}): head {a.head:,} B + stacked tails {a.tail:,} B = {a.total:,} B "
-                f"predicted (separate arenas {a.separate_total:,} B) of {sram:,} B SRAM on {device.name}"
+        c.print(f"one shared arena ({d['kernels']}): head {d['head']:,} B + stacked tails {d['tail']:,} B = "
+                f"{d['shared_arena_bytes_predicted']:,} B predicted (separate arenas "
+                f"{d['separate_arena_bytes_predicted']:,} B) of {d['sram_bytes']:,} B SRAM on {d['device']}"
                 + (f"; measured in QEMU {d['arena_bytes_measured']:,} B" if "arena_bytes_measured" in d else ""))
     if any(m.get("outputs_match") is False for m in d["models"]):
         return 1
     if not d["fits"]:
-        raise InfeasibleError(f"the shared arena of {a.total:,} B exceeds {device.name}'s {sram:,} B of SRAM")
+        raise InfeasibleError(f"the shared arena of {d['shared_arena_bytes_predicted']:,} B exceeds {d['device']}'s "
+                              f"{d['sram_bytes']:,} B of SRAM")
     return 0

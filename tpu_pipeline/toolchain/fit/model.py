@@ -13,7 +13,8 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
-from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
+from tpu_pipeline.toolchain.fit.fit import FitResult, run_fit
+from tpu_pipeline.toolchain.fit.params import FitParams
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
@@ -69,46 +70,36 @@ def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | No
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
               allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,
               harness: bool = True, head_only: bool = False, patches: bool = True) -> FittedModel:
-    """Fit the model at `path` to `budget` bytes of arena, or to what `device` leaves for the arena
-    (SRAM - firmware reserve; without a device, variants are priced for DEFAULT_COST_DEVICE). The
-    arena is TFLite Micro's whole arena on the 32-bit target, head +
-    persistent tail for the kernel set (`kernels`), unless `head_only` (the planned head alone).
-    `int8_io`: the interface becomes int8 (rewrite.interface; the model with that change alone is
-    the reference of every check). `input_outside_arena`: the application keeps the inputs in its
-    own buffer (the harness firmware). `harness`: the harness's kernels may be chosen (else the model
-    runs on any TFLite Micro build). `patches`: offer patch-based execution. `allow_lossy`: the int8
-    partial-sum splits may be chosen too;
-    the written model is then checked within requantization (its deviation reported)."""
+    """`fit_file` with FitParams' switches as keywords (tests and tools call it so)."""
+    return fit_file(path, FitParams(budget=budget, device=device, objective=objective, kernels=kernels,
+                                    int8_io=int8_io, input_outside_arena=input_outside_arena, head_only=head_only,
+                                    patches=patches, harness=harness, allow_lossy=allow_lossy, pareto=want_pareto,
+                                    probe_budgets=probe_budgets, time_limit=time_limit, verify_runs=verify_runs),
+                    progress)
+
+
+def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
+    """Fit the model at `path` to `params.budget` bytes of arena, or to what `params.device` leaves
+    for the arena (SRAM - firmware reserve; without a device, variants are priced for
+    DEFAULT_COST_DEVICE). The arena is TFLite Micro's whole arena on the 32-bit target, head +
+    persistent tail for the kernel set, unless `head_only`. `int8_io`: the model with that change
+    alone is the reference of every check. The written model is checked in LiteRT and TFLite Micro
+    (within requantization with `allow_lossy`, its deviation reported)."""
     from tpu_pipeline.toolchain.execute.compare import check_or_raise, verify_models
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
-    if budget is None and device is None and objective == "latency":
+    p, kernels, device = params, params.kernels, params.device
+    if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
-    model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
-    graph, _ = graph.with_unique_tensor_names()
-    measure_tflm_arena(model_to_bytes(model), label=str(path))  # TFLite Micro's verdict first, in the words
-    # plan and export-mcu use
-    notes = list(notes)
-    if int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
-        graph, changed = drop_float_io(graph, str(path))
-        notes += changed
-        source = model_to_bytes(rewritten_model(graph, model))
-    else:
-        source = model_to_bytes(model)
-    if input_outside_arena:
-        graph = external_inputs(graph)
-    deadline = Deadline(time_limit)
-    arena = "head" if head_only else "whole"
-    fit_budget, budget_from, avail = budget, "--budget", None
-    if device is not None and budget is None:
+    model, graph, source, notes = _prepared(path, p)
+    fit_budget, budget_from, avail = p.budget, "--budget", None
+    if device is not None and p.budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device.label
-        fit_budget = avail if not head_only else avail - _tail(graph, kernels, source, notes)
+        fit_budget = avail if not p.head_only else avail - _tail(graph, kernels, source, notes)
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
-    result = fit_graph(graph, budget=fit_budget, objective=objective, device=pricing,
-                       kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
-                       deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
-                       model=model, harness=harness, arena=arena, patches=patches)
+    result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
+                     progress=progress, model=model)
     data = _written(result, model, path)
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     if avail is not None and result.head + tail > avail:
@@ -117,18 +108,38 @@ def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | No
                      "for the arena")
     host = measure_tflm_arena(data, label=str(path))
     host_head = _host_head(result, kernels, data)
-    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
-        return FittedModel(result, data, source, (), host.head, host_head, kernels, host.tail, tail, avail,
-                           budget_from, tuple(notes))
-    verification = tuple(verify_models(source, data, runs=verify_runs, lossy_ok=allow_lossy))
-    check_or_raise(list(verification), str(path))
-    if host.head != host_head:
-        raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted model's "
-                                f"plan; {host_head:,} B were predicted")
-    if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
-        notes.append(custom_ops_note(result.graph))
+    verification = ()
+    if result.fits:  # else nothing is written: the caller reports the smallest arena reached
+        verification = tuple(verify_models(source, data, runs=p.verify_runs, lossy_ok=p.allow_lossy))
+        check_or_raise(list(verification), str(path))
+        if host.head != host_head:
+            raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted "
+                                    f"model's plan; {host_head:,} B were predicted")
+        if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
+            notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
                        budget_from, tuple(notes))
+
+
+def _prepared(path, p: FitParams):
+    """(model, graph, reference bytes, notes): the file made exact for TFLite Micro, TFLite Micro's
+    verdict on it, and the interface changes the params ask for."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+
+    model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
+    graph, _ = graph.with_unique_tensor_names()
+    measure_tflm_arena(model_to_bytes(model), label=str(path))  # TFLite Micro's verdict first, in the words
+    # plan and export-mcu use
+    notes = list(notes)
+    if p.int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
+        graph, changed = drop_float_io(graph, str(path))
+        notes += changed
+        source = model_to_bytes(rewritten_model(graph, model))
+    else:
+        source = model_to_bytes(model)
+    if p.input_outside_arena:
+        graph = external_inputs(graph)
+    return model, graph, source, notes
 
 
 def _host_head(result: FitResult, kernels: KernelSet, data: bytes) -> int:

@@ -120,33 +120,7 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
     n = len(graph.ops)
     order = list(range(n)) if order is None else list(order)
     step_of = {op: k + 1 for k, op in enumerate(order)}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-
-    for t in graph.inputs:
-        if graph.is_activation(t):
-            first.setdefault(t, 0)
-            last[t] = max(last.get(t, 0), 0)
-    for op_pos in order:
-        step = step_of[op_pos]
-        op = graph.ops[op_pos]
-        for t in op.outputs:
-            if graph.is_activation(t):
-                first.setdefault(t, step)
-                last[t] = max(last.get(t, step), step)
-        for t in op.inputs:
-            if graph.is_activation(t):
-                first.setdefault(t, step)  # read before any write: allocated where first touched
-                last[t] = max(last.get(t, step), step)
-    for t in graph.outputs:
-        if graph.is_activation(t):
-            first.setdefault(t, n)
-            last[t] = n
-    if sem.inputs_live_whole_run:
-        for t in graph.inputs:
-            if graph.is_activation(t):
-                last[t] = n
-
+    first, last = _touched(graph, order, step_of, sem)
     n_steps = n + 1
     if whole_model and sem.allocates_unused:
         unused = unused_tensors(graph)
@@ -189,6 +163,38 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
             buffers.append(Buffer(align(size, sem.alignment), s, s, op=op_pos,
                                   name=f"scratch of op {op_pos} ({graph.ops[op_pos].opcode})"))
     return Lifetimes(tuple(buffers), n_steps)
+
+
+def _touched(graph: Graph, order, step_of: dict[int, int], sem: Semantics) -> tuple[dict[int, int], dict[int, int]]:
+    """(first, last) step each activation tensor is live at: from its first touch to its last read
+    (graph inputs from step 0, graph outputs to the end)."""
+    n = len(graph.ops)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for t in graph.inputs:
+        if graph.is_activation(t):
+            first.setdefault(t, 0)
+            last[t] = max(last.get(t, 0), 0)
+    for op_pos in order:
+        step = step_of[op_pos]
+        op = graph.ops[op_pos]
+        for t in op.outputs:
+            if graph.is_activation(t):
+                first.setdefault(t, step)
+                last[t] = max(last.get(t, step), step)
+        for t in op.inputs:
+            if graph.is_activation(t):
+                first.setdefault(t, step)  # read before any write: allocated where first touched
+                last[t] = max(last.get(t, step), step)
+    for t in graph.outputs:
+        if graph.is_activation(t):
+            first.setdefault(t, n)
+            last[t] = n
+    if sem.inputs_live_whole_run:
+        for t in graph.inputs:
+            if graph.is_activation(t):
+                last[t] = n
+    return first, last
 
 
 def unused_tensors(graph: Graph) -> tuple[int, ...]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from ortools.graph.python import max_flow
 
 from tpu_pipeline.toolchain.schedule.bounds.static import footprint
 from tpu_pipeline.toolchain.schedule.model import bits
@@ -86,6 +85,8 @@ class CutNet:
         self.snk_of = np.zeros(self.nbytes * 8, dtype=np.int32)
         for v in ops:
             self.src_of[v], self.snk_of[v] = self.src_arc[v], self.snk_arc[v]
+        from ortools.graph.python import max_flow  # OR-Tools loads (~30 ms) only when a cut bound is built
+
         self.flow = max_flow.SimpleMaxFlow()
         self.flow.add_arcs_with_capacity(np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64),
                                          np.array(caps, dtype=np.int64))
