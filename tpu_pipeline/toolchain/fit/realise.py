@@ -11,7 +11,7 @@ from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kern
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
-from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, tail_bound, target_tail
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, checked_region
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage
 from tpu_pipeline.toolchain.schedule.api import schedule
@@ -25,7 +25,8 @@ def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None,
     (and a note) when the head alone is selected on."""
     if arena == "head":
         return None, ""
-    whole, ops = target_tail(graph, sem).bytes, ops_tail(graph, sem)
+    # (bounds, additive over the variants: the realised tail, which depends on the op order, stays within them)
+    whole, ops = tail_bound(graph, sem), ops_tail(graph, sem)
     if whole is None or ops is None:
         missing = ", ".join(target_tail(graph, sem).unmodelled)
         return None, (f"the target's tail is not modelled for {missing}: the selection counts the head alone "
