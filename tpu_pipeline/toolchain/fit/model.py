@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
-from tpu_pipeline.toolchain.errors import UsageError, VerificationError
+from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, run_fit
 from tpu_pipeline.toolchain.fit.params import FitParams
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
@@ -127,6 +127,9 @@ def _prepared(path, p: FitParams):
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
     model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
+    if len(model.subgraphs) > 1:  # TFLite Micro plans every subgraph's tensors in one arena: fit models the main one
+        raise ModelError(f"{path}: {len(model.subgraphs)} subgraphs (control flow); fit plans the arena of "
+                         "single-subgraph models only")
     graph, _ = graph.with_unique_tensor_names()
     measure_tflm_arena(model_to_bytes(model), label=str(path))  # TFLite Micro's verdict first, in the words
     # plan and export-mcu use

@@ -24,11 +24,12 @@ class Pool:
         self.estimated = self.measured = 0
         self.dropped = 0  # candidates whose tiles would read nothing of some tensor (a grid too fine)
         self.stopped = False  # a selection ended at its deadline (its answer: the best measured one)
+        self.pruned: dict = {}  # the chain DP's dominance pruning, per group of spans, kept between its calls
 
     def select(self, n_spans, budget, objective, deadline, latency_bound=None) -> Selection | None:
         while True:
             pick = chain_select(self.variants, n_spans, budget=budget, objective=objective,
-                                latency_bound=latency_bound, tail_fixed=self.tail_fixed)
+                                latency_bound=latency_bound, tail_fixed=self.tail_fixed, pruned=self.pruned)
             if pick is None or all(v.stage == "measured" for v in pick):
                 break
             if deadline.expired():

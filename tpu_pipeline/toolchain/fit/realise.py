@@ -11,10 +11,12 @@ from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kern
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
-from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, tail_bound, target_tail
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, checked_region
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage
 from tpu_pipeline.toolchain.schedule.api import schedule
+
+REALISE_SCHEDULE_SECONDS = 2.0  # the whole graph's scheduler, when the variants' own orders keep the promised peak
 
 
 def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None, str]:
@@ -23,7 +25,8 @@ def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None,
     (and a note) when the head alone is selected on."""
     if arena == "head":
         return None, ""
-    whole, ops = target_tail(graph, sem).bytes, ops_tail(graph, sem)
+    # (bounds, additive over the variants: the realised tail, which depends on the op order, stays within them)
+    whole, ops = tail_bound(graph, sem), ops_tail(graph, sem)
     if whole is None or ops is None:
         missing = ", ".join(target_tail(graph, sem).unmodelled)
         return None, (f"the target's tail is not modelled for {missing}: the selection counts the head alone "
@@ -39,9 +42,12 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
     # the variants' own orders reach the selection's peak; the scheduler may only improve on them
     whole = whole.reordered(variant_order(whole, sel.variants))
     # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
-    # gains here, while the planner needs its time to reach the peak on thousands of buffers)
-    sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, 0.35 * deadline.remaining())),
-                     semantics=sem)
+    # gains here, while the planner needs its time to reach the peak on thousands of buffers; where
+    # that order already holds the selection's promise, the scheduler gets a short look only)
+    share = 0.35 * deadline.remaining()
+    if lifetimes(whole, None, sem).peak <= sel.peak:
+        share = min(share, REALISE_SCHEDULE_SECONDS)
+    sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, share)), semantics=sem)
     whole = whole.reordered(sched.order)
     plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(2.0, deadline.remaining())))

@@ -27,7 +27,8 @@ def with_best_orders(pool: Pool, n_spans: int, sel: Selection | None, budget, ob
         hopeful = [replace(v, peak=v.lower_bound) if v.kind == "patch" and not v.ordered else v
                    for v in pool.variants]
         origin = {id(h): v for h, v in zip(hopeful, pool.variants)}
-        pick = chain_select(hopeful, n_spans, budget=budget, objective=objective, tail_fixed=pool.tail_fixed)
+        pick = chain_select(hopeful, n_spans, budget=budget, objective=objective, tail_fixed=pool.tail_fixed,
+                            pruned=pool.pruned)
         if pick is None or not beats(pick, sel, objective, pool.tail_fixed):
             break
         todo = [origin[id(h)] for h in pick if h.kind == "patch" and not origin[id(h)].ordered]
