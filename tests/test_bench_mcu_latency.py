@@ -52,3 +52,17 @@ def test_the_table_states_ratios_against_tinyengine_on_the_same_core():
     assert "| m | tflm-builtin | an386 | as converted | 150 | 1.50x |" in text
     assert "no: 1/2 equal, max diff 3" in text
     assert "| m | an386 | conv 1x1 | 60 | - | 120 (2.00x) | - |" in text
+
+
+def test_reused_tinyengine_rows_say_so_and_keep_their_plan():
+    earlier = [{**b.row("m", "tinyengine", "an386", "whole layers, float requantize", 100, 10, "x", True, "c"),
+                "plan": {"best": {"peak": 5}}, "run": "2026-01-01T00:00:00Z"},
+               {**b.row("m", "tinyengine", "an500", "whole layers, float requantize", 100, 10, "x", True, "c"),
+                "plan": {"best": {"peak": 5}}},
+               b.row("m", "tpu-pipeline", "an386", "fastest", 90, 10, "y", True, "c")]
+    rows = b.reused_tinyengine_rows(earlier, "m", ["an386", "an500"])
+    assert [r["reused_from"] for r in rows] == ["2026-01-01T00:00:00Z", "before run stamps"]
+    assert rows[0]["plan"]["best"]["peak"] == 5
+    assert "(reused from run 2026-01-01T00:00:00Z: not measured beside ours)" in b.render(rows)
+    with pytest.raises(SystemExit):
+        b.reused_tinyengine_rows(earlier, "other", ["an386"])

@@ -160,3 +160,81 @@ def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernel
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
     predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+# ---- stripes without recomputation -----------------------------------------------------------------
+def _streamed(g, n):
+    region = _region(g)
+    tin, tout, positions = checked_region(g, region)
+    return build_stage(g, tin, tout, positions, (n, 1), stream=True)
+
+
+def _rows_computed(staged) -> dict[int, int]:
+    """Layer -> output rows its CONV / ADD steps compute, over all tiles."""
+    op = next(o for o in staged.ops if stage.is_stage(o))
+    rows: dict[int, int] = {}
+    for s in stage.steps(op.options):
+        if s[0] == stage.CONV:
+            rows[s[1]] = rows.get(s[1], 0) + s[8]
+        elif s[0] == stage.ADD:
+            rows[s[1]] = rows.get(s[1], 0) + s[13]
+    return rows
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_a_streamed_stage_computes_every_row_once_and_is_an_identity(n):
+    g, src = _mbv2_like()
+    staged = _streamed(g, n)
+    op = next(o for o in staged.ops if stage.is_stage(o))
+    body = op.options.body
+    heights = {j: body.tensors[layer.outputs[0]].shape[1] for j, layer in enumerate(body.ops)}
+    assert _rows_computed(staged) == heights  # no row computed twice
+    region = _region(g)
+    tin, tout, positions = checked_region(g, region)
+    recomputing = build_stage(g, tin, tout, positions, (n, 1), stream=False)
+    assert sum(_rows_computed(recomputing).values()) > sum(heights.values())  # (which the plain stage does)
+    data = _write(staged, src)
+    results = verify_models(src, data, runs=2)
+    assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs), [r.to_json() for r in results]
+    with pytest.raises(UsageError, match="stripes"):
+        region = _region(g)
+        tin, tout, positions = checked_region(g, region)
+        build_stage(g, tin, tout, positions, (2, 2), stream=True)
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_path, kernels_set):
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed")
+    tree_or_skip(kernels_set)
+    g, src = _mbv2_like()
+    staged = _streamed(g, 3)
+    path = tmp_path / "streamed.tflite"
+    path.write_bytes(_write(staged, src))
+    try:
+        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=2, seed=5)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    assert r.arena_used_bytes == predicted.total
+
+
+def test_fit_offers_stages_on_row_stripes_and_they_stream():
+    from tpu_pipeline.toolchain.fit.variants import _patch_label, _stage_grids
+
+    grids = _stage_grids((4, 3))
+    assert {(2, 1), (3, 1), (4, 1)} <= set(grids) and (2, 2) in grids and len(grids) == len(set(grids))
+    g, _ = _mbv2_like()
+    region = _region(g)
+    assert "streamed" in _patch_label(region, (3, 1), "stage") and "streamed" not in _patch_label(region, (2, 2), "stage")
+    tin, tout, positions = checked_region(g, region)
+    default = build_stage(g, tin, tout, positions, (3, 1))  # a stripe grid streams unless told not to
+    assert _rows_computed(default) == _rows_computed(_streamed(g, 3))

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time", "coral",
          "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "fit_speed", "tinyengine",
-         "mcu_latency", "deploy", "scale", "fuzz", "survey"]
+         "mcu_latency", "harness_kernels", "deploy", "scale", "fuzz", "survey"]
 
 
 def machine() -> str:

@@ -2,6 +2,7 @@
 """MCU latency, measured side by side with TinyEngine in the same emulated core, in one run.
 
     python tools/bench_mcu_latency.py --tinyengine DIR [--mlperf DIR] [--only vww] [--cores an386 an500]
+        [--reuse-tinyengine]   # our rows only; TinyEngine's from the last run, marked as reused
 
 DIR is a checkout of mit-han-lab/tinyengine with its CMSIS submodule (TinyEngine/third_party/CMSIS,
 CMSIS_5 at the commit TinyEngine pins); default $TINYENGINE_DIR, else ../peers/tinyengine beside
@@ -411,7 +412,9 @@ def tinyengine_rows(te: Path, name: str, plan: dict, cores, work: Path, log) -> 
 def qemu_row(path: Path, name: str, engine: str, core: str, point: str, counts: str, command: str, log) -> dict:
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
 
-    q = run_on_qemu(path, CORES[core], "cmsis-nn", iterations=1, quiet=True, timeout=3600)
+    from tpu_pipeline.toolchain.device import kernel_set
+
+    q = run_on_qemu(path, board(core)[0], kernel_set("cmsis-nn"), iterations=1, quiet=True, timeout=3600)
     classes = our_classes(Path(q.model).read_bytes())
     layers = [{"class": classes.get(o["index"], o["opcode"].lower()), **o} for o in q.op_instructions]
     r = row(name, engine, core, point, q.instructions, q.arena_used_bytes, counts, q.outputs_match, command,
@@ -428,6 +431,10 @@ def fitted(path: Path, work: Path, label: str, time_limit: float, **options) -> 
     from tpu_pipeline.toolchain.device import CMSIS_NN
     from tpu_pipeline.toolchain.fit import fit_model
 
+    from tpu_pipeline.toolchain.device import load_device
+
+    if isinstance(options.get("device"), str):  # (a board's name: fit_model takes the Device)
+        options = {**options, "device": load_device(options["device"])}
     f = fit_model(path, kernels=CMSIS_NN, time_limit=time_limit, **options)
     if not f.result.fits:
         return None
@@ -462,6 +469,16 @@ def our_rows(path: Path, name: str, budget: int | None, cores, work: Path, time_
     return rows
 
 
+def reused_tinyengine_rows(earlier: list[dict], name: str, cores) -> list[dict]:
+    """TinyEngine's rows of `name` from an earlier run, each marked `reused_from` (that run's stamp;
+    "before run stamps" for rows written before rows carried one)."""
+    rows = [{**r, "reused_from": r.get("reused_from") or r.get("run") or "before run stamps"}
+            for r in earlier if r["model"] == name and r["engine"] == "tinyengine" and r["core"] in cores]
+    if not rows or "plan" not in rows[0]:
+        raise SystemExit(f"--reuse-tinyengine: docs/bench/mcu_latency.json has no TinyEngine rows of {name}")
+    return rows
+
+
 def by_class(layers: list[dict]) -> dict[str, int]:
     out: dict[str, int] = {}
     for lay in layers:
@@ -478,6 +495,10 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", help="models to run (default: TinyEngine's three and MLPerf's four)")
     ap.add_argument("--cores", nargs="+", choices=sorted(CORES), default=sorted(CORES))
     ap.add_argument("--render", action="store_true", help="only rewrite the .md from docs/bench/mcu_latency.json")
+    ap.add_argument("--reuse-tinyengine", action="store_true",
+                    help="measure only our rows; TinyEngine's rows (and its plan's peak) are taken from "
+                         "docs/bench/mcu_latency.json and marked as reused from the run that measured them "
+                         "(a quick check while changing our kernels: final figures come from a full run)")
     args = ap.parse_args()
     if args.render:
         OUT.write_text(render(json.loads(OUT.with_suffix(".json").read_text())))
@@ -493,31 +514,37 @@ def main() -> int:
               "(git submodule update --init)", file=sys.stderr)
         return 2
     jpath = OUT.with_suffix(".json")
-    rows = [r for r in (json.loads(jpath.read_text()) if jpath.exists() else [])
-            if args.only and r["model"] not in args.only]
+    earlier = json.loads(jpath.read_text()) if jpath.exists() else []
+    rows = [r for r in earlier if args.only and r["model"] not in args.only]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log = lambda r: print(json.dumps({k: v for k, v in r.items() if k not in ("layers", "command")}), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in MODELS:
             if args.only and name not in args.only:
                 continue
-            print(f"== {name}: TinyEngine's patch plans", flush=True)
-            plan = run_peer(te, te / "assets" / f"{name}.tflite")
-            te_rows, profile = tinyengine_rows(te, name, plan, args.cores, work, log)
-            for r in te_rows:
-                if (r["core"], r["point"]) in profile:
-                    r["layers"] = profile[(r["core"], r["point"])]
-                r["plan"] = plan
+            if args.reuse_tinyengine:
+                te_rows = reused_tinyengine_rows(earlier, name, args.cores)
+                plan = te_rows[0]["plan"]
+            else:
+                print(f"== {name}: TinyEngine's patch plans", flush=True)
+                plan = run_peer(te, te / "assets" / f"{name}.tflite")
+                te_rows, profile = tinyengine_rows(te, name, plan, args.cores, work, log)
+                for r in te_rows:
+                    if (r["core"], r["point"]) in profile:
+                        r["layers"] = profile[(r["core"], r["point"])]
+                    r["plan"], r["run"] = plan, stamp
             rows += te_rows
-            rows += our_rows(te / "assets" / f"{name}.tflite", name, plan["best"]["peak"], args.cores, work,
-                             args.time_limit, log, tinyengine_io=True)
+            rows += [{**r, "run": stamp} for r in our_rows(te / "assets" / f"{name}.tflite", name, plan["best"]["peak"],
+                                                            args.cores, work, args.time_limit, log, tinyengine_io=True)]
             jpath.write_text(json.dumps(rows, indent=1) + "\n")
         for name in MLPERF:
             path = mlperf / f"{name}.tflite"
             if (args.only and name not in args.only) or not path.exists():
                 continue
             print(f"== {name}", flush=True)
-            rows += our_rows(path, name, None, args.cores, work, args.time_limit, log, tinyengine_io=False)
+            rows += [{**r, "run": stamp} for r in our_rows(path, name, None, args.cores, work, args.time_limit, log,
+                                                            tinyengine_io=False)]
             jpath.write_text(json.dumps(rows, indent=1) + "\n")
     OUT.write_text(render(rows))
     return 0
@@ -553,7 +580,9 @@ def render(rows: list[dict]) -> str:
         if r.get("match") and not ident:
             m = r["match"]
             ident = f"no: {m['elements_equal']:,}/{m['elements']:,} equal, max diff {m['max_abs_diff']}"
-        lines.append(f"| {r['model']} | {r['engine']} | {r['core']} | {r['point']} | {_n(r['instructions'])} | {ratio} "
+        point = r["point"] + (f" (reused from run {r['reused_from']}: not measured beside ours)"
+                              if r.get("reused_from") else "")
+        lines.append(f"| {r['model']} | {r['engine']} | {r['core']} | {point} | {_n(r['instructions'])} | {ratio} "
                      f"| {_n(r['arena_bytes'])} | {r['arena_counts']} | {ident} |")
     lines += ["", "TinyEngine build notes: " + NOTE_INCLUDE + ". Its patch plan is the smallest peak of "
               "tools/bench_tinyengine.py's search whose generated loop tiles the image exactly; plans whose "

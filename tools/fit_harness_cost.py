@@ -3,14 +3,15 @@
 
     python tools/fit_harness_cost.py --collect   # QEMU, both kernel sets (about 20 minutes, once)
     python tools/fit_harness_cost.py             # fit from the collected counts
+    python tools/fit_harness_cost.py --report    # also docs/bench/harness_kernels.md (own kernels vs the set's)
 
 The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
 same kernel as its builtin (its own cost is the builtin's), except:
 - overlapped (output over its input): one kernel call per output row into a ring, then a copy
   of each row: instructions = the builtin's + per_unit x output rows + per_output x output
   elements + overhead (the [K.overlap] table);
-- a patch stage: every tile's layers priced by their classes' per-unit and per-output rates
-  (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
+- a patch stage (square grids recomputing halos, and row stripes streamed): every call's rows
+  priced by their layer's class rates (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
   + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
   (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
 Both are fitted here by non-negative least squares on models built from random weights
@@ -35,6 +36,10 @@ MEASUREMENTS = REPO / "docs" / "bench" / "harness_ops.json"
 TABLE = REPO / "tpu_pipeline" / "toolchain" / "data" / "mcu_cost.toml"
 KERNEL_SETS = ("cmsis-nn", "reference")
 SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block's input
+# (H = W, channels, window, stride): the fast depthwise kernel against the kernel set's
+DW_SIZES = [(28, 48, 5, 1), (14, 96, 7, 1), (20, 64, 7, 2), (32, 40, 5, 2), (14, 64, 3, 1), (28, 32, 3, 1),
+            (7, 96, 5, 1), (10, 44, 3, 2)]
+SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 DEVICE = "qemu-mps2-an386"
 
 
@@ -74,6 +79,56 @@ def models():
         for grid in ((2, 2), (3, 3)):
             staged = build_stage(plain, tin, tout, positions, grid)
             yield f"h{h}c{c}_stage{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
+        for n in (2, 4):  # row stripes, streamed: nothing recomputed
+            staged = build_stage(plain, tin, tout, positions, (n, 1))
+            yield f"h{h}c{c}_stream{n}", staged, model_to_bytes(to_model(staged, read_model(src)))
+    for h, c in SE_SIZES:
+        yield f"se_h{h}c{c}", *_se_model(h, c)
+    for h, c, k, stride in DW_SIZES:
+        for flags in (("fast",), ()):
+            yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
+
+
+def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
+    """(graph, bytes): one depthwise convolution on the harness's own kernel ("fast") or on the
+    kernel set's (CMSIS-NN's "opt" or 3x3 kernel): the same layer, for the fit and the comparison."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + c + k, spread=True)
+    x = b.input((1, h, h, 8))
+    e = b.conv(x, c, k=1, act="RELU6")
+    out = b.dw(e, k=k, stride=stride, act="RELU6")
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(with_kernel(g, [0], kernel_name()), [1], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
+
+
+def _se_model(h: int, c: int):
+    """(graph, bytes): squeeze-and-excitation on TPUP_MEAN / TPUP_MUL, as MCUNetV2 writes it (MEAN
+    over W then H, a scalar MUL, the broadcast scaling) and as MobileNetV3 does (MEAN over H and W)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import MEAN_MUL, kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + c, spread=True)
+    x = b.input((1, h, h, c))
+    d = b.conv(x, c, k=1, act="RELU6")
+    s = b.conv(b.mean(b.mean(d, axes=(2,), scale=0.03), axes=(1,), scale=0.02), c, k=1)
+    k = b._tensor((1,), "int8", quant=b.tensors[s].quant, values=[60])
+    y = b.mul(d, b.mul(s, k))
+    g2 = b.conv(b.mean(y, axes=(1, 2), scale=0.04), c, k=1)
+    out = b.mul(y, g2)
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in MEAN_MUL], kernel_name())
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def collect(out: Path, force: bool = False) -> dict:
@@ -88,8 +143,8 @@ def collect(out: Path, force: bool = False) -> dict:
             path.write_bytes(blob)
             for kernels in KERNEL_SETS:
                 key = f"{name}/{kernels}"
-                if key in data["runs"] and not force:
-                    continue
+                if (key in data["runs"] and not force) or (name.endswith("_cmsis") and kernels != "cmsis-nn"):
+                    continue  # (the kernel set's own depthwise: a comparison, on CMSIS-NN only)
                 t0 = time.time()
                 try:
                     r = run_on_qemu(path, load_device(DEVICE), kernel_set(kernels), iterations=1, quiet=True, timeout=600)
@@ -120,6 +175,7 @@ def fit(data: dict) -> dict:
     out: dict[str, dict] = {}
     for kernels in KERNEL_SETS:
         table = dict(base[kernels])
+        out.setdefault(kernels, {}).update(_fit_own_ops(data, graphs, kernels))
         for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
             a, y = [], []
             for name, g in graphs.items():
@@ -152,6 +208,35 @@ def fit(data: dict) -> dict:
     return out
 
 
+def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
+    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast]: instructions = per_unit x work + per_output x outputs +
+    overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
+    import numpy as np
+
+    from fit_mcu_cost import nnls
+    from tpu_pipeline.toolchain.cost.mcu import op_features
+
+    rows: dict[str, tuple[list, list]] = {}
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast")
+    for name, g in graphs.items():
+        run = data["runs"].get(f"{name}/{kernels}", {})
+        if not run.get("ops") or not run.get("outputs_match"):
+            continue
+        for i, _, measured in run["ops"]:
+            f = op_features(g, i)
+            if f.fit_class in OWN_CLASSES:
+                a, y = rows.setdefault(f.fit_class, ([], []))
+                a.append([f.work, f.outputs, 1.0])
+                y.append(measured)
+    out = {}
+    for cls, (a, y) in rows.items():
+        a, y = np.array(a, dtype=float), np.array(y, dtype=float)
+        w = 1.0 / np.maximum(np.abs(y), 1.0)
+        coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
+        out[cls] = {**dict(zip(("per_unit", "per_output", "overhead"), coef)), "ops": len(y)}
+    return out
+
+
 def merge(tables: dict) -> None:
     """Merge the fitted tables into mcu_cost.toml, keeping its header comment."""
     import tomllib
@@ -163,19 +248,77 @@ def merge(tables: dict) -> None:
     data = tomllib.loads(text)
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
-    note = ("# [K.overlap] and [K.patch_stage] (the harness's overlapped convolutions and patch stages) by\n"
+    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean] and [K.tpup_mul] (the harness's overlapped convolutions,\n"
+            "# patch stages, MEAN and MUL) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
     TABLE.write_text(header + "\n" + tomli_w.dumps(data))
 
 
+REPORT = REPO / "docs" / "bench" / "harness_kernels.md"
+
+
+def report(data: dict) -> str:
+    """docs/bench/harness_kernels.md: the harness's own kernels against the kernel set's on the
+    same layers (QEMU counts of the collected models, CMSIS-NN build)."""
+    from tpu_pipeline.toolchain.cost.mcu import op_features
+    from tpu_pipeline.toolchain.ir import stage
+
+    runs, graphs = data["runs"], {name: g for name, g, _ in models()}
+
+    def ops(name: str) -> list:
+        return runs.get(f"{name}/cmsis-nn", {}).get("ops") or []
+
+    lines = ["## The harness's own kernels, per layer", "",
+             "Command: `python tools/fit_harness_cost.py --collect --report` (QEMU mps2-an386, `-icount shift=0`, "
+             "instructions per op as the harness counts them; every run's outputs equal host TFLite Micro's). "
+             "Models from random weights (tests/helpers/cnn_builder.py); the same layer on the harness's own kernel "
+             "and on the kernel set's (CMSIS-NN's depthwise 'opt' or 3x3 kernel).", "",
+             "| depthwise layer (input H x W x C, window, stride) | CMSIS-NN | fast | CMSIS-NN / fast |",
+             "|---|---:|---:|---:|"]
+    for h, c, k, st in DW_SIZES:
+        a, b = ops(f"dw_h{h}c{c}k{k}s{st}_cmsis"), ops(f"dw_h{h}c{c}k{k}s{st}_fast")
+        if a and b:
+            lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x |")
+    lines += ["", "| op | elements read | instructions | per element |", "|---|---:|---:|---:|"]
+    for h, c in SE_SIZES:
+        g = graphs[f"se_h{h}c{c}"]
+        for i, code, n in ops(f"se_h{h}c{c}"):
+            f = op_features(g, i)
+            if code in ("TPUP_MEAN", "TPUP_MUL") and f.work >= 1000:
+                lines.append(f"| {code} ({h} x {h} x {c}) | {f.work:,} | {n:,} | {n / f.work:.1f} |")
+    lines += ["", "Patch stages against the same layers run whole (the region from the block's input; "
+              "`h`: H = W, `c`: channels): a streamed stage computes every row once, a square grid "
+              "recomputes its halos.", "",
+              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes |",
+              "|---|---:|---:|---:|---:|"]
+    for h, c in SIZES:
+        plain = ops(f"h{h}c{c}_plain")
+        cells = []
+        body = None
+        for form in ("stage2", "stream2", "stream4"):
+            st = [(i, n) for i, code, n in ops(f"h{h}c{c}_{form}") if code == stage.OPCODE]
+            if st:
+                body = len(graphs[f"h{h}c{c}_{form}"].ops[st[0][0]].options.body.ops)
+            cells.append(st[0][1] if st else None)
+        if not plain or body is None:
+            continue
+        whole = sum(n for _, _, n in plain[:body])  # (the region starts at the input: its first layers)
+        lines.append(f"| h{h}c{c} | {whole:,} | " + " | ".join(
+            "-" if n is None else f"{n:,} ({n / whole - 1:+.1%})" for n in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--collect", action="store_true", help="measure in QEMU first (resumable)")
     ap.add_argument("--force", action="store_true", help="with --collect: measure again what is there")
+    ap.add_argument("--report", action="store_true", help="also write docs/bench/harness_kernels.md")
     args = ap.parse_args()
     data = collect(MEASUREMENTS, args.force) if args.collect else json.loads(MEASUREMENTS.read_text())
+    if args.report:
+        REPORT.write_text(report(data))
     tables = fit(data)
     print(json.dumps(tables, indent=1))
     merge(tables)

@@ -145,12 +145,19 @@ class CnnBuilder:
         self.ops.append(irops.op("ADD", (a, b), (y,), AddOptions(act), 2))
         return y
 
-    def mean(self, x) -> int:
-        """A global average pool as converters write it: MEAN over H and W, keeping the dims."""
-        c = self.shape(x)[3]
-        axis = self._tensor((2,), "int32", values=[1, 2])
-        y = self._tensor((1, 1, 1, c), quant=self.tensors[x].quant)
-        self.ops.append(irops.op("MEAN", (x, axis), (y,), ReducerOptions(True), 2))
+    def mean(self, x, axes=(1, 2), keep_dims=True, scale=None) -> int:
+        """A global average pool as converters write it: MEAN over H and W, keeping the dims (other
+        `axes`, and an output `scale` of its own, on request)."""
+        shape = self.shape(x)
+        resolved = {a % len(shape) for a in axes}
+        out = tuple(1 if a in resolved else d for a, d in enumerate(shape)) if keep_dims else \
+            tuple(d for a, d in enumerate(shape) if a not in resolved)
+        axis = self._tensor((len(axes),), "int32", values=list(axes))
+        q = self.tensors[x].quant
+        if scale is not None:
+            q = Quantization(scale=(float(scale),), zero_point=(int(self.rng.integers(-20, 20)),))
+        y = self._tensor(out, quant=q)
+        self.ops.append(irops.op("MEAN", (x, axis), (y,), ReducerOptions(keep_dims), 2))
         self.std[y] = self.std.get(x, 40.0) / 4
         return y
 

@@ -25,14 +25,15 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.ir import stage
-from tpu_pipeline.toolchain.ir.geometry import hw, leading_pads, region_needs, splits
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
 # Fit classes with no measurements of their own fall back along this chain.
 _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_batch": "data_movement",
              "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
-             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other"}
+             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
+             "tpup_mean": "mean", "tpup_mul": "mul", "tpup_depthwise_fast": "depthwise_opt"}  # (the harness's MEAN and MUL, until fitted: the builtins')
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -58,7 +59,9 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
     if op.opcode == "CONV_2D" and _is_1x1(graph, op):
         cls = "conv_1x1"
     elif op.opcode == "DEPTHWISE_CONV_2D":
-        cls = _depthwise_path(graph, op)
+        cls = "tpup_depthwise_fast" if harness.FAST in harness.flags(op) else _depthwise_path(graph, op)
+    elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):
+        cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL: their own loops (tools/fit_harness_cost.py)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)
@@ -141,20 +144,22 @@ class StageFeatures:
 
 
 def stage_features(op, table: dict) -> StageFeatures:
-    body, grid = op.options.body, op.options.grid
+    body = op.options.body
     tout = body.outputs[0]
-    oh, ow = hw(body, tout)
     layers = 0.0
-    for h0, h1 in splits(oh, grid[0]):
-        for w0, w1 in splits(ow, grid[1]):
-            need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
-            for j, layer in enumerate(body.ops):
-                f = op_features(body, j)
-                b = need[layer.outputs[0]]
-                whole = body.tensors[layer.outputs[0]].shape
-                share = (b[1] - b[0]) * (b[3] - b[2]) / (whole[1] * whole[2])
-                c = coefficients(table, f.fit_class)
-                layers += c["per_unit"] * f.work * share + c.get("per_output", 0.0) * f.outputs * share
+    features = [op_features(body, j) for j in range(len(body.ops))]
+
+    def priced(j: int, h: int, w: int) -> float:  # layer j on h x w of its output (the share of its work)
+        whole = body.tensors[body.ops[j].outputs[0]].shape
+        share = h * w / (whole[1] * whole[2])
+        c = coefficients(table, features[j].fit_class)
+        return c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
+
+    for step in stage.steps(op.options):  # (the rows each call computes: a streamed stage computes each once)
+        if step[0] == stage.CONV:
+            layers += priced(step[1], step[8], step[9])
+        elif step[0] == stage.ADD:
+            layers += priced(step[1], step[13], step[14])
     calls = rows = copied = ring_rows = ring_copied = 0
     channels = {body.inputs[0]: body.tensors[body.inputs[0]].shape[3], -1: body.tensors[tout].shape[3]}
     for step in stage.steps(op.options):

@@ -264,13 +264,19 @@ def _common_files(target: str, names, device: Device, entries, opcodes, files: d
     return out
 
 
+KERNEL_SOURCES = ("tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_stage.cc", "tpup_mean_mul.cc")
+
+
 def _kernel_files(opcodes) -> list[str]:
     """The harness kernel sources the model's custom ops need, and only those."""
     used = set(opcodes) & set(HARNESS_CUSTOM_OPS)
     if not used:
         return []
-    # every custom op registers through tpup_conv.h; a patch stage runs its layers with tpup_conv.cc
-    return ["tpup_conv.h", "tpup_conv.cc", *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else [])]
+    # every custom op registers through tpup_conv.h; tpup_conv.cc runs its fast depthwise path from
+    # tpup_depthwise.cc; a patch stage runs its layers with tpup_conv.cc
+    return ["tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc",
+            *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else []),
+            *(["tpup_mean_mul.cc"] if used & {"TPUP_MEAN", "TPUP_MUL"} else [])]
 
 
 def _what(f: str) -> str:
@@ -285,8 +291,7 @@ def _what(f: str) -> str:
                          ("_model_data.cc", "the model, 16-byte aligned, its offline arena plan inside"),
                          (".tflite", "the same model as a file (for host tools)"),
                          (".h", "the model's C API and arena macros"), (".cc", "the model's C API on TFLite Micro")):
-        if f.startswith("tpup_") and f.endswith(suffix) and not f.startswith("tpup_conv") \
-                and not f.startswith("tpup_stage"):
+        if f.startswith("tpup_") and f.endswith(suffix) and f not in KERNEL_SOURCES:
             return what
     return "tpu-pipeline's kernel (custom op) source"
 

@@ -20,6 +20,8 @@ HARNESS_CUSTOM_OPS = {
     "TPUP_CONV_2D": 'AddCustom("TPUP_CONV_2D", tpup::Register_CONV_2D())',
     "TPUP_DEPTHWISE_CONV_2D": 'AddCustom("TPUP_DEPTHWISE_CONV_2D", tpup::Register_DEPTHWISE_CONV_2D())',
     "TPUP_PATCH_STAGE": 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())',
+    "TPUP_MEAN": 'AddCustom("TPUP_MEAN", tpup::Register_MEAN())',
+    "TPUP_MUL": 'AddCustom("TPUP_MUL", tpup::Register_MUL())',
 }
 
 

@@ -35,7 +35,7 @@ from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
-from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, OVERLAP, builtin_view, can_run_direct, can_run_harness,
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, FAST, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, fast_wins, can_run_direct, can_run_harness,
                                                flags, in_place_source, is_harness, kernel_name, with_flag,
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
@@ -118,14 +118,20 @@ def as_is_variants(graph: Graph, spans: list[Span], device, sem: Semantics, dead
 def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
     """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
     convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
-    kernels, their requantization in flash instead of the arena's tail). Nothing gets slower."""
+    kernels, their requantization in flash instead of the arena's tail; the depthwise ones where the
+    harness's own kernel is faster on it, `fast_wins`), every int8 MEAN and MUL
+    it can run on TPUP_MEAN / TPUP_MUL (the same integers in a plain loop, no tail, no scratch).
+    Nothing gets slower or larger."""
     g, folded = fold_pads(graph, harness=True)
-    moved = [i for i in range(len(g.ops)) if not is_harness(g.ops[i]) and can_run_harness(g, i)]
+    moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)]
     g = with_kernel(g, moved, kernel_name())
+    g = with_flag(g, [i for i in range(len(g.ops)) if fast_wins(g, i)], FAST)
     notes = []
+    n_conv = sum(g.ops[i].opcode not in MEAN_MUL for i in moved)
     if folded or moved:
         notes.append(f"on the harness's kernels: {folded} PAD{'s' if folded != 1 else ''} folded into convolutions, "
-                     f"{len(moved)} convolution{'s' if len(moved) != 1 else ''} with their requantization in flash")
+                     f"{n_conv} convolution{'s' if n_conv != 1 else ''} with their requantization in flash"
+                     + (f", {len(moved) - n_conv} MEAN/MUL on the harness's loops" if len(moved) > n_conv else ""))
     return g, notes
 
 
@@ -221,7 +227,8 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         tried = None
         overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
                    and overlap_legal(g, i)}
-        in_place = {i for i in at_peak if not g.ops[i].kernel and in_place_source(g, i) is not None}
+        in_place = {i for i in at_peak if (not g.ops[i].kernel or g.ops[i].opcode in MEAN_MUL)
+                    and in_place_source(g, i) is not None}  # (a TPUP_MUL goes back to the builtin, in place)
         direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
         for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
@@ -270,7 +277,8 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
                 continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
             tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
-            for grid in _grids(region.max_grid if form == "copies" else _stage_max_grid(graph, region)):
+            grids = _grids(region.max_grid) if form == "copies" else _stage_grids(_stage_max_grid(graph, region))
+            for grid in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
                 out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
@@ -308,7 +316,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
 
 
 def _patch_label(region, grid, form: str = "copies") -> str:
-    how = " in one stage op" if form == "stage" else ""
+    how = (" streamed" if grid[1] == 1 else "") + " in one stage op" if form == "stage" else ""
     return f"patches {grid[0]}x{grid[1]}{how} from {short_name(region.input)} to {short_name(region.output)}"
 
 
@@ -399,6 +407,13 @@ def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
     """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
     oh, ow = hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
     return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
+
+
+def _stage_grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
+    """A stage's grids: the square ones, and row stripes (n x 1), which a stage runs streamed:
+    every row computed once, the rows stripes share kept in stream buffers (rewrite/patch_stage.py)."""
+    stripes = [(n, 1) for n in range(2, max_grid[0] + 1)]
+    return list(dict.fromkeys(_grids(max_grid) + stripes))
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:

@@ -27,6 +27,11 @@ keep in RAM:
   its rows last to first). The kernel computes output rows into a small ring of rows and writes
   each row out once no row still to compute reads the input bytes under it (`ring_rows_for`
   sizes the ring).
+- **fast** (`+fast`, depthwise only: `can_run_fast`): the harness's own depthwise kernel
+  (harness/tpup_depthwise.cc), in both firmware builds: four channels at a time with the DSP
+  extension's SIMD multiplies, the int8 input read in place, no buffer; the same integers as
+  TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
+  (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
 
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
@@ -41,7 +46,7 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
+(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -59,22 +64,27 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir import stage
-from tpu_pipeline.toolchain.ir.options import Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions
+from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
+                                               ReducerOptions)
 
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
-DIRECT, OVERLAP = "direct", "overlap"
-FLAGS = (DIRECT, OVERLAP)
+DIRECT, OVERLAP, FAST = "direct", "overlap", "fast"
+FLAGS = (DIRECT, OVERLAP, FAST)
+FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
+FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
+                "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
 BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
-BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34}
+BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18}
+CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
-_FLAG_BITS = {DIRECT: 1, OVERLAP: 2}
+_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4}
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
@@ -153,6 +163,8 @@ def can_run_harness(graph: Graph, i: int) -> bool:
     """An int8 CONV_2D or DEPTHWISE_CONV_2D on [1, H, W, C] tensors with int8 filters (per channel
     or per tensor), an int32 bias or none, and an activation the kernels apply as a clamp."""
     op = graph.ops[i]
+    if op.opcode in MEAN_MUL:
+        return mean_mul_refusal(graph, op) is None
     if op.opcode not in CUSTOM_CODES or len(op.inputs) < 2 or op.inputs[1] < 0:
         return False
     o = op.options
@@ -172,11 +184,35 @@ def can_run_harness(graph: Graph, i: int) -> bool:
     return bias < 0 or (graph.tensors[bias].dtype == "int32" and graph.tensors[bias].is_constant)
 
 
+def can_run_fast(graph: Graph, i: int) -> bool:
+    """The harness's own depthwise kernel (flag "fast", harness/tpup_depthwise.cc) runs an int8
+    depthwise convolution with one output channel per input channel, no dilation and a window of
+    at most FAST_MAX_TAPS taps: no buffer, SIMD over four channels, bit-identical."""
+    op = graph.ops[i]
+    if op.opcode != "DEPTHWISE_CONV_2D" or not can_run_harness(graph, i):
+        return False
+    o, w = op.options, graph.tensors[op.inputs[1]].shape
+    x = graph.tensors[op.inputs[0]].shape
+    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3]
+            and w[1] * w[2] <= FAST_MAX_TAPS)
+
+
+def fast_wins(graph: Graph, i: int) -> bool:
+    """Whether a harness depthwise convolution goes on the fast kernel wherever it may: it can, and
+    its window is one where the kernel beat CMSIS-NN's in QEMU (docs/bench/harness_ops.json,
+    tools/fit_harness_cost.py: 5x5 and 7x7). It needs no buffer, so it never costs memory."""
+    op = graph.ops[i]
+    if not is_harness(op) or FAST in flags(op) or not can_run_fast(graph, i):
+        return False
+    w = graph.tensors[op.inputs[1]].shape
+    return w[1] * w[2] >= FAST_WINS_FROM_TAPS
+
+
 def can_run_direct(graph: Graph, i: int) -> bool:
     """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
     buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
     over all channels, which its "opt" kernel asks for: C x kh x kw x 2 bytes)."""
-    return can_run_harness(graph, i)
+    return graph.ops[i].opcode in CONVOLUTIONS and can_run_harness(graph, i)
 
 
 # ---- requantization, exactly as TFLite Micro's Prepare computes it ------------------------------
@@ -242,9 +278,12 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         op = graph.ops[i]
         if kernel:
             kernel_name(*wanted)  # validates the flags
-            if not can_run_harness(graph, i):
+            if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) \
+                    or (FAST in wanted and not can_run_fast(graph, i)):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
-            inputs = _with_requant(graph, op, tensors)
+            inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+        elif op.opcode in MEAN_MUL:
+            inputs = op.inputs
         else:
             if op.options is not None and getattr(op.options, "padding", "") == "EXPLICIT":
                 raise ValueError(f"op {i} ({op.opcode}) has explicit padding: only a harness kernel runs it")
@@ -297,8 +336,8 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
     tensors, ops = list(graph.tensors), []
     requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
     for op in graph.ops:
-        if not is_harness(op):
-            ops.append(op)
+        if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
+            ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
             continue
         o, x = op.options, op.inputs[0]
         inputs = op.inputs[:3] if op.inputs[2:3] != (-1,) else op.inputs[:2]
@@ -394,6 +433,8 @@ def _pad_in_front(graph: Graph, op: Op, tensors: list[Tensor], ops: list[Op]) ->
 # ---- the custom op's options <-> the IR ---------------------------------------------------------
 def encode_options(graph: Graph, op: Op, ring_rows: int = 0) -> bytes:
     """The custom options of harness op `op` (see the module docstring)."""
+    if op.opcode in MEAN_MUL:
+        return _encode_mean_mul(graph, op)
     o = op.options
     top, left = leading_pads(graph, op)
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
@@ -410,6 +451,8 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     ModelError if its options are malformed."""
     raw = bytes(bytearray(custom_options if custom_options is not None else b""))
     name = BUILTIN_OF[opcode]
+    if name in MEAN_MUL:
+        return _decode_mean_mul(name, raw, where)
     if len(raw) != 4 * _WORDS:
         raise ModelError(f"{where}: {opcode} has {len(raw)} bytes of options, expected {4 * _WORDS}")
     w = struct.unpack(f"<{_WORDS}i", raw)
@@ -417,7 +460,7 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~0x33:
+            or min(top, left) < 0 or bits & ~0x37:
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
     kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}
@@ -433,10 +476,132 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
 def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     """Whether a harness op's requantization input holds what TFLite Micro would compute (a model
     edited elsewhere may have stale ones)."""
+    if op.opcode in MEAN_MUL:
+        return True  # (no requantization input: its options carry it, written from the tensors)
     if len(op.inputs) < 4 or op.inputs[3] < 0:
         return False
     t = graph.tensors[op.inputs[3]]
     return t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))
+
+
+# ---- means and products: TPUP_MEAN and TPUP_MUL ------------------------------------------------
+# TFLite Micro's int8 MEAN runs its generic reduction (an index vector stepped per element: about
+# 170 instructions an element in QEMU) and its broadcast MUL its 4-D "slow" loop (about 50); a
+# squeeze-and-excitation block spends a fifth of MCUNetV2's inference there. The harness's two ops
+# compute the same integers in a plain loop (harness/tpup_mean_mul.cc): a MEAN over one run of
+# adjacent axes ([outer, reduced, inner]: per output an int32 sum, less the input zero point times
+# the count, requantized with the multiplier TFLite's QuantizedMeanOrSum derives for that count)
+# and a MUL of equal shapes or with one operand broadcast along the last axis or a scalar (TFLite's
+# MulElementwise per element). Their requantization is computed here, as TFLite Micro's Prepare
+# computes it, and carried in the options: no persistent data, no scratch (TFLite's MEAN asks for
+# an int32 per output and two index vectors). Options (little-endian int32):
+#   TPUP_MEAN [format 1, builtin version, outer, reduced, inner, input zero point, output zero
+#              point, multiplier, shift, keep_dims]
+#   TPUP_MUL  [format 1, builtin version, broadcast (0 none, 1 input 2, 2 input 1), input 1 offset,
+#              input 2 offset, output offset, multiplier, shift, activation min, max, activation]
+MEAN_MUL = ("MEAN", "MUL")
+_MEAN_WORDS, _MUL_WORDS = 10, 11
+
+
+def _per_tensor_int8(t: Tensor) -> bool:
+    return (t.dtype == "int8" and t.quant is not None and len(t.quant.scale) == 1 and len(t.quant.zero_point) == 1
+            and float(t.quant.scale[0]) > 0)
+
+
+def mean_axes(graph: Graph, op: Op) -> tuple[int, int, int] | None:
+    """(outer, reduced, inner) element counts of a MEAN over one run of adjacent axes; None else."""
+    x = graph.tensors[op.inputs[0]]
+    axis = graph.tensors[op.inputs[1]]
+    if not axis.is_constant or axis.dtype != "int32" or not x.shape:
+        return None
+    axes = sorted({int(a) % len(x.shape) for a in np.asarray(axis.values()).reshape(-1)})
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    outer, reduced, inner = (int(np.prod(x.shape[:axes[0]], dtype=np.int64)),
+                             int(np.prod(x.shape[axes[0]:axes[-1] + 1], dtype=np.int64)),
+                             int(np.prod(x.shape[axes[-1] + 1:], dtype=np.int64)))
+    return outer, reduced, inner
+
+
+def mean_requant(graph: Graph, op: Op) -> tuple[int, int]:
+    """The (multiplier, shift) TFLite's QuantizedMeanOrSum applies to a MEAN's shifted sums: the
+    input/output scale ratio's, with 1/count folded in (shift clamped as it clamps it)."""
+    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+    m, s = quantize_multiplier(float(np.float32(x.quant.scale[0])) / float(np.float32(y.quant.scale[0])))
+    n = mean_axes(graph, op)[1]
+    shift = min(n.bit_length() - 1, 32, 31 + s)
+    return int((m << shift) // n), s - shift
+
+
+def mul_requant(graph: Graph, op: Op) -> tuple[int, int]:
+    """CalculateOpDataMul's multiplier: double(s1) * double(s2) / double(s_out)."""
+    a, b, y = (float(np.float32(graph.tensors[t].quant.scale[0])) for t in (*op.inputs[:2], op.outputs[0]))
+    return quantize_multiplier(a * b / y)
+
+
+def mul_broadcast(graph: Graph, op: Op) -> int | None:
+    """0: equal shapes; 1: input 2 broadcast (a scalar, or one value per channel of input 1's last
+    axis); 2: input 1 so; None: another broadcast."""
+    a, b, y = (graph.tensors[t].shape for t in (*op.inputs[:2], op.outputs[0]))
+    if a == b == y:
+        return 0
+    for mode, big, small in ((1, a, b), (2, b, a)):
+        n = int(np.prod(small, dtype=np.int64))
+        if big == y and big and len(small) <= len(big) and all(d == 1 for d in small[:-1]) \
+                and (n == 1 or (small and small[-1] == big[-1] == n)):
+            return mode
+    return None
+
+
+def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
+    """Why TPUP_MEAN / TPUP_MUL cannot run `op` (None when it can)."""
+    if len(op.outputs) != 1 or len(op.inputs) != 2 or min(op.inputs) < 0:
+        return "not two inputs and one output"
+    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+    if op.opcode == "MEAN":
+        if not isinstance(op.options, ReducerOptions) or not (_per_tensor_int8(x) and _per_tensor_int8(y)):
+            return "not an int8 MEAN with per-tensor quantization"
+        axes = mean_axes(graph, op)
+        if axes is None or axes[1] < 1 or axes[0] * axes[2] != y.num_elements:
+            return "its axes are not one run of adjacent axes"
+        s = quantize_multiplier(float(np.float32(x.quant.scale[0])) / float(np.float32(y.quant.scale[0])))[1]
+        return None if 31 + s >= 0 else "its scale ratio is below 2^-31"
+    b = graph.tensors[op.inputs[1]]
+    if not isinstance(op.options, MulOptions) or op.options.fused_activation not in ACTIVATION_CODE \
+            or not all(_per_tensor_int8(t) for t in (x, b, y)):
+        return "not an int8 MUL with per-tensor quantization"
+    return None if mul_broadcast(graph, op) is not None else "its broadcast is not along the last axis"
+
+
+def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
+    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
+    zx, zy = int(x.quant.zero_point[0]), int(y.quant.zero_point[0])
+    if op.opcode == "MEAN":
+        outer, reduced, inner = mean_axes(graph, op)
+        m, s = mean_requant(graph, op)
+        return struct.pack(f"<{_MEAN_WORDS}i", FORMAT, op.version, outer, reduced, inner, zx, zy, m, s,
+                           int(op.options.keep_dims))
+    zb = int(graph.tensors[op.inputs[1]].quant.zero_point[0])
+    m, s = mul_requant(graph, op)
+    lo, hi = activation_range(graph, op)
+    return struct.pack(f"<{_MUL_WORDS}i", FORMAT, op.version, mul_broadcast(graph, op), -zx, -zb, zy, m, s, lo, hi,
+                       ACTIVATION_CODE[op.options.fused_activation])
+
+
+def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, int, str]:
+    words = _MEAN_WORDS if name == "MEAN" else _MUL_WORDS
+    code = CUSTOM_CODES[name]
+    if len(raw) != 4 * words:
+        raise ModelError(f"{where}: {code} has {len(raw)} bytes of options, expected {4 * words}")
+    w = struct.unpack(f"<{words}i", raw)
+    if name == "MEAN":
+        if w[0] != FORMAT or w[1] < 1 or min(w[2:5]) < 1 or w[9] not in (0, 1):
+            raise ModelError(f"{where}: {code} has invalid options {list(w)}")
+        return name, ReducerOptions(keep_dims=bool(w[9])), w[1], kernel_name()
+    activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(w[10])
+    if w[0] != FORMAT or w[1] < 1 or w[2] not in (0, 1, 2) or activation is None or w[8] > w[9]:
+        raise ModelError(f"{where}: {code} has invalid options {list(w)}")
+    return name, MulOptions(fused_activation=activation), w[1], kernel_name()
 
 
 # ---- overlapped execution: where the output sits over the input, and the ring it needs ----------

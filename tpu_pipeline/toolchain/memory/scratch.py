@@ -59,8 +59,12 @@ def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
 def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
-    when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does."""
+    when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does.
+    Its own depthwise kernel ("fast") needs no buffer; its MEAN and MUL (harness/tpup_mean_mul.cc)
+    ask for nothing."""
     op = graph.ops[op_pos]
+    if op.opcode in kernels.MEAN_MUL:
+        return []
     if stage.is_stage(op):  # its tiles' buffers, then the largest buffer a layer's kernel asks for
         body = op.options.body
         own = max((_harness(body, j, sem)[0] if _harness(body, j, sem) else 0
@@ -69,7 +73,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         return [total] if total else []
     flags = kernels.flags(op)
     own = 0
-    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags:
+    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags and kernels.FAST not in flags:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:

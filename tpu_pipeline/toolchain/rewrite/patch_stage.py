@@ -58,21 +58,30 @@ def stage_refusal(graph: Graph, positions) -> str | None:
 
 
 def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: tuple[int, int],
-                in_place: bool = True) -> Graph:
+                in_place: bool = True, stream: bool | None = None) -> Graph:
     """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
     TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
+    `stream`: tiles are row stripes (grid (n, 1)) and nothing is recomputed: each layer's rows
+    the next stripe needs again are kept in a stream buffer (`_stream_program`); by default every
+    stripe grid streams (it computes each row once) and other grids recompute their halos.
     UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
-    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart)
-        op = graph.ops[i]
+    if stream is None:
+        stream = grid[1] == 1
+    if stream and grid[1] != 1:
+        raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
+    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
+        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage's layers run tpup_conv.cc's paths)
         if op.opcode != "ADD":
-            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP})))
+            drop = {kernels.OVERLAP, kernels.FAST}
+            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    program, scratch = _program(graph, region, tin, tout, grid, in_place)
+    program, scratch = (_stream_program(graph, region, tin, tout, grid[0]) if stream
+                        else _program(graph, region, tin, tout, grid, in_place))
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -324,3 +333,96 @@ def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_plac
     return words, size
 
 
+
+
+# ---- stripes without recomputation (StreamNet's stream buffers) ----------------------------------
+def _stream_program(graph: Graph, region: list[Op], tin: int, tout: int, n: int) -> tuple[list[int], int]:
+    """The steps of `n` full-width row stripes where no layer computes a row twice: of each layer's
+    output a stripe computes only the rows below those the stripe above computed; the rows it
+    shares with the stripe above come from that layer's stream buffer (SLICE in), and the rows
+    the stripe below will share go into it (SLICE out). Stream buffers live across stripes, after
+    the largest stripe's buffers (planned per stripe as `_tile` plans them, without overlap).
+    Returns (program words, scratch bytes: the stripe buffers, then every stream buffer)."""
+    oh, ow = hw(graph, tout)
+    boxes = [(h0, h1, 0, ow) for h0, h1 in splits(oh, n)]
+    needs = [region_needs(graph, region, tout, b) for b in boxes]
+    if any(need is None for need in needs):
+        raise UsageError(f"patch stage: a stripe of '{graph.tensors[tout].name}' reads nothing of one of the "
+                         "region's tensors (too many stripes)")
+    kept = {}  # layer output -> rows its stream buffer holds at most
+    for i in range(1, n):
+        for op in region:
+            y = op.outputs[0]
+            if y != tout:
+                kept[y] = max(kept.get(y, 0), needs[i - 1][y][1] - needs[i][y][0])
+    stripes = [_stripe(graph, region, tin, tout, boxes[i], needs[i], needs[i - 1] if i else None,
+                       needs[i + 1] if i + 1 < n else None) for i in range(n)]
+    base = max(_aligned(size) for _, size in stripes)
+    cache, at = {}, base
+    for y, rows in kept.items():
+        if rows > 0:
+            cache[y], at = at, at + _aligned(rows * hw(graph, y)[1] * graph.tensors[y].shape[3])
+    words = []
+    for (steps, offsets), _size in stripes:
+        for step in steps:
+            words += [cache[w[1]] if isinstance(w, tuple) and w[0] == "cache" else
+                      offsets[w[0]] + w[1] if isinstance(w, tuple) else w for w in step]
+    return words, at
+
+
+def _stripe(graph: Graph, region: list[Op], tin: int, tout: int, box, need, above, below):
+    """((steps with symbolic operands: (buffer, byte offset) or ("cache", tensor)), buffer
+    offsets), scratch bytes) of one stripe (see `_stream_program`)."""
+    bufs = _TileBuffers()
+    steps: list[list] = []
+    ch = {t: graph.tensors[t].shape[3] for t in need}
+
+    def width(t: int) -> int:
+        return need[t][3] - need[t][2]
+
+    def nbytes(t: int) -> int:
+        return (need[t][1] - need[t][0]) * width(t) * ch[t]
+
+    have = {tin: bufs.new(nbytes(tin), 0)}
+    steps.append([COPY_IN, (have[tin], 0), need[tin][0], need[tin][2], need[tin][1] - need[tin][0], width(tin)])
+    for k, op in enumerate(region):
+        y = op.outputs[0]
+        top, bottom = need[y][0], need[y][1]
+        shared = max(0, min(above[y][1], bottom) - top) if above is not None and y != tout else 0
+        row = width(y) * ch[y]
+        out = bufs.new(nbytes(y), len(steps))
+        if shared:
+            steps.append([SLICE, ("cache", y), shared, width(y), ch[y], 0, 0, shared, width(y), (out, 0)])
+        new = (top + shared, bottom, need[y][2], need[y][3])
+        if new[1] > new[0]:
+            steps.append(_stripe_layer(graph, op, k, new, need, have, bufs, len(steps),
+                                       (bufs.use(out, len(steps)), shared * row)))
+        if below is not None and y != tout and bottom > below[y][0]:
+            keep = bottom - below[y][0]
+            steps.append([SLICE, (bufs.use(out, len(steps)), 0), bottom - top, width(y), ch[y], below[y][0] - top, 0,
+                          keep, width(y), ("cache", y)])
+        have[y] = out
+    steps.append([COPY_OUT, (bufs.use(have[tout], len(steps)), 0), box[0], box[2], box[1] - box[0], box[3] - box[2]])
+    offsets, size = bufs.offsets()
+    return (steps, offsets), size
+
+
+def _stripe_layer(graph: Graph, op: Op, k: int, new, need, have, bufs: _TileBuffers, step: int, out) -> list:
+    """A layer's step computing rows `new` of its output into `out`, reading its inputs' stripe
+    buffers at the rows it needs (whole rows: a pointer into the buffer, no slice)."""
+    def at(t: int, first_row: int):
+        return (bufs.use(have[t], step), (first_row - need[t][0]) * (need[t][3] - need[t][2]) * graph.tensors[t].shape[3])
+
+    h, w = new[1] - new[0], new[3] - new[2]
+    if op.opcode == "ADD":
+        a, b = op.inputs
+        return [ADD, k, at(a, need[a][0]), need[a][1] - need[a][0], need[a][3] - need[a][2], new[0] - need[a][0],
+                new[2] - need[a][2], at(b, need[b][0]), need[b][1] - need[b][0], need[b][3] - need[b][2],
+                new[0] - need[b][0], new[2] - need[b][2], out, h, w]
+    x = op.inputs[0]
+    virtual = reads(graph, op, new)
+    real = clip(virtual, hw(graph, x))
+    if (real[2], real[3]) != (need[x][2], need[x][3]):
+        raise UsageError("patch stage: a streamed stripe's layer does not read whole rows")  # (cannot happen)
+    return [CONV, k, at(x, real[0]), real[1] - real[0], real[3] - real[2], real[0] - virtual[0], real[2] - virtual[2],
+            out, h, w, 0, 0]

@@ -36,7 +36,7 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  return o->format == 1 && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
+  return o->format == 1 && (o->flags & ~0x37) == 0 && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
          (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
 }
@@ -110,7 +110,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (o.flags & kFlagDirect) return 0;
+  if (o.flags & (kFlagDirect | kFlagFast)) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -169,6 +169,12 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   const int8_t* band_in = in + band.top * g.in_w * g.in_c;
   const int32_t* multiplier = requant;
   const int32_t* shift = requant + g.out_c;
+  if (o.flags & kFlagFast) {  // the harness's own depthwise kernel, in both builds (Prepare checked it fits)
+    Geometry in_band = g;
+    in_band.in_h = band.rows;
+    RunDepthwiseFast(o, in_band, band.pad_top, r1 - r0, band_in, filter, bias, requant, out);
+    return kTfLiteOk;
+  }
 #if defined(CMSIS_NN)
   cmsis_nn_dims in_dims, filter_dims, bias_dims, out_dims;
   Dims(g, band.rows, r1 - r0, depthwise, &in_dims, &filter_dims, &bias_dims, &out_dims);
@@ -298,6 +304,8 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
     if (t != nullptr) micro_context->DeallocateTempTfLiteTensor(t);
   }
   TF_LITE_ENSURE_MSG(context, ok, "TPUP conv: needs int8 input, filter and output and an int32 [2, C] requantization");
+  TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagFast) || (kDepthwise && DepthwiseFastFits(o, g)),
+                     "TPUP conv: the fast kernel does not run this convolution");
   const int own = OwnBufferSize(o, g, kDepthwise);
   const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
   return RequestScratch(context, node, ring ? Align16(own) + ring : own);

@@ -15,13 +15,20 @@
 #include "tensorflow/lite/c/common.h"
 #include "tensorflow/lite/micro/micro_common.h"
 
+#if defined(TFLITE_SINGLE_ROUNDING)
+#error "the harness inlines TFLite's double-rounding MultiplyByQuantizedMultiplier (Requant)"
+#endif
+
 namespace tpup {
 
 const TFLMRegistration* Register_CONV_2D();
 const TFLMRegistration* Register_DEPTHWISE_CONV_2D();
 const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
+const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
+const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 
-constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2;
+constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4;
+constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 
 // A convolution's options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
 struct ConvOptions {
@@ -57,5 +64,31 @@ TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
                                void* buffer, uint8_t* ring, int ring_rows);
+
+// The harness's own depthwise kernel (flag "fast", tpup_depthwise.cc): whether it runs a call of
+// these options and shapes, and output rows [0, out_rows) of a band whose top padding is `pad_top`.
+bool DepthwiseFastFits(const ConvOptions& o, const ConvGeometry& g);
+void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
+
+// tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined, its shift
+// split at setup into a left shift and a rounding right shift: the same integers
+// (SaturatingRoundingDoublingHighMul's one saturating case, both operands INT32_MIN, cannot
+// occur: a multiplier is not negative).
+struct Requant {
+  int32_t multiplier, left, right, mask;
+  Requant() = default;
+  Requant(int32_t m, int32_t shift)
+      : multiplier(m), left(shift > 0 ? shift : 0), right(shift > 0 ? 0 : -shift),
+        mask(static_cast<int32_t>((1ll << (shift > 0 ? 0 : -shift)) - 1)) {}
+  int32_t operator()(int32_t x) const {
+    const int64_t ab = static_cast<int64_t>(x * (1 << left)) * multiplier;
+    const int32_t high = static_cast<int32_t>((ab + (1ll << 30)) >> 31);  // = gemmlowp's truncating nudge
+    const int32_t threshold = (mask >> 1) + (high < 0 ? 1 : 0);
+    return (high >> right) + ((high & mask) > threshold ? 1 : 0);
+  }
+};
+
+inline int8_t Clamp(int32_t v, int32_t lo, int32_t hi) { return static_cast<int8_t>(v < lo ? lo : (v > hi ? hi : v)); }
 
 }  // namespace tpup

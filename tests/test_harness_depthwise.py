@@ -1,0 +1,122 @@
+"""The harness's own depthwise kernel (flag "fast", harness/tpup_depthwise.cc): which convolutions
+it takes, no buffer in the memory model, the flag through the file; on the emulated board (both
+kernel sets) bit-identical to the host's TFLite Micro on 3x3, 5x5 and 7x7 windows, strides 1 and
+2, SAME, VALID and folded explicit padding, windows larger than the input, channels not a
+multiple of four, no bias, and in place (overlapped)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.device import kernel_set, load_device
+from tpu_pipeline.toolchain.ir import from_model, kernels
+from tpu_pipeline.toolchain.ir.convert import to_model
+from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_fast, kernel_name, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+BOARD = load_device("qemu-mps2-an386")
+
+
+def _dws(seed=31):
+    """(graph with every depthwise convolution on the fast kernel, model bytes)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 15, 13, 10))
+    s = b.conv(x, 10, k=1, act="RELU6")
+    d5 = b.dw(s, k=5, act="RELU6")
+    d7 = b.dw(d5, k=7, stride=2, act="RELU6")
+    d3 = b.dw(d7, k=3, act="RELU")
+    b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
+    p = b.dw(b.pad(d3, 2, 1, 1, 2), k=5, stride=2, padding="VALID")  # folds into explicit padding
+    e = b.conv(p, 12, k=1, act="RELU6")
+    big = b.dw(e, k=7, act="RELU6")  # a 4x4 input: every window crosses the border
+    v = b.dw(b.conv(big, 8, k=1, act="RELU6"), k=3, padding="VALID", act="RELU6")
+    g, folded = fold_pads(b.graph([v]), harness=True)
+    assert folded == 1
+    dws = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D"]
+    convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
+    g = with_kernel(g, convs, kernel_name())
+    g = with_kernel(g, dws, kernel_name(FAST))
+    g = with_kernel(g, [dws[0]], kernel_name(FAST, OVERLAP))  # in place: rows through a ring
+    return g, model_to_bytes(to_model(g, read_model(b.model_bytes([v]))))
+
+
+def test_what_the_fast_kernel_takes():
+    b = CnnBuilder(seed=2, spread=True)
+    x = b.input((1, 8, 8, 8))
+    plain = b.dw(x, k=5)
+    dilated = b.dw(plain, k=3, dilation=2)
+    huge = b.dw(dilated, k=11)  # 121 taps: more than the stack holds
+    conv = b.conv(huge, 8, k=3)
+    g = b.graph([conv])
+    assert [can_run_fast(g, i) for i in range(4)] == [True, False, False, False]
+    with pytest.raises(ValueError):
+        with_kernel(g, [1], kernel_name(FAST))
+    with pytest.raises(ValueError):
+        with_kernel(g, [3], kernel_name(FAST))
+
+
+def test_the_fast_kernel_asks_for_no_buffer_and_its_flag_survives_the_file():
+    g, data = _dws()
+    sem = get_semantics("tflm-cmsis-nn")
+    d5 = next(i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D" and OVERLAP not in kernels.flags(op))
+    assert scratch_requests(g, d5, sem) == []
+    assert scratch_requests(with_kernel(g, [d5], kernel_name()), d5, sem)  # CMSIS-NN's "opt" kernel asks
+    back = from_model(read_model(data))
+    assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    g, data = _dws()
+    path = tmp_path_factory.mktemp("dw") / "dw.tflite"
+    path.write_bytes(data)
+    return path, g
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_the_fast_depthwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    path, g = model
+    tree_or_skip(kernels_set)
+    try:
+        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=3, seed=9)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+def test_the_model_on_the_harness_takes_the_fast_kernel_where_it_won():
+    """fit's on_harness: 5x5 and 7x7 windows on the fast kernel (faster than CMSIS-NN's there, and
+    no buffer), 3x3 left on CMSIS-NN's 3x3 kernel (faster there); the cost model says the same."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+
+    b = CnnBuilder(seed=4, spread=True)
+    x = b.input((1, 14, 14, 16))
+    y = b.dw(b.dw(b.dw(b.conv(x, 16, k=1), k=3), k=5), k=7, stride=2)
+    g, _ = on_harness(b.graph([y]))
+    fast = {g.tensors[op.inputs[1]].shape[1]: FAST in kernels.flags(op) for op in g.ops
+            if op.opcode == "DEPTHWISE_CONV_2D"}
+    assert fast == {3: False, 5: True, 7: True}
+    slow = with_kernel(g, [i for i, op in enumerate(g.ops) if FAST in kernels.flags(op)], kernel_name())
+    board = load_device("qemu-mps2-an386")
+    assert estimate_mcu(g, board).instructions < estimate_mcu(slow, board).instructions

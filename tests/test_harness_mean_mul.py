@@ -1,0 +1,177 @@
+"""The harness's MEAN and MUL (tpu_pipeline.toolchain.ir.kernels "means and products",
+harness/tpup_mean_mul.cc): which ops they take, their options through the file, the host's
+builtin view, no tail and no scratch; on the emulated board (both kernel sets) bit-identical to
+the host's TFLite Micro on squeeze-and-excitation shapes as MCUNetV2 and MobileNetV3 write them."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
+from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.fit.variants import on_harness
+from tpu_pipeline.toolchain.ir import from_model, kernels
+from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, standalone_model, to_model
+from tpu_pipeline.toolchain.ir.kernels import kernel_name, mean_axes, mean_mul_refusal, mean_requant, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+BOARD = load_device("qemu-mps2-an386")
+
+
+def _se(seed=23):
+    """Two squeeze-and-excitation blocks: MCUNetV2's (MEAN over W, then over H, a scalar MUL, the
+    scaling MUL with the per-channel operand second; 10 channels: a group of 4 left over) and
+    MobileNetV3's (one MEAN over H and W, the per-channel operand first, a RELU6 product of equal
+    shapes), and a MEAN over the last axis (one element per run)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 9, 7, 10))
+    d = b.dw(b.conv(x, 10, k=1, act="RELU6"), k=3, act="RELU6")
+    s = b.mean(b.mean(d, axes=(2,), scale=0.03), axes=(1,), scale=0.02)
+    s = b.conv(b.conv(s, 4, k=1, act="RELU"), 10, k=1)
+    three = b._tensor((1,), "int8", quant=b.tensors[s].quant, values=[60])
+    m = b.mul(s, three)
+    y = b.mul(d, m)
+    g = b.mean(y, axes=(1, 2), scale=0.05)
+    e = b.conv(y, 12, k=1, act="RELU6")
+    gc = b.conv(g, 12, k=1)
+    z = b.mul(e, gc, act="RELU6")
+    b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(gc, e))  # the broadcast operand first
+    w = b.mul(z, b.conv(z, 12, k=1), act="RELU6")  # equal shapes
+    last = b.mean(w, axes=(-1,), keep_dims=False, scale=0.04)
+    return b, [last, w]
+
+
+def _mean_mul(graph):
+    return [i for i, op in enumerate(graph.ops) if op.opcode in kernels.MEAN_MUL]
+
+
+def _written(graph, template: bytes) -> bytes:
+    return model_to_bytes(to_model(graph, read_model(template)))
+
+
+def test_every_mean_and_mul_of_the_blocks_runs_on_the_harness():
+    b, outs = _se()
+    g = b.graph(outs)
+    ops = _mean_mul(g)
+    assert len(ops) == 8 and all(mean_mul_refusal(g, g.ops[i]) is None for i in ops)
+    moved, notes = on_harness(g)
+    assert {i for i, op in enumerate(moved.ops) if op.opcode in kernels.MEAN_MUL and op.kernel == "tpup"} == set(ops)
+    assert "8 MEAN/MUL" in notes[0]
+    means = [i for i in ops if g.ops[i].opcode == "MEAN"]
+    assert [mean_axes(g, g.ops[i]) for i in means] == [(9, 7, 10), (1, 9, 10), (1, 63, 10), (63, 12, 1)]
+
+
+def test_means_and_muls_the_harness_refuses():
+    b = CnnBuilder(seed=2, spread=True)
+    x = b.input((1, 6, 5, 8))
+    apart = b.mean(x, axes=(1, 3), scale=0.05)  # not adjacent axes
+    h = b.conv(x, 8, k=1)
+    col = b.conv(b.mean(x, axes=(2,)), 8, k=1)  # [1, 6, 1, 8]: a broadcast along W, not the last axis
+    m = b.mul(h, col)
+    g = b.graph([apart, m])
+    assert "adjacent" in mean_mul_refusal(g, g.ops[0])
+    assert "broadcast" in mean_mul_refusal(g, g.ops[-1])
+    with pytest.raises(ValueError):
+        with_kernel(g, [0], kernel_name())
+    with pytest.raises(ValueError):  # no flags for these
+        with_kernel(g, [2], kernel_name(kernels.DIRECT))
+
+
+def test_mean_requantization_is_tflites_with_the_count_folded_in():
+    b = CnnBuilder(seed=3)
+    x = b.input((1, 28, 28, 8))
+    y = b.mean(x, axes=(2,), scale=b._scale(x))  # equal scales: 2^30 x 2 / 28
+    g = b.graph([y])
+    m, s = mean_requant(g, g.ops[0])
+    assert (m, s) == ((1 << 30 << 4) // 28, 1 - 4)
+
+
+def test_options_round_trip_and_the_builtin_view_computes_the_same():
+    b, outs = _se()
+    g = b.graph(outs)
+    src = b.model_bytes(outs)
+    h = with_kernel(g, _mean_mul(g), kernel_name())
+    data = _written(h, src)
+    back = from_model(read_model(data))
+    assert [(op.opcode, op.inputs, op.options, op.kernel) for op in back.ops] == \
+        [(op.opcode, op.inputs, op.options, op.kernel) for op in h.ops]
+    codes = {bytes(c.customCode or b"").decode() for c in read_model(data).operatorCodes}
+    assert {"TPUP_MEAN", "TPUP_MUL"} <= codes
+    assert builtin_view_bytes(data) != data
+    results = verify_models(src, data, runs=2)
+    assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs)
+
+
+@pytest.mark.parametrize("code,words", [("TPUP_MEAN", [1, 1, 0, 7, 10, 0, 0, 1, -3, 1]),
+                                        ("TPUP_MEAN", [1, 1, 1]),
+                                        ("TPUP_MUL", [1, 1, 3, 0, 0, 0, 1 << 30, 0, -128, 127, 0]),
+                                        ("TPUP_MUL", [1, 1, 0, 0, 0, 0, 1 << 30, 0, 5, 4, 0])])
+def test_malformed_options_are_a_model_error(code, words):
+    b, outs = _se()
+    g = b.graph(outs)
+    at = next(i for i in _mean_mul(g) if kernels.CUSTOM_CODES[g.ops[i].opcode] == code)
+    model = to_model(with_kernel(g, [at], kernel_name()), standalone_model(g))
+    model.subgraphs[0].operators[at].customOptions = list(struct.pack(f"<{len(words)}i", *words))
+    with pytest.raises(ModelError, match=code):
+        from_model(read_model(model_to_bytes(model)))
+
+
+def test_no_tail_and_no_scratch():
+    b, outs = _se()
+    g = b.graph(outs)
+    h = with_kernel(g, _mean_mul(g), kernel_name())
+    for kset, sem_name in ((REFERENCE, "tflm"), (CMSIS_NN, "tflm-cmsis-nn")):
+        sem = get_semantics(sem_name)
+        means = [i for i in _mean_mul(g) if g.ops[i].opcode == "MEAN"]
+        assert all(scratch_requests(g, i, sem) for i in means)  # TFLite's MEAN asks for three
+        assert not any(scratch_requests(h, i, sem) for i in _mean_mul(h))
+        names = [what for what, _, _ in target_tail(h, kset).allocations]
+        assert not any(f"op {i} " in what for i in _mean_mul(h) for what in names)
+        assert target_tail(h, kset).bytes < target_tail(g, kset).bytes
+
+
+# ---- on the emulated board ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    b, outs = _se()
+    g = b.graph(outs)
+    h = with_kernel(g, _mean_mul(g), kernel_name())
+    path = tmp_path_factory.mktemp("se") / "se.tflite"
+    path.write_bytes(_written(h, b.model_bytes(outs)))
+    return path, h
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_mean_and_mul_run_bit_identical_in_qemu(model, kernels_set):
+    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    path, h = model
+    tree_or_skip(kernels_set)
+    try:
+        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=3, seed=5)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert r.error is None and r.outputs_match is True, r.output_differences
+    ran = {o["index"]: o["opcode"] for o in r.op_instructions}
+    assert {i for i, code in ran.items() if code in ("TPUP_MEAN", "TPUP_MUL")} == set(_mean_mul(h))
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    assert np.isfinite(r.instructions)
