@@ -15,7 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernels, stage
+from tpu_pipeline.toolchain.ir import kernels, overlap, stage
 from tpu_pipeline.toolchain.ir import options as opts
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.tflite.names import BUILTIN_NAMES, opcode_name, text as _text
@@ -337,7 +337,7 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
             if stage.is_stage(op):
                 ot.customOptions = list(stage.encode(op.options))
             else:
-                ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
+                ring = overlap.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
                 ot.customOptions = list(kernels.encode_options(graph, op, ring))
         elif op.kernel and not kernels.runs_in_place(op):  # (in place: the offline plan says it)
             raise ValueError(f"unknown kernel '{op.kernel}'")

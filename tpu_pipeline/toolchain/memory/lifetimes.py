@@ -6,7 +6,7 @@ last step n. Lifetimes are inclusive [first, last]. Two buffers conflict iff the
 intersect. Scratch buffers a kernel requests live for their op's step only.
 
 Under TFLite Micro, a harness kernel that overlaps its output with its input (`ir.kernels`, flag
-"overlap") runs at its step with both tensors in one span of bytes (`kernels.overlap_layout`):
+"overlap") runs at its step with both tensors in one span of bytes (`overlap.overlap_layout`):
 its input's buffer ends the step before, its output's starts the step after, and a *pair* buffer
 of the pair's extent holds both at the op's step. The three are a rigid group (`Buffer.group`,
 `group_offset`): planners place them at fixed offsets from each other (the pair shares its
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph, kernels
+from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph, kernels, overlap
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -231,7 +231,7 @@ def overlapped_ops(graph: Graph) -> dict[int, tuple[int, int, int, int, int]]:
     out = {}
     for i, op in enumerate(graph.ops):
         if kernels.OVERLAP in kernels.flags(op) and overlap_legal(graph, i):
-            out[i] = (op.inputs[0], op.outputs[0], *kernels.overlap_layout(graph, op))
+            out[i] = (op.inputs[0], op.outputs[0], *overlap.overlap_layout(graph, op))
         elif kernels.runs_in_place(op):
             src = kernels.in_place_source(graph, i)
             if src is not None:
