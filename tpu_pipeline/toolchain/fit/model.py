@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.deploy.banks import Placement, arena_budget, capacities, place
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
@@ -43,6 +44,7 @@ class FittedModel:
     arena_available: int | None  # --device: SRAM - firmware reserve
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
+    placement: Placement | None = None  # --device: the head's and the tail's banks (deploy/banks.py)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
@@ -52,7 +54,10 @@ class FittedModel:
                  arena_bytes_available=self.arena_available,
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
-                 custom_ops=list(custom_ops(self.result.graph)))
+                 custom_ops=list(custom_ops(self.result.graph)),
+                 banks=self.placement.to_json() if self.placement is not None else None,
+                 arena_placement=None if self.placement is None else
+                 {"head": self.placement.head_bank, "tail": self.placement.tail_bank})
         return d
 
 
@@ -92,20 +97,29 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, source, notes = _prepared(path, p)
-    fit_budget, budget_from, avail = p.budget, "--budget", None
+    fit_budget, budget_from, avail, reserve = p.budget, "--budget", None, None
     if device is not None and p.budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device.label
-        fit_budget = avail if not p.head_only else avail - _tail(graph, kernels, source, notes)
+        # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
+        first_tail = _tail(graph, kernels, source, notes)
+        whole = arena_budget(device.memory.banks, reserve, first_tail)
+        fit_budget = whole if not p.head_only else whole - first_tail
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
                      progress=progress, model=model)
     data = _written(result, model, path)
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
-    if avail is not None and result.head + tail > avail:
-        result = replace(result, fits=False)
-        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device.label} leaves "
-                     "for the arena")
+    placement = None
+    if reserve is not None:
+        placement = place(result.head, tail, device.memory.banks, reserve)
+        if placement is None:
+            result = replace(result, fits=False)
+            where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
+                f"any bank or pair of banks of {device.label} ({_bank_room(device, reserve)})"
+            notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed {where}")
+        elif len(device.memory.banks) > 1:
+            notes.append(f"banks: {placement.describe()}")
     host = measure_tflm_arena(data, label=str(path))
     host_head = _host_head(result, kernels, data)
     verification = ()
@@ -118,7 +132,11 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes))
+                       budget_from, tuple(notes), placement)
+
+
+def _bank_room(device: Device, reserve: int) -> str:
+    return ", ".join(f"{b.name} {cap:,} B" for b, cap in capacities(device.memory.banks, reserve))
 
 
 def _prepared(path, p: FitParams):

@@ -1,0 +1,105 @@
+"""Memory banks (issue 32 item 3): the head and the tail of TFLite Micro's arena in different
+RAM banks, chosen by tpu_pipeline/toolchain/deploy/banks.py; fit's budget is "fits some allowed
+placement", not the first bank's size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import FIXTURES
+
+from tpu_pipeline.cli import main
+from tpu_pipeline.toolchain.deploy.banks import arena_budget, place
+from tpu_pipeline.toolchain.device import load_device
+from tpu_pipeline.toolchain.device.descriptor import RamBank
+from tpu_pipeline.toolchain.fit.model import HARNESS_STATIC_BYTES
+
+H7 = load_device("stm32h743").memory.banks
+KIB = 1024
+
+
+def test_whole_arena_goes_to_the_fastest_bank_it_fits():
+    p = place(100 * KIB, 20 * KIB, H7, 30 * KIB)
+    assert (p.head_bank, p.tail_bank, p.split) == ("dtcm", "dtcm", False)  # zero wait states
+    p = place(300 * KIB, 20 * KIB, H7, 30 * KIB)  # AXI SRAM (482 KiB left by the firmware) holds it
+    assert (p.head_bank, p.tail_bank) == ("axi_sram", "axi_sram")
+    assert {b["name"]: b["bytes_predicted"] for b in p.to_json()} == {
+        "axi_sram": 320 * KIB, "dtcm": 0, "sram1_3": 0, "sram4": 0}
+
+
+def test_head_and_tail_split_when_no_single_bank_holds_the_arena():
+    # a 480 KiB head: only the AXI SRAM's 512 KiB less the firmware holds it; the tail goes to the fastest other bank
+    p = place(480 * KIB, 40 * KIB, H7, 30 * KIB)
+    assert (p.head_bank, p.tail_bank, p.split) == ("axi_sram", "dtcm", True)
+    assert [b["bytes_predicted"] for b in p.to_json()] == [480 * KIB, 40 * KIB, 0, 0]
+    p = place(480 * KIB, 200 * KIB, H7, 30 * KIB)  # too big for the DTCM: SRAM1-3
+    assert (p.head_bank, p.tail_bank) == ("axi_sram", "sram1_3")
+    assert place(483 * KIB, 10 * KIB, H7, 30 * KIB) is None  # the head is one buffer: no bank holds it
+    assert place(100 * KIB, 400 * KIB, H7, 30 * KIB).tail_bank == "axi_sram"
+    # the budget fit gets: the AXI SRAM's room for the head plus a tail another bank holds
+    assert arena_budget(H7, 30 * KIB, 40 * KIB) == 482 * KIB + 40 * KIB
+    assert arena_budget(H7, 30 * KIB, 300 * KIB) == 288 * KIB + 300 * KIB  # tail in AXI, head in SRAM1-3
+    assert arena_budget(H7, 30 * KIB, 490 * KIB) == 482 * KIB  # no bank holds the tail: one bank or nothing
+
+
+def test_a_bank_without_an_origin_holds_nothing_but_the_first_banks_arena():
+    banks = (RamBank("main", 64 * KIB, 0x20000000), RamBank("nowhere", 64 * KIB))
+    assert place(40 * KIB, 30 * KIB, banks, 0) is None
+
+
+def _board(tmp_path, first: int, second: int):
+    """An MCU without a harness (reserve: the harness's static RAM) and two banks."""
+    text = f"""name = "two-banks"
+kind = "mcu"
+[memory]
+flash_bytes = 1048576
+[[memory.banks]]
+name = "fast"
+origin = 0x20000000
+size_bytes = {HARNESS_STATIC_BYTES + first}
+wait_states = 0
+[[memory.banks]]
+name = "slow"
+origin = 0x60000000
+size_bytes = {second}
+wait_states = 2
+[compute]
+clock_hz = 100000000
+cycles_per_instruction = 1.0
+[compute.cycles_per_mac]
+conv = 2.0
+depthwise = 3.0
+fully_connected = 2.0
+elementwise = 5.0
+other = 6.0
+[link]
+baud = 115200
+[power]
+active_w = 0.1
+idle_w = 0.01
+"""
+    path = tmp_path / "two-banks.toml"
+    path.write_text(text)
+    return path
+
+
+def test_fit_fits_a_model_that_no_single_bank_holds(tmp_path, capsys):
+    # keyword_scrambled: a 672-byte head and a 7,540-byte tail (cmsis-nn, 32-bit target). Neither
+    # bank holds both (the first leaves 7,000 B, less than the tail alone), the split does.
+    model = FIXTURES / "thirdparty" / "keyword_scrambled_8bit.tflite"
+    board = _board(tmp_path, 7000, 7600)
+    out = tmp_path / "fitted.tflite"
+    assert main(["fit", str(model), "--device", str(board), "-o", str(out), "--time-limit", "5", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    head, tail = rep["arena_head_bytes"], rep["arena_tail_bytes_target"]
+    assert head + tail > 7600 and tail > 7000
+    assert rep["arena_placement"] == {"head": "fast", "tail": "slow"}
+    assert rep["banks"] == [{"name": "fast", "bytes_predicted": head}, {"name": "slow", "bytes_predicted": tail}]
+    assert out.is_file()
+
+    # a slow bank too small for the tail: nothing holds it, exit 3 and nothing written
+    board = _board(tmp_path, 7000, 7000)
+    out.unlink()
+    assert main(["fit", str(model), "--device", str(board), "-o", str(out), "--time-limit", "5"]) == 3
+    assert not out.exists()
