@@ -103,3 +103,16 @@ def test_fit_fits_a_model_that_no_single_bank_holds(tmp_path, capsys):
     out.unlink()
     assert main(["fit", str(model), "--device", str(board), "-o", str(out), "--time-limit", "5"]) == 3
     assert not out.exists()
+
+
+def test_profile_json_gives_the_arena_per_bank(tmp_path, capsys):
+    model = FIXTURES / "thirdparty" / "keyword_scrambled_8bit.tflite"
+    board = _board(tmp_path, 7000, 7600)
+    assert main(["profile", str(model), "--device", str(board), "--backend", "emulator", "-N", "1", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    head, tail = rep["arena_head_predicted"], rep["arena_tail_predicted"]
+    assert rep["banks"] == [{"name": "fast", "bytes_predicted": head}, {"name": "slow", "bytes_predicted": tail}]
+    board = _board(tmp_path, 7000 + tail + head, 7600)  # room for both in the faster bank: no split
+    assert main(["profile", str(model), "--device", str(board), "--backend", "emulator", "-N", "1", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["banks"] == [{"name": "fast", "bytes_predicted": head + tail}, {"name": "slow", "bytes_predicted": 0}]

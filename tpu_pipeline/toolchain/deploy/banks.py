@@ -17,7 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.device.descriptor import RamBank
+from tpu_pipeline.toolchain.device.descriptor import Device, RamBank
+
+# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
+# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
+# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
+# reserved with headroom.
+HARNESS_STATIC_BYTES = 16 * 1024
+
+
+def firmware_reserve(device: Device) -> int:
+    """What the firmware takes of an MCU's first bank besides the arena: stack, heap, static RAM."""
+    fw = device.firmware
+    return (fw.stack_bytes + fw.heap_bytes if fw is not None else 0) + HARNESS_STATIC_BYTES
 
 
 @dataclass(frozen=True)
@@ -81,3 +93,15 @@ def arena_budget(banks: tuple[RamBank, ...], reserve: int, tail: int) -> int:
         if any(tb is not hb and tail <= tcap for tb, tcap in caps):
             best = max(best, hcap + tail)
     return best
+
+
+def bank_figures(arena, device: Device, notes: list) -> list[dict] | None:
+    """profile --json's `banks`: a predicted arena's (`.head`, `.tail`, `.total`) bytes per bank
+    after the harness's reserve, or None when it is not predicted or no placement holds it; a
+    split is said in `notes`."""
+    if arena is None or arena.total is None:
+        return None
+    p = place(arena.head, arena.tail, device.memory.banks, firmware_reserve(device))
+    if p is not None and p.split:
+        notes.append(f"banks: {p.describe()}")
+    return p.to_json() if p is not None else None

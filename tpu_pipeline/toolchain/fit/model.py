@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
-from tpu_pipeline.toolchain.deploy.banks import Placement, arena_budget, capacities, place
+from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
+                                                 firmware_reserve, place)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import UsageError, VerificationError
@@ -21,11 +22,6 @@ from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 
-# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
-# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
-# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
-# reserved with headroom.
-HARNESS_STATIC_BYTES = 16 * 1024
 DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
 
 
@@ -65,9 +61,7 @@ def device_reserve(device: Device) -> tuple[int, int]:
     """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU."""
     if device.kind != "mcu":
         raise UsageError(f"device '{device.name}' is not an MCU; fit budgets come from MCU SRAM")
-    fw = device.firmware
-    stack_and_heap = fw.stack_bytes + fw.heap_bytes if fw is not None else 0
-    return device.memory.sram_bytes, stack_and_heap + HARNESS_STATIC_BYTES
+    return device.memory.sram_bytes, firmware_reserve(device)
 
 
 def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | None = None, device: Device | None = None,
