@@ -116,3 +116,37 @@ def test_profile_json_gives_the_arena_per_bank(tmp_path, capsys):
     assert main(["profile", str(model), "--device", str(board), "--backend", "emulator", "-N", "1", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["banks"] == [{"name": "fast", "bytes_predicted": head + tail}, {"name": "slow", "bytes_predicted": 0}]
+
+
+@pytest.mark.parametrize("board,banks", [("qemu-mps2-an386", ("psram", "ssram2_3")),
+                                         ("qemu-mps2-an500", ("ssram2_3", "psram"))])
+def test_head_and_tail_in_two_banks_in_qemu(tmp_path, board, banks):
+    """A library's init_split on an emulated board, head and tail in different RAM regions (the
+    linker script's bank sections): outputs identical to host TFLite Micro, the bytes used in
+    each bank = the prediction (the tail with two allocator objects: split_tail)."""
+    from helpers.firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
+
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed")
+    tree_or_skip("cmsis-nn")
+    from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
+    from tpu_pipeline.toolchain.device import kernel_set
+    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
+
+    dev = load_device(board)
+    try:
+        run = run_libraries_on_qemu([FIXTURES / "multi_output_int8.tflite"], dev, kernel_set("cmsis-nn"),
+                                    tmp_path / "work", seed=3, banks=banks)
+    except LibraryBusy as exc:
+        pytest.skip(str(exc))
+    assert run.errors == []
+    (m,), (a,) = run.models, run.arenas
+    assert m.outputs_match is True, m.output_differences
+    assert (a.init_rc, a.refused_small, a.refused_misaligned) == (0, -2, -1), a
+    assert (a.head, a.tail) == (a.head_predicted, a.tail_predicted), a
+    assert [(b["name"], b["bytes_measured"]) for b in a.banks] == [(banks[0], a.head), (banks[1], a.tail)]
+    assert all(b["bytes_measured"] == b["bytes_predicted"] for b in a.banks)
+    regions = {b.name: (b.origin, b.origin + b.size) for b in dev.memory.banks}
+    for b in a.banks:  # each buffer lies in its bank's address range
+        lo, hi = regions[b["name"]]
+        assert lo <= b["address"] < hi, (b, hex(lo))
