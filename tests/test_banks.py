@@ -150,3 +150,17 @@ def test_head_and_tail_in_two_banks_in_qemu(tmp_path, board, banks):
     for b in a.banks:  # each buffer lies in its bank's address range
         lo, hi = regions[b["name"]]
         assert lo <= b["address"] < hi, (b, hex(lo))
+    # the linker's per-bank use (build-firmware's `banks`): the other bank holds exactly its buffer
+    from pathlib import Path
+
+    from tpu_pipeline.toolchain.firmware.build import usage
+    _, _, linked = usage(Path(run.elf), Path(run.elf).parent / "app.map")
+    other = next(i for i, b in enumerate(banks) if b != dev.memory.banks[0].name)
+    buffer = -(-max(a.head, m_planning(tmp_path)) // 16) * 16 if other == 0 else -(-a.tail // 16) * 16
+    assert linked[f"BANK_{banks[other]}"]["used"] == buffer + 16  # the app's buffers carry 16 B of slack
+
+
+def m_planning(tmp_path) -> int:
+    import json as _json
+
+    return _json.loads((tmp_path / "work" / "lib" / "tpup_library.json").read_text())["models"][0]["planning_bytes"]

@@ -49,7 +49,7 @@ def _bank_script(device: Device) -> dict[str, str]:
     for bank in device.memory.banks[1:]:
         if bank.origin is None:
             continue
-        region = f"BANK_{bank.name.upper()}"
+        region = f"BANK_{bank.name}"  # build.py's per-bank use reads the name back
         regions.append(f"  {region} (rw) : ORIGIN = 0x{bank.origin:08X}, LENGTH = {bank.size}\n")
         sections.append(f"  .bank_{bank.name} (NOLOAD) : ALIGN(16) {{ *(.bank_{bank.name}*) }} > {region}\n\n")
     return {"BANK_REGIONS": "".join(regions), "BANK_SECTIONS": "".join(sections)}
