@@ -322,6 +322,10 @@ def test_run_backend_qemu_json(built):
         assert isinstance(rep[k], int) and rep[k] > 0, k
     assert rep["arena"]["head_on_target"] == rep["arena"]["planned_head"]
     assert rep["arena_bytes_predicted"] == rep["arena_bytes_measured"]
+    # per RAM bank: the harness keeps the arena in the first (SSRAM), nothing in PSRAM or block RAM
+    assert rep["banks"][0] == {"name": "ssram2_3", "bytes_predicted": rep["arena_bytes_predicted"],
+                               "bytes_measured": rep["arena_bytes_measured"]}
+    assert [b["bytes_measured"] for b in rep["banks"][1:]] == [0, 0]
     assert [o["opcode"] for o in rep["op_instructions"]][-1] == "SOFTMAX"
     assert sum(o["instructions"] for o in rep["op_instructions"]) <= rep["instructions"]
 

@@ -47,7 +47,7 @@ from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
 from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
-from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
 from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_bytes_atomic, write_model
@@ -547,7 +547,8 @@ def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> d
             "arena_tail_predicted": arena.tail if arena else None,
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
-            "clock_hz": est.clock_hz, "banks": bank_figures(arena, device, rep.notes)}
+            "clock_hz": est.clock_hz,
+            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)))}
 
 
 

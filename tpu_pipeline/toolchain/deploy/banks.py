@@ -66,11 +66,14 @@ def capacities(banks: tuple[RamBank, ...], reserve: int) -> list[tuple[RamBank, 
     return [(b, max(cap, 0)) for _, b, cap in usable]
 
 
-def place(head: int, tail: int, banks: tuple[RamBank, ...], reserve: int) -> Placement | None:
+def place(head: int, tail: int, banks: tuple[RamBank, ...], reserve: int,
+          split_tail: int | None = None) -> Placement | None:
     """The fastest allowed placement of a head and a tail, or None when no bank or pair holds them:
     the whole arena in the fastest bank it fits; else the head in the fastest bank that holds it
-    with the tail in the fastest other bank that holds the tail."""
+    with the tail in the fastest other bank that holds the tail. `split_tail`: the tail when the
+    head is a buffer of its own (TFLite Micro's two allocator objects: tflm_target.split_tail)."""
     caps = capacities(banks, reserve)
+    tail_apart = tail if split_tail is None else split_tail
     names = tuple(b.name for b in banks)
     for b, cap in caps:
         if head + tail <= cap:
@@ -79,8 +82,8 @@ def place(head: int, tail: int, banks: tuple[RamBank, ...], reserve: int) -> Pla
         if head > hcap:
             continue
         for tb, tcap in caps:
-            if tb is not hb and tail <= tcap:
-                return Placement(hb.name, tb.name, head, tail, names)
+            if tb is not hb and tail_apart <= tcap:
+                return Placement(hb.name, tb.name, head, tail_apart, names)
     return None
 
 
@@ -95,13 +98,13 @@ def arena_budget(banks: tuple[RamBank, ...], reserve: int, tail: int) -> int:
     return best
 
 
-def bank_figures(arena, device: Device, notes: list) -> list[dict] | None:
+def bank_figures(arena, device: Device, notes: list, split: int | None = None) -> list[dict] | None:
     """profile --json's `banks`: a predicted arena's (`.head`, `.tail`, `.total`) bytes per bank
     after the harness's reserve, or None when it is not predicted or no placement holds it; a
-    split is said in `notes`."""
+    split is said in `notes`. `split`: the tail when split (tflm_target.split_tail)."""
     if arena is None or arena.total is None:
         return None
-    p = place(arena.head, arena.tail, device.memory.banks, firmware_reserve(device))
+    p = place(arena.head, arena.tail, device.memory.banks, firmware_reserve(device), split)
     if p is not None and p.split:
         notes.append(f"banks: {p.describe()}")
     return p.to_json() if p is not None else None

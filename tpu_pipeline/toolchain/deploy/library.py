@@ -53,6 +53,9 @@ class LibraryModel:
     planning_bytes: int
     model_crc: str
     split_tail_bytes: dict = None  # kernel set name -> the tail with the head in a buffer of its own (init_split)
+    # kernel set name -> {"head": bank, "tail": bank, "banks": [{name, bytes_predicted}]} on the device
+    # (deploy/banks.py, the harness's reserve in the first bank); None where no placement holds it
+    placement: dict = None
 
 
 @dataclass(frozen=True)
@@ -166,8 +169,20 @@ def _one_model(src: Path, name: str, device: Device, model_data):
         resolver_method(o)  # one line for a custom op no firmware of ours has
     head, tail, arena, planning, split = _arena_figures(graph, offsets)
     entry = LibraryModel(name, src.name, opcodes, tuple(o for o in opcodes if o in HARNESS_CUSTOM_OPS), len(data),
-                         head, tail, arena, planning, exported.model_crc, split)
+                         head, tail, arena, planning, exported.model_crc, split, _placements(device, head, tail, split))
     return entry, _model_files(entry, device, data, graph), graph, offsets
+
+
+def _placements(device: Device, head: dict, tail: dict, split: dict) -> dict:
+    """Where the arena goes on `device`, per kernel set: one bank or head and tail in two
+    (the library's init or init_split)."""
+    from tpu_pipeline.toolchain.deploy.banks import firmware_reserve, place
+
+    out = {}
+    for k in head:
+        p = place(max(head[k], 0), tail[k], device.memory.banks, firmware_reserve(device), split[k])
+        out[k] = None if p is None else {"head": p.head_bank, "tail": p.tail_bank, "banks": p.to_json()}
+    return out
 
 
 def _planned_graph(data: bytes):

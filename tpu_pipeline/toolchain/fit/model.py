@@ -106,7 +106,7 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     placement = None
     if reserve is not None:
-        placement = place(result.head, tail, device.memory.banks, reserve)
+        placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels))
         if placement is None:
             result = replace(result, fits=False)
             where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
@@ -127,6 +127,13 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
                        budget_from, tuple(notes), placement)
+
+
+def _split_tail(graph, kernels: KernelSet) -> int | None:
+    """The target tail with the head in a buffer of its own (None where not modelled: the tail then)."""
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_tail
+
+    return split_tail(target_tail(graph, kernels))
 
 
 def _bank_room(device: Device, reserve: int) -> str:
