@@ -190,3 +190,24 @@ def test_the_library_says_where_its_arena_goes(tmp_path):
     header = (tmp_path / "lib" / "tpup_multi_output_int8.h").read_text()
     assert "int tpup_multi_output_int8_init_split(void* head_arena" in header
     assert f"#define TPUP_MULTI_OUTPUT_INT8_SPLIT_TAIL_BYTES_CMSIS_NN {r.split_tail_bytes['cmsis-nn']}" in header
+
+
+def test_a_tail_apart_is_counted_with_its_two_allocators():
+    # the tail fits a bank alone only as the one-arena tail; apart from the head it is 16 B more
+    banks = (RamBank("a", 1000, 0x20000000), RamBank("b", 500, 0x30000000))
+    assert arena_budget(banks, 0, 500) == 1000 + 500
+    assert arena_budget(banks, 0, 500, split_tail=516) == 1000  # the head's bank whole, nothing apart
+    assert place(900, 500, banks, 0, split_tail=516) is None
+    assert place(900, 480, banks, 0, split_tail=496).tail == 496
+
+
+def test_build_firmware_json_gives_the_bytes_per_bank():
+    from tpu_pipeline.toolchain.firmware.build import FirmwareBuild
+
+    regions = {"FLASH": {"origin": 0, "length": 4 << 20, "used": 90000},
+               "RAM": {"origin": 0x20000000, "length": 4 << 20, "used": 70000},
+               "BANK_psram": {"origin": 0x21000000, "length": 16 << 20, "used": 6672}}
+    b = FirmwareBuild("p", "qemu-mps2-an386", "cmsis-nn", "e", "m", 90000, 70000, regions, 0, "l", "t")
+    assert b.to_json()["banks"] == [
+        {"name": "RAM", "origin": 0x20000000, "length": 4 << 20, "bytes_used": 70000},
+        {"name": "psram", "origin": 0x21000000, "length": 16 << 20, "bytes_used": 6672}]

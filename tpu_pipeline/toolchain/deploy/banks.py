@@ -87,13 +87,15 @@ def place(head: int, tail: int, banks: tuple[RamBank, ...], reserve: int,
     return None
 
 
-def arena_budget(banks: tuple[RamBank, ...], reserve: int, tail: int) -> int:
+def arena_budget(banks: tuple[RamBank, ...], reserve: int, tail: int, split_tail: int | None = None) -> int:
     """The largest head + `tail` some allowed placement holds: the largest bank whole, or the
-    largest bank for the head with `tail` in another bank (fit's budget on a board with banks)."""
+    largest bank for the head with the tail (`split_tail` when apart) in another bank (fit's
+    budget on a board with banks)."""
     caps = capacities(banks, reserve)
     best = max(cap for _, cap in caps)
+    apart = tail if split_tail is None else split_tail
     for hb, hcap in caps:
-        if any(tb is not hb and tail <= tcap for tb, tcap in caps):
+        if any(tb is not hb and apart <= tcap for tb, tcap in caps):
             best = max(best, hcap + tail)
     return best
 

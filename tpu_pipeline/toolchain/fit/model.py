@@ -97,7 +97,7 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         avail, budget_from = sram - reserve, device.label
         # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
         first_tail = _tail(graph, kernels, source, notes)
-        whole = arena_budget(device.memory.banks, reserve, first_tail)
+        whole = arena_budget(device.memory.banks, reserve, first_tail, _split_tail(graph, kernels))
         fit_budget = whole if not p.head_only else whole - first_tail
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
