@@ -40,13 +40,14 @@ from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, KernelSet,
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
+from tpu_pipeline.toolchain.deploy.banks import bank_figures
 from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
 from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
-from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
 from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_bytes_atomic, write_model
@@ -546,7 +547,9 @@ def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> d
             "arena_tail_predicted": arena.tail if arena else None,
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
-            "clock_hz": est.clock_hz}
+            "clock_hz": est.clock_hz,
+            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)))}
+
 
 
 def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:

@@ -37,7 +37,9 @@ class ArenaRun:
     tail: int | None
     head_predicted: int
     tail_predicted: int
-    arena_bytes: int  # the ARENA_BYTES macro for the kernels run
+    arena_bytes: int  # the ARENA_BYTES macro for the kernels run (split: HEAD_ARENA_BYTES + TAIL_ARENA_BYTES)
+    # head and tail in two banks: [{name, bytes_predicted, bytes_measured, address}] (head's bank first)
+    banks: list | None = None
 
 
 @dataclass
@@ -64,7 +66,7 @@ class LibraryRun:
 
 def run_libraries_on_qemu(models, device: Device, kernels: KernelSet, work: str | Path, inferences: int = 2,
                           seed: int = 0, timeout: float = 120.0, tflm_tree: str | None = None,
-                          shared: bool = False, names=None) -> LibraryRun:
+                          shared: bool = False, names=None, banks: tuple[str, str] | None = None) -> LibraryRun:
     from tpu_pipeline.toolchain.deploy.app import build_app, write_app
     from tpu_pipeline.toolchain.deploy.library import export_library
 
@@ -86,12 +88,13 @@ def run_libraries_on_qemu(models, device: Device, kernels: KernelSet, work: str 
     for lib in libs:  # one application per library
         mine = [k for k, (owner, _) in enumerate(entries) if owner is lib]
         app = write_app(work / f"app-{Path(lib.out_dir).name}", lib.out_dir, device,
-                        [[[np.ascontiguousarray(a).tobytes() for a in x] for x in inputs[k]] for k in mine])
+                        [[[np.ascontiguousarray(a).tobytes() for a in x] for x in inputs[k]] for k in mine], banks)
         elf = build_app(app, device, kernels, tflm_tree)
         lines += _boot_and_read(elf, fw.qemu_machine, timeout)
     arenas = [_arena_run(lines, "shared", lib.shared[kernels.name]["head"], lib.shared[kernels.name]["tail"],
                          _shared_arena_bytes(lib, kernels)) for lib in libs if lib.shared] + \
         [_arena_run(lines, m.name, m.head_bytes[kernels.name], m.tail_bytes[kernels.name], m.arena_bytes[kernels.name])
+         if banks is None else _split_run(lines, m, kernels, banks)
          for lib in libs if not lib.shared for m in lib.models]
     runs = [_model_run(m, host, arrays, lines) for (_, m), host, arrays in zip(entries, hosts, inputs)]
     return LibraryRun(fw.board, fw.qemu_machine, kernels.name, str(elf), arenas, runs,
@@ -134,6 +137,17 @@ def _arena_run(lines, what: str, head: int, tail: int, arena_bytes: int) -> Aren
     init = next((ln.split()[2:] for ln in lines if ln.startswith(f"INIT {what} ")), None)
     v = [int(x) for x in init] if init else [None] * 6
     return ArenaRun(what, v[0], v[4], v[5], v[1], v[2], v[3], head, tail, arena_bytes)
+
+
+def _split_run(lines, m, kernels: KernelSet, banks: tuple[str, str]) -> ArenaRun:
+    """A model's head and tail in two banks: the INIT figures and where the BANKS line says they are."""
+    head, tail = m.head_bytes[kernels.name], m.split_tail_bytes[kernels.name]
+    sizes = (-(-max(head, m.planning_bytes) // 16) * 16, -(-tail // 16) * 16)
+    run = _arena_run(lines, m.name, head, tail, sum(sizes))
+    where = next((ln.split()[2:] for ln in lines if ln.startswith(f"BANKS {m.name} ")), [None, None])
+    run.banks = [{"name": b, "bytes_predicted": p, "bytes_measured": got, "address": a and int(a, 16)}
+                 for b, p, got, a in zip(banks, (head, tail), (run.head, run.tail), where)]
+    return run
 
 
 def _model_run(m, host, arrays, lines: list[str]) -> LibraryModelRun:

@@ -38,9 +38,11 @@ def read_library(library) -> dict:
         raise UsageError(f"{library}: not a library written by export-mcu --library (no readable {MARKER})") from None
 
 
-def write_app(app_dir: str | Path, library, device: Device, inputs) -> Path:
+def write_app(app_dir: str | Path, library, device: Device, inputs, banks: tuple[str, str] | None = None) -> Path:
     """The application project in `app_dir` on the library folder `library` (one model or several
-    on one shared arena): main.cc, app_inputs.h, the board layer, CMake files."""
+    on one shared arena): main.cc, app_inputs.h, the board layer, CMake files. `banks`: (head bank,
+    tail bank) of a one-model library, whose arena is then two buffers in those banks' linker
+    sections, initialised with `tpup_<name>_init_split` (deploy/banks.py chooses them)."""
     from tpu_pipeline.toolchain.firmware.project import project_files
 
     app = Path(app_dir)
@@ -51,7 +53,7 @@ def write_app(app_dir: str | Path, library, device: Device, inputs) -> Path:
     files = {k: v for k, v in project_files(device).items() if k != "Makefile"}
     files["harness_platform.h"] = (HARNESS_DIR / "harness_platform.h").read_bytes()
     files["app_inputs.h"] = _inputs_header(names, inputs).encode()
-    files["main.cc"] = _main(names, device.link.baud, shared).encode()
+    files["main.cc"] = _main(names, device.link.baud, shared, _split_arena(names, device, banks)).encode()
     files["CMakeLists.txt"] = _cmake(meta["target"], Path(library).resolve()).encode()
     files["arm-none-eabi.cmake"] = _toolchain(device).encode()
     for name, content in files.items():
@@ -75,10 +77,33 @@ def _inputs_header(names, inputs) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _main(names, baud: int, shared: bool) -> str:
+def _split_arena(names, device: Device, banks) -> tuple[str, str] | None:
+    """(arena declarations, init call) of one model's head and tail in two banks; None: one arena."""
+    if banks is None:
+        return None
+    known = {b.name: b for b in device.memory.banks}
+    if len(names) != 1 or any(b not in known for b in banks):
+        raise UsageError(f"head and tail banks {banks}: one model, banks of {device.name} "
+                         f"({', '.join(known)})")
+    n, u = names[0], names[0].upper()
+    first = device.memory.banks[0].name
+
+    def where(bank: str) -> str:  # the first bank is the firmware's RAM: plain .bss
+        return "" if bank == first else f' __attribute__((section(".bank_{bank}")))'
+    decls = (f"alignas(16) uint8_t g_head_{n}[TPUP_{u}_HEAD_ARENA_BYTES + 16]{where(banks[0])};\n"
+             f"alignas(16) uint8_t g_tail_{n}[TPUP_{u}_TAIL_ARENA_BYTES + 16]{where(banks[1])};")
+    call = (f'  init_split("{n}", g_head_{n}, TPUP_{u}_HEAD_ARENA_BYTES, g_tail_{n}, TPUP_{u}_TAIL_ARENA_BYTES,\n'
+            f"             tpup_{n}_init_split, tpup_{n}_arena_used_bytes, tpup_{n}_head_used_bytes, "
+            f"tpup_{n}_tail_used_bytes);")
+    return decls, call
+
+
+def _main(names, baud: int, shared: bool, split=None) -> str:
     """Inference k runs every model in turn (A, B, A, B, ...: a shared head is overwritten each time)."""
     includes = "\n".join(f'#include "tpup_{n}.h"' for n in names) + ('\n#include "tpup_shared.h"' if shared else "")
-    if shared:
+    if split is not None:
+        arenas, inits = split
+    elif shared:
         arenas = "alignas(16) uint8_t g_arena[TPUP_SHARED_ARENA_BYTES + 16];"
         inits = ('  init("shared", g_arena, TPUP_SHARED_ARENA_BYTES, tpup_shared_init, tpup_shared_arena_used_bytes,\n'
                  "       tpup_shared_head_used_bytes, tpup_shared_tail_used_bytes);")
@@ -92,6 +117,28 @@ def _main(names, baud: int, shared: bool) -> str:
                      for n in names)
     most = " > ".join(f"k_{n}_inferences" for n in names[:1])  # every model gets the same count
     return _fill_main(includes, arenas, inits, runs, most, baud)
+
+
+# The plain app's init of a model's head and tail in two buffers (two banks): `BANKS what head tail`
+# says where they are (C++, spliced into main.cc).
+_INIT_SPLIT = r"""using Split = int (*)(void*, size_t, void*, size_t);
+
+// head and tail in two buffers (two banks): `BANKS what head_address tail_address` says where they are
+void init_split(const char* what, uint8_t* head, size_t head_bytes, uint8_t* tail, size_t tail_bytes, Split fn,
+                Size used, Size head_used, Size tail_used) {
+  char line[200];
+  int small = fn(head, head_bytes - 16, tail, tail_bytes);       // must be refused: TPUP_ERR_ARENA_SIZE
+  int misaligned = fn(head, head_bytes, tail + 8, tail_bytes);   // must be refused: TPUP_ERR_ARENA_ALIGN
+  int rc = fn(head, head_bytes, tail, tail_bytes);
+  snprintf(line, sizeof line, "INIT %s %d %u %u %u %d %d\n", what, rc, static_cast<unsigned>(used()),
+           static_cast<unsigned>(head_used()), static_cast<unsigned>(tail_used()), small, misaligned);
+  say(line);
+  snprintf(line, sizeof line, "BANKS %s %08X %08X\n", what, static_cast<unsigned>(reinterpret_cast<uintptr_t>(head)),
+           static_cast<unsigned>(reinterpret_cast<uintptr_t>(tail)));
+  say(line);
+  g_ok = g_ok && rc == TPUP_OK;
+}
+"""
 
 
 def _fill_main(includes: str, arenas: str, inits: str, runs: str, most: str, baud: int) -> str:
@@ -138,7 +185,7 @@ void init(const char* what, uint8_t* arena, size_t bytes, int (*fn)(void*, size_
   g_ok = g_ok && rc == TPUP_OK;
 }}
 
-void run(const char* model, int k, Tensor input, Tensor output, int (*invoke)(void), const AppInput* in, int n_in,
+{_INIT_SPLIT}void run(const char* model, int k, Tensor input, Tensor output, int (*invoke)(void), const AppInput* in, int n_in,
          int n_out) {{
   for (int i = 0; i < n_in; ++i) {{
     tpup_tensor t;

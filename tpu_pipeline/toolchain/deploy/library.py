@@ -52,6 +52,10 @@ class LibraryModel:
     arena_bytes: dict  # kernel set name -> TPUP_<NAME>_ARENA_BYTES
     planning_bytes: int
     model_crc: str
+    split_tail_bytes: dict = None  # kernel set name -> the tail with the head in a buffer of its own (init_split)
+    # kernel set name -> {"head": bank, "tail": bank, "banks": [{name, bytes_predicted}]} on the device
+    # (deploy/banks.py, the harness's reserve in the first bank); None where no placement holds it
+    placement: dict = None
 
 
 @dataclass(frozen=True)
@@ -163,10 +167,22 @@ def _one_model(src: Path, name: str, device: Device, model_data):
     opcodes = tuple(dict.fromkeys(resolver_opcode(op) for op in graph.ops))
     for o in opcodes:
         resolver_method(o)  # one line for a custom op no firmware of ours has
-    head, tail, arena, planning = _arena_figures(graph, offsets)
+    head, tail, arena, planning, split = _arena_figures(graph, offsets)
     entry = LibraryModel(name, src.name, opcodes, tuple(o for o in opcodes if o in HARNESS_CUSTOM_OPS), len(data),
-                         head, tail, arena, planning, exported.model_crc)
+                         head, tail, arena, planning, exported.model_crc, split, _placements(device, head, tail, split))
     return entry, _model_files(entry, device, data, graph), graph, offsets
+
+
+def _placements(device: Device, head: dict, tail: dict, split: dict) -> dict:
+    """Where the arena goes on `device`, per kernel set: one bank or head and tail in two
+    (the library's init or init_split)."""
+    from tpu_pipeline.toolchain.deploy.banks import firmware_reserve, place
+
+    out = {}
+    for k in head:
+        p = place(max(head[k], 0), tail[k], device.memory.banks, firmware_reserve(device), split[k])
+        out[k] = None if p is None else {"head": p.head_bank, "tail": p.tail_bank, "banks": p.to_json()}
+    return out
 
 
 def _planned_graph(data: bytes):
@@ -178,12 +194,13 @@ def _planned_graph(data: bytes):
     return from_model(model), read_offline_plan(model)
 
 
-def _arena_figures(graph, offsets) -> tuple[dict, dict, dict, int]:
-    """(head, tail, arena size) per kernel set and the planning bound, on the 32-bit target."""
-    from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+def _arena_figures(graph, offsets) -> tuple[dict, dict, dict, int, dict]:
+    """(head, tail, arena size) per kernel set, the planning bound and the tail of init_split,
+    on the 32-bit target."""
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_arena, target_tail
 
     planning = PLANNING_BYTES_PER_ENTRY * (len(graph.tensors) + len(graph.ops)) + PLANNING_BYTES_FIXED
-    head, tail, arena = {}, {}, {}
+    head, tail, arena, split = {}, {}, {}, {}
     for k in KERNEL_SETS:
         a = target_arena(graph, k, offsets)
         if a.tail is None:
@@ -192,7 +209,8 @@ def _arena_figures(graph, offsets) -> tuple[dict, dict, dict, int]:
                              "modelled); the library's arena macros must be exact")
         head[k.name], tail[k.name] = a.head, a.tail
         arena[k.name] = -(-(max(a.head, planning) + a.tail) // 16) * 16
-    return head, tail, arena, planning
+        split[k.name] = split_tail(target_tail(graph, k))
+    return head, tail, arena, planning, split
 
 
 def _fill(template: str, values: dict) -> str:
@@ -221,8 +239,9 @@ def _model_files(m: LibraryModel, device: Device, data: bytes, graph) -> dict[st
 
 
 def _per_kernel_values(m: LibraryModel) -> dict:
-    return {f"{w}_{k.upper().replace('-', '_')}": v[k] for w, v in (("HEAD", m.head_bytes), ("TAIL", m.tail_bytes),
-                                                                     ("ARENA", m.arena_bytes)) for k in m.head_bytes}
+    return {f"{w}_{k.upper().replace('-', '_')}": v[k] for w, v in (
+        ("HEAD", m.head_bytes), ("TAIL", m.tail_bytes), ("ARENA", m.arena_bytes), ("SPLIT_TAIL", m.split_tail_bytes))
+        for k in m.head_bytes}
 
 
 def _shared_files(names, arenas, planning: int) -> dict[str, bytes]:

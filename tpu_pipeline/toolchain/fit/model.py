@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
+                                                 firmware_reserve, place)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
@@ -20,11 +22,6 @@ from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 
-# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
-# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
-# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
-# reserved with headroom.
-HARNESS_STATIC_BYTES = 16 * 1024
 DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
 
 
@@ -43,6 +40,7 @@ class FittedModel:
     arena_available: int | None  # --device: SRAM - firmware reserve
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
+    placement: Placement | None = None  # --device: the head's and the tail's banks (deploy/banks.py)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
@@ -52,7 +50,10 @@ class FittedModel:
                  arena_bytes_available=self.arena_available,
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
-                 custom_ops=list(custom_ops(self.result.graph)))
+                 custom_ops=list(custom_ops(self.result.graph)),
+                 banks=self.placement.to_json() if self.placement is not None else None,
+                 arena_placement=None if self.placement is None else
+                 {"head": self.placement.head_bank, "tail": self.placement.tail_bank})
         return d
 
 
@@ -60,9 +61,7 @@ def device_reserve(device: Device) -> tuple[int, int]:
     """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU."""
     if device.kind != "mcu":
         raise UsageError(f"device '{device.name}' is not an MCU; fit budgets come from MCU SRAM")
-    fw = device.firmware
-    stack_and_heap = fw.stack_bytes + fw.heap_bytes if fw is not None else 0
-    return device.memory.sram_bytes, stack_and_heap + HARNESS_STATIC_BYTES
+    return device.memory.sram_bytes, firmware_reserve(device)
 
 
 def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | None = None, device: Device | None = None,
@@ -92,20 +91,29 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, source, notes = _prepared(path, p)
-    fit_budget, budget_from, avail = p.budget, "--budget", None
+    fit_budget, budget_from, avail, reserve = p.budget, "--budget", None, None
     if device is not None and p.budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device.label
-        fit_budget = avail if not p.head_only else avail - _tail(graph, kernels, source, notes)
+        # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
+        first_tail = _tail(graph, kernels, source, notes)
+        whole = arena_budget(device.memory.banks, reserve, first_tail, _split_tail(graph, kernels))
+        fit_budget = whole if not p.head_only else whole - first_tail
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
                      progress=progress, model=model)
     data = _written(result, model, path)
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
-    if avail is not None and result.head + tail > avail:
-        result = replace(result, fits=False)
-        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device.label} leaves "
-                     "for the arena")
+    placement = None
+    if reserve is not None:
+        placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels))
+        if placement is None:
+            result = replace(result, fits=False)
+            where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
+                f"any bank or pair of banks of {device.label} ({_bank_room(device, reserve)})"
+            notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed {where}")
+        elif len(device.memory.banks) > 1:
+            notes.append(f"banks: {placement.describe()}")
     host = measure_tflm_arena(data, label=str(path))
     host_head = _host_head(result, kernels, data)
     verification = ()
@@ -118,7 +126,18 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes))
+                       budget_from, tuple(notes), placement)
+
+
+def _split_tail(graph, kernels: KernelSet) -> int | None:
+    """The target tail with the head in a buffer of its own (None where not modelled: the tail then)."""
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_tail
+
+    return split_tail(target_tail(graph, kernels))
+
+
+def _bank_room(device: Device, reserve: int) -> str:
+    return ", ".join(f"{b.name} {cap:,} B" for b, cap in capacities(device.memory.banks, reserve))
 
 
 def _prepared(path, p: FitParams):

@@ -223,11 +223,33 @@ def target_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SE
             if _quantized(tensor):
                 allocs.append((f"{what} TfLiteAffineQuantization", _AFFINE_QUANTIZATION, 4))
                 allocs.append((f"{what} zero points", _INT + _INT * len(tensor.quant.scale), 4))
+    missing = tuple(dict.fromkeys(unmodelled))
+    return TargetTail(kernels.name, None if missing else _stacked(allocs), tuple(allocs), missing)
+
+
+def _stacked(allocs) -> int:
+    """The bytes a sequence of (what, size, alignment) takes downwards from a 16-aligned end."""
     used = 0
     for _, size, alignment in allocs:
         used = -(-(used + size) // alignment) * alignment
-    missing = tuple(dict.fromkeys(unmodelled))
-    return TargetTail(kernels.name, None if missing else used, tuple(allocs), missing)
+    return used
+
+
+# MicroAllocator::Create(persistent, size, non_persistent, size) (head and tail in two buffers,
+# e.g. two RAM banks) puts a PersistentArenaBufferAllocator and a NonPersistentArenaBufferAllocator
+# in the tail where one arena has a SingleArenaBufferAllocator (sizeof/alignof, arm-none-eabi-g++ 12).
+_PERSISTENT_ALLOCATOR = (16, 4)
+_NON_PERSISTENT_ALLOCATOR = (32, 4)
+
+
+def split_tail(tail: TargetTail) -> int | None:
+    """The tail when the head is a buffer of its own (the library's `tpup_<name>_init_split`)."""
+    if tail.bytes is None:
+        return None
+    first, *rest = tail.allocations
+    assert first[0] == "SingleArenaBufferAllocator", first
+    return _stacked([("PersistentArenaBufferAllocator", *_PERSISTENT_ALLOCATOR),
+                     ("NonPersistentArenaBufferAllocator", *_NON_PERSISTENT_ALLOCATOR), *rest])
 
 
 def target_head(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> tuple[int, tuple]:
