@@ -582,3 +582,36 @@ def test_devices_and_kernel_sets_are_resolved_only_at_the_entry_points():
                  for hit in _resolutions(path.read_text(), str(path.relative_to(ROOT)))]
     assert offenders == []
     assert _resolutions("def f(d):\n    return estimate(load_device(d), kernel_set('reference'))\n", "probe.py")
+
+
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+
+
+def _oversized(source: str, label: str) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES (def to last line, docstring included) and the module if it
+    is over MAX_MODULE_LINES: a long function or module is split along its seams, not left to grow."""
+    import ast
+
+    found = [f"{label}: {source.count(chr(10))} lines"] if source.count("\n") > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                found.append(f"{label}:{node.lineno}: {node.name} is {lines} lines")
+    return found
+
+
+def test_no_function_over_80_lines_and_no_module_over_600():
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in _oversized(p.read_text(), str(p.relative_to(ROOT)))]
+    assert found == []
+
+
+def test_size_check_sees_a_long_function_and_a_long_module():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert _oversized(f"def f():\n{body}", "probe.py") == [f"probe.py:1: f is {MAX_FUNCTION_LINES + 1} lines"]
+    assert _oversized(f"class C:\n    def m(self):\n    {body.replace(chr(10), chr(10) + '    ')}", "p.py") != []
+    assert _oversized("def f():\n" + body[: body.rindex("    x")], "probe.py") == []
+    long_module = "x = 1\n" * (MAX_MODULE_LINES + 1)
+    assert _oversized(long_module, "m.py") == [f"m.py: {MAX_MODULE_LINES + 1} lines"]
+    assert _oversized("x = 1\n" * MAX_MODULE_LINES, "m.py") == []

@@ -11,6 +11,7 @@ import pytest
 
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.loader import load
 from tpu_pipeline.toolchain.manifest import load_manifest
@@ -116,7 +117,8 @@ def test_a_state_tensor_split_by_the_cuts_is_refused():
     t = graph.ops[12].outputs[0]  # make op 12's output a variable that ops 12 and 13 share
     tensors = list(graph.tensors)
     tensors[t] = dataclasses.replace(tensors[t], is_variable=True)
-    problem = PartitionProblem(dataclasses.replace(graph, tensors=tuple(tensors)), EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(dataclasses.replace(graph, tensors=tuple(tensors)),
+                               EdgeTpuCostModel(load_device("coral-usb")))
     assert problem.state_groups == ((12, 13),)
     with pytest.raises(UsageError, match=r"ops 12, 13 share the state tensor .* segments 0, 1"):
         user_stages(problem, graph, ("12",))
@@ -151,7 +153,7 @@ def test_user_cuts_are_written_verified_and_compared(tmp_path, capsys):
 
 # ---- off-chip explained ------------------------------------------------------------------------
 def _small_cache_device(tmp_path, sram: int):
-    text = Path(EdgeTpuCostModel("coral-usb").device.path).read_text()
+    text = Path(load_device("coral-usb").path).read_text()
     dev = tmp_path / "tiny-cache.toml"
     dev.write_text(text.replace("param_sram_bytes = 8126464", f"param_sram_bytes = {sram}")
                    .replace('name = "coral-usb"', 'name = "tiny-cache"'))
@@ -165,7 +167,7 @@ def test_offchip_lists_the_streaming_ops_in_caching_order_and_advises(tmp_path, 
     assert "off-chip: segment" in capsys.readouterr().out
     rep = _report(out)
     _, graph = load(out / "tiny_irregular_int8.tflite")
-    problem = PartitionProblem(graph, EdgeTpuCostModel(dev))
+    problem = PartitionProblem(graph, EdgeTpuCostModel(load_device(dev)))
     streaming = [s for s in rep["segments"] if s["offchip_bytes"]]
     assert streaming
     for s in rep["segments"]:
@@ -186,7 +188,7 @@ def test_caching_order_and_the_advice_to_move_ops_are_right():
     from tpu_pipeline.toolchain.partition.caching import explain
 
     _, graph = load(TINY)
-    problem = PartitionProblem(graph, EdgeTpuCostModel("coral-usb"))
+    problem = PartitionProblem(graph, EdgeTpuCostModel(load_device("coral-usb")))
     problem.model.sram_bytes = 2600   # a small cache: the first segment (4,752 B) overflows, the second has room
     stages = tuple(0 if v <= 13 else 1 for v in range(len(graph.ops)))
     info = explain(problem, stages, 2)
@@ -268,7 +270,7 @@ def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys):
 
 # ---- co-compilation order ----------------------------------------------------------------------
 def test_cocompile_order_follows_the_mix(tmp_path, capsys):
-    text = Path(EdgeTpuCostModel("coral-usb").device.path).read_text()
+    text = Path(load_device("coral-usb").path).read_text()
     dev = tmp_path / "slow-link.toml"   # a small cache behind a slow link: who gets the cache matters
     dev.write_text(text.replace("param_sram_bytes = 8126464", "param_sram_bytes = 12000")
                    .replace("host_bandwidth_bytes_per_s = 4.2e+08", "host_bandwidth_bytes_per_s = 1.0e+07")
@@ -295,3 +297,31 @@ def test_cocompile_order_follows_the_mix(tmp_path, capsys):
     assert main(["compile", str(TINY), "-n", "2", "--mix", "a=1", "-o", str(tmp_path / "x")]) == 2
     assert main(["compile", *models, "-n", "2", "--mix", "nope=1", "-o", str(tmp_path / "x")]) == 2
     assert "--mix: 'nope' is not one of the models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, knee", [("tiny_irregular_int8.tflite", 0.05), ("tiny_irregular_int8.tflite", 0.5)])
+def test_n_auto_pruning_keeps_the_choice_and_proves_each_pruned_row(name, knee):
+    """A row left unsearched must be one the full search would not choose: the same n and reason
+    as searching every row; its bound holds against the full search's period."""
+    from tpu_pipeline.toolchain.partition import partition
+    from tpu_pipeline.toolchain.partition.auto import sweep
+
+    graph = load(FIXTURES / name)[1]
+    problem = PartitionProblem(graph, EdgeTpuCostModel(load_device("coral-usb")))
+
+    def run(prune):
+        return lambda n, limit, above: partition(graph, n, time_limit=limit, problem=problem,
+                                                 prune_above_ps=above if prune else None)
+
+    pruned, chosen = sweep(graph, problem, 6, knee, 4.0, run(True))
+    full, _ = sweep(graph, problem, 6, knee, 4.0, run(False))
+    assert pruned.n_chosen == full.n_chosen == chosen.n
+    rows = {r.n: r for r in full.candidates}
+    assert any(r.pruned for r in pruned.candidates) and not any(r.pruned for r in full.candidates)
+    for r in pruned.candidates:
+        if r.pruned:
+            assert not r.proven and r.period_s >= rows[r.n].period_s
+            assert r.period_lower_bound_s <= rows[r.n].period_s
+            assert r.throughput_per_tpu < (1 - knee) * max(c.throughput_per_tpu for c in full.candidates)
+        else:
+            assert r.period_s == rows[r.n].period_s

@@ -16,7 +16,7 @@ import pytest
 
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.compile import PASSES, Pass, compile_models, run_passes
-from tpu_pipeline.toolchain.compile.driver import BUDGET_FACTOR, Budget, PassError
+from tpu_pipeline.toolchain.driver import BUDGET_FACTOR, Budget, PassError
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tests.conftest import EXAMPLE, FIXTURES
 from helpers.models import hard_schedule_model

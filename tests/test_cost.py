@@ -183,9 +183,30 @@ def test_a_new_board_is_one_descriptor_file(tmp_path, capsys):
      "is not the size of the first bank"),
     (lambda s: s.replace("ram_origin = 0x24000000", "ram_origin = 0x20000000"), "is not the first"),
     (lambda s: s.replace("wait_states = 0", "speed = 0"), "unknown key 'speed'"),
+    (lambda s: s.replace("origin = 0x20000000", "origin = 0x2403FFFF"), "'dtcm' .* overlaps bank 'axi'"),
+    (lambda s: s.replace("origin = 0x20000000", "origin = 0xFFFF0000"), "ends past the 32-bit address space"),
 ])
 def test_bad_memory_banks_are_refused_naming_the_bank(tmp_path, change, message):
     board = tmp_path / "bad.toml"
     board.write_text(change(MY_BOARD))
     with pytest.raises(UsageError, match=message):
         load_device(board)
+
+
+def test_a_bad_bank_list_is_one_line_and_exit_2(tmp_path, capsys):
+    board = tmp_path / "bad.toml"
+    board.write_text(MY_BOARD.replace("origin = 0x20000000", "origin = 0x24000000"))
+    assert main(["profile", str(__import__("conftest").FIXTURES / "chain_int8.tflite"), "--device", str(board), "--backend", "emulator", "-N", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "overlaps bank 'axi'" in err[0]
+
+
+def test_shipped_bank_lists():
+    h7 = load_device("stm32h743").memory.banks
+    assert [(b.name, b.origin, b.size) for b in h7] == [
+        ("axi_sram", 0x24000000, 512 * 1024), ("dtcm", 0x20000000, 128 * 1024),
+        ("sram1_3", 0x30000000, 288 * 1024), ("sram4", 0x38000000, 64 * 1024)]
+    an386 = {b.name: (b.origin, b.size) for b in load_device("qemu-mps2-an386").memory.banks}
+    an500 = {b.name: (b.origin, b.size) for b in load_device("qemu-mps2-an500").memory.banks}
+    assert an386["psram"] == (0x21000000, 16 << 20) and an500["psram"] == (0x60000000, 16 << 20)
+    assert an386["ssram2_3"] == an500["ssram2_3"] == (0x20000000, 4 << 20)

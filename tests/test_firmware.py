@@ -115,7 +115,8 @@ def test_bad_firmware_section_is_refused_naming_the_key(tmp_path, key, value, me
     lines = [f'name = "bad"', 'kind = "mcu"']
     for sec in ("memory", "compute", "link", "power", "firmware"):
         lines.append(f"[{sec}]")
-        lines += [f"{k} = {dump(v)}" for k, v in raw[sec].items() if not isinstance(v, dict)]
+        # tables and the [[memory.banks]] list are left out: sram_bytes is then the one bank
+        lines += [f"{k} = {dump(v)}" for k, v in raw[sec].items() if not isinstance(v, dict) and k != "banks"]
     lines.append("[compute.cycles_per_mac]")
     lines += [f"{k} = {v}" for k, v in raw["compute"]["cycles_per_mac"].items()]
     p = tmp_path / "bad.toml"
@@ -321,6 +322,10 @@ def test_run_backend_qemu_json(built):
         assert isinstance(rep[k], int) and rep[k] > 0, k
     assert rep["arena"]["head_on_target"] == rep["arena"]["planned_head"]
     assert rep["arena_bytes_predicted"] == rep["arena_bytes_measured"]
+    # per RAM bank: the harness keeps the arena in the first (SSRAM), nothing in PSRAM or block RAM
+    assert rep["banks"][0] == {"name": "ssram2_3", "bytes_predicted": rep["arena_bytes_predicted"],
+                               "bytes_measured": rep["arena_bytes_measured"]}
+    assert [b["bytes_measured"] for b in rep["banks"][1:]] == [0, 0]
     assert [o["opcode"] for o in rep["op_instructions"]][-1] == "SOFTMAX"
     assert sum(o["instructions"] for o in rep["op_instructions"]) <= rep["instructions"]
 

@@ -144,3 +144,34 @@ def test_whole_arena_selection_matches_brute_force(seed):
             assert arena(chosen) <= budget and _ns(chosen) == fastest
             assert arena(chosen) == min(arena(c) for c in ok if _ns(c) == fastest)
     assert chain_select(variants, n, budget=smallest - 1, tail_fixed=fixed) is None
+
+
+def test_a_new_fit_stage_is_one_module_plus_one_registration():
+    """docs/architecture.md's worked example: a stage that keeps only coarse patch grids, put in
+    the stage list after `patches`, runs on the pass driver, and a stage that breaks the graph is
+    named in the error."""
+    from tpu_pipeline.toolchain.device import CMSIS_NN, load_device
+    from tpu_pipeline.toolchain.driver import Pass, PassError, PassRecord
+    from tpu_pipeline.toolchain.fit import FitParams, run_fit
+    from tpu_pipeline.toolchain.fit.stages import STAGES
+
+    def coarse_only(state, allowed):
+        kept = tuple(v for v in state.candidates if max(v.grid) <= 2)
+        return (dataclasses.replace(state, candidates=kept),
+                PassRecord("coarse_only", "ran", 0.0, {"dropped": len(state.candidates) - len(kept)}))
+
+    def broken(state, allowed):
+        bad = dataclasses.replace(state.graph.ops[0], inputs=(len(state.graph.tensors) + 5,))
+        return dataclasses.replace(state, graph=dataclasses.replace(state.graph, ops=(bad, *state.graph.ops[1:]))), \
+            PassRecord("broken", "ran")
+
+    at = [p.name for p in STAGES].index("patches") + 1
+    graph = load(FIXTURES / "chain_int8.tflite")[1]
+    params, device = FitParams(objective="memory", kernels=CMSIS_NN), load_device("qemu-mps2-an386")
+    full = run_fit(graph, params, device)
+    coarse = run_fit(graph, params, device, stages=[*STAGES[:at], Pass("coarse_only", coarse_only), *STAGES[at:]])
+    assert 0 < coarse.candidates < full.candidates
+    assert all(max(v.grid) <= 2 for v in coarse.selection.variants if v.grid is not None)
+    assert coarse.fits and full.head <= coarse.head  # fewer candidates: never a smaller arena
+    with pytest.raises(PassError, match="pass 'broken' left an invalid graph"):
+        run_fit(graph, params, device, stages=[*STAGES[:at], Pass("broken", broken), *STAGES[at:]])

@@ -19,7 +19,7 @@ from helpers.cnn_builder import CnnBuilder
 from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.export_mcu import export_mcu
-from tpu_pipeline.toolchain.ir import from_model, kernels
+from tpu_pipeline.toolchain.ir import from_model, kernels, overlap
 from tpu_pipeline.toolchain.ir.convert import to_model
 from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
@@ -57,7 +57,7 @@ def _cnn():
     pos = {t: at[name] for t, name in names.items()}
     g = with_kernel(g, [pos[s]], kernel_name())
     g = with_kernel(g, [pos[e], pos[e2], pos[p], pos[x3]], kernel_name(OVERLAP))
-    assert kernels.ring_rows(g, g.ops[pos[x3]]) > 1  # (the case this op is here for)
+    assert overlap.ring_rows(g, g.ops[pos[x3]]) > 1  # (the case this op is here for)
     g = with_kernel(g, [pos[c]], kernel_name(DIRECT))
     g = with_kernel(g, [pos[d]], kernel_name(DIRECT))  # CMSIS-NN's generic depthwise kernel: no buffer
     chosen = sorted(i for i, op in enumerate(g.ops) if op.kernel)

@@ -18,7 +18,9 @@ from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import kernels
 from tpu_pipeline.toolchain.ir.convert import BUILTIN_CODES, builtin_view_bytes, from_model, standalone_model, to_model
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, can_run_direct, can_run_harness, kernel_choices,
-                                               kernel_name, quantize_multiplier, ring_rows, with_kernel)
+                                               kernel_name, with_kernel)
+from tpu_pipeline.toolchain.ir.overlap import ring_rows
+from tpu_pipeline.toolchain.ir.requant import quantize_multiplier
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.planners import plan_arena
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests

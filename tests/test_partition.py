@@ -478,3 +478,18 @@ def test_refinement_below_a_tight_cap_claims_no_proof_it_lacks(trade_device, gra
     assert r.lower_bound_ps <= opt <= r.period_ps
     if r.proven:
         assert r.period_ps == opt
+
+
+@settings(max_examples=40, deadline=None)
+@given(dags(), st.integers(2, 3), st.floats(0, 1))
+def test_period_exceeds_proves_exactly_the_limits_below_the_optimal_period(trade_device, graph, n, where):
+    """`-n auto`'s pruning proof (lattice.period_exceeds): a bound above the limit exactly when every
+    assignment's P is above it, and never a bound above the smallest P."""
+    problem = PartitionProblem(graph, EdgeTpuCostModel(trade_device))
+    if n > problem.max_stages():
+        return
+    best = brute_force(problem, n)["latency"][0]
+    limit = int(best * (0.5 + where))
+    low = lattice.period_exceeds(problem, n, limit)
+    assert (low is not None) == (limit < best)
+    assert low is None or limit < low <= best

@@ -141,6 +141,61 @@ def test_a_crash_in_the_child_is_one_error():
         call_in_child(divmod, 1, 0, runtime="x", doing="y")
 
 
+def _holding(folder: str) -> list[int]:
+    """Live processes with a file open under `folder` (Linux /proc), after a moment to die: a
+    child's log stays open in it while the child runs."""
+    import time
+    from pathlib import Path
+
+    for _ in range(50):
+        live = []
+        for fd in Path("/proc").glob("[0-9]*/fd/*"):
+            try:
+                if os.readlink(fd).startswith(folder) and "Z" not in (fd.parent.parent / "stat").read_text().rsplit(")", 1)[1].split()[:1]:
+                    live.append(int(fd.parent.parent.name))
+            except OSError:
+                continue
+        if not live:
+            return []
+        time.sleep(0.1)
+    return live
+
+
+def _nested_sleep():
+    from tpu_pipeline.toolchain.execute.child import call_in_child
+
+    return call_in_child(__import__("time").sleep, 600, runtime="x", doing="y")
+
+
+def test_a_child_started_early_is_collected_or_cancelled(tmp_path):
+    """compile --verify starts the whole-model checks in a child while it partitions
+    (start_in_child): its answer, its exception or its crash arrive at result(); one cancelled
+    is killed, reaped and its folder removed."""
+    import time
+
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash, start_in_child
+
+    calls = [start_in_child(sum, [1, 2], runtime="x", doing="y"), start_in_child(divmod, 1, 0, runtime="x", doing="y"),
+             start_in_child(_segfault, runtime="LiteRT", doing="running it")]
+    assert calls[0].result() == 3
+    with pytest.raises(ZeroDivisionError):
+        calls[1].result()
+    with pytest.raises(RuntimeCrash, match=r"LiteRT crashed \(SIGSEGV\) running it"):
+        calls[2].result()
+    slow = start_in_child(_nested_sleep, runtime="x", doing="y")
+    pid, folder = slow.pid, slow.tmp
+    deadline = time.monotonic() + 60
+    while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:  # its own child's folder appears inside
+        time.sleep(0.05)
+    inner = [os.path.join(folder, d) for d in os.listdir(folder) if d.startswith("tpup-child-")]
+    assert inner
+    slow.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped
+    assert not os.path.exists(folder) and all(not os.path.exists(c.tmp) for c in calls)
+    assert _holding(folder) == []  # its own child went with it
+
+
 def test_litert_crash_on_a_valid_model_is_refused_by_compile_and_fit_checks_in_tflm(tmp_path):
     """LiteRT's SVDF kernel crashes on TFLite Micro's int8 keyword model (it did kill compile
     --verify and fit with SIGSEGV)."""

@@ -22,8 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER = ["foundation", "schedule", "planners", "planners_large", "rewrite", "partition", "compile_time", "coral",
-         "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "tinyengine", "mcu_latency",
-         "harness_kernels", "scale", "fuzz", "survey"]
+         "pipeline_fidelity", "calibration", "runtime", "mcu", "patch", "fit", "fit_speed", "tinyengine",
+         "mcu_latency", "harness_kernels", "deploy", "scale", "fuzz", "survey"]
 
 
 def machine() -> str:

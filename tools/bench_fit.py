@@ -335,9 +335,9 @@ def page_sections(text: str) -> dict[str, str]:
     out["intro"] = parts[0]
     for part in parts[1:]:
         part = "### " + part
-        for head, name in names.items():
-            if part.startswith(head):
-                out[name] = part.rstrip("\n")
+        name = next((name for head, name in names.items() if part.startswith(head)), None)
+        # a section another tool writes (tools/bench_fit_speed.py) is kept under its heading
+        out[name or part.splitlines()[0]] = part.rstrip("\n")
     return out
 
 
@@ -372,7 +372,8 @@ def main() -> int:
         fresh["frontier"] = "\n".join(frontier_section(frontier_rows(models, args.time_limit), command))
     if "wall-time" in args.sections:
         fresh["wall-time"] = "\n".join(wall_time_section(wall_time_rows(models)))
-    page = [INTRO] + [fresh.get(name) or kept.get(name) for name in SECTIONS]
+    page = [INTRO] + [fresh.get(name) or kept.get(name) for name in SECTIONS] + \
+        [text for name, text in kept.items() if name not in SECTIONS and name != "intro"]
     out.write_text("\n\n".join(part for part in page if part) + "\n")
     print(f"wrote {out}")
     return 0

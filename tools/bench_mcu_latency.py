@@ -428,13 +428,14 @@ OURS_COUNTS = ("TFLite Micro's whole arena measured on the board: arena_used_byt
 
 
 def fitted(path: Path, work: Path, label: str, time_limit: float, **options) -> Path | None:
+    from tpu_pipeline.toolchain.device import CMSIS_NN
     from tpu_pipeline.toolchain.fit import fit_model
 
-    from tpu_pipeline.toolchain.device import kernel_set, load_device
+    from tpu_pipeline.toolchain.device import load_device
 
     if isinstance(options.get("device"), str):  # (a board's name: fit_model takes the Device)
         options = {**options, "device": load_device(options["device"])}
-    f = fit_model(path, kernels=kernel_set("cmsis-nn"), time_limit=time_limit, **options)
+    f = fit_model(path, kernels=CMSIS_NN, time_limit=time_limit, **options)
     if not f.result.fits:
         return None
     out = work / f"{path.stem}_{label}.tflite"

@@ -15,7 +15,7 @@ Writing is optional where the command's `-o` is: without `output` the result car
 The API is where a call starts: it resolves a device name or path to a `Device` and a kernel-set
 name to a `KernelSet` once, and everything below takes those objects. Its imports are at the top
 (the API is loaded lazily by `tpu_pipeline/__init__.py`, and the command line imports it only
-when a command runs), but for the one lazy loader, `_fit_model`.
+when a command runs), but for the one lazy loader, `_fit`.
 """
 
 from __future__ import annotations
@@ -30,21 +30,24 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_pipeline.runtime import backends, deployment  # the API sits above the runtime
+from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.compile import compile_models
 from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
-from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, kernel_set, load_device
+from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, KernelSet, available_devices, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
+from tpu_pipeline.toolchain.deploy.banks import bank_figures
+from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
 from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
-from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, target_arena, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
 from tpu_pipeline.toolchain.schedule import schedule as schedule_graph
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan, write_bytes_atomic, write_model
@@ -186,13 +189,13 @@ def _source(model, name: str = "model.tflite") -> Iterator[tuple[Path, str]]:
     yield Path(model), os.fspath(model)
 
 
-def _fit_model():
+def _fit():
     """The API's one lazy import: `toolchain.fit` selects variants in CP-SAT, and OR-Tools imports
     pandas (~0.5 s of a 2 s compile), so only `fit` loads it; a compile whose searches need no
-    CP-SAT never does (tests/test_compile.py)."""
-    from tpu_pipeline.toolchain.fit import fit_model
+    CP-SAT never does (tests/test_compile.py). Returns (FitParams, fit_file)."""
+    from tpu_pipeline.toolchain.fit import FitParams, fit_file
 
-    return fit_model
+    return FitParams, fit_file
 
 
 def _html(path, builder: str, *args, **kwargs) -> None:
@@ -320,23 +323,19 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
     inputs (harness firmware); `builtin_kernels`: only TFLite Micro's builtin kernels;
     `patches`: offer patch-based execution (docs/fit.md). `kernels`: the TFLite Micro kernel set
     (None: the default set, CMSIS-NN's)."""
-    _positive("time_limit", time_limit)
-    if runs < 1:
-        raise UsageError(f"--runs must be at least 1, got {runs}")
-    if budget is not None and budget < 0:
-        raise UsageError(f"--budget must be a number of bytes >= 0, got {budget}")
+    fit_params, fit_file = _fit()
+    params = fit_params(budget=budget, device=load_device(device) if device is not None else None,
+                        objective=objective, kernels=kernel_set(kernels), int8_io=int8_io,
+                        input_outside_arena=input_outside_arena, head_only=head_only, patches=patches,
+                        harness=not builtin_kernels, allow_lossy=allow_lossy, pareto=pareto or plot is not None,
+                        time_limit=time_limit, verify_runs=runs)  # every switch checked before any work
     with _source(model, name) as (path, label):
         if output is not None:
             check_output(output, [path])
         for extra in (plot, report):
             if extra is not None:
                 check_output(extra, [path, *([output] if output is not None else [])])
-        dev = load_device(device) if device is not None else None
-        fitted = _fit_model()(path, budget=budget, device=dev, objective=objective, kernels=kernel_set(kernels),
-                           time_limit=time_limit, want_pareto=pareto or plot is not None, verify_runs=runs,
-                           progress=progress, allow_lossy=allow_lossy, int8_io=int8_io,
-                           input_outside_arena=input_outside_arena, harness=not builtin_kernels,
-                           head_only=head_only, patches=patches)
+        fitted = fit_file(path, params, progress)
         r = fitted.result
         if not r.fits:
             what = "arena head" if head_only else "arena (head + tail)"
@@ -548,7 +547,9 @@ def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> d
             "arena_tail_predicted": arena.tail if arena else None,
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
-            "clock_hz": est.clock_hz}
+            "clock_hz": est.clock_hz,
+            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)))}
+
 
 
 def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:
@@ -566,3 +567,28 @@ def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not (0 < value < float("inf")):
         raise UsageError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
+
+
+def profile_shared(models, device: str | Device, kernels: str | KernelSet | None = None, measure: bool = False,
+                   inferences: int = 3, seed: int = 0) -> dict:
+    """Several models on one MCU, run one at a time on one TFLite Micro arena (docs/deploy.md):
+    the shared arena predicted, per model head and tail; `measure`: built as a library into a plain
+    application and run in QEMU (arena measured, each model's outputs against it alone)."""
+    dev = load_device(device) if not isinstance(device, Device) else device
+    ks = kernel_set(kernels) if isinstance(kernels, str) else (kernels or DEFAULT_KERNEL_SET)
+    if dev.kind != "mcu":
+        raise UsageError(f"several models share an arena on an MCU; '{dev.label}' is not one")
+    paths = [str(m) for m in models]
+    a = plan_shared(paths, dev, ks)
+    sram = dev.memory.sram_bytes
+    d = {"device": dev.name, "kernels": ks.name, **a.to_json(), "sram_bytes": sram, "fits": a.total <= sram,
+         "models": [{"model": m, "arena_head_predicted": h, "arena_tail_predicted": t, "arena_bytes_predicted": h + t}
+                    for m, h, t in zip(paths, a.heads, a.tails)]}
+    if measure:
+        with tempfile.TemporaryDirectory(prefix="tpup-profile-") as tmp:
+            r = run_libraries_on_qemu(paths, dev, ks, tmp, inferences=inferences, seed=seed, shared=True)
+        d.update(arena_bytes_measured=r.arenas[0].used, arena_head_measured=r.arenas[0].head,
+                 arena_tail_measured=r.arenas[0].tail, simulated=True)
+        for m, run in zip(d["models"], r.models):
+            m["outputs_match"], m["output_differences"] = run.outputs_match, run.output_differences
+    return d

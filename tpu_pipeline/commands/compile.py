@@ -159,7 +159,8 @@ def _print_choices(r: dict, con) -> None:
         for c in r["n_candidates"]:
             t.add_row(("*" if c["n"] == r["n_chosen"] else "") + str(c["n"]), _ms(c["period_s"]),
                       f"{c['throughput_per_s']:,.1f}", f"{c['throughput_per_tpu']:,.1f}", hb(c["cached_bytes"]),
-                      hb(c["streamed_bytes"]), "yes" if c["proven"] else "no")
+                      hb(c["streamed_bytes"]),
+                      "yes" if c["proven"] else "pruned" if c.get("pruned") else "no")
         con.print(t)
         con.print(f"chose n={r['n_chosen']}: {r['n_chosen_reason']}" + (f" ({r['n_auto']['skipped']})"
                                                                        if r["n_auto"].get("skipped") else ""))

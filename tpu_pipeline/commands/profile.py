@@ -11,7 +11,8 @@ HELP = "profile a model on a device (or its emulation): latency, throughput, are
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="a .tflite file (or a compiled directory for an Edge TPU device)")
+    p.add_argument("model", nargs="+", help="a .tflite file (or a compiled directory for an Edge TPU device); "
+                                            "several .tflite files: one shared TFLite Micro arena (docs/deploy.md)")
     p.add_argument("--device", required=True, help="device descriptor: sparkfun-edge, coral-usb, ... or a .toml")
     p.add_argument("--backend", default="auto", choices=("auto", *BUILTIN))
     p.add_argument("--kernels", dest="mcu_kernels", choices=KERNEL_SET_NAMES, default=None,
@@ -32,8 +33,41 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from tpu_pipeline import api
 
+    if len(args.model) > 1:
+        return _shared(args)
+    args.model = args.model[0]
     return run_cmd.finish(lambda: api.profile(args.model, args.device, backend=args.backend, kernels=args.mcu_kernels,
                                               iterations=args.iterations, warmup=args.warmup, seed=args.seed,
                                               port=args.port, baud=args.baud, power_meter=args.power_meter,
                                               timeout=args.timeout, host_ops=args.host_ops, **run_cmd.hooks(args)),
                           args)
+
+
+def _shared(args) -> int:
+    """Several models on one MCU, run one at a time on one arena: predicted, or measured in QEMU."""
+    from tpu_pipeline import api
+    from tpu_pipeline.output import printer
+    from tpu_pipeline.toolchain import report as out
+    from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
+
+    if args.backend not in ("auto", "qemu"):
+        raise UsageError("several models: --backend auto (predicted) or qemu (measured in QEMU)")
+    d = api.profile_shared(args.model, args.device, args.mcu_kernels, measure=args.backend == "qemu",
+                           inferences=min(args.iterations, 3), seed=args.seed)
+    if args.json:
+        out.print_json(d)
+    else:
+        c = printer(args)
+        for m in d["models"]:
+            c.print(f"{m['model']}: head {m['arena_head_predicted']:,} B + tail {m['arena_tail_predicted']:,} B"
+                    + (f", outputs identical to the model alone: {m['outputs_match']}" if "outputs_match" in m else ""))
+        c.print(f"one shared arena ({d['kernels']}): head {d['head']:,} B + stacked tails {d['tail']:,} B = "
+                f"{d['shared_arena_bytes_predicted']:,} B predicted (separate arenas "
+                f"{d['separate_arena_bytes_predicted']:,} B) of {d['sram_bytes']:,} B SRAM on {d['device']}"
+                + (f"; measured in QEMU {d['arena_bytes_measured']:,} B" if "arena_bytes_measured" in d else ""))
+    if any(m.get("outputs_match") is False for m in d["models"]):
+        return 1
+    if not d["fits"]:
+        raise InfeasibleError(f"the shared arena of {d['shared_arena_bytes_predicted']:,} B exceeds {d['device']}'s "
+                              f"{d['sram_bytes']:,} B of SRAM")
+    return 0

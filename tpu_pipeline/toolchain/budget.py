@@ -8,7 +8,7 @@ deadline passes. They return at most `SLACK` seconds after it (a CP-SAT solve st
 left, and the fallback work after expiry is linear). `deadline=None` keeps each function's own
 `time_limit` behaviour; when both are given the earlier end wins.
 
-The total budget of `compile` is set by its driver (tpu_pipeline/toolchain/compile/driver.py: BUDGET_FACTOR x
+The total budget of `compile` is set by its driver (tpu_pipeline/toolchain/driver.py: BUDGET_FACTOR x
 --time-limit for all passes together, each pass at most its share); a pass hands its slice to
 these functions as `deadline=Deadline(seconds allowed)`, so every search of the run ends within
 that total plus SLACK per pass. Not counted: reading and writing files and, with `--verify`,

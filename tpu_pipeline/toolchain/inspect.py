@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.ir import Graph, total_param_bytes
 from tpu_pipeline.toolchain.memory import (
     lifetimes,
@@ -41,6 +42,8 @@ class ModelSummary:
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     tflm_cannot_run: str | None = None  # TFLite Micro's reason when it cannot run the model
+    custom_ops: tuple[str, ...] = ()  # tpu-pipeline's own kernels the model needs (stock TFLite Micro has none)
+    custom_ops_note: str | None = None  # how to get them (export-mcu --library)
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("live_bytes", "hot_steps")}
@@ -89,4 +92,6 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
         hot_steps=hot_steps,
         inputs=tuple(graph.tensors[t].name for t in graph.inputs),
         outputs=tuple(graph.tensors[t].name for t in graph.outputs),
+        custom_ops=custom_ops(graph),
+        custom_ops_note=custom_ops_note(graph),
     )

@@ -63,6 +63,8 @@ def print_summary(s: ModelSummary, out) -> None:
     if s.tflm_cannot_run:
         out.print(f"note: TFLite Micro cannot run this model ({s.tflm_cannot_run}): no arena head is predicted, "
                   "and the MCU commands (plan, fit, profile, export-mcu) refuse it")
+    if s.custom_ops_note:
+        out.print(f"note: {s.custom_ops_note}")
     if s.subgraphs > 1:
         out.print(f"note: {s.subgraphs} subgraphs: the memory figures cover the main subgraph only; TFLite Micro "
                   "also places the other subgraphs' tensors in its arena")

@@ -224,7 +224,8 @@ def compile_tables(report: dict) -> tuple[Table, ...]:
     if report.get("n_candidates"):
         rows = tuple((("> " if c["n"] == report["n_chosen"] else "") + str(c["n"]), f"{c['period_s'] * 1e3:,.3f}",
                       f"{c['throughput_per_s']:,.1f}", f"{c['throughput_per_tpu']:,.1f}", _b(c["cached_bytes"]),
-                      _b(c["streamed_bytes"]), "yes" if c["proven"] else f"bound {c['period_lower_bound_s'] * 1e3:,.3f} ms")
+                      _b(c["streamed_bytes"]), "yes" if c["proven"] else
+                      f"{'pruned, ' if c.get('pruned') else ''}bound {c['period_lower_bound_s'] * 1e3:,.3f} ms")
                      for c in report["n_candidates"])
         out.append(Table("How many Edge TPUs: n = 1.." + str(report["n_auto"]["max_n"]),
                          ("n", "period ms", "per s", "per s per TPU", "cached", "streamed", "period proven"), rows,

@@ -349,6 +349,9 @@ class QemuRunReport(RunReport):
     flash_bytes: int | None = None
     ram_bytes: int | None = None
     kernels: str | None = None
+    # [{name, bytes_predicted, bytes_measured}] per RAM bank: the harness firmware keeps the whole
+    # arena in the first bank (the library's init_split is what splits it: docs/deploy.md#memory-banks)
+    banks: list = field(default_factory=list)
 
 
 class QemuBackend(Backend):
@@ -384,6 +387,9 @@ class QemuBackend(Backend):
         rep.arena_bytes_measured = r.arena_used_bytes
         rep.arena_bytes_predicted = r.arena_bytes_predicted
         rep.arena_head_measured = r.head_bytes
+        rep.banks = [{"name": b.name, "bytes_predicted": r.arena_bytes_predicted if n == 0 else 0,
+                      "bytes_measured": r.arena_used_bytes if n == 0 else 0}
+                     for n, b in enumerate(request.device.memory.banks)]
         rep.instructions = r.instructions
         rep.flash_bytes, rep.ram_bytes = r.flash_bytes, r.ram_bytes
         # Keys of the target's own figures: "head"/"tail" in RunReport.arena mean the host's.

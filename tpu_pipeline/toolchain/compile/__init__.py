@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpu_pipeline.toolchain.compile.driver import BUDGET_FACTOR, Pass, PassError, run_passes
+from tpu_pipeline.toolchain.driver import BUDGET_FACTOR, Pass, PassError, run_passes
 from tpu_pipeline.toolchain.compile.report import build_report
 from tpu_pipeline.toolchain.compile.output import check_result_folder, write_result_folder
 from tpu_pipeline.toolchain.compile.passes.edgetpu import edgetpu

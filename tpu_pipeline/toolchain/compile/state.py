@@ -6,11 +6,12 @@ saying what it did. The options are fixed for the whole run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tpu_pipeline.toolchain.device import Device
+from tpu_pipeline.toolchain.driver import PassRecord  # what a pass returns beside its state
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.semantics import TFLITE, Semantics
 
@@ -68,6 +69,7 @@ class CompileState:
     loaded: Graph | None = None                    # the IR as read, before any pass changed it (report.html)
     offline_plan: tuple[int, ...] | None = None    # TFLite Micro offsets for every tensor (-1: runtime's)
     whole: bytes | None = None                     # the optimised whole model, serialised by `emit`
+    whole_model: Any = None                        # `whole` as read back (read_model), once, for the passes after emit
     partition: Any = None                          # tpu_pipeline.toolchain.partition.Partition (the one written)
     sweep: Any = None                              # -n auto: partition.auto.Sweep (the n = 1..K table)
     compared: tuple = ()                           # (label, Partition) shown beside the written one (--cuts, --profile)
@@ -78,14 +80,13 @@ class CompileState:
     edgetpu_compiler: dict | None = None           # what edgetpu_compiler did, when it is on PATH
     extra_files: tuple[tuple[str, bytes], ...] = ()  # (name, bytes) written beside the segments
     notes: tuple[str, ...] = ()
+    # the rewrite pass's proven-optimal schedule of `graph` when it left the graph as it was: the
+    # schedule pass takes it instead of solving the same problem again
+    proven_schedule: Any = None
+    # LiteRT's load check of the input, still running (passes/load.confirm_litert collects it)
+    litert_check: Any = None
+    # --verify: (graph, whole, ChildCall) of the whole-model checks `emit` started (passes/verify.py)
+    early_checks: Any = None
 
     def noted(self, *notes: str) -> tuple[str, ...]:
         return self.notes + tuple(notes)
-
-
-@dataclass(frozen=True)
-class PassRecord:
-    name: str
-    status: str                 # "ran", "no gain" or "skipped"
-    seconds: float = 0.0
-    detail: dict = field(default_factory=dict)

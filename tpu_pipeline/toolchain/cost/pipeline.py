@@ -122,6 +122,7 @@ class _Worker:
     def __init__(self, pipe: int, k: int, load: StageLoad, bandwidth: float):
         self.pipe, self.k = pipe, k
         self.phases = _phases(load, bandwidth)
+        self.n_phases = len(self.phases)
         self.uncontended = uncontended_s(load, bandwidth)
         self.frame: int | None = None   # frame being invoked or held
         self.phase = -1                 # index into phases; len(phases) = done, holding the output
@@ -143,6 +144,7 @@ class _Engine:
         self.host_slots, self.link_policy = host_slots, link_policy
         self.workers = [[_Worker(i, k, s, bandwidth) for k, s in enumerate(p)] for i, p in enumerate(pipes)]
         self.flat = [w for ws in self.workers for w in ws]
+        self.rflat = self.flat[::-1]
         self.fed = [0] * len(pipes)                                  # frames stage 0 has taken
         self.started: list[dict[int, float]] = [{} for _ in pipes]
         self.done: list[list[float]] = [[] for _ in pipes]
@@ -193,43 +195,52 @@ class _Engine:
         return True
 
     def settle(self) -> None:
-        """Finishes and starts until nothing changes (fixed order: the last stage first)."""
+        """Finishes and starts until nothing changes (fixed order: the last stage first). The
+        checks inlined here are try_finish's and try_start's own first tests (no side effects):
+        the simulator spends most of the partitioner's refinement in this loop."""
         changed = True
         while changed:
             changed = False
-            for w in reversed(self.flat):
-                if w.frame is not None and w.phase < len(w.phases) and not w.left:
-                    self.begin(w, w.phase + 1)
-                    if w.phase == len(w.phases):
-                        w.account("busy", self.now)
+            for w in self.rflat:
+                if w.frame is not None:
+                    if w.phase < w.n_phases:
+                        if not w.left:
+                            self.begin(w, w.phase + 1)
+                            if w.phase == w.n_phases:
+                                w.account("busy", self.now)
+                            changed = True
+                    if w.phase >= w.n_phases and self.try_finish(w):
+                        changed = True
+                if w.frame is None and self.try_start(w):
                     changed = True
-                changed |= self.try_finish(w)
-                changed |= self.try_start(w)
 
     def step(self) -> bool:
         """Advance the clock to the next event; False when nothing can move."""
-        active = [w for w in self.flat if w.frame is not None and w.phase < len(w.phases)]
+        active = [w for w in self.flat if w.frame is not None and w.phase < w.n_phases]
         arrivals = [] if self.feed is None else [
             self.fed[i] * self.feed[i] - self.now for i, ws in enumerate(self.workers)
             if ws[0].frame is None and self.fed[i] * self.feed[i] > self.now + EPS]
         if not active and not arrivals:
             return False
-        users = {r: sum(1 for w in active if r in w.left) for r in ("link", "host")}
-        shares = {"tpu": 1.0, "link": 1.0 / max(1, users["link"]),
-                  "host": min(1.0, self.host_slots / users["host"]) if self.host_slots and users["host"] else 1.0}
-        head = None
-        if self.link_policy == "fifo" and users["link"]:
-            head = min((w for w in active if "link" in w.left), key=lambda w: w.req)
-            shares["link"] = 1.0
-
-        def rate(w, r):
-            return 0.0 if (r == "link" and head is not None and w is not head) else shares[r]
-
-        dt = min([left / rate(w, r) for w in active for r, left in w.left.items() if rate(w, r) > 0] + arrivals)
-        self.now += dt
+        n_link = n_host = 0
         for w in active:
+            n_link += "link" in w.left
+            n_host += "host" in w.left
+        link = 1.0 / max(1, n_link)
+        host = min(1.0, self.host_slots / n_host) if self.host_slots and n_host else 1.0
+        head = None
+        if self.link_policy == "fifo" and n_link:
+            head = min((w for w in active if "link" in w.left), key=lambda w: w.req)
+            link = 1.0
+        # each (worker, resource)'s rate: the TPU its own, the link its share (FIFO: the head's
+        # alone), the host its share
+        rates = [(w, {r: (1.0 if r == "tpu" else host if r == "host" else 0.0 if head is not None and w is not head
+                          else link) for r in w.left}) for w in active]
+        dt = min([left / rt[r] for w, rt in rates for r, left in w.left.items() if rt[r] > 0] + arrivals)
+        self.now += dt
+        for w, rt in rates:
             for r in list(w.left):
-                w.left[r] -= dt * rate(w, r)
+                w.left[r] -= dt * rt[r]
                 if w.left[r] <= EPS:
                     del w.left[r]
         return True

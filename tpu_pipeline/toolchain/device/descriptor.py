@@ -1,7 +1,7 @@
 """A device as typed sections: what every room below an entry point takes instead of a name.
 
     dev = load_device("sparkfun-edge")       # tpu_pipeline.toolchain.device.load: validated once
-    dev.memory.sram_bytes, dev.memory.banks  # RAM: one bank today (the arena's), room for more
+    dev.memory.sram_bytes, dev.memory.banks  # RAM: the firmware's bank first, then any others
     dev.compute.clock_hz, dev.link.baud, dev.power.idle_w
     dev.firmware                             # BoardFirmware or None (no harness for this board)
 
@@ -23,9 +23,9 @@ OP_CLASSES = ("conv", "depthwise", "fully_connected", "elementwise", "other")
 
 @dataclass(frozen=True)
 class RamBank:
-    """One RAM region of an MCU. Today every board has one, from `[memory] sram_bytes` (the arena's
-    bank); a descriptor may list several as `[[memory.banks]]` (name, origin, size_bytes,
-    wait_states), the first holding the arena."""
+    """One RAM region of an MCU: `[memory] sram_bytes` alone is one, or a descriptor lists several
+    as `[[memory.banks]]` (name, origin, size_bytes, wait_states), the first holding the firmware;
+    deploy/banks.py places the arena's head and tail in them."""
     name: str
     size: int  # bytes
     origin: int | None = None  # its first address, where the descriptor says (`[firmware] ram_origin`)
@@ -34,13 +34,13 @@ class RamBank:
 
 @dataclass(frozen=True)
 class Memory:
-    banks: tuple[RamBank, ...] = ()  # MCU RAM; banks[0] holds the arena
+    banks: tuple[RamBank, ...] = ()  # MCU RAM; banks[0] holds the firmware (and by default the arena)
     flash_bytes: int | None = None  # MCU: what the model and code may take
     param_sram_bytes: int | None = None  # Edge TPU: the on-chip parameter cache
 
     @property
     def sram_bytes(self) -> int:
-        """The arena bank's bytes (an MCU's `[memory] sram_bytes`)."""
+        """The firmware's bank's bytes (an MCU's `[memory] sram_bytes`)."""
         return self.banks[0].size
 
 

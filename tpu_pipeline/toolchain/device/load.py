@@ -168,10 +168,26 @@ def _banks(raw: dict, label: str) -> tuple[RamBank, ...]:
             if key in b:
                 _number(f"{where} {key}", b[key], int, 0, highest)
         out.append(RamBank(name, int(b["size_bytes"]), b.get("origin"), b.get("wait_states")))
+        _placed(out, where)
     if "sram_bytes" in mem and int(mem["sram_bytes"]) != out[0].size:
         raise UsageError(f"{label}: [memory] sram_bytes {mem['sram_bytes']} is not the size of the first bank "
                          f"'{out[0].name}' ({out[0].size}), which holds the arena")
     return tuple(out)
+
+
+def _placed(banks: list[RamBank], where: str) -> None:
+    """The last bank ends inside the 32-bit address space and overlaps none before it (a
+    linker script places buffers by these addresses, banks.py splits the arena over them)."""
+    b = banks[-1]
+    if b.origin is None:
+        return
+    end = b.origin + b.size
+    if end > 2**32:
+        raise UsageError(f"{where} '{b.name}': 0x{b.origin:08X} + {b.size:,} B ends past the 32-bit address space")
+    for other in banks[:-1]:
+        if other.origin is not None and other.origin < end and b.origin < other.origin + other.size:
+            raise UsageError(f"{where} '{b.name}' (0x{b.origin:08X}..0x{end - 1:08X}) overlaps bank '{other.name}' "
+                             f"(0x{other.origin:08X}..0x{other.origin + other.size - 1:08X})")
 
 
 def _device(raw: dict, path: str, given: str) -> Device:

@@ -38,6 +38,11 @@ def shape_operand_values(model: bytes) -> dict[str, np.ndarray]:
     from tpu_pipeline.toolchain.ir import from_model
     from tpu_pipeline.toolchain.tflite import read_model
 
+    from tpu_pipeline.toolchain.tflite.io import reads_an_input_at
+
+    # most models have no such op: the op codes are read without unpacking the model
+    if not reads_an_input_at(bytes(model), SHAPE_OPERANDS):
+        return {}
     graph = from_model(read_model(bytes(model)))
     inputs = set(graph.inputs)
     out: dict[str, np.ndarray] = {}

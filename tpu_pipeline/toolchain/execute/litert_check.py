@@ -16,6 +16,24 @@ TIMEOUT_S = 120.0
 _UNRESOLVED = re.compile(r"Encountered unresolved custom op: ([^.\n]*)")
 
 
+def start_litert_check(data: bytes, label: str):
+    """`check_loads_in_litert` started in its child, not awaited: the caller reads the model
+    meanwhile (LiteRT's XNNPACK delegate packs ResNet152's weights for ~0.4 s). Returns a
+    function that waits for it and answers as check_loads_in_litert does."""
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash, start_in_child
+
+    call = start_in_child(_try_load, data, runtime="LiteRT", doing="loading the model", timeout=TIMEOUT_S)
+
+    def finish() -> str | None:
+        try:
+            outcome = call.result()
+        except RuntimeCrash as exc:
+            outcome = (False, str(exc))
+        return _verdict(outcome, label)
+
+    return finish
+
+
 def check_loads_in_litert(data: bytes, label: str) -> str | None:
     """Raise ModelError (one line naming `label`) unless LiteRT builds an interpreter for `data`
     and allocates its tensors.
@@ -24,7 +42,11 @@ def check_loads_in_litert(data: bytes, label: str) -> str | None:
     return value is then a note saying so (the runtime check stops at that op, so the rest of
     the model is checked only by our reader). Otherwise returns None.
     """
-    ok, message = _run(data)
+    return _verdict(_run(data), label)
+
+
+def _verdict(outcome: tuple[bool, str], label: str) -> str | None:
+    ok, message = outcome
     if ok:
         return None
     unresolved = _UNRESOLVED.search(message)

@@ -7,6 +7,8 @@ kernels can differ from LiteRT's by 1 LSB on int8 models).
 
 from __future__ import annotations
 
+import functools
+
 import subprocess
 import sys
 import tempfile
@@ -29,13 +31,14 @@ def tflm_interpreter(data: bytes, arena_size: int):
     return runtime.Interpreter.from_bytes(host_view(bytes(data)), arena_size=int(arena_size))
 
 
+@functools.lru_cache(maxsize=8)
 def io_counts(data: bytes) -> tuple[int, int]:
     """(inputs, outputs) of the main subgraph. The binding has no count, and asking it for one
-    past the end prints an error on the C++ side, so the count comes from the model itself."""
-    from tpu_pipeline.toolchain.tflite import read_model
+    past the end prints an error on the C++ side, so the count comes from the model itself: its
+    two vectors read, not the whole model unpacked (a verification asks once per model and run)."""
+    from tpu_pipeline.toolchain.tflite.io import main_io_counts
 
-    sg = read_model(bytes(data)).subgraphs[0]
-    return len(sg.inputs if sg.inputs is not None else []), len(sg.outputs if sg.outputs is not None else [])
+    return main_io_counts(bytes(data))
 
 
 def io_details(interp, which: str, data: bytes) -> list[dict]:

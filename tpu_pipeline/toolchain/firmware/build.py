@@ -40,7 +40,14 @@ class FirmwareBuild:
     tree: str
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "banks": self.banks}
+
+    @property
+    def banks(self) -> list[dict]:
+        """The bytes linked into each RAM bank: "RAM" (the descriptor's first bank: data, bss with
+        the arena, heap, stack) and every other bank by its name (its .bank_<name> section)."""
+        return [{"name": n.removeprefix("BANK_"), "origin": r["origin"], "length": r["length"], "bytes_used": r["used"]}
+                for n, r in self.regions.items() if n == "RAM" or n.startswith("BANK_")]
 
 
 def read_export(project: Path) -> dict:
@@ -106,6 +113,10 @@ def usage(elf: Path, map_file: Path) -> tuple[int, int, dict]:
             if name == ".data":  # its initial values are stored in flash too
                 flash_b += size
                 used["FLASH"] += size
+        else:  # another RAM bank's region (project.py: BANK_<name>, a buffer put in .bank_<name>)
+            for region, (o, ln) in regions.items():
+                if region.startswith("BANK_") and o <= addr < o + ln:
+                    used[region] += size
     info = {n: {"origin": o, "length": ln, "used": used.get(n, 0)} for n, (o, ln) in regions.items()}
     return flash_b, ram_b, info
 

@@ -41,6 +41,20 @@ def _fill(template: str, values: dict[str, str]) -> str:
     return template
 
 
+def _bank_script(device: Device) -> dict[str, str]:
+    """The board's other RAM banks in the linker script: a region BANK_<NAME> each and a NOLOAD
+    section `.bank_<name>` in it, so `__attribute__((section(".bank_<name>")))` puts a buffer
+    there (an arena's head or tail: deploy/banks.py) and ld refuses one that does not fit."""
+    regions, sections = [], []
+    for bank in device.memory.banks[1:]:
+        if bank.origin is None:
+            continue
+        region = f"BANK_{bank.name}"  # build.py's per-bank use reads the name back
+        regions.append(f"  {region} (rw) : ORIGIN = 0x{bank.origin:08X}, LENGTH = {bank.size}\n")
+        sections.append(f"  .bank_{bank.name} (NOLOAD) : ALIGN(16) {{ *(.bank_{bank.name}*) }} > {region}\n\n")
+    return {"BANK_REGIONS": "".join(regions), "BANK_SECTIONS": "".join(sections)}
+
+
 def project_files(device: Device) -> dict[str, bytes]:
     """The board layer, linker script, board_config.h and Makefile for `device`."""
     b = require_firmware(device)
@@ -56,7 +70,7 @@ def project_files(device: Device) -> dict[str, bytes]:
     files["link.ld"] = _fill((common / "link.ld.in").read_text(), {
         "BOARD": b.board, "FLASH_ORIGIN": f"0x{b.flash_origin:08X}", "FLASH_BYTES": str(b.flash_bytes),
         "RAM_ORIGIN": f"0x{b.ram_origin:08X}", "RAM_BYTES": str(b.ram_bytes),
-        "STACK_BYTES": str(b.stack_bytes), "HEAP_BYTES": str(b.heap_bytes)}).encode()
+        "STACK_BYTES": str(b.stack_bytes), "HEAP_BYTES": str(b.heap_bytes), **_bank_script(device)}).encode()
     files["Makefile"] = _fill((common / "Makefile.in").read_text(), {
         "BOARD": b.board, "LIB_CPU": b.library_cpu, "PYTHON": shlex.quote(sys.executable),
         "CPU_FLAGS": " ".join(b.cpu_flags)}).encode()

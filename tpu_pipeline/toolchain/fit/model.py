@@ -10,19 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
+from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
+                                                 firmware_reserve, place)
+from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
-from tpu_pipeline.toolchain.errors import UsageError, VerificationError
-from tpu_pipeline.toolchain.fit.fit import FitResult, fit_graph
+from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
+from tpu_pipeline.toolchain.fit.fit import FitResult, run_fit
+from tpu_pipeline.toolchain.fit.params import FitParams
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.loader import load_exact
 from tpu_pipeline.toolchain.rewrite.interface import external_inputs, int8_io as drop_float_io
 from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
 
-# The harness firmware's own static RAM besides the arena, stack and heap (serial line buffers,
-# the profiler's event table, the interpreter object and op resolver): measured 13.2-13.4 KB on
-# the emulated board (linker RAM - arena - stack - heap, docs/benchmarks.md, MCU section);
-# reserved with headroom.
-HARNESS_STATIC_BYTES = 16 * 1024
 DEFAULT_COST_DEVICE = "qemu-mps2-an386"  # whose cost model prices variants when only --budget is given
 
 
@@ -41,6 +40,7 @@ class FittedModel:
     arena_available: int | None  # --device: SRAM - firmware reserve
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
+    placement: Placement | None = None  # --device: the head's and the tail's banks (deploy/banks.py)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
@@ -49,7 +49,11 @@ class FittedModel:
                  arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
                  arena_bytes_available=self.arena_available,
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
-                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes])
+                 verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
+                 custom_ops=list(custom_ops(self.result.graph)),
+                 banks=self.placement.to_json() if self.placement is not None else None,
+                 arena_placement=None if self.placement is None else
+                 {"head": self.placement.head_bank, "tail": self.placement.tail_bank})
         return d
 
 
@@ -57,9 +61,7 @@ def device_reserve(device: Device) -> tuple[int, int]:
     """(SRAM bytes, bytes the firmware needs besides the arena) of an MCU."""
     if device.kind != "mcu":
         raise UsageError(f"device '{device.name}' is not an MCU; fit budgets come from MCU SRAM")
-    fw = device.firmware
-    stack_and_heap = fw.stack_bytes + fw.heap_bytes if fw is not None else 0
-    return device.memory.sram_bytes, stack_and_heap + HARNESS_STATIC_BYTES
+    return device.memory.sram_bytes, firmware_reserve(device)
 
 
 def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | None = None, device: Device | None = None,
@@ -67,64 +69,99 @@ def fit_model(path, *, kernels: KernelSet = DEFAULT_KERNEL_SET, budget: int | No
               probe_budgets: tuple[int, ...] = (), verify_runs: int = 2, progress: Progress = None,
               allow_lossy: bool = False, int8_io: bool = False, input_outside_arena: bool = False,
               harness: bool = True, head_only: bool = False, patches: bool = True) -> FittedModel:
-    """Fit the model at `path` to `budget` bytes of arena, or to what `device` leaves for the arena
-    (SRAM - firmware reserve; without a device, variants are priced for DEFAULT_COST_DEVICE). The
-    arena is TFLite Micro's whole arena on the 32-bit target, head +
-    persistent tail for the kernel set (`kernels`), unless `head_only` (the planned head alone).
-    `int8_io`: the interface becomes int8 (rewrite.interface; the model with that change alone is
-    the reference of every check). `input_outside_arena`: the application keeps the inputs in its
-    own buffer (the harness firmware). `harness`: the harness's kernels may be chosen (else the model
-    runs on any TFLite Micro build). `patches`: offer patch-based execution. `allow_lossy`: the int8
-    partial-sum splits may be chosen too;
-    the written model is then checked within requantization (its deviation reported)."""
+    """`fit_file` with FitParams' switches as keywords (tests and tools call it so)."""
+    return fit_file(path, FitParams(budget=budget, device=device, objective=objective, kernels=kernels,
+                                    int8_io=int8_io, input_outside_arena=input_outside_arena, head_only=head_only,
+                                    patches=patches, harness=harness, allow_lossy=allow_lossy, pareto=want_pareto,
+                                    probe_budgets=probe_budgets, time_limit=time_limit, verify_runs=verify_runs),
+                    progress)
+
+
+def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
+    """Fit the model at `path` to `params.budget` bytes of arena, or to what `params.device` leaves
+    for the arena (SRAM - firmware reserve; without a device, variants are priced for
+    DEFAULT_COST_DEVICE). The arena is TFLite Micro's whole arena on the 32-bit target, head +
+    persistent tail for the kernel set, unless `head_only`. `int8_io`: the model with that change
+    alone is the reference of every check. The written model is checked in LiteRT and TFLite Micro
+    (within requantization with `allow_lossy`, its deviation reported)."""
     from tpu_pipeline.toolchain.execute.compare import check_or_raise, verify_models
     from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 
-    if budget is None and device is None and objective == "latency":
+    p, kernels, device = params, params.kernels, params.device
+    if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
+    model, graph, source, notes = _prepared(path, p)
+    fit_budget, budget_from, avail, reserve = p.budget, "--budget", None, None
+    if device is not None and p.budget is None:
+        sram, reserve = device_reserve(device)
+        avail, budget_from = sram - reserve, device.label
+        # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
+        first_tail = _tail(graph, kernels, source, notes)
+        whole = arena_budget(device.memory.banks, reserve, first_tail, _split_tail(graph, kernels))
+        fit_budget = whole if not p.head_only else whole - first_tail
+    pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
+    result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
+                     progress=progress, model=model)
+    data = _written(result, model, path)
+    tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
+    placement = None
+    if reserve is not None:
+        placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels))
+        if placement is None:
+            result = replace(result, fits=False)
+            where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
+                f"any bank or pair of banks of {device.label} ({_bank_room(device, reserve)})"
+            notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed {where}")
+        elif len(device.memory.banks) > 1:
+            notes.append(f"banks: {placement.describe()}")
+    host = measure_tflm_arena(data, label=str(path))
+    host_head = _host_head(result, kernels, data)
+    verification = ()
+    if result.fits:  # else nothing is written: the caller reports the smallest arena reached
+        verification = tuple(verify_models(source, data, runs=p.verify_runs, lossy_ok=p.allow_lossy))
+        check_or_raise(list(verification), str(path))
+        if host.head != host_head:
+            raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted "
+                                    f"model's plan; {host_head:,} B were predicted")
+        if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
+            notes.append(custom_ops_note(result.graph))
+    return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
+                       budget_from, tuple(notes), placement)
+
+
+def _split_tail(graph, kernels: KernelSet) -> int | None:
+    """The target tail with the head in a buffer of its own (None where not modelled: the tail then)."""
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_tail
+
+    return split_tail(target_tail(graph, kernels))
+
+
+def _bank_room(device: Device, reserve: int) -> str:
+    return ", ".join(f"{b.name} {cap:,} B" for b, cap in capacities(device.memory.banks, reserve))
+
+
+def _prepared(path, p: FitParams):
+    """(model, graph, reference bytes, notes): the file made exact for TFLite Micro, TFLite Micro's
+    verdict on it, and the interface changes the params ask for."""
+    from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
+
     model, graph, notes = load_exact(path, mcu=True)  # a model LiteRT refuses is checked in TFLite Micro alone
+    if len(model.subgraphs) > 1:  # TFLite Micro plans every subgraph's tensors in one arena: fit models the main one
+        raise ModelError(f"{path}: {len(model.subgraphs)} subgraphs (control flow); fit plans the arena of "
+                         "single-subgraph models only")
     graph, _ = graph.with_unique_tensor_names()
     measure_tflm_arena(model_to_bytes(model), label=str(path))  # TFLite Micro's verdict first, in the words
     # plan and export-mcu use
     notes = list(notes)
-    if int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
+    if p.int8_io:  # a new interface: the reference of every check is the model with it, nothing else changed
         graph, changed = drop_float_io(graph, str(path))
         notes += changed
         source = model_to_bytes(rewritten_model(graph, model))
     else:
         source = model_to_bytes(model)
-    if input_outside_arena:
+    if p.input_outside_arena:
         graph = external_inputs(graph)
-    deadline = Deadline(time_limit)
-    arena = "head" if head_only else "whole"
-    fit_budget, budget_from, avail = budget, "--budget", None
-    if device is not None and budget is None:
-        sram, reserve = device_reserve(device)
-        avail, budget_from = sram - reserve, device.label
-        fit_budget = avail if not head_only else avail - _tail(graph, kernels, source, notes)
-    pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
-    result = fit_graph(graph, budget=fit_budget, objective=objective, device=pricing,
-                       kernels=kernels, want_pareto=want_pareto, probe_budgets=probe_budgets,
-                       deadline=deadline.sub(fraction=0.8), progress=progress, allow_lossy=allow_lossy,
-                       model=model, harness=harness, arena=arena, patches=patches)
-    data = _written(result, model, path)
-    tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
-    if avail is not None and result.head + tail > avail:
-        result = replace(result, fits=False)
-        notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed the {avail:,} B {device.label} leaves "
-                     "for the arena")
-    host = measure_tflm_arena(data, label=str(path))
-    host_head = _host_head(result, kernels, data)
-    if not result.fits:  # nothing is written: the caller reports the smallest arena reached
-        return FittedModel(result, data, source, (), host.head, host_head, kernels, host.tail, tail, avail,
-                           budget_from, tuple(notes))
-    verification = tuple(verify_models(source, data, runs=verify_runs, lossy_ok=allow_lossy))
-    check_or_raise(list(verification), str(path))
-    if host.head != host_head:
-        raise VerificationError(f"{path}: TFLite Micro allocates a {host.head:,}-byte head with the fitted model's "
-                                f"plan; {host_head:,} B were predicted")
-    return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes))
+    return model, graph, source, notes
 
 
 def _host_head(result: FitResult, kernels: KernelSet, data: bytes) -> int:

@@ -78,13 +78,16 @@ def _arena(chosen, tail_fixed: int | None) -> int:
 
 
 def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
-                 latency_bound: float | None = None, tail_fixed: int | None = None) -> list[Variant] | None:
+                 latency_bound: float | None = None, tail_fixed: int | None = None,
+                 pruned: dict | None = None) -> list[Variant] | None:
     """The same optimum as `select`, by dynamic programming over the chain of spans (a variant is
     an arc from span `first` to `last + 1`): milliseconds for thousands of variants, so the lazy
     evaluation in fit.py can ask it after every variant it measures; the answer `fit` returns is
     `select`'s (CP-SAT) over the measured variants, checked against this one. With `tail_fixed`
-    (the whole arena) each cap P on the peak gets the coverings' Pareto front of (tail, latency)."""
-    variants = _undominated(variants)
+    (the whole arena) each cap P on the peak gets the coverings' Pareto front of (tail, latency).
+    `pruned`: a dict the caller keeps between calls, so only the groups of variants that changed
+    are pruned of dominated ones again (the lazy evaluation asks after every step)."""
+    variants = _undominated(variants, pruned)
     if tail_fixed is not None:
         return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed)
     usable = [v for v in variants if budget is None or v.peak <= budget]
@@ -108,19 +111,27 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
     return None if found is None else found[2]
 
 
-def _undominated(variants: list[Variant]) -> list[Variant]:
+def _undominated(variants: list[Variant], cache: dict | None = None) -> list[Variant]:
     """The variants no other of the same spans matches or beats on peak, tail and latency at once
     (of equal ones the first): a best covering never needs the rest. Patch candidates still at
-    their bounds are equal across grids, so this keeps one per region until they are estimated."""
+    their bounds are equal across grids, so this keeps one per region until they are estimated.
+    `cache`: (first, last) -> (the group's variants, what was kept), reused while the group is the same."""
     groups: dict[tuple[int, int], list[Variant]] = {}
     for v in variants:
         groups.setdefault((v.first, v.last), []).append(v)
     out = []
-    for group in groups.values():
+    for key, group in groups.items():
+        ids = tuple(map(id, group))
+        hit = None if cache is None else cache.get(key)
+        if hit is not None and hit[0] == ids:
+            out += hit[1]
+            continue
         kept: list[Variant] = []
         for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):  # (stable: ties keep their order)
             if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
                 kept.append(v)
+        if cache is not None:  # (the group's variants are held too, so their ids stay theirs)
+            cache[key] = (ids, kept, group)
         out += kept
     return out
 
@@ -138,8 +149,10 @@ def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
     return best[n_spans]
 
 
-def _fastest(variants: list[Variant], n_spans: int):
-    """(latency ns, peak, variants) of the covering that is fastest, then smallest; None if none."""
+def _fastest(variants: list[Variant], n_spans: int, ns: dict | None = None):
+    """(latency ns, peak, variants) of the covering that is fastest, then smallest; None if none.
+    `ns`: the variants' latencies in ns by id (else computed)."""
+    ns = ns if ns is not None else {id(v): _ns(v) for v in variants}
     ending: dict[int, list[Variant]] = {}
     for v in variants:
         ending.setdefault(v.last + 1, []).append(v)
@@ -150,7 +163,7 @@ def _fastest(variants: list[Variant], n_spans: int):
             prev = best[v.first]
             if prev is None:
                 continue
-            cand = (prev[0] + _ns(v), max(prev[1], v.peak), prev[2] + [v])
+            cand = (prev[0] + ns[id(v)], max(prev[1], v.peak), prev[2] + [v])
             if best[s] is None or cand[:2] < best[s][:2]:
                 best[s] = cand
     return best[n_spans]
@@ -161,30 +174,40 @@ def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed
     the coverings by variants of peak <= P; a covering's arena is P + its tail + tail_fixed (no
     more than that: its own peak may be lower, which a lower P also covers). Memory first: the
     least arena (`_least_arena`), then the fastest at it. Latency first: caps fall from the
-    highest, each giving the fastest covering within the budget (its Pareto front of (tail,
-    latency)), until the fastest covering under the cap, whatever its tail, is no faster than the
-    best; then the least arena at that latency (memory first, bounded by it)."""
+    highest, each giving the fastest covering within the budget, until the fastest covering under
+    the cap, whatever its tail, is no faster than the best; then the least arena at that latency
+    (memory first, bounded by it). Under a cap the fastest covering (of least tail) settles it
+    when its tail fits; only where it does not is the Pareto front of (tail, latency) walked."""
     room = None if budget is None else budget - tail_fixed
     usable = [v for v in variants if room is None or v.peak <= room]
     ns = {id(v): _ns(v) for v in usable}
     bound = None if latency_bound is None else latency_bound * _NS
+    chain = _Chain(usable, n_spans, ns)
     if objective == "memory":
-        return _least_arena(usable, n_spans, ns, room, tail_fixed, bound)
+        return _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound)
     fastest_ns = None
     for cap in sorted({v.peak for v in usable}, reverse=True):
-        under = [v for v in usable if v.peak <= cap]
-        quickest = _fastest(under, n_spans)
-        if quickest is None or (fastest_ns is not None and quickest[0] >= fastest_ns):
+        quickest = chain.best(cap, None, latency_first=True)
+        if not quickest or (fastest_ns is not None and quickest[0][1] >= fastest_ns) \
+                or (bound is not None and quickest[0][1] > bound):
             break  # a lower cap has fewer variants: nothing faster below
-        for _, lat, _ in _front(under, n_spans, ns, None if room is None else room - cap):
-            if (bound is None or lat <= bound) and (fastest_ns is None or lat < fastest_ns):
+        max_tail = None if room is None else room - cap
+        if max_tail is None or quickest[0][0] <= max_tail:
+            fastest_ns = quickest[0][1]  # the fastest under this cap fits: nothing under it is faster
+            continue
+        if not chain.best(cap, max_tail):
+            continue  # no covering under this cap fits the budget
+        top = None if fastest_ns is None else fastest_ns - 1  # only a faster one matters
+        top = bound if top is None else top if bound is None else min(top, bound)
+        for _, lat, _ in _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail, top):
+            if fastest_ns is None or lat < fastest_ns:
                 fastest_ns = lat
     if fastest_ns is None:
         return None
-    return _least_arena(usable, n_spans, ns, room, tail_fixed, fastest_ns)
+    return _least_arena(chain, usable, n_spans, ns, room, tail_fixed, fastest_ns)
 
 
-def _least_arena(usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] | None:
+def _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] | None:
     """The covering of least arena (cap + tail + tail_fixed, within `room` for cap + tail), then
     the fastest, with latency at most `bound` ns (None: any). Per cap, the covering of least
     (tail, latency) (a lexicographic shortest path); with a bound, where that one could still
@@ -192,26 +215,25 @@ def _least_arena(usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] 
     any covering (within the bound) fits under until a cap plus the least tail of any covering
     passes the best arena."""
     caps = sorted({v.peak for v in usable})
-    chain = _LeastTail(usable, n_spans, ns)
-    least = chain.least(caps[-1], None) if caps else []
+    least = chain.best(caps[-1], None) if caps else []
     if not least:
         return None
     lowest = _smallest_peak(usable, n_spans)  # (no covering under a lower cap)
     if bound is not None:  # the lowest cap with a covering within the bound (fastest: falls as caps rise)
         lo, hi = 0, len(caps) - 1
-        if _fastest(usable, n_spans)[0] > bound:
+        if chain.best(caps[-1], None, latency_first=True)[0][1] > bound:
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            quickest = _fastest([v for v in usable if v.peak <= caps[mid]], n_spans)
-            lo, hi = (lo, mid) if quickest is not None and quickest[0] <= bound else (mid + 1, hi)
+            quickest = chain.best(caps[mid], None, latency_first=True)
+            lo, hi = (lo, mid) if quickest and quickest[0][1] <= bound else (mid + 1, hi)
         lowest = max(lowest, caps[lo])
     best = None  # ((arena, latency), variants)
     for cap in (c for c in caps if c >= lowest):
         if best is not None and cap + least[0][0] + tail_fixed > best[0][0]:
             break  # no covering under this cap or a higher one can have a smaller arena
         max_tail = None if room is None else room - cap
-        front = chain.least(cap, max_tail)
+        front = chain.best(cap, max_tail)
         if not front or (best is not None and cap + front[0][0] + tail_fixed > best[0][0]):
             continue  # none fits, or none under this cap beats the best
         if bound is not None and front[0][1] > bound:
@@ -240,37 +262,43 @@ def _unwind(label) -> list[Variant]:
     return out[::-1]
 
 
-class _LeastTail:
-    """The covering of least (tail, latency) under a cap on the peak, for many caps over one set
-    of variants: per end span, numpy arrays of the variants ending there, and a key that orders
-    by tail, then latency (tail x 2^40 + latency ns: exact while a covering's sums stay below 2^22
-    bytes and 2^40 ns; otherwise the plain DP)."""
+class _Chain:
+    """Lexicographic shortest paths over one set of variants under many caps on the peak: per end
+    span, numpy arrays of the variants ending there, and keys that order by tail then latency
+    (tail x 2^40 + latency ns) or by latency then tail (latency ns x 2^22 + tail): exact while a
+    covering's sums stay below 2^22 bytes and 2^40 ns; otherwise the plain DP."""
 
-    _SHIFT = 1 << 40
+    _SHIFT, _TAIL = 1 << 40, 1 << 22
 
     def __init__(self, variants, n_spans: int, ns: dict):
         self.n = n_spans
         self.variants = list(variants)
         most_tail = max((v.tail for v in self.variants), default=0)  # a covering sums at most n_spans of each
         most_ns = max((ns[id(v)] for v in self.variants), default=0)
-        self.exact = n_spans * most_tail < (1 << 22) and n_spans * most_ns < self._SHIFT
+        self.exact = n_spans * most_tail < self._TAIL and n_spans * most_ns < self._SHIFT
         m = len(self.variants)
         first = np.fromiter((v.first for v in self.variants), np.int64, m)
         end = np.fromiter((v.last + 1 for v in self.variants), np.int64, m)
         peak = np.fromiter((v.peak for v in self.variants), np.int64, m)
-        key = np.fromiter((v.tail * self._SHIFT + ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        tail = np.fromiter((v.tail if self.exact else 0 for v in self.variants), np.int64, m)
+        lat = np.fromiter((ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        keys = (tail * self._SHIFT + lat, lat * self._TAIL + tail)
         order = np.argsort(end, kind="stable")
         ends, starts = np.unique(end[order], return_index=True)
-        self.by_end = {}  # end span -> (variant indices, first spans, peaks, keys)
+        self.by_end = {}  # end span -> (variant indices, first spans, peaks, keys tail first, keys latency first)
         for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
-            self.by_end[e] = (ks, first[ks], peak[ks], key[ks])
+            self.by_end[e] = (ks, first[ks], peak[ks], keys[0][ks], keys[1][ks])
         self.ns = ns
 
-    def least(self, cap: int, max_tail: int | None):
-        """[(tail, latency ns, variants)] of the least-(tail, latency) covering by variants of
-        peak <= cap with tail <= max_tail; [] when none."""
+    def best(self, cap: int, max_tail: int | None, latency_first: bool = False):
+        """[(tail, latency ns, variants)] of the least-(tail, latency) covering (`latency_first`:
+        the least (latency, tail)) by variants of peak <= cap, with tail <= max_tail; [] when none."""
         if not self.exact:
-            return _least_tail([v for v in self.variants if v.peak <= cap], self.n, self.ns, max_tail)
+            under = [v for v in self.variants if v.peak <= cap]
+            if latency_first:
+                quick = _fastest(under, self.n, self.ns)
+                return [] if quick is None else [(sum(v.tail for v in quick[2]), quick[0], quick[2])]
+            return _least_tail(under, self.n, self.ns, max_tail)
         none = np.iinfo(np.int64).max
         best = np.full(self.n + 1, none, dtype=np.int64)
         best[0] = 0
@@ -278,12 +306,12 @@ class _LeastTail:
         for end in range(1, self.n + 1):
             if end not in self.by_end:
                 continue
-            idx, first, peak, key = self.by_end[end]
+            idx, first, peak, by_tail, by_lat = self.by_end[end]
             prev = best[first]
             ok = (peak <= cap) & (prev != none)
             if not ok.any():
                 continue
-            cand = np.where(ok, prev + key, none)
+            cand = np.where(ok, prev + (by_lat if latency_first else by_tail), none)
             k = int(np.argmin(cand))
             best[end], pick[end] = cand[k], idx[k]
         if best[self.n] == none:
@@ -293,7 +321,10 @@ class _LeastTail:
             v = self.variants[int(pick[at])]
             chosen.append(v)
             at = v.first
-        tail, lat = divmod(int(best[self.n]), self._SHIFT)
+        if latency_first:
+            lat, tail = divmod(int(best[self.n]), self._TAIL)
+        else:
+            tail, lat = divmod(int(best[self.n]), self._SHIFT)
         if max_tail is not None and tail > max_tail:
             return []
         return [(tail, lat, chosen[::-1])]
@@ -322,17 +353,28 @@ def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
 def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int | None = None):
     """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
     most `max_tail`, latency at most `max_lat`): [(tail, latency, variants)], each label a covering
-    nothing else beats on both."""
+    nothing else beats on both. A label that could not end within the limits even on the least
+    tail and the least latency of any way on from its span (two backward passes) is not kept:
+    with a tight limit, as the selection's second level sets, few labels survive."""
     ending = _by_end(variants)
+    most = np.iinfo(np.int64).max
+    rest_tail, rest_ns = [most] * (n_spans + 1), [most] * (n_spans + 1)  # the least of any way on
+    rest_tail[n_spans] = rest_ns[n_spans] = 0
+    for v in sorted(variants, key=lambda v: -v.last):
+        if rest_tail[v.last + 1] < most:
+            rest_tail[v.first] = min(rest_tail[v.first], v.tail + rest_tail[v.last + 1])
+            rest_ns[v.first] = min(rest_ns[v.first], ns[id(v)] + rest_ns[v.last + 1])
     labels: list[list] = [[] for _ in range(n_spans + 1)]
     labels[0] = [(0, 0, None, None)]
     for s in range(1, n_spans + 1):
         cands = []
+        room_t = None if max_tail is None else max_tail - rest_tail[s]
+        room_n = None if max_lat is None else max_lat - rest_ns[s]
         for v in ending.get(s, ()):
             t, n = v.tail, ns[id(v)]
             for label in labels[v.first]:
                 t2, n2 = label[0] + t, label[1] + n
-                if (max_tail is None or t2 <= max_tail) and (max_lat is None or n2 <= max_lat):
+                if (room_t is None or t2 <= room_t) and (room_n is None or n2 <= room_n):
                     cands.append((t2, n2, label, v))
         cands.sort(key=lambda c: (c[0], c[1]))
         kept, best_lat = [], None

@@ -15,7 +15,7 @@ import numpy as np
 from ai_edge_litert import schema_py_generated as schema
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernels, stage
+from tpu_pipeline.toolchain.ir import kernels, overlap, stage
 from tpu_pipeline.toolchain.ir import options as opts
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.tflite.names import BUILTIN_NAMES, opcode_name, text as _text
@@ -141,6 +141,35 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
     if subgraph >= len(model.subgraphs):
         raise ModelError(f"the model has no subgraph {subgraph}")
     sg = model.subgraphs[subgraph]
+    tensors = _tensors(model, sg)
+    ops = []
+    produced_by: dict[int, int] = {}
+    for i, o in enumerate(sg.operators or []):
+        op = _op(model, o, i, tensors)
+        for t in op.outputs:
+            # The passes assume one writer per tensor and ops stored in an order they can run in.
+            if t < 0:  # an omitted optional output, as the runtimes allow
+                continue
+            if t in produced_by:
+                raise ModelError(f"tensor '{tensors[t].name}' is written by operators {produced_by[t]} and {i}")
+            if tensors[t].is_constant:
+                raise ModelError(f"operator {i} ({op.opcode}) writes the constant tensor '{tensors[t].name}'")
+            produced_by[t] = i
+        ops.append(op)
+    _check_runnable(sg, tensors, ops, produced_by)
+    external = ()
+    if subgraph == 0:  # inputs the offline plan keeps outside the arena (harness firmware only)
+        from tpu_pipeline.toolchain.tflite.metadata import EXTERNAL, read_offline_plan
+
+        plan = read_offline_plan(model)
+        if plan is not None:
+            external = tuple(t for t in _ints(sg.inputs) if t < len(plan) and plan[t] == EXTERNAL)
+            graph = Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
+            return kernels.infer_in_place(graph, plan)
+    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
+
+
+def _tensors(model: schema.ModelT, sg) -> list[Tensor]:
     tensors = []
     for i, t in enumerate(sg.tensors or []):
         buf = model.buffers[t.buffer] if t.buffer and t.buffer < len(model.buffers) else None
@@ -162,47 +191,36 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
             data=data,
             source=i,
         ))
-    ops = []
-    produced_by: dict[int, int] = {}
-    for i, o in enumerate(sg.operators or []):
-        if o.opcodeIndex >= len(model.operatorCodes or []):
-            raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
-        name, builtin, version = opcode_name(model, o.opcodeIndex)
-        options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
-        for field in ("stride_w", "stride_h", "dilation_w", "dilation_h", "filter_width", "filter_height"):
-            # 0 or less is no window at all: LiteRT refuses it, TFLite Micro computes garbage from it
-            if getattr(options, field, 1) < 1:
-                raise ModelError(f"operator {i} ({name}) has {field} {getattr(options, field)}; it must be at least 1")
-        kernel = ""
-        if name == f"CUSTOM:{stage.OPCODE}":
-            options = stage.decode(o.customOptions, _ints(o.inputs), tensors, f"operator {i}")
-            name, builtin, version, kernel = stage.OPCODE, 0, 1, kernels.kernel_name()
-        elif name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
-            name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
-            builtin = kernels.BUILTIN_CODE[name]
-        for t in (*_ints(o.inputs), *_ints(o.outputs)):
-            if t >= len(tensors) or t < -1:
-                raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
-        for t in _ints(o.outputs):
-            # The passes assume one writer per tensor and ops stored in an order they can run in.
-            if t < 0:  # an omitted optional output, as the runtimes allow
-                continue
-            if t in produced_by:
-                raise ModelError(f"tensor '{tensors[t].name}' is written by operators {produced_by[t]} and {i}")
-            if tensors[t].is_constant:
-                raise ModelError(f"operator {i} ({name}) writes the constant tensor '{tensors[t].name}'")
-            produced_by[t] = i
-        ops.append(Op(
-            opcode=name,
-            inputs=_ints(o.inputs),
-            outputs=_ints(o.outputs),
-            source=i,
-            options=options,
-            builtin_code=builtin,
-            version=version,
-            intermediates=_ints(o.intermediates),
-            kernel=kernel,
-        ))
+    return tensors
+
+
+def _op(model: schema.ModelT, o, i: int, tensors: list[Tensor]) -> Op:
+    """Operator `i` as an Op: its options decoded (the harness's custom ops as their own op codes)."""
+    if o.opcodeIndex >= len(model.operatorCodes or []):
+        raise ModelError(f"operator {i} refers to operator code {o.opcodeIndex}, which does not exist")
+    name, builtin, version = opcode_name(model, o.opcodeIndex)
+    options = decode_options(int(o.builtinOptionsType or 0), o.builtinOptions)
+    for field in ("stride_w", "stride_h", "dilation_w", "dilation_h", "filter_width", "filter_height"):
+        # 0 or less is no window at all: LiteRT refuses it, TFLite Micro computes garbage from it
+        if getattr(options, field, 1) < 1:
+            raise ModelError(f"operator {i} ({name}) has {field} {getattr(options, field)}; it must be at least 1")
+    kernel = ""
+    if name == f"CUSTOM:{stage.OPCODE}":
+        options = stage.decode(o.customOptions, _ints(o.inputs), tensors, f"operator {i}")
+        name, builtin, version, kernel = stage.OPCODE, 0, 1, kernels.kernel_name()
+    elif name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
+        name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
+        builtin = kernels.BUILTIN_CODE[name]
+    for t in (*_ints(o.inputs), *_ints(o.outputs)):
+        if t >= len(tensors) or t < -1:
+            raise ModelError(f"operator {i} ({name}) refers to tensor {t}, which does not exist")
+    return Op(opcode=name, inputs=_ints(o.inputs), outputs=_ints(o.outputs), source=i, options=options,
+              builtin_code=builtin, version=version, intermediates=_ints(o.intermediates), kernel=kernel)
+
+
+def _check_runnable(sg, tensors: list[Tensor], ops: list[Op], produced_by: dict[int, int]) -> None:
+    """The graph's inputs and outputs exist, and every op reads what is written before it or filled
+    from outside (a graph input, a constant, a variable)."""
     for k, t in enumerate((*_ints(sg.inputs), *_ints(sg.outputs))):
         if not 0 <= t < len(tensors):
             raise ModelError(f"graph {'input' if k < len(_ints(sg.inputs)) else 'output'} tensor {t} does not exist")
@@ -220,16 +238,6 @@ def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:
                 # an operator's output (an empty tensor needs no data).
                 raise ModelError(f"operator {i} ({op.opcode}) reads '{tensors[t].name}', which no operator "
                                  "writes and which is neither a graph input nor a constant")
-    external = ()
-    if subgraph == 0:  # inputs the offline plan keeps outside the arena (harness firmware only)
-        from tpu_pipeline.toolchain.tflite.metadata import EXTERNAL, read_offline_plan
-
-        plan = read_offline_plan(model)
-        if plan is not None:
-            external = tuple(t for t in _ints(sg.inputs) if t < len(plan) and plan[t] == EXTERNAL)
-            graph = Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
-            return kernels.infer_in_place(graph, plan)
-    return Graph(tuple(tensors), tuple(ops), _ints(sg.inputs), _ints(sg.outputs), _text(sg.name), external)
 
 
 def _new_tensor(t: Tensor, model: schema.ModelT) -> schema.TensorT:
@@ -329,7 +337,7 @@ def to_model(graph: Graph, model: schema.ModelT, subgraph: int = 0) -> schema.Mo
             if stage.is_stage(op):
                 ot.customOptions = list(stage.encode(op.options))
             else:
-                ring = kernels.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
+                ring = overlap.ring_rows(graph, op) if kernels.OVERLAP in kernels.flags(op) else 0
                 ot.customOptions = list(kernels.encode_options(graph, op, ring))
         elif op.kernel and not kernels.runs_in_place(op):  # (in place: the offline plan says it)
             raise ValueError(f"unknown kernel '{op.kernel}'")

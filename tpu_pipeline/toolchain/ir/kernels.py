@@ -28,7 +28,7 @@ keep in RAM:
 - **overlap** (`+overlap`): the output may be planned over the input's bytes, both from the same
   first byte (in place for a depthwise convolution; a larger output, such as an expansion's, runs
   its rows last to first). The kernel computes output rows into a small ring of rows and writes
-  each row out once no row still to compute reads the input bytes under it (`ring_rows_for`
+  each row out once no row still to compute reads the input bytes under it (`overlap.ring_rows_for`
   sizes the ring).
 - **fast** (`+fast`, depthwise only: `can_run_fast`): the harness's own depthwise kernel
   (harness/tpup_depthwise.cc), in both firmware builds: four channels at a time with the DSP
@@ -57,8 +57,6 @@ stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import struct
 
 import numpy as np
@@ -66,6 +64,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
+from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
@@ -216,57 +215,6 @@ def can_run_direct(graph: Graph, i: int) -> bool:
     buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
     over all channels, which its "opt" kernel asks for: C x kh x kw x 2 bytes)."""
     return graph.ops[i].opcode in CONVOLUTIONS and can_run_harness(graph, i)
-
-
-# ---- requantization, exactly as TFLite Micro's Prepare computes it ------------------------------
-def _round_half_away(x: float) -> int:
-    return int(math.copysign(math.floor(abs(x) + 0.5), x))
-
-
-def quantize_multiplier(m: float) -> tuple[int, int]:
-    """tflite::QuantizeMultiplier (double precision, round half away from zero)."""
-    if m == 0.0:
-        return 0, 0
-    q, shift = math.frexp(m)
-    q_fixed = _round_half_away(q * (1 << 31))
-    if q_fixed == 1 << 31:
-        q_fixed //= 2
-        shift += 1
-    if shift < -31:
-        return 0, 0
-    return q_fixed, shift
-
-
-def requant(graph: Graph, op: Op) -> np.ndarray:
-    """int32 [2, C]: the per-channel output multipliers and shifts TFLite Micro's
-    PopulateConvolutionQuantizationParams computes for `op` (C = output channels)."""
-    x, w, y = (graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]], graph.tensors[op.outputs[0]])
-    channels = w.shape[0] if op.opcode == "CONV_2D" else w.shape[3]
-    scales = w.quant.scale if len(w.quant.scale) > 1 else w.quant.scale * channels
-    # float32 scales promoted to double, multiplied in this order, as the C++ does
-    x_scale, y_scale = float(np.float32(x.quant.scale[0])), float(np.float32(y.quant.scale[0]))
-    out = np.zeros((2, channels), dtype=np.int32)
-    for c, s in enumerate(scales):
-        out[0, c], out[1, c] = quantize_multiplier(x_scale * float(np.float32(s)) / y_scale)
-    return out
-
-
-def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for an int8 output (float32 arithmetic)."""
-    y = graph.tensors[op.outputs[0]]
-    scale, zp = np.float32(y.quant.scale[0]), int(y.quant.zero_point[0])
-
-    def q(f: float) -> int:
-        return zp + _round_half_away(float(np.float32(f) / scale))
-
-    act = op.options.fused_activation
-    if act == "RELU":
-        return max(-128, q(0.0)), 127
-    if act == "RELU6":
-        return max(-128, q(0.0)), min(127, q(6.0))
-    if act == "RELU_N1_TO_1":
-        return max(-128, q(-1.0)), min(127, q(1.0))
-    return -128, 127
 
 
 # ---- choosing kernels -------------------------------------------------------------------------------
@@ -605,68 +553,3 @@ def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, in
     if w[0] != FORMAT or w[1] < 1 or w[2] not in (0, 1, 2) or activation is None or w[8] > w[9]:
         raise ModelError(f"{where}: {code} has invalid options {list(w)}")
     return name, MulOptions(fused_activation=activation), w[1], kernel_name()
-
-
-# ---- overlapped execution: where the output sits over the input, and the ring it needs ----------
-def _aligned(n: int) -> int:
-    return -(-n // 16) * 16
-
-
-def overlap_layout(graph: Graph, op: Op) -> tuple[int, int, int]:
-    """(input offset, output offset, extent) of an overlapped op's two tensors in one buffer: both
-    start at its first byte (a depthwise convolution runs in place; a larger output runs its rows
-    last to first, each landing on input bytes already read: `ring_rows_for`), so a chain of
-    overlapped ops shares one start instead of drifting apart."""
-    x = _aligned(graph.tensors[op.inputs[0]].nbytes)
-    y = _aligned(graph.tensors[op.outputs[0]].nbytes)
-    return 0, 0, max(x, y)
-
-
-def ring_rows(graph: Graph, op: Op, input_offset: int | None = None, output_offset: int | None = None) -> int:
-    """Output rows an overlapped op holds at once (`ring_rows_for` on its whole tensors). Offsets
-    default to `overlap_layout`; with no overlap at all the answer is 1."""
-    if input_offset is None or output_offset is None:
-        input_offset, output_offset, _ = overlap_layout(graph, op)
-    x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
-    rows, _ = window(graph, op)
-    return ring_rows_for(x[1], x[2] * x[3], y[1], y[2] * y[3], rows.pad_before, rows.stride,
-                         (rows.kernel - 1) * rows.dilation + 1, input_offset, output_offset)
-
-
-@functools.lru_cache(maxsize=4096)
-def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
-                  input_offset: int, output_offset: int) -> int:
-    """Output rows a convolution holds at once when its output (`out_rows` rows of `row_out`
-    bytes, at `output_offset`) may lie over its input (at `input_offset`; `span` input rows per
-    window). It computes rows into a ring and writes out, in order, every held row whose bytes
-    cover only input rows no row still to compute reads. Rows run first to last, or last to first
-    when the output reaches past the input's end (a larger output sharing the input's start). The
-    same rule runs in the harness (tpup_conv.cc RunConvOverlapped), on the real pointers, for
-    whole ops and for a patch stage's tiles."""
-    in_end = input_offset + in_rows * row_in
-    backwards = output_offset + out_rows * row_out > in_end
-
-    def under(p: int) -> tuple[int, int] | None:  # the input rows under output row p's bytes
-        a = output_offset + p * row_out
-        b = a + row_out
-        if b <= input_offset or a >= in_end:
-            return None
-        return max(0, (a - input_offset) // row_in), min(in_rows - 1, (b - 1 - input_offset) // row_in)
-
-    def free(p: int, r: int) -> bool:  # output row p may be written once row r is computed
-        rows = under(p)
-        if rows is None:
-            return True
-        if backwards:  # rows r.. are done: the lowest input row's first reader must be among them
-            return max(0, -(-(rows[0] + pad_top - span + 1) // stride)) >= r
-        return min(out_rows - 1, (rows[1] + pad_top) // stride) <= r  # the highest's last reader
-
-    order = range(out_rows - 1, -1, -1) if backwards else range(out_rows)
-    held = most = flushed = 0  # (flushed: how many rows of `order` are written out)
-    for k, r in enumerate(order):
-        held += 1
-        most = max(most, held)
-        while flushed <= k and free(order[flushed], r):
-            flushed += 1
-            held -= 1
-    return most

@@ -6,7 +6,7 @@ last step n. Lifetimes are inclusive [first, last]. Two buffers conflict iff the
 intersect. Scratch buffers a kernel requests live for their op's step only.
 
 Under TFLite Micro, a harness kernel that overlaps its output with its input (`ir.kernels`, flag
-"overlap") runs at its step with both tensors in one span of bytes (`kernels.overlap_layout`):
+"overlap") runs at its step with both tensors in one span of bytes (`overlap.overlap_layout`):
 its input's buffer ends the step before, its output's starts the step after, and a *pair* buffer
 of the pair's extent holds both at the op's step. The three are a rigid group (`Buffer.group`,
 `group_offset`): planners place them at fixed offsets from each other (the pair shares its
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph, kernels
+from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph, kernels, overlap
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
 
@@ -120,33 +120,7 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
     n = len(graph.ops)
     order = list(range(n)) if order is None else list(order)
     step_of = {op: k + 1 for k, op in enumerate(order)}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-
-    for t in graph.inputs:
-        if graph.is_activation(t):
-            first.setdefault(t, 0)
-            last[t] = max(last.get(t, 0), 0)
-    for op_pos in order:
-        step = step_of[op_pos]
-        op = graph.ops[op_pos]
-        for t in op.outputs:
-            if graph.is_activation(t):
-                first.setdefault(t, step)
-                last[t] = max(last.get(t, step), step)
-        for t in op.inputs:
-            if graph.is_activation(t):
-                first.setdefault(t, step)  # read before any write: allocated where first touched
-                last[t] = max(last.get(t, step), step)
-    for t in graph.outputs:
-        if graph.is_activation(t):
-            first.setdefault(t, n)
-            last[t] = n
-    if sem.inputs_live_whole_run:
-        for t in graph.inputs:
-            if graph.is_activation(t):
-                last[t] = n
-
+    first, last = _touched(graph, order, step_of, sem)
     n_steps = n + 1
     if whole_model and sem.allocates_unused:
         unused = unused_tensors(graph)
@@ -191,6 +165,38 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
     return Lifetimes(tuple(buffers), n_steps)
 
 
+def _touched(graph: Graph, order, step_of: dict[int, int], sem: Semantics) -> tuple[dict[int, int], dict[int, int]]:
+    """(first, last) step each activation tensor is live at: from its first touch to its last read
+    (graph inputs from step 0, graph outputs to the end)."""
+    n = len(graph.ops)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for t in graph.inputs:
+        if graph.is_activation(t):
+            first.setdefault(t, 0)
+            last[t] = max(last.get(t, 0), 0)
+    for op_pos in order:
+        step = step_of[op_pos]
+        op = graph.ops[op_pos]
+        for t in op.outputs:
+            if graph.is_activation(t):
+                first.setdefault(t, step)
+                last[t] = max(last.get(t, step), step)
+        for t in op.inputs:
+            if graph.is_activation(t):
+                first.setdefault(t, step)  # read before any write: allocated where first touched
+                last[t] = max(last.get(t, step), step)
+    for t in graph.outputs:
+        if graph.is_activation(t):
+            first.setdefault(t, n)
+            last[t] = n
+    if sem.inputs_live_whole_run:
+        for t in graph.inputs:
+            if graph.is_activation(t):
+                last[t] = n
+    return first, last
+
+
 def unused_tensors(graph: Graph) -> tuple[int, ...]:
     """Non-constant tensors of a fixed non-zero size that no operator reads or writes and that are
     not graph inputs or outputs: TFLite Micro plans them all the same (each lives from step -1 to
@@ -225,7 +231,7 @@ def overlapped_ops(graph: Graph) -> dict[int, tuple[int, int, int, int, int]]:
     out = {}
     for i, op in enumerate(graph.ops):
         if kernels.OVERLAP in kernels.flags(op) and overlap_legal(graph, i):
-            out[i] = (op.inputs[0], op.outputs[0], *kernels.overlap_layout(graph, op))
+            out[i] = (op.inputs[0], op.outputs[0], *overlap.overlap_layout(graph, op))
         elif kernels.runs_in_place(op):
             src = kernels.in_place_source(graph, i)
             if src is not None:

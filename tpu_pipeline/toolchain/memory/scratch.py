@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
-from tpu_pipeline.toolchain.ir import kernels, stage
+from tpu_pipeline.toolchain.ir import kernels, overlap, stage
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -78,7 +78,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     ring = 0
     if kernels.OVERLAP in flags:
         y = graph.tensors[op.outputs[0]].shape
-        ring = kernels.ring_rows(graph, op) * y[2] * y[3]
+        ring = overlap.ring_rows(graph, op) * y[2] * y[3]
     total = (-(-own // 16) * 16 if ring else own) + ring
     return [total] if total else []
 

@@ -223,11 +223,33 @@ def target_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SE
             if _quantized(tensor):
                 allocs.append((f"{what} TfLiteAffineQuantization", _AFFINE_QUANTIZATION, 4))
                 allocs.append((f"{what} zero points", _INT + _INT * len(tensor.quant.scale), 4))
+    missing = tuple(dict.fromkeys(unmodelled))
+    return TargetTail(kernels.name, None if missing else _stacked(allocs), tuple(allocs), missing)
+
+
+def _stacked(allocs) -> int:
+    """The bytes a sequence of (what, size, alignment) takes downwards from a 16-aligned end."""
     used = 0
     for _, size, alignment in allocs:
         used = -(-(used + size) // alignment) * alignment
-    missing = tuple(dict.fromkeys(unmodelled))
-    return TargetTail(kernels.name, None if missing else used, tuple(allocs), missing)
+    return used
+
+
+# MicroAllocator::Create(persistent, size, non_persistent, size) (head and tail in two buffers,
+# e.g. two RAM banks) puts a PersistentArenaBufferAllocator and a NonPersistentArenaBufferAllocator
+# in the tail where one arena has a SingleArenaBufferAllocator (sizeof/alignof, arm-none-eabi-g++ 12).
+_PERSISTENT_ALLOCATOR = (16, 4)
+_NON_PERSISTENT_ALLOCATOR = (32, 4)
+
+
+def split_tail(tail: TargetTail) -> int | None:
+    """The tail when the head is a buffer of its own (the library's `tpup_<name>_init_split`)."""
+    if tail.bytes is None:
+        return None
+    first, *rest = tail.allocations
+    assert first[0] == "SingleArenaBufferAllocator", first
+    return _stacked([("PersistentArenaBufferAllocator", *_PERSISTENT_ALLOCATOR),
+                     ("NonPersistentArenaBufferAllocator", *_NON_PERSISTENT_ALLOCATOR), *rest])
 
 
 def target_head(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> tuple[int, tuple]:
@@ -264,13 +286,38 @@ def ops_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) 
     """The part of the tail that `graph`'s ops bring with them, additive over a chain of spans (fit
     adds it up per variant): their nodes, the eval tensors of what they write and of the constants
     they read, and their parsed options, kernel data, per-channel arrays and scratch handles, each
-    allocation rounded to its alignment. Graph inputs, the allocator's own structs and the I/O
-    tensors are the rest (`target_tail` of the whole model). None when an op is not modelled."""
+    allocation rounded up to 4 bytes or its alignment, whichever is more. Graph inputs, the
+    allocator's own structs and the I/O tensors are the rest (`tail_bound` of the whole model less
+    this). None when an op is not modelled."""
     t = target_tail(graph, kernels)
     if t.bytes is None:
         return None
-    per_op = sum(-(-size // align) * align for what, size, align in t.allocations
+    per_op = sum(_up(size, align) for what, size, align in t.allocations
                  if what.startswith("op ") or what == "ScratchBufferHandle[]")
     owned = {x for op in graph.ops for x in op.outputs if x >= 0}
     owned |= {x for op in graph.ops for x in op.inputs if x >= 0 and graph.tensors[x].is_constant}
     return per_op + _NODE_AND_REGISTRATION * len(graph.ops) + _EVAL_TENSOR * len(owned)
+
+
+# Runs of 16-aligned allocations the sequence can have (kernel data and per-channel arrays;
+# variables and the input pointer array; the output pointer array): each may start after up to
+# 12 bytes of padding.
+_ALIGNED_RUNS = 3
+
+
+def tail_bound(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> int | None:
+    """An upper bound of `target_tail` that is additive over ops, so fit can select on it and a
+    selection within a budget stays within it once realised: every allocation rounded up to 4
+    bytes or its alignment (the sequence then stays 4-aligned, and rounding each step up to 4
+    never passes that), and 12 bytes for each run of 16-aligned allocations (_ALIGNED_RUNS) to
+    reach a 16-byte boundary from a 4-byte one. The exact tail depends on the op order (one-byte
+    options between 4-aligned ones), which fit's selection does not know."""
+    t = target_tail(graph, kernels)
+    if t.bytes is None:
+        return None
+    return sum(_up(size, align) for _, size, align in t.allocations) + 12 * _ALIGNED_RUNS
+
+
+def _up(size: int, align: int) -> int:
+    step = max(align, 4)
+    return -(-size // step) * step

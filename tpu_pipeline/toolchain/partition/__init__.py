@@ -137,10 +137,71 @@ def profiled_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
                  time.perf_counter() - t0, note)
 
 
+def _warm_starts(problem, graph, base, n: int, strategy: str, colocate: bool):
+    """(candidates, CP-SAT hint, upper bounds): the heuristic, and the best contiguous cut of two
+    topological orders (DP)."""
+    candidates = [base.stages] if problem.is_valid(base.stages, n) else []
+    for order in (range(problem.n_ops), coral_topological_sort(graph)):
+        cut = best_contiguous(problem, list(order), n)
+        if cut is not None and not colocate and problem.is_valid(cut, n):
+            candidates.append(cut)
+    hint, ub = None, None
+    if candidates:
+        keys = STRATEGIES[strategy]
+        hint = min(candidates, key=lambda st: tuple(problem.objectives(st, n)[k] for k in keys))
+        if strategy == "latency" and problem.is_valid(base.stages, n):
+            ub = {"period_ps": problem.objectives(hint, n)["period_ps"]}
+    if colocate:
+        hint = None  # the warm starts need not keep consumers together
+    return candidates, hint, ub
+
+
+def _refined(problem, n: int, res, chains, candidates, prof, period, colocate: bool, time_limit: float,
+             left_s: float, gap: float, seed: int):
+    """(stages, extra figures) of `latency`'s refinement on the simulated period, from the best of
+    the solver's answer, the warm starts and the profiled baseline."""
+    low = res.bounds.get("period_ps", 0)  # the proven bound of P (CP-SAT's also when stopped within the gap)
+    # the incumbent: the best simulated period among the solver's answer and the warm starts
+    # (and the profiled baseline), so the result is never slower than either baseline
+    known = [res.stages] + [c for c in candidates if problem.is_valid(c, n) and not colocate]
+    if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
+        known.append(prof.stages)
+    inc = min(dict.fromkeys(known), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+    budget = max(1, round(CANDIDATES_PER_SECOND * time_limit))
+    wall = max(0.5, left_s)
+    if chains is not None:
+        from tpu_pipeline.toolchain.partition.lattice import refine_chains
+        ref = refine_chains(chains, inc, budget, gap=gap, wall_s=wall, period_ps=period(inc))
+    else:
+        from tpu_pipeline.toolchain.partition.cpsat import refine_by_simulation
+        # deterministic budget: half the time limit's; wall clock: what is left of the time limit
+        ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, max_candidates=budget, colocate=colocate,
+                                   seed=seed, wall_s=wall, gap=gap)
+    stages = ref.stages
+    extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
+             "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped,
+             "refined_by": ref.stopped_by}
+    return stages, extra
+
+
+def _pruned(problem: PartitionProblem, n: int, candidates, period, limit_ps: int, base: Partition) -> Partition | None:
+    """The best warm start, unsearched, if every n-stage period is proven above `limit_ps`
+    (`-n auto`: the row cannot come within the knee); else None."""
+    from tpu_pipeline.toolchain.partition.lattice import period_exceeds
+
+    low = period_exceeds(problem, n, limit_ps)
+    if low is None:
+        return None
+    best = min(dict.fromkeys(candidates), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
+    out = _make(problem, n, best, "latency", {"period_ps": low}, False, 0.0,
+                f"not searched: every {n}-stage period is proven above {limit_ps / 1e9:.3f} ms", base)
+    return dataclasses.replace(out, method="bound", period_lower_bound_ps=low, refined_by="pruned")
+
+
 def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
-              problem: PartitionProblem | None = None) -> Partition:
+              problem: PartitionProblem | None = None, prune_above_ps: int | None = None) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -161,7 +222,9 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     most CANDIDATES_PER_SECOND x `time_limit` candidates; `time_limit` also caps CP-SAT's and the
     refinement's wall clock. `p.gap` says how close the answer is. `problem`: the graph's problem
     if already built (its cached down-set lattice is shared between calls for several n; a
-    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs)."""
+    profile-scaled problem, PartitionProblem.scaled, partitions for measured costs). `prune_above_ps`
+    (`-n auto`): if every assignment's period is proven above it, the best warm start is returned
+    unsearched (`p.refined_by` "pruned", `p.period_lower_bound_ps` the proof)."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -175,20 +238,7 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     base = baseline_partition(graph, n, device, problem)
     if strategy == "coral":
         return dataclasses.replace(base, baseline=base)
-    # warm starts: the heuristic, and the best contiguous cut of two topological orders (DP)
-    candidates = [base.stages] if problem.is_valid(base.stages, n) else []
-    for order in (range(problem.n_ops), coral_topological_sort(graph)):
-        cut = best_contiguous(problem, list(order), n)
-        if cut is not None and not colocate and problem.is_valid(cut, n):
-            candidates.append(cut)
-    hint, ub = None, None
-    if candidates:
-        keys = STRATEGIES[strategy]
-        hint = min(candidates, key=lambda st: tuple(problem.objectives(st, n)[k] for k in keys))
-        if strategy == "latency" and problem.is_valid(base.stages, n):
-            ub = {"period_ps": problem.objectives(hint, n)["period_ps"]}
-    if colocate:
-        hint = None  # the warm starts need not keep consumers together
+    candidates, hint, ub = _warm_starts(problem, graph, base, n, strategy, colocate)
     simulated: dict[tuple, int] = {}
 
     def period(st) -> int:
@@ -196,7 +246,11 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
             simulated[st] = problem.period_ps(st, n)
         return simulated[st]
 
-    exact = None
+    if prune_above_ps is not None and strategy == "latency" and not colocate and candidates:
+        out = _pruned(problem, n, candidates, period, prune_above_ps, base)
+        if out is not None:
+            return dataclasses.replace(out, seconds=time.perf_counter() - t_start, gap_limit=gap)
+    exact, chains = None, None
     if strategy == "latency" and not colocate:
         from tpu_pipeline.toolchain.partition.lattice import exact_latency
         known = list(dict.fromkeys(candidates))
@@ -210,27 +264,8 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     stages, extra = res.stages, {}
     prof = profiled_partition(graph, n, device, problem) if profiled else None
     if strategy == "latency":
-        low = res.bounds.get("period_ps", 0)  # the proven bound of P (CP-SAT's also when stopped within the gap)
-        # the incumbent: the best simulated period among the solver's answer and the warm starts
-        # (and the profiled baseline), so the result is never slower than either baseline
-        known = [res.stages] + [c for c in candidates if problem.is_valid(c, n) and not colocate]
-        if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
-            known.append(prof.stages)
-        inc = min(dict.fromkeys(known), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
-        budget = max(1, round(CANDIDATES_PER_SECOND * time_limit))
-        wall = max(0.5, time_limit - (time.perf_counter() - t_start))
-        if exact is not None:
-            from tpu_pipeline.toolchain.partition.lattice import refine_chains
-            ref = refine_chains(chains, inc, budget, gap=gap, wall_s=wall, period_ps=period(inc))
-        else:
-            from tpu_pipeline.toolchain.partition.cpsat import refine_by_simulation
-            # deterministic budget: half the time limit's; wall clock: what is left of the time limit
-            ref = refine_by_simulation(problem, n, inc, low, time_limit / 2, max_candidates=budget, colocate=colocate,
-                                       seed=seed, wall_s=wall, gap=gap)
-        stages = ref.stages
-        extra = {"sim_proven": ref.proven and bool(low), "sim_candidates": ref.candidates,
-                 "period_lower_bound_ps": ref.lower_bound_ps, "reproducible": res.reproducible and not ref.wall_stopped,
-                 "refined_by": ref.stopped_by}
+        stages, extra = _refined(problem, n, res, chains, candidates, prof, period, colocate, time_limit,
+                                 time_limit - (time.perf_counter() - t_start), gap, seed)
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
     return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, gap_limit=gap,

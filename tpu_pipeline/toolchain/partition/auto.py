@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S
 from tpu_pipeline.toolchain.partition.problem import PartitionProblem
 
 DEFAULT_MAX_N = 8
@@ -33,6 +34,7 @@ class Candidate:
     proven: bool                # the period is proven optimal for the simulator
     period_lower_bound_s: float
     seconds: float
+    pruned: bool = False        # not searched: its lower bound keeps it below the knee (see `sweep`)
 
     @property
     def throughput_per_tpu(self) -> float:
@@ -47,7 +49,8 @@ def candidate(part) -> Candidate:
     stages = part.cost.stages
     return Candidate(part.n, part.cost.period_s, part.cost.throughput_per_s, sum(s.sram_bytes for s in stages),
                      sum(s.offchip_bytes for s in stages), bool(part.sim_proven),
-                     (part.period_lower_bound_ps or part.cost.period_bound_ps) / 1e12, part.seconds)
+                     (part.period_lower_bound_ps or part.cost.period_bound_ps) / 1e12, part.seconds,
+                     part.refined_by == "pruned")
 
 
 def choose(rows: list[Candidate], knee: float) -> tuple[int, str]:
@@ -61,7 +64,8 @@ def choose(rows: list[Candidate], knee: float) -> tuple[int, str]:
         why = (f"n={pick.n} is the fewest TPUs within {knee:.0%} of the best throughput per TPU "
                f"({pick.throughput_per_tpu:,.1f}/s vs {best.throughput_per_tpu:,.1f}/s at n={best.n})")
     if fastest.n != pick.n:
-        why += (f"; n={fastest.n} would be x{fastest.throughput_per_s / pick.throughput_per_s:.2f} faster "
+        why += (f"; n={fastest.n} would be {'at least ' if fastest.pruned else ''}"
+                f"x{fastest.throughput_per_s / pick.throughput_per_s:.2f} faster "
                 f"({fastest.throughput_per_s:,.1f}/s) on {fastest.n} TPUs")
     return pick.n, why
 
@@ -81,22 +85,44 @@ class Sweep:
 
 
 def sweep(graph, problem: PartitionProblem, max_n: int, knee: float, time_limit: float, run) -> tuple[Sweep, object]:
-    """Partition for n = 1..max_n (as far as the graph allows) and choose; `run(n, time_limit)`
-    partitions `problem` for n. Returns the sweep and the chosen n's partition (searched again
-    with the whole time limit, so it equals what `-n <chosen>` gives)."""
+    """Partition for n = 1..max_n (as far as the graph allows) and choose; `run(n, time_limit,
+    prune_above_ps)` partitions `problem` for n. Returns the sweep and the chosen n's partition
+    (searched again with the whole time limit, so it equals what `-n <chosen>` gives).
+
+    The rows are searched in order of n, and a row is only searched if it could be chosen: its
+    throughput per TPU can reach `knee` of the best row so far only with a period of at most
+    `prune_limit_ps`; when its period is proven above that (partition's `prune_above_ps`), the
+    row shows its best warm start, not proven, `pruned`. A later row can only raise the best, so
+    a pruned row stays out of the choice."""
     top = min(max_n, problem.max_stages(), problem.n_ops)
     skipped = "" if top == max_n else (f"at most {top} segments are possible for this graph "
                                        f"(the sinks and what follows the first graph output share the last one)")
     share = max(0.25, time_limit / top)
-    parts = {n: run(n, share) for n in range(1, top + 1)}
+    parts: dict = {}
+    for n in range(1, top + 1):
+        best = max((candidate(p).throughput_per_tpu for p in parts.values()), default=None)
+        parts[n] = run(n, share, None if best is None else prune_limit_ps(n, knee, best))
     n, _ = choose([candidate(p) for p in parts.values()], knee)
-    chosen = run(n, time_limit) if share < time_limit else parts[n]
+    chosen = run(n, time_limit, None) if share < time_limit else parts[n]
     parts[n] = chosen
     rows = tuple(candidate(parts[k]) for k in sorted(parts))
     # the full search only improves the chosen row, which keeps it the choice; say why from the final table
     n, why = choose(list(rows), knee)
-    chosen = parts[n]
-    return Sweep(rows, n, why, knee, max_n, skipped), chosen
+    pruned = [r.n for r in rows if r.pruned]
+    if pruned:
+        why += (f"; n={_span(pruned)} not searched past the warm starts: their periods are proven too long to "
+                f"come within {knee:.0%} of the best throughput per TPU")
+    return Sweep(rows, n, why, knee, max_n, skipped), parts[n]
 
 
-__all__ = ["Candidate", "Sweep", "sweep", "choose", "candidate", "DEFAULT_MAX_N", "DEFAULT_KNEE"]
+def prune_limit_ps(n: int, knee: float, best_per_tpu: float) -> int:
+    """The longest period at which n TPUs reach (1 - knee) of `best_per_tpu` throughput per TPU
+    (rounded up, with a picosecond to spare: pruning less is always safe)."""
+    return int(PS_PER_S / (n * (1 - knee) * best_per_tpu)) + 2
+
+
+def _span(ns: list[int]) -> str:
+    return ",".join(map(str, ns)) if len(ns) < 3 or ns != list(range(ns[0], ns[-1] + 1)) else f"{ns[0]}..{ns[-1]}"
+
+
+__all__ = ["Candidate", "Sweep", "sweep", "choose", "candidate", "prune_limit_ps", "DEFAULT_MAX_N", "DEFAULT_KNEE"]

@@ -103,24 +103,30 @@ class Lattice:
         self.masks = masks
         nbytes = (N + 7) // 8
         raw = np.frombuffer(b"".join(d.to_bytes(nbytes, "little") for d in masks), dtype=np.uint8)
-        X = np.unpackbits(raw.reshape(M, nbytes), axis=1, bitorder="little")[:, :N].astype(np.float64)
+        X = np.unpackbits(raw.reshape(M, nbytes), axis=1, bitorder="little")[:, :N]
+        # the per-tensor arrays are built tensor by tensor, so as rows (tensor, down-set), and
+        # turned into the (down-set, feature) matrices the pair costs gather rows of at the end
+        XT = np.ascontiguousarray(X.T).astype(np.float64)
+        X = X.astype(np.float64)
         tensors = p.tensors
         T = len(tensors)
         nb = np.array([bt.nbytes for bt in tensors], dtype=np.float64)
-        prod, cons = np.zeros((N, T)), np.zeros((N, T))
         is_input = np.array([bt.producer is None for bt in tensors], dtype=bool)
         gout = np.array([bt.graph_output for bt in tensors], dtype=bool)
+        # per tensor: its producer's row of XT (inputs: none), the sum of its consumers' rows
+        inside = np.zeros((T, M))                          # producer in the down-set
+        cnt = np.zeros((T, M))                             # consumers in the down-set
+        ncons = np.zeros(T)
         for t, bt in enumerate(tensors):
             if bt.producer is not None:
-                prod[bt.producer, t] = 1
-            for c in set(bt.consumers):
-                cons[c, t] = 1
-        ncons = cons.sum(0)
-        inside = X @ prod                                  # producer in the down-set
+                inside[t] = XT[bt.producer]
+            users = sorted(set(bt.consumers))
+            ncons[t] = len(users)
+            if users:
+                cnt[t] = XT[users].sum(0)
         pin = inside.copy()
-        pin[:, is_input] = 1                               # graph inputs: produced before every stage
-        cnt = X @ cons                                     # consumers in the down-set
-        leaves = inside * ((cnt < ncons) | gout)           # produced inside, read outside or a graph output
+        pin[is_input] = 1                                  # graph inputs: produced before every stage
+        leaves = inside * ((cnt < ncons[:, None]) | gout[:, None])  # produced inside, read outside or a graph output
         multi = ncons > 1
         # Bytes through the host of the stage between down-sets D' and D (D' a proper subset):
         #   in  = sum_t nb_t pin(D') [a consumer in D, none of them only in D']
@@ -128,15 +134,19 @@ class Lattice:
         # For a tensor with one consumer [consumer in D \ D'] = cnt(D) - cnt(D'), so everything but
         # the multi-consumer tensors is one matrix product A(D') . B(D) plus a term per side.
         single = ~multi
-        self.A = np.hstack([pin[:, single] * nb[single], -pin * nb])
-        self.B = np.hstack([cnt[:, single], leaves])
-        self.row_const = np.rint(-(pin[:, single] * cnt[:, single]) @ nb[single]).astype(np.int64)
-        self.col_const = np.rint(leaves @ nb).astype(np.int64)
-        self.multi = [(nb[t], pin[:, t].astype(np.int8), cnt[:, t].astype(np.int8)) for t in np.flatnonzero(multi)]
         # integers below 2**24 are exact in float32, which halves the products' cost
         exact32 = 2 * nb.sum() < 2**24 and N < 2**24
         ft = np.float32 if exact32 else np.float64
-        self.A, self.B, self.X = self.A.astype(ft), self.B.astype(ft), X.astype(ft)
+        A = np.vstack([pin[single] * nb[single][:, None], -pin * nb[:, None]])
+        B = np.vstack([cnt[single], leaves])
+        self.A, self.B = np.ascontiguousarray(A.T, dtype=ft), np.ascontiguousarray(B.T, dtype=ft)
+        self.row_const = np.rint(-nb[single] @ (pin[single] * cnt[single])).astype(np.int64)
+        self.col_const = np.rint(nb @ leaves).astype(np.int64)
+        self.multi = [(nb[t], pin[t].astype(np.int8), cnt[t].astype(np.int8)) for t in np.flatnonzero(multi)]
+        self.X = X.astype(ft)
+        # the masks as 64-bit words: D' is a subset of D iff no word of D' has a bit outside D's
+        pad = (-nbytes) % 8
+        self.words = np.ascontiguousarray(np.pad(raw.reshape(M, nbytes), ((0, 0), (0, pad)))).view(np.uint64)
         self.size = X.sum(1).astype(np.int64)
         self.comp = (X @ np.array([oc.compute_ps for oc in p.op_costs], dtype=np.float64)).astype(np.int64)
         self.par = (X @ np.array([oc.param_bytes for oc in p.op_costs], dtype=np.float64)).astype(np.int64)
@@ -149,7 +159,11 @@ class Lattice:
         """(latency, link work) in ps of the stage between down-set rows[i] and cols[j] (the
         stage's ops: cols[j] minus rows[i]); INF where rows[i] is not a proper subset of cols[j]."""
         size_r, size_c = self.size[rows][:, None], self.size[cols][None, :]
-        subset = ((self.X[rows] @ self.X[cols].T) == size_r) & (size_c > size_r)
+        wr, wc = self.words[rows], self.words[cols]
+        outside = np.zeros((len(rows), len(cols)), dtype=bool)
+        for w in range(wr.shape[1]):
+            outside |= (wr[:, w][:, None] & ~wc[:, w][None, :]) != 0
+        subset = ~outside & (size_c > size_r)
         moved = self.A[rows] @ self.B[cols].T
         moved = np.rint(moved).astype(np.int64) + self.row_const[rows][:, None] + self.col_const[cols][None, :]
         for w, pin, cnt in self.multi:
@@ -413,6 +427,28 @@ def lattice_of(problem: PartitionProblem) -> Lattice | None:
         masks = downsets(problem)
         problem.cache["lattice"] = None if masks is None else Lattice(problem, masks)
     return problem.cache["lattice"]
+
+
+def period_exceeds(problem: PartitionProblem, n: int, limit: int) -> int | None:
+    """A proven lower bound above `limit` of every n-stage assignment's P (so of its simulated
+    period), or None when none is found cheaply. `-n auto` uses it to leave a row that cannot
+    reach the knee unsearched. First the mean stage (every stage costs the overhead and its
+    compute), then the chain problem under `limit`: no chain whose every stage fits, or none of
+    those whose link work fits, proves P > limit."""
+    m = problem.model
+    host = -(-n * m.overhead_ps // m.host_slots) if m.host_slots else 0
+    cheap = max(m.overhead_ps - (-sum(oc.compute_ps for oc in problem.op_costs) // n), host)
+    if cheap > limit:
+        return cheap
+    lattice = lattice_of(problem)
+    if lattice is None or pairs_at_most(lattice, n, limit) > MAX_PAIRS:
+        return None
+    chains = ChainProblem(lattice, n, limit)
+    if chains.exceeded:
+        return None
+    if chains.ok and max(chains.min_max_stage(), chains.min_link(limit)[0], chains.host) <= limit:
+        return None
+    return limit + 1
 
 
 def exact_latency(problem: PartitionProblem, n: int, known_periods, known_bounds) -> tuple[SolveResult, ChainProblem] | None:

@@ -75,6 +75,7 @@ class RewriteResult:
     proven_before: bool = False
     method: str = ""
     notes: tuple = field(default=())
+    input_schedule: object = None  # the scheduler's answer for the input graph (Schedule), reused by compile
 
     @property
     def lossy(self) -> bool:
@@ -352,7 +353,8 @@ def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str | Seman
         proven_optimal=bool(sched.proven_optimal), lower_bound=int(sched.lower_bound),
         ops_before=len(graph.ops), ops_after=len(current.ops), seconds=time.monotonic() - t0,
         schedule_calls=search.calls, candidates_tried=search.tried,
-        proven_before=bool(s0.proven_optimal), method=str(sched.method), notes=tuple(search.notes))
+        proven_before=bool(s0.proven_optimal), method=str(sched.method), notes=tuple(search.notes),
+        input_schedule=s0)
 
 
 def _is_quantized(graph: Graph) -> bool:

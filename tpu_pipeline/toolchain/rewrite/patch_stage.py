@@ -8,7 +8,7 @@ its window reads gets a copy of just that: SLICE), and copy the finished tile in
 A buffer read for the last time is written over, as TinyEngine's in-place kernels do: a slice of
 it lands on its own first bytes, and a convolution's output starts on its first byte (a
 depthwise in place, an expansion's rows last to first) where that lowers the tile's bytes, the
-kernel computing rows into a small ring (kernels.ring_rows_for; the step carries the ring).
+kernel computing rows into a small ring (overlap.ring_rows_for; the step carries the ring).
 Buffers written over each other share their start, so a chain of them stays as wide as its
 largest buffer.
 Each tile's buffers are planned by the arena planner; the stage's scratch is the largest plan.
@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, kernels
+from tpu_pipeline.toolchain.ir import Graph, Op, kernels, overlap, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
@@ -117,10 +117,10 @@ def _add_params(graph: Graph, op: Op) -> list[int]:
     sa, sb, sy = (float(np.float32(t.quant.scale[0])) for t in (a, b, y))
     left_shift = 20
     twice = 2 * max(sa, sb)
-    m1, s1 = kernels.quantize_multiplier(sa / twice)
-    m2, s2 = kernels.quantize_multiplier(sb / twice)
-    mo, so = kernels.quantize_multiplier(twice / ((1 << left_shift) * sy))
-    lo, hi = kernels.activation_range(graph, op)
+    m1, s1 = requant.quantize_multiplier(sa / twice)
+    m2, s2 = requant.quantize_multiplier(sb / twice)
+    mo, so = requant.quantize_multiplier(twice / ((1 << left_shift) * sy))
+    lo, hi = requant.activation_range(graph, op)
     return [left_shift, -int(a.quant.zero_point[0]), int(y.quant.zero_point[0]), lo, -int(b.quant.zero_point[0]),
             m1, s1, m2, s2, mo, so, -1, hi]
 
@@ -137,7 +137,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
         else:
             o = op.options
             x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
-            lo, hi = kernels.activation_range(graph, op)
+            lo, hi = requant.activation_range(graph, op)
             w[4] = int(kernels.DIRECT in kernels.flags(op))
             w[5], w[6], w[7] = -int(x.quant.zero_point[0]), int(y.quant.zero_point[0]), lo
             w[8:13] = [o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
@@ -251,10 +251,10 @@ class _TileBuffers:
 
 def _overlap(real: Box, obox: Box, x_c: int, y_c: int, pad_top: int, rows) -> tuple[int, int]:
     """(extent, ring rows) of a tile's convolution run with its output over its input, both from
-    the first byte (kernels.overlap_layout's rule on the tile's boxes)."""
+    the first byte (overlap.overlap_layout's rule on the tile's boxes)."""
     x = _aligned((real[1] - real[0]) * (real[3] - real[2]) * x_c)
     y = _aligned((obox[1] - obox[0]) * (obox[3] - obox[2]) * y_c)
-    ring = kernels.ring_rows_for(real[1] - real[0], (real[3] - real[2]) * x_c, obox[1] - obox[0],
+    ring = overlap.ring_rows_for(real[1] - real[0], (real[3] - real[2]) * x_c, obox[1] - obox[0],
                                  (obox[3] - obox[2]) * y_c, pad_top, rows.stride,
                                  (rows.kernel - 1) * rows.dilation + 1, 0, 0)
     return max(x, y), ring

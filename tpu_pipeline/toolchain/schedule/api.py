@@ -95,12 +95,7 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
         notes.append("TFLite in-place sharing depends on the order for some ops: the search "
                      "optimises a model of it; optimality is not claimed")
 
-    baselines = {"converter": heuristics.stored(model), "greedy": heuristics.greedy(model),
-                 "greedy-free": heuristics.greedy(model, key="resident")}
-    if method != "greedy":
-        baselines["rpo"] = heuristics.reverse_post_order(model)
-        baselines["kahn"] = heuristics.kahn(model)
-    base_name, base_order, base_peak = _best_baseline(model, baselines)
+    base_name, base_order, base_peak = _best_baseline(model, _baselines(model, method))
     global_lb = model_lower_bound(model)
     proven_by = {"static": global_lb}
 
@@ -142,6 +137,16 @@ def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0
         proven_by = {"order-free (runtime)": lb}
     return Schedule(tuple(order), real, lb, proven, used, time.monotonic() - t0, stored_peak,
                     sem.name, n, units_n, pieces_n, largest, tuple(notes), tuple(proven_by.items()))
+
+
+def _baselines(model: MemModel, method: str) -> dict:
+    """The heuristic orders every search starts from (method greedy: the cheap ones)."""
+    baselines = {"converter": heuristics.stored(model), "greedy": heuristics.greedy(model),
+                 "greedy-free": heuristics.greedy(model, key="resident")}
+    if method != "greedy":
+        baselines["rpo"] = heuristics.reverse_post_order(model)
+        baselines["kahn"] = heuristics.kahn(model)
+    return baselines
 
 
 def _units(model: MemModel, params: ScheduleParams, body_until: float) -> list[tuple[int, ...]]:

@@ -111,7 +111,13 @@ def body_order(model: MemModel, x: int, body: int) -> tuple[int, ...] | None:
     """The inner order of B with the least largest step if the theorem applies, else None."""
     tensors = _body_tensors(model, x, body)
     ops = list(bits(body))
-    touched = {u: set(model.touch[u]) for u in ops}
+    size, extra, mask, born, pin_end = model.size, model.extra, model.mask, model.born, model.pin_end
+    # per op, what does not depend on the down-set: its predecessors in B, the tensors it touches,
+    # the bytes it creates (the search visits every (down-set, op) pair: this is the schedule's
+    # hottest loop on random wirings)
+    preds = {u: model.preds[u] & body for u in ops}
+    touched = {u: tuple(set(model.touch[u])) for u in ops}
+    new = {u: sum(size[t] for t in model.touch[u] if model.born[t] == u) for u in ops}
     start, end = _res(model, x, tensors, body, 0), _res(model, x, tensors, body, body)
     need = max(start, end)
     # best[D] = (least largest step above R_o to reach D, last op, previous D)
@@ -121,22 +127,30 @@ def body_order(model: MemModel, x: int, body: int) -> tuple[int, ...] | None:
     while layer:
         nxt = []
         for D in layer:
-            g = best[D][0]
+            g, rd = best[D][0], res[D]
             for u in ops:
-                if (D >> u) & 1 or model.preds[u] & body & ~D:
+                bit = 1 << u
+                if D & bit or preds[u] & ~D:
                     continue
-                D2 = D | (1 << u)
+                D2 = D | bit
                 if D2 not in res:
                     # only the tensors u touches can change state between D and D2
-                    res[D2] = res[D] + sum(model.size[t] * (_alive(model, x, t, body, D2) - _alive(model, x, t, body, D))
-                                           for t in touched[u])
-                    if D2 != body and res[D2] < need:
+                    r2 = rd
+                    for t in touched[u]:  # _alive at D2 minus _alive at D, written out
+                        m = mask[t]
+                        if t == x:
+                            r2 += size[t] * (bool(m & body & ~D2) - bool(m & body & ~D))
+                        else:
+                            b = born[t]
+                            r2 += size[t] * ((bool((D2 >> b) & 1) and (pin_end[t] or bool(m & ~D2)))
+                                             - (bool((D >> b) & 1) and (pin_end[t] or bool(m & ~D))))
+                    res[D2] = r2
+                    if D2 != body and r2 < need:
                         return None
                     nxt.append(D2)
                     if len(res) > MAX_DOWNSETS:
                         return None
-                new = sum(model.size[t] for t in model.touch[u] if model.born[t] == u)
-                step = max(g, res[D] + new + model.extra[u])
+                step = max(g, rd + new[u] + extra[u])
                 if D2 not in best or step < best[D2][0]:
                     best[D2] = (step, u, D)
         layer = nxt

@@ -68,7 +68,6 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     if max_states is None:
         max_states = state_cap(piece) if not (native and native_search.available()) else 2**62
     m = len(piece.units)
-    full_u = (1 << m) - 1
     static_lb = static_lower_bound(piece)
     floor = max(floor, static_lb)
     if m == 0:
@@ -87,6 +86,13 @@ def best_first(piece: Piece, ub: int, floor: int = 0, deadline: float | None = N
     if native and native_search.available():
         return native_search.best_first(piece, ub, floor, static_lb, g0, deadline, max_states,
                                          MAX_STATE_BYTES, free_moves)
+    return _python_best_first(piece, ub, floor, static_lb, g0, ready0, deadline, max_states, free_moves)
+
+
+def _python_best_first(piece: Piece, ub: int, floor: int, static_lb: int, g0: int, ready0: tuple,
+                       deadline: float | None, max_states: int, free_moves: bool) -> SearchResult:
+    """best_first's search in Python (the reference of the C one): states are sets of units done."""
+    full_u = (1 << len(piece.units)) - 1
     best = {0: g0}
     parent: dict[int, tuple[int, int]] = {}
     heap = [(max(floor, g0), 0, g0, 0, piece.S0, piece.R0, ready0)]

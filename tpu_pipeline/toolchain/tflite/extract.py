@@ -77,6 +77,11 @@ def stored_shapes(model: schema.ModelT) -> dict[int, tuple[int, ...]]:
             for i, t in enumerate(model.subgraphs[0].tensors or [])}
 
 
+def has_custom_ops(model: schema.ModelT) -> bool:
+    """Whether any op code of the model is a custom op."""
+    return any(opcode_name(model, i)[0].startswith("CUSTOM") for i in range(len(model.operatorCodes or [])))
+
+
 def cut_before_custom_ops(model: schema.ModelT):
     """The main subgraph cut to the ops not downstream of a custom op (LiteRT may have no kernel
     for one), every tensor they make an output, and the source index of each tensor of the cut;

@@ -89,6 +89,37 @@ def read_model(source: str | os.PathLike | bytes | bytearray, name: str | None =
     return model
 
 
+def _read_checked(data: bytes, label: str = "<bytes>") -> bytes:
+    """`data` once its header and every table, vector and string in it are checked (read_model's
+    first steps), for the readers below that read a few fields through the flatbuffer accessors."""
+    _check_header(data, label)
+    verify_flatbuffer(data, label)
+    return data
+
+
+def main_io_counts(data: bytes) -> tuple[int, int]:
+    """(inputs, outputs) of the main subgraph, without unpacking the model."""
+    sg = schema.Model.GetRootAs(_read_checked(bytes(data)), 0).Subgraphs(0)
+    return sg.InputsLength(), sg.OutputsLength()
+
+
+def reads_an_input_at(data: bytes, operands: dict[str, int]) -> bool:
+    """Whether an op of the main subgraph whose builtin name is a key of `operands` reads a graph
+    input at the operand position given, without unpacking the model."""
+    root = schema.Model.GetRootAs(_read_checked(bytes(data)), 0)
+    wanted = {getattr(schema.BuiltinOperator, name): k for name, k in operands.items()}
+    codes = [max(root.OperatorCodes(i).DeprecatedBuiltinCode(), root.OperatorCodes(i).BuiltinCode())
+             for i in range(root.OperatorCodesLength())]
+    sg = root.Subgraphs(0)
+    inputs = {sg.Inputs(i) for i in range(sg.InputsLength())}
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        k = wanted.get(codes[op.OpcodeIndex()]) if op.OpcodeIndex() < len(codes) else None
+        if k is not None and op.InputsLength() > k and op.Inputs(k) in inputs:
+            return True
+    return False
+
+
 def _check_header(data: bytes, label: str) -> None:
     if len(data) == 0:
         raise ModelError(f"{label}: empty file")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from tpu_pipeline.toolchain.compile.passes.verify import start_whole_checks
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.ir import to_model
-from tpu_pipeline.toolchain.tflite import model_to_bytes, with_offline_plan
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model, with_offline_plan
 
 
 def emit(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
@@ -16,4 +17,7 @@ def emit(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord
     if state.offline_plan is not None:
         whole = with_offline_plan(whole, list(state.offline_plan))
     data = model_to_bytes(whole)
-    return dataclasses.replace(state, whole=data), PassRecord("emit", "ran", 0.0, {"bytes": len(data)})
+    state = dataclasses.replace(state, whole=data, whole_model=read_model(data))
+    # --verify's whole-model checks need nothing later passes make: they start now (verify.py)
+    state = dataclasses.replace(state, early_checks=start_whole_checks(state))
+    return state, PassRecord("emit", "ran", 0.0, {"bytes": len(data)})

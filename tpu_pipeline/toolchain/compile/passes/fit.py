@@ -19,12 +19,12 @@ KERNELS = REFERENCE
 
 
 def fit(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
-    from tpu_pipeline.toolchain.fit import fit_graph  # CP-SAT (and pandas, ~0.5 s): only with --budget
+    from tpu_pipeline.toolchain.fit import FitParams, run_fit  # CP-SAT (and pandas, ~0.5 s): only with --budget
 
     budget = state.options.budget
     cost_device = state.options.fit_cost_device
-    r = fit_graph(state.graph, budget=budget, device=cost_device, kernels=KERNELS, deadline=Deadline(allowed),
-                  harness=False, arena="head")
+    params = FitParams(budget=budget, kernels=KERNELS, harness=False, head_only=True)
+    r = run_fit(state.graph, params, cost_device, deadline=Deadline(allowed))
     if not r.fits:
         raise InfeasibleError(f"{state.options.label}: no variant fits {budget:,} B of TFLite Micro arena head; "
                               f"the smallest reachable is {r.head:,} B")

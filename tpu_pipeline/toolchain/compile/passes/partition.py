@@ -28,9 +28,10 @@ def partition(state: CompileState, allowed: float) -> tuple[CompileState, PassRe
         problem = problem.scaled(profile.op_factors)
         notes.append(_profile_note(profile))
 
-    def run(n: int, limit: float):
+    def run(n: int, limit: float, prune_above_ps: int | None = None):
         return partition_graph(graph, n, device=o.device, strategy=o.strategy, time_limit=limit, colocate=o.colocate,
-                               workers=o.workers, label=o.label, gap=o.gap, problem=problem)
+                               workers=o.workers, label=o.label, gap=o.gap, problem=problem,
+                               prune_above_ps=prune_above_ps)
 
     sweep, compared = None, ()
     if o.cuts is not None:

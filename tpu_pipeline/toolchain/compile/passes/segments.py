@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tpu_pipeline.toolchain.budget import Deadline
+from tpu_pipeline.toolchain.compile.passes.load import confirm_litert
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord, SegmentFile
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
 from tpu_pipeline.toolchain.errors import ModelError
@@ -21,9 +22,10 @@ def segment_file_name(stem: str, k: int, n: int) -> str:
 
 
 def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
+    state = confirm_litert(state)  # LiteRT's load check of the input, before anything is cut or run
     o, graph, part = state.options, state.graph, state.partition
     n = part.n
-    whole = read_model(state.whole)
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     problem = PartitionProblem(graph, EdgeTpuCostModel(o.device))
     name = lambda t: graph.tensors[t].name  # noqa: E731
     out, deadline = [], Deadline(allowed)

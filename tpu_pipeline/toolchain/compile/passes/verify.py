@@ -7,11 +7,11 @@ import dataclasses
 
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
 from tpu_pipeline.toolchain.errors import ModelError, VerificationError
-from tpu_pipeline.toolchain.execute.child import RuntimeCrash
+from tpu_pipeline.toolchain.execute.child import RuntimeCrash, start_in_child
 from tpu_pipeline.toolchain.execute.compare import verify_chain, verify_models
 from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.ir import from_model, macs, to_model
-from tpu_pipeline.toolchain.partition.host import runnable_part, verification_scope
+from tpu_pipeline.toolchain.partition.host import litert_missing_kernels, runnable_part, verification_scope
 from tpu_pipeline.toolchain.rewrite.verify import tflm_hazards
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 from tpu_pipeline.toolchain.tflite.extract import runtime_exact_model
@@ -52,17 +52,63 @@ def is_integer_model(graph) -> bool:
     return not any(t.dtype.startswith("float") for t in graph.tensors if t.kind == "activation")
 
 
+def start_whole_checks(state: CompileState):
+    """The optimised whole model against the single input model, in LiteRT and in TFLite Micro,
+    started in a child process as soon as `emit` has written it: neither depends on the
+    partition, so on two cores they run while it searches. `verify` collects them (None: they
+    are not wanted, and `verify` runs them itself if it needs them)."""
+    if not state.options.verify or len(state.sources) != 1:
+        return None
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
+    missing = litert_missing_kernels(whole, state.graph)
+    if missing:  # verify compares the runnable parts instead
+        return None
+    return state.graph, state.whole, start_in_child(_whole_checks, state.sources[0], state.whole, whole, state.graph,
+                                                    runtime="LiteRT", doing="checking the whole model")
+
+
+def _whole_checks(source: tuple[str, bytes], whole: bytes, whole_model, graph) -> dict:
+    """Each check's outcome, (True, result) or (False, its exception), raised by `verify` in order."""
+    label, data = source
+    out = {}
+    for name, check in (("litert", lambda: verify_chain([(label, named_as_loaded(data), "")], [whole],
+                                                          exact=is_integer_model(graph))),
+                        ("tflm", lambda: _verify_in_tflm(data, whole, whole_model, graph))):
+        try:
+            out[name] = (True, check())
+        except Exception as exc:  # noqa: BLE001 - re-raised by verify, where the foreground would raise it
+            out[name] = (False, exc)
+    return out
+
+
+def _outcome(checks: dict | None, name: str, run):
+    """The early check `name`'s result (its exception raised), or `run()` when it was not started."""
+    if checks is None:
+        return run()
+    ok, value = checks[name]
+    if ok:
+        return value
+    raise value
+
+
 def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassRecord]:
     o, graph, part = state.options, state.graph, state.partition
-    whole = read_model(state.whole)
+    early = state.early_checks
+    state = dataclasses.replace(state, early_checks=None)
+    if early is not None and (early[0] is not graph or early[1] != state.whole):
+        early[2].cancel()  # a pass changed the model since: check what is there now
+        early = None
+    whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
-    scope = verification_scope(whole, graph, part.stages, part.interfaces)
+    # the early checks started only where LiteRT has every kernel
+    scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None)
     try:
         verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
     except RuntimeCrash as exc:  # LiteRT dies on the model: the pipeline's host runtime cannot run it
         raise ModelError(f"{exc}; compile's Edge TPU pipeline runs on LiteRT, so this model cannot be compiled "
                          f"(the MCU commands run it in TFLite Micro)") from None
     verification["scope"] = scope.to_json()
+    checks = None if early is None else early[2].result()
     notes = []
     if scope.complete and len(state.sources) == 1:
         label, data = state.sources[0]
@@ -81,7 +127,7 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     if reference is not None:
         # the optimised whole model against the input(s): integer models must match exactly;
         # float models may differ by rounding where a rewrite reassociated sums (reported)
-        src = verify_chain(reference, [optimised], exact=is_integer_model(graph))
+        src = _outcome(checks, "litert", lambda: verify_chain(reference, [optimised], exact=is_integer_model(graph)))
         verification["whole_vs_source"] = {k: src[k] for k in ("bit_identical", "max_abs_diff", "outputs_compared")}
         if not src["bit_identical"]:
             notes.append(f"float model: the optimised model differs from the input by at most "
@@ -93,6 +139,7 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
                      f"{', '.join(scope.unverified_outputs) or 'none'}")
         verification["whole_vs_source_tflm"] = {"skipped": "the model has ops TFLite Micro cannot run here"}
     elif len(state.sources) == 1:
-        verification["whole_vs_source_tflm"] = _verify_in_tflm(state.sources[0][1], state.whole, whole, graph)
+        verification["whole_vs_source_tflm"] = _outcome(
+            checks, "tflm", lambda: _verify_in_tflm(state.sources[0][1], state.whole, whole, graph))
     state = dataclasses.replace(state, verification=verification, notes=state.noted(*notes))
     return state, PassRecord("verify", "ran", 0.0, verification)

@@ -12,11 +12,27 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from ortools.graph.python import max_flow
 
 from tpu_pipeline.toolchain.schedule.bounds.static import footprint
 from tpu_pipeline.toolchain.schedule.model import bits
 from tpu_pipeline.toolchain.schedule.problem import BoundQuery, Piece
+
+
+def _reach(model, inside: int, ops: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+    """Each op's ancestors and descendants inside the piece, as bitsets (`ops` in topological order)."""
+    anc: dict[int, int] = {}
+    desc: dict[int, int] = {}
+    for v in ops:
+        a = model.preds[v] & inside
+        for p in bits(a):
+            a |= anc[p]
+        anc[v] = a
+    for v in reversed(ops):
+        d = model.succs[v] & inside
+        for s in bits(d):
+            d |= desc[s]
+        desc[v] = d
+    return anc, desc
 
 
 class CutNet:
@@ -86,25 +102,15 @@ class CutNet:
         self.snk_of = np.zeros(self.nbytes * 8, dtype=np.int32)
         for v in ops:
             self.src_of[v], self.snk_of[v] = self.src_arc[v], self.snk_arc[v]
+        from ortools.graph.python import max_flow  # OR-Tools loads (~30 ms) only when a cut bound is built
+
         self.flow = max_flow.SimpleMaxFlow()
         self.flow.add_arcs_with_capacity(np.array(tails, dtype=np.int64), np.array(heads, dtype=np.int64),
                                          np.array(caps, dtype=np.int64))
-        self.anc, self.desc = {}, {}
-        for v in ops:  # op positions are a topological order of the graph
-            a = model.preds[v] & piece.ops
-            for p in bits(a):
-                a |= self.anc[p]
-            self.anc[v] = a
-        for v in reversed(ops):
-            d = model.succs[v] & piece.ops
-            for s_ in bits(d):
-                d |= self.desc[s_]
-            self.desc[v] = d
+        self.anc, self.desc = _reach(model, piece.ops, ops)
         through = base - model.const_all  # footprint() counts const_all
-        self.fp = {}
-        for v in ops:
-            fp = through + footprint(model, v)
-            self.fp[v] = fp + sum(model.size[t] for t in forced if t not in model.touch[v])
+        self.fp = {v: through + footprint(model, v) + sum(model.size[t] for t in forced if t not in model.touch[v])
+                   for v in ops}
 
     def _ops_of(self, mask: int) -> np.ndarray:
         """The set bits of an op bitset (all inside the piece), as a boolean array."""

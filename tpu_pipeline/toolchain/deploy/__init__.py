@@ -1,0 +1,1 @@
+"""Deploying into the user's own firmware: a model as a drop-in TFLite Micro library (`library`)."""

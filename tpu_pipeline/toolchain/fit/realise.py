@@ -1,0 +1,118 @@
+"""A selection made real: its variants applied to the whole graph, scheduled and planned; and what
+the realised plan tells the selection it missed (overlapped ops' groups above the promised peak)."""
+
+from __future__ import annotations
+
+from tpu_pipeline.toolchain.budget import Deadline, say
+from tpu_pipeline.toolchain.fit.select import Selection
+from tpu_pipeline.toolchain.fit.variants import Variant, splice
+from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kernel
+from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.semantics import Semantics
+from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
+from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, tail_bound, target_tail
+from tpu_pipeline.toolchain.rewrite.patch import apply_patches, checked_region
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage
+from tpu_pipeline.toolchain.schedule.api import schedule
+
+REALISE_SCHEDULE_SECONDS = 2.0  # the whole graph's scheduler, when the variants' own orders keep the promised peak
+
+
+def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None, str]:
+    """The part of the target's tail no variant changes (the allocator's structs, the I/O tensors,
+    the graph inputs' eval tensors): what the selection adds to the variants' own tails; None
+    (and a note) when the head alone is selected on."""
+    if arena == "head":
+        return None, ""
+    # (bounds, additive over the variants: the realised tail, which depends on the op order, stays within them)
+    whole, ops = tail_bound(graph, sem), ops_tail(graph, sem)
+    if whole is None or ops is None:
+        missing = ", ".join(target_tail(graph, sem).unmodelled)
+        return None, (f"the target's tail is not modelled for {missing}: the selection counts the head alone "
+                      "(the tail is added once the model is fitted)")
+    return whole - ops, ""
+
+
+def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadline, progress, t0):
+    """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
+    semantics of the kernel set it will run with."""
+    whole = apply_selection(graph, sel.variants, spans)
+    say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
+    # the variants' own orders reach the selection's peak; the scheduler may only improve on them
+    whole = whole.reordered(variant_order(whole, sel.variants))
+    # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
+    # gains here, while the planner needs its time to reach the peak on thousands of buffers; where
+    # that order already holds the selection's promise, the scheduler gets a short look only)
+    share = 0.35 * deadline.remaining()
+    if lifetimes(whole, None, sem).peak <= sel.peak:
+        share = min(share, REALISE_SCHEDULE_SECONDS)
+    sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, share)), semantics=sem)
+    whole = whole.reordered(sched.order)
+    plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
+                         deadline=Deadline(max(2.0, deadline.remaining())))
+    return whole, sched, plan
+
+
+def variant_order(whole: Graph, chosen) -> list[int]:
+    """The op order of the applied graph that runs each chosen variant in the order its peak was
+    measured in (ops matched by their first output's name, unique in the graph); the stored order
+    if any op cannot be matched."""
+    pos = {whole.tensors[op.outputs[0]].name: i for i, op in enumerate(whole.ops)}
+    order = []
+    for v in chosen:
+        idx = [pos.get(v.graph.tensors[op.outputs[0]].name) for op in v.graph.ops] if v.graph is not None else [None]
+        if None in idx:
+            return list(range(len(whole.ops)))
+        order += idx
+    if sorted(order) != list(range(len(whole.ops))) or not whole.is_topological(order):
+        return list(range(len(whole.ops)))
+    return order
+
+
+def apply_selection(graph: Graph, chosen, spans) -> Graph:
+    # rewrites first, spliced by position into the graph their spans index; then the patches,
+    # which find their regions by tensor name
+    for v in sorted((v for v in chosen if v.kind == "rewrite"), key=lambda v: -v.first):
+        graph = splice(graph, v, spans)
+    for v in chosen:
+        if v.kind == "patch" and v.form == "stage":
+            tin, tout, positions = checked_region(graph, v.region)
+            graph = build_stage(graph, tin, tout, positions, v.grid)
+        elif v.kind == "patch":
+            graph = apply_patches(graph, v.region, v.grid)
+    moved = dict(kv for v in chosen for kv in v.kernels)
+    if moved:  # ops matched by their first output's name, unique in the graph (as _variant_order)
+        for i, op in enumerate(graph.ops):
+            kernel = moved.get(graph.tensors[op.outputs[0]].name)
+            if kernel is not None and op.kernel != kernel:
+                graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
+    return graph
+
+
+def overshoot(whole: Graph, plan, sel: Selection, sem: Semantics) -> list[tuple[Variant, int]]:
+    """Chosen variants whose ops run at a step where the realised plan reaches above the
+    selection's peak, with the highest such reach: what the selection should have been told. Only
+    where overlapped ops are planned (their groups' fixed offsets are what a span's figure cannot
+    see; other plans reach their peak or are left as the planner's note says)."""
+    if plan.head <= sel.peak:
+        return []
+    lt = lifetimes(whole, None, sem)
+    if not any(b.group >= 0 for b in lt.buffers) or len(plan.buffer_offsets) != len(lt.buffers):
+        return []
+    top = [0] * lt.n_steps
+    for b, off in zip(lt.buffers, plan.buffer_offsets):
+        for s in range(b.first, b.last + 1):
+            top[s] = max(top[s], off + b.size)
+    owner = {}
+    for v in sel.variants:
+        if v.graph is not None:
+            for op in v.graph.ops:
+                owner[v.graph.tensors[op.outputs[0]].name] = v
+    reach: dict[int, tuple[Variant, int]] = {}
+    for i, op in enumerate(whole.ops):  # op i runs at step i + 1 (the realised graph is in its order)
+        v = owner.get(whole.tensors[op.outputs[0]].name)
+        if v is not None and top[i + 1] > sel.peak and top[i + 1] > v.peak:
+            old = reach.get(id(v), (v, 0))[1]
+            reach[id(v)] = (v, max(old, top[i + 1]))
+    return list(reach.values())

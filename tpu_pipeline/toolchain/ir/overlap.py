@@ -1,0 +1,74 @@
+"""Overlapped execution: where an op's output sits over its input in one buffer, and the ring of
+output rows the kernel holds so that it never overwrites input rows still to be read (the same
+rule runs in the harness firmware, tpup_conv.cc RunConvOverlapped)."""
+
+from __future__ import annotations
+
+import functools
+
+from tpu_pipeline.toolchain.ir.geometry import window
+from tpu_pipeline.toolchain.ir.graph import Graph, Op
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def overlap_layout(graph: Graph, op: Op) -> tuple[int, int, int]:
+    """(input offset, output offset, extent) of an overlapped op's two tensors in one buffer: both
+    start at its first byte (a depthwise convolution runs in place; a larger output runs its rows
+    last to first, each landing on input bytes already read: `ring_rows_for`), so a chain of
+    overlapped ops shares one start instead of drifting apart."""
+    x = _aligned(graph.tensors[op.inputs[0]].nbytes)
+    y = _aligned(graph.tensors[op.outputs[0]].nbytes)
+    return 0, 0, max(x, y)
+
+
+def ring_rows(graph: Graph, op: Op, input_offset: int | None = None, output_offset: int | None = None) -> int:
+    """Output rows an overlapped op holds at once (`ring_rows_for` on its whole tensors). Offsets
+    default to `overlap_layout`; with no overlap at all the answer is 1."""
+    if input_offset is None or output_offset is None:
+        input_offset, output_offset, _ = overlap_layout(graph, op)
+    x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
+    rows, _ = window(graph, op)
+    return ring_rows_for(x[1], x[2] * x[3], y[1], y[2] * y[3], rows.pad_before, rows.stride,
+                         (rows.kernel - 1) * rows.dilation + 1, input_offset, output_offset)
+
+
+@functools.lru_cache(maxsize=4096)
+def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
+                  input_offset: int, output_offset: int) -> int:
+    """Output rows a convolution holds at once when its output (`out_rows` rows of `row_out`
+    bytes, at `output_offset`) may lie over its input (at `input_offset`; `span` input rows per
+    window). It computes rows into a ring and writes out, in order, every held row whose bytes
+    cover only input rows no row still to compute reads. Rows run first to last, or last to first
+    when the output reaches past the input's end (a larger output sharing the input's start). The
+    same rule runs in the harness (tpup_conv.cc RunConvOverlapped), on the real pointers, for
+    whole ops and for a patch stage's tiles."""
+    in_end = input_offset + in_rows * row_in
+    backwards = output_offset + out_rows * row_out > in_end
+
+    def under(p: int) -> tuple[int, int] | None:  # the input rows under output row p's bytes
+        a = output_offset + p * row_out
+        b = a + row_out
+        if b <= input_offset or a >= in_end:
+            return None
+        return max(0, (a - input_offset) // row_in), min(in_rows - 1, (b - 1 - input_offset) // row_in)
+
+    def free(p: int, r: int) -> bool:  # output row p may be written once row r is computed
+        rows = under(p)
+        if rows is None:
+            return True
+        if backwards:  # rows r.. are done: the lowest input row's first reader must be among them
+            return max(0, -(-(rows[0] + pad_top - span + 1) // stride)) >= r
+        return min(out_rows - 1, (rows[1] + pad_top) // stride) <= r  # the highest's last reader
+
+    order = range(out_rows - 1, -1, -1) if backwards else range(out_rows)
+    held = most = flushed = 0  # (flushed: how many rows of `order` are written out)
+    for k, r in enumerate(order):
+        held += 1
+        most = max(most, held)
+        while flushed <= k and free(order[flushed], r):
+            flushed += 1
+            held -= 1
+    return most

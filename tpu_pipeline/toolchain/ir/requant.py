@@ -1,0 +1,61 @@
+"""Requantization exactly as TFLite Micro's Prepare computes it: the per-channel multipliers and
+shifts of an int8 convolution (computed here into flash for the harness's kernels) and the
+activation range of an int8 output."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tpu_pipeline.toolchain.ir.graph import Graph, Op
+
+
+def _round_half_away(x: float) -> int:
+    return int(math.copysign(math.floor(abs(x) + 0.5), x))
+
+
+def quantize_multiplier(m: float) -> tuple[int, int]:
+    """tflite::QuantizeMultiplier (double precision, round half away from zero)."""
+    if m == 0.0:
+        return 0, 0
+    q, shift = math.frexp(m)
+    q_fixed = _round_half_away(q * (1 << 31))
+    if q_fixed == 1 << 31:
+        q_fixed //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return q_fixed, shift
+
+
+def requant(graph: Graph, op: Op) -> np.ndarray:
+    """int32 [2, C]: the per-channel output multipliers and shifts TFLite Micro's
+    PopulateConvolutionQuantizationParams computes for `op` (C = output channels)."""
+    x, w, y = (graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]], graph.tensors[op.outputs[0]])
+    channels = w.shape[0] if op.opcode == "CONV_2D" else w.shape[3]
+    scales = w.quant.scale if len(w.quant.scale) > 1 else w.quant.scale * channels
+    # float32 scales promoted to double, multiplied in this order, as the C++ does
+    x_scale, y_scale = float(np.float32(x.quant.scale[0])), float(np.float32(y.quant.scale[0]))
+    out = np.zeros((2, channels), dtype=np.int32)
+    for c, s in enumerate(scales):
+        out[0, c], out[1, c] = quantize_multiplier(x_scale * float(np.float32(s)) / y_scale)
+    return out
+
+
+def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized for an int8 output (float32 arithmetic)."""
+    y = graph.tensors[op.outputs[0]]
+    scale, zp = np.float32(y.quant.scale[0]), int(y.quant.zero_point[0])
+
+    def q(f: float) -> int:
+        return zp + _round_half_away(float(np.float32(f) / scale))
+
+    act = op.options.fused_activation
+    if act == "RELU":
+        return max(-128, q(0.0)), 127
+    if act == "RELU6":
+        return max(-128, q(0.0)), min(127, q(6.0))
+    if act == "RELU_N1_TO_1":
+        return max(-128, q(-1.0)), min(127, q(1.0))
+    return -128, 127
