@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
 from tpu_pipeline.toolchain.device import kernel_set, load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
@@ -89,16 +89,8 @@ def model(tmp_path_factory):
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_fast_depthwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
-    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
-
     path, g = model
-    tree_or_skip(kernels_set)
-    try:
-        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=3, seed=9)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, r.output_differences
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=9)
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")
     predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

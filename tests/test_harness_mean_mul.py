@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.compare import verify_models
@@ -159,16 +159,8 @@ def model(tmp_path_factory):
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_mean_and_mul_run_bit_identical_in_qemu(model, kernels_set):
-    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
-    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
-
     path, h = model
-    tree_or_skip(kernels_set)
-    try:
-        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=3, seed=5)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, r.output_differences
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=5)
     ran = {o["index"]: o["opcode"] for o in r.op_instructions}
     assert {i for i, code in ran.items() if code in ("TPUP_MEAN", "TPUP_MUL")} == set(_mean_mul(h))
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")

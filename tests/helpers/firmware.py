@@ -33,14 +33,21 @@ def run_fitted_on_qemu(tmp_path, fitted, kernels: str | KernelSet):
     toolchain, QEMU or the TFLite Micro tree); its outputs must match the host's TFLite Micro."""
     if not (HAVE_ARM and HAVE_QEMU):
         pytest.skip("ARM toolchain or qemu-system-arm not installed (.ci/run installs them)")
-    tree_or_skip(kernels)
+    out = tmp_path / "fitted.tflite"
+    out.write_bytes(fitted.data)
+    return qemu_run_matching(out, load_device("qemu-mps2-an386"), kernels, iterations=2, seed=3)
+
+
+def qemu_run_matching(path, board, kernels: str | KernelSet, **options):
+    """`path` in the harness firmware for `kernels` on the emulated `board` (skips while another
+    process builds the TFLite Micro library, or without its tree); its outputs must match the
+    host's TFLite Micro. The run's report."""
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
     from tpu_pipeline.toolchain.firmware.library import LibraryBusy
 
-    out = tmp_path / "fitted.tflite"
-    out.write_bytes(fitted.data)
+    tree_or_skip(kernels)
     try:
-        r = run_on_qemu(out, load_device("qemu-mps2-an386"), kernel_set(kernels), iterations=2, seed=3)
+        r = run_on_qemu(path, board, kernel_set(kernels), **options)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences
