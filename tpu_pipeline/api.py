@@ -45,7 +45,7 @@ from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
-from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.memory import TFLITE, TFLM, get_semantics, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
 from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
@@ -240,10 +240,11 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
                 check_output(extra, [path])
         # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
         m, graph, notes = load_exact(path, mcu=True) if output is not None else (*load(path), [])
-        result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=semantics)
+        sem = get_semantics(semantics)
+        result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=sem)
         new_graph = graph.reordered(result.order)
-        head_before = tflm_greedy(lifetimes(graph, semantics="tflm", whole_model=True)).size  # as the file loads
-        head_after = tflm_greedy(lifetimes(new_graph, semantics="tflm")).size
+        head_before = tflm_greedy(lifetimes(graph, semantics=TFLM, whole_model=True)).size  # as the file loads
+        head_after = tflm_greedy(lifetimes(new_graph, semantics=TFLM)).size
         new_model = to_model(new_graph, m)
         data = write_model(new_model, output, inputs=[path]) if output is not None else model_to_bytes(new_model)
         d = result.to_json()
@@ -255,7 +256,7 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
                              result.proven_optimal, result.method, head_before, head_after, tuple(result.order),
                              data, result)
         if report is not None:
-            _html(report, "for_graph", "schedule", label, graph, d, after=new_graph, semantics=semantics)
+            _html(report, "for_graph", "schedule", label, graph, d, after=new_graph, semantics=sem)
     return res
 
 
@@ -273,7 +274,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
             if extra is not None:
                 check_output(extra, [path])
         m, graph, notes = load_exact(path, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
-        lt = lifetimes(graph, semantics="tflm")
+        lt = lifetimes(graph, semantics=TFLM)
         result = plan_for_tflm(graph, lt, planner, time_limit, n_tensors=total_tensor_count(m))
         p = result.plan
         out_model = with_offline_plan(m, list(result.tensor_offsets), label=label)
@@ -286,7 +287,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
             "model": label, "output": None if output is None else os.fspath(output), "buffers": len(lt.buffers),
             "semantics": "tflm", "lower_bound": p.lower_bound, "planned_bytes": result.head,
             "tflm_planner_bytes": tflm_own,
-            "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
+            "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics=TFLITE)).size,
             "planner": p.planner, "proven_optimal": result.head <= p.lower_bound or p.proven_optimal,
             "seconds": round(p.seconds, 3),
             "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,

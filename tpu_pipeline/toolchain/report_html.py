@@ -18,6 +18,7 @@ import html
 from dataclasses import dataclass, field
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics
 
 # Figure colours (also what tests/test_report_html.py looks for in a browser's screenshot).
 BEFORE, AFTER, PEAK = "#9e9e9e", "#1f77b4", "#d62728"
@@ -99,7 +100,7 @@ def _op_label(graph: Graph, step: int) -> str:
     return f"{step - 1} {graph.ops[step - 1].opcode}" if step <= len(graph.ops) else "the end"
 
 
-def timeline(label: str, graph: Graph, semantics="tflm") -> Timeline:
+def timeline(label: str, graph: Graph, semantics: Semantics = TFLM) -> Timeline:
     from tpu_pipeline.toolchain.memory import lifetimes
 
     live = lifetimes(graph, semantics=semantics).live_bytes()
@@ -110,9 +111,9 @@ def timeline(label: str, graph: Graph, semantics="tflm") -> Timeline:
 def arena_boxes(graph: Graph, tensor_offsets=None) -> tuple[tuple[Box, ...], int, str]:
     """The TFLite Micro arena as TFLite Micro lays it out: with our offline plan (`tensor_offsets`,
     one per tensor, -1 for the runtime's) or with its own greedy planner."""
-    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.memory import TFLM, lifetimes, tflm_greedy
 
-    lt = lifetimes(graph, semantics="tflm")
+    lt = lifetimes(graph, semantics=TFLM)
     offline = None
     if tensor_offsets is not None:
         offline = [tensor_offsets[b.tensor] if b.tensor is not None and b.tensor < len(tensor_offsets) else -1
@@ -125,20 +126,20 @@ def arena_boxes(graph: Graph, tensor_offsets=None) -> tuple[tuple[Box, ...], int
 
 
 def for_graph(command: str, label: str, graph: Graph, data: dict, after: Graph | None = None,
-              semantics: str = "tflm", offsets=None) -> Report:
+              semantics: Semantics = TFLM, offsets=None) -> Report:
     """inspect, schedule, plan: the timeline (before/after a reorder) and the arena layout."""
     lines = [timeline("stored order" if after is not None else "stored order", graph, semantics)]
     if after is not None:
         lines.append(timeline("memory-optimal order", after, semantics))
     boxes, head, arena = arena_boxes(after or graph, offsets)
     figures = [Figure("activation peak" + (" (stored order)" if after is not None else ""),
-                      _b(max(lines[0].live)), f"predicted ({semantics} semantics)", "exact for this order")]
+                      _b(max(lines[0].live)), f"predicted ({semantics.name} semantics)", "exact for this order")]
     if command == "inspect":
         figures += [Figure("TFLite Micro arena head (its planner)", _b(data["tflm_arena_bytes"]), "predicted", "-"),
                     Figure("lower bound for any order", _b(data["any_order_lower_bound"]), "predicted",
                            "lower bound")]
     if command == "schedule":
-        figures.append(Figure("activation peak (new order)", _b(data["peak"]), f"predicted ({semantics} semantics)",
+        figures.append(Figure("activation peak (new order)", _b(data["peak"]), f"predicted ({semantics.name} semantics)",
                               "proven optimal" if data.get("proven_optimal") else
                               f"lower bound {data.get('lower_bound', 0):,} B"))
     if command == "plan":
@@ -148,7 +149,7 @@ def for_graph(command: str, label: str, graph: Graph, data: dict, after: Graph |
         if "tflm_measured_head" in data:
             figures.append(Figure("TFLite Micro arena head, our plan", _b(data["tflm_measured_head"]),
                                   "measured (TFLite Micro on the host)", "-"))
-    return Report(f"{label}: {command}", command, label, semantics, tuple(lines), boxes, head, arena,
+    return Report(f"{label}: {command}", command, label, semantics.name, tuple(lines), boxes, head, arena,
                   figures=tuple(figures), notes=tuple(data.get("notes", ())))
 
 

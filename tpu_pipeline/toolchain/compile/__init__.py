@@ -34,7 +34,7 @@ from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
 from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
 from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import Semantics, get_semantics
+from tpu_pipeline.toolchain.memory import TFLM, Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
 from tpu_pipeline.toolchain.partition.auto import DEFAULT_KNEE, DEFAULT_MAX_N
 from tpu_pipeline.toolchain import report_html
@@ -93,7 +93,7 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str | Devi
     if budget is not None:
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
-        semantics = get_semantics("tflm")  # the budget is a TFLite Micro arena: every pass minimises that
+        semantics = TFLM  # the budget is a TFLite Micro arena: every pass minimises that
     n = _segments(n, cuts, max_n, knee)
     if cuts is not None:
         from tpu_pipeline.toolchain.partition.cuts import parse_cuts

@@ -42,7 +42,7 @@ from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, tflm_semantics
 
 _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's persistent buffers
 
@@ -278,7 +278,7 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
     """The offline plan `export-mcu` writes for `graph` (TFLite Micro semantics, planner "auto")."""
     from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
 
-    lt = lifetimes(graph, semantics="tflm")
+    lt = lifetimes(graph, semantics=TFLM)
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
 
 

@@ -12,7 +12,7 @@ from tpu_pipeline.toolchain.device import KERNEL_SETS
 from tpu_pipeline.toolchain.driver import PassRecord
 from tpu_pipeline.toolchain.errors import InfeasibleError
 from tpu_pipeline.toolchain.ir import kernels as harness
-from tpu_pipeline.toolchain.memory import lifetimes
+from tpu_pipeline.toolchain.memory import TFLM, lifetimes
 from tpu_pipeline.toolchain.memory.tflm_target import target_arena
 
 # TFLite Micro plans at start-up in the arena's free space (an AllocationInfo per buffer and the greedy
@@ -28,7 +28,7 @@ def arena(state, allowed):
         target = target_arena(graph, kernels, list(state.offsets)).total
         if target is not None:
             needed.append(target)
-    temporaries = PLANNING_BYTES_PER_BUFFER * len(lifetimes(graph, semantics="tflm").per_tensor()[0].buffers) \
+    temporaries = PLANNING_BYTES_PER_BUFFER * len(lifetimes(graph, semantics=TFLM).per_tensor()[0].buffers) \
         if on_harness else 0
     size = -(-(max(needed or [measured.head + measured.tail]) + temporaries) // 16) * 16
     sram = device.memory.sram_bytes
