@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, kernels, overlap, requant
+from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, overlap, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
@@ -73,9 +73,9 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
-        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage's layers run tpup_conv.cc's paths)
+        op = graph.ops[i]  # no faster variant yet: a stage's layers run tpup_conv.cc's paths)
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, kernels.FAST}
+            drop = {kernels.OVERLAP, *kernel_variants.registered()}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)

@@ -1,0 +1,20 @@
+"""What a kernel variant declares (see the package's docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tpu_pipeline.toolchain.ir.graph import Graph
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    flag: str  # in Op.kernel ("tpup+fast") and on the command line's kernel names
+    bit: int  # its bit in the custom options' flags word (harness/tpup_conv.h)
+    opcode: str  # the builtin op it runs
+    applies: Callable[[Graph, int], bool]  # the ops it can run (besides kernels.can_run_harness)
+    wins: Callable[[Graph, int], bool]  # where QEMU measured it faster than the kernel set's own
+    cost_class: str  # its rows in data/mcu_cost.toml ([<kernel set>.<cost_class>])
+    cost_fallback: str  # the builtin's class it is costed as until its rows are fitted
+    source: str  # its firmware source under data/firmware/harness/
