@@ -9,11 +9,14 @@ checked in QEMU by their own tests (test_harness_depthwise.py for "fast")."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
 from tpu_pipeline.toolchain.cost import mcu
 from tpu_pipeline.toolchain.deploy import library
+from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.ir import from_model, kernel_variants, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
@@ -27,8 +30,10 @@ def _three_by_three(graph, i):
     return w[1] == w[2] == 3 and o.stride_h == o.stride_w == 1
 
 
+PROVEN = 0x800  # a bit the writer derives from the op's constants (as "pointwise" marks its exact cheap requant)
 PROBE = KernelVariant(flag="probe", bit=0x40, opcode="CONV_2D", applies=_three_by_three, wins=lambda g, i: True,
-                      cost_class="tpup_probe_conv", cost_fallback="conv", source="tpup_probe.cc")
+                      cost_class="tpup_probe_conv", cost_fallback="conv", source="tpup_probe.cc",
+                      derived_bits=lambda g, op: PROVEN, derived_mask=PROVEN)
 
 
 @pytest.fixture
@@ -64,6 +69,12 @@ def test_its_flag_bit_survives_the_file(registered):
     g, _ = on_harness(graph)
     back = from_model(read_model(model_to_bytes(to_model(g, read_model(data)))))
     assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+    words = [struct.unpack("<16i", kernels.encode_options(g, op))[2] for op in g.ops]
+    assert [bool(w & PROVEN) for w in words] == [False, True, False, False]
+    stray = struct.pack("<16i", *(w | PROVEN if k == 2 else w
+                                  for k, w in enumerate(struct.unpack("<16i", kernels.encode_options(g, g.ops[0])))))
+    with pytest.raises(ModelError, match="invalid options"):  # a derived bit without its variant's flag
+        kernels.decode_options("TPUP_CONV_2D", stray, "operator 0")
 
 
 def test_memory_cost_and_library_follow_the_record(registered):

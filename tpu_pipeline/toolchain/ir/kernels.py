@@ -397,6 +397,9 @@ def encode_options(graph: Graph, op: Op, ring_rows: int = 0) -> bytes:
     lo, hi = activation_range(graph, op)
     known = flag_bits()
     bits = sum(known[f] for f in flags(op)) | _PADDING_MODE[o.padding] << 4
+    variant = variant_of(op)
+    if variant is not None and variant.derived_bits is not None:
+        bits |= variant.derived_bits(graph, op) & variant.derived_mask
     multiplier = o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1
     return struct.pack(f"<{_WORDS}i", FORMAT, op.version, bits, top, left, o.stride_h, o.stride_w, o.dilation_h,
                        o.dilation_w, multiplier, ACTIVATION_CODE[o.fused_activation], -int(x.quant.zero_point[0]),
@@ -417,8 +420,11 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     mode = {v: k for k, v in _PADDING_MODE.items()}.get((bits & _PADDING_BITS) >> 4)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
     known = flag_bits()
+    derived = {f: v.derived_mask for f, v in kernel_variants.registered().items()}
+    stray_derived = any(bits & m and not bits & known[f] for f, m in derived.items())
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~(sum(known.values()) | _PADDING_BITS):
+            or min(top, left) < 0 or bits & ~(sum(known.values()) | sum(derived.values()) | _PADDING_BITS) \
+            or stray_derived:
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
     kernel = kernel_name(*(f for f, b in known.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tpu_pipeline.toolchain.ir.graph import Graph
+from tpu_pipeline.toolchain.ir.graph import Graph, Op
 
 
 @dataclass(frozen=True)
@@ -18,3 +18,7 @@ class KernelVariant:
     cost_class: str  # its rows in data/mcu_cost.toml ([<kernel set>.<cost_class>])
     cost_fallback: str  # the builtin's class it is costed as until its rows are fitted
     source: str  # its firmware source under data/firmware/harness/
+    # Bits the writer derives from the op's constants (e.g. a proof that a cheaper arithmetic is
+    # exact for it), and which of the options' bits they may set: read back, they need the flag.
+    derived_bits: Callable[[Graph, Op], int] | None = None
+    derived_mask: int = 0
