@@ -563,7 +563,7 @@ def test_the_kernel_set_is_defined_once():
 # Where a device name or path, or a kernel-set name, becomes the object: the command line, the API
 # and the library's own entry points (compile_options, partition, fit_model's default cost device,
 # the fake MCU's demo entry). Below them every room takes a Device and a KernelSet.
-_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.commands.export_mcu", "tpu_pipeline.commands.build_firmware",
+_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.api_shared", "tpu_pipeline.commands.export_mcu", "tpu_pipeline.commands.build_firmware",
               "tpu_pipeline.toolchain.compile", "tpu_pipeline.toolchain.partition", "tpu_pipeline.toolchain.fit.model",
               "tpu_pipeline.runtime.fake_mcu", "tpu_pipeline.toolchain.firmware.library"}
 

@@ -30,18 +30,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_pipeline.runtime import backends, deployment  # the API sits above the runtime
-from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.compile import compile_models
 from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
-from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, KernelSet, available_devices, kernel_set, load_device
+from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
 from tpu_pipeline.toolchain.deploy.banks import bank_figures
-from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
@@ -568,28 +566,3 @@ def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not (0 < value < float("inf")):
         raise UsageError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
-
-
-def profile_shared(models, device: str | Device, kernels: str | KernelSet | None = None, measure: bool = False,
-                   inferences: int = 3, seed: int = 0) -> dict:
-    """Several models on one MCU, run one at a time on one TFLite Micro arena (docs/deploy.md):
-    the shared arena predicted, per model head and tail; `measure`: built as a library into a plain
-    application and run in QEMU (arena measured, each model's outputs against it alone)."""
-    dev = load_device(device) if not isinstance(device, Device) else device
-    ks = kernel_set(kernels) if isinstance(kernels, str) else (kernels or DEFAULT_KERNEL_SET)
-    if dev.kind != "mcu":
-        raise UsageError(f"several models share an arena on an MCU; '{dev.label}' is not one")
-    paths = [str(m) for m in models]
-    a = plan_shared(paths, dev, ks)
-    sram = dev.memory.sram_bytes
-    d = {"device": dev.name, "kernels": ks.name, **a.to_json(), "sram_bytes": sram, "fits": a.total <= sram,
-         "models": [{"model": m, "arena_head_predicted": h, "arena_tail_predicted": t, "arena_bytes_predicted": h + t}
-                    for m, h, t in zip(paths, a.heads, a.tails)]}
-    if measure:
-        with tempfile.TemporaryDirectory(prefix="tpup-profile-") as tmp:
-            r = run_libraries_on_qemu(paths, dev, ks, tmp, inferences=inferences, seed=seed, shared=True)
-        d.update(arena_bytes_measured=r.arenas[0].used, arena_head_measured=r.arenas[0].head,
-                 arena_tail_measured=r.arenas[0].tail, simulated=True)
-        for m, run in zip(d["models"], r.models):
-            m["outputs_match"], m["output_differences"] = run.outputs_match, run.output_differences
-    return d

@@ -159,7 +159,7 @@ def _one_model(src: Path, name: str, device: Device, model_data):
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     with tempfile.TemporaryDirectory(prefix="tpup-library-") as tmp:
-        exported = export_mcu(src, device, tmp, model_data=model_data)  # plan, checks, flash and SRAM verdicts
+        exported = export_mcu(src, device, tmp, model_data=model_data, split_ok=True)  # plan, checks, flash and SRAM verdicts
         data = (Path(tmp) / "model.tflite").read_bytes()
     graph, offsets = _planned_graph(data)
     if graph.external:

@@ -77,6 +77,7 @@ BUILTIN_DATA = {
     "ADD": (2, 1), "SUB": (2, 1), "MUL": (1, 1),  # activation (+ pot_scale_int16)
     "MEAN": (1, 1), "SUM": (1, 1), "REDUCE_MAX": (1, 1), "REDUCE_MIN": (1, 1),  # bool keep_dims
     "CONCATENATION": (8, 4), "STRIDED_SLICE": (24, 4), "RESIZE_NEAREST_NEIGHBOR": (2, 1),
+    "RESIZE_BILINEAR": (2, 1),  # TfLiteResizeBilinearParams: align_corners, half_pixel_centers
     # measured with arm-none-eabi-g++ 12 (sizeof/alignof on the target): the real models' other ops
     "SVDF": (8, 4), "UNIDIRECTIONAL_SEQUENCE_LSTM": (16, 4), "TRANSPOSE_CONV": (16, 4),
     "SPLIT": (4, 4), "LEAKY_RELU": (4, 4), "CAST": (2, 1), "DIV": (1, 1),
@@ -103,6 +104,7 @@ OP_DATA = {
     "MUL": (36, 36),  # OpDataMul
     "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
     "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
+    "RESIZE_BILINEAR": (None, None),  # resize_bilinear.cc: no Init, Prepare allocates nothing
     "DEQUANTIZE": (32, 32),  # DequantizeOpData
     "SVDF": (36, 40),  # OpDataSvdf; cmsis_nn CmsisNnOpDataSvdf (+ kernel sums pointer)
     "UNIDIRECTIONAL_SEQUENCE_LSTM": (688, 912),  # OpDataLSTM; cmsis_nn OpData{OpDataLSTM, CMSIS-NN params}

@@ -32,6 +32,20 @@ def arena(state, allowed):
         if on_harness else 0
     size = -(-(max(needed or [measured.head + measured.tail]) + temporaries) // 16) * 16
     sram = device.memory.sram_bytes
-    if size > sram:
+    if size > sram and not (state.options.split_ok and _split_holds(graph, state.offsets, device)):
         raise InfeasibleError(f"{state.src}: needs a {size:,}-byte arena; {device.name} has {sram:,} bytes of SRAM")
     return replace(state, arena_size=size), PassRecord("arena", "ran", 0.0, {"arena_size": size})
+
+
+def _split_holds(graph, offsets, device) -> bool:
+    """Some allowed placement of head and tail in the board's banks holds the arena, for every
+    kernel set (deploy/banks.py; the reserve is the application's)."""
+    from tpu_pipeline.toolchain.deploy.banks import place
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_tail
+
+    for kernels in KERNEL_SETS:
+        a = target_arena(graph, kernels, list(offsets))
+        if a.tail is None or place(a.head, a.tail, device.memory.banks, 0, split_tail(target_tail(graph, kernels))) \
+                is None:
+            return False
+    return True
