@@ -7,7 +7,8 @@ format), and then the unpacked model's indices, enums, buffer sizes and quantiza
 an Edge TPU-compiled model is refused by name. Every failure is one ModelError line.
 
 Writing packs with constant buffers aligned to 16 bytes (the schema's `force_align: 16`, which
-Python's generated `BufferT.Pack` ignores) and replaces the target atomically; it never
+Python's generated `BufferT.Pack` ignores), the large ones after the tables straight from the
+model's arrays (`model_to_chunks`: no copy through the builder), and replaces the target atomically; it never
 replaces an input model (exit 2) or anything but a regular file (exit 4).
 """
 
