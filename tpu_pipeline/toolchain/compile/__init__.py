@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tpu_pipeline.toolchain.driver import BUDGET_FACTOR, Pass, PassError, run_passes
 from tpu_pipeline.toolchain.compile.report import build_report
-from tpu_pipeline.toolchain.compile.output import check_result_folder, write_result_folder
+from tpu_pipeline.toolchain.compile.output import ResultFolder, check_result_folder
 from tpu_pipeline.toolchain.compile.passes.edgetpu import edgetpu
 from tpu_pipeline.toolchain.compile.passes.emit import emit
 from tpu_pipeline.toolchain.compile.passes.fit import fit
@@ -144,17 +144,28 @@ def _segments(n, cuts, max_n: int, knee: float) -> int | None:
 
 def compile_models(paths, n: int | str | None, out_dir=None, progress=None, **options) -> CompileResult:
     opts = compile_options(paths, n, out_dir, **options)
-    state, records = run_passes(PASSES, CompileState(opts), progress)
-    files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
-    names = [*files, "report.html", "report.json"]
-    report = build_report(state, records, names)
-    # the figures people look at, in one self-contained page beside report.json
-    files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
-        json.dumps(report, default=json_default)))).encode()
-    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
-                                   list(opts.paths))
+    folder = ResultFolder(opts.out_dir, list(opts.paths))
+    try:
+        # the model files go to disk while the later passes run (the swap comes at the end)
+        state, records = run_passes(PASSES, CompileState(opts), progress,
+                                    after=lambda _name, st: folder.write_soon(_model_files(st)))
+        files = {**_model_files(state), **dict(state.extra_files)}
+        names = [*files, "report.html", "report.json"]
+        report = build_report(state, records, names)
+        # the figures people look at, in one self-contained page beside report.json
+        files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
+            json.dumps(report, default=json_default)))).encode()
+        manifest = folder.finish(files, json.loads(json.dumps(report, default=json_default)))
+    finally:
+        folder.discard()
     return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
                          list(report["notes"]))
+
+
+def _model_files(state: CompileState) -> dict[str, bytes]:
+    """The .tflite files the state holds so far: the whole model (after emit), the segments."""
+    whole = {f"{state.options.stem}.tflite": state.whole} if state.whole is not None else {}
+    return {**whole, **{s.file: s.data for s in state.segments}}
 
 
 __all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",

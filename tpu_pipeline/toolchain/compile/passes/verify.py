@@ -112,7 +112,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     notes = []
     if scope.complete and len(state.sources) == 1:
         label, data = state.sources[0]
-        reference = [(label, named_as_loaded(data), "")]
+        # built only when the early check did not run (it compared the same two models)
+        reference = lambda: [(label, named_as_loaded(data), "")]  # noqa: E731
         optimised = state.whole
     elif scope.complete:
         reference = [(label, data, pre) for (label, data), pre in zip(state.sources, state.prefixes)]
@@ -127,7 +128,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     if reference is not None:
         # the optimised whole model against the input(s): integer models must match exactly;
         # float models may differ by rounding where a rewrite reassociated sums (reported)
-        src = _outcome(checks, "litert", lambda: verify_chain(reference, [optimised], exact=is_integer_model(graph)))
+        src = _outcome(checks, "litert", lambda: verify_chain(reference() if callable(reference) else reference,
+                                                              [optimised], exact=is_integer_model(graph)))
         verification["whole_vs_source"] = {k: src[k] for k in ("bit_identical", "max_abs_diff", "outputs_compared")}
         if not src["bit_identical"]:
             notes.append(f"float model: the optimised model differs from the input by at most "
