@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.ir import Graph, total_param_bytes
 from tpu_pipeline.toolchain.memory import (
     TFLITE,
@@ -65,6 +64,8 @@ def _op_label(graph: Graph, step: int) -> str:
 def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
               tflm_cannot_run: str | None = None) -> ModelSummary:
     """`tflm_cannot_run`: TFLite Micro's reason for refusing the model (no head is predicted then)."""
+    from tpu_pipeline.toolchain.deploy import library  # the MCU library's tables: not loaded by `compile`
+
     lt_tflm = lifetimes(graph, semantics=TFLM, whole_model=True)
     lt_tflite = lifetimes(graph, semantics=TFLITE)
     live = lt_tflm.live_bytes()
@@ -94,6 +95,6 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
         hot_steps=hot_steps,
         inputs=tuple(graph.tensors[t].name for t in graph.inputs),
         outputs=tuple(graph.tensors[t].name for t in graph.outputs),
-        custom_ops=custom_ops(graph),
-        custom_ops_note=custom_ops_note(graph),
+        custom_ops=library.custom_ops(graph),
+        custom_ops_note=library.custom_ops_note(graph),
     )
