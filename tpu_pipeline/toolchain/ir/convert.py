@@ -133,8 +133,9 @@ def _quantization(q) -> Quantization | None:
     if q is None or q.scale is None or len(q.scale) == 0:
         return None
     zp = q.zeroPoint if q.zeroPoint is not None else [0] * len(q.scale)
-    # tolist: Python floats and ints in one call (a float32 scale widens exactly, as float() does)
-    return Quantization(tuple(np.asarray(q.scale).tolist()), tuple(int(z) for z in np.asarray(zp).tolist()),
+    # tolist: Python floats and ints in one call (a float32 scale widens exactly, as float() does;
+    # the schema's zero points are int64: per-channel ones are thousands per tensor)
+    return Quantization(tuple(np.asarray(q.scale).tolist()), tuple(np.asarray(zp, dtype=np.int64).tolist()),
                         int(q.quantizedDimension or 0))
 
 
