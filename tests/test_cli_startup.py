@@ -33,3 +33,24 @@ def test_numpy_is_not_loaded_before_the_command_line_sets_its_threads():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.strip() == "False"
+
+
+def test_help_lists_every_command_without_importing_one():
+    code = ("import sys; from tpu_pipeline import cli; rc = cli.main(['--help']); "
+            "loaded = sorted(m for m in sys.modules if m.startswith('tpu_pipeline.commands.')); "
+            "sys.stderr.write(repr((rc, loaded)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr.strip().splitlines()[-1] == "(0, [])"
+    from tpu_pipeline.cli import COMMANDS
+
+    for name, _, text in COMMANDS:
+        assert name in proc.stdout and text.split()[0] in proc.stdout
+
+
+def test_a_commands_help_still_has_its_options(capsys):
+    from tpu_pipeline import cli
+
+    assert cli.main(["compile", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--num-segments" in out and "--profile" in out and "--format" in out

@@ -7,7 +7,6 @@ from tpu_pipeline.output import printer, progress
 from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, non_negative_int, plot_path, positive_int, seconds
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
 
 def add_arguments(p) -> None:

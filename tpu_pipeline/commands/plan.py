@@ -9,7 +9,6 @@ from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 from tpu_pipeline.toolchain.memory import PLANNERS
 
-HELP = "plan arena offsets (down to the live-bytes bound) and write them as TFLite Micro's offline plan"
 
 
 def add_arguments(p) -> None:

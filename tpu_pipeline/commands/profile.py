@@ -7,7 +7,6 @@ from tpu_pipeline.commands.options import non_negative_int, positive_int, second
 from tpu_pipeline.runtime.backends import BUILTIN
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
 
 def add_arguments(p) -> None:

@@ -9,7 +9,6 @@ from tpu_pipeline.output import printer
 from tpu_pipeline.runtime.backends import BUILTIN
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "run a compiled pipeline or a model on Coral, an MCU over serial, or the host emulator; measure it"
 
 
 def add_arguments(p) -> None:
