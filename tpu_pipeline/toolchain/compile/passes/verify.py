@@ -1,4 +1,4 @@
-"""--verify: the segments chained in LiteRT against the optimised whole model (bit-identical), the
+"""--verify: the segment files as written chained in LiteRT against the optimised whole model (bit-identical), the
 optimised whole model against the input(s) in LiteRT, and in TFLite Micro where it is fast enough."""
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
     # the early checks started only where LiteRT has every kernel
-    scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None)
+    scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None,
+                               written=[seg.data for seg in state.segments])
     try:
         verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
     except RuntimeCrash as exc:  # LiteRT dies on the model: the pipeline's host runtime cannot run it
