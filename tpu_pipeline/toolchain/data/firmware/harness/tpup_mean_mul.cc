@@ -16,7 +16,7 @@
 #include "tpup_conv.h"
 
 #if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
-#include <arm_acle.h>  // (ACLE: __sxtb16, __smlabb, __smlatt, __ssat)
+#include <arm_acle.h>  // (ACLE: __sxtb16, __sadd16, __ssat)
 #define TPUP_DSP 1
 #endif
 
@@ -154,11 +154,6 @@ inline int32_t Smmlar(int32_t a, int32_t b, int32_t acc) {
   return r;
 }
 
-inline int32_t Ror8(int32_t x) {
-  const uint32_t u = static_cast<uint32_t>(x);
-  return static_cast<int32_t>(u >> 8 | u << 24);
-}
-
 inline int32_t Load32(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);  // (an unaligned LDR: the cores this runs on allow it)
@@ -174,34 +169,49 @@ struct FastMul {
   int32_t zero_in, zero_out;  // four a's at their zero point, and the four outputs they give
 };
 
-template <bool kFullRange>
-inline int32_t Finish(const FastMul& f, int32_t v2) {
-  const int32_t r = Smmlar(v2, f.multiplier, f.rounding + (v2 >> 31)) >> f.e;
-  if (kFullRange) return __ssat(r, 8);
-  return r < f.act_min ? f.act_min : (r > f.act_max ? f.act_max : r);
+inline int32_t Smulbb(int32_t a, int32_t b) {
+  int32_t r;
+  __asm__("smulbb %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+  return r;
 }
 
-// `count` words of four lanes `stride` bytes apart, lane k multiplied by bv[k]: the lanes' 2 x bv
-// in pairs (0 and 2, 1 and 3) for SMLAxy, and 2 x a_offset x bv as the accumulators' start. A
-// word of four zero points (ReLU's zeros) gives four known outputs.
+inline int32_t Smultt(int32_t a, int32_t b) {
+  int32_t r;
+  __asm__("smultt %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+inline int32_t Sxtb16Ror8(int32_t x) {
+  int32_t r;
+  __asm__("sxtb16 %0, %1, ror #8" : "=r"(r) : "r"(x));
+  return r;
+}
+
+// `count` words of four lanes `stride` bytes apart, lane k multiplied by bv[k]: the a's sign-
+// extended in pairs (0 and 2, 1 and 3) with the offset added (SADD16: |a + offset| <= 255), times
+// the lanes' 2 x bv. A word of four zero points (ReLU's zeros) gives four known outputs.
+// (Everything in locals: the int8 stores may alias any memory the compiler would reload.)
 template <bool kFullRange>
 void Lanes(const FastMul& f, const int8_t* a, int8_t* out, int stride, int count, const int32_t* bv) {
   const int32_t p02 = Pair(2 * bv[0], 2 * bv[2]), p13 = Pair(2 * bv[1], 2 * bv[3]);
-  const int32_t c0 = 2 * f.a_offset * bv[0], c1 = 2 * f.a_offset * bv[1], c2 = 2 * f.a_offset * bv[2],
-                c3 = 2 * f.a_offset * bv[3];
-  for (int i = 0; i < count; ++i, a += stride, out += stride) {
+  const int32_t offset2 = Pair(f.a_offset, f.a_offset), zero_in = f.zero_in, zero_out = f.zero_out;
+  const int32_t m = f.multiplier, e = f.e, k = f.rounding, lo = f.act_min, hi = f.act_max;
+  auto finish = [=](int32_t v2) -> int8_t {
+    const int32_t r = Smmlar(v2, m, k + (v2 >> 31)) >> e;
+    if (kFullRange) return static_cast<int8_t>(__ssat(r, 8));
+    return static_cast<int8_t>(r < lo ? lo : (r > hi ? hi : r));
+  };
+  for (const int8_t* end = a + count * stride; a != end; a += stride, out += stride) {
     const int32_t x = Load32(a);
-    if (x == f.zero_in) {
-      std::memcpy(out, &f.zero_out, 4);
+    if (x == zero_in) {
+      std::memcpy(out, &zero_out, 4);
       continue;
     }
-    const int32_t x02 = __sxtb16(x), x13 = __sxtb16(Ror8(x));
-    const uint32_t y0 = static_cast<uint8_t>(Finish<kFullRange>(f, __smlabb(x02, p02, c0)));
-    const uint32_t y1 = static_cast<uint8_t>(Finish<kFullRange>(f, __smlabb(x13, p13, c1)));
-    const uint32_t y2 = static_cast<uint8_t>(Finish<kFullRange>(f, __smlatt(x02, p02, c2)));
-    const uint32_t y3 = static_cast<uint8_t>(Finish<kFullRange>(f, __smlatt(x13, p13, c3)));
-    const uint32_t y = y0 | y1 << 8 | y2 << 16 | y3 << 24;
-    std::memcpy(out, &y, 4);
+    const int32_t x02 = __sadd16(__sxtb16(x), offset2), x13 = __sadd16(Sxtb16Ror8(x), offset2);
+    out[0] = finish(Smulbb(x02, p02));
+    out[2] = finish(Smultt(x02, p02));
+    out[1] = finish(Smulbb(x13, p13));
+    out[3] = finish(Smultt(x13, p13));
   }
 }
 
