@@ -35,6 +35,14 @@ keep in RAM:
   extension's SIMD multiplies, the int8 input read in place, no buffer; the same integers as
   TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
   (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
+- **packed** (`+packed`, CONV_2D only: `can_run_packed`): the harness's convolution for few input
+  channels (harness/tpup_first_conv.cc), in both firmware builds: each output pixel's window
+  (kh rows of kw x C contiguous bytes) packed once into int16 pairs, the weights packed offline
+  in the same order as a constant input 4 (int32 [out_c, 1 + pairs]: the bias with the input
+  offset folded in, then the pairs: `packed_weights`), two pixels x two channels per SMLAD; no
+  buffer. The same integers as TFLite's ConvPerChannel. Far faster than CMSIS-NN's im2col kernel
+  on a first layer (3 channels), so `on_harness` takes it wherever the input has at most
+  PACKED_WINS_MAX_CHANNELS channels (`packed_wins`).
 
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
@@ -49,7 +57,7 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
+(1 direct, 2 overlap, 4 fast, 8 packed, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -72,10 +80,12 @@ from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOpt
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
-DIRECT, OVERLAP, FAST = "direct", "overlap", "fast"
-FLAGS = (DIRECT, OVERLAP, FAST)
+DIRECT, OVERLAP, FAST, PACKED = "direct", "overlap", "fast", "packed"
+FLAGS = (DIRECT, OVERLAP, FAST, PACKED)
 FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
 FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
+PACKED_MAX_PAIRS = PACKED_MAX_ROW = 64  # (harness/tpup_conv.h kPackedMaxPairs, kPackedMaxRow: windows on the stack)
+PACKED_WINS_MAX_CHANNELS = 4  # where the packed kernel beats CMSIS-NN's im2col one (packed_wins)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
@@ -86,7 +96,7 @@ BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MU
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
-_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4}
+_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4, PACKED: 8}
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
@@ -210,6 +220,60 @@ def fast_wins(graph: Graph, i: int) -> bool:
     return w[1] * w[2] >= FAST_WINS_FROM_TAPS
 
 
+def packed_pairs(k_h: int, k_w: int, in_c: int) -> int:
+    """The int16 pairs a window of the packed kernel holds (harness/tpup_first_conv.cc PackedPairs):
+    per row of k_w x in_c bytes two pairs per four bytes, then the rows' leftover bytes paired."""
+    row = k_w * in_c
+    return k_h * (row // 4) * 2 + (k_h * (row % 4) + 1) // 2
+
+
+def can_run_packed(graph: Graph, i: int) -> bool:
+    """The packed kernel (flag "packed", harness/tpup_first_conv.cc) runs an int8 CONV_2D without
+    dilation whose window rows fit its stack buffers."""
+    op = graph.ops[i]
+    if op.opcode != "CONV_2D" or not can_run_harness(graph, i):
+        return False
+    o, w = op.options, graph.tensors[op.inputs[1]].shape
+    return (o.dilation_h == 1 and o.dilation_w == 1 and w[2] * w[3] <= PACKED_MAX_ROW
+            and packed_pairs(w[1], w[2], w[3]) <= PACKED_MAX_PAIRS)
+
+
+def packed_wins(graph: Graph, i: int) -> bool:
+    """Whether a harness convolution goes on the packed kernel wherever it may: it can, and its
+    input has few channels (a first layer), where the kernel beat CMSIS-NN's im2col kernel in
+    QEMU (docs/bench/harness_kernels.md). It needs no buffer, so it never costs memory."""
+    op = graph.ops[i]
+    if not is_harness(op) or PACKED in flags(op) or not can_run_packed(graph, i):
+        return False
+    return graph.tensors[op.inputs[1]].shape[3] <= PACKED_WINS_MAX_CHANNELS
+
+
+def packed_weights(graph: Graph, op: Op) -> np.ndarray:
+    """Input 4 of a packed convolution, int32 [out_c, 1 + pairs]: per output channel the bias plus
+    input offset x the sum of its weights (exact in int32: padding taps then read the zero point),
+    then its weights as int16 pairs in the order the kernel packs a window (`packed_pairs`)."""
+    w = graph.tensors[op.inputs[1]].values().astype(np.int64)  # [out_c, kh, kw, in_c]
+    out_c, k_h, k_w, in_c = w.shape
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    b = graph.tensors[bias].values().astype(np.int64) if bias >= 0 else np.zeros(out_c, np.int64)
+    offset = -int(graph.tensors[op.inputs[0]].quant.zero_point[0])
+    rows = w.reshape(out_c, k_h, k_w * in_c)
+    whole = (k_w * in_c) // 4 * 4
+    groups = rows[:, :, :whole].reshape(out_c, k_h, -1, 4)
+    lo = groups[..., [0, 1]].reshape(out_c, -1)  # per four bytes the pairs (b0, b2), (b1, b3)
+    hi = groups[..., [2, 3]].reshape(out_c, -1)
+    tail = rows[:, :, whole:].reshape(out_c, -1)
+    if tail.shape[1] % 2:
+        tail = np.concatenate([tail, np.zeros((out_c, 1), np.int64)], axis=1)
+    lo, hi = np.concatenate([lo, tail[:, 0::2]], axis=1), np.concatenate([hi, tail[:, 1::2]], axis=1)
+    pairs = (lo & 0xFFFF) | (hi & 0xFFFF) << 16
+    folded = b + offset * w.reshape(out_c, -1).sum(axis=1)
+    if np.abs(folded).max(initial=0) >= 1 << 31:
+        raise ValueError("the folded bias does not fit int32")
+    words = np.concatenate([folded[:, None] & 0xFFFFFFFF, pairs], axis=1)
+    return words.astype("<u4").view("<i4")
+
+
 def can_run_direct(graph: Graph, i: int) -> bool:
     """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
     buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
@@ -230,9 +294,11 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         if kernel:
             kernel_name(*wanted)  # validates the flags
             if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) \
-                    or (FAST in wanted and not can_run_fast(graph, i)):
+                    or (FAST in wanted and not can_run_fast(graph, i)) \
+                    or (PACKED in wanted and not can_run_packed(graph, i)):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            inputs = _with_packed(graph, op, tensors, inputs) if PACKED in wanted else inputs[:4]
         elif op.opcode in MEAN_MUL:
             inputs = op.inputs
         else:
@@ -264,6 +330,18 @@ def _with_requant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...
     return op.inputs[0], op.inputs[1], bias, t.index
 
 
+def _with_packed(graph: Graph, op: Op, tensors: list[Tensor], inputs) -> tuple[int, ...]:
+    """`inputs` (a harness convolution's four) with the packed weights as input 5."""
+    if len(inputs) > 4 and inputs[4] >= 0:
+        return tuple(inputs)
+    values = packed_weights(graph, op)
+    data = np.frombuffer(values.astype("<i4").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/packed", "int32", values.shape, data=data)
+    tensors.append(t)
+    return (*inputs[:4], t.index)
+
+
 def kernel_choices(graph: Graph) -> dict[int, str]:
     """Op position -> chosen kernel, for the ops not on the kernel set's own."""
     return {i: op.kernel for i, op in enumerate(graph.ops) if op.kernel}
@@ -285,7 +363,7 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
         return graph, {t.index: t.index for t in graph.tensors}
     graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
-    requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
+    requants = {t for op in graph.ops if is_harness(op) and op.opcode not in MEAN_MUL for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
         if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
             ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
@@ -411,7 +489,7 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~0x37:
+            or min(top, left) < 0 or bits & ~0x3F:
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
     kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}
@@ -432,7 +510,13 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     if len(op.inputs) < 4 or op.inputs[3] < 0:
         return False
     t = graph.tensors[op.inputs[3]]
-    return t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))
+    if not (t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))):
+        return False
+    if PACKED not in flags(op):
+        return len(op.inputs) == 4
+    p = graph.tensors[op.inputs[4]] if len(op.inputs) > 4 and op.inputs[4] >= 0 else None
+    return p is not None and p.is_constant and p.dtype == "int32" and np.array_equal(
+        p.values().reshape(-1), packed_weights(graph, op).reshape(-1))
 
 
 # ---- means and products: TPUP_MEAN and TPUP_MUL ------------------------------------------------

@@ -73,7 +73,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         return [total] if total else []
     flags = kernels.flags(op)
     own = 0
-    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags and kernels.FAST not in flags:
+    if sem.name == "tflm-cmsis-nn" and not flags & {kernels.DIRECT, kernels.FAST, kernels.PACKED}:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:
