@@ -36,13 +36,9 @@ keep in RAM:
   TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
   (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
 - **packed** (`+packed`, CONV_2D only: `can_run_packed`): the harness's convolution for few input
-  channels (harness/tpup_first_conv.cc), in both firmware builds: each output pixel's window
-  (kh rows of kw x C contiguous bytes) packed once into int16 pairs, the weights packed offline
-  in the same order as a constant input 4 (int32 [out_c, 1 + pairs]: the bias with the input
-  offset folded in, then the pairs: `packed_weights`), two pixels x two channels per SMLAD; no
-  buffer. The same integers as TFLite's ConvPerChannel. Far faster than CMSIS-NN's im2col kernel
-  on a first layer (3 channels), so `on_harness` takes it wherever the input has at most
-  PACKED_WINS_MAX_CHANNELS channels (`packed_wins`).
+  channels (harness/tpup_first_conv.cc, both builds): windows packed into int16 pairs, the weights
+  packed offline (`ir/packed.py`) as a constant input 4, no buffer; TFLite's ConvPerChannel
+  integers. `on_harness` takes it on inputs of at most PACKED_WINS_MAX_CHANNELS (`packed_wins`).
 
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
@@ -74,6 +70,7 @@ from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
 from tpu_pipeline.toolchain.ir import stage
+from tpu_pipeline.toolchain.ir.packed import PACKED_MAX_PAIRS, PACKED_MAX_ROW, packed_pairs, packed_weights
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
 
@@ -84,7 +81,6 @@ DIRECT, OVERLAP, FAST, PACKED = "direct", "overlap", "fast", "packed"
 FLAGS = (DIRECT, OVERLAP, FAST, PACKED)
 FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
 FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
-PACKED_MAX_PAIRS = PACKED_MAX_ROW = 64  # (harness/tpup_conv.h kPackedMaxPairs, kPackedMaxRow: windows on the stack)
 PACKED_WINS_MAX_CHANNELS = 4  # where the packed kernel beats CMSIS-NN's im2col one (packed_wins)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
@@ -220,13 +216,6 @@ def fast_wins(graph: Graph, i: int) -> bool:
     return w[1] * w[2] >= FAST_WINS_FROM_TAPS
 
 
-def packed_pairs(k_h: int, k_w: int, in_c: int) -> int:
-    """The int16 pairs a window of the packed kernel holds (harness/tpup_first_conv.cc PackedPairs):
-    per row of k_w x in_c bytes two pairs per four bytes, then the rows' leftover bytes paired."""
-    row = k_w * in_c
-    return k_h * (row // 4) * 2 + (k_h * (row % 4) + 1) // 2
-
-
 def can_run_packed(graph: Graph, i: int) -> bool:
     """The packed kernel (flag "packed", harness/tpup_first_conv.cc) runs an int8 CONV_2D without
     dilation whose window rows fit its stack buffers."""
@@ -239,39 +228,12 @@ def can_run_packed(graph: Graph, i: int) -> bool:
 
 
 def packed_wins(graph: Graph, i: int) -> bool:
-    """Whether a harness convolution goes on the packed kernel wherever it may: it can, and its
-    input has few channels (a first layer), where the kernel beat CMSIS-NN's im2col kernel in
-    QEMU (docs/bench/harness_kernels.md). It needs no buffer, so it never costs memory."""
+    """Whether a harness convolution goes on the packed kernel wherever it may: few input channels,
+    where it beat CMSIS-NN's im2col kernel in QEMU (docs/bench/harness_kernels.md); no buffer."""
     op = graph.ops[i]
     if not is_harness(op) or PACKED in flags(op) or not can_run_packed(graph, i):
         return False
     return graph.tensors[op.inputs[1]].shape[3] <= PACKED_WINS_MAX_CHANNELS
-
-
-def packed_weights(graph: Graph, op: Op) -> np.ndarray:
-    """Input 4 of a packed convolution, int32 [out_c, 1 + pairs]: per output channel the bias plus
-    input offset x the sum of its weights (exact in int32: padding taps then read the zero point),
-    then its weights as int16 pairs in the order the kernel packs a window (`packed_pairs`)."""
-    w = graph.tensors[op.inputs[1]].values().astype(np.int64)  # [out_c, kh, kw, in_c]
-    out_c, k_h, k_w, in_c = w.shape
-    bias = op.inputs[2] if len(op.inputs) > 2 else -1
-    b = graph.tensors[bias].values().astype(np.int64) if bias >= 0 else np.zeros(out_c, np.int64)
-    offset = -int(graph.tensors[op.inputs[0]].quant.zero_point[0])
-    rows = w.reshape(out_c, k_h, k_w * in_c)
-    whole = (k_w * in_c) // 4 * 4
-    groups = rows[:, :, :whole].reshape(out_c, k_h, -1, 4)
-    lo = groups[..., [0, 1]].reshape(out_c, -1)  # per four bytes the pairs (b0, b2), (b1, b3)
-    hi = groups[..., [2, 3]].reshape(out_c, -1)
-    tail = rows[:, :, whole:].reshape(out_c, -1)
-    if tail.shape[1] % 2:
-        tail = np.concatenate([tail, np.zeros((out_c, 1), np.int64)], axis=1)
-    lo, hi = np.concatenate([lo, tail[:, 0::2]], axis=1), np.concatenate([hi, tail[:, 1::2]], axis=1)
-    pairs = (lo & 0xFFFF) | (hi & 0xFFFF) << 16
-    folded = b + offset * w.reshape(out_c, -1).sum(axis=1)
-    if np.abs(folded).max(initial=0) >= 1 << 31:
-        raise ValueError("the folded bias does not fit int32")
-    words = np.concatenate([folded[:, None] & 0xFFFFFFFF, pairs], axis=1)
-    return words.astype("<u4").view("<i4")
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:
@@ -512,11 +474,10 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     t = graph.tensors[op.inputs[3]]
     if not (t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))):
         return False
-    if PACKED not in flags(op):
-        return len(op.inputs) == 4
-    p = graph.tensors[op.inputs[4]] if len(op.inputs) > 4 and op.inputs[4] >= 0 else None
-    return p is not None and p.is_constant and p.dtype == "int32" and np.array_equal(
-        p.values().reshape(-1), packed_weights(graph, op).reshape(-1))
+    if PACKED not in flags(op) or len(op.inputs) < 5 or op.inputs[4] < 0:
+        return PACKED not in flags(op) and len(op.inputs) == 4
+    p = graph.tensors[op.inputs[4]]
+    return p.is_constant and p.dtype == "int32" and np.array_equal(p.values(), packed_weights(graph, op))
 
 
 # ---- means and products: TPUP_MEAN and TPUP_MUL ------------------------------------------------
