@@ -321,6 +321,16 @@ def report(data: dict) -> str:
             f = op_features(g, i)
             if code in ("TPUP_MEAN", "TPUP_MUL") and f.work >= 1000:
                 lines.append(f"| {code} ({h} x {h} x {c}) | {f.work:,} | {n:,} | {n / f.work:.1f} |")
+    lines += ["", "TinyEngine's squeeze-and-excitation layers on mcunetv2_large (docs/bench/mcu_latency.md: "
+              "se_element_mult_2d 0.56 M, average_pool_2d 0.075 M instructions) are not the same arithmetic: its "
+              "element_mult_nx1 (TinyEngine/src/kernels/int_forward_op/element_mult.c) assigns the output offset "
+              "over the requantized product, so the compiler keeps a constant fill (0.6 instructions an element), "
+              "and the code generator fuses ADD + MUL + MUL into it, skipping the hard-sigmoid ADD and MUL; its "
+              "MEAN pair becomes one avg_pooling (avgpooling.c: raw int8 sums divided by the count, no zero "
+              "point, no requantization) profiled as r28x240x28_1x240x1, 1,960 instructions where the tensor "
+              "has 188,160 elements. Its outputs match TFLite Micro's on that model only "
+              "because these SE inputs are mostly at their zero point (scale 2^-23). These loops compute "
+              "TFLite's integers for every input.", ""]
     lines += ["", "Patch stages against the same layers run whole (the region from the block's input; "
               "`h`: H = W, `c`: channels): a streamed stage computes every row once, a square grid "
               "recomputes its halos.", "",

@@ -106,7 +106,7 @@ void Block(const int32_t* wa, const int32_t* wb, int pairs, const int32_t* a, co
   int32_t a0 = wa[0], a1 = wa[0], b0 = wb[0], b1 = wb[0];
   const int n = P > 0 ? P : pairs;
   ++wa, ++wb;
-#pragma GCC unroll 16
+#pragma GCC unroll 2  // (more: the compiler keeps windows in registers over channels, and spills)
   for (int k = 0; k < n; ++k) {
     const int32_t x = a[k], y = b[k], u = wa[k], v = wb[k];
     a0 = Dot(x, u, a0);
@@ -117,29 +117,36 @@ void Block(const int32_t* wa, const int32_t* wb, int pairs, const int32_t* a, co
   acc[0] = a0, acc[1] = a1, acc[2] = b0, acc[3] = b1;
 }
 
+constexpr int kChannelChunk = 32;  // output channels whose requantization is set up once, on the stack
+
 template <int P>
 void Rows(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
           const int32_t* packed, const int32_t* requant, int8_t* out) {
   const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), stride = pairs + 1, C = g.out_c;
   const int8_t zero_point = static_cast<int8_t>(-o.input_offset);
   int32_t win_a[kPackedMaxPairs], win_b[kPackedMaxPairs];
-  for (int oy = 0; oy < out_rows; ++oy) {
-    const int iy0 = oy * o.stride_h - pad_top;
-    for (int ox = 0; ox < g.out_w; ox += 2) {
-      const bool both = ox + 1 < g.out_w;
-      const int ix0 = ox * o.stride_w - o.pad_left;
-      PackWindow(g, in, iy0, ix0, zero_point, win_a);
-      if (both) PackWindow(g, in, iy0, ix0 + o.stride_w, zero_point, win_b);
-      int8_t* dst = out + (oy * g.out_w + ox) * C;
-      for (int oc = 0; oc < C; oc += 2) {
-        const bool two = oc + 1 < C;
-        const int32_t* wa = packed + oc * stride;
-        int32_t acc[4];
-        Block<P>(wa, two ? wa + stride : wa, pairs, win_a, both ? win_b : win_a, acc);
-        for (int k = 0; k < (two ? 2 : 1); ++k) {
-          const Requant scale(requant[oc + k], requant[C + oc + k]);
-          dst[oc + k] = Clamp(scale(acc[2 * k]) + o.output_offset, o.act_min, o.act_max);
-          if (both) dst[C + oc + k] = Clamp(scale(acc[2 * k + 1]) + o.output_offset, o.act_min, o.act_max);
+  Requant scale[kChannelChunk];
+  for (int c0 = 0; c0 < C; c0 += kChannelChunk) {
+    const int c1 = c0 + kChannelChunk < C ? c0 + kChannelChunk : C;
+    for (int oc = c0; oc < c1; ++oc) scale[oc - c0] = Requant(requant[oc], requant[C + oc]);
+    for (int oy = 0; oy < out_rows; ++oy) {
+      const int iy0 = oy * o.stride_h - pad_top;
+      for (int ox = 0; ox < g.out_w; ox += 2) {
+        const bool both = ox + 1 < g.out_w;
+        const int ix0 = ox * o.stride_w - o.pad_left;
+        PackWindow(g, in, iy0, ix0, zero_point, win_a);
+        if (both) PackWindow(g, in, iy0, ix0 + o.stride_w, zero_point, win_b);
+        int8_t* dst = out + (oy * g.out_w + ox) * C;
+        for (int oc = c0; oc < c1; oc += 2) {
+          const bool two = oc + 1 < c1;
+          const int32_t* wa = packed + oc * stride;
+          int32_t acc[4];
+          Block<P>(wa, two ? wa + stride : wa, pairs, win_a, both ? win_b : win_a, acc);
+          for (int k = 0; k < (two ? 2 : 1); ++k) {
+            const Requant& q = scale[oc - c0 + k];
+            dst[oc + k] = Clamp(q(acc[2 * k]) + o.output_offset, o.act_min, o.act_max);
+            if (both) dst[C + oc + k] = Clamp(q(acc[2 * k + 1]) + o.output_offset, o.act_min, o.act_max);
+          }
         }
       }
     }
