@@ -9,8 +9,10 @@ checked in QEMU by their own tests (test_harness_depthwise.py for "fast")."""
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
+import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
@@ -33,7 +35,8 @@ def _three_by_three(graph, i):
 PROVEN = 0x800  # a bit the writer derives from the op's constants (as "pointwise" marks its exact cheap requant)
 PROBE = KernelVariant(flag="probe", bit=0x40, opcode="CONV_2D", applies=_three_by_three, wins=lambda g, i: True,
                       cost_class="tpup_probe_conv", cost_fallback="conv", source="tpup_probe.cc",
-                      derived_bits=lambda g, op: PROVEN, derived_mask=PROVEN)
+                      derived_bits=lambda g, op: PROVEN, derived_mask=PROVEN,
+                      constant_input=lambda g, op: np.arange(6, dtype=np.int32))  # (as "packed" re-lays weights)
 
 
 @pytest.fixture
@@ -75,6 +78,22 @@ def test_its_flag_bit_survives_the_file(registered):
                                   for k, w in enumerate(struct.unpack("<16i", kernels.encode_options(g, g.ops[0])))))
     with pytest.raises(ModelError, match="invalid options"):  # a derived bit without its variant's flag
         kernels.decode_options("TPUP_CONV_2D", stray, "operator 0")
+
+
+def test_its_constant_input_is_written_checked_and_dropped_for_other_runtimes(registered):
+    graph, _ = _model()
+    g, _ = on_harness(graph)
+    probe = g.ops[1]
+    assert len(probe.inputs) == 5 and list(g.tensors[probe.inputs[4]].values()) == list(range(6))
+    assert kernels.requant_tensor_ok(g, probe)
+    stale = g.tensors[probe.inputs[4]]
+    data = np.frombuffer(np.zeros(6, "<i4").tobytes(), np.uint8).copy()
+    edited = dataclasses.replace(g, tensors=tuple(dataclasses.replace(t, data=data) if t is stale else t
+                                                  for t in g.tensors))
+    assert not kernels.requant_tensor_ok(edited, probe)
+    assert len(g.ops[3].inputs) == 4  # "fast" reads no constant of its own
+    view = kernels.builtin_view(g)
+    assert len(view.tensors) == len(graph.tensors) and all(len(op.inputs) <= 3 for op in view.ops)
 
 
 def test_memory_cost_and_library_follow_the_record(registered):

@@ -238,6 +238,8 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
                     or any(not can_run_variant(graph, i, f) for f in variants):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            if op.opcode not in MEAN_MUL:
+                inputs = _with_variant_constant(graph, op, tensors, inputs, variants)
         elif op.opcode in MEAN_MUL:
             inputs = op.inputs
         else:
@@ -269,6 +271,22 @@ def _with_requant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...
     return op.inputs[0], op.inputs[1], bias, t.index
 
 
+def _with_variant_constant(graph: Graph, op: Op, tensors: list[Tensor], inputs, variants) -> tuple[int, ...]:
+    """A harness convolution's four inputs, and input 4 when its variant reads a constant of its own."""
+    v = kernel_variants.registered()[next(iter(variants))] if variants else None
+    if v is None or v.constant_input is None:
+        return tuple(inputs[:4])
+    if len(inputs) > 4 and inputs[4] >= 0 and variant_of(op) is v:
+        return tuple(inputs[:5])
+    values = v.constant_input(graph, op)
+    data = np.frombuffer(values.astype(f"<{values.dtype.str[1:]}").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/{v.flag}", values.dtype.name, values.shape,
+               data=data)
+    tensors.append(t)
+    return (*inputs[:4], t.index)
+
+
 def kernel_choices(graph: Graph) -> dict[int, str]:
     """Op position -> chosen kernel, for the ops not on the kernel set's own."""
     return {i: op.kernel for i, op in enumerate(graph.ops) if op.kernel}
@@ -290,7 +308,8 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
         return graph, {t.index: t.index for t in graph.tensors}
     graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
-    requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
+    # (the requantization input 3, and a variant's constant input 4)
+    requants = {t for op in graph.ops if is_harness(op) and op.opcode not in MEAN_MUL for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
         if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
             ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
@@ -445,7 +464,15 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     if len(op.inputs) < 4 or op.inputs[3] < 0:
         return False
     t = graph.tensors[op.inputs[3]]
-    return t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))
+    if not (t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))):
+        return False
+    v = variant_of(op)
+    if v is None or v.constant_input is None:
+        return len(op.inputs) == 4
+    if len(op.inputs) != 5 or op.inputs[4] < 0:
+        return False
+    c, want = graph.tensors[op.inputs[4]], v.constant_input(graph, op)
+    return c.is_constant and c.dtype == want.dtype.name and np.array_equal(c.values(), want)
 
 
 # ---- means and products: TPUP_MEAN and TPUP_MUL ------------------------------------------------

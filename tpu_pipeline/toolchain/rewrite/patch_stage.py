@@ -73,9 +73,9 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
-        op = graph.ops[i]  # no faster variant yet: a stage's layers run tpup_conv.cc's paths)
+        op = graph.ops[i]  # variants only where tpup_stage.cc runs them: `in_stages`)
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, *kernel_variants.registered()}
+            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages)}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from tpu_pipeline.toolchain.ir.graph import Graph, Op
 
 
@@ -22,3 +24,7 @@ class KernelVariant:
     # exact for it), and which of the options' bits they may set: read back, they need the flag.
     derived_bits: Callable[[Graph, Op], int] | None = None
     derived_mask: int = 0
+    # A constant the kernel reads as the op's input 4 (e.g. weights re-laid offline): written with
+    # the flag, checked against the op's constants when read, dropped by the builtin view.
+    constant_input: Callable[[Graph, Op], np.ndarray] | None = None
+    in_stages: bool = False  # patch stages run their layers of this op on it (tpup_stage.cc)
