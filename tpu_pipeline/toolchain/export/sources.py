@@ -81,7 +81,7 @@ def _bank_lines(device: Device, banks: dict | None) -> list[str]:
     if banks["head"] == banks["tail"]:
         return [f"// the arena in bank '{banks['head']}' (deploy/banks.py: the fastest bank that holds it)",
                 f"#define HARNESS_ARENA_SECTION {section(banks['head'])}", *outside]
-    return [*outside, f"// head in bank '{banks['head']}', tail in bank '{banks['tail']}' (deploy/banks.py): two buffers",
+    return [*outside, f"// head in bank '{banks['head']}', tail in bank '{banks['tail']}': two buffers",
             "#define HARNESS_ARENA_SPLIT 1",
             f"#define HARNESS_HEAD_ARENA_SIZE {banks['head_bytes']}",
             f"#define HARNESS_TAIL_ARENA_SIZE {banks['tail_bytes']}",

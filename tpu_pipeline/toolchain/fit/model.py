@@ -48,7 +48,8 @@ class FittedModel:
     def to_json(self) -> dict:
         d = self.result.to_json()
         if any(self.bank_wait_s):
-            lat, base = d["latency_s_predicted"] + self.bank_wait_s[0], d["baseline_latency_s_predicted"] + self.bank_wait_s[1]
+            lat = d["latency_s_predicted"] + self.bank_wait_s[0]
+            base = d["baseline_latency_s_predicted"] + self.bank_wait_s[1]
             d.update(latency_s_predicted=lat, baseline_latency_s_predicted=base,
                      latency_overhead_predicted=lat / base - 1 if base else None)
         d["bank_wait_latency_s_predicted"] = self.bank_wait_s[0]
