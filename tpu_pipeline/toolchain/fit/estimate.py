@@ -22,65 +22,189 @@ from __future__ import annotations
 
 import numpy as np
 
-from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.geometry import hw, region_needs, splits
+from tpu_pipeline.toolchain.cost.mcu import coefficients, fitted_table, op_features
+from tpu_pipeline.toolchain.ir import Graph, kernels, macs
+from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, hw, splits
 
 
 def _aligned(graph: Graph, t: int) -> int:
     return -(-graph.tensors[t].nbytes // 16) * 16
 
 
+class RegionGeometry:
+    """What every grid of one region shares, computed once (a region has up to a few hundred
+    grids, and most are estimated): its ops' tensors, bytes per pixel, rates, scratch and the
+    needed runs of every tensor along each axis (geometry.AxisNeeds)."""
+
+    def __init__(self, graph: Graph, tin: int, tout: int, positions: list[int], op_seconds: dict[int, float],
+                 scratch: dict[int, int] | None, pricing: StagePricing | None = None):
+        region = [graph.ops[i] for i in positions]
+        self.shape = hw(graph, tout)
+        self.ppx: dict[int, int] = {}
+        for i in positions:
+            for t in graph.ops[i].inputs + graph.ops[i].outputs:
+                if graph.is_activation(t) and t not in self.ppx:
+                    x = graph.tensors[t]
+                    self.ppx[t] = x.nbytes // max(1, x.shape[1] * x.shape[2])
+        self.steps = [(graph.ops[i].outputs[0], tuple(x for x in dict.fromkeys(graph.ops[i].inputs) if x in self.ppx),
+                       i) for i in positions]
+        self.rate = {}
+        for i in positions:
+            y = graph.ops[i].outputs[0]
+            area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
+            self.rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
+        self.axes = (AxisNeeds(graph, region, tout, 0), AxisNeeds(graph, region, tout, 1))
+        self.full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena: nothing
+        self.full_out = _aligned(graph, tout)
+        self.tout = tout
+        self.scratch = scratch or {}
+        self.last_read = {x: i for y, xs, i in self.steps for x in xs}
+        self.not_add = {i for i in positions if graph.ops[i].opcode != "ADD"}
+        self.tin, self.channels = tin, {t: graph.tensors[t].shape[3] for t in self.ppx}
+        # a stage's tile holds every tensor between the layer that writes it and the last that
+        # reads it (a residual branch across its block): per layer, the others live across it
+        first = {tin: -1, **{y: k for k, (y, _, _) in enumerate(self.steps)}}
+        last = {tout: len(self.steps)}
+        for k, (_, xs, _) in enumerate(self.steps):
+            for x in xs:
+                last[x] = max(last.get(x, k), k)
+        self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
+                       for k, (y, xs, _) in enumerate(self.steps)]
+        self.pricing = pricing
+
+
+class StagePricing:
+    """What a patch stage's predicted instructions (cost.mcu.stage_instructions) are at least, from
+    the tile geometry: its layers at their classes' rates on the rows and columns each tile
+    computes, a cost per call, per output row of a call and per element its tiles copy in and out.
+    Left out (a floor): the slices between layers, stream buffers' copies and overlapped calls'
+    rings."""
+
+    def __init__(self, graph: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
+        body = graph
+        self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
+        for i in positions:
+            op = graph.ops[i]
+            if op.opcode != "ADD":  # a stage runs its layers on tpup_conv.cc's paths (build_stage)
+                name = kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP, kernels.FAST}))
+                body = kernels.with_kernel(body, [i], name)
+            f = op_features(body, i)
+            c = coefficients(table, f.fit_class)
+            y = graph.tensors[op.outputs[0]].shape
+            self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+        c = table["patch_stage"]
+        self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
+        self.seconds = seconds_per_instruction
+
+    def seconds_of(self, geo: "RegionGeometry", H: dict, W: dict, tiles: int, computed: dict | None = None,
+                   streamed: float = 0.0) -> float:
+        """Seconds at least of a stage whose tiles need runs H x W (rows of tiles x columns of
+        tiles); `computed`: op -> the output rows its layer computes on each stripe (streamed
+        stripes: each row once, and `streamed` elements copied into and out of stream buffers),
+        else every tile computes its whole box."""
+        instr = calls = rows = 0.0
+        cols = len(next(iter(W.values())))
+        for y, _, i in geo.steps:
+            if computed is None:
+                n_rows, calls = H[y].sum() * cols, calls + tiles
+                instr += self.rate[i] * H[y].sum() * W[y].sum()
+            else:  # (stripes: one column of tiles)
+                n_rows, calls = float(computed[i].sum()), calls + int((computed[i] > 0).sum())
+                instr += self.rate[i] * n_rows * W[y][0]
+            rows += n_rows
+        copied = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin] \
+            + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
+        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
+
+
+def stage_pricing(graph: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
+    """The StagePricing of a region on `device` with `kernel_set` (None without a fitted
+    [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
+    cpi = getattr(getattr(device, "compute", None), "cycles_per_instruction", None)
+    table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
+    if table is None or "patch_stage" not in table:
+        return None
+    return StagePricing(graph, positions, table, float(cpi) / device.compute.clock_hz)
+
+
+def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
+    """(peak, MACs, seconds) at least of a stage on row stripes run streamed (rewrite.patch_stage
+    `_stream_program`): each layer's rows computed once; the stripe's buffers are not written over
+    one another, so a layer's footprint is its input and output boxes (and the kernel's scratch);
+    every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
+    footprint = 0.0
+    for k, (y, xs, i) in enumerate(geo.steps):
+        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k])) + geo.scratch.get(i, 0)
+        footprint = max(footprint, float(f.max()))
+    buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
+               for y, _, _ in geo.steps if y != geo.tout)
+    new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
+    for y, _, i in geo.steps:
+        lo, hi = row_runs[y]
+        above = np.concatenate(([lo[0]], hi[:-1])) if y != geo.tout else lo
+        new[i] = np.maximum(hi - np.maximum(lo, above), 0)
+    work = sum(geo.rate[i][0] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    # the rows a stripe shares with the one above come out of the stream buffer, and those the
+    # one below shares go into it: a copy each
+    cached = 0.0
+    for y, _, _ in geo.steps:
+        if y != geo.tout:
+            lo, hi = row_runs[y]
+            shared = np.maximum(np.minimum(hi[:-1], hi[1:]) - lo[1:], 0).sum()
+            into = np.maximum(hi[:-1] - lo[1:], 0).sum()
+            cached += float(shared + into) * W[y][0] * geo.channels[y]
+    if geo.pricing is not None:
+        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), new, cached)
+    else:  # each op's own time on the rows it computes
+        seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    return geo.full_in + geo.full_out + int(footprint + buffers), int(work), seconds
+
+
 def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
                      op_seconds: dict[int, float], scratch: dict[int, int] | None = None,
-                     stage: bool = False) -> tuple[int, int, float] | None:
+                     stage: bool = False, geometry: RegionGeometry | None = None) -> tuple[int, int, float] | None:
     """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
     the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
     the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
     scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned). `stage`: the tiles run inside one
     op (tpu_pipeline.toolchain.ir.stage), whose peak is at least the region's input and output and the largest
-    op's buffers on a tile. None when a tile would read nothing of some tensor (the grid is too
-    fine for the region): that candidate does not exist."""
-    region = [graph.ops[i] for i in positions]
-    oh, ow = hw(graph, tout)
-    rate, ppx = {}, {}
-    for i in positions:
-        for t in graph.ops[i].inputs + graph.ops[i].outputs:
-            if graph.is_activation(t) and t not in ppx:
-                x = graph.tensors[t]
-                ppx[t] = x.nbytes // max(1, x.shape[1] * x.shape[2])
-    steps = [(graph.ops[i].outputs[0], tuple(x for x in dict.fromkeys(graph.ops[i].inputs) if x in ppx), i)
-             for i in positions]
-    for i in positions:
-        y = graph.ops[i].outputs[0]
-        area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
-        rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
+    op's buffers on a tile. `geometry`: the region's RegionGeometry, if the caller keeps it. None
+    when a tile would read nothing of some tensor (the grid is too fine for the region): that
+    candidate does not exist."""
+    geo = geometry or RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    (oh, ow), ppx, tout = geo.shape, geo.ppx, geo.tout
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
-    # rows its row of tiles needs by the columns its column needs: p + q walks, not p x q.
-    row_need = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
-    col_need = [region_needs(graph, region, tout, (0, oh, w0, w1)) for w0, w1 in cols]
-    if any(n is None for n in row_need + col_need):
+    # rows its row of tiles needs by the columns its column needs.
+    row_runs = geo.axes[0].runs([a for a, _ in rows], [b for _, b in rows])
+    col_runs = geo.axes[1].runs([a for a, _ in cols], [b for _, b in cols])
+    if row_runs is None or col_runs is None:
         return None
-    full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena costs it nothing
-    full_out = _aligned(graph, tout)
+    full_in, full_out = geo.full_in, geo.full_out
     # Rows and columns of every needed box, as vectors over the rows / columns of tiles: an op's
     # footprint on tile (r, c) is sum over its tensors of bytes/pixel x rows(r) x cols(c), left
     # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
-    H = {t: np.array([n[t][1] - n[t][0] for n in row_need], dtype=np.float64) for t in ppx}
-    W = {t: np.array([n[t][3] - n[t][2] for n in col_need], dtype=np.float64) for t in ppx}
+    H = {t: (row_runs[t][1] - row_runs[t][0]).astype(np.float64) for t in ppx}
+    W = {t: (col_runs[t][1] - col_runs[t][0]).astype(np.float64) for t in ppx}
     footprint = np.zeros((len(rows), len(cols)))
     work = seconds = 0.0
-    last_read = {x: i for y, xs, i in steps for x in xs}
-    for y, xs, i in steps:
+    last_read, rate = geo.last_read, geo.rate
+    for k, (y, xs, i) in enumerate(geo.steps):
         boxes = [ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)]
-        if stage and len(xs) == 1 and graph.ops[i].opcode != "ADD" and last_read[xs[0]] == i and xs[0] != tout:
+        if stage and len(xs) == 1 and i in geo.not_add and last_read[xs[0]] == i and xs[0] != tout:
             boxes = [np.maximum(*boxes)]  # the output may lie over the dying input
-        f = sum(boxes) + (scratch or {}).get(i, 0)
+        if stage:  # (copies: each tile's tensors are counted by the patch-by-patch order below)
+            boxes += [ppx[t] * np.outer(H[t], W[t]) for t in geo.across[k]]
+        f = sum(boxes) + geo.scratch.get(i, 0)
         np.maximum(footprint, f, out=footprint)
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area
         seconds += rate[i][1] * area
+    if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
+        return _streamed(geo, row_runs, H, W)
     if stage:
+        if geo.pricing is not None:
+            seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
         return full_in + full_out + int(footprint.max()), int(work), seconds
     tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile

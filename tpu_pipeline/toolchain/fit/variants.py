@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import estimate_patches
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_pricing
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -287,16 +287,24 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            sem: Semantics) -> Variant | None:
+            sem: Semantics, regions: dict | None = None) -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, the device model's latency of the built ops, MACs, ops). None when the variant
-    does not exist after all (a grid too fine for the region's windows): the caller drops it."""
+    does not exist after all (a grid too fine for the region's windows): the caller drops it.
+    `regions`: a dict the caller keeps, (first, last, form) -> the RegionGeometry, which every
+    grid of the region shares."""
     positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
-        scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, scratch, stage=v.form == "stage")
+        geo = None if regions is None else regions.get((v.first, v.last, v.form))
+        if geo is None:
+            scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+            pricing = stage_pricing(graph, positions, device, sem.kernels) if v.form == "stage" else None
+            geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, pricing)
+            if regions is not None:
+                regions[(v.first, v.last, v.form)] = geo
+        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
         if est is None:
             return None
         peak, work, lat = est
