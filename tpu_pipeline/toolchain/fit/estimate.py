@@ -71,6 +71,7 @@ class RegionGeometry:
         self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
                        for k, (y, xs, _) in enumerate(self.steps)]
         self.pricing = pricing
+        self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
 
 
 class StagePricing:

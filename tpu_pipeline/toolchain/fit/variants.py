@@ -40,7 +40,7 @@ from tpu_pipeline.toolchain.ir.kernels import (DIRECT, FAST, IN_PLACE, MEAN_MUL,
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
-from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
+from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
@@ -302,13 +302,20 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
             scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
             pricing = stage_pricing(graph, positions, device, sem.kernels) if v.form == "stage" else None
             geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, pricing)
+            if v.form == "copies":  # every tile its own copy of the ops: their tail per tile
+                geo.copy_tail = copies_tail(span_graph(graph, spans[v.first:v.last + 1]), sem)
             if regions is not None:
                 regions[(v.first, v.last, v.form)] = geo
         est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
         if est is None:
             return None
         peak, work, lat = est
-        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
+        tail = v.tail
+        if v.form == "copies":
+            if geo.copy_tail is not None:
+                tail = max(tail, v.grid[0] * v.grid[1] * geo.copy_tail[0] + geo.copy_tail[1])
+        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate",
+                       tail=tail)
     sub = span_graph(graph, spans[v.first:v.last + 1])
     try:
         if v.form == "stage":  # (a span graph keeps the graph's tensor table: the same indices)
