@@ -58,6 +58,9 @@ class RegionGeometry:
         self.full_out = _aligned(graph, tout)
         self.tout = tout
         self.scratch = scratch or {}
+        # a stage asks for its tiles' buffers and then the largest buffer a layer's kernel asks for
+        # (memory.scratch): its layers' footprints leave the kernels' buffers out, added once
+        self.kernel_scratch = max(self.scratch.values(), default=0)
         self.last_read = {x: i for y, xs, i in self.steps for x in xs}
         self.not_add = {i for i in positions if graph.ops[i].opcode != "ADD"}
         self.tin, self.channels = tin, {t: graph.tensors[t].shape[3] for t in self.ppx}
@@ -78,20 +81,14 @@ class StagePricing:
     """What a patch stage's predicted instructions (cost.mcu.stage_instructions) are at least, from
     the tile geometry: its layers at their classes' rates on the rows and columns each tile
     computes, a cost per call, per output row of a call and per element its tiles copy in and out.
-    Left out (a floor): the slices between layers, stream buffers' copies and overlapped calls'
-    rings."""
+    Left out (a floor): the slices between layers and overlapped calls' rings."""
 
-    def __init__(self, graph: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
-        body = graph
+    def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
         self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
         for i in positions:
-            op = graph.ops[i]
-            if op.opcode != "ADD":  # a stage runs its layers on tpup_conv.cc's paths (build_stage)
-                name = kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP, kernels.FAST}))
-                body = kernels.with_kernel(body, [i], name)
             f = op_features(body, i)
             c = coefficients(table, f.fit_class)
-            y = graph.tensors[op.outputs[0]].shape
+            y = body.tensors[body.ops[i].outputs[0]].shape
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
@@ -118,14 +115,26 @@ class StagePricing:
         return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
 
 
-def stage_pricing(graph: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
-    """The StagePricing of a region on `device` with `kernel_set` (None without a fitted
-    [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
+def stage_layers(graph: Graph, positions: list[int]) -> Graph:
+    """`graph` with the region's convolutions on the kernels a patch stage runs them with
+    (rewrite.patch_stage.build_stage: tpup_conv.cc's paths, neither overlapped nor the fast
+    depthwise kernel)."""
+    for i in positions:
+        op = graph.ops[i]
+        if op.opcode != "ADD":
+            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP,
+                                                                                              kernels.FAST})))
+    return graph
+
+
+def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
+    """The StagePricing of a region (`body`: stage_layers) on `device` with `kernel_set` (None
+    without a fitted [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
     cpi = getattr(getattr(device, "compute", None), "cycles_per_instruction", None)
     table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
     if table is None or "patch_stage" not in table:
         return None
-    return StagePricing(graph, positions, table, float(cpi) / device.compute.clock_hz)
+    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz)
 
 
 def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
@@ -135,8 +144,9 @@ def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
     every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
     footprint = 0.0
     for k, (y, xs, i) in enumerate(geo.steps):
-        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k])) + geo.scratch.get(i, 0)
+        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k]))
         footprint = max(footprint, float(f.max()))
+    footprint += geo.kernel_scratch
     buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
                for y, _, _ in geo.steps if y != geo.tout)
     new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
@@ -196,7 +206,7 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
             boxes = [np.maximum(*boxes)]  # the output may lie over the dying input
         if stage:  # (copies: each tile's tensors are counted by the patch-by-patch order below)
             boxes += [ppx[t] * np.outer(H[t], W[t]) for t in geo.across[k]]
-        f = sum(boxes) + geo.scratch.get(i, 0)
+        f = sum(boxes) + (0 if stage else geo.scratch.get(i, 0))
         np.maximum(footprint, f, out=footprint)
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area
@@ -206,7 +216,7 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     if stage:
         if geo.pricing is not None:
             seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
-        return full_in + full_out + int(footprint.max()), int(work), seconds
+        return full_in + full_out + int(footprint.max()) + geo.kernel_scratch, int(work), seconds
     tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile
     live_input = np.full(tiles.size, float(full_in))

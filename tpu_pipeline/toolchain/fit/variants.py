@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_pricing
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_layers, stage_pricing
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -52,7 +52,7 @@ from tpu_pipeline.toolchain.schedule.api import schedule
 # slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
 MAX_PATCH_OPS = 4096
 GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
-_NODE, _EVAL_TENSOR = 32, 12  # TFLite Micro's NodeAndRegistration and TfLiteEvalTensor on a 32-bit target
+_NODE, _EVAL_TENSOR, _SCRATCH_HANDLE = 32, 12, 4  # NodeAndRegistration, TfLiteEvalTensor, ScratchBufferHandle (32-bit)
 MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
 
 
@@ -299,11 +299,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     if v.stage == "bound":
         geo = None if regions is None else regions.get((v.first, v.last, v.form))
         if geo is None:
-            scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-            pricing = stage_pricing(graph, positions, device, sem.kernels) if v.form == "stage" else None
-            geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, pricing)
-            if v.form == "copies":  # every tile its own copy of the ops: their tail per tile
-                geo.copy_tail = copies_tail(span_graph(graph, spans[v.first:v.last + 1]), sem)
+            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem)
             if regions is not None:
                 regions[(v.first, v.last, v.form)] = geo
         est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
@@ -328,6 +324,22 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     # (its order-free lower bound is computed only where it can matter: `refine`)
     return replace(v, peak=lifetimes(g, None, sem).peak, latency_s=lat, macs=work, ops=len(g.ops),
                    graph=g, stage="measured", tail=_tail(g, sem))
+
+
+def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics):
+    """What every grid of `v`'s region and form shares (estimate.RegionGeometry): for a stage its
+    layers' kernel buffers as the stage asks them (unaligned) and its pricing; for copies the tail
+    every tile's copy of the ops brings."""
+    tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
+    if v.form == "stage":
+        body = stage_layers(graph, positions)
+        scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
+        return RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
+                              stage_pricing(body, positions, device, sem.kernels))
+    scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    geo.copy_tail = copies_tail(span_graph(graph, spans[v.first:v.last + 1]), sem)
+    return geo
 
 
 def _patch_label(region, grid, form: str = "copies") -> str:
@@ -412,10 +424,10 @@ def _tail(graph: Graph, sem: Semantics) -> int:
 
 
 def _stage_tail_floor(graph: Graph, positions) -> int:
-    """A stage's tail: one node, and the eval tensors of its output and of the constants it reads
-    (its one scratch handle left out: a floor)."""
+    """A stage's tail: one node, the eval tensors of its output and of the constants it reads, and
+    its one scratch handle (it always asks for its tiles' buffers: memory.scratch)."""
     consts = {t for i in positions for t in graph.ops[i].inputs if t >= 0 and graph.tensors[t].is_constant}
-    return _NODE + _EVAL_TENSOR * (1 + len(consts))
+    return _NODE + _EVAL_TENSOR * (1 + len(consts)) + _SCRATCH_HANDLE
 
 
 def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
