@@ -27,6 +27,20 @@ class Pool:
         self.pruned: dict = {}  # the chain DP's dominance pruning, per group of spans, kept between its calls
         self.regions: dict = {}  # (first, last, form) -> the region's geometry, shared by its grids' estimates
 
+    def estimate_all(self, deadline: Deadline) -> None:
+        """Every candidate still at its bound estimated at once (the tile geometry is cheap, and
+        the selection would estimate nearly all of them one region at a time, choosing again
+        after each): the chain DP then chooses again only after a build."""
+        out = []
+        for v in self.variants:
+            if v.stage == "bound" and not deadline.expired():
+                v = self._upgraded(v)
+                if v is None:
+                    self.dropped += 1
+                    continue
+            out.append(v)
+        self.variants = out
+
     def select(self, n_spans, budget, objective, deadline, latency_bound=None) -> Selection | None:
         while True:
             pick = chain_select(self.variants, n_spans, budget=budget, objective=objective,

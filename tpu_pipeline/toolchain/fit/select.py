@@ -412,7 +412,10 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int 
     return [(c[0], c[1], _unwind(c)) for c in labels[n_spans]]
 
 
-def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:
+MAX_FRONTIER_POINTS = 256  # a whole-arena frontier steps by a few bytes of tail: TinyEngine's vww has more than 64
+
+
+def pareto(choose, deadline: Deadline | None = None, max_points: int = MAX_FRONTIER_POINTS) -> list[Selection]:
     """The time/memory frontier, fastest first, by the epsilon-constraint sweep: `choose(budget)`
     gives the fastest selection with a peak <= budget (ties to the smaller peak; None when there is
     none); each next point is asked for strictly less memory than the previous one."""
