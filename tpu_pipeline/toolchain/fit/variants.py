@@ -258,7 +258,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
 
 def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
-    peak and latency are floors no grid can beat (the spans' own latency; for copies the output
+    peak and latency are floors no grid can beat (copies: the spans' own latency; for copies the output
     assembled next to its tiles and the input held, for a stage its input and output together).
     With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
     finer grids than copies allow. `upgrade` refines the ones a selection picks."""
@@ -277,11 +277,15 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
                 continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
             tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            # a latency no grid can beat: copies run every op at least once; a stage's layers pay no
+            # per-op overhead and a streamed one computes every row once, so it can beat the spans
+            # as they are (the reference kernels' stripes do): its floor comes with its estimate
+            floor_s = lat if form == "copies" else 0.0
             grids = _grids(region.max_grid) if form == "copies" else _stage_grids(_stage_max_grid(graph, region))
             for grid in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
-                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
+                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, floor_s, work, 0,
                                    region, grid, stage="bound", form=form, tail=tail))
     return out
 
