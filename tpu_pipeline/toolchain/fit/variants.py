@@ -314,7 +314,10 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
         if v.form == "copies":
             if geo.copy_tail is not None:
                 tail = max(tail, v.grid[0] * v.grid[1] * geo.copy_tail[0] + geo.copy_tail[1])
-        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate",
+        peak = max(v.peak, peak)
+        # a stage is one op: its one order's peak is what any order reaches, and the estimate its floor
+        bound = max(v.lower_bound, peak) if v.form == "stage" else v.lower_bound
+        return replace(v, peak=peak, lower_bound=bound, macs=work, latency_s=max(v.latency_s, lat), stage="estimate",
                        tail=tail)
     sub = span_graph(graph, spans[v.first:v.last + 1])
     try:
@@ -326,8 +329,10 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
         return None
     lat, work = _costed(g, device, sem)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, sem).peak, latency_s=lat, macs=work, ops=len(g.ops),
-                   graph=g, stage="measured", tail=_tail(g, sem))
+    peak = lifetimes(g, None, sem).peak
+    one_op = len(g.ops) == 1  # (a stage: its only order is the best one)
+    return replace(v, peak=peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g, stage="measured",
+                   tail=_tail(g, sem), lower_bound=peak if one_op else v.lower_bound, ordered=v.ordered or one_op)
 
 
 def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics):
