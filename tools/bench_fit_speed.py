@@ -74,7 +74,7 @@ def fit_cli(python: str, tree: Path, path: Path, *args: str) -> tuple[float, int
     return secs, 0, json.loads(p.stdout)
 
 
-def row(python: str, tree: Path, path: Path, ops: int, runs: int) -> dict:
+def row(python: str, tree: Path, path: Path, ops: int, runs: int, budget: int | None = None) -> dict:
     r: dict = {"model": path.stem, "ops": ops}
     walls, out = [], None
     for _ in range(runs):
@@ -90,7 +90,7 @@ def row(python: str, tree: Path, path: Path, ops: int, runs: int) -> dict:
              estimated=d.get("variants_estimated"), arena=d["arena_bytes_predicted"] or d["arena_head_bytes"],
              latency_ms=d["latency_s_predicted"] * 1e3, frontier_points=len(d["frontier"]),
              cut_short=any("stopped at the time limit" in n for n in d["notes"]))
-    budget = arenas[len(arenas) // 2]
+    budget = budget or arenas[len(arenas) // 2]  # (the tree before's B where it had one: like for like)
     secs, code, out = fit_cli(python, tree, path, "--budget", str(budget))
     r.update(budget=budget, budget_wall_s=secs,
              budget_stopped=(f"exit {code}" if code else any("stopped at the time limit" in n for n in out["notes"])),
@@ -113,9 +113,12 @@ def section(rows: list[dict], before: dict[str, dict], command: str) -> list[str
              "whole arena (head + tail, predicted; the host's real head is checked equal by the command) and its "
              "predicted latency; then `fit MODEL --budget B` at the frontier's middle arena: wall seconds and "
              "whether the selection stopped at its time limit (`exit 3`: B, a frontier point's predicted arena, "
-             "was not met once realised)." + (" *Before*: the same on the tree before." if before else ""), "",
-             head + (" before: wall s | complete | arena B | latency ms |" if before else ""),
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---|" + ("---:|---|---:|---:|" if before else "")]
+             "was not met once realised)." + (" *Before*: the same on the tree before; the budget runs use its B, and "
+                                             "the predicted latency each reached is in the last two columns."
+                                             if before else ""), "",
+             head + (" before: wall s | complete | arena B | latency ms | budget latency ms: now | before |"
+                     if before else ""),
+             "|---|---:|---:|---|---|---:|---:|---:|---:|---|" + ("---:|---|---:|---:|---:|---:|" if before else "")]
     for r in rows:
         lines.append(_line(r, before.get(r["model"]) if before else None))
     done = [r for r in rows if "error" not in r]
@@ -129,7 +132,7 @@ def section(rows: list[dict], before: dict[str, dict], command: str) -> list[str
 
 def _line(r: dict, b: dict | None) -> str:
     if "error" in r:
-        return f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * (7 if b is None else 11)
+        return f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * (7 if b is None else 13)
     stopped = r["budget_stopped"]
     line = (f"| {r['model']} | {r['ops']} | {r['wall_s']:.1f} | {'yes' if r['frontier_complete'] else 'NO'} | "
             f"{_fmt(r['estimated'])} / {r['built']:,} / {r['candidates']:,} | {r['arena']:,} | "
@@ -137,7 +140,8 @@ def _line(r: dict, b: dict | None) -> str:
             f"{'YES' if stopped is True else 'no' if stopped is False else stopped} |")
     if b is not None:
         line += (f" {_fmt(b.get('wall_s'), '.1f')} | {'yes' if b.get('frontier_complete') else 'NO'} | "
-                 f"{_fmt(b.get('arena'))} | {_fmt(b.get('latency_ms'), '.2f')} |")
+                 f"{_fmt(b.get('arena'))} | {_fmt(b.get('latency_ms'), '.2f')} | "
+                 f"{_fmt(r.get('budget_latency_ms'), '.2f')} | {_fmt(b.get('budget_latency_ms'), '.2f')} |")
     return line
 
 
@@ -150,12 +154,13 @@ def write_section(out: Path, lines: list[str]) -> None:
 
 def measure(args) -> list[dict]:
     dirs = [Path(d) if d and Path(d).is_dir() else None for d in (args.tinyengine, args.mlperf, args.models)]
+    before = {r["model"]: r for r in json.loads(Path(args.before).read_text())} if args.before else {}
     rows = []
     for path in model_set(*dirs):
         ops = ops_of(path)
         if ops is None or ops > args.max_ops or (args.only and path.stem not in args.only):
             continue
-        rows.append(row(args.python, Path(args.tree), path, ops, args.runs))
+        rows.append(row(args.python, Path(args.tree), path, ops, args.runs, before.get(path.stem, {}).get("budget")))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -1,21 +1,27 @@
 """Cheap estimates of a patch variant, from the tile geometry alone (no graph is built).
 
-Building and measuring a patched graph costs tens of milliseconds; a model has thousands of
-(region, grid) candidates. The selection therefore starts from these estimates and builds only
-the variants it picks (fit.py: lazy evaluation), so the estimates steer the search but never
-decide it: every variant in a final selection is built and measured.
+Building and measuring a patched graph costs 10-500 ms; a model has thousands of (region, grid)
+candidates. The selection estimates them all (about 0.3 ms each: what a region's grids share is
+computed once, `RegionGeometry`) and builds only the variants it picks (pool.py: lazy
+evaluation), so the estimates steer the search but never decide it: every variant in a final
+selection is built and measured. Every figure is a floor of the built variant's (tested), and the
+tighter, the fewer builds.
 
 - work: the MACs of every region op over the boxes each tile needs (halo recompute included),
-  and its predicted time: each op's time scaled by the area its tiles compute (the added slices,
-  pads and joins are left out: a floor);
-- peak: a lower bound on the live bytes of the patch-by-patch order the rewrite emits, tile by
-  tile: the region's input (live until the last tile is cut from it), the output tiles done so
-  far, and the largest op footprint (input and output boxes, and the scratch the kernel asks
-  for, which depends on channels and filter only, so every tile's copy asks what the op asks)
-  of the current tile; and the final assembly (all tiles and the output). Explicit pads and row
-  joins only add to it. For a patch stage (one op), the input and output are live throughout,
-  next to the largest footprint, in which a convolution reading a tensor for the last time
-  counts the larger of its input and output boxes (the stage may write one over the other).
+  and its predicted time: by copies, each op's time scaled by the area its tiles compute (the
+  added slices, pads and joins are left out); a stage, by the stage's own cost formula
+  (`StagePricing`: cost.mcu.stage_instructions without the slices between layers and the rings);
+- peak, by copies: a lower bound on the live bytes of the patch-by-patch order the rewrite emits,
+  tile by tile: the region's input (live until the last tile is cut from it), the output tiles
+  done so far, and the largest op footprint (input and output boxes, and the scratch the kernel
+  asks for, which depends on channels and filter only, so every tile's copy asks what the op
+  asks) of the current tile; and the final assembly (all tiles and the output). Explicit pads and
+  row joins only add to it.
+- peak, a patch stage (one op): its input and output, next to its scratch: the largest of its
+  tiles' live buffers at a layer (a convolution reading a tensor for the last time counts the
+  larger of its input and output boxes: the stage may write one over the other; tensors held
+  across the layer count too) and its layers' largest kernel buffer. Streamed stripes write
+  nothing over and keep every layer's stream buffer throughout (rewrite.patch_stage).
 """
 
 from __future__ import annotations
@@ -197,6 +203,8 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
     H = {t: (row_runs[t][1] - row_runs[t][0]).astype(np.float64) for t in ppx}
     W = {t: (col_runs[t][1] - col_runs[t][0]).astype(np.float64) for t in ppx}
+    if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
+        return _streamed(geo, row_runs, H, W)
     footprint = np.zeros((len(rows), len(cols)))
     work = seconds = 0.0
     last_read, rate = geo.last_read, geo.rate
@@ -211,8 +219,6 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
         area = H[y].sum() * W[y].sum()
         work += rate[i][0] * area
         seconds += rate[i][1] * area
-    if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
-        return _streamed(geo, row_runs, H, W)
     if stage:
         if geo.pricing is not None:
             seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
