@@ -81,6 +81,43 @@ class RegionGeometry:
                        for k, (y, xs, _) in enumerate(self.steps)]
         self.pricing = pricing
         self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
+        self._stack(graph, tout)
+
+    def _stack(self, graph: Graph, tout: int) -> None:
+        """The same as arrays, so a grid's estimate is a few array operations: every tensor's
+        needed runs by tile start and end per axis, every op's input runs (a grid too fine
+        leaves one empty), and per layer which tensors its footprint holds (as copies and as a
+        stage) and which pair a stage may write one over the other."""
+        self.tensors = list(self.ppx)
+        at = {t: j for j, t in enumerate(self.tensors)}
+        self.lo = [np.stack([ax.lo[t] for t in self.tensors]) for ax in self.axes]
+        self.hi = [np.stack([ax.hi[t] for t in self.tensors]) for ax in self.axes]
+        self.read_lo = [np.stack([a for a, _ in ax.reads]) for ax in self.axes]
+        self.read_hi = [np.stack([b for _, b in ax.reads]) for ax in self.axes]
+        self.bpp = np.array([self.ppx[t] for t in self.tensors], dtype=np.float64)
+        n, m = len(self.steps), len(self.tensors)
+        self.holds, self.holds_stage = np.zeros((n, m)), np.zeros((n, m))
+        over = []  # (layer, its input, its output): the output may lie over the dying input
+        for k, (y, xs, i) in enumerate(self.steps):
+            for t in (*xs, y):
+                self.holds[k, at[t]] = self.holds_stage[k, at[t]] = 1
+            for t in self.across[k]:
+                self.holds_stage[k, at[t]] = 1
+            if len(xs) == 1 and i in self.not_add and self.last_read[xs[0]] == i and xs[0] != tout:
+                over.append((k, at[xs[0]], at[y]))
+        self.over = tuple(np.array(c, dtype=np.int64) for c in zip(*over)) if over else None
+        self.scratch_by_step = np.array([self.scratch.get(i, 0) for _, _, i in self.steps], dtype=np.float64)
+        self.y_at = np.array([at[y] for y, _, _ in self.steps], dtype=np.int64)
+        self.rates = np.array([self.rate[i] for _, _, i in self.steps], dtype=np.float64).reshape(-1, 2)
+
+    def needed(self, axis: int, runs) -> np.ndarray | None:
+        """[tensors x runs] lengths of the needed runs of every tensor for tiles `runs` along
+        `axis` (as region_needs); None when a tile reads nothing of some tensor."""
+        s = np.fromiter((a for a, _ in runs), np.int64, len(runs))
+        e = np.fromiter((b for _, b in runs), np.int64, len(runs))
+        if (self.read_lo[axis][:, s] >= self.read_hi[axis][:, e]).any():
+            return None
+        return (self.hi[axis][:, e] - self.lo[axis][:, s]).astype(np.float64)
 
 
 class StagePricing:
@@ -189,43 +226,37 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     when a tile would read nothing of some tensor (the grid is too fine for the region): that
     candidate does not exist."""
     geo = geometry or RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
-    (oh, ow), ppx, tout = geo.shape, geo.ppx, geo.tout
+    (oh, ow), tout = geo.shape, geo.tout
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
     # rows its row of tiles needs by the columns its column needs.
-    row_runs = geo.axes[0].runs([a for a, _ in rows], [b for _, b in rows])
-    col_runs = geo.axes[1].runs([a for a, _ in cols], [b for _, b in cols])
-    if row_runs is None or col_runs is None:
+    hm, wm = geo.needed(0, rows), geo.needed(1, cols)
+    if hm is None or wm is None:
         return None
     full_in, full_out = geo.full_in, geo.full_out
-    # Rows and columns of every needed box, as vectors over the rows / columns of tiles: an op's
-    # footprint on tile (r, c) is sum over its tensors of bytes/pixel x rows(r) x cols(c), left
-    # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
-    H = {t: (row_runs[t][1] - row_runs[t][0]).astype(np.float64) for t in ppx}
-    W = {t: (col_runs[t][1] - col_runs[t][0]).astype(np.float64) for t in ppx}
+    H, W = dict(zip(geo.tensors, hm)), dict(zip(geo.tensors, wm))
     if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
-        return _streamed(geo, row_runs, H, W)
-    footprint = np.zeros((len(rows), len(cols)))
-    work = seconds = 0.0
-    last_read, rate = geo.last_read, geo.rate
-    for k, (y, xs, i) in enumerate(geo.steps):
-        boxes = [ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)]
-        if stage and len(xs) == 1 and i in geo.not_add and last_read[xs[0]] == i and xs[0] != tout:
-            boxes = [np.maximum(*boxes)]  # the output may lie over the dying input
-        if stage:  # (copies: each tile's tensors are counted by the patch-by-patch order below)
-            boxes += [ppx[t] * np.outer(H[t], W[t]) for t in geo.across[k]]
-        f = sum(boxes) + (0 if stage else geo.scratch.get(i, 0))
-        np.maximum(footprint, f, out=footprint)
-        area = H[y].sum() * W[y].sum()
-        work += rate[i][0] * area
-        seconds += rate[i][1] * area
+        return _streamed(geo, {t: (geo.lo[0][j][[a for a, _ in rows]], geo.hi[0][j][[b for _, b in rows]])
+                               for j, t in enumerate(geo.tensors)}, H, W)
+    # An op's footprint on tile (r, c) is the sum over the tensors it holds of bytes/pixel x
+    # rows(r) x cols(c), left unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
+    boxes = geo.bpp[:, None, None] * hm[:, :, None] * wm[:, None, :]  # [tensor, row, column]
+    per_layer = np.tensordot(geo.holds_stage if stage else geo.holds, boxes, axes=1)  # [layer, row, column]
+    if stage and geo.over is not None:  # the output over the dying input: the larger of the two
+        k, x, y = geo.over
+        per_layer[k] -= np.minimum(boxes[x], boxes[y])
+    if not stage:
+        per_layer += geo.scratch_by_step[:, None, None]
+    footprint = per_layer.max(axis=0)
+    area = hm[geo.y_at].sum(axis=1) * wm[geo.y_at].sum(axis=1)
+    work, seconds = (geo.rates * area[:, None]).sum(axis=0)
     if stage:
         if geo.pricing is not None:
             seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
-        return full_in + full_out + int(footprint.max()) + geo.kernel_scratch, int(work), seconds
-    tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
+        return full_in + full_out + int(footprint.max()) + geo.kernel_scratch, int(work), float(seconds)
+    tiles = (hm[geo.tensors.index(tout)][:, None] * wm[geo.tensors.index(tout)][None, :]).ravel() * geo.ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile
     live_input = np.full(tiles.size, float(full_in))
     live_input[-1] = 0.0  # dead once the last tile is cut from it
     peak = max(2 * full_out, int((live_input + done + footprint.ravel()).max()))
-    return peak, int(work), seconds
+    return peak, int(work), float(seconds)
