@@ -140,14 +140,15 @@ class AxisNeeds:
         self.reads: list[tuple[np.ndarray, np.ndarray]] = []  # every op's input run (start, end): empty if start >= end
         for op in reversed(list(region_ops)):
             lo, hi = self.lo[op.outputs[0]], self.hi[op.outputs[0]]
+            if op.opcode in WINDOWED + PADS:
+                k, s, d, p = window(graph, op)[axis]
+                read = lo * s - p, (hi - 1) * s - p + (k - 1) * d + 1
+            else:
+                read = lo, hi
             for x in dict.fromkeys(op.inputs):
                 if not graph.is_activation(x):
                     continue
-                if op.opcode in WINDOWED + PADS:
-                    k, s, d, p = window(graph, op)[axis]
-                    a, b = lo * s - p, (hi - 1) * s - p + (k - 1) * d + 1
-                else:
-                    a, b = lo, hi
+                a, b = read
                 a, b = np.maximum(a, 0), np.minimum(b, hw(graph, x)[axis])
                 self.reads.append((a, b))
                 self.lo[x] = a if x not in self.lo else np.minimum(self.lo[x], a)
