@@ -195,6 +195,11 @@ def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed
         if max_tail is None or quickest[0][0] <= max_tail:
             fastest_ns = quickest[0][1]  # the fastest under this cap fits: nothing under it is faster
             continue
+        if quickest[0][0] + max(v.peak for v in quickest[0][2]) <= room:
+            # it fits under its own peak, a lower cap: no covering under this cap or a lower one
+            # is faster, and the caps between would only walk fronts that cannot beat it
+            fastest_ns = quickest[0][1] if fastest_ns is None else min(fastest_ns, quickest[0][1])
+            break
         if not chain.best(cap, max_tail):
             continue  # no covering under this cap fits the budget
         top = None if fastest_ns is None else fastest_ns - 1  # only a faster one matters
