@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pipeline.toolchain.cost.mcu import coefficients, fitted_table, op_features
-from tpu_pipeline.toolchain.ir import Graph, kernels, macs
+from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, hw, splits
 
 
@@ -158,21 +158,10 @@ class StagePricing:
         return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
 
 
-def stage_layers(graph: Graph, positions: list[int]) -> Graph:
-    """`graph` with the region's convolutions on the kernels a patch stage runs them with
-    (rewrite.patch_stage.build_stage: tpup_conv.cc's paths, neither overlapped nor the fast
-    depthwise kernel)."""
-    for i in positions:
-        op = graph.ops[i]
-        if op.opcode != "ADD":
-            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - {kernels.OVERLAP,
-                                                                                              kernels.FAST})))
-    return graph
-
-
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
-    """The StagePricing of a region (`body`: stage_layers) on `device` with `kernel_set` (None
-    without a fitted [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
+    """The StagePricing of a region (`body`: the graph as rewrite.patch_stage.stage_layers puts
+    its layers on the stage's kernels) on `device` with `kernel_set` (None without a fitted
+    [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
     cpi = getattr(getattr(device, "compute", None), "cycles_per_instruction", None)
     table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
     if table is None or "patch_stage" not in table:

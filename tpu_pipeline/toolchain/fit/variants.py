@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_layers, stage_pricing
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_pricing
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -44,7 +44,7 @@ from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
-from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_layers, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
