@@ -114,6 +114,74 @@ def test_patch_estimates_are_floors_of_the_measured_variants_under_both_kernel_s
             assert est.latency_s <= built.latency_s * (1 + 1e-9), (kernels, v.label)
 
 
+def test_harness_patch_estimates_are_floors_of_peak_tail_and_latency(tmp_path):
+    """The selection estimates every candidate and builds only the ones it picks, so an estimate
+    above its built variant could hide the best selection. On the harness form, for copies,
+    square stages and streamed stripes under both kernel sets: no estimate exceeds the built
+    variant's peak, tail or latency; and the stripes' peaks are estimated to their buffers'
+    alignment (their stream buffers hold a few rows of every layer: left out, the floor is far
+    below)."""
+    from helpers.models import stem_heavy_cnn
+
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+    from tpu_pipeline.toolchain.fit.variants import patch_candidates, upgrade
+
+    _, g = load(stem_heavy_cnn(tmp_path, seed=23))
+    g = on_harness(g)[0]
+    spans = split_spans(g)
+    for kernels in (CMSIS_NN, REFERENCE):
+        sem = tflm_semantics(kernels)
+        as_is = as_is_variants(g, spans, QEMU, sem)
+        secs = {o.index: o.seconds for o in estimate_mcu(g, QEMU, kernels).ops}
+        cands = patch_candidates(g, spans, as_is, harness=True)
+        forms, regions, stripes = set(), {}, 0
+        for v in cands:
+            est = upgrade(g, spans, v, secs, QEMU, sem, regions)
+            built = est and upgrade(g, spans, est, secs, QEMU, sem)
+            if built is None:
+                continue
+            forms.add((v.form, v.grid[1] == 1))
+            assert v.peak <= est.peak <= built.peak, (kernels, v.label, est.peak, built.peak)
+            assert v.tail <= est.tail <= built.tail, (kernels, v.label, est.tail, built.tail)
+            assert est.latency_s <= built.latency_s * (1 + 1e-9), (kernels, v.label)
+            if v.form == "stage" and v.grid[1] == 1:  # within the buffers' 4-byte alignment
+                assert built.peak - est.peak <= 64, (kernels, v.label, est.peak, built.peak)
+                stripes += 1
+        assert {("copies", False), ("stage", False), ("stage", True)} <= forms
+        assert stripes >= 10
+
+
+def test_axis_needs_agree_with_region_needs_on_every_grid(tmp_path):
+    """The estimate reads every tile's needed rows and columns off one vectorised walk per axis
+    (ir.geometry.AxisNeeds); the builds walk each tile (region_needs). They must agree box for
+    box, and on which grids are too fine."""
+    from helpers.models import stem_heavy_cnn
+
+    from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, region_needs, splits
+    from tpu_pipeline.toolchain.rewrite.patch import patch_regions
+
+    _, g = load(stem_heavy_cnn(tmp_path, seed=23))
+    by_name = {t.name: t.index for t in g.tensors}
+    first_out = {g.tensors[op.outputs[0]].name: op for op in g.ops}
+    checked = 0
+    for r in patch_regions(g):
+        ops, tout = [first_out[n] for n in r.ops], by_name[r.output]
+        oh, ow = g.tensors[tout].shape[1:3]
+        rows, cols = AxisNeeds(g, ops, tout, 0), AxisNeeds(g, ops, tout, 1)
+        for p in range(1, oh + 2):
+            runs = splits(oh, min(p, oh))
+            got = rows.runs([a for a, _ in runs], [b for _, b in runs])
+            want = [region_needs(g, ops, tout, (a, b, 0, ow)) for a, b in runs]
+            assert (got is None) == any(w is None for w in want), (r.output, p)
+            if got is not None:
+                for k, w in enumerate(want):
+                    assert {t: (int(got[t][0][k]), int(got[t][1][k])) for t in got} == \
+                        {t: (box[0], box[1]) for t, box in w.items()}
+                checked += 1
+        assert cols.runs([0], [ow]) is not None
+    assert checked >= 10
+
+
 def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
     """fit plans the arena for the kernels it is asked for; export-mcu plans its own for the
     reference kernels and keeps the model's plan where that is no larger. Judged by the reference

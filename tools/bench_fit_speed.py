@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,38 +62,45 @@ def ops_of(path: Path) -> int | None:
         return None
 
 
+CPU_S: list[float] = []  # CPU seconds of the last fit_cli run (it and its children), next to its wall seconds
+
+
 def fit_cli(python: str, tree: Path, path: Path, *args: str) -> tuple[float, int, dict | str]:
-    """(wall seconds, exit code, the --json output or the last error line) of one `fit` run."""
+    """(wall seconds, exit code, the --json output or the last error line) of one `fit` run; its
+    CPU seconds (user + system, with the checks' child processes) in CPU_S[-1]: on a shared
+    machine the wall seconds grow with the load, the CPU seconds hardly."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.monotonic()
+        t0, r0 = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run([python, "-m", "tpu_pipeline.cli", "fit", str(path), *args, "-o", f"{tmp}/out.tflite",
                             "--json"], capture_output=True, text=True, env=env, cwd=str(tree))
-        secs = time.monotonic() - t0
+        secs, r1 = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_S.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
     if p.returncode != 0:  # (the model's folder named DIR: no machine paths in the page)
         return secs, p.returncode, (p.stderr.strip().splitlines() or ["?"])[-1].replace(str(path.parent), "DIR")
     return secs, 0, json.loads(p.stdout)
 
 
-def row(python: str, tree: Path, path: Path, ops: int, runs: int) -> dict:
+def row(python: str, tree: Path, path: Path, ops: int, runs: int, budget: int | None = None) -> dict:
     r: dict = {"model": path.stem, "ops": ops}
-    walls, out = [], None
+    walls, cpus, out = [], [], None
     for _ in range(runs):
         secs, code, out = fit_cli(python, tree, path, "--objective", "memory", "--pareto")
         walls.append(secs)
+        cpus.append(CPU_S[-1])
         if code:
             r.update(error=f"exit {code}: {out}")
             return r
     d = out
     arenas = sorted({p["arena_bytes"] for p in d["frontier"]}) if d["frontier"] else [d["arena_head_bytes"]]
-    r.update(wall_s=statistics.median(walls), frontier_complete=d["frontier_complete"],
+    r.update(wall_s=statistics.median(walls), cpu_s=statistics.median(cpus), frontier_complete=d["frontier_complete"],
              candidates=d["patch_candidates"], built=d["variants_evaluated"],
              estimated=d.get("variants_estimated"), arena=d["arena_bytes_predicted"] or d["arena_head_bytes"],
              latency_ms=d["latency_s_predicted"] * 1e3, frontier_points=len(d["frontier"]),
              cut_short=any("stopped at the time limit" in n for n in d["notes"]))
-    budget = arenas[len(arenas) // 2]
+    budget = budget or arenas[len(arenas) // 2]  # (the tree before's B where it had one: like for like)
     secs, code, out = fit_cli(python, tree, path, "--budget", str(budget))
-    r.update(budget=budget, budget_wall_s=secs,
+    r.update(budget=budget, budget_wall_s=secs, budget_cpu_s=CPU_S[-1],
              budget_stopped=(f"exit {code}" if code else any("stopped at the time limit" in n for n in out["notes"])),
              budget_arena=None if code else (out["arena_bytes_predicted"] or out["arena_head_bytes"]),
              budget_latency_ms=None if code else out["latency_s_predicted"] * 1e3)
@@ -104,18 +112,23 @@ def _fmt(v, spec: str = ",") -> str:
 
 
 def section(rows: list[dict], before: dict[str, dict], command: str) -> list[str]:
-    head = ("| model | ops | wall s | complete | estimated / built / offered | arena B | latency ms | budget B | "
+    head = ("| model | ops | wall s | CPU s | complete | estimated / built / offered | arena B | latency ms | budget B | "
             "budget wall s | stopped |")
     lines = [HEADER, "",
              f"Made by {command} on this machine (2 cores, shared): every model of the benchmark set up to 300 ops, "
-             "`fit MODEL --objective memory --pareto` with default options, whole-process wall seconds (median), "
+             "`fit MODEL --objective memory --pareto` with default options, whole-process wall seconds (median) "
+             "and CPU seconds (the process and its checks' children: what the load on a shared machine hardly "
+             "changes), "
              "whether the frontier is complete, patch candidates estimated / built of those offered, the smallest "
              "whole arena (head + tail, predicted; the host's real head is checked equal by the command) and its "
              "predicted latency; then `fit MODEL --budget B` at the frontier's middle arena: wall seconds and "
              "whether the selection stopped at its time limit (`exit 3`: B, a frontier point's predicted arena, "
-             "was not met once realised)." + (" *Before*: the same on the tree before." if before else ""), "",
-             head + (" before: wall s | complete | arena B | latency ms |" if before else ""),
-             "|---|---:|---:|---|---|---:|---:|---:|---:|---|" + ("---:|---|---:|---:|" if before else "")]
+             "was not met once realised)." + (" *Before*: the same on the tree before; the budget runs use its B, and "
+                                             "the predicted latency each reached is in the last two columns."
+                                             if before else ""), "",
+             head + (" before: wall s | complete | arena B | latency ms | budget latency ms: now | before |"
+                     if before else ""),
+             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|" + ("---:|---|---:|---:|---:|---:|" if before else "")]
     for r in rows:
         lines.append(_line(r, before.get(r["model"]) if before else None))
     done = [r for r in rows if "error" not in r]
@@ -129,15 +142,17 @@ def section(rows: list[dict], before: dict[str, dict], command: str) -> list[str
 
 def _line(r: dict, b: dict | None) -> str:
     if "error" in r:
-        return f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * (7 if b is None else 11)
+        return f"| {r['model']} | {r['ops']} | {r['error']} |" + " |" * (8 if b is None else 14)
     stopped = r["budget_stopped"]
-    line = (f"| {r['model']} | {r['ops']} | {r['wall_s']:.1f} | {'yes' if r['frontier_complete'] else 'NO'} | "
+    line = (f"| {r['model']} | {r['ops']} | {r['wall_s']:.1f} | {_fmt(r.get('cpu_s'), '.1f')} | "
+            f"{'yes' if r['frontier_complete'] else 'NO'} | "
             f"{_fmt(r['estimated'])} / {r['built']:,} / {r['candidates']:,} | {r['arena']:,} | "
             f"{r['latency_ms']:.2f} | {r['budget']:,} | {r['budget_wall_s']:.1f} | "
             f"{'YES' if stopped is True else 'no' if stopped is False else stopped} |")
     if b is not None:
         line += (f" {_fmt(b.get('wall_s'), '.1f')} | {'yes' if b.get('frontier_complete') else 'NO'} | "
-                 f"{_fmt(b.get('arena'))} | {_fmt(b.get('latency_ms'), '.2f')} |")
+                 f"{_fmt(b.get('arena'))} | {_fmt(b.get('latency_ms'), '.2f')} | "
+                 f"{_fmt(r.get('budget_latency_ms'), '.2f')} | {_fmt(b.get('budget_latency_ms'), '.2f')} |")
     return line
 
 
@@ -150,12 +165,13 @@ def write_section(out: Path, lines: list[str]) -> None:
 
 def measure(args) -> list[dict]:
     dirs = [Path(d) if d and Path(d).is_dir() else None for d in (args.tinyengine, args.mlperf, args.models)]
+    before = {r["model"]: r for r in json.loads(Path(args.before).read_text())} if args.before else {}
     rows = []
     for path in model_set(*dirs):
         ops = ops_of(path)
         if ops is None or ops > args.max_ops or (args.only and path.stem not in args.only):
             continue
-        rows.append(row(args.python, Path(args.tree), path, ops, args.runs))
+        rows.append(row(args.python, Path(args.tree), path, ops, args.runs, before.get(path.stem, {}).get("budget")))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -1,90 +1,251 @@
 """Cheap estimates of a patch variant, from the tile geometry alone (no graph is built).
 
-Building and measuring a patched graph costs tens of milliseconds; a model has thousands of
-(region, grid) candidates. The selection therefore starts from these estimates and builds only
-the variants it picks (fit.py: lazy evaluation), so the estimates steer the search but never
-decide it: every variant in a final selection is built and measured.
+Building and measuring a patched graph costs 10-500 ms; a model has thousands of (region, grid)
+candidates. The selection estimates them all (about 0.3 ms each: what a region's grids share is
+computed once, `RegionGeometry`) and builds only the variants it picks (pool.py: lazy
+evaluation), so the estimates steer the search but never decide it: every variant in a final
+selection is built and measured. Every figure is a floor of the built variant's (tested), and the
+tighter, the fewer builds.
 
 - work: the MACs of every region op over the boxes each tile needs (halo recompute included),
-  and its predicted time: each op's time scaled by the area its tiles compute (the added slices,
-  pads and joins are left out: a floor);
-- peak: a lower bound on the live bytes of the patch-by-patch order the rewrite emits, tile by
-  tile: the region's input (live until the last tile is cut from it), the output tiles done so
-  far, and the largest op footprint (input and output boxes, and the scratch the kernel asks
-  for, which depends on channels and filter only, so every tile's copy asks what the op asks)
-  of the current tile; and the final assembly (all tiles and the output). Explicit pads and row
-  joins only add to it. For a patch stage (one op), the input and output are live throughout,
-  next to the largest footprint, in which a convolution reading a tensor for the last time
-  counts the larger of its input and output boxes (the stage may write one over the other).
+  and its predicted time: by copies, each op's time scaled by the area its tiles compute (the
+  added slices, pads and joins are left out); a stage, by the stage's own cost formula
+  (`StagePricing`: cost.mcu.stage_instructions without the slices between layers and the rings);
+- peak, by copies: a lower bound on the live bytes of the patch-by-patch order the rewrite emits,
+  tile by tile: the region's input (live until the last tile is cut from it), the output tiles
+  done so far, and the largest op footprint (input and output boxes, and the scratch the kernel
+  asks for, which depends on channels and filter only, so every tile's copy asks what the op
+  asks) of the current tile; and the final assembly (all tiles and the output). Explicit pads and
+  row joins only add to it.
+- peak, a patch stage (one op): its input and output, next to its scratch: the largest of its
+  tiles' live buffers at a layer (a convolution reading a tensor for the last time counts the
+  larger of its input and output boxes: the stage may write one over the other; tensors held
+  across the layer count too) and its layers' largest kernel buffer. Streamed stripes write
+  nothing over and keep every layer's stream buffer throughout (rewrite.patch_stage).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from tpu_pipeline.toolchain.cost.mcu import coefficients, fitted_table, op_features
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.geometry import hw, region_needs, splits
+from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, hw, splits
 
 
 def _aligned(graph: Graph, t: int) -> int:
     return -(-graph.tensors[t].nbytes // 16) * 16
 
 
+class RegionGeometry:
+    """What every grid of one region shares, computed once (a region has up to a few hundred
+    grids, and most are estimated): its ops' tensors, bytes per pixel, rates, scratch and the
+    needed runs of every tensor along each axis (geometry.AxisNeeds)."""
+
+    def __init__(self, graph: Graph, tin: int, tout: int, positions: list[int], op_seconds: dict[int, float],
+                 scratch: dict[int, int] | None, pricing: StagePricing | None = None):
+        region = [graph.ops[i] for i in positions]
+        self.shape = hw(graph, tout)
+        self.ppx: dict[int, int] = {}
+        for i in positions:
+            for t in graph.ops[i].inputs + graph.ops[i].outputs:
+                if graph.is_activation(t) and t not in self.ppx:
+                    x = graph.tensors[t]
+                    self.ppx[t] = x.nbytes // max(1, x.shape[1] * x.shape[2])
+        self.steps = [(graph.ops[i].outputs[0], tuple(x for x in dict.fromkeys(graph.ops[i].inputs) if x in self.ppx),
+                       i) for i in positions]
+        self.rate = {}
+        for i in positions:
+            y = graph.ops[i].outputs[0]
+            area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
+            self.rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
+        self.axes = (AxisNeeds(graph, region, tout, 0), AxisNeeds(graph, region, tout, 1))
+        self.full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena: nothing
+        self.full_out = _aligned(graph, tout)
+        self.tout = tout
+        self.scratch = scratch or {}
+        # a stage asks for its tiles' buffers and then the largest buffer a layer's kernel asks for
+        # (memory.scratch): its layers' footprints leave the kernels' buffers out, added once
+        self.kernel_scratch = max(self.scratch.values(), default=0)
+        self.last_read = {x: i for y, xs, i in self.steps for x in xs}
+        self.not_add = {i for i in positions if graph.ops[i].opcode != "ADD"}
+        self.tin, self.channels = tin, {t: graph.tensors[t].shape[3] for t in self.ppx}
+        # a stage's tile holds every tensor between the layer that writes it and the last that
+        # reads it (a residual branch across its block): per layer, the others live across it
+        first = {tin: -1, **{y: k for k, (y, _, _) in enumerate(self.steps)}}
+        last = {tout: len(self.steps)}
+        for k, (_, xs, _) in enumerate(self.steps):
+            for x in xs:
+                last[x] = max(last.get(x, k), k)
+        self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
+                       for k, (y, xs, _) in enumerate(self.steps)]
+        self.pricing = pricing
+        self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
+        self._stack(graph, tout)
+
+    def _stack(self, graph: Graph, tout: int) -> None:
+        """The same as arrays, so a grid's estimate is a few array operations: every tensor's
+        needed runs by tile start and end per axis, every op's input runs (a grid too fine
+        leaves one empty), and per layer which tensors its footprint holds (as copies and as a
+        stage) and which pair a stage may write one over the other."""
+        self.tensors = list(self.ppx)
+        at = {t: j for j, t in enumerate(self.tensors)}
+        self.lo = [np.stack([ax.lo[t] for t in self.tensors]) for ax in self.axes]
+        self.hi = [np.stack([ax.hi[t] for t in self.tensors]) for ax in self.axes]
+        self.read_lo = [np.stack([a for a, _ in ax.reads]) for ax in self.axes]
+        self.read_hi = [np.stack([b for _, b in ax.reads]) for ax in self.axes]
+        self.bpp = np.array([self.ppx[t] for t in self.tensors], dtype=np.float64)
+        n, m = len(self.steps), len(self.tensors)
+        self.holds, self.holds_stage = np.zeros((n, m)), np.zeros((n, m))
+        over = []  # (layer, its input, its output): the output may lie over the dying input
+        for k, (y, xs, i) in enumerate(self.steps):
+            for t in (*xs, y):
+                self.holds[k, at[t]] = self.holds_stage[k, at[t]] = 1
+            for t in self.across[k]:
+                self.holds_stage[k, at[t]] = 1
+            if len(xs) == 1 and i in self.not_add and self.last_read[xs[0]] == i and xs[0] != tout:
+                over.append((k, at[xs[0]], at[y]))
+        self.over = tuple(np.array(c, dtype=np.int64) for c in zip(*over)) if over else None
+        self.scratch_by_step = np.array([self.scratch.get(i, 0) for _, _, i in self.steps], dtype=np.float64)
+        self.y_at = np.array([at[y] for y, _, _ in self.steps], dtype=np.int64)
+        self.rates = np.array([self.rate[i] for _, _, i in self.steps], dtype=np.float64).reshape(-1, 2)
+
+    def needed(self, axis: int, runs) -> np.ndarray | None:
+        """[tensors x runs] lengths of the needed runs of every tensor for tiles `runs` along
+        `axis` (as region_needs); None when a tile reads nothing of some tensor."""
+        s = np.fromiter((a for a, _ in runs), np.int64, len(runs))
+        e = np.fromiter((b for _, b in runs), np.int64, len(runs))
+        if (self.read_lo[axis][:, s] >= self.read_hi[axis][:, e]).any():
+            return None
+        return (self.hi[axis][:, e] - self.lo[axis][:, s]).astype(np.float64)
+
+
+class StagePricing:
+    """What a patch stage's predicted instructions (cost.mcu.stage_instructions) are at least, from
+    the tile geometry: its layers at their classes' rates on the rows and columns each tile
+    computes, a cost per call, per output row of a call and per element its tiles copy in and out.
+    Left out (a floor): the slices between layers and overlapped calls' rings."""
+
+    def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
+        self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
+        for i in positions:
+            f = op_features(body, i)
+            c = coefficients(table, f.fit_class)
+            y = body.tensors[body.ops[i].outputs[0]].shape
+            self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+        c = table["patch_stage"]
+        self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
+        self.seconds = seconds_per_instruction
+
+    def seconds_of(self, geo: "RegionGeometry", H: dict, W: dict, tiles: int, computed: dict | None = None,
+                   streamed: float = 0.0) -> float:
+        """Seconds at least of a stage whose tiles need runs H x W (rows of tiles x columns of
+        tiles); `computed`: op -> the output rows its layer computes on each stripe (streamed
+        stripes: each row once, and `streamed` elements copied into and out of stream buffers),
+        else every tile computes its whole box."""
+        instr = calls = rows = 0.0
+        cols = len(next(iter(W.values())))
+        for y, _, i in geo.steps:
+            if computed is None:
+                n_rows, calls = H[y].sum() * cols, calls + tiles
+                instr += self.rate[i] * H[y].sum() * W[y].sum()
+            else:  # (stripes: one column of tiles)
+                n_rows, calls = float(computed[i].sum()), calls + int((computed[i] > 0).sum())
+                instr += self.rate[i] * n_rows * W[y][0]
+            rows += n_rows
+        copied = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin] \
+            + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
+        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
+
+
+def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
+    """The StagePricing of a region (`body`: the graph as rewrite.patch_stage.stage_layers puts
+    its layers on the stage's kernels) on `device` with `kernel_set` (None without a fitted
+    [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
+    cpi = getattr(getattr(device, "compute", None), "cycles_per_instruction", None)
+    table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
+    if table is None or "patch_stage" not in table:
+        return None
+    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz)
+
+
+def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
+    """(peak, MACs, seconds) at least of a stage on row stripes run streamed (rewrite.patch_stage
+    `_stream_program`): each layer's rows computed once; the stripe's buffers are not written over
+    one another, so a layer's footprint is its input and output boxes (and the kernel's scratch);
+    every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
+    footprint = 0.0
+    for k, (y, xs, i) in enumerate(geo.steps):
+        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k]))
+        footprint = max(footprint, float(f.max()))
+    footprint += geo.kernel_scratch
+    buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
+               for y, _, _ in geo.steps if y != geo.tout)
+    new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
+    for y, _, i in geo.steps:
+        lo, hi = row_runs[y]
+        above = np.concatenate(([lo[0]], hi[:-1])) if y != geo.tout else lo
+        new[i] = np.maximum(hi - np.maximum(lo, above), 0)
+    work = sum(geo.rate[i][0] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    # the rows a stripe shares with the one above come out of the stream buffer, and those the
+    # one below shares go into it: a copy each
+    cached = 0.0
+    for y, _, _ in geo.steps:
+        if y != geo.tout:
+            lo, hi = row_runs[y]
+            shared = np.maximum(np.minimum(hi[:-1], hi[1:]) - lo[1:], 0).sum()
+            into = np.maximum(hi[:-1] - lo[1:], 0).sum()
+            cached += float(shared + into) * W[y][0] * geo.channels[y]
+    if geo.pricing is not None:
+        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), new, cached)
+    else:  # each op's own time on the rows it computes
+        seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    return geo.full_in + geo.full_out + int(footprint + buffers), int(work), seconds
+
+
 def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
                      op_seconds: dict[int, float], scratch: dict[int, int] | None = None,
-                     stage: bool = False) -> tuple[int, int, float] | None:
+                     stage: bool = False, geometry: RegionGeometry | None = None) -> tuple[int, int, float] | None:
     """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
     the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
     the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
     scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned). `stage`: the tiles run inside one
     op (tpu_pipeline.toolchain.ir.stage), whose peak is at least the region's input and output and the largest
-    op's buffers on a tile. None when a tile would read nothing of some tensor (the grid is too
-    fine for the region): that candidate does not exist."""
-    region = [graph.ops[i] for i in positions]
-    oh, ow = hw(graph, tout)
-    rate, ppx = {}, {}
-    for i in positions:
-        for t in graph.ops[i].inputs + graph.ops[i].outputs:
-            if graph.is_activation(t) and t not in ppx:
-                x = graph.tensors[t]
-                ppx[t] = x.nbytes // max(1, x.shape[1] * x.shape[2])
-    steps = [(graph.ops[i].outputs[0], tuple(x for x in dict.fromkeys(graph.ops[i].inputs) if x in ppx), i)
-             for i in positions]
-    for i in positions:
-        y = graph.ops[i].outputs[0]
-        area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
-        rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
+    op's buffers on a tile. `geometry`: the region's RegionGeometry, if the caller keeps it. None
+    when a tile would read nothing of some tensor (the grid is too fine for the region): that
+    candidate does not exist."""
+    geo = geometry or RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    (oh, ow), tout = geo.shape, geo.tout
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
-    # rows its row of tiles needs by the columns its column needs: p + q walks, not p x q.
-    row_need = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
-    col_need = [region_needs(graph, region, tout, (0, oh, w0, w1)) for w0, w1 in cols]
-    if any(n is None for n in row_need + col_need):
+    # rows its row of tiles needs by the columns its column needs.
+    hm, wm = geo.needed(0, rows), geo.needed(1, cols)
+    if hm is None or wm is None:
         return None
-    full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena costs it nothing
-    full_out = _aligned(graph, tout)
-    # Rows and columns of every needed box, as vectors over the rows / columns of tiles: an op's
-    # footprint on tile (r, c) is sum over its tensors of bytes/pixel x rows(r) x cols(c), left
-    # unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
-    H = {t: np.array([n[t][1] - n[t][0] for n in row_need], dtype=np.float64) for t in ppx}
-    W = {t: np.array([n[t][3] - n[t][2] for n in col_need], dtype=np.float64) for t in ppx}
-    footprint = np.zeros((len(rows), len(cols)))
-    work = seconds = 0.0
-    last_read = {x: i for y, xs, i in steps for x in xs}
-    for y, xs, i in steps:
-        boxes = [ppx[x] * np.outer(H[x], W[x]) for x in (*xs, y)]
-        if stage and len(xs) == 1 and graph.ops[i].opcode != "ADD" and last_read[xs[0]] == i and xs[0] != tout:
-            boxes = [np.maximum(*boxes)]  # the output may lie over the dying input
-        f = sum(boxes) + (scratch or {}).get(i, 0)
-        np.maximum(footprint, f, out=footprint)
-        area = H[y].sum() * W[y].sum()
-        work += rate[i][0] * area
-        seconds += rate[i][1] * area
+    full_in, full_out = geo.full_in, geo.full_out
+    H, W = dict(zip(geo.tensors, hm)), dict(zip(geo.tensors, wm))
+    if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
+        return _streamed(geo, {t: (geo.lo[0][j][[a for a, _ in rows]], geo.hi[0][j][[b for _, b in rows]])
+                               for j, t in enumerate(geo.tensors)}, H, W)
+    # An op's footprint on tile (r, c) is the sum over the tensors it holds of bytes/pixel x
+    # rows(r) x cols(c), left unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
+    boxes = geo.bpp[:, None, None] * hm[:, :, None] * wm[:, None, :]  # [tensor, row, column]
+    per_layer = np.tensordot(geo.holds_stage if stage else geo.holds, boxes, axes=1)  # [layer, row, column]
+    if stage and geo.over is not None:  # the output over the dying input: the larger of the two
+        k, x, y = geo.over
+        per_layer[k] -= np.minimum(boxes[x], boxes[y])
+    if not stage:
+        per_layer += geo.scratch_by_step[:, None, None]
+    footprint = per_layer.max(axis=0)
+    area = hm[geo.y_at].sum(axis=1) * wm[geo.y_at].sum(axis=1)
+    work, seconds = (geo.rates * area[:, None]).sum(axis=0)
     if stage:
-        return full_in + full_out + int(footprint.max()), int(work), seconds
-    tiles = np.outer(H[tout], W[tout]).ravel() * ppx[tout]
+        if geo.pricing is not None:
+            seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
+        return full_in + full_out + int(footprint.max()) + geo.kernel_scratch, int(work), float(seconds)
+    tiles = (hm[geo.tensors.index(tout)][:, None] * wm[geo.tensors.index(tout)][None, :]).ravel() * geo.ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile
     live_input = np.full(tiles.size, float(full_in))
     live_input[-1] = 0.0  # dead once the last tile is cut from it
     peak = max(2 * full_out, int((live_input + done + footprint.ravel()).max()))
-    return peak, int(work), seconds
+    return peak, int(work), float(seconds)

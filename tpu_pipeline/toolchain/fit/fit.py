@@ -21,7 +21,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.device import Device, KernelSet
 from tpu_pipeline.toolchain.driver import DeadlineBudget, Pass, run_passes
 from tpu_pipeline.toolchain.fit.params import ARENAS, FitParams
-from tpu_pipeline.toolchain.fit.select import Selection
+from tpu_pipeline.toolchain.fit.select import MAX_FRONTIER_POINTS, Selection
 from tpu_pipeline.toolchain.fit.stages import REALISE_SHARE, STAGES
 from tpu_pipeline.toolchain.fit.state import FitState
 from tpu_pipeline.toolchain.errors import UsageError
@@ -123,7 +123,8 @@ def result_of(state: FitState, seconds: float) -> FitResult:
                      "candidates built): it is the best of those built, and a longer --time-limit may find a faster "
                      "or smaller one")
     if p.pareto and not state.complete:
-        notes.append("the frontier sweep stopped at the time limit: it holds the points found and the smallest arena")
+        notes.append(f"the frontier sweep stopped at the time limit (or at {MAX_FRONTIER_POINTS} points): it holds "
+                     "the points found and the smallest arena")
     if plan.head > sched.peak:
         notes.append(f"the arena head ({plan.head:,} B) is above the order's peak ({sched.peak:,} B): the planner did "
                      "not reach the peak within the time limit (a longer --time-limit may)")

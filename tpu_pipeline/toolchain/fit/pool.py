@@ -25,6 +25,21 @@ class Pool:
         self.dropped = 0  # candidates whose tiles would read nothing of some tensor (a grid too fine)
         self.stopped = False  # a selection ended at its deadline (its answer: the best measured one)
         self.pruned: dict = {}  # the chain DP's dominance pruning, per group of spans, kept between its calls
+        self.regions: dict = {}  # (first, last, form) -> the region's geometry, shared by its grids' estimates
+
+    def estimate_all(self, deadline: Deadline) -> None:
+        """Every candidate still at its bound estimated at once (the tile geometry is cheap, and
+        the selection would estimate nearly all of them one region at a time, choosing again
+        after each): the chain DP then chooses again only after a build."""
+        out = []
+        for v in self.variants:
+            if v.stage == "bound" and not deadline.expired():
+                v = self._upgraded(v)
+                if v is None:
+                    self.dropped += 1
+                    continue
+            out.append(v)
+        self.variants = out
 
     def select(self, n_spans, budget, objective, deadline, latency_bound=None) -> Selection | None:
         while True:
@@ -98,7 +113,7 @@ class Pool:
         """`v` one stage further (upgrade), counted; None if it does not exist after all."""
         self.estimated += v.stage == "bound"
         self.measured += v.stage == "estimate"
-        return upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.sem)
+        return upgrade(self.graph, self.spans, v, self.op_seconds, self.device, self.sem, self.regions)
 
 
 def arena_of(pick: list[Variant], tail_fixed: int | None) -> int:

@@ -195,11 +195,16 @@ def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed
         if max_tail is None or quickest[0][0] <= max_tail:
             fastest_ns = quickest[0][1]  # the fastest under this cap fits: nothing under it is faster
             continue
+        if quickest[0][0] + max(v.peak for v in quickest[0][2]) <= room:
+            # it fits under its own peak, a lower cap: no covering under this cap or a lower one
+            # is faster, and the caps between would only walk fronts that cannot beat it
+            fastest_ns = quickest[0][1] if fastest_ns is None else min(fastest_ns, quickest[0][1])
+            break
         if not chain.best(cap, max_tail):
             continue  # no covering under this cap fits the budget
         top = None if fastest_ns is None else fastest_ns - 1  # only a faster one matters
         top = bound if top is None else top if bound is None else min(top, bound)
-        for _, lat, _ in _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail, top):
+        for _, lat, _ in _front(chain.under(cap), n_spans, ns, max_tail, top):
             if fastest_ns is None or lat < fastest_ns:
                 fastest_ns = lat
     if fastest_ns is None:
@@ -237,7 +242,7 @@ def _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound) -> list[Va
         if not front or (best is not None and cap + front[0][0] + tail_fixed > best[0][0]):
             continue  # none fits, or none under this cap beats the best
         if bound is not None and front[0][1] > bound:
-            front = _front([v for v in usable if v.peak <= cap], n_spans, ns, max_tail, bound)
+            front = _front(chain.under(cap), n_spans, ns, max_tail, bound)
         for tail, lat, chosen in front:
             if bound is None or lat <= bound:
                 key = (cap + tail + tail_fixed, lat)
@@ -289,6 +294,32 @@ class _Chain:
         for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
             self.by_end[e] = (ks, first[ks], peak[ks], keys[0][ks], keys[1][ks])
         self.ns = ns
+        # under a cap the peak no longer matters: per group of spans, only the variants no other
+        # of the group beats on tail and latency (`under`); sorted by group, tail, latency once
+        lat = np.fromiter((ns[id(v)] for v in self.variants), np.int64, m)
+        group = first * (n_spans + 1) + end
+        self._sorted = np.lexsort((lat, np.fromiter((v.tail for v in self.variants), np.int64, m), group))
+        self._group, self._peak = group[self._sorted], peak[self._sorted]
+        ranks = np.unique(self._group, return_inverse=True)[1].reshape(-1)
+        big = int(lat.max(initial=0)) + 1
+        # a group's latencies lifted above every later group's: a running minimum restarts per group
+        self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
+        self._under: dict[int, list] = {}
+
+    def under(self, cap: int) -> list:
+        """The variants of peak <= cap that no other of their group (same spans) matches or beats
+        on tail and latency at once: a Pareto front of coverings never needs the rest."""
+        if cap not in self._under:
+            ok = self._peak <= cap
+            lifted, group = self._lifted[ok], self._group[ok]
+            if lifted.size == 0:
+                return []
+            before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(lifted)[:-1]))
+            keep = np.concatenate(([True], group[1:] != group[:-1])) | (lifted < before)
+            if len(self._under) > 64:
+                self._under.clear()
+            self._under[cap] = [self.variants[int(k)] for k in self._sorted[ok][keep]]
+        return self._under[cap]
 
     def best(self, cap: int, max_tail: int | None, latency_first: bool = False):
         """[(tail, latency ns, variants)] of the least-(tail, latency) covering (`latency_first`:
@@ -386,7 +417,10 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int 
     return [(c[0], c[1], _unwind(c)) for c in labels[n_spans]]
 
 
-def pareto(choose, deadline: Deadline | None = None, max_points: int = 64) -> list[Selection]:
+MAX_FRONTIER_POINTS = 256  # a whole-arena frontier steps by a few bytes of tail: TinyEngine's vww has more than 64
+
+
+def pareto(choose, deadline: Deadline | None = None, max_points: int = MAX_FRONTIER_POINTS) -> list[Selection]:
     """The time/memory frontier, fastest first, by the epsilon-constraint sweep: `choose(budget)`
     gives the fastest selection with a peak <= budget (ties to the smaller peak; None when there is
     none); each next point is asked for strictly less memory than the previous one."""

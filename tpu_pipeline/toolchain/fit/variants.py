@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import estimate_patches
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_pricing
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -40,11 +40,11 @@ from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERL
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
-from tpu_pipeline.toolchain.memory.tflm_target import ops_tail
+from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
-from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_layers, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -52,7 +52,7 @@ from tpu_pipeline.toolchain.schedule.api import schedule
 # slow down with it (an 11,000-op randwire variant took minutes to check for a few KiB).
 MAX_PATCH_OPS = 4096
 GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
-_NODE, _EVAL_TENSOR = 32, 12  # TFLite Micro's NodeAndRegistration and TfLiteEvalTensor on a 32-bit target
+_NODE, _EVAL_TENSOR, _SCRATCH_HANDLE = 32, 12, 4  # NodeAndRegistration, TfLiteEvalTensor, ScratchBufferHandle (32-bit)
 MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
 
 
@@ -261,7 +261,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
 
 def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
-    peak and latency are floors no grid can beat (the spans' own latency; for copies the output
+    peak and latency are floors no grid can beat (copies: the spans' own latency; for copies the output
     assembled next to its tiles and the input held, for a stage its input and output together).
     With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
     finer grids than copies allow. `upgrade` refines the ones a selection picks."""
@@ -280,30 +280,48 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
                 continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
             tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            # a latency no grid can beat: copies run every op at least once; a stage's layers pay no
+            # per-op overhead and a streamed one computes every row once, so it can beat the spans
+            # as they are (the reference kernels' stripes do): its floor comes with its estimate
+            floor_s = lat if form == "copies" else 0.0
             grids = _grids(region.max_grid) if form == "copies" else _stage_grids(_stage_max_grid(graph, region))
             for grid in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
-                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, lat, work, 0,
+                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, floor_s, work, 0,
                                    region, grid, stage="bound", form=form, tail=tail))
     return out
 
 
 def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, float], device,
-            sem: Semantics) -> Variant | None:
+            sem: Semantics, regions: dict | None = None) -> Variant | None:
     """The next stage of a patch variant: "bound" -> "estimate" (tile geometry, estimate.py) ->
     "measured" (built on its spans: the peak of the patch-by-patch order it is emitted in, which is
     achievable, the device model's latency of the built ops, MACs, ops). None when the variant
-    does not exist after all (a grid too fine for the region's windows): the caller drops it."""
+    does not exist after all (a grid too fine for the region's windows): the caller drops it.
+    `regions`: a dict the caller keeps, (first, last, form) -> the RegionGeometry, which every
+    grid of the region shares."""
     positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
-        scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, scratch, stage=v.form == "stage")
+        geo = None if regions is None else regions.get((v.first, v.last, v.form))
+        if geo is None:
+            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem)
+            if regions is not None:
+                regions[(v.first, v.last, v.form)] = geo
+        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
         if est is None:
             return None
         peak, work, lat = est
-        return replace(v, peak=max(v.peak, peak), macs=work, latency_s=max(v.latency_s, lat), stage="estimate")
+        tail = v.tail
+        if v.form == "copies":
+            if geo.copy_tail is not None:
+                tail = max(tail, v.grid[0] * v.grid[1] * geo.copy_tail[0] + geo.copy_tail[1])
+        peak = max(v.peak, peak)
+        # a stage is one op: its one order's peak is what any order reaches, and the estimate its floor
+        bound = max(v.lower_bound, peak) if v.form == "stage" else v.lower_bound
+        return replace(v, peak=peak, lower_bound=bound, macs=work, latency_s=max(v.latency_s, lat), stage="estimate",
+                       tail=tail)
     sub = span_graph(graph, spans[v.first:v.last + 1])
     try:
         if v.form == "stage":  # (a span graph keeps the graph's tensor table: the same indices)
@@ -314,8 +332,26 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
         return None
     lat, work = _costed(g, device, sem)
     # (its order-free lower bound is computed only where it can matter: `refine`)
-    return replace(v, peak=lifetimes(g, None, sem).peak, latency_s=lat, macs=work, ops=len(g.ops),
-                   graph=g, stage="measured", tail=_tail(g, sem))
+    peak = lifetimes(g, None, sem).peak
+    one_op = len(g.ops) == 1  # (a stage: its only order is the best one)
+    return replace(v, peak=peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g, stage="measured",
+                   tail=_tail(g, sem), lower_bound=peak if one_op else v.lower_bound, ordered=v.ordered or one_op)
+
+
+def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics):
+    """What every grid of `v`'s region and form shares (estimate.RegionGeometry): for a stage its
+    layers' kernel buffers as the stage asks them (unaligned) and its pricing; for copies the tail
+    every tile's copy of the ops brings."""
+    tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
+    if v.form == "stage":
+        body = stage_layers(graph, positions)
+        scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
+        return RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
+                              stage_pricing(body, positions, device, sem.kernels))
+    scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    geo.copy_tail = copies_tail(span_graph(graph, spans[v.first:v.last + 1]), sem)
+    return geo
 
 
 def _patch_label(region, grid, form: str = "copies") -> str:
@@ -400,10 +436,10 @@ def _tail(graph: Graph, sem: Semantics) -> int:
 
 
 def _stage_tail_floor(graph: Graph, positions) -> int:
-    """A stage's tail: one node, and the eval tensors of its output and of the constants it reads
-    (its one scratch handle left out: a floor)."""
+    """A stage's tail: one node, the eval tensors of its output and of the constants it reads, and
+    its one scratch handle (it always asks for its tiles' buffers: memory.scratch)."""
     consts = {t for i in positions for t in graph.ops[i].inputs if t >= 0 and graph.tensors[t].is_constant}
-    return _NODE + _EVAL_TENSOR * (1 + len(consts))
+    return _NODE + _EVAL_TENSOR * (1 + len(consts)) + _SCRATCH_HANDLE
 
 
 def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:

@@ -124,3 +124,40 @@ def region_needs(graph: Graph, region_ops, out_tensor: int, box: Box) -> dict[in
                 return None
             need[x] = union(need.get(x), real)
     return need
+
+
+class AxisNeeds:
+    """`region_needs` along one axis (0: rows, 1: columns) for every tile at once. Each op maps an
+    output run [o0, o1) to the input run its window reads, clipped to the tensor, and a tensor read
+    by several ops is needed over the union: the start of every needed run depends on o0 alone
+    and its end on o1 alone. So one backward walk over arrays of every o0 (0..n-1) and every o1
+    (0..n) answers all grids: `runs(starts, ends)` indexes it (a grid's p runs: p lookups, no walk)."""
+
+    def __init__(self, graph: Graph, region_ops, out_tensor: int, axis: int):
+        n = hw(graph, out_tensor)[axis]
+        self.lo = {out_tensor: np.arange(n + 1, dtype=np.int64)}  # tensor -> start of its run, by o0
+        self.hi = {out_tensor: np.arange(n + 1, dtype=np.int64)}  # tensor -> end of its run, by o1
+        self.reads: list[tuple[np.ndarray, np.ndarray]] = []  # every op's input run (start, end): empty if start >= end
+        for op in reversed(list(region_ops)):
+            lo, hi = self.lo[op.outputs[0]], self.hi[op.outputs[0]]
+            if op.opcode in WINDOWED + PADS:
+                k, s, d, p = window(graph, op)[axis]
+                read = lo * s - p, (hi - 1) * s - p + (k - 1) * d + 1
+            else:
+                read = lo, hi
+            for x in dict.fromkeys(op.inputs):
+                if not graph.is_activation(x):
+                    continue
+                a, b = read
+                a, b = np.maximum(a, 0), np.minimum(b, hw(graph, x)[axis])
+                self.reads.append((a, b))
+                self.lo[x] = a if x not in self.lo else np.minimum(self.lo[x], a)
+                self.hi[x] = b if x not in self.hi else np.maximum(self.hi[x], b)
+
+    def runs(self, starts, ends) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
+        """Tensor -> (starts, ends) of the runs tiles [starts[i], ends[i]) of the output need; None
+        when some tile reads nothing of some tensor (as region_needs)."""
+        s, e = np.asarray(starts), np.asarray(ends)
+        if any(bool((a[s] >= b[e]).any()) for a, b in self.reads):
+            return None
+        return {t: (self.lo[t][s], self.hi[t][e]) for t in self.lo}

@@ -313,6 +313,21 @@ def ops_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) 
     return per_op + _NODE_AND_REGISTRATION * len(graph.ops) + _EVAL_TENSOR * len(owned)
 
 
+def copies_tail(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET) -> tuple[int, int] | None:
+    """(per copy, shared): n copies of `graph`'s ops that write tensors of their own and share the
+    constants they read (patches by copies: every tile its own ops) bring an `ops_tail` of at least
+    n x per copy + shared: each copy's nodes, output eval tensors, parsed options, kernel data and
+    per-channel arrays, and the constants' eval tensors once (scratch handles left out: a copy on a
+    small tile may ask for less). None when an op is not modelled."""
+    t = target_tail(graph, kernels)
+    if t.bytes is None:
+        return None
+    per_op = sum(_up(size, align) for what, size, align in t.allocations if what.startswith("op "))
+    outputs = {x for op in graph.ops for x in op.outputs if x >= 0}
+    consts = {x for op in graph.ops for x in op.inputs if x >= 0 and graph.tensors[x].is_constant}
+    return per_op + _NODE_AND_REGISTRATION * len(graph.ops) + _EVAL_TENSOR * len(outputs), _EVAL_TENSOR * len(consts)
+
+
 # Runs of 16-aligned allocations the sequence can have (kernel data and per-channel arrays;
 # variables and the input pointer array; the output pointer array): each may start after up to
 # 12 bytes of padding.

@@ -72,11 +72,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         stream = grid[1] == 1
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
-    for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
-        op = graph.ops[i]  # variants only where tpup_stage.cc runs them: `in_stages`)
-        if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages)}
-            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
+    graph = stage_layers(graph, positions)
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
@@ -93,6 +89,19 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         editor.remove(i)
     editor.replace(positions[-1], [op])
     return editor.finish()
+
+
+def stage_layers(graph: Graph, positions) -> Graph:
+    """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
+    estimates price and size them so too): every one on the harness kernel, not overlapped (a
+    tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
+    (`in_stages`)."""
+    for i in positions:
+        op = graph.ops[i]
+        if op.opcode != "ADD":
+            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages)}
+            graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
+    return graph
 
 
 def _body(graph: Graph, region: list[Op], tin: int, tout: int) -> tuple[Graph, dict[int, int]]:

@@ -16,6 +16,7 @@ def select(state, deadline):
     pool = Pool(state.working, list(state.spans), list(state.as_is + state.rewrites + state.twins + state.candidates),
                 state.device, state.sem, state.op_seconds, p.harness, state.tail_fixed)
     n = len(state.spans)
+    pool.estimate_all(deadline.sub(fraction=0.4))  # (then the chain DP chooses again only after a build)
     say(state.progress, state.t0, f"fit: {len(state.candidates)} patch candidates, {len(state.rewrites)} rewrite "
                                   f"variants, {len(state.twins)} kernel variants; selecting")
     frontier, complete = (), False
