@@ -33,7 +33,8 @@ _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_ba
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
              "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
-             "tpup_mean": "mean", "tpup_mul": "mul", "tpup_depthwise_fast": "depthwise_opt"}  # (the harness's MEAN and MUL, until fitted: the builtins')
+             "tpup_mean": "mean", "tpup_mul": "mul", "tpup_depthwise_fast": "depthwise_opt",
+             "tpup_pointwise": "conv_1x1"}  # (the harness's MEAN and MUL, until fitted: the builtins')
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -57,7 +58,7 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
     outputs = sum(graph.tensors[t].num_elements for t in op.outputs if t >= 0)
     cls = _FIT_CLASS.get(op.opcode) or {"conv": "conv", "depthwise": "depthwise"}.get(op_class(op.opcode), "other")
     if op.opcode == "CONV_2D" and _is_1x1(graph, op):
-        cls = "conv_1x1"
+        cls = "tpup_pointwise" if harness.POINTWISE in harness.flags(op) else "conv_1x1"
     elif op.opcode == "DEPTHWISE_CONV_2D":
         cls = "tpup_depthwise_fast" if harness.FAST in harness.flags(op) else _depthwise_path(graph, op)
     elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):

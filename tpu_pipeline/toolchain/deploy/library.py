@@ -283,7 +283,8 @@ def _common_files(target: str, names, device: Device, entries, opcodes, files: d
     return out
 
 
-KERNEL_SOURCES = ("tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_stage.cc", "tpup_mean_mul.cc")
+KERNEL_SOURCES = ("tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_pointwise.cc", "tpup_stage.cc",
+                  "tpup_mean_mul.cc")
 
 
 def _kernel_files(opcodes) -> list[str]:
@@ -292,8 +293,8 @@ def _kernel_files(opcodes) -> list[str]:
     if not used:
         return []
     # every custom op registers through tpup_conv.h; tpup_conv.cc runs its fast depthwise path from
-    # tpup_depthwise.cc; a patch stage runs its layers with tpup_conv.cc
-    return ["tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc",
+    # tpup_depthwise.cc and its 1x1 path from tpup_pointwise.cc; a patch stage runs its layers with tpup_conv.cc
+    return ["tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_pointwise.cc",
             *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else []),
             *(["tpup_mean_mul.cc"] if used & {"TPUP_MEAN", "TPUP_MUL"} else [])]
 

@@ -36,6 +36,14 @@ keep in RAM:
   TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
   (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
 
+- **pointwise** (`+pointwise`, 1x1 only: `can_run_pointwise`): the harness's own 1x1 kernel
+  (harness/tpup_pointwise.cc), in both firmware builds: two pixels widened to int16 once and reused
+  by every output channel, two channels x two pixels per pass, no buffer in the arena (the widened
+  pair lives in output bytes not yet written). Its requantisation is SMMULR plus a rounding shift
+  where `pointwise_requant_proven` shows that exact for every accumulator the op can produce
+  (option bit 0x200), else the general integers. The model on the harness takes it
+  (`pointwise_wins`).
+
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
 read each element (CMSIS-NN: each group of four) before writing it, so the op runs in place with
@@ -49,7 +57,8 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
+(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid, 0x100 pointwise,
+0x200 its cheap requantisation proven exact), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -72,8 +81,8 @@ from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOpt
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
-DIRECT, OVERLAP, FAST = "direct", "overlap", "fast"
-FLAGS = (DIRECT, OVERLAP, FAST)
+DIRECT, OVERLAP, FAST, POINTWISE = "direct", "overlap", "fast", "pointwise"
+FLAGS = (DIRECT, OVERLAP, FAST, POINTWISE)
 FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
 FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
@@ -86,7 +95,9 @@ BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MU
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
-_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4}
+_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4, POINTWISE: 0x100}
+_FAST_REQUANT = 0x200  # (derived when written: pointwise_requant_proven)
+_KNOWN_BITS = 0x37 | 0x100 | _FAST_REQUANT
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
@@ -210,6 +221,44 @@ def fast_wins(graph: Graph, i: int) -> bool:
     return w[1] * w[2] >= FAST_WINS_FROM_TAPS
 
 
+def can_run_pointwise(graph: Graph, i: int) -> bool:
+    """The harness's own 1x1 kernel (flag "pointwise", harness/tpup_pointwise.cc) runs an int8
+    CONV_2D with a 1x1 window over all input channels and no padding, any stride."""
+    op = graph.ops[i]
+    if op.opcode != "CONV_2D" or not can_run_harness(graph, i):
+        return False
+    w, x = graph.tensors[op.inputs[1]].shape, graph.tensors[op.inputs[0]].shape
+    return w[1] == w[2] == 1 and w[3] == x[3] and leading_pads(graph, op) == (0, 0)
+
+
+def pointwise_wins(graph: Graph, i: int) -> bool:
+    """Whether a harness 1x1 convolution goes on the pointwise kernel wherever it may: it can. It
+    needs no buffer, so it never costs memory (with "direct" too it runs, and direct means
+    nothing more); it beat CMSIS-NN's 1x1 kernel in QEMU (docs/bench/harness_kernels.md)."""
+    op = graph.ops[i]
+    return is_harness(op) and POINTWISE not in flags(op) and can_run_pointwise(graph, i)
+
+
+def pointwise_requant_proven(graph: Graph, op: Op) -> bool:
+    """Whether the pointwise kernel's cheap requantisation is exact for every input: every
+    channel's shift in [-22, -1] (left shift 0; the output offset folds into the rounding nudge
+    without overflow) and every accumulator bias + sum_k w[k] (x[k] - zp), x int8, within
+    [-2^30, 2^30 - 1] (then SaturatingRoundingDoublingHighMul(acc, m) == SMMULR(2 acc, m))."""
+    x, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    shifts = requant(graph, op)[1]
+    if shifts.min() < -22 or shifts.max() > -1:
+        return False
+    w = np.asarray(w_t.values(), dtype=np.int64).reshape(w_t.shape[0], -1)
+    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
+    bias = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
+            else np.zeros(w.shape[0], dtype=np.int64))
+    zp = int(x.quant.zero_point[0])
+    lo, hi = -128 - zp, 127 - zp  # the widened input's range
+    top = bias + np.maximum(w * lo, w * hi).sum(axis=1)
+    bottom = bias + np.minimum(w * lo, w * hi).sum(axis=1)
+    return bool(bottom.min() >= -(1 << 30) and top.max() <= (1 << 30) - 1)
+
+
 def can_run_direct(graph: Graph, i: int) -> bool:
     """Every harness convolution has a direct kernel: TFLite's reference convolution (no im2col
     buffer), and for a depthwise convolution CMSIS-NN's generic kernel (no int16 copy of a window
@@ -230,7 +279,8 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         if kernel:
             kernel_name(*wanted)  # validates the flags
             if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) \
-                    or (FAST in wanted and not can_run_fast(graph, i)):
+                    or (FAST in wanted and not can_run_fast(graph, i)) \
+                    or (POINTWISE in wanted and not can_run_pointwise(graph, i)):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
         elif op.opcode in MEAN_MUL:
@@ -391,6 +441,8 @@ def encode_options(graph: Graph, op: Op, ring_rows: int = 0) -> bytes:
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     lo, hi = activation_range(graph, op)
     bits = sum(_FLAG_BITS[f] for f in flags(op)) | _PADDING_MODE[o.padding] << 4
+    if POINTWISE in flags(op) and pointwise_requant_proven(graph, op):
+        bits |= _FAST_REQUANT
     multiplier = o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1
     return struct.pack(f"<{_WORDS}i", FORMAT, op.version, bits, top, left, o.stride_h, o.stride_w, o.dilation_h,
                        o.dilation_w, multiplier, ACTIVATION_CODE[o.fused_activation], -int(x.quant.zero_point[0]),
@@ -408,10 +460,10 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
         raise ModelError(f"{where}: {opcode} has {len(raw)} bytes of options, expected {4 * _WORDS}")
     w = struct.unpack(f"<{_WORDS}i", raw)
     fmt, version, bits, top, left, sh, sw, dh, dw, mult, act = w[:11]
-    mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4)
+    mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4 & 3)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~0x37:
+            or min(top, left) < 0 or bits & ~_KNOWN_BITS or (bits & _FAST_REQUANT and not bits & 0x100):
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
     kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}

@@ -75,7 +75,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
         op = graph.ops[i]  # not yet the fast depthwise kernel: a stage's layers run tpup_conv.cc's paths)
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, kernels.FAST}
+            drop = {kernels.OVERLAP, kernels.FAST, kernels.POINTWISE}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)

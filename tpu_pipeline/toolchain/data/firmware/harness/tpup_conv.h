@@ -28,6 +28,9 @@ const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 
 constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4;
+// The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap
+// requantisation is proven exact for the op (written by ir/kernels.py, pointwise_requant_proven).
+constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 
 // A convolution's options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
@@ -70,6 +73,13 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
 bool DepthwiseFastFits(const ConvOptions& o, const ConvGeometry& g);
 void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                       const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
+
+// The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc): whether it runs a call of
+// these options and shapes (the filter's depth must equal the input's: Prepare checks it), and
+// output rows [0, out_rows) reading `in` (the rows' first input row).
+bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g);
+void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
+                  const int32_t* bias, const int32_t* requant, int8_t* out);
 
 // tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined, its shift
 // split at setup into a left shift and a rounding right shift: the same integers

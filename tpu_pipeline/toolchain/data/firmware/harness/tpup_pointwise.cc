@@ -1,0 +1,284 @@
+// The harness's own 1x1 convolution (flag "pointwise", tpu_pipeline/toolchain/ir/kernels.py):
+// int8, a 1x1 window, no padding, any stride. Bit-identical to TFLite Micro's ConvPerChannel (and
+// CMSIS-NN's): the same exact int32 sums, then tflite::MultiplyByQuantizedMultiplier's integers.
+//
+// Why faster than CMSIS-NN's 1x1 kernel: two output pixels at a time are widened once to int16
+// (input offset added, lanes 0,2 and 1,3 of each word as SXTB16 gives them) and reused by every
+// output channel; the inner loop takes two channels x two pixels per pass, one LDRD pair of the
+// widened input and one word of each channel's int8 weights (SXTB16 lanes in the same order), so
+// four SMLADs per widened weight word. The widened pair lives in the output's own bytes, in the
+// part no pixel has been written to yet (the output never overlaps the input here: an overlapped
+// op runs into a ring): no buffer in the arena. The last pixels, whose bytes hold it, take a path
+// without it.
+//
+// Requantisation: where kernels.py proved it exact for the op (options flag kFlagFastRequant:
+// every accumulator |acc| < 2^30, every channel's shift in [-22, -1]),
+// SaturatingRoundingDoublingHighMul(acc, m) is SMMULR(2 acc, m) and the rounding right shift by r
+// with the output offset added is (h + 2^(r-1) + offset 2^r + (h >> 31)) >> r (round half away
+// from zero; no overflow in those bounds). Otherwise tpup_conv.h's Requant, the general integers.
+
+#include <cstdint>
+#include <cstring>
+
+#include "tpup_conv.h"
+
+#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
+#include <arm_acle.h>  // (ACLE: __sxtb16, __sadd16, __smlad)
+#define TPUP_DSP 1
+#endif
+
+namespace tpup {
+
+bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g) {
+  return g.k_h == 1 && g.k_w == 1 && o.pad_top == 0 && o.pad_left == 0;
+}
+
+namespace {
+
+// One channel's requantisation with the output offset and the activation clamp.
+struct ExactScale {
+  Requant q;
+  int32_t offset, lo, hi;
+  ExactScale(const ConvOptions& o, int32_t m, int32_t s) : q(m, s), offset(o.output_offset), lo(o.act_min), hi(o.act_max) {}
+  int8_t operator()(int32_t acc) const { return Clamp(q(acc) + offset, lo, hi); }
+};
+
+#if defined(TPUP_DSP)
+inline int32_t Smmulr(int32_t a, int32_t b) {
+  int32_t r;
+  __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+struct FastScale {
+  int32_t m, right, nudge, lo, hi;
+  FastScale(const ConvOptions& o, int32_t mult, int32_t shift)
+      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + o.output_offset * (1 << -shift)), lo(o.act_min),
+        hi(o.act_max) {}
+  int8_t operator()(int32_t acc) const {
+    const int32_t h = Smmulr(acc * 2, m);
+    return Clamp((h + nudge + (h >> 31)) >> right, lo, hi);
+  }
+};
+#endif
+
+#if defined(TPUP_DSP)
+// (the compiler folds the rotation into SXTB16's operand)
+inline int32_t Ror8(int32_t x) {
+  const uint32_t u = static_cast<uint32_t>(x);
+  return static_cast<int32_t>(u >> 8 | u << 24);
+}
+#endif
+
+inline int32_t Load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);  // (an unaligned LDR: the cores this runs on allow it)
+  return v;
+}
+
+// Where output pixel p's input lies: pixels step through rows of out_w, strided.
+struct PixelWalk {
+  const int8_t* in;
+  int C, out_w, step_x, step_y;
+  PixelWalk(const ConvOptions& o, const ConvGeometry& g, const int8_t* input)
+      : in(input), C(g.in_c), out_w(g.out_w), step_x(o.stride_w * g.in_c), step_y(o.stride_h * g.in_w * g.in_c) {}
+  const int8_t* At(int p) const { return in + (p / out_w) * step_y + (p % out_w) * step_x; }
+};
+
+// One pixel, all channels, no buffer: the reference kernel's integers, one MAC at a time on cores
+// without the DSP extension, else four at a time.
+template <typename Scale>
+void OnePixel(const ConvOptions& o, const ConvGeometry& g, const int8_t* x, const int8_t* filter,
+              const int32_t* bias, const int32_t* requant, int8_t* out) {
+  const int C = g.in_c;
+  for (int c = 0; c < g.out_c; ++c) {
+    const int8_t* w = filter + c * C;
+    int32_t acc = bias != nullptr ? bias[c] : 0;
+    int k = 0;
+#if defined(TPUP_DSP)
+    const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(o.input_offset) & 0xFFFF) * 0x10001u);
+    for (; k + 4 <= C; k += 4) {
+      const int32_t a = Load32(x + k), u = Load32(w + k);
+      acc = __smlad(__sadd16(__sxtb16(a), offset2), __sxtb16(u), acc);
+      acc = __smlad(__sadd16(__sxtb16(Ror8(a)), offset2), __sxtb16(Ror8(u)), acc);
+    }
+#endif
+    for (; k < C; ++k) acc += w[k] * (x[k] + o.input_offset);
+    out[c] = Scale(o, requant[c], requant[g.out_c + c])(acc);
+  }
+}
+
+#if defined(TPUP_DSP)
+// Two pixels' channels as int16 with the input offset added, per four channels the words
+// [a 0,2][a 1,3][b 0,2][b 1,3]; a last group of fewer than four zero-padded.
+void WidenPair(const int8_t* a, const int8_t* b, int C, int32_t input_offset, int32_t* buf) {
+  const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(input_offset) & 0xFFFF) * 0x10001u);
+  int k = 0;
+  for (; k + 4 <= C; k += 4, buf += 4) {
+    const int32_t x = Load32(a + k), y = Load32(b + k);
+    buf[0] = __sadd16(__sxtb16(x), offset2);
+    buf[1] = __sadd16(__sxtb16(Ror8(x)), offset2);
+    buf[2] = __sadd16(__sxtb16(y), offset2);
+    buf[3] = __sadd16(__sxtb16(Ror8(y)), offset2);
+  }
+  if (k < C) {
+    int16_t lanes[8] = {};  // [a0 a2 a1 a3 b0 b2 b1 b3]
+    static const int kLane[4] = {0, 2, 1, 3};
+    for (int j = 0; k + j < C; ++j) {
+      lanes[kLane[j]] = static_cast<int16_t>(a[k + j] + input_offset);
+      lanes[4 + kLane[j]] = static_cast<int16_t>(b[k + j] + input_offset);
+    }
+    std::memcpy(buf, lanes, sizeof(lanes));
+  }
+}
+
+// A channel's weights [k, C) (fewer than four) as one zero-padded word.
+inline int32_t TailWord(const int8_t* w, int k, int C) {
+  uint32_t v = 0;
+  for (int j = 0; k + j < C; ++j) v |= static_cast<uint32_t>(static_cast<uint8_t>(w[k + j])) << (8 * j);
+  return static_cast<int32_t>(v);
+}
+
+// Accumulators acc = [pixel a, pixel b] of channel c0, then of c1, over the widened pair `x`
+// (`groups` groups of four input channels; w0, w1 the channels' int8 weights). In assembly: the
+// loop needs 14 registers (4 accumulators, 4 widened input words loaded by one LDM, a weight word
+// and its two SXTB16 halves in 2, 3 pointers and the count), which the compiler does not find
+// for C (it spills accumulators in the loop); two groups a pass.
+#define TPUP_PW_GROUP                    \
+  "ldmia r0!, {r4-r7}\n\t"               \
+  "ldr r12, [r1], #4\n\t"                \
+  "sxtb16 lr, r12\n\t"                   \
+  "sxtb16 r12, r12, ror #8\n\t"          \
+  "smlad r8, r4, lr, r8\n\t"             \
+  "smlad r8, r5, r12, r8\n\t"            \
+  "smlad r9, r6, lr, r9\n\t"             \
+  "smlad r9, r7, r12, r9\n\t"            \
+  "ldr r12, [r2], #4\n\t"                \
+  "sxtb16 lr, r12\n\t"                   \
+  "sxtb16 r12, r12, ror #8\n\t"          \
+  "smlad r10, r4, lr, r10\n\t"           \
+  "smlad r10, r5, r12, r10\n\t"          \
+  "smlad r11, r6, lr, r11\n\t"           \
+  "smlad r11, r7, r12, r11\n\t"
+
+__attribute__((naked, noinline)) void TwoByTwo(const int32_t* /*x*/, const int8_t* /*w0*/, const int8_t* /*w1*/,
+                                               int /*groups*/, int32_t* /*acc*/) {
+  __asm__ volatile(
+      "push {r4-r11, lr}\n\t"
+      "ldr lr, [sp, #36]\n\t"  // acc (the fifth argument, above the nine registers pushed)
+      "ldm lr, {r8-r11}\n\t"
+      "cmp r3, #0\n\t"
+      "beq 3f\n\t"
+      "tst r3, #1\n\t"
+      "beq 2f\n\t"
+      TPUP_PW_GROUP
+      "subs r3, r3, #1\n\t"
+      "beq 3f\n\t"
+      "2:\n\t"
+      TPUP_PW_GROUP
+      TPUP_PW_GROUP
+      "subs r3, r3, #2\n\t"
+      "bne 2b\n\t"
+      "3:\n\t"
+      "ldr lr, [sp, #36]\n\t"
+      "stm lr, {r8-r11}\n\t"
+      "pop {r4-r11, pc}\n\t");
+}
+#undef TPUP_PW_GROUP
+
+// One channel of a pixel pair (an odd last channel).
+inline void OneByTwo(const int32_t* x, const int8_t* w0, int groups, int32_t* acc) {
+  int32_t a0 = acc[0], b0 = acc[1];
+  for (int i = 0; i < groups; ++i, x += 4, w0 += 4) {
+    const int32_t u = Load32(w0);
+    const int32_t u02 = __sxtb16(u), u13 = __sxtb16(Ror8(u));
+    a0 = __smlad(x[0], u02, a0);
+    a0 = __smlad(x[1], u13, a0);
+    b0 = __smlad(x[2], u02, b0);
+    b0 = __smlad(x[3], u13, b0);
+  }
+  acc[0] = a0, acc[1] = b0;
+}
+
+// Output pixels a and b (at `oa`, `ob`) from the widened pair `buf`.
+template <typename Scale>
+void PixelPair(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, const int8_t* filter,
+               const int32_t* bias, const int32_t* requant, int8_t* oa, int8_t* ob) {
+  const int C = g.in_c, K = g.out_c, full = C / 4;
+  const int32_t* tail = buf + 4 * full;
+  int c = 0;
+  for (; c + 2 <= K; c += 2) {
+    const int8_t* w0 = filter + c * C;
+    const int8_t* w1 = w0 + C;
+    const int32_t b0 = bias != nullptr ? bias[c] : 0, b1 = bias != nullptr ? bias[c + 1] : 0;
+    int32_t acc[4] = {b0, b0, b1, b1};
+    TwoByTwo(buf, w0, w1, full, acc);
+    if (full * 4 < C) {
+      const int32_t u = TailWord(w0, full * 4, C), v = TailWord(w1, full * 4, C);
+      acc[0] = __smlad(tail[1], __sxtb16(Ror8(u)), __smlad(tail[0], __sxtb16(u), acc[0]));
+      acc[1] = __smlad(tail[3], __sxtb16(Ror8(u)), __smlad(tail[2], __sxtb16(u), acc[1]));
+      acc[2] = __smlad(tail[1], __sxtb16(Ror8(v)), __smlad(tail[0], __sxtb16(v), acc[2]));
+      acc[3] = __smlad(tail[3], __sxtb16(Ror8(v)), __smlad(tail[2], __sxtb16(v), acc[3]));
+    }
+    const Scale s0(o, requant[c], requant[K + c]), s1(o, requant[c + 1], requant[K + c + 1]);
+    oa[c] = s0(acc[0]);
+    ob[c] = s0(acc[1]);
+    oa[c + 1] = s1(acc[2]);
+    ob[c + 1] = s1(acc[3]);
+  }
+  if (c < K) {
+    const int8_t* w0 = filter + c * C;
+    const int32_t b0 = bias != nullptr ? bias[c] : 0;
+    int32_t acc[2] = {b0, b0};
+    OneByTwo(buf, w0, full, acc);
+    if (full * 4 < C) {
+      const int32_t u = TailWord(w0, full * 4, C);
+      acc[0] = __smlad(tail[1], __sxtb16(Ror8(u)), __smlad(tail[0], __sxtb16(u), acc[0]));
+      acc[1] = __smlad(tail[3], __sxtb16(Ror8(u)), __smlad(tail[2], __sxtb16(u), acc[1]));
+    }
+    const Scale s0(o, requant[c], requant[K + c]);
+    oa[c] = s0(acc[0]);
+    ob[c] = s0(acc[1]);
+  }
+}
+
+template <typename Scale>
+void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, const int8_t* filter,
+         const int32_t* bias, const int32_t* requant, int8_t* out) {
+  const PixelWalk walk(o, g, in);
+  const int K = g.out_c, bytes = 16 * ((g.in_c + 3) / 4);  // the widened pair
+  // The pair lives in the output's last bytes (4-aligned); pixels [0, stop) are written before
+  // any of them.
+  const uintptr_t end = reinterpret_cast<uintptr_t>(out) + static_cast<uintptr_t>(n) * K;
+  const uintptr_t at = (end - bytes) & ~static_cast<uintptr_t>(3);
+  int p = 0;
+  if (end >= reinterpret_cast<uintptr_t>(out) + bytes + 3) {
+    int32_t* buf = reinterpret_cast<int32_t*>(at);
+    const int stop = static_cast<int>((at - reinterpret_cast<uintptr_t>(out)) / K);
+    for (; p + 2 <= stop; p += 2) {
+      WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
+      PixelPair<Scale>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
+    }
+  }
+  for (; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
+}
+#endif
+
+}  // namespace
+
+void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
+                  const int32_t* bias, const int32_t* requant, int8_t* out) {
+  const int n = out_rows * g.out_w;
+#if defined(TPUP_DSP)
+  if (o.flags & kFlagFastRequant) {
+    Run<FastScale>(o, g, n, in, filter, bias, requant, out);
+  } else {
+    Run<ExactScale>(o, g, n, in, filter, bias, requant, out);
+  }
+#else
+  const PixelWalk walk(o, g, in);
+  for (int p = 0; p < n; ++p) OnePixel<ExactScale>(o, g, walk.At(p), filter, bias, requant, out + p * g.out_c);
+#endif
+}
+
+}  // namespace tpup
