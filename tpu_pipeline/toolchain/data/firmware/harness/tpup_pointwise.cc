@@ -242,6 +242,105 @@ void PixelPair(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, 
   }
 }
 
+// The same accumulators without the widened pair, for pixels a at `x` and b at x + C (adjacent)
+// and channels c0 at `w`, c1 at w + C: both widened in the loop, no input offset (the caller
+// folds offset x the weights' sum into the accumulators' start). 14 registers again: 4
+// accumulators, 4 widened input halves, 2 weight halves, x, w, C and the count.
+#define TPUP_PW_DIRECT_GROUP             \
+  "ldr r4, [r0, r2]\n\t"                 \
+  "sxtb16 r6, r4\n\t"                    \
+  "sxtb16 r7, r4, ror #8\n\t"            \
+  "ldr r12, [r0], #4\n\t"                \
+  "sxtb16 r4, r12\n\t"                   \
+  "sxtb16 r5, r12, ror #8\n\t"           \
+  "ldr lr, [r1, r2]\n\t"                 \
+  "sxtb16 r12, lr\n\t"                   \
+  "sxtb16 lr, lr, ror #8\n\t"            \
+  "smlad r10, r4, r12, r10\n\t"          \
+  "smlad r10, r5, lr, r10\n\t"           \
+  "smlad r11, r6, r12, r11\n\t"          \
+  "smlad r11, r7, lr, r11\n\t"           \
+  "ldr lr, [r1], #4\n\t"                 \
+  "sxtb16 r12, lr\n\t"                   \
+  "sxtb16 lr, lr, ror #8\n\t"            \
+  "smlad r8, r4, r12, r8\n\t"            \
+  "smlad r8, r5, lr, r8\n\t"             \
+  "smlad r9, r6, r12, r9\n\t"            \
+  "smlad r9, r7, lr, r9\n\t"
+
+__attribute__((naked, noinline)) void TwoByTwoDirect(const int8_t* /*x*/, const int8_t* /*w*/, int /*C*/,
+                                                     int /*groups*/, int32_t* /*acc*/) {
+  __asm__ volatile(
+      "push {r4-r11, lr}\n\t"
+      "ldr lr, [sp, #36]\n\t"
+      "ldm lr, {r8-r11}\n\t"
+      "cmp r3, #0\n\t"
+      "beq 3f\n\t"
+      "tst r3, #1\n\t"
+      "beq 2f\n\t"
+      TPUP_PW_DIRECT_GROUP
+      "subs r3, r3, #1\n\t"
+      "beq 3f\n\t"
+      "2:\n\t"
+      TPUP_PW_DIRECT_GROUP
+      TPUP_PW_DIRECT_GROUP
+      "subs r3, r3, #2\n\t"
+      "bne 2b\n\t"
+      "3:\n\t"
+      "ldr lr, [sp, #36]\n\t"
+      "stm lr, {r8-r11}\n\t"
+      "pop {r4-r11, pc}\n\t");
+}
+#undef TPUP_PW_DIRECT_GROUP
+
+// The sum of a channel's C weights.
+int32_t WeightSum(const int8_t* w, int C) {
+  int32_t sum = 0;
+  int k = 0;
+  for (; k + 4 <= C; k += 4) {
+    const int32_t u = Load32(w + k);
+    sum = __smlad(__sxtb16(u), 0x00010001, __smlad(__sxtb16(Ror8(u)), 0x00010001, sum));
+  }
+  for (; k < C; ++k) sum += w[k];
+  return sum;
+}
+
+// Output pixels [p0, n) of a stride-1 call (adjacent pixels) without the widened pair: channel
+// pairs outermost, so each channel's weight sum and scale are set up once. An odd last pixel is
+// computed with the one before it (its bytes written again, the same).
+template <typename Scale>
+void DirectPixels(const ConvOptions& o, const ConvGeometry& g, int p0, int n, const int8_t* in, const int8_t* filter,
+                  const int32_t* bias, const int32_t* requant, int8_t* out) {
+  const int C = g.in_c, K = g.out_c, groups = C / 4, rest = groups * 4;
+  for (int c = 0; c < K; c += 2) {
+    const int c1 = c + 1 < K ? c + 1 : c;  // (an odd last channel computed twice)
+    const int8_t* w0 = filter + c * C;
+    const int8_t* w1 = filter + c1 * C;
+    const int32_t s0 = (bias != nullptr ? bias[c] : 0) + o.input_offset * WeightSum(w0, C);
+    const int32_t s1 = (bias != nullptr ? bias[c1] : 0) + o.input_offset * WeightSum(w1, C);
+    const Scale q0(o, requant[c], requant[K + c]), q1(o, requant[c1], requant[K + c1]);
+    for (int p = p0; p < n; p += 2) {
+      const int pa = p + 2 <= n ? p : n - 2;
+      const int8_t* xa = in + pa * C;
+      int32_t acc[4] = {s0, s0, s1, s1};  // [c0 a, c0 b, c1 a, c1 b]
+      if (c1 == c + 1) {
+        TwoByTwoDirect(xa, w0, C, groups, acc);
+      } else {
+        int32_t twice[4] = {s0, s0, s0, s0};
+        TwoByTwoDirect(xa, w0 - C, C, groups, twice);  // (channel c - 1 then c: c's sums in 2, 3)
+        acc[0] = twice[2], acc[1] = twice[3];
+      }
+      for (int k = rest; k < C; ++k) {
+        acc[0] += w0[k] * xa[k], acc[1] += w0[k] * xa[C + k];
+        acc[2] += w1[k] * xa[k], acc[3] += w1[k] * xa[C + k];
+      }
+      int8_t* oa = out + pa * K;
+      oa[c] = q0(acc[0]), oa[K + c] = q0(acc[1]);
+      if (c1 == c + 1) oa[c1] = q1(acc[2]), oa[K + c1] = q1(acc[3]);
+    }
+  }
+}
+
 template <typename Scale>
 void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, const int8_t* filter,
          const int32_t* bias, const int32_t* requant, int8_t* out) {
@@ -259,6 +358,11 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
       WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
       PixelPair<Scale>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
     }
+  }
+  const bool adjacent = o.stride_w == 1 && (o.stride_h == 1 || g.out_h == 1) && g.in_w == g.out_w;
+  if (adjacent && n >= 2 && K >= 2 && p < n) {
+    DirectPixels<Scale>(o, g, p, n, walk.At(0), filter, bias, requant, out);
+    return;
   }
   for (; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
 }
