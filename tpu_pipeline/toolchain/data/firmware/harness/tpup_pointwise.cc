@@ -35,12 +35,12 @@ bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g) {
 
 namespace {
 
-// One channel's requantisation with the output offset and the activation clamp.
+// One channel's requantisation with the output offset (before the activation clamp).
 struct ExactScale {
   Requant q;
-  int32_t offset, lo, hi;
-  ExactScale(const ConvOptions& o, int32_t m, int32_t s) : q(m, s), offset(o.output_offset), lo(o.act_min), hi(o.act_max) {}
-  int8_t operator()(int32_t acc) const { return Clamp(q(acc) + offset, lo, hi); }
+  int32_t offset;
+  ExactScale(const ConvOptions& o, int32_t m, int32_t s) : q(m, s), offset(o.output_offset) {}
+  int32_t operator()(int32_t acc) const { return q(acc) + offset; }
 };
 
 #if defined(TPUP_DSP)
@@ -51,15 +51,21 @@ inline int32_t Smmulr(int32_t a, int32_t b) {
 }
 
 struct FastScale {
-  int32_t m, right, nudge, lo, hi;
+  int32_t m, right, nudge;
   FastScale(const ConvOptions& o, int32_t mult, int32_t shift)
-      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + o.output_offset * (1 << -shift)), lo(o.act_min),
-        hi(o.act_max) {}
-  int8_t operator()(int32_t acc) const {
+      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + o.output_offset * (1 << -shift)) {}
+  int32_t operator()(int32_t acc) const {
     const int32_t h = Smmulr(acc * 2, m);
-    return Clamp((h + nudge + (h >> 31)) >> right, lo, hi);
+    return (h + nudge + (h >> 31)) >> right;
   }
 };
+
+// The activation clamp: the int8 range alone (kFull: no activation) is one SSAT.
+template <bool kFull>
+inline int8_t Narrow(int32_t v, int32_t lo, int32_t hi) {
+  if (kFull) return static_cast<int8_t>(__ssat(v, 8));
+  return Clamp(v, lo, hi);
+}
 #endif
 
 #if defined(TPUP_DSP)
@@ -104,7 +110,7 @@ void OnePixel(const ConvOptions& o, const ConvGeometry& g, const int8_t* x, cons
     }
 #endif
     for (; k < C; ++k) acc += w[k] * (x[k] + o.input_offset);
-    out[c] = Scale(o, requant[c], requant[g.out_c + c])(acc);
+    out[c] = Clamp(Scale(o, requant[c], requant[g.out_c + c])(acc), o.act_min, o.act_max);
   }
 }
 
@@ -139,159 +145,127 @@ inline int32_t TailWord(const int8_t* w, int k, int C) {
   return static_cast<int32_t>(v);
 }
 
-// Accumulators acc = [pixel a, pixel b] of channel c0, then of c1, over the widened pair `x`
-// (`groups` groups of four input channels; w0, w1 the channels' int8 weights). In assembly: the
-// loop needs 14 registers (4 accumulators, 4 widened input words loaded by one LDM, a weight word
-// and its two SXTB16 halves in 2, 3 pointers and the count), which the compiler does not find
-// for C (it spills accumulators in the loop); two groups a pass.
-#define TPUP_PW_GROUP                    \
-  "ldmia r0!, {r4-r7}\n\t"               \
-  "ldr r12, [r1], #4\n\t"                \
-  "sxtb16 lr, r12\n\t"                   \
-  "sxtb16 r12, r12, ror #8\n\t"          \
-  "smlad r8, r4, lr, r8\n\t"             \
-  "smlad r8, r5, r12, r8\n\t"            \
-  "smlad r9, r6, lr, r9\n\t"             \
-  "smlad r9, r7, r12, r9\n\t"            \
-  "ldr r12, [r2], #4\n\t"                \
-  "sxtb16 lr, r12\n\t"                   \
-  "sxtb16 r12, r12, ror #8\n\t"          \
-  "smlad r10, r4, lr, r10\n\t"           \
-  "smlad r10, r5, r12, r10\n\t"          \
-  "smlad r11, r6, lr, r11\n\t"           \
-  "smlad r11, r7, r12, r11\n\t"
+// Accumulators [pixel a, pixel b] of channel c0 (a0, b0), then of c1 (a1, b1).
+struct Acc4 {
+  int32_t a0, b0, a1, b1;
+};
 
-__attribute__((naked, noinline)) void TwoByTwo(const int32_t* /*x*/, const int8_t* /*w0*/, const int8_t* /*w1*/,
-                                               int /*groups*/, int32_t* /*acc*/) {
-  __asm__ volatile(
-      "push {r4-r11, lr}\n\t"
-      "ldr lr, [sp, #36]\n\t"  // acc (the fifth argument, above the nine registers pushed)
-      "ldm lr, {r8-r11}\n\t"
-      "cmp r3, #0\n\t"
-      "beq 3f\n\t"
-      "tst r3, #1\n\t"
-      "beq 2f\n\t"
-      TPUP_PW_GROUP
-      "subs r3, r3, #1\n\t"
-      "beq 3f\n\t"
-      "2:\n\t"
-      TPUP_PW_GROUP
-      TPUP_PW_GROUP
-      "subs r3, r3, #2\n\t"
-      "bne 2b\n\t"
-      "3:\n\t"
-      "ldr lr, [sp, #36]\n\t"
-      "stm lr, {r8-r11}\n\t"
-      "pop {r4-r11, pc}\n\t");
+// Acc4 += the widened pair `x` (`groups` groups of four input channels) times channels c0, c1's
+// int8 weights (w0, w1). Inline assembly: the loop needs 14 registers (4 accumulators, the 4
+// widened input words one LDM loads, a weight word's two SXTB16 halves, 3 pointers and the
+// count), which the compiler does not find for the same C (it spills accumulators in the loop).
+#define TPUP_PW_GROUP                              \
+  "ldmia %[x]!, {r8-r11}\n\t"                      \
+  "ldr %[t], [%[w0]], #4\n\t"                      \
+  "sxtb16 %[u], %[t]\n\t"                          \
+  "sxtb16 %[t], %[t], ror #8\n\t"                  \
+  "smlad %[a0], r8, %[u], %[a0]\n\t"               \
+  "smlad %[a0], r9, %[t], %[a0]\n\t"               \
+  "smlad %[b0], r10, %[u], %[b0]\n\t"              \
+  "smlad %[b0], r11, %[t], %[b0]\n\t"              \
+  "ldr %[t], [%[w1]], #4\n\t"                      \
+  "sxtb16 %[u], %[t]\n\t"                          \
+  "sxtb16 %[t], %[t], ror #8\n\t"                  \
+  "smlad %[a1], r8, %[u], %[a1]\n\t"               \
+  "smlad %[a1], r9, %[t], %[a1]\n\t"               \
+  "smlad %[b1], r10, %[u], %[b1]\n\t"              \
+  "smlad %[b1], r11, %[t], %[b1]\n\t"
+#define TPUP_PW_OPERANDS                                                                                    \
+  [a0] "+r"(a.a0), [b0] "+r"(a.b0), [a1] "+r"(a.a1), [b1] "+r"(a.b1), [x] "+r"(x), [w0] "+r"(w0), \
+      [w1] "+r"(w1), [n] "+r"(n), [t] "=&r"(t), [u] "=&r"(u)
+
+inline void MacPair(const int32_t* x, const int8_t* w0, const int8_t* w1, int groups, Acc4& a) {
+  int32_t t, u, n = groups >> 1;
+  if (groups & 1) {
+    __asm__ volatile(TPUP_PW_GROUP : TPUP_PW_OPERANDS : : "r8", "r9", "r10", "r11", "memory");
+  }
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_PW_GROUP TPUP_PW_GROUP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_PW_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "r11", "cc", "memory");
+  }
 }
 #undef TPUP_PW_GROUP
+#undef TPUP_PW_OPERANDS
 
-// One channel of a pixel pair (an odd last channel).
-inline void OneByTwo(const int32_t* x, const int8_t* w0, int groups, int32_t* acc) {
-  int32_t a0 = acc[0], b0 = acc[1];
-  for (int i = 0; i < groups; ++i, x += 4, w0 += 4) {
-    const int32_t u = Load32(w0);
-    const int32_t u02 = __sxtb16(u), u13 = __sxtb16(Ror8(u));
-    a0 = __smlad(x[0], u02, a0);
-    a0 = __smlad(x[1], u13, a0);
-    b0 = __smlad(x[2], u02, b0);
-    b0 = __smlad(x[3], u13, b0);
-  }
-  acc[0] = a0, acc[1] = b0;
+// The last group of fewer than four input channels (`tail`: its widened words, zero-padded).
+inline void MacTail(const int32_t* tail, int32_t u, int32_t v, Acc4& a) {
+  const int32_t u02 = __sxtb16(u), u13 = __sxtb16(Ror8(u)), v02 = __sxtb16(v), v13 = __sxtb16(Ror8(v));
+  a.a0 = __smlad(tail[1], u13, __smlad(tail[0], u02, a.a0));
+  a.b0 = __smlad(tail[3], u13, __smlad(tail[2], u02, a.b0));
+  a.a1 = __smlad(tail[1], v13, __smlad(tail[0], v02, a.a1));
+  a.b1 = __smlad(tail[3], v13, __smlad(tail[2], v02, a.b1));
 }
 
-// Output pixels a and b (at `oa`, `ob`) from the widened pair `buf`.
-template <typename Scale>
+// Output pixels a and b (at `oa`, `ob`) from the widened pair `buf`; an odd last channel is
+// computed as the pair (K - 2, K - 1), channel K - 2's bytes written again (the same).
+template <typename Scale, bool kFull>
 void PixelPair(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, const int8_t* filter,
                const int32_t* bias, const int32_t* requant, int8_t* oa, int8_t* ob) {
   const int C = g.in_c, K = g.out_c, full = C / 4;
   const int32_t* tail = buf + 4 * full;
-  int c = 0;
-  for (; c + 2 <= K; c += 2) {
+  const int32_t lo = o.act_min, hi = o.act_max;
+  for (int c = 0; c < K; c += 2) {
+    if (c + 2 > K) c = K - 2;
     const int8_t* w0 = filter + c * C;
     const int8_t* w1 = w0 + C;
     const int32_t b0 = bias != nullptr ? bias[c] : 0, b1 = bias != nullptr ? bias[c + 1] : 0;
-    int32_t acc[4] = {b0, b0, b1, b1};
-    TwoByTwo(buf, w0, w1, full, acc);
-    if (full * 4 < C) {
-      const int32_t u = TailWord(w0, full * 4, C), v = TailWord(w1, full * 4, C);
-      acc[0] = __smlad(tail[1], __sxtb16(Ror8(u)), __smlad(tail[0], __sxtb16(u), acc[0]));
-      acc[1] = __smlad(tail[3], __sxtb16(Ror8(u)), __smlad(tail[2], __sxtb16(u), acc[1]));
-      acc[2] = __smlad(tail[1], __sxtb16(Ror8(v)), __smlad(tail[0], __sxtb16(v), acc[2]));
-      acc[3] = __smlad(tail[3], __sxtb16(Ror8(v)), __smlad(tail[2], __sxtb16(v), acc[3]));
-    }
+    Acc4 a = {b0, b0, b1, b1};
+    MacPair(buf, w0, w1, full, a);
+    if (full * 4 < C) MacTail(tail, TailWord(w0, full * 4, C), TailWord(w1, full * 4, C), a);
     const Scale s0(o, requant[c], requant[K + c]), s1(o, requant[c + 1], requant[K + c + 1]);
-    oa[c] = s0(acc[0]);
-    ob[c] = s0(acc[1]);
-    oa[c + 1] = s1(acc[2]);
-    ob[c + 1] = s1(acc[3]);
-  }
-  if (c < K) {
-    const int8_t* w0 = filter + c * C;
-    const int32_t b0 = bias != nullptr ? bias[c] : 0;
-    int32_t acc[2] = {b0, b0};
-    OneByTwo(buf, w0, full, acc);
-    if (full * 4 < C) {
-      const int32_t u = TailWord(w0, full * 4, C);
-      acc[0] = __smlad(tail[1], __sxtb16(Ror8(u)), __smlad(tail[0], __sxtb16(u), acc[0]));
-      acc[1] = __smlad(tail[3], __sxtb16(Ror8(u)), __smlad(tail[2], __sxtb16(u), acc[1]));
-    }
-    const Scale s0(o, requant[c], requant[K + c]);
-    oa[c] = s0(acc[0]);
-    ob[c] = s0(acc[1]);
+    oa[c] = Narrow<kFull>(s0(a.a0), lo, hi);
+    ob[c] = Narrow<kFull>(s0(a.b0), lo, hi);
+    oa[c + 1] = Narrow<kFull>(s1(a.a1), lo, hi);
+    ob[c + 1] = Narrow<kFull>(s1(a.b1), lo, hi);
   }
 }
 
-// The same accumulators without the widened pair, for pixels a at `x` and b at x + C (adjacent)
-// and channels c0 at `w`, c1 at w + C: both widened in the loop, no input offset (the caller
-// folds offset x the weights' sum into the accumulators' start). 14 registers again: 4
-// accumulators, 4 widened input halves, 2 weight halves, x, w, C and the count.
-#define TPUP_PW_DIRECT_GROUP             \
-  "ldr r4, [r0, r2]\n\t"                 \
-  "sxtb16 r6, r4\n\t"                    \
-  "sxtb16 r7, r4, ror #8\n\t"            \
-  "ldr r12, [r0], #4\n\t"                \
-  "sxtb16 r4, r12\n\t"                   \
-  "sxtb16 r5, r12, ror #8\n\t"           \
-  "ldr lr, [r1, r2]\n\t"                 \
-  "sxtb16 r12, lr\n\t"                   \
-  "sxtb16 lr, lr, ror #8\n\t"            \
-  "smlad r10, r4, r12, r10\n\t"          \
-  "smlad r10, r5, lr, r10\n\t"           \
-  "smlad r11, r6, r12, r11\n\t"          \
-  "smlad r11, r7, lr, r11\n\t"           \
-  "ldr lr, [r1], #4\n\t"                 \
-  "sxtb16 r12, lr\n\t"                   \
-  "sxtb16 lr, lr, ror #8\n\t"            \
-  "smlad r8, r4, r12, r8\n\t"            \
-  "smlad r8, r5, lr, r8\n\t"             \
-  "smlad r9, r6, r12, r9\n\t"            \
-  "smlad r9, r7, lr, r9\n\t"
+// Acc4 += the same products without the widened pair: pixels a at `x` and b at x + C (adjacent),
+// channels c0 at `w` and c1 at w + C, both widened in the loop, no input offset (the caller folds
+// offset x the weights' sum into the accumulators' start).
+#define TPUP_PW_DIRECT_GROUP                 \
+  "ldr %[t], [%[x], %[C]]\n\t"               \
+  "sxtb16 %[p2], %[t]\n\t"                   \
+  "sxtb16 %[p3], %[t], ror #8\n\t"           \
+  "ldr %[t], [%[x]], #4\n\t"                 \
+  "sxtb16 %[p0], %[t]\n\t"                   \
+  "sxtb16 %[p1], %[t], ror #8\n\t"           \
+  "ldr %[t], [%[w], %[C]]\n\t"               \
+  "sxtb16 %[u], %[t]\n\t"                    \
+  "sxtb16 %[t], %[t], ror #8\n\t"            \
+  "smlad %[a1], %[p0], %[u], %[a1]\n\t"      \
+  "smlad %[a1], %[p1], %[t], %[a1]\n\t"      \
+  "smlad %[b1], %[p2], %[u], %[b1]\n\t"      \
+  "smlad %[b1], %[p3], %[t], %[b1]\n\t"      \
+  "ldr %[t], [%[w]], #4\n\t"                 \
+  "sxtb16 %[u], %[t]\n\t"                    \
+  "sxtb16 %[t], %[t], ror #8\n\t"            \
+  "smlad %[a0], %[p0], %[u], %[a0]\n\t"      \
+  "smlad %[a0], %[p1], %[t], %[a0]\n\t"      \
+  "smlad %[b0], %[p2], %[u], %[b0]\n\t"      \
+  "smlad %[b0], %[p3], %[t], %[b0]\n\t"
+#define TPUP_PW_DIRECT_OPERANDS                                                                               \
+  [a0] "+r"(a.a0), [b0] "+r"(a.b0), [a1] "+r"(a.a1), [b1] "+r"(a.b1), [x] "+r"(x), [w] "+r"(w), [n] "+r"(n), \
+      [t] "=&r"(t), [u] "=&r"(u), [p0] "=&r"(p0), [p1] "=&r"(p1), [p2] "=&r"(p2), [p3] "=&r"(p3)
 
-__attribute__((naked, noinline)) void TwoByTwoDirect(const int8_t* /*x*/, const int8_t* /*w*/, int /*C*/,
-                                                     int /*groups*/, int32_t* /*acc*/) {
-  __asm__ volatile(
-      "push {r4-r11, lr}\n\t"
-      "ldr lr, [sp, #36]\n\t"
-      "ldm lr, {r8-r11}\n\t"
-      "cmp r3, #0\n\t"
-      "beq 3f\n\t"
-      "tst r3, #1\n\t"
-      "beq 2f\n\t"
-      TPUP_PW_DIRECT_GROUP
-      "subs r3, r3, #1\n\t"
-      "beq 3f\n\t"
-      "2:\n\t"
-      TPUP_PW_DIRECT_GROUP
-      TPUP_PW_DIRECT_GROUP
-      "subs r3, r3, #2\n\t"
-      "bne 2b\n\t"
-      "3:\n\t"
-      "ldr lr, [sp, #36]\n\t"
-      "stm lr, {r8-r11}\n\t"
-      "pop {r4-r11, pc}\n\t");
+inline void MacDirect(const int8_t* x, const int8_t* w, int C, int groups, Acc4& a) {
+  int32_t t, u, p0, p1, p2, p3, n = groups >> 1;
+  if (groups & 1) {
+    __asm__ volatile(TPUP_PW_DIRECT_GROUP : TPUP_PW_DIRECT_OPERANDS : [C] "r"(C) : "memory");
+  }
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_PW_DIRECT_GROUP TPUP_PW_DIRECT_GROUP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_PW_DIRECT_OPERANDS
+                     : [C] "r"(C)
+                     : "cc", "memory");
+  }
 }
 #undef TPUP_PW_DIRECT_GROUP
+#undef TPUP_PW_DIRECT_OPERANDS
 
 // The sum of a channel's C weights.
 int32_t WeightSum(const int8_t* w, int C) {
@@ -307,45 +281,47 @@ int32_t WeightSum(const int8_t* w, int C) {
 
 // Output pixels [p0, n) of a stride-1 call (adjacent pixels) without the widened pair: channel
 // pairs outermost, so each channel's weight sum and scale are set up once. An odd last pixel is
-// computed with the one before it (its bytes written again, the same).
-template <typename Scale>
+// computed with the one before it, an odd last channel with the one before it (bytes written
+// again, the same).
+template <typename Scale, bool kFull>
 void DirectPixels(const ConvOptions& o, const ConvGeometry& g, int p0, int n, const int8_t* in, const int8_t* filter,
                   const int32_t* bias, const int32_t* requant, int8_t* out) {
   const int C = g.in_c, K = g.out_c, groups = C / 4, rest = groups * 4;
+  const int32_t lo = o.act_min, hi = o.act_max;
   for (int c = 0; c < K; c += 2) {
-    const int c1 = c + 1 < K ? c + 1 : c;  // (an odd last channel computed twice)
+    if (c + 2 > K) c = K - 2;
     const int8_t* w0 = filter + c * C;
-    const int8_t* w1 = filter + c1 * C;
+    const int8_t* w1 = w0 + C;
     const int32_t s0 = (bias != nullptr ? bias[c] : 0) + o.input_offset * WeightSum(w0, C);
-    const int32_t s1 = (bias != nullptr ? bias[c1] : 0) + o.input_offset * WeightSum(w1, C);
-    const Scale q0(o, requant[c], requant[K + c]), q1(o, requant[c1], requant[K + c1]);
+    const int32_t s1 = (bias != nullptr ? bias[c + 1] : 0) + o.input_offset * WeightSum(w1, C);
+    const Scale q0(o, requant[c], requant[K + c]), q1(o, requant[c + 1], requant[K + c + 1]);
     for (int p = p0; p < n; p += 2) {
       const int pa = p + 2 <= n ? p : n - 2;
       const int8_t* xa = in + pa * C;
-      int32_t acc[4] = {s0, s0, s1, s1};  // [c0 a, c0 b, c1 a, c1 b]
-      if (c1 == c + 1) {
-        TwoByTwoDirect(xa, w0, C, groups, acc);
-      } else {
-        int32_t twice[4] = {s0, s0, s0, s0};
-        TwoByTwoDirect(xa, w0 - C, C, groups, twice);  // (channel c - 1 then c: c's sums in 2, 3)
-        acc[0] = twice[2], acc[1] = twice[3];
-      }
+      Acc4 a = {s0, s0, s1, s1};
+      MacDirect(xa, w0, C, groups, a);
       for (int k = rest; k < C; ++k) {
-        acc[0] += w0[k] * xa[k], acc[1] += w0[k] * xa[C + k];
-        acc[2] += w1[k] * xa[k], acc[3] += w1[k] * xa[C + k];
+        a.a0 += w0[k] * xa[k], a.b0 += w0[k] * xa[C + k];
+        a.a1 += w1[k] * xa[k], a.b1 += w1[k] * xa[C + k];
       }
       int8_t* oa = out + pa * K;
-      oa[c] = q0(acc[0]), oa[K + c] = q0(acc[1]);
-      if (c1 == c + 1) oa[c1] = q1(acc[2]), oa[K + c1] = q1(acc[3]);
+      oa[c] = Narrow<kFull>(q0(a.a0), lo, hi);
+      oa[K + c] = Narrow<kFull>(q0(a.b0), lo, hi);
+      oa[c + 1] = Narrow<kFull>(q1(a.a1), lo, hi);
+      oa[K + c + 1] = Narrow<kFull>(q1(a.b1), lo, hi);
     }
   }
 }
 
-template <typename Scale>
+template <typename Scale, bool kFull>
 void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, const int8_t* filter,
          const int32_t* bias, const int32_t* requant, int8_t* out) {
   const PixelWalk walk(o, g, in);
   const int K = g.out_c, bytes = 16 * ((g.in_c + 3) / 4);  // the widened pair
+  if (K < 2) {  // (one channel: the pair's channel blocks need two)
+    for (int p = 0; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
+    return;
+  }
   // The pair lives in the output's last bytes (4-aligned); pixels [0, stop) are written before
   // any of them.
   const uintptr_t end = reinterpret_cast<uintptr_t>(out) + static_cast<uintptr_t>(n) * K;
@@ -356,12 +332,12 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
     const int stop = static_cast<int>((at - reinterpret_cast<uintptr_t>(out)) / K);
     for (; p + 2 <= stop; p += 2) {
       WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
-      PixelPair<Scale>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
+      PixelPair<Scale, kFull>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
     }
   }
   const bool adjacent = o.stride_w == 1 && (o.stride_h == 1 || g.out_h == 1) && g.in_w == g.out_w;
-  if (adjacent && n >= 2 && K >= 2 && p < n) {
-    DirectPixels<Scale>(o, g, p, n, walk.At(0), filter, bias, requant, out);
+  if (adjacent && n >= 2 && p < n) {
+    DirectPixels<Scale, kFull>(o, g, p, n, walk.At(0), filter, bias, requant, out);
     return;
   }
   for (; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
@@ -374,10 +350,11 @@ void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, con
                   const int32_t* bias, const int32_t* requant, int8_t* out) {
   const int n = out_rows * g.out_w;
 #if defined(TPUP_DSP)
+  const bool full = o.act_min == -128 && o.act_max == 127;
   if (o.flags & kFlagFastRequant) {
-    Run<FastScale>(o, g, n, in, filter, bias, requant, out);
+    (full ? Run<FastScale, true> : Run<FastScale, false>)(o, g, n, in, filter, bias, requant, out);
   } else {
-    Run<ExactScale>(o, g, n, in, filter, bias, requant, out);
+    (full ? Run<ExactScale, true> : Run<ExactScale, false>)(o, g, n, in, filter, bias, requant, out);
   }
 #else
   const PixelWalk walk(o, g, in);
