@@ -209,3 +209,68 @@ def test_a_real_model_on_the_pointwise_kernel_is_bit_identical_in_qemu(tmp_path,
     path = tmp_path / "darts.tflite"
     path.write_bytes(model_to_bytes(to_model(g, src)))
     qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+
+
+# ---- in patch stages ------------------------------------------------------------------------------
+def _block():
+    """(graph on the harness kernels, source bytes): a stem conv, an inverted residual block with
+    an ADD, a strided expansion, at 21 x 18 (tiles of uneven sizes)."""
+    from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+
+    b = CnnBuilder(seed=8, spread=True)
+    x = b.input((1, 21, 18, 3))
+    s = b.conv(x, 12, k=3, stride=2, act="RELU6")
+    e = b.conv(s, 30, k=1, act="RELU6")
+    p = b.conv(b.dw(e, k=3, act="RELU6"), 12, k=1)
+    r = b.add(p, s)
+    out = b.conv(b.dw(b.conv(r, 20, k=1, act="RELU6"), k=3, stride=2, act="RELU6"), 9, k=1)
+    src = b.model_bytes([out])
+    g, _ = fold_pads(b.graph([out]), harness=True)
+    convs = [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")]
+    g = with_kernel(g, convs, kernel_name())
+    return with_kernel(g, [i for i in convs if can_run_pointwise(g, i)], kernel_name(POINTWISE)), src
+
+
+def _staged_on_pointwise(grid, stream):
+    from tpu_pipeline.toolchain.ir import stage
+    from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+    from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
+    from tpu_pipeline.toolchain.rewrite.patch import checked_region, patch_regions
+    from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+    from tpu_pipeline.toolchain.tflite.metadata import with_offline_plan
+
+    g, src = _block()
+    regions = [r for r in patch_regions(g) if r.input == g.tensors[g.inputs[0]].name
+               and stage_refusal(g, checked_region(g, r)[2]) is None]
+    tin, tout, positions = checked_region(g, max(regions, key=lambda r: len(r.ops)))
+    staged = build_stage(g, tin, tout, positions, grid, stream=stream)
+    body = next(op for op in staged.ops if stage.is_stage(op)).options.body
+    kinds = [op.kernel for op in body.ops if op.opcode == "CONV_2D" and body.tensors[op.inputs[1]].shape[1] == 1]
+    assert len(kinds) >= 2 and set(kinds) == {kernel_name(POINTWISE)}
+    plan = plan_for_tflm(staged, lifetimes(staged, semantics="tflm"), n_tensors=len(staged.tensors))
+    data = model_to_bytes(with_offline_plan(to_model(staged, read_model(src)), list(plan.tensor_offsets)))
+    back = from_model(read_model(data))  # the layer flags survive the file
+    body_back = next(op for op in back.ops if stage.is_stage(op)).options.body
+    assert [op.kernel for op in body_back.ops] == [op.kernel for op in body.ops]
+    return staged, data
+
+
+def test_a_stage_keeps_its_layers_on_the_pointwise_kernel_through_the_file():
+    _staged_on_pointwise((3, 2), False)
+    _staged_on_pointwise((3, 1), True)
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set,grid,stream", [("reference", (3, 2), False), ("cmsis-nn", (3, 2), False),
+                                                     ("cmsis-nn", (3, 1), True)])
+def test_patch_stages_run_their_1x1_layers_on_the_pointwise_kernel_in_qemu(tmp_path, kernels_set, grid, stream):
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    _, data = _staged_on_pointwise(grid, stream)
+    path = tmp_path / "staged.tflite"
+    path.write_bytes(data)
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

@@ -39,6 +39,9 @@ SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block
 # (H = W, channels, window, stride): the fast depthwise kernel against the kernel set's
 DW_SIZES = [(28, 48, 5, 1), (14, 96, 7, 1), (20, 64, 7, 2), (32, 40, 5, 2), (14, 64, 3, 1), (28, 32, 3, 1),
             (7, 96, 5, 1), (10, 44, 3, 2)]
+# (H = W, input channels, output channels, stride): the pointwise kernel against the kernel set's 1x1
+PW_SIZES = [(40, 8, 48, 1), (20, 48, 16, 1), (20, 16, 48, 1), (10, 144, 24, 1), (10, 24, 144, 1), (5, 240, 40, 1),
+            (5, 40, 240, 1), (3, 480, 96, 1), (14, 13, 27, 1), (16, 32, 64, 2)]
 SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 DEVICE = "qemu-mps2-an386"
 
@@ -87,6 +90,30 @@ def models():
     for h, c, k, stride in DW_SIZES:
         for flags in (("fast",), ()):
             yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
+    for h, c, k, stride in PW_SIZES:
+        for flags in (("pointwise",), ()):
+            yield _pw_name(h, c, k, stride, flags), *_pw_model(h, c, k, stride, flags)
+
+
+def _pw_name(h: int, cin: int, cout: int, stride: int, flags: tuple) -> str:
+    return f"pw_h{h}c{cin}k{cout}s{stride}_{flags[0] if flags else 'cmsis'}"
+
+
+def _pw_model(h: int, cin: int, cout: int, stride: int, flags: tuple):
+    """(graph, bytes): one 1x1 convolution (an expansion with ReLU6, or a projection without) on the
+    harness's own kernel ("pointwise") or on the kernel set's (CMSIS-NN's 1x1 kernel)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + cin + cout, spread=True)
+    x = b.input((1, h, h, cin))
+    out = b.conv(x, cout, k=1, stride=stride, act="RELU6" if cout > cin else "NONE")
+    src = b.model_bytes([out])
+    g = with_kernel(b.graph([out]), [0], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
@@ -209,7 +236,7 @@ def fit(data: dict) -> dict:
 
 
 def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
-    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast]: instructions = per_unit x work + per_output x outputs +
+    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast], [K.tpup_pointwise]: instructions = per_unit x work + per_output x outputs +
     overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
     import numpy as np
 
@@ -217,7 +244,7 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
-    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast")
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_pointwise")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
         if not run.get("ops") or not run.get("outputs_match"):
@@ -281,6 +308,18 @@ def report(data: dict) -> str:
         a, b = ops(f"dw_h{h}c{c}k{k}s{st}_cmsis"), ops(f"dw_h{h}c{c}k{k}s{st}_fast")
         if a and b:
             lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x |")
+    lines += ["", "| 1x1 layer (input H x W x C -> output channels, stride) | MACs | CMSIS-NN | pointwise | "
+              "CMSIS-NN / pointwise | requantisation |", "|---|---:|---:|---:|---:|---|"]
+    for h, c, k, st in PW_SIZES:
+        a, b = ops(_pw_name(h, c, k, st, ())), ops(_pw_name(h, c, k, st, ("pointwise",)))
+        if a and b:
+            from tpu_pipeline.toolchain.ir import macs
+            from tpu_pipeline.toolchain.ir.kernels import pointwise_requant_proven
+
+            g = graphs[_pw_name(h, c, k, st, ("pointwise",))]
+            cheap = "SMMULR (proven)" if pointwise_requant_proven(g, g.ops[0]) else "exact integers"
+            lines.append(f"| {h} x {h} x {c} -> {k}, s{st} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
+                         f"{a[0][2] / b[0][2]:.2f}x | {cheap} |")
     lines += ["", "| op | elements read | instructions | per element |", "|---|---:|---:|---:|"]
     for h, c in SE_SIZES:
         g = graphs[f"se_h{h}c{c}"]

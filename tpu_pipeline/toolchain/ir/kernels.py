@@ -73,7 +73,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
-from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
+from tpu_pipeline.toolchain.ir.requant import activation_range, pointwise_requant_proven, quantize_multiplier, requant
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
@@ -239,24 +239,11 @@ def pointwise_wins(graph: Graph, i: int) -> bool:
     return is_harness(op) and POINTWISE not in flags(op) and can_run_pointwise(graph, i)
 
 
-def pointwise_requant_proven(graph: Graph, op: Op) -> bool:
-    """Whether the pointwise kernel's cheap requantisation is exact for every input: every
-    channel's shift in [-22, -1] (left shift 0; the output offset folds into the rounding nudge
-    without overflow) and every accumulator bias + sum_k w[k] (x[k] - zp), x int8, within
-    [-2^30, 2^30 - 1] (then SaturatingRoundingDoublingHighMul(acc, m) == SMMULR(2 acc, m))."""
-    x, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
-    shifts = requant(graph, op)[1]
-    if shifts.min() < -22 or shifts.max() > -1:
-        return False
-    w = np.asarray(w_t.values(), dtype=np.int64).reshape(w_t.shape[0], -1)
-    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
-    bias = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
-            else np.zeros(w.shape[0], dtype=np.int64))
-    zp = int(x.quant.zero_point[0])
-    lo, hi = -128 - zp, 127 - zp  # the widened input's range
-    top = bias + np.maximum(w * lo, w * hi).sum(axis=1)
-    bottom = bias + np.minimum(w * lo, w * hi).sum(axis=1)
-    return bool(bottom.min() >= -(1 << 30) and top.max() <= (1 << 30) - 1)
+def stage_flag_bits(graph: Graph, op: Op) -> int:
+    """A patch stage's layer flags (ir/stage.py layer word 4): direct, pointwise and its proof,
+    the bits of the op's own options."""
+    bits = sum(_FLAG_BITS[f] for f in flags(op) & {DIRECT, POINTWISE})
+    return bits | (_FAST_REQUANT if POINTWISE in flags(op) and pointwise_requant_proven(graph, op) else 0)
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:

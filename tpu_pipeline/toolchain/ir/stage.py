@@ -147,7 +147,8 @@ def _layer_op(words, tensors, where: str) -> Op:
     else:
         options = DepthwiseConv2DOptions(padding=padding, stride_w=sw, stride_h=sh, depth_multiplier=mult,
                                          fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
-    return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel="tpup")
+    kernel = "tpup+pointwise" if words[4] & 0x100 else "tpup"  # (ir/kernels.py stage_flag_bits; not imported here)
+    return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel=kernel)
 
 
 def _float_bits(x: float) -> int:

@@ -73,9 +73,9 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
-        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage's layers run tpup_conv.cc's paths)
+        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage runs tpup_conv.cc (+ tpup_pointwise.cc) paths)
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, kernels.FAST, kernels.POINTWISE}
+            drop = {kernels.OVERLAP, kernels.FAST}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
@@ -138,7 +138,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             o = op.options
             x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
             lo, hi = requant.activation_range(graph, op)
-            w[4] = int(kernels.DIRECT in kernels.flags(op))
+            w[4] = kernels.stage_flag_bits(graph, op)
             w[5], w[6], w[7] = -int(x.quant.zero_point[0]), int(y.quant.zero_point[0]), lo
             w[8:13] = [o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
                        o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1]
