@@ -61,8 +61,9 @@ def _layers(seed=41):
     _with_output_scale(b, ref, b._scale(f) * float(np.min(b.tensors[b.ops[-1].inputs[1]].quant.scale)) * 1.3)
     big = b.conv(ref, 9, k=1)  # accumulators past 2^30: refused
     _with_bias(b, len(b.ops) - 1, [(1 << 30) - 5] * 4 + [-(1 << 30)] * 5)
-    tiny = b.conv(b.pool(big, k=3, stride=3), 40, k=1, act="RELU")  # 1x1 output, 9 -> 40: no room for the pair
-    return b, tiny
+    tiny = b.conv(b.pool(big, k=3, stride=3), 40, k=1, act="RELU")  # a 1 x 2 output, 9 -> 40: no room for the pair
+    one = b.conv(tiny, 1, k=1)  # one output channel
+    return b, b.conv(one, 6, k=1, act="RELU6")  # one input channel (no group of four)
 
 
 def _on_pointwise(b, out):
@@ -97,7 +98,7 @@ def test_it_asks_for_no_buffer_and_its_flags_survive_the_file():
     words = [struct.unpack("<16i", bytes(bytearray(op.customOptions))) for op in back.subgraphs[0].operators
              if op.customOptions is not None and len(op.customOptions) == 64]
     proven = [bool(w[2] & 0x200) for w in words if w[2] & 0x100]
-    assert proven == [True, True, True, True, False, False, True]
+    assert proven == [True, True, True, True, False, False, True, True, True]
 
 
 def _srdhm(a: int, b: int) -> int:

@@ -275,8 +275,9 @@ def merge(tables: dict) -> None:
     data = tomllib.loads(text)
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
-    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean] and [K.tpup_mul] (the harness's overlapped convolutions,\n"
-            "# patch stages, MEAN and MUL) by\n"
+    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast] and\n"
+            "# [K.tpup_pointwise] (the harness's overlapped convolutions, patch stages, MEAN, MUL, fast depthwise\n"
+            "# and 1x1 kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
