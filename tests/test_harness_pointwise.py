@@ -47,13 +47,26 @@ def _with_output_scale(b: CnnBuilder, y: int, scale: float) -> None:
     b.tensors[y] = dataclasses.replace(t, quant=Quantization((scale,), t.quant.zero_point))
 
 
+def _with_weights(b: CnnBuilder, op_pos: int, values) -> None:
+    t = b.tensors[b.ops[op_pos].inputs[1]]
+    data = np.frombuffer(np.asarray(values, dtype=np.int8).tobytes(), dtype=np.uint8).copy()
+    data.flags.writeable = False
+    b.tensors[t.index] = dataclasses.replace(t, data=data)
+
+
 def _layers(seed=41):
-    """(builder, output) of a chain of 1x1 layers covering the kernel's paths."""
+    """(builder, outputs) of a chain of 1x1 layers covering the kernel's paths, and a layer whose
+    rounding meets exact halves often (shift -1, small sums: a negative half rounds away from
+    zero, which a plain add-and-shift gets wrong)."""
     b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 9, 11, 13))  # 13 channels: three groups of four and one left over
     a = b.conv(x, 24, k=1, act="RELU6")  # expansion
     s = b.conv(a, 7, k=1)  # odd output channels, projection (the widened pair takes most of the output)
     d = b.dw(s, k=3, act="RELU6")
+    halves = b.conv(d, 6, k=1)
+    _with_weights(b, len(b.ops) - 1, b.rng.integers(-2, 3, (6, 1, 1, 7)))
+    _with_bias(b, len(b.ops) - 1, [0] * 6)
+    _with_output_scale(b, halves, b._scale(d) * float(np.max(b.tensors[b.ops[-1].inputs[1]].quant.scale)) * 2.1)
     e = b.conv(d, 21, k=1, stride=2, act="RELU6")  # strided, odd channels
     b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
     f = b.conv(e, 16, k=1, act="RELU6")
@@ -63,15 +76,15 @@ def _layers(seed=41):
     _with_bias(b, len(b.ops) - 1, [(1 << 30) - 5] * 4 + [-(1 << 30)] * 5)
     tiny = b.conv(b.pool(big, k=3, stride=3), 40, k=1, act="RELU")  # a 1 x 2 output, 9 -> 40: no room for the pair
     one = b.conv(tiny, 1, k=1)  # one output channel
-    return b, b.conv(one, 6, k=1, act="RELU6")  # one input channel (no group of four)
+    return b, [b.conv(one, 6, k=1, act="RELU6"), halves]  # one input channel (no group of four)
 
 
-def _on_pointwise(b, out):
-    g = b.graph([out])
+def _on_pointwise(b, outs):
+    g = b.graph(outs)
     convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
     g = with_kernel(g, convs, kernel_name(POINTWISE))
     g = with_kernel(g, [convs[0]], kernel_name(POINTWISE, OVERLAP))  # output over its input: rows through a ring
-    return g, model_to_bytes(to_model(g, read_model(b.model_bytes([out]))))
+    return g, model_to_bytes(to_model(g, read_model(b.model_bytes(outs))))
 
 
 def test_what_the_pointwise_kernel_takes():
@@ -98,7 +111,9 @@ def test_it_asks_for_no_buffer_and_its_flags_survive_the_file():
     words = [struct.unpack("<16i", bytes(bytearray(op.customOptions))) for op in back.subgraphs[0].operators
              if op.customOptions is not None and len(op.customOptions) == 64]
     proven = [bool(w[2] & 0x200) for w in words if w[2] & 0x100]
-    assert proven == [True, True, True, True, False, False, True, True, True]
+    assert proven == [True, True, True, True, True, False, False, True, True, True]
+    halves = next(op for op in g.ops if op.outputs[0] == g.outputs[1])
+    assert set(requant(g, halves)[1]) == {-1}
 
 
 def _srdhm(a: int, b: int) -> int:
