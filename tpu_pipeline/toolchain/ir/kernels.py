@@ -232,11 +232,13 @@ def can_run_pointwise(graph: Graph, i: int) -> bool:
 
 
 def pointwise_wins(graph: Graph, i: int) -> bool:
-    """Whether a harness 1x1 convolution goes on the pointwise kernel wherever it may: it can. It
-    needs no buffer, so it never costs memory (with "direct" too it runs, and direct means
-    nothing more); it beat CMSIS-NN's 1x1 kernel in QEMU (docs/bench/harness_kernels.md)."""
+    """Whether a harness 1x1 convolution goes on the pointwise kernel wherever it may: it can, with
+    at least two output channels (one channel runs a plain per-pixel loop). It needs no buffer, so
+    it never costs memory (with "direct" too it runs, and direct means nothing more); it beat
+    CMSIS-NN's 1x1 kernel in QEMU on every layer measured (docs/bench/harness_kernels.md)."""
     op = graph.ops[i]
-    return is_harness(op) and POINTWISE not in flags(op) and can_run_pointwise(graph, i)
+    return (is_harness(op) and POINTWISE not in flags(op) and can_run_pointwise(graph, i)
+            and graph.tensors[op.outputs[0]].shape[3] >= 2)
 
 
 def stage_flag_bits(graph: Graph, op: Op) -> int:

@@ -4,12 +4,13 @@
 //
 // Why faster than CMSIS-NN's 1x1 kernel: two output pixels at a time are widened once to int16
 // (input offset added, lanes 0,2 and 1,3 of each word as SXTB16 gives them) and reused by every
-// output channel; the inner loop takes two channels x two pixels per pass, one LDRD pair of the
-// widened input and one word of each channel's int8 weights (SXTB16 lanes in the same order), so
-// four SMLADs per widened weight word. The widened pair lives in the output's own bytes, in the
-// part no pixel has been written to yet (the output never overlaps the input here: an overlapped
-// op runs into a ring): no buffer in the arena. The last pixels, whose bytes hold it, take a path
-// without it.
+// output channel; the inner loop (inline assembly) takes two channels x two pixels per pass: one
+// LDM of the widened input and one word of each channel's int8 weights (SXTB16 lanes in the same
+// order, so no reordering of the weights), four SMLADs per widened weight word. The widened pair
+// lives in the output's own bytes, in the part no pixel has been written to yet (the output never
+// overlaps the input here: an overlapped op runs into a ring): no buffer in the arena. The last
+// pixels, whose bytes hold it, and outputs too small for it take a 2x2 loop that widens both
+// operands in place, the input offset folded into the accumulators as offset x weight sum.
 //
 // Requantisation: where kernels.py proved it exact for the op (options flag kFlagFastRequant:
 // every accumulator |acc| < 2^30, every channel's shift in [-22, -1]),
@@ -85,9 +86,9 @@ inline int32_t Load32(const int8_t* p) {
 // Where output pixel p's input lies: pixels step through rows of out_w, strided.
 struct PixelWalk {
   const int8_t* in;
-  int C, out_w, step_x, step_y;
+  int out_w, step_x, step_y;
   PixelWalk(const ConvOptions& o, const ConvGeometry& g, const int8_t* input)
-      : in(input), C(g.in_c), out_w(g.out_w), step_x(o.stride_w * g.in_c), step_y(o.stride_h * g.in_w * g.in_c) {}
+      : in(input), out_w(g.out_w), step_x(o.stride_w * g.in_c), step_y(o.stride_h * g.in_w * g.in_c) {}
   const int8_t* At(int p) const { return in + (p / out_w) * step_y + (p % out_w) * step_x; }
 };
 
