@@ -563,7 +563,7 @@ def test_the_kernel_set_is_defined_once():
 # Where a device name or path, or a kernel-set name, becomes the object: the command line, the API
 # and the library's own entry points (compile_options, partition, fit_model's default cost device,
 # the fake MCU's demo entry). Below them every room takes a Device and a KernelSet.
-_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.commands.export_mcu", "tpu_pipeline.commands.build_firmware",
+_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.api_shared", "tpu_pipeline.commands.export_mcu", "tpu_pipeline.commands.build_firmware",
               "tpu_pipeline.toolchain.compile", "tpu_pipeline.toolchain.partition", "tpu_pipeline.toolchain.fit.model",
               "tpu_pipeline.runtime.fake_mcu", "tpu_pipeline.toolchain.firmware.library"}
 
@@ -582,6 +582,41 @@ def test_devices_and_kernel_sets_are_resolved_only_at_the_entry_points():
                  for hit in _resolutions(path.read_text(), str(path.relative_to(ROOT)))]
     assert offenders == []
     assert _resolutions("def f(d):\n    return estimate(load_device(d), kernel_set('reference'))\n", "probe.py")
+
+
+# Where a memory-semantics name ("tflm", "tflite") may become a Semantics value: the public API and
+# the compile entry point, which take names from their callers. Below them a room passes the value
+# (memory.TFLM, memory.TFLITE); the command line hands names to these entry points.
+_SEMANTICS_RESOLVERS = {"tpu_pipeline.api", "tpu_pipeline.toolchain.compile", "tpu_pipeline.toolchain.memory.semantics"}
+
+
+def _semantics_by_name(source: str, label: str) -> list[str]:
+    """Calls that pass `semantics=` as a string, and parameters named `semantics` whose default is one."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.keyword) and node.arg == "semantics" and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            hits.append(f"{label}:{node.value.lineno}")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.posonlyargs + node.args.args
+            named = list(zip(args[len(args) - len(node.args.defaults):], node.args.defaults))
+            named += [(a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
+            hits += [f"{label}:{d.lineno}" for a, d in named
+                     if a.arg == "semantics" and isinstance(d, ast.Constant) and isinstance(d.value, str)]
+    return hits
+
+
+def test_semantics_are_passed_as_values_below_the_entry_points():
+    offenders = [hit for module, path in _package_modules().items()
+                 if module not in _SEMANTICS_RESOLVERS and not module.startswith("tpu_pipeline.commands")
+                 for hit in _semantics_by_name(path.read_text(), str(path.relative_to(ROOT)))]
+    assert offenders == []
+    assert _semantics_by_name('def f(g):\n    return lifetimes(g, semantics="tflm")\n', "p.py") == ["p.py:2"]
+    assert _semantics_by_name('def f(g, semantics="tflm"):\n    pass\n', "p.py") == ["p.py:1"]
+    assert _semantics_by_name('def f(g, *, semantics: str = "tflite"):\n    pass\n', "p.py") == ["p.py:1"]
+    assert _semantics_by_name("def f(g, semantics=TFLM):\n    return lifetimes(g, semantics=TFLM)\n", "p.py") == []
 
 
 MAX_FUNCTION_LINES = 80

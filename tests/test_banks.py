@@ -5,6 +5,8 @@ placement", not the first bank's size."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
@@ -211,3 +213,36 @@ def test_build_firmware_json_gives_the_bytes_per_bank():
     assert b.to_json()["banks"] == [
         {"name": "RAM", "origin": 0x20000000, "length": 4 << 20, "bytes_used": 70000},
         {"name": "psram", "origin": 0x21000000, "length": 16 << 20, "bytes_used": 6672}]
+
+
+OPENMV = Path(os.environ.get("TPUP_OPENMV_DIR", "/nonexistent"))  # OpenMV's lib/models (not committed)
+
+
+@pytest.mark.skipif(not (OPENMV / "yolov8n_192.tflite").is_file(),
+                    reason="set TPUP_OPENMV_DIR to OpenMV's lib/models (yolov8n_192.tflite)")
+def test_a_real_model_split_across_the_h743s_banks_in_qemu(tmp_path, capsys):
+    """OpenMV's int8 YOLOv8n (192x192), fitted for stock TFLite Micro (--builtin-kernels) on the
+    stm32h743: as is, head 442,368 B + tail 71,712 B exceed the AXI SRAM's room, so fit keeps it
+    as is with the head in AXI SRAM and the tail in DTCM. In QEMU (the an500's Cortex-M7 with a
+    descriptor whose banks have the H743's sizes: QEMU has no H743) each bank's bytes = prediction."""
+    from helpers.firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
+
+    out = tmp_path / "yolo.tflite"
+    assert main(["fit", str(OPENMV / "yolov8n_192.tflite"), "--builtin-kernels", "--device", "stm32h743", "-o",
+                 str(out), "--time-limit", "60", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["arena_placement"] == {"head": "axi_sram", "tail": "dtcm"}
+    assert rep["arena_head_bytes"] + rep["arena_tail_bytes_target"] > rep["arena_bytes_available"]
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed")
+    tree_or_skip("cmsis-nn")
+    from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
+    from tpu_pipeline.toolchain.device import kernel_set
+
+    board = Path(__file__).parent / "fixtures" / "qemu-an500-h743-banks.toml"
+    run = run_libraries_on_qemu([out], load_device(str(board)), kernel_set("cmsis-nn"), tmp_path / "work",
+                                inferences=1, seed=3, timeout=1800, banks=("axi_sram", "dtcm"))
+    assert run.errors == [] and run.models[0].outputs_match is True
+    (a,) = run.arenas
+    assert [(b["name"], b["bytes_measured"]) for b in a.banks] == \
+        [(b["name"], b["bytes_predicted"]) for b in rep["banks"] if b["bytes_predicted"]]

@@ -66,3 +66,19 @@ def test_reused_tinyengine_rows_say_so_and_keep_their_plan():
     assert "(reused from run 2026-01-01T00:00:00Z: not measured beside ours)" in b.render(rows)
     with pytest.raises(SystemExit):
         b.reused_tinyengine_rows(earlier, "other", ["an386"])
+
+
+def test_the_figure_draws_each_model_with_more_than_one_engine(tmp_path):
+    import mcu_latency_figure as fig
+
+    rows = [b.row("m", "tinyengine", "an386", "whole layers", 100, 1000, "x", True, "c"),
+            b.row("m", "tpu-pipeline", "an386", "fastest", 90, 1200, "y", True, "c"),
+            b.row("m", "tpu-pipeline", "an386", "smallest", 300, 400, "y", True, "c"),
+            b.row("m", "tpu-pipeline", "an500", "fastest", 91, 1200, "y", True, "c"),  # another core: not drawn
+            b.row("alone", "tflm-builtin", "an386", "as converted", 50, 10, "z", True, "c")]  # nothing to compare
+    lines = fig.write(rows, tmp_path)
+    assert [s.id for s in fig.scatters(rows)] == ["scatter-m"]
+    assert [len(s.points) for s in fig.scatters(rows)] == [3]
+    svg = (tmp_path / "mcu_latency_m.svg").read_text()
+    assert svg.count("<circle") == 3 + 2 and svg.count("<polyline") == 1  # 3 points + 2 legend swatches; ours joined
+    assert "![m on an386" in "\n".join(lines) and 'id="scatter-m"' in (tmp_path / "mcu_latency.html").read_text()

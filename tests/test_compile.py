@@ -175,3 +175,33 @@ def test_a_compile_whose_searches_need_no_cp_sat_never_loads_or_tools(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          cwd=str(Path(__file__).parent.parent))
     assert out.stdout.split()[-3:] == ["0", "False", "False"], out.stderr[-2000:]
+
+
+def test_verify_checks_the_segment_files_as_written(tmp_path, monkeypatch):
+    """--verify runs the segments compile writes, not a fresh cut of them: a written segment
+    whose weights were changed after the segments pass fails the check (exit 1)."""
+    import dataclasses
+
+    import tpu_pipeline.toolchain.compile as compile_pkg
+    from tpu_pipeline.toolchain.tflite import model_to_bytes
+
+    def corrupted(data: bytes) -> bytes:
+        model = read_model(data)
+        for buf in model.buffers:  # every constant of the segment
+            if buf.data is not None and len(buf.data):
+                buf.data = (np.asarray(buf.data, dtype=np.uint8) + np.uint8(37)).astype(np.uint8)
+        return model_to_bytes(model)
+
+    k = next(i for i, p in enumerate(compile_pkg.PASSES) if p.name == "segments")
+    real = compile_pkg.PASSES[k]
+
+    def segments_then_tamper(state, allowed):
+        state, record = real.run(state, allowed)
+        segs = list(state.segments)
+        segs[1] = dataclasses.replace(segs[1], data=corrupted(segs[1].data))
+        return dataclasses.replace(state, segments=tuple(segs)), record
+
+    passes = list(compile_pkg.PASSES)
+    passes[k] = dataclasses.replace(real, run=segments_then_tamper)
+    monkeypatch.setattr(compile_pkg, "PASSES", passes)
+    assert main(["compile", str(EXAMPLE), "-n", "4", "-o", str(tmp_path), "--verify"]) == 1

@@ -211,6 +211,30 @@ def test_a_bug_in_a_pass_names_the_pass_and_a_broken_graph_is_caught():
         run_passes([Pass("drop", drop_first_op)], state)
 
 
+def test_a_compile_failing_after_its_files_started_writing_leaves_nothing(tmp_path, monkeypatch):
+    """The model files go to the hidden folder while later passes run (ResultFolder.write_soon);
+    a later pass that fails removes that folder, and the output's parent folders it created,
+    and an earlier result stays whole."""
+    import tpu_pipeline.toolchain.compile as compile_mod
+
+    out = tmp_path / "out"
+    assert main(["compile", str(TINY), "-n", "2", "-o", str(out), "--time-limit", "2"]) == 0
+    before = sorted(p.name for p in out.iterdir())
+
+    def boom(state, allowed):
+        assert any(p.name.startswith(".") for p in state.options.out_dir.parent.iterdir()), "nothing written early"
+        raise ZeroDivisionError("x")
+
+    monkeypatch.setattr(compile_mod, "PASSES", [*compile_mod.PASSES, Pass("boom", boom)])
+    with pytest.raises(PassError, match="pass 'boom' failed"):
+        compile_models(TINY, 2, tmp_path / "new" / "out", time_limit=2)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(PassError, match="pass 'boom' failed"):
+        compile_models(TINY, 3, out, time_limit=2)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert _leftovers(tmp_path) == []
+
+
 @pytest.mark.timing
 def test_budget_allowance():
     b = Budget(10.0)

@@ -16,7 +16,7 @@ from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_ru
 from tpu_pipeline.toolchain.device import kernel_set, load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
-from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_fast, kernel_name, with_kernel
+from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_variant, kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.memory.tflm_target import target_arena
@@ -58,7 +58,7 @@ def test_what_the_fast_kernel_takes():
     huge = b.dw(dilated, k=11)  # 121 taps: more than the stack holds
     conv = b.conv(huge, 8, k=3)
     g = b.graph([conv])
-    assert [can_run_fast(g, i) for i in range(4)] == [True, False, False, False]
+    assert [can_run_variant(g, i, FAST) for i in range(4)] == [True, False, False, False]
     with pytest.raises(ValueError):
         with_kernel(g, [1], kernel_name(FAST))
     with pytest.raises(ValueError):

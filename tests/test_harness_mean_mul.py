@@ -167,3 +167,54 @@ def test_mean_and_mul_run_bit_identical_in_qemu(model, kernels_set):
     predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert np.isfinite(r.instructions)
+
+
+# ---- the fast MUL (harness/tpup_mean_mul.cc MulFast): its requantization exact at every shift ----
+# Scale ratios whose TFLite shifts are 1 (right 1: the fast loop's first), 5, 22 (its last), 26 and 0
+# (the exact loop: rounding beyond its proof, no rounding shift) and +1 (a left shift: the exact loop).
+RATIOS = (0.3, 1 / 60, 2.0e-7, 1.0e-8, 0.7, 2.0)
+
+
+def _muls(seed=41):
+    """Broadcast MULs over 13 channels (three groups of four and one left over) at every ratio of
+    RATIOS, RELU6 and none, the per-channel operand second and first, and a scalar one."""
+    from tpu_pipeline.toolchain.ir.graph import Quantization
+
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 5, 7, 13))
+    d = b.conv(x, 13, k=1, act="RELU6")  # (ReLU's zeros: whole words at the zero point)
+    s = b.conv(b.mean(d, scale=0.03), 13, k=1)
+    one = b._tensor((1,), "int8", quant=b.tensors[s].quant, values=[-77])
+    outs = []
+    for k, ratio in enumerate(RATIOS):
+        for act in ("NONE", "RELU6"):
+            y = b.mul(d, s, act=act)
+            if k % 2:
+                b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(s, d))
+            q = b.tensors[y].quant
+            b.tensors[y] = dataclasses.replace(b.tensors[y], quant=Quantization(
+                (b._scale(d) * b._scale(s) / ratio,), (q.zero_point[0] if act == "NONE" else -128,)))
+            outs.append(y)
+    outs.append(b.mul(d, one))
+    return b, outs
+
+
+def test_the_muls_cover_both_loops():
+    b, outs = _muls()
+    g = b.graph(outs)
+    shifts = {kernels.mul_requant(g, op)[1] for op in g.ops if op.opcode == "MUL"}
+    assert {-1, -5, -22, -26, 0, 1} <= shifts
+    assert {kernels.mul_broadcast(g, op) for op in g.ops if op.opcode == "MUL"} == {1, 2}
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_fast_mul_is_bit_identical_at_every_shift(tmp_path, kernels_set):
+    b, outs = _muls()
+    g = b.graph(outs)
+    h = with_kernel(g, _mean_mul(g), kernel_name())
+    path = tmp_path / "muls.tflite"
+    path.write_bytes(_written(h, b.model_bytes(outs)))
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=9)
+    assert sum(o["opcode"] == "TPUP_MUL" for o in r.op_instructions) == len(RATIOS) * 2 + 1

@@ -20,9 +20,8 @@ from tpu_pipeline.toolchain.device import kernel_set, load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
 from tpu_pipeline.toolchain.ir.graph import Quantization
-from tpu_pipeline.toolchain.ir.kernels import (OVERLAP, POINTWISE, can_run_pointwise, kernel_name,
-                                               pointwise_requant_proven, with_kernel)
-from tpu_pipeline.toolchain.ir.requant import requant
+from tpu_pipeline.toolchain.ir.kernels import OVERLAP, POINTWISE, can_run_variant, kernel_name, with_kernel
+from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven, requant
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.memory.tflm_target import target_arena
@@ -94,7 +93,7 @@ def test_what_the_pointwise_kernel_takes():
     three = b.conv(one, 8, k=3)
     dw = b.dw(three, k=1)
     g = b.graph([dw])
-    assert [can_run_pointwise(g, i) for i in range(3)] == [True, False, False]
+    assert [can_run_variant(g, i, POINTWISE) for i in range(3)] == [True, False, False]
     for i in (1, 2):
         with pytest.raises(ValueError):
             with_kernel(g, [i], kernel_name(POINTWISE))
@@ -244,7 +243,7 @@ def _block():
     g, _ = fold_pads(b.graph([out]), harness=True)
     convs = [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")]
     g = with_kernel(g, convs, kernel_name())
-    return with_kernel(g, [i for i in convs if can_run_pointwise(g, i)], kernel_name(POINTWISE)), src
+    return with_kernel(g, [i for i in convs if can_run_variant(g, i, POINTWISE)], kernel_name(POINTWISE)), src
 
 
 def _staged_on_pointwise(grid, stream):

@@ -78,3 +78,28 @@ def test_period_never_below_bound_and_deterministic():
     assert r1.period_s >= period_bound(stages, B) * (1 - 1e-12)
     with pytest.raises(ValueError):
         simulate([], B)
+
+
+def test_saturated_period_is_the_simulators_period_exactly():
+    """The refinement's fast loop (host uncontended, FIFO link) gives the very float the full
+    simulator gives: random pipelines, equal stages (ties on the link), streamed stages, queues
+    of one and two; a host with slots or processor sharing goes through the simulator itself."""
+    import random
+
+    from tpu_pipeline.toolchain.cost.pipeline import saturated_period, simulate_many
+
+    rng = random.Random(7)
+
+    def nbytes():
+        return rng.choice([0, rng.randint(1, 200_000)])
+
+    for _ in range(400):
+        n, bw, q = rng.randint(1, 7), rng.choice([4.2e8, 3e8, 1e9]), rng.choice([1, 1, 2])
+        stages = [S(rng.uniform(1e-4, 3e-3), rng.choice([0, 0, nbytes()]), nbytes(), nbytes(),
+                    rng.choice([0.0, 1.35e-3, 5e-4]), rng.random() < 0.8) for _ in range(n)]
+        if rng.random() < 0.3:
+            stages = [stages[0]] * n
+        assert saturated_period(stages, bw, queue_size=q) == simulate_many([stages], bw, queue_size=q)[0].period_s
+    stages = [S(1e-3, 0, 5000, 5000, 1e-3), S(2e-3, 0, 5000, 5000, 1e-3)]
+    for kw in ({"host_slots": 1}, {"link_policy": "ps"}):
+        assert saturated_period(stages, 1e6, **kw) == simulate_many([stages], 1e6, **kw)[0].period_s

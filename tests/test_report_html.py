@@ -104,3 +104,16 @@ def test_inspect_schedule_and_plan_reports(tmp_path):
         for b in boxes:
             if a is not b and a.first <= b.last and b.first <= a.last:
                 assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset
+
+
+def test_a_scatter_of_measured_points_is_drawn(tmp_path):
+    pts = (R.Point("tinyengine", "whole layers", 93_992, 34_749_040), R.Point("tinyengine", "patch plan", 34_784, 83_083_760),
+           R.Point("tflm-builtin", "as converted", 219_808, 48_671_640),
+           R.Point("tpu-pipeline", "fastest", 101_092, 43_256_440), R.Point("tpu-pipeline", "smallest", 19_236, 229_847_400))
+    page = tmp_path / "scatter.html"
+    R.write(page, R.Report("s", "bench", "vww", scatters=(R.Scatter("vww", pts, id="scatter-vww"),)))
+    text = page.read_text()
+    _self_contained(text)
+    assert 'id="scatter-vww"' in text and "19,236 B, 229,847,400 instructions" in text
+    img = _screenshot(page, tmp_path)
+    assert all(_pixels(img, c) >= 150 for c in R.ENGINE_COLOURS.values())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from ai_edge_litert import schema_py_generated as schema
 
-from conftest import FIXTURES, fixture_models, run_cli, tflm_models
+from conftest import EXAMPLE, FIXTURES, fixture_models, run_cli, tflm_models
 from tpu_pipeline.toolchain.execute.litert import seeded_outputs
 from tpu_pipeline.toolchain.execute.tflm import run_tflm_in_child
 from tpu_pipeline.toolchain.errors import ModelError
@@ -60,6 +60,29 @@ def test_written_buffers_are_16_byte_aligned(path):
     positions = _buffer_positions(data)
     assert positions, "expected constant buffers"
     assert all(start % 16 == 0 for start, _ in positions)
+
+
+def test_large_buffers_are_written_from_the_models_own_arrays():
+    """model_to_chunks refers to each large constant buffer where the model holds it (no copy
+    into the builder) and points the buffer's data field at it: the joined file reads back with
+    every buffer's bytes, each large one after the tables."""
+    from tpu_pipeline.toolchain.tflite.io import TAIL_MIN_BYTES, model_to_chunks
+
+    model = read_model(EXAMPLE)
+    large = [b for b in model.buffers if b.data is not None and len(b.data) >= TAIL_MIN_BYTES]
+    assert large, "the fixture needs buffers large enough to go after the tables"
+    chunks = model_to_chunks(model)
+    for b in large:
+        assert any(isinstance(c, memoryview) and np.shares_memory(np.asarray(c), b.data) for c in chunks)
+    data = b"".join(chunks)
+    again = read_model(data)
+    for ba, bb in zip(model.buffers, again.buffers):
+        da = b"" if ba.data is None else np.asarray(ba.data, np.uint8).tobytes()
+        db = b"" if bb.data is None else np.asarray(bb.data, np.uint8).tobytes()
+        assert da == db
+    tables = len(chunks[0])
+    sizes = {n: start for start, n in _buffer_positions(data)}
+    assert all(sizes[len(b.data)] >= tables for b in large)
 
 
 @pytest.mark.parametrize("path", MODELS, ids=lambda p: p.name)

@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -81,8 +82,9 @@ def main() -> int:
         machine(),
         "",
     ]
-    for s in sections:
-        body.append(s.read_text().rstrip() + "\n")
+    for s in sections:  # (a section's images are beside it in docs/bench/: their links follow it here)
+        text = re.sub(r"(!\[[^\]]*\]\()(?![a-z]+:|/)", lambda m: m.group(1) + "bench/", s.read_text())
+        body.append(text.rstrip() + "\n")
     (ROOT / args.out).write_text("\n".join(body))
     print(f"wrote {args.out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0

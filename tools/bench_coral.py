@@ -31,7 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["examples/randwire_small_int8.tflite", "tests/fixtures/darts_s2b_int8.tflite",
           "tests/fixtures/tiny_irregular_int8.tflite"]
-ZOO = ["resnet50_int8.tflite", "resnet152_int8.tflite", "mobilenet_v2_int8.tflite"]
+# the pipelined Edge TPU paper's eleven ImageNet models (tools/bench_partition.py), then Coral's
+# models among the zoo's that are not already there (ResNet50 and ResNet152 are)
+ZOO = [f"{m}_int8.tflite" for m in ("resnet50", "resnet101", "resnet152", "resnet50v2", "resnet101v2", "resnet152v2",
+                                    "densenet121", "densenet169", "densenet201", "xception", "inception_resnet_v2",
+                                    "mobilenet_v2")]
+SECTIONS = ("auto", "cuts", "profile")
 
 
 def cli(*args, stdout=False) -> tuple[float, str]:
@@ -159,23 +164,40 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, help="the zoo folder (make zoo); without it: the repository's models")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "coral.md")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, help="rerun these sections; the others are kept as the "
+                    "file has them")
     args = ap.parse_args()
     models = [ROOT / m for m in MODELS]
     if args.models:
         models += [args.models / z for z in ZOO if (args.models / z).exists()]
+    only = set(args.only or SECTIONS)
+    kept = _sections(args.out.read_text()) if args.out.exists() and args.only else {}
     tmp = Path(tempfile.mkdtemp(prefix="bench_coral_"))
     try:
         body = ["# Coral users' questions (issue 33)", "",
-                f"`python tools/bench_coral.py{' --models DIR' if args.models else ''}`; load average at the start "
+                f"`python tools/bench_coral.py{' --models DIR' if args.models else ''}"
+                f"{' --only ' + ' '.join(args.only) if args.only else ''}`; load average at the start "
                 f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared: wall times grow with the load).", ""]
-        body += auto_section(models, tmp) + [""]
-        body += cuts_section(ROOT / MODELS[0], tmp) + [""]
-        body += profile_section(ROOT / MODELS[0], tmp) + [""]
+        for name, run in (("auto", lambda: auto_section(models, tmp)), ("cuts", lambda: cuts_section(ROOT / MODELS[0], tmp)),
+                          ("profile", lambda: profile_section(ROOT / MODELS[0], tmp))):
+            body += (run() if name in only or name not in kept else kept[name]) + [""]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     args.out.write_text("\n".join(body))
     print(args.out)
     return 0
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    """The sections of an earlier coral.md by name (auto, cuts, profile), each its lines."""
+    out, name = {}, None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            name = "auto" if "-n auto" in line else "cuts" if "cuts" in line.lower() else "profile"
+            out[name] = []
+        if name is not None:
+            out[name].append(line)
+    return {k: v[:-1] if v and not v[-1] else v for k, v in out.items()}
 
 
 if __name__ == "__main__":

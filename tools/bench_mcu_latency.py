@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 from bench_tinyengine import MODELS, find_tinyengine, peer_python, run_peer  # noqa: E402
+import mcu_latency_figure  # noqa: E402
 
 OUT = REPO / "docs" / "bench" / "mcu_latency.md"
 RUNNER = REPO / "tools" / "mcu_latency"
@@ -501,7 +502,7 @@ def main() -> int:
                          "(a quick check while changing our kernels: final figures come from a full run)")
     args = ap.parse_args()
     if args.render:
-        OUT.write_text(render(json.loads(OUT.with_suffix(".json").read_text())))
+        write_page(json.loads(OUT.with_suffix(".json").read_text()))
         return 0
     te = find_tinyengine(args.tinyengine)
     mlperf = Path(args.mlperf or os.environ.get("MLPERF_TINY_DIR") or REPO.parent / "peers" / "mlperf-tiny")
@@ -546,7 +547,7 @@ def main() -> int:
             rows += [{**r, "run": stamp} for r in our_rows(path, name, None, args.cores, work, args.time_limit, log,
                                                             tinyengine_io=False)]
             jpath.write_text(json.dumps(rows, indent=1) + "\n")
-    OUT.write_text(render(rows))
+    write_page(rows)
     return 0
 
 
@@ -611,6 +612,11 @@ def render(rows: list[dict]) -> str:
                 return "-" if c not in d else f"{d[c]:,}" + (f" ({d[c] / t[c]:.2f}x)" if t.get(c) else "")
             lines.append(f"| {model} | {core} | {c} | {_n(tf.get(c))} | {_n(ti.get(c))} | {cell(o)} | {cell(f)} |")
     return "\n".join(lines) + "\n"
+
+
+def write_page(rows: list[dict]) -> None:
+    """docs/bench/mcu_latency.md: the tables, then the figure (its SVG files and HTML page beside it)."""
+    OUT.write_text(render(rows) + "\n".join(mcu_latency_figure.write(rows, OUT.parent)) + "\n")
 
 
 if __name__ == "__main__":

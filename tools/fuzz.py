@@ -223,9 +223,10 @@ def warm_up() -> None:
     """Import what the commands import once, in the parent, so each forked child starts warm."""
     import ai_edge_litert.interpreter  # noqa: F401
     import tpu_pipeline.toolchain.compile  # noqa: F401
-    from tpu_pipeline.cli import build_parser
+    from tpu_pipeline.cli import COMMANDS, build_parser
 
-    build_parser()
+    for name, _, _ in COMMANDS:  # each command's parser imports its module
+        build_parser(name)
 
 
 def run_one(argv: list[str], work: Path, timeout: float) -> tuple[int | None, int | None, str, float]:

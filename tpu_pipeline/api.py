@@ -30,22 +30,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from tpu_pipeline.runtime import backends, deployment  # the API sits above the runtime
-from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
 from tpu_pipeline.toolchain import report_html
 from tpu_pipeline.toolchain.compile import compile_models
 from tpu_pipeline.toolchain.cost.edgetpu import PS_PER_S, EdgeTpuCostModel
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.cost.op_timing import tflm_op_times
-from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, KernelSet, available_devices, kernel_set, load_device
+from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
 from tpu_pipeline.toolchain.deploy.banks import bank_figures
-from tpu_pipeline.toolchain.deploy.shared_arena import plan_shared
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
-from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.memory import TFLITE, TFLM, get_semantics, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
 from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
@@ -240,10 +238,11 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
                 check_output(extra, [path])
         # a model that is written is made exact for TFLite Micro first (its outputs then cannot depend on order)
         m, graph, notes = load_exact(path, mcu=True) if output is not None else (*load(path), [])
-        result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=semantics)
+        sem = get_semantics(semantics)
+        result = schedule_graph(graph, method=method, time_limit=time_limit, semantics=sem)
         new_graph = graph.reordered(result.order)
-        head_before = tflm_greedy(lifetimes(graph, semantics="tflm", whole_model=True)).size  # as the file loads
-        head_after = tflm_greedy(lifetimes(new_graph, semantics="tflm")).size
+        head_before = tflm_greedy(lifetimes(graph, semantics=TFLM, whole_model=True)).size  # as the file loads
+        head_after = tflm_greedy(lifetimes(new_graph, semantics=TFLM)).size
         new_model = to_model(new_graph, m)
         data = write_model(new_model, output, inputs=[path]) if output is not None else model_to_bytes(new_model)
         d = result.to_json()
@@ -255,7 +254,7 @@ def schedule(model, *, output: str | os.PathLike | None = None, method: str = "a
                              result.proven_optimal, result.method, head_before, head_after, tuple(result.order),
                              data, result)
         if report is not None:
-            _html(report, "for_graph", "schedule", label, graph, d, after=new_graph, semantics=semantics)
+            _html(report, "for_graph", "schedule", label, graph, d, after=new_graph, semantics=sem)
     return res
 
 
@@ -273,7 +272,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
             if extra is not None:
                 check_output(extra, [path])
         m, graph, notes = load_exact(path, mcu=True)  # exact for TFLite Micro: no plan can change its outputs
-        lt = lifetimes(graph, semantics="tflm")
+        lt = lifetimes(graph, semantics=TFLM)
         result = plan_for_tflm(graph, lt, planner, time_limit, n_tensors=total_tensor_count(m))
         p = result.plan
         out_model = with_offline_plan(m, list(result.tensor_offsets), label=label)
@@ -286,7 +285,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
             "model": label, "output": None if output is None else os.fspath(output), "buffers": len(lt.buffers),
             "semantics": "tflm", "lower_bound": p.lower_bound, "planned_bytes": result.head,
             "tflm_planner_bytes": tflm_own,
-            "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics="tflite")).size,
+            "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics=TFLITE)).size,
             "planner": p.planner, "proven_optimal": result.head <= p.lower_bound or p.proven_optimal,
             "seconds": round(p.seconds, 3),
             "pinned_tensors": sum(1 for o in result.tensor_offsets if o >= 0), "notes": notes,
@@ -567,28 +566,3 @@ def _predicted_figures(target: Path, device: Device, kernels: KernelSet) -> str:
 def _positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or not (0 < value < float("inf")):
         raise UsageError(f"--{name.replace('_', '-')} must be a number of seconds > 0, got {value!r}")
-
-
-def profile_shared(models, device: str | Device, kernels: str | KernelSet | None = None, measure: bool = False,
-                   inferences: int = 3, seed: int = 0) -> dict:
-    """Several models on one MCU, run one at a time on one TFLite Micro arena (docs/deploy.md):
-    the shared arena predicted, per model head and tail; `measure`: built as a library into a plain
-    application and run in QEMU (arena measured, each model's outputs against it alone)."""
-    dev = load_device(device) if not isinstance(device, Device) else device
-    ks = kernel_set(kernels) if isinstance(kernels, str) else (kernels or DEFAULT_KERNEL_SET)
-    if dev.kind != "mcu":
-        raise UsageError(f"several models share an arena on an MCU; '{dev.label}' is not one")
-    paths = [str(m) for m in models]
-    a = plan_shared(paths, dev, ks)
-    sram = dev.memory.sram_bytes
-    d = {"device": dev.name, "kernels": ks.name, **a.to_json(), "sram_bytes": sram, "fits": a.total <= sram,
-         "models": [{"model": m, "arena_head_predicted": h, "arena_tail_predicted": t, "arena_bytes_predicted": h + t}
-                    for m, h, t in zip(paths, a.heads, a.tails)]}
-    if measure:
-        with tempfile.TemporaryDirectory(prefix="tpup-profile-") as tmp:
-            r = run_libraries_on_qemu(paths, dev, ks, tmp, inferences=inferences, seed=seed, shared=True)
-        d.update(arena_bytes_measured=r.arenas[0].used, arena_head_measured=r.arenas[0].head,
-                 arena_tail_measured=r.arenas[0].tail, simulated=True)
-        for m, run in zip(d["models"], r.models):
-            m["outputs_match"], m["output_differences"] = run.outputs_match, run.output_differences
-    return d

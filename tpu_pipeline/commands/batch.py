@@ -9,7 +9,6 @@ from tpu_pipeline.commands.options import non_negative_int, positive_int, second
 from tpu_pipeline.toolchain.device import KERNEL_SET_NAMES
 from tpu_pipeline.output import printer, progress
 
-HELP = "run inspect, fit, profile or compile over many models x devices x budgets; one table, one row per job"
 
 
 def add_arguments(p) -> None:

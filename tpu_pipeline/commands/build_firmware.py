@@ -6,7 +6,6 @@ from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "build the harness firmware ELF of an export-mcu project (make, cached TFLite Micro library); flash and RAM"
 
 
 def add_arguments(p) -> None:

@@ -14,7 +14,6 @@ from tpu_pipeline.commands.options import (add_interface_arguments, add_report_a
                                            positive_int, seconds)
 from tpu_pipeline.toolchain.partition import STRATEGY_NAMES
 
-HELP = "partition into N Edge TPU pipeline segments (exact CP-SAT), write segments and report.json"
 
 
 def segments_or_auto(text: str):

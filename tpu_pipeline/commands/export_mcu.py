@@ -9,7 +9,6 @@ from tpu_pipeline.toolchain import report as out
 from tpu_pipeline.commands.options import add_interface_arguments, check_output_folder, positive_int, seconds
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "write what the TFLite Micro harness firmware is built from: C array, op resolver, arena size, offline plan"
 
 
 def add_arguments(p) -> None:

@@ -7,12 +7,13 @@ from tpu_pipeline.output import printer, progress
 from tpu_pipeline.commands.options import add_interface_arguments, add_report_argument, non_negative_int, plot_path, positive_int, seconds
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "make a model fit an arena budget at the least predicted latency (patch-based execution, TASO's selection)"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", help="a .tflite file")
-    p.add_argument("-o", "--output", required=True, help="where to write the fitted .tflite (offline plan inside)")
+    p.add_argument("model", nargs="+", help="a .tflite file; several: fitted for one shared TFLite Micro arena, run one "
+                                            "at a time (docs/deploy.md#several-models-one-arena)")
+    p.add_argument("-o", "--output", required=True, help="where to write the fitted .tflite (offline plan inside); "
+                                                         "several models: a folder, each under its file name")
     p.add_argument("--budget", type=non_negative_int, metavar="BYTES",
                    help="largest TFLite Micro arena allowed (bytes): head + persistent tail on the 32-bit target "
                         "(what the board's RAM must hold), or the head alone with --head-only")
@@ -48,6 +49,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from tpu_pipeline import api
 
+    if len(args.model) > 1:
+        return _shared(args)
+    args.model = args.model[0]
     with progress(args) as say:
         r = api.fit(args.model, output=args.output, budget=args.budget, device=args.device, objective=args.objective,
                     kernels=args.kernels, allow_lossy=args.allow_lossy, pareto=args.pareto, plot=args.plot,
@@ -95,3 +99,36 @@ def _print(args, fitted) -> None:
             out.print(f"  {p.peak:>12,}  {p.latency_s * 1e3:10.2f}  {kinds}")
     for note in fitted.to_json()["notes"]:
         out.print(f"note: {note}")
+
+
+def _shared(args) -> int:
+    """Several models fitted for one shared arena (largest head + stacked tails) at the least total latency."""
+    from tpu_pipeline import api_shared
+    from tpu_pipeline.toolchain.errors import UsageError
+
+    refused = [flag for flag, on in (("--head-only", args.head_only), ("--objective memory", args.objective != "latency"),
+                                     ("--pareto", args.pareto), ("--plot", args.plot), ("--report", args.report),
+                                     ("--input-outside-arena", args.input_outside_arena)) if on]
+    if refused:
+        raise UsageError(f"fit of several models: {', '.join(refused)} not supported (fit each model alone for those)")
+    with progress(args) as say:
+        d = api_shared.fit_shared(args.model, args.output, budget=args.budget, device=args.device, kernels=args.kernels,
+                                  time_limit=args.time_limit, runs=args.runs, progress=say, int8_io=args.int8_io,
+                                  builtin_kernels=args.builtin_kernels, patches=not args.no_patches,
+                                  allow_lossy=args.allow_lossy)
+    out = printer(args)
+    if args.json:
+        out.json(d)
+        return 0
+    for m in d["models"]:
+        kinds = "; ".join(m["variants"]) or "as is"
+        out.print(f"[bold]{m['model']}[/bold] -> {m['output']}: head {m['arena_head_predicted']:,} B + tail "
+                  f"{m['arena_tail_predicted']:,} B, predicted {m['latency_s_predicted'] * 1e3:,.2f} ms "
+                  f"(as is {m['baseline_latency_s_predicted'] * 1e3:,.2f} ms); {kinds}")
+    out.print(f"one shared arena ({d['kernels']}): head {d['head']:,} B + stacked tails {d['tail']:,} B = "
+              f"{d['shared_arena_bytes_predicted']:,} B of a {d['budget_bytes']:,} B budget (from {d['budget_from']}); "
+              f"separate arenas {d['separate_arena_bytes_predicted']:,} B; total predicted latency "
+              f"{d['latency_s_predicted_total'] * 1e3:,.2f} ms")
+    for note in d["notes"]:
+        out.print(f"note: {note}")
+    return 0

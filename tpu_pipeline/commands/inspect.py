@@ -5,7 +5,6 @@ from __future__ import annotations
 from tpu_pipeline.commands.options import add_report_argument, plot_path
 from tpu_pipeline.output import printer
 
-HELP = "op histogram, parameter bytes, activation peak and arena predictions"
 
 
 def add_arguments(p) -> None:

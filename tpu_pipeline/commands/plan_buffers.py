@@ -12,7 +12,6 @@ from tpu_pipeline.toolchain.memory.planners import PLANNERS, plan_buffers
 from tpu_pipeline.toolchain.memory.preprocess import live_lower_bound
 from tpu_pipeline.toolchain.memory.search import search_plan
 
-HELP = "place buffers of a MiniMalloc CSV (id,lower,upper,size) at offsets; writes the CSV with offset"
 
 
 def add_arguments(p) -> None:

@@ -7,7 +7,6 @@ from tpu_pipeline.commands.options import non_negative_int, positive_int, second
 from tpu_pipeline.runtime.backends import BUILTIN
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, KERNEL_SET_NAMES
 
-HELP = "profile a model on a device (or its emulation): latency, throughput, arena bytes, energy, slowest ops"
 
 
 def add_arguments(p) -> None:
@@ -45,29 +44,11 @@ def run(args) -> int:
 
 def _shared(args) -> int:
     """Several models on one MCU, run one at a time on one arena: predicted, or measured in QEMU."""
-    from tpu_pipeline import api
-    from tpu_pipeline.output import printer
-    from tpu_pipeline.toolchain import report as out
-    from tpu_pipeline.toolchain.errors import InfeasibleError, UsageError
+    from tpu_pipeline import api_shared
+    from tpu_pipeline.toolchain.errors import UsageError
 
     if args.backend not in ("auto", "qemu"):
         raise UsageError("several models: --backend auto (predicted) or qemu (measured in QEMU)")
-    d = api.profile_shared(args.model, args.device, args.mcu_kernels, measure=args.backend == "qemu",
+    d = api_shared.profile_shared(args.model, args.device, args.mcu_kernels, measure=args.backend == "qemu",
                            inferences=min(args.iterations, 3), seed=args.seed)
-    if args.json:
-        out.print_json(d)
-    else:
-        c = printer(args)
-        for m in d["models"]:
-            c.print(f"{m['model']}: head {m['arena_head_predicted']:,} B + tail {m['arena_tail_predicted']:,} B"
-                    + (f", outputs identical to the model alone: {m['outputs_match']}" if "outputs_match" in m else ""))
-        c.print(f"one shared arena ({d['kernels']}): head {d['head']:,} B + stacked tails {d['tail']:,} B = "
-                f"{d['shared_arena_bytes_predicted']:,} B predicted (separate arenas "
-                f"{d['separate_arena_bytes_predicted']:,} B) of {d['sram_bytes']:,} B SRAM on {d['device']}"
-                + (f"; measured in QEMU {d['arena_bytes_measured']:,} B" if "arena_bytes_measured" in d else ""))
-    if any(m.get("outputs_match") is False for m in d["models"]):
-        return 1
-    if not d["fits"]:
-        raise InfeasibleError(f"the shared arena of {d['shared_arena_bytes_predicted']:,} B exceeds {d['device']}'s "
-                              f"{d['sram_bytes']:,} B of SRAM")
-    return 0
+    return run_cmd.show_shared(d, args)

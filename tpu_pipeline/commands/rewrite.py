@@ -10,7 +10,6 @@ from tpu_pipeline.toolchain.rewrite import LOSSY, rewrite_graph
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.tflite import model_to_bytes, write_model
 
-HELP = "identity rewrites (partial-conv and depthwise splitting) kept only where the optimal peak drops"
 
 
 def add_arguments(p) -> None:

@@ -6,7 +6,6 @@ from tpu_pipeline.commands.options import add_report_argument, seconds
 from tpu_pipeline.output import printer
 from tpu_pipeline.toolchain.schedule import METHODS
 
-HELP = "reorder ops for the smallest peak activation memory, with a proof of optimality"
 
 
 def add_arguments(p) -> None:

@@ -97,7 +97,10 @@ class DeadlineBudget:
 
 def run_passes(passes: list[Pass], state, progress: Callable[[str], None] | None = None,
                lint: bool = True, clock: Callable[[], float] = time.monotonic,
-               budget: Budget | DeadlineBudget | None = None) -> tuple[Any, list[PassRecord]]:
+               budget: Budget | DeadlineBudget | None = None,
+               after: Callable[[str, Any], None] | None = None) -> tuple[Any, list[PassRecord]]:
+    """`after(name, state)`, when given, sees the state each pass that ran left (compile starts
+    writing its files from there while the later passes run)."""
     say = progress or (lambda msg: None)
     budget = budget or Budget(state.options.time_limit, clock=clock)
     records: list[PassRecord] = []
@@ -129,4 +132,6 @@ def run_passes(passes: list[Pass], state, progress: Callable[[str], None] | None
         records.append(record)
         if isinstance(allowed, float):
             say(f"[{budget.elapsed:6.1f} s] {p.name}: {record.status} in {record.seconds:.2f} s")
+        if after is not None:
+            after(p.name, state)
     return state, records

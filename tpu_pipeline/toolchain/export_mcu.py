@@ -28,9 +28,10 @@ from tpu_pipeline.toolchain.export.state import ExportState
 
 
 def export_mcu(model_path: str | Path, device: Device, out_dir: str | Path, verify: bool = True,
-               model_data: bytes | None = None) -> ExportResult:
-    """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output)."""
-    return export_with(model_path, ExportParams(device, Path(out_dir), verify), model_data)
+               model_data: bytes | None = None, split_ok: bool = False) -> ExportResult:
+    """`model_data`: the model to export when it is not the file itself (e.g. `fit`'s output);
+    `split_ok`: an arena larger than the first bank is fine when two banks hold its head and tail."""
+    return export_with(model_path, ExportParams(device, Path(out_dir), verify, split_ok=split_ok), model_data)
 
 
 def export_with(model_path: str | Path, params: ExportParams, model_data: bytes | None = None) -> ExportResult:

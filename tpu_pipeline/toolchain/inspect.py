@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.ir import Graph, total_param_bytes
 from tpu_pipeline.toolchain.memory import (
+    TFLITE,
+    TFLM,
     lifetimes,
     order_free_lower_bound,
     tflite_arena,
@@ -63,8 +64,10 @@ def _op_label(graph: Graph, step: int) -> str:
 def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
               tflm_cannot_run: str | None = None) -> ModelSummary:
     """`tflm_cannot_run`: TFLite Micro's reason for refusing the model (no head is predicted then)."""
-    lt_tflm = lifetimes(graph, semantics="tflm", whole_model=True)
-    lt_tflite = lifetimes(graph, semantics="tflite")
+    from tpu_pipeline.toolchain.deploy import library  # the MCU library's tables: not loaded by `compile`
+
+    lt_tflm = lifetimes(graph, semantics=TFLM, whole_model=True)
+    lt_tflite = lifetimes(graph, semantics=TFLITE)
     live = lt_tflm.live_bytes()
     peak_step = lt_tflm.peak_step
     top = sorted(range(len(live)), key=lambda s: (-live[s], s))[:hot]
@@ -87,11 +90,11 @@ def summarize(graph: Graph, path: str = "", subgraphs: int = 1, hot: int = 5,
         tflm_cannot_run=tflm_cannot_run,
         tflite_arena_bytes=tflite_arena(lt_tflite).size,
         order_lower_bound=lt_tflm.peak,
-        any_order_lower_bound=order_free_lower_bound(graph, "tflm", whole_model=True),
+        any_order_lower_bound=order_free_lower_bound(graph, TFLM, whole_model=True),
         live_bytes=tuple(live),
         hot_steps=hot_steps,
         inputs=tuple(graph.tensors[t].name for t in graph.inputs),
         outputs=tuple(graph.tensors[t].name for t in graph.outputs),
-        custom_ops=custom_ops(graph),
-        custom_ops_note=custom_ops_note(graph),
+        custom_ops=library.custom_ops(graph),
+        custom_ops_note=library.custom_ops_note(graph),
     )

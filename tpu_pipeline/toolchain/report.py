@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from tpu_pipeline.toolchain.inspect import ModelSummary
+if TYPE_CHECKING:  # inspect imports the MCU library's tables: only `inspect` needs them
+    from tpu_pipeline.toolchain.inspect import ModelSummary
 
 
 def human_bytes(n: int | float | None) -> str:

@@ -18,6 +18,7 @@ import html
 from dataclasses import dataclass, field
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics
 
 # Figure colours (also what tests/test_report_html.py looks for in a browser's screenshot).
 BEFORE, AFTER, PEAK = "#9e9e9e", "#1f77b4", "#d62728"
@@ -26,6 +27,7 @@ CACHED, STREAMED, TRANSFER = "#1b5e20", "#e65100", "#607d8b"
 # the arena's rectangles: light shades, none of them a colour of another figure
 ARENA_COLOURS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 FRONTIER = "#9467bd"
+ENGINE_COLOURS = {"tpu-pipeline": FRONTIER, "tinyengine": "#ff7f0e", "tflm-builtin": "#2ca02c"}  # measured points
 MAX_BOXES = 4000  # an arena drawing of more rectangles than this is drawn for the largest ones
 
 
@@ -73,6 +75,22 @@ class Table:
 
 
 @dataclass(frozen=True)
+class Point:
+    """A measured point of a scatter: one engine's whole arena and instructions per inference."""
+    engine: str  # a key of ENGINE_COLOURS
+    label: str
+    arena_bytes: int
+    instructions: int
+
+
+@dataclass(frozen=True)
+class Scatter:
+    title: str
+    points: tuple[Point, ...]
+    id: str = "scatter"
+
+
+@dataclass(frozen=True)
 class Report:
     title: str
     command: str
@@ -90,6 +108,7 @@ class Report:
     figures: tuple[Figure, ...] = ()
     notes: tuple[str, ...] = field(default=())
     tables: tuple[Table, ...] = ()
+    scatters: tuple[Scatter, ...] = ()
 
 
 # ---- builders ----------------------------------------------------------------------------------
@@ -99,7 +118,7 @@ def _op_label(graph: Graph, step: int) -> str:
     return f"{step - 1} {graph.ops[step - 1].opcode}" if step <= len(graph.ops) else "the end"
 
 
-def timeline(label: str, graph: Graph, semantics="tflm") -> Timeline:
+def timeline(label: str, graph: Graph, semantics: Semantics = TFLM) -> Timeline:
     from tpu_pipeline.toolchain.memory import lifetimes
 
     live = lifetimes(graph, semantics=semantics).live_bytes()
@@ -110,9 +129,9 @@ def timeline(label: str, graph: Graph, semantics="tflm") -> Timeline:
 def arena_boxes(graph: Graph, tensor_offsets=None) -> tuple[tuple[Box, ...], int, str]:
     """The TFLite Micro arena as TFLite Micro lays it out: with our offline plan (`tensor_offsets`,
     one per tensor, -1 for the runtime's) or with its own greedy planner."""
-    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.memory import TFLM, lifetimes, tflm_greedy
 
-    lt = lifetimes(graph, semantics="tflm")
+    lt = lifetimes(graph, semantics=TFLM)
     offline = None
     if tensor_offsets is not None:
         offline = [tensor_offsets[b.tensor] if b.tensor is not None and b.tensor < len(tensor_offsets) else -1
@@ -125,20 +144,20 @@ def arena_boxes(graph: Graph, tensor_offsets=None) -> tuple[tuple[Box, ...], int
 
 
 def for_graph(command: str, label: str, graph: Graph, data: dict, after: Graph | None = None,
-              semantics: str = "tflm", offsets=None) -> Report:
+              semantics: Semantics = TFLM, offsets=None) -> Report:
     """inspect, schedule, plan: the timeline (before/after a reorder) and the arena layout."""
     lines = [timeline("stored order" if after is not None else "stored order", graph, semantics)]
     if after is not None:
         lines.append(timeline("memory-optimal order", after, semantics))
     boxes, head, arena = arena_boxes(after or graph, offsets)
     figures = [Figure("activation peak" + (" (stored order)" if after is not None else ""),
-                      _b(max(lines[0].live)), f"predicted ({semantics} semantics)", "exact for this order")]
+                      _b(max(lines[0].live)), f"predicted ({semantics.name} semantics)", "exact for this order")]
     if command == "inspect":
         figures += [Figure("TFLite Micro arena head (its planner)", _b(data["tflm_arena_bytes"]), "predicted", "-"),
                     Figure("lower bound for any order", _b(data["any_order_lower_bound"]), "predicted",
                            "lower bound")]
     if command == "schedule":
-        figures.append(Figure("activation peak (new order)", _b(data["peak"]), f"predicted ({semantics} semantics)",
+        figures.append(Figure("activation peak (new order)", _b(data["peak"]), f"predicted ({semantics.name} semantics)",
                               "proven optimal" if data.get("proven_optimal") else
                               f"lower bound {data.get('lower_bound', 0):,} B"))
     if command == "plan":
@@ -148,7 +167,7 @@ def for_graph(command: str, label: str, graph: Graph, data: dict, after: Graph |
         if "tflm_measured_head" in data:
             figures.append(Figure("TFLite Micro arena head, our plan", _b(data["tflm_measured_head"]),
                                   "measured (TFLite Micro on the host)", "-"))
-    return Report(f"{label}: {command}", command, label, semantics, tuple(lines), boxes, head, arena,
+    return Report(f"{label}: {command}", command, label, semantics.name, tuple(lines), boxes, head, arena,
                   figures=tuple(figures), notes=tuple(data.get("notes", ())))
 
 
@@ -389,6 +408,48 @@ def svg_frontier(points, budget, chosen) -> str:
     return _svg(body, "frontier")
 
 
+def svg_scatter(sc: Scatter) -> str:
+    """Measured (whole arena, instructions) points on log axes, one colour per engine; an engine's
+    points joined in arena order (ours: fit's frontier as measured)."""
+    import math
+
+    LEFT = PAD + 30  # (room for the tick labels beside the axis title)
+    pts = [p for p in sc.points if p.arena_bytes > 0 and p.instructions > 0]
+    if not pts:
+        return ""
+    lx = [math.log10(p.arena_bytes) for p in pts]
+    ly = [math.log10(p.instructions) for p in pts]
+    x0, x1, y0, y1 = min(lx) - 0.1, max(lx) + 0.1, min(ly) - 0.1, max(ly) + 0.1
+
+    def at(p: Point) -> tuple[float, float]:
+        return (_scale(math.log10(p.arena_bytes), x0, x1, LEFT, W - 170),
+                _scale(math.log10(p.instructions), y0, y1, H - PAD, 10))
+
+    body = [f'<line x1="{LEFT}" y1="{H - PAD}" x2="{W - 170}" y2="{H - PAD}" stroke="#333"/>',
+            f'<line x1="{LEFT}" y1="10" x2="{LEFT}" y2="{H - PAD}" stroke="#333"/>',
+            f'<text x="{(W - 170 + LEFT) / 2}" y="{H - 14}" text-anchor="middle">whole arena (log)</text>',
+            f'<text x="14" y="{H / 2}" text-anchor="middle" transform="rotate(-90 14 {H / 2})">'
+            'instructions per inference (log)</text>']
+    for k in range(5):
+        vx, vy = 10 ** (x0 + (x1 - x0) * k / 4), 10 ** (y0 + (y1 - y0) * k / 4)
+        x, y = _scale(x0 + (x1 - x0) * k / 4, x0, x1, LEFT, W - 170), _scale(y0 + (y1 - y0) * k / 4, y0, y1, H - PAD, 10)
+        body += [f'<text x="{x:.1f}" y="{H - PAD + 16}" text-anchor="middle" class="tick">{_esc(_kib(vx))}</text>',
+                 f'<text x="{LEFT - 4}" y="{y + 4:.1f}" text-anchor="end" class="tick">{vy / 1e6:,.1f} M</text>']
+    for n, engine in enumerate(dict.fromkeys(p.engine for p in pts)):
+        colour = ENGINE_COLOURS.get(engine, "#333")
+        mine = sorted((p for p in pts if p.engine == engine), key=lambda p: p.arena_bytes)
+        if len(mine) > 1:
+            body.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
+                        + " ".join(f"{x:.1f},{y:.1f}" for x, y in map(at, mine)) + '"/>')
+        for p in mine:
+            x, y = at(p)
+            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="7" fill="{colour}"><title>{_esc(engine)}: '
+                        f'{_esc(p.label)}: {p.arena_bytes:,} B, {p.instructions:,} instructions</title></circle>')
+        body.append(f'<circle cx="{W - 155}" cy="{24 + 20 * n}" r="6" fill="{colour}"/>'
+                    f'<text x="{W - 143}" y="{28 + 20 * n}">{_esc(engine)}</text>')
+    return _svg(body, sc.id)
+
+
 CSS = ("body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}"
        "h1{font-size:20px}h2{font-size:16px;margin-top:28px}svg{background:#fff;border:1px solid #ddd}"
        "svg text{font:12px sans-serif;fill:#333}svg .tick{font-size:11px;fill:#666}svg .peak{fill:#d62728}"
@@ -415,6 +476,8 @@ def render(r: Report) -> str:
         body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in row) + "</tr>" for row in t.rows)
         parts += [f"<h2>{_esc(t.title)}</h2>", f"<p>{_esc(t.intro)}</p>" if t.intro else "",
                   f"<table id=\"{_esc(t.id)}\"><tr>{head}</tr>{body}</table>"]
+    for sc in r.scatters:
+        parts += [f"<h2>{_esc(sc.title)}</h2>", svg_scatter(sc)]
     if r.frontier:
         parts += ["<h2>Fit frontier: arena vs predicted latency</h2>",
                   svg_frontier(r.frontier, r.frontier_budget, r.frontier_chosen)]

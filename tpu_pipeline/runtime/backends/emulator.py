@@ -90,7 +90,7 @@ def run_mcu_emulation(model_path: Path, device: Device, iterations: int = 10, wa
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes, measure_tflm_arena
     from tpu_pipeline.toolchain.ir import total_param_bytes
     from tpu_pipeline.toolchain.loader import resolve_dynamic_shapes
-    from tpu_pipeline.toolchain.memory import lifetimes, tflm_greedy
+    from tpu_pipeline.toolchain.memory import TFLM, lifetimes, tflm_greedy
     from tpu_pipeline.toolchain.predict import mcu_prediction
     from tpu_pipeline.toolchain.tflite import read_model
 
@@ -100,7 +100,7 @@ def run_mcu_emulation(model_path: Path, device: Device, iterations: int = 10, wa
     graph = resolve_dynamic_shapes(read_model(data, name=str(model_path)), None, str(model_path))[1]
     est = mcu_prediction(graph, device, DEFAULT_KERNEL_SET)  # api.profile re-prices for the kernels asked for
     report = RunReport("emulator", f"{device.name} (TFLite Micro on the host)", str(model_path), iterations)
-    predicted_head = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+    predicted_head = tflm_greedy(lifetimes(graph, semantics=TFLM)).size
     arena = {"configured": sram, "fits": False, "head": None, "tail": None, "total": None,
              "predicted_head": predicted_head, "model_bytes": len(data), "flash_bytes": flash,
              "fits_flash": (len(data) <= flash) if flash else None, "parameter_bytes": total_param_bytes(graph)}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tpu_pipeline.toolchain.driver import BUDGET_FACTOR, Pass, PassError, run_passes
 from tpu_pipeline.toolchain.compile.report import build_report
-from tpu_pipeline.toolchain.compile.output import check_result_folder, write_result_folder
+from tpu_pipeline.toolchain.compile.output import ResultFolder, check_result_folder
 from tpu_pipeline.toolchain.compile.passes.edgetpu import edgetpu
 from tpu_pipeline.toolchain.compile.passes.emit import emit
 from tpu_pipeline.toolchain.compile.passes.fit import fit
@@ -34,7 +34,7 @@ from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
 from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
 from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import Semantics, get_semantics
+from tpu_pipeline.toolchain.memory import TFLM, Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
 from tpu_pipeline.toolchain.partition.auto import DEFAULT_KNEE, DEFAULT_MAX_N
 from tpu_pipeline.toolchain import report_html
@@ -93,7 +93,7 @@ def compile_options(paths, n: int | str | None, out_dir=None, device: str | Devi
     if budget is not None:
         if budget <= 0:
             raise UsageError(f"--budget must be a number of bytes > 0, got {budget}")
-        semantics = get_semantics("tflm")  # the budget is a TFLite Micro arena: every pass minimises that
+        semantics = TFLM  # the budget is a TFLite Micro arena: every pass minimises that
     n = _segments(n, cuts, max_n, knee)
     if cuts is not None:
         from tpu_pipeline.toolchain.partition.cuts import parse_cuts
@@ -144,17 +144,28 @@ def _segments(n, cuts, max_n: int, knee: float) -> int | None:
 
 def compile_models(paths, n: int | str | None, out_dir=None, progress=None, **options) -> CompileResult:
     opts = compile_options(paths, n, out_dir, **options)
-    state, records = run_passes(PASSES, CompileState(opts), progress)
-    files = {f"{opts.stem}.tflite": state.whole, **{s.file: s.data for s in state.segments}, **dict(state.extra_files)}
-    names = [*files, "report.html", "report.json"]
-    report = build_report(state, records, names)
-    # the figures people look at, in one self-contained page beside report.json
-    files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
-        json.dumps(report, default=json_default)))).encode()
-    manifest = write_result_folder(opts.out_dir, files, json.loads(json.dumps(report, default=json_default)),
-                                   list(opts.paths))
+    folder = ResultFolder(opts.out_dir, list(opts.paths))
+    try:
+        # the model files go to disk while the later passes run (the swap comes at the end)
+        state, records = run_passes(PASSES, CompileState(opts), progress,
+                                    after=lambda _name, st: folder.write_soon(_model_files(st)))
+        files = {**_model_files(state), **dict(state.extra_files)}
+        names = [*files, "report.html", "report.json"]
+        report = build_report(state, records, names)
+        # the figures people look at, in one self-contained page beside report.json
+        files["report.html"] = report_html.render(report_html.for_compile(state, json.loads(
+            json.dumps(report, default=json_default)))).encode()
+        manifest = folder.finish(files, json.loads(json.dumps(report, default=json_default)))
+    finally:
+        folder.discard()
     return CompileResult(opts.out_dir, opts.stem, manifest.to_json(), names, state.partition, records,
                          list(report["notes"]))
+
+
+def _model_files(state: CompileState) -> dict[str, bytes]:
+    """The .tflite files the state holds so far: the whole model (after emit), the segments."""
+    whole = {f"{state.options.stem}.tflite": state.whole} if state.whole is not None else {}
+    return {**whole, **{s.file: s.data for s in state.segments}}
 
 
 __all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpu_pipeline.toolchain import interrupts
@@ -59,38 +60,101 @@ def _foreign_entries(folder: Path) -> list[str]:
     return [n for n in names if n not in listed and not (n.endswith(_OUR_SUFFIXES) and (folder / n).is_file())]
 
 
+class ResultFolder:
+    """The hidden folder a compile fills before the swap. `write_soon` writes files there in a
+    background thread (write and fsync wait on the disk, not the CPU), so the model files are on
+    disk while the later passes run; `finish` writes the rest and swaps the folder in; `discard`
+    (a failed compile) removes it. Created at the first write: a compile refused before then
+    leaves nothing behind."""
+
+    def __init__(self, out: Path, inputs: list[Path]):
+        self.out, self.inputs = Path(out), list(inputs)
+        self.tmp: Path | None = None
+        self.made_parent = False
+        self.written: dict[str, object] = {}  # name -> the bytes object written (or being written)
+        self.pool = None
+        self.pending = []  # the background writes' futures
+
+    def _folder(self) -> Path:
+        if self.tmp is None:
+            try:
+                self.made_parent = not self.out.parent.exists()
+                self.out.parent.mkdir(parents=True, exist_ok=True)
+                tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.compile.", dir=self.out.parent))
+                os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary folder
+            except OSError as exc:
+                raise DeviceError(f"{self.out}: cannot create the output folder ({exc.strerror})") from None
+            interrupts.register_temp(tmp)
+            self.tmp = tmp
+        return self.tmp
+
+    def write_soon(self, files: dict[str, bytes]) -> None:
+        """Start writing the files of `files` not written yet (same name and same object)."""
+        todo = {n: d for n, d in files.items() if self.written.get(n) is not d}
+        if not todo:
+            return
+        folder = self._folder()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-write")
+        for name, data in todo.items():
+            self.written[name] = data
+            self.pending.append(self.pool.submit(_write_file, folder / name, data))
+
+    def finish(self, files: dict[str, bytes], report: dict) -> Manifest:
+        """Write what is left and report.json (through the typed manifest against the written
+        files, so what `run` would refuse is never written), then swap the folder in."""
+        out = self.out
+        try:
+            self.write_soon(files)
+            for name in set(self.written) - set(files):  # written early, then dropped by a later pass
+                (self._folder() / name).unlink(missing_ok=True)
+            self._drain()
+            tmp = self._folder()
+            manifest = Manifest.from_json(report, tmp)
+            (tmp / REPORT_NAME).write_text(manifest.dumps())
+            with _locked(out.parent), interrupts.critical():
+                check_result_folder(out, self.inputs)  # again: another process may have written meanwhile
+                if not out.exists():
+                    os.rename(tmp, out)
+                else:
+                    _exchange(tmp, out)  # tmp now holds the earlier result, removed below
+            self.made_parent = False
+        except OSError as exc:
+            raise DeviceError(f"{out}: cannot write ({exc.strerror})") from None
+        finally:
+            self.discard()
+        return manifest
+
+    def _drain(self) -> None:
+        pending, self.pending = self.pending, []
+        for future in pending:
+            future.result()  # a background write's OSError, raised here
+
+    def discard(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            interrupts.unregister_temp(self.tmp)
+            self.tmp = None
+        if self.made_parent:
+            with contextlib.suppress(OSError):
+                self.out.parent.rmdir()
+            self.made_parent = False
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write_result_folder(out: Path, files: dict[str, bytes], report: dict, inputs: list[Path]) -> Manifest:
     """Write `files` (name -> bytes) and `report` as report.json into the folder `out`, replacing
-    an earlier result whole. The report goes through the typed manifest against the written files
-    first, so what `run` would refuse is never written."""
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.compile.", dir=out.parent))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result is an ordinary folder
-    except OSError as exc:
-        raise DeviceError(f"{out}: cannot create the output folder ({exc.strerror})") from None
-    interrupts.register_temp(tmp)
-    try:
-        for name, data in files.items():
-            with open(tmp / name, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-        manifest = Manifest.from_json(report, tmp)
-        (tmp / REPORT_NAME).write_text(manifest.dumps())
-        with _locked(out.parent), interrupts.critical():
-            check_result_folder(out, inputs)  # again: another process may have written meanwhile
-            if not out.exists():
-                os.rename(tmp, out)
-            else:
-                _exchange(tmp, out)  # tmp now holds the earlier result, removed below
-    except OSError as exc:
-        raise DeviceError(f"{out}: cannot write ({exc.strerror})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        interrupts.unregister_temp(tmp)
-    return manifest
+    an earlier result whole (`ResultFolder` in one go)."""
+    return ResultFolder(out, inputs).finish(files, report)
 
 
 def _umask() -> int:

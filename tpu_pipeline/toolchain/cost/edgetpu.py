@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.cost.classes import op_class
-from tpu_pipeline.toolchain.cost.pipeline import PipelineSim, StageLoad, simulate, simulate_many
+from tpu_pipeline.toolchain.cost.pipeline import PipelineSim, StageLoad, saturated_period, simulate
 from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.ir import Graph, macs, param_bytes
 
@@ -150,8 +150,8 @@ class EdgeTpuCostModel:
 
     def period_ps(self, stages) -> int:
         """The simulated period alone: `pipeline(stages).period_ps` without its latency run."""
-        sim = simulate_many([[self.load(s) for s in stages]], self.bandwidth, host_slots=self.host_slots)[0]
-        return max(self.period_bound_ps(stages)[0], round(sim.period_s * PS_PER_S))
+        period = saturated_period([self.load(s) for s in stages], self.bandwidth, host_slots=self.host_slots)
+        return max(self.period_bound_ps(stages)[0], round(period * PS_PER_S))
 
     def pipeline(self, stages: list[StageCost] | tuple[StageCost, ...]) -> PipelineCost:
         bottleneck = max(range(len(stages)), key=lambda k: (stages[k].latency_ps, -k))

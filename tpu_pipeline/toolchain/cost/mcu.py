@@ -23,7 +23,7 @@ from tpu_pipeline.toolchain.cost.classes import op_class
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir import kernels as harness
+from tpu_pipeline.toolchain.ir import kernel_variants, kernels as harness
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
@@ -33,8 +33,7 @@ _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_ba
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
              "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
-             "tpup_mean": "mean", "tpup_mul": "mul", "tpup_depthwise_fast": "depthwise_opt",
-             "tpup_pointwise": "conv_1x1"}  # (the harness's MEAN and MUL, until fitted: the builtins')
+             "tpup_mean": "mean", "tpup_mul": "mul"}  # (the harness's MEAN and MUL, until fitted: the builtins')
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -58,9 +57,12 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
     outputs = sum(graph.tensors[t].num_elements for t in op.outputs if t >= 0)
     cls = _FIT_CLASS.get(op.opcode) or {"conv": "conv", "depthwise": "depthwise"}.get(op_class(op.opcode), "other")
     if op.opcode == "CONV_2D" and _is_1x1(graph, op):
-        cls = "tpup_pointwise" if harness.POINTWISE in harness.flags(op) else "conv_1x1"
+        cls = "conv_1x1"
+    variant = harness.variant_of(op)
+    if variant is not None:  # the harness's faster kernel (tpu_pipeline.toolchain.ir.kernel_variants)
+        cls = variant.cost_class
     elif op.opcode == "DEPTHWISE_CONV_2D":
-        cls = "tpup_depthwise_fast" if harness.FAST in harness.flags(op) else _depthwise_path(graph, op)
+        cls = _depthwise_path(graph, op)
     elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):
         cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL: their own loops (tools/fit_harness_cost.py)
     if cls in DATA_MOVEMENT:
@@ -121,10 +123,10 @@ def fitted_table() -> dict:
 def coefficients(table: dict, cls: str) -> dict:
     """The coefficients for fit class `cls`, following the fallback chain to a fitted class."""
     c = cls
-    while c not in table:
-        if c not in _FALLBACK:
+    while c not in table:  # (a faster variant not fitted yet is costed as its builtin: its cost_fallback)
+        c = _FALLBACK.get(c) or next((v.cost_fallback for v in kernel_variants.REGISTRY if v.cost_class == c), None)
+        if c is None:
             raise UsageError(f"the MCU cost model has no coefficients for op class '{cls}' (nor 'other')")
-        c = _FALLBACK[c]
     return table[c]
 
 

@@ -280,6 +280,122 @@ def simulate_many(pipelines, bandwidth: float, frames: int | None = None, queue_
     return tuple(replace(sim, link_utilisation=link, host_utilisation=host) for sim in sims)
 
 
+def saturated_period(stages, bandwidth: float, frames: int | None = None, queue_size: int = 1,
+                     host_slots: int = 0, link_policy: str = LINK_POLICY) -> float:
+    """`simulate_many([stages], ...)[0].period_s`, alone: the partitioner's refinement asks for
+    nothing else, thousands of times. With the host uncontended (host_slots 0) and the link FIFO
+    the same event loop runs on plain lists (`_fifo_period`), the same float operations in the
+    same order, so the period is the same number (tests/test_pipeline_sim.py compares them);
+    otherwise the full simulator."""
+    stages = list(stages)
+    if host_slots or link_policy != "fifo" or not stages or bandwidth <= 0:
+        return simulate_many([stages], bandwidth, frames, queue_size, host_slots=host_slots,
+                             link_policy=link_policy)[0].period_s
+    return _fifo_period([_phases(s, bandwidth) for s in stages], frames or max(MIN_FRAMES, 4 * len(stages)),
+                        queue_size)
+
+
+def _fifo_period(phases, F: int, queue_size: int) -> float:
+    """_Engine's loop for one saturated pipeline, host uncontended, link FIFO: per stage the work
+    left on (tpu, link, host) as three floats (0.0: not asked for; a demand is dropped at <= EPS
+    as there), tickets in the order phases begin (the head of the link is the smallest: requests
+    are made in time order). No accounting: only the completion times."""
+    n = len(phases)
+    work = [[(p.get("tpu", 0.0), p.get("link", 0.0), p.get("host", 0.0)) for p in ph] for ph in phases]
+    nph = [len(ph) for ph in phases]
+    held = [False] * n              # the stage holds a frame (invoking it, or its output)
+    phase = [-1] * n
+    lt, ll, lh, tick = [0.0] * n, [0.0] * n, [0.0] * n, [0] * n
+    queue = [0] * (n + 1)           # frames waiting in front of stage k
+    counter, fed, done, now = 0, 0, [], 0.0
+    order = range(n - 1, -1, -1)    # settle's fixed order: the last stage first
+
+    def start(k):
+        nonlocal counter, fed
+        if k == 0:
+            if fed >= F and len(done) >= F:
+                return False
+            fed += 1
+        elif queue[k]:
+            queue[k] -= 1
+        else:
+            return False
+        held[k], phase[k] = True, 0
+        counter += 1
+        tick[k] = counter
+        lt[k], ll[k], lh[k] = work[k][0]
+        return True
+
+    for k in range(n):
+        start(k)
+    while len(done) < F:
+        changed = True
+        while changed:  # _Engine.settle
+            changed = False
+            for k in order:
+                if held[k]:
+                    if phase[k] < nph[k] and lt[k] == 0.0 and ll[k] == 0.0 and lh[k] == 0.0:
+                        phase[k] += 1
+                        counter += 1
+                        tick[k] = counter
+                        if phase[k] < nph[k]:
+                            lt[k], ll[k], lh[k] = work[k][phase[k]]
+                        changed = True
+                    if phase[k] >= nph[k]:  # try_finish
+                        if k == n - 1:
+                            done.append(now)
+                        elif queue[k + 1] < queue_size:
+                            queue[k + 1] += 1
+                        else:
+                            continue
+                        held[k], phase[k] = False, -1
+                        changed = True
+                if not held[k] and (k == 0 or queue[k]) and start(k):
+                    changed = True
+        dt = _fifo_step(held, phase, nph, lt, ll, lh, tick)
+        if dt is None:
+            break
+        now += dt
+    half = F // 2
+    return (done[F - 1] - done[half - 1]) / (F - half)
+
+
+def _fifo_step(held, phase, nph, lt, ll, lh, tick) -> float | None:
+    """_Engine.step for `_fifo_period`: the time to the next event, every demand served for it
+    (the link's head is the active request with the smallest ticket); None when nothing is active."""
+    n = len(held)
+    head, dt, active = -1, float("inf"), False
+    for k in range(n):
+        if held[k] and phase[k] < nph[k]:
+            active = True
+            if ll[k] > 0.0 and (head < 0 or tick[k] < tick[head]):
+                head = k
+            if 0.0 < lt[k] < dt:
+                dt = lt[k]
+            if 0.0 < lh[k] < dt:
+                dt = lh[k]
+    if not active:
+        return None
+    if head >= 0 and ll[head] < dt:
+        dt = ll[head]
+    for k in range(n):
+        if held[k] and phase[k] < nph[k]:
+            if lt[k] > 0.0:
+                lt[k] -= dt
+                if lt[k] <= EPS:
+                    lt[k] = 0.0
+            if lh[k] > 0.0:
+                lh[k] -= dt
+                if lh[k] <= EPS:
+                    lh[k] = 0.0
+            if ll[k] > 0.0:
+                if k == head:
+                    ll[k] -= dt
+                if ll[k] <= EPS:
+                    ll[k] = 0.0
+    return dt
+
+
 def _summarise(ws, started, done, F, bandwidth, loads, host_slots) -> PipelineSim:
     half = F // 2
     window = done[F - 1] - done[half - 1]

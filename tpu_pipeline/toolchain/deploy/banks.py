@@ -100,6 +100,18 @@ def arena_budget(banks: tuple[RamBank, ...], reserve: int, tail: int, split_tail
     return best
 
 
+def split_head_room(banks: tuple[RamBank, ...], reserve: int, tail: int, split_tail: int | None = None) -> int | None:
+    """The head's room when only a split holds the largest arena (`arena_budget`'s split): the
+    largest bank a head may fill while another bank holds the tail apart; None when one bank
+    whole holds as much. fit then bounds the head by it, not head + tail (the tail goes elsewhere)."""
+    caps = capacities(banks, reserve)
+    single = max(cap for _, cap in caps)
+    apart = tail if split_tail is None else split_tail
+    rooms = [hcap for hb, hcap in caps
+             if hcap + tail > single and any(tb is not hb and apart <= tcap for tb, tcap in caps)]
+    return max(rooms, default=None)
+
+
 def bank_figures(arena, device: Device, notes: list, split: int | None = None) -> list[dict] | None:
     """profile --json's `banks`: a predicted arena's (`.head`, `.tail`, `.total`) bytes per bank
     after the harness's reserve, or None when it is not predicted or no placement holds it; a

@@ -27,6 +27,7 @@ from tpu_pipeline.toolchain.data import FIRMWARE_DIR, HARNESS_DIR
 from tpu_pipeline.toolchain.device import KERNEL_SETS, Device
 from tpu_pipeline.toolchain.errors import DeviceError, ModelError, UsageError
 from tpu_pipeline.toolchain.export_mcu import HARNESS_CUSTOM_OPS, c_array, resolver_method, resolver_opcode
+from tpu_pipeline.toolchain.ir import kernel_variants
 
 LIBRARY_DIR = FIRMWARE_DIR / "library"
 MARKER = "tpup_library.json"
@@ -158,7 +159,7 @@ def _one_model(src: Path, name: str, device: Device, model_data):
     from tpu_pipeline.toolchain.export_mcu import export_mcu
 
     with tempfile.TemporaryDirectory(prefix="tpup-library-") as tmp:
-        exported = export_mcu(src, device, tmp, model_data=model_data)  # plan, checks, flash and SRAM verdicts
+        exported = export_mcu(src, device, tmp, model_data=model_data, split_ok=True)  # plan, checks, flash and SRAM verdicts
         data = (Path(tmp) / "model.tflite").read_bytes()
     graph, offsets = _planned_graph(data)
     if graph.external:
@@ -283,8 +284,14 @@ def _common_files(target: str, names, device: Device, entries, opcodes, files: d
     return out
 
 
-KERNEL_SOURCES = ("tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_pointwise.cc", "tpup_stage.cc",
-                  "tpup_mean_mul.cc")
+def kernel_sources() -> tuple[str, ...]:
+    """Every harness kernel source a library may carry: the convolution's, each registered faster
+    variant's (tpu_pipeline.toolchain.ir.kernel_variants), the patch stage's and the MEAN/MUL loops'."""
+    return ("tpup_conv.h", "tpup_conv.cc", *_variant_sources(), "tpup_stage.cc", "tpup_mean_mul.cc")
+
+
+def _variant_sources() -> list[str]:
+    return sorted({v.source for v in kernel_variants.REGISTRY})
 
 
 def _kernel_files(opcodes) -> list[str]:
@@ -292,9 +299,9 @@ def _kernel_files(opcodes) -> list[str]:
     used = set(opcodes) & set(HARNESS_CUSTOM_OPS)
     if not used:
         return []
-    # every custom op registers through tpup_conv.h; tpup_conv.cc runs its fast depthwise path from
-    # tpup_depthwise.cc and its 1x1 path from tpup_pointwise.cc; a patch stage runs its layers with tpup_conv.cc
-    return ["tpup_conv.h", "tpup_conv.cc", "tpup_depthwise.cc", "tpup_pointwise.cc",
+    # every custom op registers through tpup_conv.h; tpup_conv.cc dispatches to each faster
+    # variant's source; a patch stage runs its layers with tpup_conv.cc
+    return ["tpup_conv.h", "tpup_conv.cc", *_variant_sources(),
             *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else []),
             *(["tpup_mean_mul.cc"] if used & {"TPUP_MEAN", "TPUP_MUL"} else [])]
 
@@ -311,7 +318,7 @@ def _what(f: str) -> str:
                          ("_model_data.cc", "the model, 16-byte aligned, its offline arena plan inside"),
                          (".tflite", "the same model as a file (for host tools)"),
                          (".h", "the model's C API and arena macros"), (".cc", "the model's C API on TFLite Micro")):
-        if f.startswith("tpup_") and f.endswith(suffix) and f not in KERNEL_SOURCES:
+        if f.startswith("tpup_") and f.endswith(suffix) and f not in kernel_sources():
             return what
     return "tpu-pipeline's kernel (custom op) source"
 

@@ -15,6 +15,7 @@ class ExportParams:
     out_dir: Path
     verify: bool = True  # TFLite Micro's real head must not exceed the planned one (the check_head stage)
     time_limit: float = 5.0  # seconds for the arena planner
+    split_ok: bool = False  # the arena may go to the board's banks as head and tail apart (the library)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
-                                                 firmware_reserve, place)
+                                                 firmware_reserve, place, split_head_room)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
@@ -91,17 +91,21 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, source, notes = _prepared(path, p)
-    fit_budget, budget_from, avail, reserve = p.budget, "--budget", None, None
+    fit_budget, budget_from, avail, reserve, head_only = p.budget, "--budget", None, None, p.head_only
     if device is not None and p.budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device.label
         # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
         first_tail = _tail(graph, kernels, source, notes)
-        whole = arena_budget(device.memory.banks, reserve, first_tail, _split_tail(graph, kernels))
+        banks, apart = device.memory.banks, _split_tail(graph, kernels)
+        whole = arena_budget(banks, reserve, first_tail, apart)
         fit_budget = whole if not p.head_only else whole - first_tail
+        room = split_head_room(banks, reserve, first_tail, apart)
+        if room is not None:  # only a split holds that much: the head is bound by its bank, the tail goes apart
+            fit_budget, head_only = room, True
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
-    result = run_fit(graph, replace(p, budget=fit_budget), pricing, deadline=Deadline(p.time_limit).sub(fraction=0.8),
-                     progress=progress, model=model)
+    result = run_fit(graph, replace(p, budget=fit_budget, head_only=head_only), pricing,
+                     deadline=Deadline(p.time_limit).sub(fraction=0.8), progress=progress, model=model)
     data = _written(result, model, path)
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     placement = None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
+from tpu_pipeline.toolchain.memory.semantics import TFLM
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Span:
 
 def cut_positions(graph: Graph) -> list[int]:
     """Positions k such that the output of op k is the only activation live after it runs."""
-    lt = lifetimes(graph, None, "tflm")
+    lt = lifetimes(graph, None, TFLM)
     n = len(graph.ops)
     crossing = [0] * (n + 2)  # crossing[s]: activation buffers live at both step s and step s+1
     owner: dict[int, int] = {}

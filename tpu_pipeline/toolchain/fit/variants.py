@@ -35,8 +35,7 @@ from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
-from tpu_pipeline.toolchain.ir.kernels import (DIRECT, FAST, IN_PLACE, MEAN_MUL, OVERLAP, POINTWISE, builtin_view, fast_wins,
-                                               pointwise_wins, can_run_direct, can_run_harness,
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
                                                flags, in_place_source, is_harness, kernel_name, with_flag,
                                                with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
@@ -119,16 +118,17 @@ def as_is_variants(graph: Graph, spans: list[Span], device, sem: Semantics, dead
 def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
     """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
     convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
-    kernels, their requantization in flash instead of the arena's tail; the depthwise ones where the
-    harness's own kernel is faster on it, `fast_wins`; the 1x1 ones on its 1x1 kernel, `pointwise_wins`),
-    every int8 MEAN and MUL
+    kernels, their requantization in flash instead of the arena's tail; each on the harness's faster
+    variant where one wins, `winning_variant`), every int8 MEAN and MUL
     it can run on TPUP_MEAN / TPUP_MUL (the same integers in a plain loop, no tail, no scratch).
     Nothing gets slower or larger."""
     g, folded = fold_pads(graph, harness=True)
     moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)]
     g = with_kernel(g, moved, kernel_name())
-    g = with_flag(g, [i for i in range(len(g.ops)) if fast_wins(g, i)], FAST)
-    g = with_flag(g, [i for i in range(len(g.ops)) if pointwise_wins(g, i)], POINTWISE)
+    for i in range(len(g.ops)):
+        flag = winning_variant(g, i)
+        if flag:
+            g = with_flag(g, [i], flag)
     notes = []
     n_conv = sum(g.ops[i].opcode not in MEAN_MUL for i in moved)
     if folded or moved:

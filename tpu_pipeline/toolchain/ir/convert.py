@@ -133,7 +133,10 @@ def _quantization(q) -> Quantization | None:
     if q is None or q.scale is None or len(q.scale) == 0:
         return None
     zp = q.zeroPoint if q.zeroPoint is not None else [0] * len(q.scale)
-    return Quantization(tuple(float(s) for s in q.scale), tuple(int(z) for z in zp), int(q.quantizedDimension or 0))
+    # tolist: Python floats and ints in one call (a float32 scale widens exactly, as float() does;
+    # the schema's zero points are int64: per-channel ones are thousands per tensor)
+    return Quantization(tuple(np.asarray(q.scale).tolist()), tuple(np.asarray(zp, dtype=np.int64).tolist()),
+                        int(q.quantizedDimension or 0))
 
 
 def from_model(model: schema.ModelT, subgraph: int = 0) -> Graph:

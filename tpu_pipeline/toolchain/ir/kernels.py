@@ -30,19 +30,10 @@ keep in RAM:
   its rows last to first). The kernel computes output rows into a small ring of rows and writes
   each row out once no row still to compute reads the input bytes under it (`overlap.ring_rows_for`
   sizes the ring).
-- **fast** (`+fast`, depthwise only: `can_run_fast`): the harness's own depthwise kernel
-  (harness/tpup_depthwise.cc), in both firmware builds: four channels at a time with the DSP
-  extension's SIMD multiplies, the int8 input read in place, no buffer; the same integers as
-  TFLite's DepthwiseConvPerChannel. Faster than CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows
-  (docs/bench/mcu_latency.md), so the model on the harness (fit's `on_harness`) takes it there.
-
-- **pointwise** (`+pointwise`, 1x1 only: `can_run_pointwise`): the harness's own 1x1 kernel
-  (harness/tpup_pointwise.cc), in both firmware builds: two pixels widened to int16 once and reused
-  by every output channel, two channels x two pixels per pass, no buffer in the arena (the widened
-  pair lives in output bytes not yet written). Its requantisation is SMMULR plus a rounding shift
-  where `pointwise_requant_proven` shows that exact for every accumulator the op can produce
-  (option bit 0x200), else the general integers. The model on the harness takes it
-  (`pointwise_wins`).
+- **faster variants** (`+fast`, ...: tpu_pipeline.toolchain.ir.kernel_variants, one module each):
+  the harness's own kernels for some shapes of an op, in both firmware builds, bit-identical and
+  needing no buffer; the model on the harness (fit's `on_harness`) takes each where it wins
+  (`winning_variant`). "fast" is the depthwise one (harness/tpup_depthwise.cc).
 
 **In place** (`kernel` = "in-place", builtin ADD and MUL, any kernel set): the offline plan lays
 the output over an input of its shape that dies at the op (`in_place_source`). Both kernel sets
@@ -57,8 +48,8 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, 4 fast, padding mode << 4: 0 explicit, 1 same, 2 valid, 0x100 pointwise,
-0x200 its cheap requantisation proven exact), pad_top, pad_left,
+(1 direct, 2 overlap, each variant's own bit (4 fast), padding mode << 4: 0 explicit, 1 same,
+2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -73,18 +64,17 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
-from tpu_pipeline.toolchain.ir.requant import activation_range, pointwise_requant_proven, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import stage
+from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
+from tpu_pipeline.toolchain.ir import kernel_variants, stage
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
 
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
-DIRECT, OVERLAP, FAST, POINTWISE = "direct", "overlap", "fast", "pointwise"
-FLAGS = (DIRECT, OVERLAP, FAST, POINTWISE)
-FAST_MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
-FAST_WINS_FROM_TAPS = 25  # windows from 5x5 up: where the fast kernel beats CMSIS-NN's (fast_wins)
+DIRECT, OVERLAP = "direct", "overlap"  # the memory flags (fit trades them against time)
+FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, which tests and tools name)
+POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
@@ -95,20 +85,25 @@ BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MU
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
-_FLAG_BITS = {DIRECT: 1, OVERLAP: 2, FAST: 4, POINTWISE: 0x100}
-_FAST_REQUANT = 0x200  # (derived when written: pointwise_requant_proven)
-_KNOWN_BITS = 0x37 | 0x100 | _FAST_REQUANT
+_MEMORY_FLAG_BITS = {DIRECT: 1, OVERLAP: 2}
+_PADDING_BITS = 0x30  # (the padding mode, << 4)
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 
 # ---- kernel names ---------------------------------------------------------------------------------
+def flag_bits() -> dict[str, int]:
+    """Every flag in canonical order (the memory flags, then the registered variants) -> its bit."""
+    return {**_MEMORY_FLAG_BITS, **{f: v.bit for f, v in kernel_variants.registered().items()}}
+
+
 def kernel_name(*flags: str) -> str:
     """The `Op.kernel` of a harness kernel with `flags` (canonical order)."""
-    unknown = set(flags) - set(FLAGS)
+    known = flag_bits()
+    unknown = set(flags) - set(known)
     if unknown:
         raise ValueError(f"unknown harness kernel flags {sorted(unknown)}")
-    return "+".join([TPUP, *(f for f in FLAGS if f in flags)])
+    return "+".join([TPUP, *(f for f in known if f in flags)])
 
 
 def is_harness(op: Op) -> bool:
@@ -197,55 +192,27 @@ def can_run_harness(graph: Graph, i: int) -> bool:
     return bias < 0 or (graph.tensors[bias].dtype == "int32" and graph.tensors[bias].is_constant)
 
 
-def can_run_fast(graph: Graph, i: int) -> bool:
-    """The harness's own depthwise kernel (flag "fast", harness/tpup_depthwise.cc) runs an int8
-    depthwise convolution with one output channel per input channel, no dilation and a window of
-    at most FAST_MAX_TAPS taps: no buffer, SIMD over four channels, bit-identical."""
+def can_run_variant(graph: Graph, i: int, flag: str) -> bool:
+    """Whether the registered variant `flag` (tpu_pipeline.toolchain.ir.kernel_variants) runs op i."""
+    v = kernel_variants.registered()[flag]
+    return graph.ops[i].opcode == v.opcode and can_run_harness(graph, i) and v.applies(graph, i)
+
+
+def variant_of(op: Op):
+    """The registered variant a harness op runs on (None: the kernel set's paths)."""
+    found = kernel_variants.registered()
+    return next((found[f] for f in flags(op) if f in found), None)
+
+
+def winning_variant(graph: Graph, i: int) -> str | None:
+    """The flag of the first registered variant a harness op on the kernel set's paths goes on
+    wherever it may: it can run it, and QEMU measured it faster there (`wins`). A variant needs no
+    buffer, so it never costs memory."""
     op = graph.ops[i]
-    if op.opcode != "DEPTHWISE_CONV_2D" or not can_run_harness(graph, i):
-        return False
-    o, w = op.options, graph.tensors[op.inputs[1]].shape
-    x = graph.tensors[op.inputs[0]].shape
-    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3]
-            and w[1] * w[2] <= FAST_MAX_TAPS)
-
-
-def fast_wins(graph: Graph, i: int) -> bool:
-    """Whether a harness depthwise convolution goes on the fast kernel wherever it may: it can, and
-    its window is one where the kernel beat CMSIS-NN's in QEMU (docs/bench/harness_ops.json,
-    tools/fit_harness_cost.py: 5x5 and 7x7). It needs no buffer, so it never costs memory."""
-    op = graph.ops[i]
-    if not is_harness(op) or FAST in flags(op) or not can_run_fast(graph, i):
-        return False
-    w = graph.tensors[op.inputs[1]].shape
-    return w[1] * w[2] >= FAST_WINS_FROM_TAPS
-
-
-def can_run_pointwise(graph: Graph, i: int) -> bool:
-    """The harness's own 1x1 kernel (flag "pointwise", harness/tpup_pointwise.cc) runs an int8
-    CONV_2D with a 1x1 window over all input channels and no padding, any stride."""
-    op = graph.ops[i]
-    if op.opcode != "CONV_2D" or not can_run_harness(graph, i):
-        return False
-    w, x = graph.tensors[op.inputs[1]].shape, graph.tensors[op.inputs[0]].shape
-    return w[1] == w[2] == 1 and w[3] == x[3] and leading_pads(graph, op) == (0, 0)
-
-
-def pointwise_wins(graph: Graph, i: int) -> bool:
-    """Whether a harness 1x1 convolution goes on the pointwise kernel wherever it may: it can, with
-    at least two output channels (one channel runs a plain per-pixel loop). It needs no buffer, so
-    it never costs memory (with "direct" too it runs, and direct means nothing more); it beat
-    CMSIS-NN's 1x1 kernel in QEMU on every layer measured (docs/bench/harness_kernels.md)."""
-    op = graph.ops[i]
-    return (is_harness(op) and POINTWISE not in flags(op) and can_run_pointwise(graph, i)
-            and graph.tensors[op.outputs[0]].shape[3] >= 2)
-
-
-def stage_flag_bits(graph: Graph, op: Op) -> int:
-    """A patch stage's layer flags (ir/stage.py layer word 4): direct, pointwise and its proof,
-    the bits of the op's own options."""
-    bits = sum(_FLAG_BITS[f] for f in flags(op) & {DIRECT, POINTWISE})
-    return bits | (_FAST_REQUANT if POINTWISE in flags(op) and pointwise_requant_proven(graph, op) else 0)
+    if not is_harness(op) or op.opcode in MEAN_MUL or variant_of(op) is not None:
+        return None
+    return next((f for f, v in kernel_variants.registered().items()
+                 if can_run_variant(graph, i, f) and v.wins(graph, i)), None)
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:
@@ -267,11 +234,13 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
         op = graph.ops[i]
         if kernel:
             kernel_name(*wanted)  # validates the flags
-            if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) \
-                    or (FAST in wanted and not can_run_fast(graph, i)) \
-                    or (POINTWISE in wanted and not can_run_pointwise(graph, i)):
+            variants = wanted & set(kernel_variants.registered())
+            if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) or len(variants) > 1 \
+                    or any(not can_run_variant(graph, i, f) for f in variants):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
             inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            if op.opcode not in MEAN_MUL:
+                inputs = _with_variant_constant(graph, op, tensors, inputs, variants)
         elif op.opcode in MEAN_MUL:
             inputs = op.inputs
         else:
@@ -303,6 +272,22 @@ def _with_requant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...
     return op.inputs[0], op.inputs[1], bias, t.index
 
 
+def _with_variant_constant(graph: Graph, op: Op, tensors: list[Tensor], inputs, variants) -> tuple[int, ...]:
+    """A harness convolution's four inputs, and input 4 when its variant reads a constant of its own."""
+    v = kernel_variants.registered()[next(iter(variants))] if variants else None
+    if v is None or v.constant_input is None:
+        return tuple(inputs[:4])
+    if len(inputs) > 4 and inputs[4] >= 0 and variant_of(op) is v:
+        return tuple(inputs[:5])
+    values = v.constant_input(graph, op)
+    data = np.frombuffer(values.astype(f"<{values.dtype.str[1:]}").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/{v.flag}", values.dtype.name, values.shape,
+               data=data)
+    tensors.append(t)
+    return (*inputs[:4], t.index)
+
+
 def kernel_choices(graph: Graph) -> dict[int, str]:
     """Op position -> chosen kernel, for the ops not on the kernel set's own."""
     return {i: op.kernel for i, op in enumerate(graph.ops) if op.kernel}
@@ -324,7 +309,8 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
         return graph, {t.index: t.index for t in graph.tensors}
     graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
-    requants = {op.inputs[3] for op in graph.ops if is_harness(op) and len(op.inputs) > 3 and op.inputs[3] >= 0}
+    # (the requantization input 3, and a variant's constant input 4)
+    requants = {t for op in graph.ops if is_harness(op) and op.opcode not in MEAN_MUL for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
         if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
             ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
@@ -429,9 +415,11 @@ def encode_options(graph: Graph, op: Op, ring_rows: int = 0) -> bytes:
     top, left = leading_pads(graph, op)
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     lo, hi = activation_range(graph, op)
-    bits = sum(_FLAG_BITS[f] for f in flags(op)) | _PADDING_MODE[o.padding] << 4
-    if POINTWISE in flags(op) and pointwise_requant_proven(graph, op):
-        bits |= _FAST_REQUANT
+    known = flag_bits()
+    bits = sum(known[f] for f in flags(op)) | _PADDING_MODE[o.padding] << 4
+    variant = variant_of(op)
+    if variant is not None and variant.derived_bits is not None:
+        bits |= variant.derived_bits(graph, op) & variant.derived_mask
     multiplier = o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1
     return struct.pack(f"<{_WORDS}i", FORMAT, op.version, bits, top, left, o.stride_h, o.stride_w, o.dilation_h,
                        o.dilation_w, multiplier, ACTIVATION_CODE[o.fused_activation], -int(x.quant.zero_point[0]),
@@ -449,12 +437,16 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
         raise ModelError(f"{where}: {opcode} has {len(raw)} bytes of options, expected {4 * _WORDS}")
     w = struct.unpack(f"<{_WORDS}i", raw)
     fmt, version, bits, top, left, sh, sw, dh, dw, mult, act = w[:11]
-    mode = {v: k for k, v in _PADDING_MODE.items()}.get(bits >> 4 & 3)
+    mode = {v: k for k, v in _PADDING_MODE.items()}.get((bits & _PADDING_BITS) >> 4)
     activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(act)
+    known = flag_bits()
+    derived = {f: v.derived_mask for f, v in kernel_variants.registered().items()}
+    stray_derived = any(bits & m and not bits & known[f] for f, m in derived.items())
     if fmt != FORMAT or mode is None or activation is None or min(sh, sw, dh, dw, mult, version) < 1 \
-            or min(top, left) < 0 or bits & ~_KNOWN_BITS or (bits & _FAST_REQUANT and not bits & 0x100):
+            or min(top, left) < 0 or bits & ~(sum(known.values()) | sum(derived.values()) | _PADDING_BITS) \
+            or stray_derived:
         raise ModelError(f"{where}: {opcode} has invalid options {list(w)}")
-    kernel = kernel_name(*(f for f, b in _FLAG_BITS.items() if bits & b))
+    kernel = kernel_name(*(f for f, b in known.items() if bits & b))
     pads = {"pad_top": top, "pad_left": left} if mode == "EXPLICIT" else {}
     if name == "CONV_2D":
         options = Conv2DOptions(padding=mode, stride_w=sw, stride_h=sh, fused_activation=activation, dilation_w=dw,
@@ -473,7 +465,15 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     if len(op.inputs) < 4 or op.inputs[3] < 0:
         return False
     t = graph.tensors[op.inputs[3]]
-    return t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))
+    if not (t.is_constant and t.dtype == "int32" and np.array_equal(t.values(), requant(graph, op))):
+        return False
+    v = variant_of(op)
+    if v is None or v.constant_input is None:
+        return len(op.inputs) == 4
+    if len(op.inputs) != 5 or op.inputs[4] < 0:
+        return False
+    c, want = graph.tensors[op.inputs[4]], v.constant_input(graph, op)
+    return c.is_constant and c.dtype == want.dtype.name and np.array_equal(c.values(), want)
 
 
 # ---- means and products: TPUP_MEAN and TPUP_MUL ------------------------------------------------

@@ -5,10 +5,10 @@ from __future__ import annotations
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.lifetimes import overlap_savings, unused_tensors
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, align, get_semantics
 
 
-def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int]:
+def op_footprints(graph: Graph, semantics: Semantics | str = TFLM) -> list[int]:
     """For each op, the bytes that must be live while it runs, whatever the order:
     its activation inputs and outputs (an overlapped op's two sharing their extent), its scratch,
     and (TFLite) the graph inputs."""
@@ -31,7 +31,7 @@ def op_footprints(graph: Graph, semantics: Semantics | str = "tflm") -> list[int
     return out
 
 
-def order_free_lower_bound(graph: Graph, semantics: Semantics | str = "tflm", *, whole_model: bool = False) -> int:
+def order_free_lower_bound(graph: Graph, semantics: Semantics | str = TFLM, *, whole_model: bool = False) -> int:
     """No order of the ops can peak below this: the largest single-op footprint, the graph
     outputs, which are all live together at the end, and (TFLite Micro) the tensors no operator
     uses, which live together apart from every op (`whole_model`, as in `lifetimes`).

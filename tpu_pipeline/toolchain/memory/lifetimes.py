@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph, kernels, overlap
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, align, get_semantics
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Lifetimes:
         return out, (None if offsets is None else [it[1] for it in items]), [it[2] for it in items]
 
 
-def lifetimes(graph: Graph, order=None, semantics: Semantics | str = "tflm", *,
+def lifetimes(graph: Graph, order=None, semantics: Semantics | str = TFLM, *,
               whole_model: bool = False) -> Lifetimes:
     """Lifetimes of every buffer the runtime allocates in its arena, for ops run in `order`.
 
@@ -287,6 +287,6 @@ def _share_in_place(graph, order, sem, first, last, sizes) -> None:
         sizes[dst] = 0
 
 
-def peak_memory(graph: Graph, order=None, semantics: Semantics | str = "tflm") -> int:
+def peak_memory(graph: Graph, order=None, semantics: Semantics | str = TFLM) -> int:
     """The most bytes live at any step: no arena planner can do better for this order."""
     return lifetimes(graph, order, semantics).peak

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, align, get_semantics
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _steps(graph: Graph, order, sem: Semantics, outputs: set[int]):
 
 
 def offchip_traffic(graph: Graph, order=None, onchip_bytes: int = 0,
-                    semantics: Semantics | str = "tflm") -> Traffic:
+                    semantics: Semantics | str = TFLM) -> Traffic:
     """Bytes spilled and reloaded when running `order` with `onchip_bytes` of on-chip memory."""
     sem = get_semantics(semantics)
     n = len(graph.ops)

@@ -60,8 +60,8 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
     when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does.
-    Its own depthwise and 1x1 kernels ("fast", "pointwise") need no buffer; its MEAN and MUL (harness/tpup_mean_mul.cc)
-    ask for nothing."""
+    Its faster variants (tpu_pipeline.toolchain.ir.kernel_variants) need no buffer; its MEAN and MUL
+    (harness/tpup_mean_mul.cc) ask for nothing."""
     op = graph.ops[op_pos]
     if op.opcode in kernels.MEAN_MUL:
         return []
@@ -73,7 +73,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         return [total] if total else []
     flags = kernels.flags(op)
     own = 0
-    if sem.name == "tflm-cmsis-nn" and not flags & {kernels.DIRECT, kernels.FAST, kernels.POINTWISE}:
+    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags and kernels.variant_of(op) is None:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:

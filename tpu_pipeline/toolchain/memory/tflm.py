@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.memory.lifetimes import Lifetimes, lifetimes as _lifetimes
+from tpu_pipeline.toolchain.memory.semantics import TFLM
 from tpu_pipeline.toolchain.memory.plan import ArenaPlan
 from tpu_pipeline.toolchain.memory.planners import finish, plan_arena
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
@@ -76,7 +77,7 @@ def plan_for_tflm(graph, lifetimes_: Lifetimes | None = None, planner: str = "au
     if n_tensors != len(graph.tensors):
         raise ModelError(f"the model has {n_tensors - len(graph.tensors)} tensors in other subgraphs (control flow); "
                          "an offline memory plan is only written for single-subgraph models")
-    lt = lifetimes_ or _lifetimes(graph, semantics="tflm")
+    lt = lifetimes_ or _lifetimes(graph, semantics=TFLM)
     t0 = time.monotonic()
     plan = plan_arena(lt, planner, time_limit, deadline=deadline, progress=progress)
     result = offline_plan(lt, plan, n_tensors)

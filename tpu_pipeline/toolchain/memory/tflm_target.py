@@ -42,7 +42,7 @@ from tpu_pipeline.toolchain.ir import kernels as harness
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.runtime_planners import tflm_greedy
 from tpu_pipeline.toolchain.memory.scratch import cmsis_nn_unmodelled, scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, tflm_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, tflm_semantics
 
 _ARENA_ALIGN = 16  # MicroArenaBufferAlignment(): kernels' and the interpreter's persistent buffers
 
@@ -77,6 +77,7 @@ BUILTIN_DATA = {
     "ADD": (2, 1), "SUB": (2, 1), "MUL": (1, 1),  # activation (+ pot_scale_int16)
     "MEAN": (1, 1), "SUM": (1, 1), "REDUCE_MAX": (1, 1), "REDUCE_MIN": (1, 1),  # bool keep_dims
     "CONCATENATION": (8, 4), "STRIDED_SLICE": (24, 4), "RESIZE_NEAREST_NEIGHBOR": (2, 1),
+    "RESIZE_BILINEAR": (2, 1),  # TfLiteResizeBilinearParams: align_corners, half_pixel_centers
     # measured with arm-none-eabi-g++ 12 (sizeof/alignof on the target): the real models' other ops
     "SVDF": (8, 4), "UNIDIRECTIONAL_SEQUENCE_LSTM": (16, 4), "TRANSPOSE_CONV": (16, 4),
     "SPLIT": (4, 4), "LEAKY_RELU": (4, 4), "CAST": (2, 1), "DIV": (1, 1),
@@ -103,6 +104,7 @@ OP_DATA = {
     "MUL": (36, 36),  # OpDataMul
     "PAD": (56, 56), "PADV2": (56, 56),  # OpData{PadParams, output zero point}; cmsis_nn's the same size
     "BATCH_TO_SPACE_ND": (None, None), "RESHAPE": (None, None), "RESIZE_NEAREST_NEIGHBOR": (None, None),
+    "RESIZE_BILINEAR": (None, None),  # resize_bilinear.cc: no Init, Prepare allocates nothing
     "DEQUANTIZE": (32, 32),  # DequantizeOpData
     "SVDF": (36, 40),  # OpDataSvdf; cmsis_nn CmsisNnOpDataSvdf (+ kernel sums pointer)
     "UNIDIRECTIONAL_SEQUENCE_LSTM": (688, 912),  # OpDataLSTM; cmsis_nn OpData{OpDataLSTM, CMSIS-NN params}
@@ -278,7 +280,7 @@ def export_plan_offsets(graph: Graph, n_tensors: int | None = None, time_limit: 
     """The offline plan `export-mcu` writes for `graph` (TFLite Micro semantics, planner "auto")."""
     from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
 
-    lt = lifetimes(graph, semantics="tflm")
+    lt = lifetimes(graph, semantics=TFLM)
     return plan_for_tflm(graph, lt, "auto", time_limit, n_tensors=n_tensors or len(graph.tensors)).tensor_offsets
 
 

@@ -90,11 +90,14 @@ def _single(graph: Graph):
 
 
 def verification_scope(model, graph: Graph, stages, interfaces,
-                       missing: dict[int, str] | None = None) -> VerificationScope:
+                       missing: dict[int, str] | None = None, written=None) -> VerificationScope:
     """The parts of the whole model and of its segments (`stages`, `interfaces` of a Partition;
     `model` is the whole model the segments were cut from) that LiteRT can run. Segments are
     cut with the shapes LiteRT allocates (see extract_segment). `missing` defaults to
-    `litert_missing_kernels(model, graph)`."""
+    `litert_missing_kernels(model, graph)`. `written`: the segment files as compile wrote them
+    (each `segment_bytes(model, ops of stage k, interfaces[k].inputs, interfaces[k].outputs)`);
+    a segment whose cut here is that same call is taken as written, not cut again, so the check
+    runs the very files delivered."""
     if missing is None:
         missing = litert_missing_kernels(model, graph)
     n = len(interfaces)
@@ -117,7 +120,9 @@ def verification_scope(model, graph: Graph, stages, interfaces,
         outs += [t for t in ref_outs if t not in outs and any(t in graph.ops[v].outputs for v in ops)]
         if not outs:
             continue
-        segs.append(segment_bytes(model, ops, ins, outs, real=runtime_shapes(model)))
+        same = (written is not None and ins == list(interfaces[k].inputs) and outs == list(interfaces[k].outputs)
+                and len(ops) == sum(1 for s in stages if s == k))
+        segs.append(written[k] if same else segment_bytes(model, ops, ins, outs, real=runtime_shapes(model)))
     names = {t: graph.tensors[t].name for t in range(len(graph.tensors))}
     reasons = tuple(sorted({f"{graph.ops[v].opcode}: {why}" for v, why in missing.items()}))
     return VerificationScope(reference, tuple(segs), tuple(sorted(skipped)),

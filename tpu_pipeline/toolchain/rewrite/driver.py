@@ -37,7 +37,7 @@ from tpu_pipeline.toolchain import budget as _budget
 from tpu_pipeline.toolchain.budget import Deadline, DeadlineExpired, Progress
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.memory import Semantics, get_semantics, order_free_lower_bound
+from tpu_pipeline.toolchain.memory import TFLM, Semantics, get_semantics, order_free_lower_bound
 from tpu_pipeline.toolchain.schedule import schedule
 from tpu_pipeline.toolchain.schedule.bounds.ancestry import ancestry_lower_bound
 from tpu_pipeline.toolchain.rewrite.rules import ALL_KINDS, LOSSY, Candidate, apply_candidate, find_candidates
@@ -277,7 +277,7 @@ def _applied_chain(chain, g2: Graph, s2, peak: int) -> list[AppliedRewrite]:
     return out
 
 
-def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str | Semantics = "tflm",
+def rewrite_graph(graph: Graph, time_limit: float = 10.0, semantics: str | Semantics = TFLM,
                   allow_lossy: bool = False,
                   *, model=None, budget: float | None = None, depth: int = 3, kinds=None,
                   joint: bool = True, deadline: Deadline | None = None,

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, kernels, overlap, requant
+from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, overlap, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
@@ -73,9 +73,9 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     if stream and grid[1] != 1:
         raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     for i in positions:  # every convolution on the harness kernel (no overlap: a tile's buffers are planned apart;
-        op = graph.ops[i]  # not yet the fast depthwise kernel: a stage runs tpup_conv.cc (+ tpup_pointwise.cc) paths)
+        op = graph.ops[i]  # variants only where tpup_stage.cc runs them: `in_stages`)
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, kernels.FAST}
+            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages)}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
@@ -125,6 +125,16 @@ def _add_params(graph: Graph, op: Op) -> list[int]:
             m1, s1, m2, s2, mo, so, -1, hi]
 
 
+def _stage_flag_bits(graph: Graph, op: Op) -> int:
+    """A conv layer's flags word (ir/stage.py layer word 4): direct, and a variant patch stages run
+    (`in_stages`) with its derived bits, as the op's own options have them (harness/tpup_stage.cc)."""
+    bits = kernels.flag_bits()[kernels.DIRECT] if kernels.DIRECT in kernels.flags(op) else 0
+    v = kernels.variant_of(op)
+    if v is not None and v.in_stages:
+        bits |= v.bit | (v.derived_bits(graph, op) & v.derived_mask if v.derived_bits is not None else 0)
+    return bits
+
+
 def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:
     words = []
     for op in region:
@@ -138,7 +148,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             o = op.options
             x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
             lo, hi = requant.activation_range(graph, op)
-            w[4] = kernels.stage_flag_bits(graph, op)
+            w[4] = _stage_flag_bits(graph, op)
             w[5], w[6], w[7] = -int(x.quant.zero_point[0]), int(y.quant.zero_point[0]), lo
             w[8:13] = [o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
                        o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1]

@@ -10,7 +10,7 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory import lifetimes, order_free_lower_bound
-from tpu_pipeline.toolchain.memory.semantics import Semantics, get_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, get_semantics
 from tpu_pipeline.toolchain.schedule import heuristics
 from tpu_pipeline.toolchain.schedule.bounds.static import model_lower_bound
 from tpu_pipeline.toolchain.schedule.branches import body_units
@@ -60,7 +60,7 @@ def _best_baseline(model: MemModel, candidates: dict[str, list[int]]) -> tuple[s
 
 
 def schedule(graph: Graph, method: str = "auto", time_limit: float | None = 10.0,
-             semantics: str | Semantics = "tflm", seed: int = 0, *, params: ScheduleParams = ScheduleParams(),
+             semantics: str | Semantics = TFLM, seed: int = 0, *, params: ScheduleParams = ScheduleParams(),
              deadline: Deadline | None = None, below: int | None = None,
              progress: Progress = None) -> Schedule:
     """The op order with the smallest peak found within `time_limit` seconds; never worse than

@@ -24,7 +24,7 @@ from functools import cached_property
 from tpu_pipeline.toolchain.ir import Graph
 from tpu_pipeline.toolchain.memory.lifetimes import overlap_savings
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
-from tpu_pipeline.toolchain.memory.semantics import Semantics, align, get_semantics
+from tpu_pipeline.toolchain.memory.semantics import TFLM, Semantics, align, get_semantics
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _share_groups(graph: Graph, sem: Semantics, involved: set[int], sizes: dict[
     return groups, exact
 
 
-def build_model(graph: Graph, semantics: Semantics | str = "tflm") -> MemModel:
+def build_model(graph: Graph, semantics: Semantics | str = TFLM) -> MemModel:
     sem = get_semantics(semantics)
     n = len(graph.ops)
     inputs = {t for t in graph.inputs if graph.is_activation(t)}

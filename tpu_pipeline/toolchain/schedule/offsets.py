@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import ArenaPlan, lifetimes, plan_arena
+from tpu_pipeline.toolchain.memory import TFLM, ArenaPlan, Semantics, lifetimes, plan_arena
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 __all__ = ["OrderAndOffsets", "plan_order_and_offsets"]
@@ -23,7 +23,7 @@ class OrderAndOffsets:
     tried: tuple[tuple[str, int, int], ...]  # (candidate, peak, planned arena) for each order tried
 
 
-def plan_order_and_offsets(graph, schedule_result=None, semantics: str = "tflm", planner: str = "auto",
+def plan_order_and_offsets(graph, schedule_result=None, semantics: Semantics | str = TFLM, planner: str = "auto",
                            time_limit: float = 5.0) -> OrderAndOffsets:
     """Plan offsets for the scheduler's order; when the arena lands above that order's peak, try
     the other orders that are cheap to get (the stored order, the scheduler's other methods) and

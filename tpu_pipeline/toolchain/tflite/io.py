@@ -7,7 +7,8 @@ format), and then the unpacked model's indices, enums, buffer sizes and quantiza
 an Edge TPU-compiled model is refused by name. Every failure is one ModelError line.
 
 Writing packs with constant buffers aligned to 16 bytes (the schema's `force_align: 16`, which
-Python's generated `BufferT.Pack` ignores) and replaces the target atomically; it never
+Python's generated `BufferT.Pack` ignores), the large ones after the tables straight from the
+model's arrays (`model_to_chunks`: no copy through the builder), and replaces the target atomically; it never
 replaces an input model (exit 2) or anything but a regular file (exit 4).
 """
 
@@ -89,6 +90,17 @@ def read_model(source: str | os.PathLike | bytes | bytearray, name: str | None =
     return model
 
 
+def checked_as_written(model: schema.ModelT, data: bytes, label: str = "<written model>") -> schema.ModelT:
+    """`model` once `data`, its serialisation, passes every check `read_model` makes (header,
+    tables, buffers, the content checks): what reading `data` back would give, without
+    unpacking it again."""
+    _check_header(data, label)
+    verify_flatbuffer(data, label)
+    _check_buffers(schema.Model.GetRootAs(data, 0), data, label)
+    validate_model(model, label)
+    return model
+
+
 def _read_checked(data: bytes, label: str = "<bytes>") -> bytes:
     """`data` once its header and every table, vector and string in it are checked (read_model's
     first steps), for the readers below that read a few fields through the flatbuffer accessors."""
@@ -155,13 +167,24 @@ def _check_buffers(root, data: bytes, label: str) -> None:
         raise ModelError(f"{label}: truncated or corrupt flatbuffer") from None
 
 
+# Constant buffers at least this large are not copied into the builder: they go after the
+# flatbuffer's tables, referenced where they are (model_to_chunks).
+TAIL_MIN_BYTES = 1024
+
+
 class _AlignedBufferT(schema.BufferT):
-    """A BufferT whose data vector is packed at a 16-byte boundary, as the schema demands."""
+    """A BufferT whose data vector is packed at a 16-byte boundary, as the schema demands; with
+    `tail`, an empty aligned vector that model_to_chunks points at the data after the tables."""
+
+    tail = False
 
     def Pack(self, builder):  # noqa: N802 - the generated API's name
         data_offset = None
-        if self.data is not None and len(self.data) > 0:
-            raw = np.asarray(self.data, dtype=np.uint8).tobytes()
+        if self.tail:
+            builder.StartVector(1, 0, BUFFER_ALIGNMENT)
+            data_offset = builder.EndVector()
+        elif self.data is not None and len(self.data) > 0:
+            raw = _byte_view(self.data)
             builder.StartVector(1, len(raw), BUFFER_ALIGNMENT)
             builder.head = builder.head - len(raw)
             builder.Bytes[builder.head : builder.head + len(raw)] = raw
@@ -177,22 +200,53 @@ class _AlignedBufferT(schema.BufferT):
         return schema.BufferEnd(builder)
 
 
-def model_to_bytes(model: schema.ModelT) -> bytes:
-    """Serialise a `ModelT` with 16-byte aligned constant buffers."""
-    original = model.buffers
-    aligned = []
-    for buf in original or []:
+def _byte_view(data) -> memoryview:
+    """The bytes of a buffer's data (a uint8 array, bytes or a list of ints) without a copy
+    where they already are contiguous bytes."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
+    return memoryview(np.ascontiguousarray(data, dtype=np.uint8)).cast("B")
+
+
+def model_to_chunks(model: schema.ModelT) -> list:
+    """A `ModelT` serialised as pieces whose concatenation is the .tflite file: the flatbuffer's
+    tables, then each large constant buffer as a 16-byte aligned vector that refers to the
+    model's own array (no copy). Writing the pieces (os.writev) or joining them once is all
+    the copying a model's weights see."""
+    original = model.buffers or []
+    aligned, tail = [], []
+    for i, buf in enumerate(original):
         copy = _AlignedBufferT()
         copy.data, copy.offset, copy.size = buf.data, buf.offset, buf.size
+        if buf.data is not None and not isinstance(buf.data, int) and len(buf.data) >= TAIL_MIN_BYTES:
+            copy.tail = True
+            tail.append(i)
         aligned.append(copy)
-    total = sum(len(b.data) for b in aligned if b.data is not None)
-    builder = flatbuffers.Builder(total + 1024 * 1024)
+    small = sum(len(b.data) for b in aligned if b.data is not None and not b.tail)
+    builder = flatbuffers.Builder(small + 256 * 1024)
     model.buffers = aligned
     try:
         builder.Finish(model.Pack(builder), file_identifier=FILE_IDENTIFIER)
     finally:
         model.buffers = original
-    return bytes(builder.Output())
+    head = bytearray(builder.Output())
+    head += bytes(-len(head) % BUFFER_ALIGNMENT)
+    root = schema.Model.GetRootAs(head, 0)
+    chunks, end = [head], len(head)
+    for i in tail:
+        data = _byte_view(original[i].data)
+        at = end + (-(end + 4) % BUFFER_ALIGNMENT)  # the length prefix; the data after it is aligned
+        table = root.Buffers(i)._tab
+        field = table.Pos + table.Offset(4)  # Buffer.data's offset, pointed at the vector here
+        struct.pack_into("<I", head, field, at - field)
+        chunks += [bytes(at - end), struct.pack("<I", len(data)), data]
+        end = at + 4 + len(data)
+    return [c for c in chunks if len(c)]
+
+
+def model_to_bytes(model: schema.ModelT) -> bytes:
+    """Serialise a `ModelT` with 16-byte aligned constant buffers."""
+    return b"".join(model_to_chunks(model))
 
 
 def tensor_names_of_type(model, dtype: str) -> list[str]:

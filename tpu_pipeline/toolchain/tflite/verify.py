@@ -235,7 +235,11 @@ def _len(values) -> int:
 
 
 def _list(values) -> list[int]:
-    return [] if values is None or isinstance(values, int) else [int(v) for v in values]
+    if values is None or isinstance(values, int):
+        return []
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values.tolist()  # Python ints in one call
+    return [int(v) for v in values]
 
 
 def validate_model(model: schema.ModelT, label: str) -> None:
@@ -325,9 +329,9 @@ def _check_tensor(t, i: int, buffers, bad) -> None:
             raise bad(f"{name} has {size:,} bytes of data, its shape {shape} and type {dtype} need {expected:,}")
     q = t.quantization
     if q is not None:
-        scale = [] if q.scale is None or isinstance(q.scale, int) else list(q.scale)
+        scale = [] if q.scale is None or isinstance(q.scale, int) else q.scale
         zero = _list(q.zeroPoint)
-        if scale or zero:
+        if len(scale) or zero:
             axis = int(q.quantizedDimension or 0)
             if len(scale) > 1 or len(zero) > 1:
                 if len(shape) == 1 and len(scale) == shape[0] and axis >= 0:
@@ -343,9 +347,9 @@ def _check_tensor(t, i: int, buffers, bad) -> None:
             if zero and len(zero) != len(scale):
                 raise bad(f"{name} has {len(scale)} quantization scales but {len(zero)} zero points")
             lo, hi = _ZERO_POINT_RANGE.get(dtype, (-(2**63), 2**63 - 1))
-            if not all(lo <= z <= hi for z in zero):
+            if zero and not lo <= min(zero) <= max(zero) <= hi:
                 raise bad(f"{name} has a zero point outside the range of {dtype}")
-            if not all(math.isfinite(float(x)) for x in scale):
+            if len(scale) and not np.isfinite(np.asarray(scale, dtype=np.float64)).all():
                 raise bad(f"{name} has a quantization scale that is not finite")
 
 

@@ -8,7 +8,7 @@ import dataclasses
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord
-from tpu_pipeline.toolchain.memory import lifetimes, plan_for_tflm, tflm_greedy
+from tpu_pipeline.toolchain.memory import TFLM, lifetimes, plan_for_tflm, tflm_greedy
 
 
 def plan(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]:
@@ -17,7 +17,7 @@ def plan(state: CompileState, allowed: float) -> tuple[CompileState, PassRecord]
         return state, PassRecord("plan", "skipped", 0.0, {"reason": "control flow (more than one subgraph): "
                                  "TFLite Micro plans every subgraph in one arena; only the main one is modelled"})
     tflm_plan = plan_for_tflm(graph, time_limit=allowed, n_tensors=len(graph.tensors), deadline=Deadline(allowed))
-    own = tflm_greedy(lifetimes(graph, semantics="tflm")).size
+    own = tflm_greedy(lifetimes(graph, semantics=TFLM)).size
     detail = {"tflm_head_bytes": tflm_plan.head, "tflm_own_planner_bytes": own,
               "lower_bound": tflm_plan.plan.lower_bound,
               "proven_optimal": tflm_plan.plan.proven_optimal or tflm_plan.head <= tflm_plan.plan.lower_bound,

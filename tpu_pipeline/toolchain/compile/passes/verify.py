@@ -1,4 +1,4 @@
-"""--verify: the segments chained in LiteRT against the optimised whole model (bit-identical), the
+"""--verify: the segment files as written chained in LiteRT against the optimised whole model (bit-identical), the
 optimised whole model against the input(s) in LiteRT, and in TFLite Micro where it is fast enough."""
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     whole = state.whole_model if state.whole_model is not None else read_model(state.whole)
     # what LiteRT can run here: all of it, unless a custom op has no kernel (it stays on the host)
     # the early checks started only where LiteRT has every kernel
-    scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None)
+    scope = verification_scope(whole, graph, part.stages, part.interfaces, {} if early is not None else None,
+                               written=[seg.data for seg in state.segments])
     try:
         verification = verify_chain([(f"{o.stem}.tflite", scope.reference, "")], list(scope.segments))
     except RuntimeCrash as exc:  # LiteRT dies on the model: the pipeline's host runtime cannot run it
@@ -112,7 +113,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     notes = []
     if scope.complete and len(state.sources) == 1:
         label, data = state.sources[0]
-        reference = [(label, named_as_loaded(data), "")]
+        # built only when the early check did not run (it compared the same two models)
+        reference = lambda: [(label, named_as_loaded(data), "")]  # noqa: E731
         optimised = state.whole
     elif scope.complete:
         reference = [(label, data, pre) for (label, data), pre in zip(state.sources, state.prefixes)]
@@ -127,7 +129,8 @@ def verify(state: CompileState, _allowed: float) -> tuple[CompileState, PassReco
     if reference is not None:
         # the optimised whole model against the input(s): integer models must match exactly;
         # float models may differ by rounding where a rewrite reassociated sums (reported)
-        src = _outcome(checks, "litert", lambda: verify_chain(reference, [optimised], exact=is_integer_model(graph)))
+        src = _outcome(checks, "litert", lambda: verify_chain(reference() if callable(reference) else reference,
+                                                              [optimised], exact=is_integer_model(graph)))
         verification["whole_vs_source"] = {k: src[k] for k in ("bit_identical", "max_abs_diff", "outputs_compared")}
         if not src["bit_identical"]:
             notes.append(f"float model: the optimised model differs from the input by at most "

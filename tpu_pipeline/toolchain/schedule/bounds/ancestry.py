@@ -16,11 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pipeline.toolchain.ir import Graph
+from tpu_pipeline.toolchain.memory.semantics import TFLM
 from tpu_pipeline.toolchain.schedule.bounds.static import footprints
 from tpu_pipeline.toolchain.schedule.model import bits, build_model
 
 
-def ancestry_lower_bound(graph: Graph, semantics="tflm") -> int:
+def ancestry_lower_bound(graph: Graph, semantics=TFLM) -> int:
     """No topological order of `graph` peaks below this (0 where the memory model's in-place
     sharing depends on the order: no claim then)."""
     m = build_model(graph, semantics)

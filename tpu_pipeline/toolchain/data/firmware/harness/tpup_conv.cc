@@ -22,7 +22,7 @@
 namespace tpup {
 namespace {
 
-constexpr int kInput = 0, kFilter = 1, kBias = 2, kRequant = 3, kOutput = 0;
+constexpr int kInput = 0, kFilter = 1, kBias = 2, kRequant = 3, kPacked = 4, kOutput = 0;
 constexpr int kWords = 16;
 using Options = ConvOptions;
 using Geometry = ConvGeometry;
@@ -36,7 +36,7 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  const bool flags_ok = (o->flags & ~0x337) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise));
+  const bool flags_ok = (o->flags & ~0x33F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise));
   return o->format == 1 && flags_ok && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
          (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
@@ -111,7 +111,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (o.flags & (kFlagDirect | kFlagFast | kFlagPointwise)) return 0;
+  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise)) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -161,7 +161,8 @@ int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
 
 // Output rows [r0, r1) of the op into `out` (rows x out_w x out_c, contiguous), reading `in`.
 TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0, int r1, const int8_t* in,
-                 const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer) {
+                 const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer,
+                 const int32_t* packed) {
   const Band band = BandFor(o, g, r0, r1);
   if (band.rows <= 0) {
     MicroPrintf("TPUP conv: output rows %d..%d read only padding", r0, r1 - 1);
@@ -178,6 +179,12 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   }
   if (o.flags & kFlagPointwise) {  // the harness's own 1x1 kernel, in both builds (Prepare checked it fits)
     RunPointwise(o, g, r1 - r0, band_in, filter, bias, requant, out);
+    return kTfLiteOk;
+  }
+  if ((o.flags & kFlagPacked) && packed != nullptr) {  // the packed kernel, in both builds (Prepare checked it)
+    Geometry in_band = g;
+    in_band.in_h = band.rows;
+    RunConvPacked(o, in_band, band.pad_top, r1 - r0, band_in, packed, requant, out);
     return kTfLiteOk;
   }
 #if defined(CMSIS_NN)
@@ -229,12 +236,12 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
 
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
-                               void* buffer, uint8_t* ring, int ring_rows) {
+                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed) {
   const size_t row_in = static_cast<size_t>(g.in_w) * g.in_c, row_out = static_cast<size_t>(g.out_w) * g.out_c;
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
   const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
   if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped: one call
-    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer);
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed);
   }
   if (ring == nullptr || ring_rows < 1) {
     MicroPrintf("TPUP conv: output over the input without a ring");
@@ -253,7 +260,7 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
       return kTfLiteError;
     }
     int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % ring_rows) * row_out);
-    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer);
+    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer, packed);
     if (status != kTfLiteOk) return status;
     ++held;
     while (flushed <= k) {
@@ -288,7 +295,8 @@ template <bool kDepthwise>
 TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   Options o;
   TF_LITE_ENSURE_MSG(context, ReadOptions(node, &o), "TPUP conv: invalid options");
-  TF_LITE_ENSURE_EQ(context, node->inputs->size, 4);
+  const bool packed = (o.flags & kFlagPacked) != 0;
+  TF_LITE_ENSURE_EQ(context, node->inputs->size, packed ? 5 : 4);
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
   tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
   TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, kInput);
@@ -315,6 +323,14 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
                      "TPUP conv: the fast kernel does not run this convolution");
   TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagPointwise) || (!kDepthwise && PointwiseFits(o, g) && filter_depth == g.in_c),
                      "TPUP conv: the 1x1 kernel does not run this convolution");
+  if (packed) {
+    TF_LITE_ENSURE_MSG(context, !kDepthwise && PackedFits(o, g), "TPUP conv: the packed kernel does not run this convolution");
+    TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, kPacked);
+    const bool fits = w != nullptr && w->type == kTfLiteInt32 && w->dims->size == 2 && w->dims->data[0] == g.out_c &&
+                      w->dims->data[1] == 1 + PackedPairs(g.k_h, g.k_w, g.in_c);
+    if (w != nullptr) micro_context->DeallocateTempTfLiteTensor(w);
+    TF_LITE_ENSURE_MSG(context, fits, "TPUP conv: the packed weights do not fit the filter");
+  }
   const int own = OwnBufferSize(o, g, kDepthwise);
   const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
   return RequestScratch(context, node, ring ? Align16(own) + ring : own);
@@ -336,6 +352,9 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int8_t* w = tflite::micro::GetTensorData<int8_t>(filter);
   const int32_t* b = bias != nullptr ? tflite::micro::GetTensorData<int32_t>(bias) : nullptr;
   const int32_t* q = tflite::micro::GetTensorData<int32_t>(requant);
+  const int32_t* packed =
+      (o.flags & kFlagPacked) ? tflite::micro::GetTensorData<int32_t>(tflite::micro::GetEvalInput(context, node, kPacked))
+                              : nullptr;
   uint8_t* scratch = GetScratch(context, node);
 
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * g.in_w * g.in_c;
@@ -344,7 +363,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   TF_LITE_ENSURE_MSG(context, !overlapped || ((o.flags & kFlagOverlap) && scratch != nullptr),
                      "TPUP conv: output planned over the input without the overlap flag");
   uint8_t* ring = overlapped ? scratch + Align16(OwnBufferSize(o, g, kDepthwise)) : nullptr;
-  return RunConvOverlapped(o, g, kDepthwise, in, w, b, q, out, scratch, ring, o.ring_rows);
+  return RunConvOverlapped(o, g, kDepthwise, in, w, b, q, out, scratch, ring, o.ring_rows, packed);
 }
 
 }  // namespace

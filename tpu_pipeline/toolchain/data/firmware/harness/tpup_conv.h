@@ -27,11 +27,13 @@ const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
 const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 
-constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4;
+constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4, kFlagPacked = 8;
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap
-// requantisation is proven exact for the op (written by ir/kernels.py, pointwise_requant_proven).
+// requantisation is proven exact for the op (ir/kernel_variants/pointwise.py requant_bits).
 constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
+// the packed convolution's largest window: pairs and bytes a row (ir/kernels.py PACKED_MAX_PAIRS, _ROW)
+constexpr int kPackedMaxPairs = 64, kPackedMaxRow = 64;
 
 // A convolution's options, in the order tpu_pipeline/toolchain/ir/kernels.py writes them.
 struct ConvOptions {
@@ -57,22 +59,31 @@ uint8_t* GetScratch(TfLiteContext* context, TfLiteNode* node);
 int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
 
 // Output rows [r0, r1) into `out` (rows x out_w x out_c, contiguous), reading `in`; `requant`
-// holds the multipliers then the shifts; `buffer` the kernel's own buffer.
+// holds the multipliers then the shifts; `buffer` the kernel's own buffer; `packed` the packed
+// weights of a "packed" convolution (input 4).
 TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise, int r0, int r1, const int8_t* in,
-                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer);
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer,
+                     const int32_t* packed = nullptr);
 
 // The whole call, with `out` possibly lying over `in`: then rows are computed one at a time into
 // `ring` (ring_rows x out_w x out_c bytes) and each written out once no later row reads the
 // input bytes under it (tpu_pipeline/toolchain/ir/kernels.py ring_rows_for sizes the ring).
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
-                               void* buffer, uint8_t* ring, int ring_rows);
+                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed = nullptr);
 
 // The harness's own depthwise kernel (flag "fast", tpup_depthwise.cc): whether it runs a call of
 // these options and shapes, and output rows [0, out_rows) of a band whose top padding is `pad_top`.
 bool DepthwiseFastFits(const ConvOptions& o, const ConvGeometry& g);
 void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                       const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
+
+// The harness's convolution for few input channels (flag "packed", tpup_first_conv.cc): the int16
+// pairs a window packs into, whether it runs a call, and output rows [0, out_rows) of a band.
+int PackedPairs(int k_h, int k_w, int in_c);
+bool PackedFits(const ConvOptions& o, const ConvGeometry& g);
+void RunConvPacked(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+                   const int32_t* packed, const int32_t* requant, int8_t* out);
 
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc): whether it runs a call of
 // these options and shapes (the filter's depth must equal the input's: Prepare checks it), and

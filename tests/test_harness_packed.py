@@ -1,0 +1,151 @@
+"""The harness's convolution for few input channels (flag "packed", harness/tpup_first_conv.cc):
+which convolutions it takes, its packed weights (the layout the kernel reads), no buffer, the
+flag and the weights through the file, the host's builtin view without them; on the emulated board
+(both kernel sets) bit-identical to the host's TFLite Micro on first layers (3 channels, 3x3,
+stride 2, SAME and folded explicit padding) and their like: 1, 4 and 5 input channels, 5x5 and
+1x3 windows, odd output widths and channel counts, RELU6, no bias, and in place (overlapped)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import kernel_set, load_device
+from tpu_pipeline.toolchain.execute.compare import verify_models
+from tpu_pipeline.toolchain.ir import from_model, kernels
+from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
+from tpu_pipeline.toolchain.ir.kernel_variants.packed import VARIANT, packed_pairs, packed_weights
+from tpu_pipeline.toolchain.ir.kernels import OVERLAP, can_run_variant, kernel_name, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+PACKED = VARIANT.flag
+
+BOARD = load_device("qemu-mps2-an386")
+
+
+def _convs(seed=17):
+    """(graph with the few-channel convolutions packed, the source model bytes, the packed ops)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 21, 19, 3))
+    first = b.conv(b.pad(x, 1, 1, 1, 1), 11, k=3, stride=2, padding="VALID", act="RELU6")  # (folds: explicit)
+    same = b.conv(x, 7, k=3, stride=2, act="RELU6")  # SAME: no padding above, one below
+    one = b.conv(b.conv(first, 1, k=1), 5, k=5, act="RELU")  # 1 channel, 5x5, stride 1
+    b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
+    four = b.conv(b.conv(same, 4, k=1), 6, k=3, stride=2)  # 4 channels: whole words only
+    five = b.conv(b.conv(one, 5, k=1), 9, k=3)  # 5 channels: 15 bytes a row
+    row = b.conv(b.conv(five, 3, k=1), 8, k=1)  # 3 channels, 1x1: a tail pair only
+    outs = [four, row]
+    g, folded = fold_pads(b.graph(outs), harness=True)
+    assert folded == 1
+    convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
+    g = with_kernel(g, convs, kernel_name())
+    packed = [i for i in convs if g.tensors[g.ops[i].inputs[1]].shape[3] in (1, 3, 4, 5)
+              and g.tensors[g.ops[i].inputs[1]].shape[1] > 1 or g.ops[i].outputs[0] == row]
+    g = with_kernel(g, packed, kernel_name(PACKED))
+    five_at = next(i for i in packed if g.tensors[g.ops[i].inputs[1]].shape[3] == 5)
+    g = with_kernel(g, [five_at], kernel_name(OVERLAP, PACKED))  # over its input: rows through a ring
+    return g, b.model_bytes(outs), packed
+
+
+def _written(g, src: bytes) -> bytes:
+    return model_to_bytes(to_model(g, read_model(src)))
+
+
+def test_what_the_packed_kernel_takes():
+    b = CnnBuilder(seed=2, spread=True)
+    x = b.input((1, 8, 8, 3))
+    plain = b.conv(x, 8, k=3)
+    dilated = b.conv(plain, 8, k=3, dilation=2)
+    wide = b.conv(dilated, 8, k=3)  # 24 bytes a row: fits
+    dw = b.dw(wide, k=3)
+    g = b.graph([b.conv(dw, 4, k=9)])  # 72 bytes a row: more than the stack holds
+    assert [can_run_variant(g, i, PACKED) for i in range(5)] == [True, False, True, False, False]
+    for i in (1, 3, 4):
+        with pytest.raises(ValueError):
+            with_kernel(g, [i], kernel_name(PACKED))
+
+
+def test_packed_weights_are_the_windows_order_with_the_offset_folded_in():
+    """A window packed as the kernel packs it (per row, (b0, b2), (b1, b3) per four bytes, the rows'
+    leftover bytes paired at the end), dotted with the packed weights pair by pair, gives TFLite's
+    sum: bias + sum w x (x - zero point), padding taps reading the zero point."""
+    g, _, packed = _convs()
+    rng = np.random.default_rng(0)
+    for i in packed:
+        op = g.ops[i]
+        w = g.tensors[op.inputs[1]].values().astype(np.int64)
+        out_c, k_h, k_w, in_c = w.shape
+        words = packed_weights(g, op)
+        assert words.shape == (out_c, 1 + packed_pairs(k_h, k_w, in_c)) and words.dtype == np.dtype("<i4")
+        zp = int(g.tensors[op.inputs[0]].quant.zero_point[0])
+        x = rng.integers(-128, 128, (k_h, k_w * in_c))
+        x[0, :in_c] = zp  # (a padding tap)
+        row = k_w * in_c
+        whole = row // 4 * 4
+        flat = [v for r in x for q in range(0, whole, 4) for v in ((r[q], r[q + 2]), (r[q + 1], r[q + 3]))]
+        tail = [v for r in x for v in r[whole:]] + [0]
+        flat += [(tail[k], tail[k + 1]) for k in range(0, len(tail) - 1, 2)]
+        lo, hi = (words[:, 1:] << 16 >> 16).astype(np.int64), (words[:, 1:] >> 16).astype(np.int64)
+        got = words[:, 0] + sum(lo[:, k] * a + hi[:, k] * c for k, (a, c) in enumerate(flat))
+        bias = g.tensors[op.inputs[2]].values() if op.inputs[2] >= 0 else np.zeros(out_c)
+        want = bias + (w.reshape(out_c, -1) * (x.reshape(-1) - zp)).sum(axis=1)
+        assert np.array_equal(got, want)
+
+
+def test_no_buffer_the_flag_and_weights_survive_the_file_and_the_host_runs_the_builtins():
+    g, src, packed = _convs()
+    sem = get_semantics("tflm-cmsis-nn")
+    assert all(scratch_requests(g, i, sem) == [] for i in packed if OVERLAP not in kernels.flags(g.ops[i]))
+    assert scratch_requests(with_kernel(g, [packed[0]], kernel_name()), packed[0], sem)  # CMSIS-NN's im2col
+    data = _written(g, src)
+    back = from_model(read_model(data))
+    assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+    assert all(kernels.requant_tensor_ok(back, back.ops[i]) for i in packed)
+    assert all(len(back.ops[i].inputs) == 5 for i in packed)
+    unpacked = with_kernel(back, packed, kernel_name())
+    assert all(len(unpacked.ops[i].inputs) == 4 for i in packed)
+    view = read_model(builtin_view_bytes(data))
+    assert all(len(op.inputs) <= 3 for op in view.subgraphs[0].operators)
+    results = verify_models(src, data, runs=2)
+    assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    g, src, _ = _convs()
+    path = tmp_path_factory.mktemp("packed") / "packed.tflite"
+    path.write_bytes(_written(g, src))
+    return path, g
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_the_packed_kernel_is_bit_identical_in_qemu(model, kernels_set):
+    path, g = model
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=9)
+    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
+    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+def test_the_model_on_the_harness_packs_its_first_layer():
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+
+    b = CnnBuilder(seed=4, spread=True)
+    x = b.input((1, 16, 16, 3))
+    y = b.conv(b.conv(x, 16, k=3, stride=2, act="RELU6"), 16, k=3)
+    g, _ = on_harness(b.graph([y]))
+    assert [PACKED in kernels.flags(op) for op in g.ops] == [True, False]

@@ -1,0 +1,33 @@
+"""The harness's faster kernel variants, one module each, registered here.
+
+A variant is a kernel of the MCU harness that computes exactly what an op's builtin computes
+(bit-identical under both kernel sets) and is faster on the shapes it takes. Unlike the memory
+flags of tpu_pipeline.toolchain.ir.kernels (`direct`, `overlap`), which fit trades against time,
+a variant costs no memory (no kernel buffer, no persistent data), so the model on the harness
+takes it wherever QEMU measured it faster (`wins`).
+
+A new variant is its firmware source (data/firmware/harness/<source>, dispatched on its flag bit
+in tpup_conv.cc) plus one module here defining `VARIANT`, plus one line in `REGISTRY`. Everything
+else follows from the record: the kernel name and the custom options' flag bit (ir/kernels.py),
+fit's fastest point (fit/variants.py `on_harness`), the scratch model (memory/scratch.py: no
+buffer), the cost model (cost/mcu.py: its own row, else a builtin's), the patch-stage rewrite
+(its layers run tpup_conv.cc's paths, so a stage drops the flag) and the drop-in library's
+sources (deploy/library.py). tests/test_kernel_variants.py registers a probe variant and checks
+each of these.
+"""
+
+from __future__ import annotations
+
+from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise, packed, pointwise
+from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
+
+REGISTRY: tuple[KernelVariant, ...] = (
+    fast_depthwise.VARIANT,
+    packed.VARIANT,
+    pointwise.VARIANT,
+)
+
+
+def registered() -> dict[str, KernelVariant]:
+    """Flag -> variant, in registration order (read at call time, so a registration is all it takes)."""
+    return {v.flag: v for v in REGISTRY}

@@ -1,0 +1,31 @@
+"""Flag "fast": the harness's own int8 depthwise kernel (harness/tpup_depthwise.cc), in both
+firmware builds. Four channels at a time with the DSP extension's SIMD multiplies, the int8 input
+read in place, no buffer; the same integers as TFLite's DepthwiseConvPerChannel. It beats
+CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows (docs/bench/mcu_latency.md), so it wins there."""
+
+from __future__ import annotations
+
+from tpu_pipeline.toolchain.ir.graph import Graph
+from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
+
+MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
+WINS_FROM_TAPS = 25  # windows from 5x5 up: where it beat CMSIS-NN's in QEMU
+
+
+def applies(graph: Graph, i: int) -> bool:
+    """One output channel per input channel, no dilation, at most MAX_TAPS taps."""
+    op = graph.ops[i]
+    if op.opcode != "DEPTHWISE_CONV_2D":
+        return False
+    o, w, x = op.options, graph.tensors[op.inputs[1]].shape, graph.tensors[op.inputs[0]].shape
+    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3]
+            and w[1] * w[2] <= MAX_TAPS)
+
+
+def wins(graph: Graph, i: int) -> bool:
+    w = graph.tensors[graph.ops[i].inputs[1]].shape
+    return w[1] * w[2] >= WINS_FROM_TAPS
+
+
+VARIANT = KernelVariant(flag="fast", bit=4, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,
+                        cost_class="tpup_depthwise_fast", cost_fallback="depthwise_opt", source="tpup_depthwise.cc")

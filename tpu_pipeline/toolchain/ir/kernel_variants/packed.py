@@ -1,0 +1,74 @@
+"""Flag "packed": the harness's convolution for few input channels (harness/tpup_first_conv.cc,
+both firmware builds). Each output pixel's window is packed once into int16 pairs; the weights are
+laid out offline in that order (the op's constant input 4, `packed_weights`) with the input offset
+folded into the bias, so padding taps read the zero point; two pixels x two channels per SMLAD; no
+buffer; TFLite's ConvPerChannel integers. It beat CMSIS-NN's im2col kernel in QEMU on inputs of at
+most WINS_MAX_CHANNELS channels (docs/bench/harness_kernels.md: first layers 1.15-1.30x)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tpu_pipeline.toolchain.ir.graph import Graph, Op
+from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
+
+WINS_MAX_CHANNELS = 4
+PACKED_MAX_PAIRS = PACKED_MAX_ROW = 64  # (harness/tpup_conv.h kPackedMaxPairs, kPackedMaxRow: windows on the stack)
+
+
+def packed_pairs(k_h: int, k_w: int, in_c: int) -> int:
+    """The int16 pairs a window of the packed kernel holds (harness/tpup_first_conv.cc PackedPairs):
+    per row of k_w x in_c bytes two pairs per four bytes, then the rows' leftover bytes paired."""
+    row = k_w * in_c
+    return k_h * (row // 4) * 2 + (k_h * (row % 4) + 1) // 2
+
+
+def packed_weights(graph: Graph, op: Op) -> np.ndarray:
+    """Input 4 of a packed convolution, int32 [out_c, 1 + pairs]: per output channel the bias plus
+    input offset x the sum of its weights (exact in int32: padding taps then read the zero point),
+    then its weights as int16 pairs in the order the kernel packs a window (`packed_pairs`)."""
+    w = graph.tensors[op.inputs[1]].values().astype(np.int64)  # [out_c, kh, kw, in_c]
+    out_c, k_h, k_w, in_c = w.shape
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    b = graph.tensors[bias].values().astype(np.int64) if bias >= 0 else np.zeros(out_c, np.int64)
+    offset = -int(graph.tensors[op.inputs[0]].quant.zero_point[0])
+    rows = w.reshape(out_c, k_h, k_w * in_c)
+    whole = (k_w * in_c) // 4 * 4
+    groups = rows[:, :, :whole].reshape(out_c, k_h, -1, 4)
+    lo = groups[..., [0, 1]].reshape(out_c, -1)  # per four bytes the pairs (b0, b2), (b1, b3)
+    hi = groups[..., [2, 3]].reshape(out_c, -1)
+    tail = rows[:, :, whole:].reshape(out_c, -1)
+    if tail.shape[1] % 2:
+        tail = np.concatenate([tail, np.zeros((out_c, 1), np.int64)], axis=1)
+    lo, hi = np.concatenate([lo, tail[:, 0::2]], axis=1), np.concatenate([hi, tail[:, 1::2]], axis=1)
+    pairs = (lo & 0xFFFF) | (hi & 0xFFFF) << 16
+    folded = b + offset * w.reshape(out_c, -1).sum(axis=1)
+    if np.abs(folded).max(initial=0) >= 1 << 31:
+        raise ValueError("the folded bias does not fit int32")
+    words = np.concatenate([folded[:, None] & 0xFFFFFFFF, pairs], axis=1)
+    return words.astype("<u4").view("<i4")
+
+
+def applies(graph: Graph, i: int) -> bool:
+    """No dilation, window rows and pairs within the kernel's stack buffers, and a folded bias
+    that fits int32."""
+    op = graph.ops[i]
+    o, w_t = op.options, graph.tensors[op.inputs[1]]
+    _, k_h, k_w, in_c = w_t.shape
+    if not (o.dilation_h == 1 and o.dilation_w == 1 and k_w * in_c <= PACKED_MAX_ROW
+            and packed_pairs(k_h, k_w, in_c) <= PACKED_MAX_PAIRS):
+        return False
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    b = np.abs(graph.tensors[bias].values().astype(np.int64)) if bias >= 0 else 0
+    offset = abs(int(graph.tensors[op.inputs[0]].quant.zero_point[0]))
+    w = np.abs(w_t.values().astype(np.int64)).reshape(w_t.shape[0], -1).sum(axis=1)
+    return bool(np.max(b + offset * w) < 1 << 31)
+
+
+def wins(graph: Graph, i: int) -> bool:
+    return graph.tensors[graph.ops[i].inputs[1]].shape[3] <= WINS_MAX_CHANNELS
+
+
+VARIANT = KernelVariant(flag="packed", bit=8, opcode="CONV_2D", applies=applies, wins=wins,
+                        cost_class="tpup_conv_packed", cost_fallback="conv", source="tpup_first_conv.cc",
+                        constant_input=packed_weights)

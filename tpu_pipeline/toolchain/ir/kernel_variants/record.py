@@ -1,0 +1,30 @@
+"""What a kernel variant declares (see the package's docstring)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from tpu_pipeline.toolchain.ir.graph import Graph, Op
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    flag: str  # in Op.kernel ("tpup+fast") and on the command line's kernel names
+    bit: int  # its bit in the custom options' flags word (harness/tpup_conv.h)
+    opcode: str  # the builtin op it runs
+    applies: Callable[[Graph, int], bool]  # the ops it can run (besides kernels.can_run_harness)
+    wins: Callable[[Graph, int], bool]  # where QEMU measured it faster than the kernel set's own
+    cost_class: str  # its rows in data/mcu_cost.toml ([<kernel set>.<cost_class>])
+    cost_fallback: str  # the builtin's class it is costed as until its rows are fitted
+    source: str  # its firmware source under data/firmware/harness/
+    # Bits the writer derives from the op's constants (e.g. a proof that a cheaper arithmetic is
+    # exact for it), and which of the options' bits they may set: read back, they need the flag.
+    derived_bits: Callable[[Graph, Op], int] | None = None
+    derived_mask: int = 0
+    # A constant the kernel reads as the op's input 4 (e.g. weights re-laid offline): written with
+    # the flag, checked against the op's constants when read, dropped by the builtin view.
+    constant_input: Callable[[Graph, Op], np.ndarray] | None = None
+    in_stages: bool = False  # patch stages run their layers of this op on it (tpup_stage.cc)
