@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
+from helpers.models import mcu_toml, qemu_board
 
 from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.deploy.banks import arena_budget, place
@@ -59,37 +60,9 @@ def _split_tail(model) -> int:
 
 def _board(tmp_path, first: int, second: int):
     """An MCU without a harness (reserve: the harness's static RAM) and two banks."""
-    text = f"""name = "two-banks"
-kind = "mcu"
-[memory]
-flash_bytes = 1048576
-[[memory.banks]]
-name = "fast"
-origin = 0x20000000
-size_bytes = {HARNESS_STATIC_BYTES + first}
-wait_states = 0
-[[memory.banks]]
-name = "slow"
-origin = 0x60000000
-size_bytes = {second}
-wait_states = 2
-[compute]
-clock_hz = 100000000
-cycles_per_instruction = 1.0
-[compute.cycles_per_mac]
-conv = 2.0
-depthwise = 3.0
-fully_connected = 2.0
-elementwise = 5.0
-other = 6.0
-[link]
-baud = 115200
-[power]
-active_w = 0.1
-idle_w = 0.01
-"""
     path = tmp_path / "two-banks.toml"
-    path.write_text(text)
+    path.write_text(mcu_toml("two-banks", [("fast", 0x20000000, HARNESS_STATIC_BYTES + first, 0),
+                                          ("slow", 0x60000000, second, 2)]))
     return path
 
 
@@ -215,6 +188,76 @@ def test_build_firmware_json_gives_the_bytes_per_bank():
         {"name": "psram", "origin": 0x21000000, "length": 16 << 20, "bytes_used": 6672}]
 
 
+def _split_board(tmp_path, first_room: int, second: int) -> Path:
+    """The an500 in QEMU with its SSRAM cut to the firmware's reserve + `first_room` and a
+    `second`-byte bank on its PSRAM."""
+    from tpu_pipeline.toolchain.deploy.banks import firmware_reserve
+
+    reserve = firmware_reserve(load_device("qemu-mps2-an500"))
+    return qemu_board(tmp_path, "split-an500", [("ssram", 0x20000000, reserve + first_room, 0),
+                                                ("psram", 0x60000000, second, 0)])
+
+
+def test_the_harness_places_its_arena_whole_or_split():
+    from tpu_pipeline.toolchain.deploy.banks import firmware_reserve, harness_arena
+
+    dev = load_device("stm32h743")
+    # whole in the fastest bank that holds it (DTCM: zero wait states)
+    assert harness_arena(100 * KIB, 80 * KIB, 21 * KIB, dev) == \
+        {"head": "dtcm", "tail": "dtcm", "input": None, "head_bytes": 100 * KIB, "tail_bytes": 0, "input_bytes": 0}
+    # no bank holds it whole: the head in the AXI SRAM beside the firmware, the tail apart in the DTCM
+    room = 512 * KIB - firmware_reserve(dev)
+    assert harness_arena(room + 16, room - 32 * KIB, 40 * KIB, dev) == \
+        {"head": "axi_sram", "tail": "dtcm", "input": None, "head_bytes": room - 32 * KIB, "tail_bytes": 40 * KIB,
+         "input_bytes": 0}
+    # an input outside the arena: its own bank widens what fits (here the head takes SRAM1-3 whole)
+    assert harness_arena(room + 300 * KIB, 288 * KIB, 20 * KIB, dev, 440 * KIB) == \
+        {"head": "sram1_3", "tail": "dtcm", "input": "axi_sram", "head_bytes": 288 * KIB, "tail_bytes": 20 * KIB,
+         "input_bytes": 440 * KIB}
+    assert harness_arena(room + 16, room - 32 * KIB, None, dev) is None  # a tail not predicted is not split
+    assert harness_arena(100 * KIB, 80 * KIB, 21 * KIB, load_device("nucleo-l4r5zi")) is None  # one bank
+
+
+def test_the_harness_firmware_splits_its_arena_across_banks_in_qemu(tmp_path, capsys):
+    """export-mcu -o on a board whose banks hold the arena only apart: the head (22,528 B) in the
+    32 KiB PSRAM bank, the tail (10 KB) in the SSRAM beside the firmware (16 KiB left). The
+    linker puts each buffer in its bank; in QEMU each bank's bytes = prediction, outputs identical."""
+    from helpers.firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
+
+    board = _split_board(tmp_path, 16 * KIB, 32 * KIB)
+    model = FIXTURES / "darts_s2b_int8.tflite"
+    fw = tmp_path / "fw"
+    assert main(["export-mcu", str(model), "--device", str(board), "-o", str(fw), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    placed = exported["arena_banks"]
+    assert (placed["head"], placed["tail"]) == ("psram", "ssram")
+    assert exported["arena_size"] > 32 * KIB  # no bank holds the arena whole
+    config = (fw / "harness_config.h").read_text()
+    assert '#define HARNESS_HEAD_SECTION __attribute__((section(".bank_psram")))' in config
+    # --arena-size sets a one-buffer arena: refused on a split one, one line, exit 2
+    assert main(["build-firmware", str(fw), "--arena-size", "65536"]) == 2
+    assert "--arena-size sets a one-buffer arena" in capsys.readouterr().err
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed")
+    tree_or_skip("cmsis-nn")
+    # the linker's verdict: the PSRAM bank holds the head buffer and nothing else
+    assert main(["build-firmware", str(fw), "--kernels", "cmsis-nn", "--json"]) == 0
+    linked = {b["name"]: b["bytes_used"] for b in json.loads(capsys.readouterr().out)["banks"]}
+    assert linked["psram"] == placed["head_bytes"]
+
+    assert main(["run", str(model), "--backend", "qemu", "--device", str(board), "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["outputs_match"] is True and run["error"] is None
+    banks = {b["name"]: (b["bytes_predicted"], b["bytes_measured"]) for b in run["banks"]}
+    assert banks == {"psram": (run["arena_head_measured"],) * 2,
+                     "ssram": (run["arena"]["tail_on_target"],) * 2}, banks
+    assert run["arena_bytes_measured"] == run["arena_bytes_predicted"] == sum(p for p, _ in banks.values())
+
+
+# QEMU's an500 (Cortex-M7) with the STM32H743's banks (QEMU has no H743): their sizes and stated
+# wait states (so the same placement), the AXI SRAM, SRAM1-3 and SRAM4 on the SSRAM, the DTCM on the PSRAM
+H743_ON_AN500 = [("axi_sram", 0x20000000, 512 * KIB, None), ("dtcm", 0x60000000, 128 * KIB, 0),
+                 ("sram1_3", 0x20100000, 288 * KIB, None), ("sram4", 0x20180000, 64 * KIB, None)]
 OPENMV = Path(os.environ.get("TPUP_OPENMV_DIR", "/nonexistent"))  # OpenMV's lib/models (not committed)
 
 
@@ -239,10 +282,68 @@ def test_a_real_model_split_across_the_h743s_banks_in_qemu(tmp_path, capsys):
     from tpu_pipeline.runtime.library_app import run_libraries_on_qemu
     from tpu_pipeline.toolchain.device import kernel_set
 
-    board = Path(__file__).parent / "fixtures" / "qemu-an500-h743-banks.toml"
+    board = qemu_board(tmp_path, "qemu-an500-h743-banks", H743_ON_AN500)
     run = run_libraries_on_qemu([out], load_device(str(board)), kernel_set("cmsis-nn"), tmp_path / "work",
                                 inferences=1, seed=3, timeout=1800, banks=("axi_sram", "dtcm"))
     assert run.errors == [] and run.models[0].outputs_match is True
     (a,) = run.arenas
     assert [(b["name"], b["bytes_measured"]) for b in a.banks] == \
         [(b["name"], b["bytes_predicted"]) for b in rep["banks"] if b["bytes_predicted"]]
+
+
+def test_a_bank_with_wait_states_is_avoided_and_priced(tmp_path, capsys):
+    """Bank speed in the cost model: with both banks able to hold the arena, the head goes to the
+    bank without wait states (listed second); where only the slow bank holds it, fit's predicted
+    latency grows by its wait states on every activation word read and written."""
+    from tpu_pipeline.toolchain.loader import load
+
+    model = FIXTURES / "chain_int8.tflite"
+
+    def fit_on(fast_bytes: int):
+        board = tmp_path / f"ws-{fast_bytes}.toml"
+        board.write_text(mcu_toml("wait-states", [("slow", 0x20000000, HARNESS_STATIC_BYTES + 64 * KIB, 3),
+                                                  ("fast", 0x30000000, fast_bytes, 0)]))
+        out = tmp_path / f"fit-{fast_bytes}.tflite"
+        assert main(["fit", str(model), "--device", str(board), "-o", str(out), "--time-limit", "5", "--json"]) == 0
+        return json.loads(capsys.readouterr().out), out
+
+    fast, _ = fit_on(64 * KIB)
+    assert fast["arena_placement"] == {"head": "fast", "tail": "fast"}
+    assert fast["bank_wait_latency_s_predicted"] == 0
+    slow, out = fit_on(1 * KIB)  # the fast bank holds neither the arena nor its head
+    assert slow["arena_placement"] == {"head": "slow", "tail": "slow"}
+    g = load(out)[1]
+    words = sum(-(-g.tensors[t].nbytes // 4) for op in g.ops for t in (*op.inputs, *op.outputs)
+                if t >= 0 and not g.tensors[t].is_constant)
+    assert slow["bank_wait_latency_s_predicted"] == pytest.approx(3 * words / 100e6)
+    assert slow["latency_s_predicted"] == pytest.approx(fast["latency_s_predicted"] + 3 * words / 100e6)
+
+
+@pytest.mark.skipif(not (OPENMV / "face_landmarks_192.tflite").is_file(),
+                    reason="set TPUP_OPENMV_DIR to OpenMV's lib/models (face_landmarks_192.tflite)")
+def test_a_model_no_bank_holds_fits_with_its_input_in_a_bank_of_its_own(tmp_path, capsys):
+    """OpenMV's face_landmarks_192 (float input, 442,368 B) on the stm32h743: its smallest arena
+    exceeds what any bank or head/tail split holds (exit 3). With the input outside the arena, the
+    input takes the AXI SRAM, the head SRAM1-3 and the tail the DTCM: fit fits it, and in QEMU
+    (the an500 with the H743's banks) each bank holds what was predicted; outputs identical."""
+    from helpers.firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip
+
+    model, out = OPENMV / "face_landmarks_192.tflite", tmp_path / "face.tflite"
+    assert main(["fit", str(model), "--device", "stm32h743", "-o", str(out), "--time-limit", "90"]) == 3
+    assert "smallest reachable" in capsys.readouterr().err and not out.exists()
+    assert main(["fit", str(model), "--device", "stm32h743", "--input-outside-arena", "-o", str(out),
+                 "--time-limit", "90", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["fits"] is True
+    assert rep["arena_placement"] == {"head": "sram1_3", "tail": "dtcm", "input": "axi_sram"}
+    predicted = {b["name"]: b["bytes_predicted"] for b in rep["banks"]}
+    assert predicted["axi_sram"] == 192 * 192 * 3 * 4 and predicted["sram1_3"] == rep["arena_head_bytes"]
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or qemu-system-arm not installed")
+    tree_or_skip("cmsis-nn")
+    board = qemu_board(tmp_path, "qemu-an500-h743-banks", H743_ON_AN500)
+    assert main(["run", str(out), "--backend", "qemu", "--device", str(board), "-N", "1", "--timeout", "1200",
+                 "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["outputs_match"] is True
+    assert {b["name"]: b["bytes_measured"] for b in run["banks"]} == predicted

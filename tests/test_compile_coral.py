@@ -259,6 +259,8 @@ def test_a_stage_profiled_two_times_slow_shrinks(profiled, tmp_path):
     assert rep["predicted"]["period_s"] < profiled_row["period_s"]
     lib = next(c for c in rep["compared"] if c["name"] == "libcoral-profiling")
     assert rep["predicted"]["period_s"] <= lib["period_s"]
+    # the refinement of a measured profile proves its answer within --gap (1 %) of the best possible
+    assert rep["solver"]["gap"] <= 0.01 and rep["solver"]["refinement_stopped_by"] in ("proven", "within gap")
 
 
 def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys):
@@ -325,3 +327,25 @@ def test_n_auto_pruning_keeps_the_choice_and_proves_each_pruned_row(name, knee):
             assert r.throughput_per_tpu < (1 - knee) * max(c.throughput_per_tpu for c in full.candidates)
         else:
             assert r.period_s == rows[r.n].period_s
+
+
+def test_a_measured_profile_gets_the_larger_refinement_budget(monkeypatch):
+    """`compile --profile` refines with PROFILE_CANDIDATES_PER_SECOND x time limit candidates (and
+    a longer wall clock), a plain compile with CANDIDATES_PER_SECOND x time limit."""
+    from tpu_pipeline.toolchain import partition as part
+    from tpu_pipeline.toolchain.partition import lattice
+
+    seen = []
+    real = lattice.refine_chains
+
+    def spy(chains, stages, max_candidates, **kw):
+        seen.append((max_candidates, kw["wall_s"]))
+        return real(chains, stages, max_candidates, **kw)
+
+    monkeypatch.setattr(lattice, "refine_chains", spy)
+    graph = load(TINY)[1]
+    for measured in (False, True):
+        part.partition(graph, 3, time_limit=4.0, measured=measured)
+    (plain, plain_wall), (measured_budget, measured_wall) = seen
+    assert plain == round(part.CANDIDATES_PER_SECOND * 4.0)
+    assert measured_budget == round(part.PROFILE_CANDIDATES_PER_SECOND * 4.0) and measured_wall > plain_wall + 4

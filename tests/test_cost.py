@@ -8,7 +8,7 @@ from tpu_pipeline.cli import main
 from tpu_pipeline.toolchain.cost import EdgeTpuCostModel, OP_CLASSES, PS_PER_S, op_class
 from tpu_pipeline.toolchain.device import available_devices, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from helpers.models import EDGETPU
+from helpers.models import EDGETPU, mcu_toml
 
 
 def test_every_shipped_descriptor_loads_and_validates():
@@ -87,43 +87,9 @@ def test_mcu_descriptor_is_not_an_edge_tpu():
 
 
 # docs/architecture.md's worked example: a new board is one descriptor file, nothing else.
-MY_BOARD = """
-name = "my-board"
-kind = "mcu"
-description = "a Cortex-M7 with a tightly coupled data RAM and an AXI SRAM"
-
-[memory]
-flash_bytes = 1048576
-[[memory.banks]]             # the first bank holds the arena
-name = "axi"
-origin = 0x24000000
-size_bytes = 262144
-wait_states = 1
-[[memory.banks]]
-name = "dtcm"
-origin = 0x20000000
-size_bytes = 131072
-wait_states = 0
-
-[compute]
-clock_hz = 200000000
-cycles_per_instruction = 1.0
-[compute.cycles_per_mac]
-conv = 2.0
-depthwise = 3.0
-fully_connected = 2.0
-elementwise = 5.0
-other = 6.0
-
-[link]
-baud = 115200
-
-[power]
-active_w = 0.25
-idle_w = 0.01
-
-[firmware]
-cpu = "cortex-m7+fp"
+MY_BOARD = mcu_toml("my-board", [("axi", 0x24000000, 262144, 1), ("dtcm", 0x20000000, 131072, 0)],
+                    clock_hz=200_000_000, description="a Cortex-M7 with a tightly coupled data RAM and an AXI SRAM",
+                    power=(0.25, 0.01), firmware="""cpu = "cortex-m7+fp"
 library_cpu = "cortex-m4+fp"
 flash_origin = 0x08000000
 ram_origin = 0x24000000
@@ -133,7 +99,7 @@ uart = "stm32-usart"
 uart_base = 0x40004800
 uart_clock_hz = 64000000
 core_clock_hz = 64000000
-"""
+""")  # the first bank holds the arena
 
 
 def test_a_new_board_is_one_descriptor_file(tmp_path, capsys):

@@ -39,7 +39,7 @@ from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, 
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
-from tpu_pipeline.toolchain.deploy.banks import bank_figures
+from tpu_pipeline.toolchain.deploy.banks import bank_figures, outside_input_bytes
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
@@ -547,7 +547,8 @@ def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> d
             "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
             "clock_hz": est.clock_hz,
-            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)))}
+            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)),
+                                  outside_input_bytes(graph))}
 
 
 

@@ -124,3 +124,42 @@ def hard_schedule_model(path: Path) -> Path:
     """`random_dag(120)` as a .tflite: every command that schedules it searches until its time limit."""
     path.write_bytes(graph_bytes(random_dag(120, 0)))
     return path
+
+
+def mcu_toml(name: str, banks, clock_hz: int = 100_000_000, firmware: str | None = None,
+             description: str | None = None, power=(0.1, 0.01)) -> str:
+    """A small MCU descriptor with round numbers (cost, fit and bank tests): `banks` as for
+    banks_toml, one instruction per cycle, `firmware` the [firmware] table's lines (None: none)."""
+    head = f'name = "{name}"\nkind = "mcu"\n' + (f'description = "{description}"\n' if description else "")
+    return (f"{head}\n[memory]\nflash_bytes = 1048576\n{banks_toml(banks)}\n"
+            f"[compute]\nclock_hz = {clock_hz}\ncycles_per_instruction = 1.0\n[compute.cycles_per_mac]\n"
+            "conv = 2.0\ndepthwise = 3.0\nfully_connected = 2.0\nelementwise = 5.0\nother = 6.0\n\n"
+            f"[link]\nbaud = 115200\n\n[power]\nactive_w = {power[0]}\nidle_w = {power[1]}\n"
+            + (f"\n[firmware]\n{firmware}" if firmware else ""))
+
+
+def banks_toml(banks) -> str:
+    """`[[memory.banks]]` tables for (name, origin, size_bytes, wait_states) rows (origin or
+    wait_states None: the key left out)."""
+    out = []
+    for name, origin, size, wait in banks:
+        out.append(f'[[memory.banks]]\nname = "{name}"\n' + (f"origin = 0x{origin:08X}\n" if origin is not None else "")
+                   + f"size_bytes = {size}\n" + (f"wait_states = {wait}\n" if wait is not None else ""))
+    return "".join(out)
+
+
+def qemu_board(tmp_path: Path, name: str, banks, base: str = "qemu-mps2-an500") -> Path:
+    """A descriptor file for an emulated board (`base`'s shipped descriptor) with other RAM banks:
+    the first must stay at the board's ram_origin (QEMU's SSRAM), the others at regions QEMU maps
+    (the an500's PSRAM at 0x60000000, the an386's at 0x21000000)."""
+    import re
+
+    from tpu_pipeline.toolchain.data import DEVICES_DIR
+
+    text = (DEVICES_DIR / f"{base}.toml").read_text()
+    text = re.sub(r'^name = ".*"$', f'name = "{name}"', text, count=1, flags=re.M)
+    text = re.sub(r"^sram_bytes = .*\n", "", text, flags=re.M)
+    text = re.sub(r"(?ms)^\[\[memory\.banks\]\]\n.*?(?=^\[compute\])", lambda _: banks_toml(banks) + "\n", text)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path

@@ -142,9 +142,10 @@ def project_dir(model_bytes: bytes, device: Device) -> Path:
     from tpu_pipeline.toolchain.firmware.library import cache_root
 
     h = hashlib.sha256()
-    # "export-4": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
-    # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets)
-    for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(), b"export-4"):
+    # "export-5": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
+    # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets;
+    # the arena placed in the board's banks)
+    for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(), b"export-5"):
         h.update(hashlib.sha256(part).digest())
     return cache_root().parent / "firmware" / f"{device.name}-{h.hexdigest()[:16]}"
 
@@ -207,6 +208,9 @@ class QemuResult:
     elf: str
     error: str | None = None
     notes: list = field(default_factory=list)
+    # per RAM bank of the descriptor: [{name, bytes_predicted, bytes_measured}] (where export-mcu
+    # put the arena: export.json's arena_banks, deploy/banks.harness_arena)
+    banks: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -250,11 +254,10 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     try:
         info, results, error, kv = _session(build.elf, fw.qemu_machine, baud, timeout, data, arrays, out_sizes, progress)
     except DeviceError as exc:
-        if arena_size is not None or "AllocateTensors failed" not in str(exc):
+        if arena_size is not None or "AllocateTensors failed" not in str(exc) or _split(exported):
             raise
-        # The exported arena is the host's figure (reference kernels); CMSIS-NN kernels may ask for
-        # more scratch. The emulated board has RAM to spare: run once more with a larger arena, so
-        # arena_used_bytes is measured all the same, and say so.
+        # The exported arena is the host's figure (reference kernels); CMSIS-NN may ask for more scratch:
+        # the emulated board has RAM to spare, so run once more with a larger arena, and say so.
         spare = fw.ram_bytes - fw.stack_bytes - fw.heap_bytes - 64 * 1024
         bigger = min(spare, max(2 * build.arena_size, build.arena_size + 256 * 1024))
         notes.append(f"the exported {build.arena_size:,}-byte arena was too small for the {kernels} kernels "
@@ -262,9 +265,9 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
         exported, build = build_for_board(model_path, device, kernels, tflm_tree, bigger, quiet=quiet)
         info, results, error, kv = _session(build.elf, fw.qemu_machine, baud, timeout, data, arrays, out_sizes, progress)
     head, tail = kv.get("head"), kv.get("tail")
-    predicted = _predicted_arena(data, kernels)
-    if predicted.tail is None:
-        notes.append("arena not predicted: " + ", ".join(target_tail_unmodelled(data, kernels)) + " not modelled")
+    predicted = _predicted_arena(data, kernels, _split(exported))
+    if predicted.tail is None:  # say which op's persistent data is not modelled
+        notes.append(f"arena not predicted: {', '.join(target_tail_unmodelled(data, kernels))} not modelled")
     outputs, diffs, agree = [], [], bool(results)
     for k, (x, r) in enumerate(zip(arrays, results)):
         want = host.run(x)
@@ -297,18 +300,61 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
         instructions=_instructions(int(np.median([r.ticks for r in results])), tps) if results else 0,
         op_instructions=[{"index": i, "opcode": tag, "instructions": _instructions(int(np.median(t)), tps)}
                          for (i, tag), t in sorted(per_op.items())],
-        flash_bytes=build.flash_bytes, ram_bytes=build.ram_bytes, elf=build.elf, error=error, notes=notes)
+        flash_bytes=build.flash_bytes, ram_bytes=build.ram_bytes, elf=build.elf, error=error, notes=notes,
+        banks=_bank_use(device, exported.get("arena_banks"), predicted, kv, used))
 
 
-def _predicted_arena(model_bytes: bytes, kernels: KernelSet):
-    """The target arena model on the exact model the firmware holds (its offline plan inside)."""
+def _split(exported: dict) -> bool:
+    b = exported.get("arena_banks")
+    return bool(b) and b["head"] != b["tail"]
+
+
+def _bank_use(device: Device, placed: dict | None, predicted, kv: dict, used: int) -> list[dict]:
+    """[{name, bytes_predicted, bytes_measured}] per bank. Predicted: the head, the tail and an
+    outside input's buffer where export-mcu put them (placed None: all in the first bank).
+    Measured: the board's head=, tail= and input= counted in the bank whose addresses hold
+    READY's head_at=, tail_at= and input_at=."""
+    first = device.memory.banks[0].name
+    where = {p: (placed or {}).get(p) or first for p in ("head", "tail", "input")}
+    want = {"head": predicted.head, "tail": predicted.tail, "input": (placed or {}).get("input_bytes", 0)}
+    if "input" in kv and not placed:  # an outside input on a board of one bank
+        want["input"] = int(kv["input"])
+    got = {b.name: 0 for b in device.memory.banks}
+    for part in ("head", "tail", "input"):
+        at, n = kv.get(f"{part}_at"), kv.get(part)
+        bank = _bank_at(device, int(at, 16)) if at is not None else None
+        if bank is not None and n is not None:
+            got[bank] += int(n)
+    return [{"name": b.name,
+             "bytes_predicted": None if predicted.tail is None else
+             sum(want[p] for p in ("head", "tail", "input") if where[p] == b.name),
+             "bytes_measured": got[b.name]} for b in device.memory.banks]
+
+
+def _bank_at(device: Device, address: int) -> str | None:
+    """The bank whose addresses hold `address` (the first bank: from the firmware's ram_origin)."""
+    fw = device.firmware
+    for n, b in enumerate(device.memory.banks):
+        origin = fw.ram_origin if n == 0 and fw is not None else b.origin
+        if origin is not None and origin <= address < origin + b.size:
+            return b.name
+    return None
+
+
+def _predicted_arena(model_bytes: bytes, kernels: KernelSet, split: bool = False):
+    """The target arena model on the exact model the firmware holds (its offline plan inside);
+    `split`: head and tail in two buffers (the tail then holds two allocator objects)."""
+    from dataclasses import replace
+
     from tpu_pipeline.toolchain.ir import from_model
-    from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_arena, target_tail
     from tpu_pipeline.toolchain.tflite import read_model
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
     model = read_model(model_bytes)
-    return target_arena(from_model(model), kernels, read_offline_plan(model))
+    graph = from_model(model)
+    arena = target_arena(graph, kernels, read_offline_plan(model))
+    return replace(arena, tail=split_tail(target_tail(graph, kernels))) if split and arena.tail is not None else arena
 
 
 def target_tail_unmodelled(model_bytes: bytes, kernels: KernelSet) -> tuple[str, ...]:
@@ -349,8 +395,8 @@ class QemuRunReport(RunReport):
     flash_bytes: int | None = None
     ram_bytes: int | None = None
     kernels: str | None = None
-    # [{name, bytes_predicted, bytes_measured}] per RAM bank: the harness firmware keeps the whole
-    # arena in the first bank (the library's init_split is what splits it: docs/deploy.md#memory-banks)
+    # [{name, bytes_predicted, bytes_measured}] per RAM bank: where export-mcu put the arena (the
+    # whole of it in one bank, or its head and tail apart: docs/deploy.md#memory-banks)
     banks: list = field(default_factory=list)
 
 
@@ -387,9 +433,7 @@ class QemuBackend(Backend):
         rep.arena_bytes_measured = r.arena_used_bytes
         rep.arena_bytes_predicted = r.arena_bytes_predicted
         rep.arena_head_measured = r.head_bytes
-        rep.banks = [{"name": b.name, "bytes_predicted": r.arena_bytes_predicted if n == 0 else 0,
-                      "bytes_measured": r.arena_used_bytes if n == 0 else 0}
-                     for n, b in enumerate(request.device.memory.banks)]
+        rep.banks = r.banks
         rep.instructions = r.instructions
         rep.flash_bytes, rep.ram_bytes = r.flash_bytes, r.ram_bytes
         # Keys of the target's own figures: "head"/"tail" in RunReport.arena mean the host's.

@@ -289,3 +289,20 @@ def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet = DEFAULT_KERN
     instructions = sum(o.instructions for o in ops) if table is not None else None
     return McuEstimate(name, clock, tuple(ops), total, latency, latency * active, active, kernels.name, instructions,
                        float(cpi) if table is not None else None, "fitted" if table is not None else "cycles_per_mac")
+
+
+def bank_wait_cycles(graph: Graph, head_wait: int | None, input_wait: int | None = None) -> int:
+    """The cycles RAM wait states add to one inference, where the board states them (a bank's
+    `wait_states`; None: not stated, taken as covered by `cycles_per_instruction`): each op reads
+    its activations and writes its outputs once, a 32-bit word per access, each access `wait`
+    cycles longer in the bank that holds it: the head's bank, or the input's when it lies outside
+    the arena (--input-outside-arena). A lower bound: kernels that re-read their input
+    (convolution windows) touch it more often."""
+    cycles = 0
+    for op in graph.ops:
+        for t in (*op.inputs, *op.outputs):
+            if t < 0 or graph.tensors[t].is_constant:
+                continue
+            wait = (input_wait if t in graph.external else head_wait) or 0
+            cycles += wait * -(-graph.tensors[t].nbytes // 4)
+    return cycles

@@ -34,10 +34,6 @@ MARKER = "tpup_library.json"
 LIBRARY_VERSION = 1
 # The TFLite Micro the library is checked against (the harness's trees); any with TFLMRegistration works.
 TFLM_CHECKED = "tflite-micro 90b983c2 (2026-08-20)"
-# TFLite Micro plans at init in the arena's free space (an AllocationInfo and the greedy planner's
-# lists per buffer, the scratch requests): a bound per tensor and op, used only when the head is
-# smaller than it (tiny models).
-PLANNING_BYTES_PER_ENTRY, PLANNING_BYTES_FIXED = 64, 256
 
 
 @dataclass(frozen=True)
@@ -198,9 +194,9 @@ def _planned_graph(data: bytes):
 def _arena_figures(graph, offsets) -> tuple[dict, dict, dict, int, dict]:
     """(head, tail, arena size) per kernel set, the planning bound and the tail of init_split,
     on the 32-bit target."""
-    from tpu_pipeline.toolchain.memory.tflm_target import split_tail, target_arena, target_tail
+    from tpu_pipeline.toolchain.memory.tflm_target import planning_bound, split_tail, target_arena, target_tail
 
-    planning = PLANNING_BYTES_PER_ENTRY * (len(graph.tensors) + len(graph.ops)) + PLANNING_BYTES_FIXED
+    planning = planning_bound(graph)
     head, tail, arena, split = {}, {}, {}, {}
     for k in KERNEL_SETS:
         a = target_arena(graph, k, offsets)

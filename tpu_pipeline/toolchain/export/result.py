@@ -23,6 +23,9 @@ class ExportResult:
     pinned_tensors: int
     model_crc: str
     firmware: dict | None = None  # the board's [firmware] facts when a buildable project was written
+    # the harness's arena in the board's banks: {"head", "tail", "head_bytes", "tail_bytes"}
+    # (deploy/banks.harness_arena); None: the whole arena in the first bank
+    arena_banks: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

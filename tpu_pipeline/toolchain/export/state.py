@@ -28,5 +28,6 @@ class ExportState:
     data: bytes = b""  # its bytes
     measured: Any = None  # execute.tflm_arena's measurement of `data`
     arena_size: int = 0  # HARNESS_ARENA_SIZE
+    arena_banks: dict | None = None  # the arena in the board's banks (deploy/banks.harness_arena); None: the first
     files: tuple[tuple[str, bytes], ...] = ()
     result: ExportResult | None = None

@@ -128,6 +128,10 @@ def build_firmware(project: str | Path, kernels: KernelSet, tflm_tree: str | Non
     library.LibraryBusy rather than waiting for another process's library build)."""
     project = Path(project)
     meta = read_export(project)
+    split = meta.get("arena_banks") or {}
+    if arena_size is not None and split.get("head") != split.get("tail"):  # main.cc: two buffers, sized apart
+        raise UsageError(f"{project}: the arena's head and tail are in banks '{split['head']}' and "
+                         f"'{split['tail']}' (export.json arena_banks); --arena-size sets a one-buffer arena")
     fw = BoardFirmware.from_json(meta["firmware"])  # the board the project was exported for
     tree = find_tree(kernels, tflm_tree)
     lib = ensure_library(tree, kernels, fw.library_cpu, jobs, quiet=quiet, wait=wait)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
-                                                 firmware_reserve, place, split_head_room)
+                                                 firmware_reserve, outside_input_bytes, place, split_head_room)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
@@ -41,9 +41,18 @@ class FittedModel:
     budget_from: str  # "--budget" or the device it was derived from
     notes: tuple[str, ...]
     placement: Placement | None = None  # --device: the head's and the tail's banks (deploy/banks.py)
+    # the RAM wait states of the banks chosen, where the board states them (cost/mcu.bank_wait_cycles):
+    # seconds added to the fitted model's and to the baseline's predicted latency
+    bank_wait_s: tuple[float, float] = (0.0, 0.0)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
+        if any(self.bank_wait_s):
+            lat = d["latency_s_predicted"] + self.bank_wait_s[0]
+            base = d["baseline_latency_s_predicted"] + self.bank_wait_s[1]
+            d.update(latency_s_predicted=lat, baseline_latency_s_predicted=base,
+                     latency_overhead_predicted=lat / base - 1 if base else None)
+        d["bank_wait_latency_s_predicted"] = self.bank_wait_s[0]
         d.update(budget_from=self.budget_from, kernels=self.kernels.name, arena_head_bytes_measured=self.head_measured,
                  arena_head_bytes_predicted_host=self.head_predicted_host,
                  arena_tail_bytes_measured_host=self.tail_measured, arena_tail_bytes_target=self.tail_target,
@@ -53,7 +62,8 @@ class FittedModel:
                  custom_ops=list(custom_ops(self.result.graph)),
                  banks=self.placement.to_json() if self.placement is not None else None,
                  arena_placement=None if self.placement is None else
-                 {"head": self.placement.head_bank, "tail": self.placement.tail_bank})
+                 {"head": self.placement.head_bank, "tail": self.placement.tail_bank,
+                  **({"input": self.placement.input_bank} if self.placement.input_bank else {})})
         return d
 
 
@@ -97,10 +107,10 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         avail, budget_from = sram - reserve, device.label
         # several banks: the largest arena some allowed head/tail placement holds (deploy/banks.py)
         first_tail = _tail(graph, kernels, source, notes)
-        banks, apart = device.memory.banks, _split_tail(graph, kernels)
-        whole = arena_budget(banks, reserve, first_tail, apart)
+        banks, apart, ext = device.memory.banks, _split_tail(graph, kernels), outside_input_bytes(graph)
+        whole = arena_budget(banks, reserve, first_tail, apart, ext)
         fit_budget = whole if not p.head_only else whole - first_tail
-        room = split_head_room(banks, reserve, first_tail, apart)
+        room = split_head_room(banks, reserve, first_tail, apart, ext)
         if room is not None:  # only a split holds that much: the head is bound by its bank, the tail goes apart
             fit_budget, head_only = room, True
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
@@ -108,16 +118,19 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
                      deadline=Deadline(p.time_limit).sub(fraction=0.8), progress=progress, model=model)
     data = _written(result, model, path)
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
-    placement = None
+    placement, waits = None, (0.0, 0.0)
     if reserve is not None:
-        placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels))
+        ext = outside_input_bytes(result.graph)
+        placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels), ext)
         if placement is None:
             result = replace(result, fits=False)
             where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
                 f"any bank or pair of banks of {device.label} ({_bank_room(device, reserve)})"
-            notes.append(f"head {result.head:,} B + target tail {tail:,} B exceed {where}")
+            notes.append(f"head {result.head:,} B + target tail {tail:,} B" + (f" + input {ext:,} B outside the arena"
+                                                                              if ext else "") + f" exceed {where}")
         elif len(device.memory.banks) > 1:
             notes.append(f"banks: {placement.describe()}")
+            waits = _bank_waits(device, placement, result.graph, graph)
     host = measure_tflm_arena(data, label=str(path))
     host_head = _host_head(result, kernels, data)
     verification = ()
@@ -130,7 +143,17 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes), placement)
+                       budget_from, tuple(notes), placement, waits)
+
+
+def _bank_waits(device: Device, p: Placement, fitted, original) -> tuple[float, float]:
+    """(fitted, baseline) seconds the chosen banks' stated wait states add (cost/mcu.bank_wait_cycles)."""
+    from tpu_pipeline.toolchain.cost.mcu import bank_wait_cycles
+
+    wait = {b.name: b.wait_states for b in device.memory.banks}
+    head, outside = wait[p.head_bank], wait.get(p.input_bank) if p.input_bank else None
+    clock = device.compute.clock_hz
+    return bank_wait_cycles(fitted, head, outside) / clock, bank_wait_cycles(original, head, outside) / clock
 
 
 def _split_tail(graph, kernels: KernelSet) -> int | None:

@@ -254,6 +254,18 @@ def split_tail(tail: TargetTail) -> int | None:
                      ("NonPersistentArenaBufferAllocator", *_NON_PERSISTENT_ALLOCATOR), *rest])
 
 
+# TFLite Micro plans at init in the head's free space (an AllocationInfo and the greedy planner's
+# lists per buffer, the scratch requests): a bound per tensor and op, used only when the head is
+# smaller than it (tiny models).
+PLANNING_BYTES_PER_ENTRY, PLANNING_BYTES_FIXED = 64, 256
+
+
+def planning_bound(graph: Graph) -> int:
+    """The head a model needs at least while TFLite Micro plans it (the library's and the split
+    harness's head buffer)."""
+    return PLANNING_BYTES_PER_ENTRY * (len(graph.tensors) + len(graph.ops)) + PLANNING_BYTES_FIXED
+
+
 def target_head(graph: Graph, kernels: KernelSet | Semantics = DEFAULT_KERNEL_SET, tensor_offsets=None) -> tuple[int, tuple]:
     """(head, scratch requests) with `tensor_offsets` (TFLite Micro's offline plan: an offset
     per tensor, -1 online; None: no plan) pinned and the kernels' scratch placed online."""

@@ -36,6 +36,12 @@ DEFAULT_GAP = 0.01
 # Measured on the 55 paper cases: 300 candidates instead of 40 improve 6 of them, by 0.2 to 4.5 %
 # (the geometric-mean gain over Coral by 0.2 %).
 CANDIDATES_PER_SECOND = 4
+# `compile --profile` is a deliberate step after a measured run: its refinement simulates up to
+# this many candidates per second of --time-limit (25,000 at the default 10 s, about 20 s of work on
+# the demo) with the compile's whole allowance (REFINE_WALL_FACTOR x --time-limit) as its wall
+# clock, so it proves its answer within --gap instead of stopping at the count.
+PROFILE_CANDIDATES_PER_SECOND = 2500
+REFINE_WALL_FACTOR = 3
 
 
 def __getattr__(name):
@@ -157,7 +163,7 @@ def _warm_starts(problem, graph, base, n: int, strategy: str, colocate: bool):
 
 
 def _refined(problem, n: int, res, chains, candidates, prof, period, colocate: bool, time_limit: float,
-             left_s: float, gap: float, seed: int):
+             left_s: float, gap: float, seed: int, per_second: float):
     """(stages, extra figures) of `latency`'s refinement on the simulated period, from the best of
     the solver's answer, the warm starts and the profiled baseline."""
     low = res.bounds.get("period_ps", 0)  # the proven bound of P (CP-SAT's also when stopped within the gap)
@@ -167,7 +173,7 @@ def _refined(problem, n: int, res, chains, candidates, prof, period, colocate: b
     if prof is not None and problem.is_valid(prof.stages, n) and not colocate:
         known.append(prof.stages)
     inc = min(dict.fromkeys(known), key=lambda st: (period(st), problem.objectives(st, n)["sum_stage_ps"]))
-    budget = max(1, round(CANDIDATES_PER_SECOND * time_limit))
+    budget = max(1, round(per_second * time_limit))
     wall = max(0.5, left_s)
     if chains is not None:
         from tpu_pipeline.toolchain.partition.lattice import refine_chains
@@ -201,7 +207,8 @@ def _pruned(problem: PartitionProblem, n: int, candidates, period, limit_ps: int
 def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy: str = "latency", time_limit: float = 10.0,
               colocate: bool = False, workers: int = 2, seed: int = 0, label: str | None = None,
               deterministic: bool = True, profiled: bool = False, gap: float = DEFAULT_GAP,
-              problem: PartitionProblem | None = None, prune_above_ps: int | None = None) -> Partition:
+              problem: PartitionProblem | None = None, prune_above_ps: int | None = None,
+              measured: bool = False) -> Partition:
     """Partition into n pipeline segments. `strategy`: latency (default: minimise the slowest
     predicted stage, then the sum), the paper's lexicographic 1-3, 1-2-3, 2-1-3, or coral (the
     heuristic only). The result is never slower than the heuristic under the cost model for
@@ -224,7 +231,9 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     if already built (its cached down-set lattice is shared between calls for several n; a
     profile-scaled problem, PartitionProblem.scaled, partitions for measured costs). `prune_above_ps`
     (`-n auto`): if every assignment's period is proven above it, the best warm start is returned
-    unsearched (`p.refined_by` "pruned", `p.period_lower_bound_ps` the proof)."""
+    unsearched (`p.refined_by` "pruned", `p.period_lower_bound_ps` the proof). `measured`
+    (`compile --profile`): the refinement gets PROFILE_CANDIDATES_PER_SECOND x `time_limit`
+    candidates and REFINE_WALL_FACTOR x `time_limit` of wall clock."""
     if strategy not in STRATEGY_NAMES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGY_NAMES)})")
     if time_limit <= 0:
@@ -264,8 +273,9 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
     stages, extra = res.stages, {}
     prof = profiled_partition(graph, n, device, problem) if profiled else None
     if strategy == "latency":
-        stages, extra = _refined(problem, n, res, chains, candidates, prof, period, colocate, time_limit,
-                                 time_limit - (time.perf_counter() - t_start), gap, seed)
+        left = (REFINE_WALL_FACTOR if measured else 1) * time_limit - (time.perf_counter() - t_start)
+        stages, extra = _refined(problem, n, res, chains, candidates, prof, period, colocate, time_limit, left, gap,
+                                 seed, PROFILE_CANDIDATES_PER_SECOND if measured else CANDIDATES_PER_SECOND)
     out = _make(problem, n, stages, strategy, res.bounds, res.proven_optimal, res.seconds, "", base,
                 res.proven_steps, res.stopped_by, res.reproducible)
     return dataclasses.replace(out, profiled=prof, seconds=time.perf_counter() - t_start, gap_limit=gap,
@@ -273,5 +283,6 @@ def partition(graph: Graph, n: int, device: str | Device = "coral-usb", strategy
 
 
 __all__ = ["Partition", "PartitionProblem", "SegmentInterface", "BoundaryTensor", "HeuristicResult",
-           "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "CANDIDATES_PER_SECOND", "partition", "baseline_partition",
+           "STRATEGIES", "STRATEGY_NAMES", "DEFAULT_GAP", "CANDIDATES_PER_SECOND", "PROFILE_CANDIDATES_PER_SECOND",
+           "partition", "baseline_partition",
            "profiled_partition", "evaluated_partition", "coral_heuristic", "solve", "refine_by_simulation"]

@@ -31,7 +31,7 @@ def partition(state: CompileState, allowed: float) -> tuple[CompileState, PassRe
     def run(n: int, limit: float, prune_above_ps: int | None = None):
         return partition_graph(graph, n, device=o.device, strategy=o.strategy, time_limit=limit, colocate=o.colocate,
                                workers=o.workers, label=o.label, gap=o.gap, problem=problem,
-                               prune_above_ps=prune_above_ps)
+                               prune_above_ps=prune_above_ps, measured=profile is not None)
 
     sweep, compared = None, ()
     if o.cuts is not None:

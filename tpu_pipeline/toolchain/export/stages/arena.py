@@ -32,9 +32,29 @@ def arena(state, allowed):
         if on_harness else 0
     size = -(-(max(needed or [measured.head + measured.tail]) + temporaries) // 16) * 16
     sram = device.memory.sram_bytes
-    if size > sram and not (state.options.split_ok and _split_holds(graph, state.offsets, device)):
+    banks = _harness_banks(graph, state.offsets, device, size) if device.firmware is not None else None
+    if size > sram and banks is None and not (state.options.split_ok and _split_holds(graph, state.offsets, device)):
         raise InfeasibleError(f"{state.src}: needs a {size:,}-byte arena; {device.name} has {sram:,} bytes of SRAM")
-    return replace(state, arena_size=size), PassRecord("arena", "ran", 0.0, {"arena_size": size})
+    return replace(state, arena_size=size, arena_banks=banks), \
+        PassRecord("arena", "ran", 0.0, {"arena_size": size, "arena_banks": banks})
+
+
+def _harness_banks(graph, offsets, device, whole: int) -> dict | None:
+    """The harness firmware's arena in the board's banks (deploy/banks.harness_arena): split, the
+    head buffer holds the largest head of either kernel set and TFLite Micro's planning
+    temporaries (the library's bound), the tail buffer the largest tail apart."""
+    from tpu_pipeline.toolchain.deploy.banks import harness_arena, outside_input_bytes
+    from tpu_pipeline.toolchain.memory.tflm_target import planning_bound, split_tail, target_tail
+
+    heads, tails = [planning_bound(graph)], []
+    for kernels in KERNEL_SETS:
+        heads.append(target_arena(graph, kernels, list(offsets)).head)
+        tails.append(split_tail(target_tail(graph, kernels)))
+    apart = None if None in tails else -(-max(tails) // 16) * 16
+    placed = harness_arena(whole, -(-max(heads) // 16) * 16, apart, device, outside_input_bytes(graph))
+    first = device.memory.banks[0].name
+    return None if placed is None or placed["head"] == placed["tail"] == first and placed["input"] in (None, first) \
+        else placed
 
 
 def _split_holds(graph, offsets, device) -> bool:

@@ -33,7 +33,8 @@ def sources(state, allowed):
     external = [(t, graph.tensors[t].nbytes) for t in sorted(graph.external)]  # TFLM adds them by index
     files["harness_config.h"] = config_header(device, state.arena_size, state.measured.head, crc, len(sg.inputs),
                                               len(sg.outputs), state.src.name,
-                                              firmware.core_clock_hz if firmware else None, external).encode()
+                                              firmware.core_clock_hz if firmware else None, external,
+                                              state.arena_banks).encode()
     if HARNESS_DIR.is_dir():
         for f in sorted(HARNESS_DIR.iterdir()):
             if f.is_file():
@@ -42,7 +43,8 @@ def sources(state, allowed):
     result = ExportResult(str(state.options.out_dir), tuple(sorted([*files, "export.json"])), device.name,
                           state.opcodes, len(data), state.planned_head, state.own_head, state.measured.head,
                           state.measured.tail, state.arena_size, m.sram_bytes, m.flash_bytes, state.planner,
-                          sum(1 for o in state.offsets if o >= 0), crc, firmware.to_json() if firmware else None)
+                          sum(1 for o in state.offsets if o >= 0), crc, firmware.to_json() if firmware else None,
+                          state.arena_banks)
     files["export.json"] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
     return replace(state, files=tuple(files.items()), result=result), PassRecord("sources", "ran", 0.0,
                                                                                {"files": len(files)})

@@ -11,6 +11,8 @@
 #include "harness_platform.h"
 #include "model_data.h"
 #include "op_resolver.h"
+#include "tensorflow/lite/micro/arena_allocator/non_persistent_arena_buffer_allocator.h"
+#include "tensorflow/lite/micro/arena_allocator/persistent_arena_buffer_allocator.h"
 #include "tensorflow/lite/micro/arena_allocator/single_arena_buffer_allocator.h"
 #include "tensorflow/lite/micro/cortex_m_generic/debug_log_callback.h"
 #include "tensorflow/lite/micro/memory_planner/greedy_memory_planner.h"
@@ -21,7 +23,22 @@
 
 namespace {
 
-alignas(16) uint8_t g_arena[HARNESS_ARENA_SIZE];
+// Where the arena lives (harness_config.h, from the placement in the board's RAM banks): one buffer,
+// in the first bank or in a bank's section; or the head and the tail apart, in two banks' sections.
+#ifndef HARNESS_ARENA_SECTION
+#define HARNESS_ARENA_SECTION
+#endif
+// kHeadBuffer, kTailBuffer: READY's head_at= and tail_at= (the host sees which bank holds each).
+#if HARNESS_ARENA_SPLIT
+alignas(16) uint8_t g_head_arena[HARNESS_HEAD_ARENA_SIZE] HARNESS_HEAD_SECTION;
+alignas(16) uint8_t g_tail_arena[HARNESS_TAIL_ARENA_SIZE] HARNESS_TAIL_SECTION;
+const uint8_t* const kHeadBuffer = g_head_arena;
+const uint8_t* const kTailBuffer = g_tail_arena;
+#else
+alignas(16) uint8_t g_arena[HARNESS_ARENA_SIZE] HARNESS_ARENA_SECTION;
+const uint8_t* const kHeadBuffer = g_arena;
+const uint8_t* const kTailBuffer = g_arena;
+#endif
 constexpr int kMaxEvents = 1024;
 constexpr int kLineMax = 320;  // "SET i off " + 256 hex digits + checksum
 
@@ -42,9 +59,11 @@ class HarnessProfiler : public tflite::MicroProfilerInterface {
 };
 
 HarnessProfiler g_profiler;
-// Our own arena allocator (built exactly as MicroAllocator::Create(arena, size) builds it), so the
-// head (planned, non-persistent) and tail (persistent) of arena_used_bytes() can be reported apart.
-tflite::SingleArenaBufferAllocator* g_buffers = nullptr;
+// Our own arena allocators (built exactly as MicroAllocator::Create builds them, from one arena or
+// from two buffers), so the head (planned, non-persistent) and tail (persistent) of
+// arena_used_bytes() can be reported apart.
+tflite::INonPersistentBufferAllocator* g_head = nullptr;
+tflite::IPersistentBufferAllocator* g_tail = nullptr;
 
 #if HARNESS_NUM_EXTERNAL > 0
 // Tensors the application keeps in its own buffer, outside the arena (a camera frame, a DMA target):
@@ -53,7 +72,10 @@ tflite::SingleArenaBufferAllocator* g_buffers = nullptr;
 // TFLite Micro adds them (by tensor index). tpu_pipeline/toolchain/memory/tflm_target.py models its size.
 constexpr int kExternal = -2;
 constexpr int kExternalBytes[HARNESS_NUM_EXTERNAL] = HARNESS_EXTERNAL_BYTES;
-alignas(16) uint8_t g_external[HARNESS_EXTERNAL_TOTAL];
+#ifndef HARNESS_EXTERNAL_SECTION
+#define HARNESS_EXTERNAL_SECTION
+#endif
+alignas(16) uint8_t g_external[HARNESS_EXTERNAL_TOTAL] HARNESS_EXTERNAL_SECTION;  // its bank: harness_config.h
 
 class HarnessPlanner : public tflite::MicroMemoryPlanner {
  public:
@@ -76,7 +98,7 @@ class HarnessPlanner : public tflite::MicroMemoryPlanner {
     int before = 0, at = 0;
     for (int k = 0; k < n_external_; ++k) {
       if (external_[k] == index) {  // TFLite Micro adds the arena's start to it: g_external + at
-        *offset = static_cast<int>((g_external + at) - g_buffers->GetOverlayMemoryAddress());
+        *offset = static_cast<int>((g_external + at) - g_head->GetOverlayMemoryAddress());
         return kTfLiteOk;
       }
       before += external_[k] < index;
@@ -112,12 +134,20 @@ void send_line(const char* body) {
 void send_ready() {
   char line[kLineMax];
   snprintf(line, sizeof line,
-           "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s board=%s head=%u tail=%u",
+           "READY arena=%d used=%u inputs=%d outputs=%d ticks_per_s=%lu model_crc=%s board=%s head=%u tail=%u "
+           "head_at=%08lx tail_at=%08lx",
            HARNESS_ARENA_SIZE, static_cast<unsigned>(g_interp->arena_used_bytes()),
            static_cast<int>(g_interp->inputs_size()), static_cast<int>(g_interp->outputs_size()),
            static_cast<unsigned long>(HARNESS_TICKS_PER_S), HARNESS_MODEL_CRC, HARNESS_BOARD,
-           static_cast<unsigned>(g_buffers->GetNonPersistentUsedBytes()),
-           static_cast<unsigned>(g_buffers->GetPersistentUsedBytes()));
+           static_cast<unsigned>(g_head->GetNonPersistentUsedBytes()),
+           static_cast<unsigned>(g_tail->GetPersistentUsedBytes()),
+           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(kHeadBuffer)),
+           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(kTailBuffer)));
+#if HARNESS_NUM_EXTERNAL > 0
+  size_t n = strlen(line);  // the inputs outside the arena: their buffer's address and size
+  snprintf(line + n, sizeof line - n, " input_at=%08lx input=%u",
+           static_cast<unsigned long>(reinterpret_cast<uintptr_t>(g_external)), static_cast<unsigned>(sizeof g_external));
+#endif
   send_line(line);
 }
 
@@ -249,6 +279,47 @@ void handle(char* line) {
 // Boards whose tick is one core cycle need no sync; the Cortex-M layer's SysTick does.
 __attribute__((weak)) void harness_platform_tick_sync() {}
 
+#if HARNESS_ARENA_SPLIT
+// MicroAllocator on two allocators: its constructor is protected; this subclass adds no member.
+struct SplitAllocator : tflite::MicroAllocator {
+  SplitAllocator(tflite::IPersistentBufferAllocator* tail, tflite::INonPersistentBufferAllocator* head,
+                 tflite::MicroMemoryPlanner* planner)
+      : tflite::MicroAllocator(tail, head, planner) {}
+  ~SplitAllocator() override {}
+
+ private:
+  void operator delete(void*) {}  // lives in the tail and is never deleted (TF_LITE_REMOVE_VIRTUAL_DELETE)
+};
+
+// As MicroAllocator::Create(persistent, size, non_persistent, size) builds it: the same objects in
+// the same order in the tail (tflm_target.split_tail models it), the head a buffer of its own.
+tflite::MicroAllocator* make_allocator() {
+  tflite::PersistentArenaBufferAllocator first(g_tail_arena, HARNESS_TAIL_ARENA_SIZE);
+  uint8_t* mem = first.AllocatePersistentBuffer(sizeof(tflite::PersistentArenaBufferAllocator),
+                                                alignof(tflite::PersistentArenaBufferAllocator));
+  auto* tail = new (mem) tflite::PersistentArenaBufferAllocator(first);
+  mem = tail->AllocatePersistentBuffer(sizeof(tflite::NonPersistentArenaBufferAllocator),
+                                       alignof(tflite::NonPersistentArenaBufferAllocator));
+  auto* head = new (mem) tflite::NonPersistentArenaBufferAllocator(g_head_arena, HARNESS_HEAD_ARENA_SIZE);
+  g_head = head;
+  g_tail = tail;
+  mem = tail->AllocatePersistentBuffer(sizeof(HarnessMemoryPlanner), alignof(HarnessMemoryPlanner));
+  auto* planner = new (mem) HarnessMemoryPlanner();
+  mem = tail->AllocatePersistentBuffer(sizeof(SplitAllocator), alignof(SplitAllocator));
+  return new (mem) SplitAllocator(tail, head, planner);
+}
+#else
+tflite::MicroAllocator* make_allocator() {
+  auto* buffers = tflite::SingleArenaBufferAllocator::Create(g_arena, HARNESS_ARENA_SIZE);
+  g_head = buffers;
+  g_tail = buffers;
+  // The greedy planner lives in the arena's tail, as MicroAllocator::Create places it.
+  uint8_t* planner_mem = buffers->AllocatePersistentBuffer(sizeof(HarnessMemoryPlanner),
+                                                           alignof(HarnessMemoryPlanner));
+  return tflite::MicroAllocator::Create(buffers, new (planner_mem) HarnessMemoryPlanner());
+}
+#endif
+
 int main() {
   harness_platform_init(HARNESS_BAUD);
   char line[kLineMax];
@@ -263,13 +334,7 @@ int main() {
     g_fatal = "ERR op registration failed";
   }
   const tflite::Model* model = tflite::GetModel(g_model_data);
-  g_buffers = tflite::SingleArenaBufferAllocator::Create(g_arena, HARNESS_ARENA_SIZE);
-  // The greedy planner lives in the arena's tail, as MicroAllocator::Create places it.
-  uint8_t* planner_mem = g_buffers->AllocatePersistentBuffer(sizeof(HarnessMemoryPlanner),
-                                                             alignof(HarnessMemoryPlanner));
-  tflite::MicroAllocator* allocator =
-      tflite::MicroAllocator::Create(g_buffers, new (planner_mem) HarnessMemoryPlanner());
-  static tflite::MicroInterpreter interp(model, resolver, allocator, nullptr, &g_profiler);
+  static tflite::MicroInterpreter interp(model, resolver, make_allocator(), nullptr, &g_profiler);
   g_interp = &interp;
   if (g_fatal == nullptr && interp.AllocateTensors() != kTfLiteOk) {
     log_flush();
