@@ -43,6 +43,9 @@ SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels
 # (H = W, input channels, output channels, window, stride): the packed convolution against the kernel set's
 FIRST_SIZES = [(64, 3, 16, 3, 2), (48, 3, 32, 3, 2), (40, 3, 8, 3, 1), (32, 1, 16, 3, 2), (30, 4, 16, 3, 2),
                (36, 3, 16, 5, 2)]
+# (H = W, input channels, output channels, stride): the pointwise kernel against the kernel set's 1x1
+PW_SIZES = [(40, 8, 48, 1), (20, 48, 16, 1), (20, 16, 48, 1), (10, 144, 24, 1), (10, 24, 144, 1), (5, 240, 40, 1),
+            (5, 40, 240, 1), (3, 480, 96, 1), (14, 13, 27, 1), (16, 32, 64, 2)]
 DEVICE = "qemu-mps2-an386"
 
 
@@ -94,6 +97,30 @@ def models():
         for flags in (("packed",), ()):
             yield (f"first_h{h}c{cin}o{cout}k{k}s{stride}_{flags[0] if flags else 'cmsis'}",
                    *_first_model(h, cin, cout, k, stride, flags))
+    for h, c, k, stride in PW_SIZES:
+        for flags in (("pointwise",), ()):
+            yield _pw_name(h, c, k, stride, flags), *_pw_model(h, c, k, stride, flags)
+
+
+def _pw_name(h: int, cin: int, cout: int, stride: int, flags: tuple) -> str:
+    return f"pw_h{h}c{cin}k{cout}s{stride}_{flags[0] if flags else 'cmsis'}"
+
+
+def _pw_model(h: int, cin: int, cout: int, stride: int, flags: tuple):
+    """(graph, bytes): one 1x1 convolution (an expansion with ReLU6, or a projection without) on the
+    harness's own kernel ("pointwise") or on the kernel set's (CMSIS-NN's 1x1 kernel)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + cin + cout, spread=True)
+    x = b.input((1, h, h, cin))
+    out = b.conv(x, cout, k=1, stride=stride, act="RELU6" if cout > cin else "NONE")
+    src = b.model_bytes([out])
+    g = with_kernel(b.graph([out]), [0], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
@@ -242,7 +269,7 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
-    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed")
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
         if not run.get("ops") or not run.get("outputs_match"):
@@ -273,9 +300,9 @@ def merge(tables: dict) -> None:
     data = tomllib.loads(text)
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
-    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast] and\n"
-            "# [K.tpup_conv_packed] (the harness's overlapped convolutions, patch stages, MEAN, MUL, fast\n"
-            "# depthwise and packed convolution kernels) by\n"
+    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast],\n"
+            "# [K.tpup_conv_packed] and [K.tpup_pointwise] (the harness's overlapped convolutions, patch stages,\n"
+            "# MEAN, MUL, fast depthwise, packed and 1x1 convolution kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
@@ -314,6 +341,7 @@ def report(data: dict) -> str:
         if a and b:
             lines.append(f"| {h} x {h} x {cin}, {cout}, {k}x{k}, s{st} | {a[0][2]:,} | {b[0][2]:,} | "
                          f"{a[0][2] / b[0][2]:.2f}x |")
+    lines += _pw_report(ops, graphs)
     lines += ["", "| op | elements read | instructions | per element |", "|---|---:|---:|---:|"]
     for h, c in SE_SIZES:
         g = graphs[f"se_h{h}c{c}"]
@@ -351,6 +379,23 @@ def report(data: dict) -> str:
         lines.append(f"| h{h}c{c} | {whole:,} | " + " | ".join(
             "-" if n is None else f"{n:,} ({n / whole - 1:+.1%})" for n in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _pw_report(ops, graphs) -> list[str]:
+    """The report's 1x1 table: each PW_SIZES layer on CMSIS-NN's 1x1 kernel and on the pointwise one."""
+    from tpu_pipeline.toolchain.ir import macs
+    from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven
+
+    lines = ["", "| 1x1 layer (input H x W x C -> output channels, stride) | MACs | CMSIS-NN | pointwise | "
+             "CMSIS-NN / pointwise | requantisation |", "|---|---:|---:|---:|---:|---|"]
+    for h, c, k, st in PW_SIZES:
+        a, b = ops(_pw_name(h, c, k, st, ())), ops(_pw_name(h, c, k, st, ("pointwise",)))
+        if a and b:
+            g = graphs[_pw_name(h, c, k, st, ("pointwise",))]
+            cheap = "SMMULR (proven)" if pointwise_requant_proven(g, g.ops[0]) else "exact integers"
+            lines.append(f"| {h} x {h} x {c} -> {k}, s{st} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
+                         f"{a[0][2] / b[0][2]:.2f}x | {cheap} |")
+    return lines
 
 
 def main() -> int:

@@ -74,6 +74,7 @@ IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (se
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
 DIRECT, OVERLAP = "direct", "overlap"  # the memory flags (fit trades them against time)
 FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, which tests and tools name)
+POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)

@@ -1,6 +1,7 @@
 """Requantization exactly as TFLite Micro's Prepare computes it: the per-channel multipliers and
 shifts of an int8 convolution (computed here into flash for the harness's kernels) and the
-activation range of an int8 output."""
+activation range of an int8 output; and where the harness's 1x1 kernel may requantise the cheap
+way (`pointwise_requant_proven`)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,23 @@ def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
     if act == "RELU_N1_TO_1":
         return max(-128, q(-1.0)), min(127, q(1.0))
     return -128, 127
+
+
+def pointwise_requant_proven(graph: Graph, op: Op) -> bool:
+    """Whether the pointwise kernel's cheap requantisation is exact for every input: every
+    channel's shift in [-22, -1] (left shift 0; the output offset folds into the rounding nudge
+    without overflow) and every accumulator bias + sum_k w[k] (x[k] - zp), x int8, within
+    [-2^30, 2^30 - 1] (then SaturatingRoundingDoublingHighMul(acc, m) == SMMULR(2 acc, m))."""
+    x, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+    shifts = requant(graph, op)[1]
+    if shifts.min() < -22 or shifts.max() > -1:
+        return False
+    w = np.asarray(w_t.values(), dtype=np.int64).reshape(w_t.shape[0], -1)
+    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
+    bias = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
+            else np.zeros(w.shape[0], dtype=np.int64))
+    zp = int(x.quant.zero_point[0])
+    lo, hi = -128 - zp, 127 - zp  # the widened input's range
+    top = bias + np.maximum(w * lo, w * hi).sum(axis=1)
+    bottom = bias + np.minimum(w * lo, w * hi).sum(axis=1)
+    return bool(bottom.min() >= -(1 << 30) and top.max() <= (1 << 30) - 1)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.geometry import hw, region_needs, splits
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
@@ -147,7 +148,9 @@ def _layer_op(words, tensors, where: str) -> Op:
     else:
         options = DepthwiseConv2DOptions(padding=padding, stride_w=sw, stride_h=sh, depth_multiplier=mult,
                                          fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
-    return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel="tpup")
+    # a variant the stage runs, from its bit (rewrite/patch_stage.py _stage_flag_bits; the memory flags are not kept)
+    kernel = "+".join(["tpup", *(v.flag for v in kernel_variants.REGISTRY if v.in_stages and words[4] & v.bit)])
+    return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel=kernel)
 
 
 def _float_bits(x: float) -> int:

@@ -134,6 +134,16 @@ def _add_params(graph: Graph, op: Op) -> list[int]:
             m1, s1, m2, s2, mo, so, -1, hi]
 
 
+def _stage_flag_bits(graph: Graph, op: Op) -> int:
+    """A conv layer's flags word (ir/stage.py layer word 4): direct, and a variant patch stages run
+    (`in_stages`) with its derived bits, as the op's own options have them (harness/tpup_stage.cc)."""
+    bits = kernels.flag_bits()[kernels.DIRECT] if kernels.DIRECT in kernels.flags(op) else 0
+    v = kernels.variant_of(op)
+    if v is not None and v.in_stages:
+        bits |= v.bit | (v.derived_bits(graph, op) & v.derived_mask if v.derived_bits is not None else 0)
+    return bits
+
+
 def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:
     words = []
     for op in region:
@@ -147,7 +157,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             o = op.options
             x, wt, y = (graph.tensors[t] for t in (op.inputs[0], op.inputs[1], op.outputs[0]))
             lo, hi = requant.activation_range(graph, op)
-            w[4] = int(kernels.DIRECT in kernels.flags(op))
+            w[4] = _stage_flag_bits(graph, op)
             w[5], w[6], w[7] = -int(x.quant.zero_point[0]), int(y.quant.zero_point[0]), lo
             w[8:13] = [o.stride_h, o.stride_w, o.dilation_h, o.dilation_w,
                        o.depth_multiplier if op.opcode == "DEPTHWISE_CONV_2D" else 1]

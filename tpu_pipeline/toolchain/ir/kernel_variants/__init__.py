@@ -18,12 +18,13 @@ each of these.
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise, packed
+from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise, packed, pointwise
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 
 REGISTRY: tuple[KernelVariant, ...] = (
     fast_depthwise.VARIANT,
     packed.VARIANT,
+    pointwise.VARIANT,
 )
 
 

@@ -28,6 +28,9 @@ const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 
 constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4, kFlagPacked = 8;
+// The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap
+// requantisation is proven exact for the op (ir/kernel_variants/pointwise.py requant_bits).
+constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 // the packed convolution's largest window: pairs and bytes a row (ir/kernels.py PACKED_MAX_PAIRS, _ROW)
 constexpr int kPackedMaxPairs = 64, kPackedMaxRow = 64;
@@ -81,6 +84,13 @@ int PackedPairs(int k_h, int k_w, int in_c);
 bool PackedFits(const ConvOptions& o, const ConvGeometry& g);
 void RunConvPacked(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                    const int32_t* packed, const int32_t* requant, int8_t* out);
+
+// The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc): whether it runs a call of
+// these options and shapes (the filter's depth must equal the input's: Prepare checks it), and
+// output rows [0, out_rows) reading `in` (the rows' first input row).
+bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g);
+void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
+                  const int32_t* bias, const int32_t* requant, int8_t* out);
 
 // tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined, its shift
 // split at setup into a left shift and a rounding right shift: the same integers
