@@ -37,7 +37,7 @@ from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
                                                flags, in_place_source, is_harness, kernel_name, with_flag,
-                                               with_in_place, with_kernel)
+                                               variant_of, with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
 from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
@@ -437,8 +437,14 @@ def _tail(graph: Graph, sem: Semantics) -> int:
 
 def _stage_tail_floor(graph: Graph, positions) -> int:
     """A stage's tail: one node, the eval tensors of its output and of the constants it reads, and
-    its one scratch handle (it always asks for its tiles' buffers: memory.scratch)."""
-    consts = {t for i in positions for t in graph.ops[i].inputs if t >= 0 and graph.tensors[t].is_constant}
+    its one scratch handle (it always asks for its tiles' buffers: memory.scratch). A layer keeps
+    its variant's constant input only where the stage runs that variant (stage_layers)."""
+    consts = set()
+    for i in positions:
+        op = graph.ops[i]
+        v = variant_of(op)
+        keep = op.inputs if v is not None and v.in_stages else op.inputs[:4]
+        consts |= {t for t in keep if t >= 0 and graph.tensors[t].is_constant}
     return _NODE + _EVAL_TENSOR * (1 + len(consts)) + _SCRATCH_HANDLE
 
 
