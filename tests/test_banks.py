@@ -317,6 +317,11 @@ def test_a_bank_with_wait_states_is_avoided_and_priced(tmp_path, capsys):
                 if t >= 0 and not g.tensors[t].is_constant)
     assert slow["bank_wait_latency_s_predicted"] == pytest.approx(3 * words / 100e6)
     assert slow["latency_s_predicted"] == pytest.approx(fast["latency_s_predicted"] + 3 * words / 100e6)
+    # profile prices the same banks the same way, on the model it is given
+    board = tmp_path / f"ws-{1 * KIB}.toml"
+    assert main(["profile", str(out), "--device", str(board), "--json"]) == 0
+    prof = json.loads(capsys.readouterr().out)
+    assert prof["bank_wait_latency_s_predicted"] == pytest.approx(3 * words / 100e6)
 
 
 @pytest.mark.skipif(not (OPENMV / "face_landmarks_192.tflite").is_file(),

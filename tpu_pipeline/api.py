@@ -39,7 +39,7 @@ from tpu_pipeline.toolchain.device import Device, KernelSet, available_devices, 
 from tpu_pipeline.toolchain.errors import (DeviceError, InfeasibleError, ModelError, ToolchainError, UsageError,
                                            VerificationError)
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena, tflm_refusal
-from tpu_pipeline.toolchain.deploy.banks import bank_figures, outside_input_bytes
+from tpu_pipeline.toolchain.deploy.banks import outside_input_bytes, profile_placement, wait_seconds
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
@@ -541,14 +541,16 @@ def _mcu_predictions(rep, target: Path, device: Device, kernels: KernelSet) -> d
         rep.predicted.update(latency_s=est.latency_s, energy_j=est.energy_j, cycles=est.cycles,
                              throughput_per_s=1.0 / est.latency_s if est.latency_s else None,
                              source=f"MCU cost model ({est.device}, {kernels.name} kernels)")
+    placement = profile_placement(arena, device, rep.notes, split_tail(target_tail(graph, kernels)),
+                                  outside_input_bytes(graph))
+    waits = wait_seconds(device, placement, graph) if placement is not None and len(device.memory.banks) > 1 else 0.0
     return {"kernels": kernels.name, "arena_bytes_predicted": arena.total if arena else None,
             "arena_head_predicted": arena.head if arena else None,
             "arena_tail_predicted": arena.tail if arena else None,
-            "latency_s_predicted": est.latency_s, "energy_j_predicted": est.energy_j,
+            "latency_s_predicted": est.latency_s + waits, "bank_wait_latency_s_predicted": waits,
+            "energy_j_predicted": est.energy_j,
             "instructions_predicted": est.instructions, "cycles_per_instruction": est.cycles_per_instruction,
-            "clock_hz": est.clock_hz,
-            "banks": bank_figures(arena, device, rep.notes, split_tail(target_tail(graph, kernels)),
-                                  outside_input_bytes(graph))}
+            "clock_hz": est.clock_hz, "banks": placement.to_json() if placement is not None else None}
 
 
 

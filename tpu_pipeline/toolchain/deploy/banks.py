@@ -174,14 +174,24 @@ def harness_arena(whole: int, head: int, tail_apart: int | None, device: Device,
     return {"head": p.head_bank, "tail": p.tail_bank, "input": p.input_bank, **sizes, "input_bytes": p.input}
 
 
-def bank_figures(arena, device: Device, notes: list, split: int | None = None,
-                 input_bytes: int = 0) -> list[dict] | None:
-    """profile --json's `banks`: a predicted arena's (`.head`, `.tail`, `.total`) bytes per bank
-    after the harness's reserve (and an outside input's), or None when it is not predicted or no
-    placement holds it; a split is said in `notes`. `split`: the tail when split (tflm_target.split_tail)."""
+def profile_placement(arena, device: Device, notes: list, split: int | None = None,
+                      input_bytes: int = 0) -> Placement | None:
+    """profile's placement of a predicted arena (`.head`, `.tail`, `.total`) after the harness's
+    reserve (and an outside input's), or None when it is not predicted or no placement holds it; a
+    split is said in `notes`. `split`: the tail when split (tflm_target.split_tail)."""
     if arena is None or arena.total is None:
         return None
     p = place(arena.head, arena.tail, device.memory.banks, firmware_reserve(device), split, input_bytes)
     if p is not None and (p.split or p.input_bank not in (None, device.memory.banks[0].name)):
         notes.append(f"banks: {p.describe()}")
-    return p.to_json() if p is not None else None
+    return p
+
+
+def wait_seconds(device: Device, p: Placement, graph) -> float:
+    """Seconds the stated wait states of the banks `p` chose add to one inference of `graph`
+    (cost/mcu.bank_wait_cycles: the head's bank, and the input's when it lies outside the arena)."""
+    from tpu_pipeline.toolchain.cost.mcu import bank_wait_cycles
+
+    wait = {b.name: b.wait_states for b in device.memory.banks}
+    outside = wait.get(p.input_bank) if p.input_bank else None
+    return bank_wait_cycles(graph, wait[p.head_bank], outside) / device.compute.clock_hz

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
-                                                 firmware_reserve, outside_input_bytes, place, split_head_room)
+                                                 firmware_reserve, outside_input_bytes, place, split_head_room,
+                                                 wait_seconds)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
@@ -147,13 +148,8 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
 
 
 def _bank_waits(device: Device, p: Placement, fitted, original) -> tuple[float, float]:
-    """(fitted, baseline) seconds the chosen banks' stated wait states add (cost/mcu.bank_wait_cycles)."""
-    from tpu_pipeline.toolchain.cost.mcu import bank_wait_cycles
-
-    wait = {b.name: b.wait_states for b in device.memory.banks}
-    head, outside = wait[p.head_bank], wait.get(p.input_bank) if p.input_bank else None
-    clock = device.compute.clock_hz
-    return bank_wait_cycles(fitted, head, outside) / clock, bank_wait_cycles(original, head, outside) / clock
+    """(fitted, baseline) seconds the chosen banks' stated wait states add (deploy/banks.wait_seconds)."""
+    return wait_seconds(device, p, fitted), wait_seconds(device, p, original)
 
 
 def _split_tail(graph, kernels: KernelSet) -> int | None:
