@@ -9,7 +9,10 @@
 // the int8 input in place (one word = four channels, split by SXTB16) and multiplies with
 // SMLABB/SMLATT. The input offset is folded into the accumulators' start where the whole window
 // lies inside the input (offset x the window's weight sum); windows over the border add it per
-// tap. No buffer at all: the arena holds nothing for it.
+// tap. 3x3 windows at stride 1 go two outputs at a time (the four input columns they share read
+// once). Requantization by FastRequant (tpup_conv.h: SMMULR) where the layer's weights, bias and
+// input offset bound every sum small enough, checked per four channels. No buffer at all: the
+// arena holds nothing for it.
 
 #include <cstdint>
 #include <cstring>
@@ -129,22 +132,12 @@ inline void PairHalf3x3(const int8_t* p, int C, int row, const int32_t* w, int32
   a[H] = a0, a[H + 2] = a2, b[H] = b0, b[H + 2] = b2;
 }
 
-inline int32_t Smmulr(int32_t a, int32_t b) {
-  int32_t r;
-  __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// Four channels' requantization. Where every sum the window can make is small enough that
-// sum * 2^(left + 1) fits an int32 (bounded at setup from the weights, the bias and the input
-// offset), Requant's integers are SMMULR(sum << (left + 1), multiplier) (its rounded high word is
-// (sum * 2^left * m + 2^30) >> 31) then, for a right shift of at least 1, (high + 2^(right - 1) +
-// (high < 0 ? -1 : 0)) >> right (round half away from zero, no overflow at that size): 6
-// instructions where Requant takes about 15. Otherwise Requant itself.
+// Four channels' requantization: FastRequant where every sum the window can make fits it (bounded
+// at setup from the weights, the bias and the input offset), Requant otherwise.
 struct FourRequant {
   bool fast;
   Requant exact[4];
-  int32_t lsh[4], mult[4], half[4], right[4];
+  FastRequant quick[4];
   // Outputs `a` to `dst` and, with `b`, outputs `b` to `dst_b` (each channel's constants read once).
   void Store(const int32_t* a, int32_t out_offset, int32_t lo, int32_t hi, int8_t* dst, const int32_t* b = nullptr,
              int8_t* dst_b = nullptr) const {
@@ -155,13 +148,9 @@ struct FourRequant {
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
-      const int32_t l = lsh[k], m = mult[k], hf = half[k], rt = right[k];
-      const int32_t h = Smmulr(a[k] << l, m);
-      dst[k] = Clamp(((h + hf + (h >> 31)) >> rt) + out_offset, lo, hi);
-      if (b != nullptr) {
-        const int32_t hb = Smmulr(b[k] << l, m);
-        dst_b[k] = Clamp(((hb + hf + (hb >> 31)) >> rt) + out_offset, lo, hi);
-      }
+      const FastRequant q = quick[k];
+      dst[k] = Clamp(q(a[k]) + out_offset, lo, hi);
+      if (b != nullptr) dst_b[k] = Clamp(q(b[k]) + out_offset, lo, hi);
     }
   }
 };
@@ -191,9 +180,8 @@ void SetUpFour(const ConvOptions& o, const ConvGeometry& g, const int8_t* filter
   for (int k = 0; k < 4; ++k) {
     const int32_t m = requant[c + k], shift = requant[g.out_c + c + k];
     r.exact[k] = Requant(m, shift);
-    const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
-    r.lsh[k] = left + 1, r.mult[k] = m, r.right[k] = right, r.half[k] = right >= 1 ? 1 << (right - 1) : 0;
-    r.fast = r.fast && right >= 1 && right <= 31 && left <= 29 && (bound[k] << (left + 1)) < (int64_t{1} << 31);
+    r.quick[k] = FastRequant(m, shift);
+    r.fast = r.fast && FastRequant::Fits(bound[k], shift);
   }
 }
 
