@@ -101,30 +101,32 @@ def _threes(seed=57):
     """(graph with every depthwise convolution on the fast kernel, model bytes): 3x3 windows at
     stride 1, where the kernel takes two outputs at a time: odd and even widths and channel
     counts, SAME, VALID and folded asymmetric padding, RELU6 / RELU / none, widths too narrow for
-    a pair, and one layer whose bias is too large for SMMULR's requantization (Requant's path)."""
+    a pair, one layer whose right shifts are all 1 (FastRequant's rounding of ties), and one whose
+    bias is too large for FastRequant (Requant's path)."""
     b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 11, 9, 6))
     e = b.conv(x, 13, k=1, act="RELU6")
     d1 = b.dw(e, k=3, act="RELU6")  # 13 channels: three groups of four and one channel
     d2 = b.dw(b.pad(d1, 0, 2, 1, 0), k=3, padding="VALID", act="RELU")  # folds: explicit, asymmetric
-    big = b.dw(d2, k=3)
-    bias = b.ops[-1].inputs[2]
-    huge = np.array([(1 << 29) * (-1) ** k - 7 * k for k in range(13)], dtype=np.int32)  # sums past 2^30
-    b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(huge.tobytes(), dtype=np.uint8).copy())
-    unit = b.dw(big, k=3)  # small weights, an output scale giving a multiplier of 2^0: Requant's path
+    unit = b.dw(d2, k=3)  # small weights, multipliers in [0.25, 0.5): a right shift of 1, ties every other sum
     wt, y = b.ops[-1].inputs[1], b.ops[-1].outputs[0]
     small = np.random.default_rng(seed).integers(-3, 4, b.tensors[wt].shape).astype(np.int8)
     b.tensors[wt] = dataclasses.replace(b.tensors[wt], data=np.frombuffer(small.tobytes(), dtype=np.uint8).copy())
-    s_in, s_w, q = b.tensors[big].quant.scale[0], b.tensors[wt].quant.scale, b.tensors[y].quant
-    b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(q, scale=(s_in * max(s_w) * 1.5,)))
-    v = b.dw(b.conv(unit, 20, k=1, act="RELU6"), k=3, padding="VALID", act="RELU6")  # 20 channels, VALID
+    s_in, s_w, q = b.tensors[d2].quant.scale[0], b.tensors[wt].quant.scale, b.tensors[y].quant
+    b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(q, scale=(s_in * max(s_w) * 2.05,)))
+    big = b.dw(unit, k=3)
+    bias = b.ops[-1].inputs[2]
+    huge = np.array([((1 << 30) + (1 << 28)) * (-1) ** k - 7 * k for k in range(13)], dtype=np.int32)  # sums past 2^30
+    b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(huge.tobytes(), dtype=np.uint8).copy())
+    v = b.dw(b.conv(big, 20, k=1, act="RELU6"), k=3, padding="VALID", act="RELU6")  # 20 channels, VALID
     n = b.dw(b.conv(b.pool(v, k=3, stride=3), 7, k=1), k=3, act="RELU6")  # 2 x 2 x 7: no pair fits
-    g, folded = fold_pads(b.graph([n]), harness=True)
+    outs = [n, unit]  # (unit's own output too: the large bias after it saturates whatever it reads)
+    g, folded = fold_pads(b.graph(outs), harness=True)
     assert folded == 1
     dws = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D"]
     g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"], kernel_name())
     g = with_kernel(g, dws, kernel_name(FAST))
-    return g, model_to_bytes(to_model(g, read_model(b.model_bytes([n]))))
+    return g, model_to_bytes(to_model(g, read_model(b.model_bytes(outs))))
 
 
 @needs_arm

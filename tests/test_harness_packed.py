@@ -150,7 +150,7 @@ def _requantizations(seed=23):
     first = b.conv(x, 33, k=3, stride=2, act="RELU6")
     bias = b.ops[-1].inputs[2]
     values = np.frombuffer(b.tensors[bias].data.tobytes(), dtype=np.int32).copy()
-    values[32] = 1 << 29
+    values[32] = (1 << 30) + (1 << 28)  # sums past 2^30: doubled, past 2^31
     b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(values.tobytes(), dtype=np.uint8).copy())
     mix = b.conv(b.conv(first, 3, k=1), 5, k=3)
     wt, y, src = b.ops[-1].inputs[1], b.ops[-1].outputs[0], b.ops[-1].inputs[0]
