@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
@@ -96,19 +97,63 @@ def test_the_fast_depthwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
+def _threes(seed=57):
+    """(graph with every depthwise convolution on the fast kernel, model bytes): 3x3 windows at
+    stride 1, where the kernel takes two outputs at a time: odd and even widths and channel
+    counts, SAME, VALID and folded asymmetric padding, RELU6 / RELU / none, widths too narrow for
+    a pair, one layer whose right shifts are all 1 (FastRequant's rounding of ties), and one whose
+    bias is too large for FastRequant (Requant's path)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 11, 9, 6))
+    e = b.conv(x, 13, k=1, act="RELU6")
+    d1 = b.dw(e, k=3, act="RELU6")  # 13 channels: three groups of four and one channel
+    d2 = b.dw(b.pad(d1, 0, 2, 1, 0), k=3, padding="VALID", act="RELU")  # folds: explicit, asymmetric
+    unit = b.dw(d2, k=3)  # small weights, multipliers in [0.25, 0.5): a right shift of 1, ties every other sum
+    wt, y = b.ops[-1].inputs[1], b.ops[-1].outputs[0]
+    small = np.random.default_rng(seed).integers(-3, 4, b.tensors[wt].shape).astype(np.int8)
+    b.tensors[wt] = dataclasses.replace(b.tensors[wt], data=np.frombuffer(small.tobytes(), dtype=np.uint8).copy())
+    s_in, s_w, q = b.tensors[d2].quant.scale[0], b.tensors[wt].quant.scale, b.tensors[y].quant
+    b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(q, scale=(s_in * max(s_w) * 2.05,)))
+    big = b.dw(unit, k=3)
+    bias = b.ops[-1].inputs[2]
+    huge = np.array([((1 << 30) + (1 << 28)) * (-1) ** k - 7 * k for k in range(13)], dtype=np.int32)  # sums past 2^30
+    b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(huge.tobytes(), dtype=np.uint8).copy())
+    v = b.dw(b.conv(big, 20, k=1, act="RELU6"), k=3, padding="VALID", act="RELU6")  # 20 channels, VALID
+    n = b.dw(b.conv(b.pool(v, k=3, stride=3), 7, k=1), k=3, act="RELU6")  # 2 x 2 x 7: no pair fits
+    outs = [n, unit]  # (unit's own output too: the large bias after it saturates whatever it reads)
+    g, folded = fold_pads(b.graph(outs), harness=True)
+    assert folded == 1
+    dws = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D"]
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"], kernel_name())
+    g = with_kernel(g, dws, kernel_name(FAST))
+    return g, model_to_bytes(to_model(g, read_model(b.model_bytes(outs))))
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_3x3_stride_1_pairs_and_both_requantizations_are_bit_identical_in_qemu(tmp_path, kernels_set):
+    g, data = _threes()
+    assert sum(FAST in kernels.flags(op) for op in g.ops) == 6
+    path = tmp_path / "threes.tflite"
+    path.write_bytes(data)
+    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+
+
 def test_the_model_on_the_harness_takes_the_fast_kernel_where_it_won():
-    """fit's on_harness: 5x5 and 7x7 windows on the fast kernel (faster than CMSIS-NN's there, and
-    no buffer), 3x3 left on CMSIS-NN's 3x3 kernel (faster there); the cost model says the same."""
+    """fit's on_harness: 5x5 and 7x7 windows, and 3x3 at stride 1, on the fast kernel (faster than
+    CMSIS-NN's there, and no buffer), 3x3 at stride 2 left on CMSIS-NN's 3x3 kernel (faster there);
+    the cost model says the same."""
     from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
     from tpu_pipeline.toolchain.fit.variants import on_harness
 
     b = CnnBuilder(seed=4, spread=True)
     x = b.input((1, 14, 14, 16))
-    y = b.dw(b.dw(b.dw(b.conv(x, 16, k=1), k=3), k=5), k=7, stride=2)
+    y = b.dw(b.dw(b.dw(b.dw(b.conv(x, 16, k=1), k=3), k=5), k=7, stride=2), k=3, stride=2)
     g, _ = on_harness(b.graph([y]))
-    fast = {g.tensors[op.inputs[1]].shape[1]: FAST in kernels.flags(op) for op in g.ops
-            if op.opcode == "DEPTHWISE_CONV_2D"}
-    assert fast == {3: False, 5: True, 7: True}
+    fast = [(g.tensors[op.inputs[1]].shape[1], op.options.stride_h, FAST in kernels.flags(op)) for op in g.ops
+            if op.opcode == "DEPTHWISE_CONV_2D"]
+    assert fast == [(3, 1, True), (5, 1, True), (7, 2, True), (3, 2, False)]
     slow = with_kernel(g, [i for i, op in enumerate(g.ops) if FAST in kernels.flags(op)], kernel_name())
     board = load_device("qemu-mps2-an386")
     assert estimate_mcu(g, board).instructions < estimate_mcu(slow, board).instructions

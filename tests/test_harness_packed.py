@@ -141,6 +141,42 @@ def test_the_packed_kernel_is_bit_identical_in_qemu(model, kernels_set):
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
+def _requantizations(seed=23):
+    """(graph, model bytes): a first layer of 33 output channels (two chunks of its requantization
+    set-up) whose last channel's bias is too large for FastRequant (that chunk on Requant, the
+    first on FastRequant), then one whose multipliers are 2^0 and more (Requant's left shift)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 13, 11, 3))
+    first = b.conv(x, 33, k=3, stride=2, act="RELU6")
+    bias = b.ops[-1].inputs[2]
+    values = np.frombuffer(b.tensors[bias].data.tobytes(), dtype=np.int32).copy()
+    values[32] = (1 << 30) + (1 << 28)  # sums past 2^30: doubled, past 2^31
+    b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(values.tobytes(), dtype=np.uint8).copy())
+    mix = b.conv(b.conv(first, 3, k=1), 5, k=3)
+    wt, y, src = b.ops[-1].inputs[1], b.ops[-1].outputs[0], b.ops[-1].inputs[0]
+    small = np.random.default_rng(seed).integers(-2, 3, b.tensors[wt].shape).astype(np.int8)
+    b.tensors[wt] = dataclasses.replace(b.tensors[wt], data=np.frombuffer(small.tobytes(), dtype=np.uint8).copy())
+    s_w, q = b.tensors[wt].quant.scale, b.tensors[y].quant
+    b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(
+        q, scale=(b.tensors[src].quant.scale[0] * min(s_w) / 3,)))  # multipliers 3 x 2^0 .. 2 x 3 x 2^0
+    g = b.graph([mix])
+    convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
+    g = with_kernel(g, convs, kernel_name())
+    g = with_kernel(g, [convs[0], convs[2]], kernel_name(PACKED))
+    return g, _written(g, b.model_bytes([mix]))
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_both_requantizations_of_the_packed_kernel_are_bit_identical_in_qemu(tmp_path, kernels_set):
+    g, data = _requantizations()
+    assert sum(PACKED in kernels.flags(op) for op in g.ops) == 2
+    path = tmp_path / "requant.tflite"
+    path.write_bytes(data)
+    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+
+
 def test_the_model_on_the_harness_packs_its_first_layer():
     from tpu_pipeline.toolchain.fit.variants import on_harness
 

@@ -1,7 +1,9 @@
 """Flag "fast": the harness's own int8 depthwise kernel (harness/tpup_depthwise.cc), in both
 firmware builds. Four channels at a time with the DSP extension's SIMD multiplies, the int8 input
-read in place, no buffer; the same integers as TFLite's DepthwiseConvPerChannel. It beats
-CMSIS-NN's "opt" kernel on 5x5 and 7x7 windows (docs/bench/mcu_latency.md), so it wins there."""
+read in place, no buffer; the same integers as TFLite's DepthwiseConvPerChannel (SMMULR's
+requantization where the sums provably fit). It beats CMSIS-NN's "opt" kernel on 5x5 and 7x7
+windows, and CMSIS-NN's 3x3 kernel on 3x3 windows at stride 1, two outputs at a time there
+(docs/bench/harness_kernels.md), so it wins there; 3x3 at stride 2 stays on CMSIS-NN's."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from tpu_pipeline.toolchain.ir.graph import Graph
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 
 MAX_TAPS = 81  # (harness/tpup_conv.h kFastMaxTaps: the weights of four channels on the stack)
-WINS_FROM_TAPS = 25  # windows from 5x5 up: where it beat CMSIS-NN's in QEMU
+WINS_FROM_TAPS = 25  # windows from 5x5 up: where it beat CMSIS-NN's in QEMU (and 3x3 at stride 1)
 
 
 def applies(graph: Graph, i: int) -> bool:
@@ -23,8 +25,10 @@ def applies(graph: Graph, i: int) -> bool:
 
 
 def wins(graph: Graph, i: int) -> bool:
-    w = graph.tensors[graph.ops[i].inputs[1]].shape
-    return w[1] * w[2] >= WINS_FROM_TAPS
+    op = graph.ops[i]
+    w = graph.tensors[op.inputs[1]].shape
+    three_s1 = w[1] == w[2] == 3 and op.options.stride_h == op.options.stride_w == 1
+    return w[1] * w[2] >= WINS_FROM_TAPS or three_s1
 
 
 VARIANT = KernelVariant(flag="fast", bit=4, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,

@@ -110,6 +110,37 @@ struct Requant {
   }
 };
 
+// Requant's integers, cheaper, for sums of magnitude at most a bound known at setup: where
+// bound * 2^(left + 1) < 2^31 and the right shift is at least 1 (Fits), Requant's high word
+// (x * 2^left * m + 2^30) >> 31 is SMMULR(x << (left + 1), m) (no overflow), and its rounding
+// divide by 2^right is (high + 2^(right - 1) + (high < 0 ? -1 : 0)) >> right (round half away from
+// zero; no overflow at that size): 5 instructions where Requant takes about 15.
+struct FastRequant {
+  int32_t lsh, multiplier, half, right;
+  static bool Fits(int64_t bound, int32_t shift) {
+    const int left = shift > 0 ? shift : 0;
+    return shift <= -1 && shift >= -31 && left <= 29 && (bound << (left + 1)) < (int64_t{1} << 31);
+  }
+  FastRequant() = default;
+  FastRequant(int32_t m, int32_t shift)
+      : lsh((shift > 0 ? shift : 0) + 1), multiplier(m), half(shift < 0 ? 1 << (-shift - 1) : 0),
+        right(shift < 0 ? -shift : 0) {}
+  int32_t operator()(int32_t x) const {
+    const int32_t h = MulHighRounded(x << lsh, multiplier);
+    return (h + half + (h >> 31)) >> right;
+  }
+  // (a * b + 2^31) >> 32: SMMULR
+  static int32_t MulHighRounded(int32_t a, int32_t b) {
+#if defined(__ARM_FEATURE_DSP)
+    int32_t r;
+    __asm__("smmulr %0, %1, %2" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else
+    return static_cast<int32_t>((static_cast<int64_t>(a) * b + (int64_t{1} << 31)) >> 32);
+#endif
+  }
+};
+
 inline int8_t Clamp(int32_t v, int32_t lo, int32_t hi) { return static_cast<int8_t>(v < lo ? lo : (v > hi ? hi : v)); }
 
 }  // namespace tpup

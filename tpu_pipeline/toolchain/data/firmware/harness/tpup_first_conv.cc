@@ -1,7 +1,8 @@
 // The harness's convolution for few input channels (flag "packed", tpu_pipeline/toolchain/ir/kernels.py):
 // a model's first layer (3 input channels, 3x3, stride 2) and its like. Bit-identical to TFLite
 // Micro's ConvPerChannel (and CMSIS-NN's): the same exact int32 sums, then
-// tflite::MultiplyByQuantizedMultiplier's integers.
+// tflite::MultiplyByQuantizedMultiplier's integers (FastRequant's where the layer's weights bound
+// every sum small enough, tpup_conv.h).
 //
 // Why faster than CMSIS-NN's im2col kernel there: that kernel copies each window tap by tap (one
 // call per tap of 3 channels) and multiplies in groups of four values, which 27 is not. Here a
@@ -119,36 +120,68 @@ void Block(const int32_t* wa, const int32_t* wb, int pairs, const int32_t* a, co
 
 constexpr int kChannelChunk = 32;  // output channels whose requantization is set up once, on the stack
 
+// Output channels [c0, c1) of output rows [0, out_rows), requantized by `scale` (Requant or
+// FastRequant, indexed from c0).
+template <int P, class Q>
+void Chunk(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+           const int32_t* packed, const Q* scale, int c0, int c1, int8_t* out) {
+  const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), stride = pairs + 1, C = g.out_c;
+  const int8_t zero_point = static_cast<int8_t>(-o.input_offset);
+  const int32_t oo = o.output_offset, lo = o.act_min, hi = o.act_max;
+  int32_t win_a[kPackedMaxPairs], win_b[kPackedMaxPairs];
+  for (int oy = 0; oy < out_rows; ++oy) {
+    const int iy0 = oy * o.stride_h - pad_top;
+    for (int ox = 0; ox < g.out_w; ox += 2) {
+      const bool both = ox + 1 < g.out_w;
+      const int ix0 = ox * o.stride_w - o.pad_left;
+      PackWindow(g, in, iy0, ix0, zero_point, win_a);
+      if (both) PackWindow(g, in, iy0, ix0 + o.stride_w, zero_point, win_b);
+      int8_t* dst = out + (oy * g.out_w + ox) * C;
+      for (int oc = c0; oc < c1; oc += 2) {
+        const bool two = oc + 1 < c1;
+        const int32_t* wa = packed + oc * stride;
+        int32_t acc[4];
+        Block<P>(wa, two ? wa + stride : wa, pairs, win_a, both ? win_b : win_a, acc);
+        for (int k = 0; k < (two ? 2 : 1); ++k) {
+          const Q q = scale[oc - c0 + k];
+          dst[oc + k] = Clamp(q(acc[2 * k]) + oo, lo, hi);
+          if (both) dst[C + oc + k] = Clamp(q(acc[2 * k + 1]) + oo, lo, hi);
+        }
+      }
+    }
+  }
+}
+
+// The largest |sum| output channel `oc` can make: its folded bias plus 128 x sum(|w|) (every
+// packed input, padding included, is an int8).
+int64_t SumBound(const int32_t* w, int pairs) {
+  int64_t bound = w[0] < 0 ? -static_cast<int64_t>(w[0]) : w[0];
+  for (int k = 1; k <= pairs; ++k) {
+    const int32_t l = static_cast<int16_t>(w[k]), h = w[k] >> 16;
+    bound += 128 * ((l < 0 ? -l : l) + (h < 0 ? -h : h));
+  }
+  return bound;
+}
+
+// Per chunk of output channels: FastRequant where every channel's sums fit it, Requant otherwise.
 template <int P>
 void Rows(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
           const int32_t* packed, const int32_t* requant, int8_t* out) {
-  const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), stride = pairs + 1, C = g.out_c;
-  const int8_t zero_point = static_cast<int8_t>(-o.input_offset);
-  int32_t win_a[kPackedMaxPairs], win_b[kPackedMaxPairs];
-  Requant scale[kChannelChunk];
+  const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), C = g.out_c;
+  Requant exact[kChannelChunk];
+  FastRequant quick[kChannelChunk];
   for (int c0 = 0; c0 < C; c0 += kChannelChunk) {
     const int c1 = c0 + kChannelChunk < C ? c0 + kChannelChunk : C;
-    for (int oc = c0; oc < c1; ++oc) scale[oc - c0] = Requant(requant[oc], requant[C + oc]);
-    for (int oy = 0; oy < out_rows; ++oy) {
-      const int iy0 = oy * o.stride_h - pad_top;
-      for (int ox = 0; ox < g.out_w; ox += 2) {
-        const bool both = ox + 1 < g.out_w;
-        const int ix0 = ox * o.stride_w - o.pad_left;
-        PackWindow(g, in, iy0, ix0, zero_point, win_a);
-        if (both) PackWindow(g, in, iy0, ix0 + o.stride_w, zero_point, win_b);
-        int8_t* dst = out + (oy * g.out_w + ox) * C;
-        for (int oc = c0; oc < c1; oc += 2) {
-          const bool two = oc + 1 < c1;
-          const int32_t* wa = packed + oc * stride;
-          int32_t acc[4];
-          Block<P>(wa, two ? wa + stride : wa, pairs, win_a, both ? win_b : win_a, acc);
-          for (int k = 0; k < (two ? 2 : 1); ++k) {
-            const Requant& q = scale[oc - c0 + k];
-            dst[oc + k] = Clamp(q(acc[2 * k]) + o.output_offset, o.act_min, o.act_max);
-            if (both) dst[C + oc + k] = Clamp(q(acc[2 * k + 1]) + o.output_offset, o.act_min, o.act_max);
-          }
-        }
-      }
+    bool fast = true;
+    for (int oc = c0; oc < c1; ++oc) {
+      exact[oc - c0] = Requant(requant[oc], requant[C + oc]);
+      quick[oc - c0] = FastRequant(requant[oc], requant[C + oc]);
+      fast = fast && FastRequant::Fits(SumBound(packed + oc * (pairs + 1), pairs), requant[C + oc]);
+    }
+    if (fast) {
+      Chunk<P>(o, g, pad_top, out_rows, in, packed, quick, c0, c1, out);
+    } else {
+      Chunk<P>(o, g, pad_top, out_rows, in, packed, exact, c0, c1, out);
     }
   }
 }
