@@ -7,23 +7,20 @@ multiple of four, no bias, and in place (overlapped)."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
-from tpu_pipeline.toolchain.device import kernel_set, load_device
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
 from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_variant, kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
-from tpu_pipeline.toolchain.memory.tflm_target import target_arena
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
-from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
 BOARD = load_device("qemu-mps2-an386")
 
@@ -92,8 +89,7 @@ def model(tmp_path_factory):
 def test_the_fast_depthwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
     path, g = model
     r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=9)
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, exported_model, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.export_mcu import export_mcu
 from tpu_pipeline.toolchain.ir import from_model, kernels, overlap
@@ -198,8 +198,7 @@ def test_an_input_outside_the_arena(tmp_path, kernels_set):
     assert back.external == back.inputs
     r = _run(path, kernels_set)
     assert r.error is None and r.outputs_match is True, r.output_differences
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     # the input takes no arena: nothing is live before the first op, and the head is no larger
     assert lifetimes(outside, semantics="tflm").live_bytes()[0] == 0 < lifetimes(g, semantics="tflm").live_bytes()[0]
@@ -269,7 +268,6 @@ def test_elementwise_ops_run_in_place_on_the_board(tmp_path, kernels_set):
     path.write_bytes(data)
     r = _run(path, kernels_set)
     assert r.error is None and r.outputs_match is True, r.output_differences
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
-    assert sum(kernels.runs_in_place(op) for op in from_model(exported).ops) == 2
+    assert sum(kernels.runs_in_place(op) for op in from_model(exported_model(r)).ops) == 2

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
-from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.fit.variants import on_harness
@@ -23,9 +22,8 @@ from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, standalone_mod
 from tpu_pipeline.toolchain.ir.kernels import kernel_name, mean_axes, mean_mul_refusal, mean_requant, with_kernel
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
-from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
-from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
 BOARD = load_device("qemu-mps2-an386")
 
@@ -163,8 +161,7 @@ def test_mean_and_mul_run_bit_identical_in_qemu(model, kernels_set):
     r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=5)
     ran = {o["index"]: o["opcode"] for o in r.op_instructions}
     assert {i for i, code in ran.items() if code in ("TPUP_MEAN", "TPUP_MUL")} == set(_mean_mul(h))
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert np.isfinite(r.instructions)
 

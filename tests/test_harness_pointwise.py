@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, qemu_run_matching
-from tpu_pipeline.toolchain.device import kernel_set, load_device
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
 from tpu_pipeline.toolchain.ir.graph import Quantization
@@ -24,9 +24,7 @@ from tpu_pipeline.toolchain.ir.kernels import OVERLAP, POINTWISE, can_run_varian
 from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven, requant
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
-from tpu_pipeline.toolchain.memory.tflm_target import target_arena
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
-from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
 
 BOARD = load_device("qemu-mps2-an386")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -207,8 +205,7 @@ def model(tmp_path_factory):
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_pointwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
     r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
@@ -286,6 +283,5 @@ def test_patch_stages_run_their_1x1_layers_on_the_pointwise_kernel_in_qemu(tmp_p
     path = tmp_path / "staged.tflite"
     path.write_bytes(data)
     r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

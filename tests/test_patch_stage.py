@@ -5,12 +5,11 @@ Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, needs_arm, needs_qemu, tree_or_skip
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, tree_or_skip
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
@@ -19,11 +18,11 @@ from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
 from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
-from tpu_pipeline.toolchain.memory.tflm_target import target_arena, target_tail
+from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 from tpu_pipeline.toolchain.rewrite.patch import checked_region, apply_patches, patch_regions
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
-from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
+from tpu_pipeline.toolchain.tflite.metadata import with_offline_plan
 
 BOARD = load_device("qemu-mps2-an386")
 
@@ -157,8 +156,7 @@ def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernel
     assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
     assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
     assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
@@ -221,8 +219,7 @@ def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_pat
     except LibraryBusy as exc:
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
-    exported = read_model(Path(r.elf).parents[2] / "model.tflite")
-    predicted = target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+    predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert r.arena_used_bytes == predicted.total
 

@@ -52,3 +52,21 @@ def qemu_run_matching(path, board, kernels: str | KernelSet, **options):
         pytest.skip(str(exc))
     assert r.error is None and r.outputs_match is True, r.output_differences
     return r
+
+
+def exported_model(r):
+    """The model file a harness run exported (beside its firmware project)."""
+    from tpu_pipeline.toolchain.tflite import read_model
+
+    return read_model(Path(r.elf).parents[2] / "model.tflite")
+
+
+def exported_arena(r):
+    """The target arena (head, tail) predicted for the model a harness run exported, with its offline
+    plan and the run's kernel set: what the run's measured head and tail must equal."""
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.memory.tflm_target import target_arena
+    from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan
+
+    exported = exported_model(r)
+    return target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
