@@ -48,8 +48,8 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, each variant's own bit (4 fast, 8 packed), padding mode << 4: 0 explicit, 1 same,
-2 valid), pad_top, pad_left,
+(1 direct, 2 overlap, each variant's own bits (4 fast, 8 packed, 0x100 pointwise and 0x200 its proof),
+padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].
 """
@@ -207,7 +207,8 @@ def variant_of(op: Op):
 def winning_variant(graph: Graph, i: int) -> str | None:
     """The flag of the first registered variant a harness op on the kernel set's paths goes on
     wherever it may: it can run it, and QEMU measured it faster there (`wins`). A variant needs no
-    buffer, so it never costs memory."""
+    buffer; one with a constant input of its own (packed) adds that tensor's entry to TFLite
+    Micro's tail (16 bytes)."""
     op = graph.ops[i]
     if not is_harness(op) or op.opcode in MEAN_MUL or variant_of(op) is not None:
         return None

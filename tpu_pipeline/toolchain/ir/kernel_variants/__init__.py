@@ -3,16 +3,17 @@
 A variant is a kernel of the MCU harness that computes exactly what an op's builtin computes
 (bit-identical under both kernel sets) and is faster on the shapes it takes. Unlike the memory
 flags of tpu_pipeline.toolchain.ir.kernels (`direct`, `overlap`), which fit trades against time,
-a variant costs no memory (no kernel buffer, no persistent data), so the model on the harness
-takes it wherever QEMU measured it faster (`wins`).
+a variant needs no kernel buffer and no persistent data of its own, so the model on the harness
+takes it wherever QEMU measured it faster (`wins`); one that reads a constant of its own (packed's
+re-laid weights) adds that tensor's 16-byte entry to TFLite Micro's tail.
 
 A new variant is its firmware source (data/firmware/harness/<source>, dispatched on its flag bit
 in tpup_conv.cc) plus one module here defining `VARIANT`, plus one line in `REGISTRY`. Everything
 else follows from the record: the kernel name and the custom options' flag bit (ir/kernels.py),
 fit's fastest point (fit/variants.py `on_harness`), the scratch model (memory/scratch.py: no
 buffer), the cost model (cost/mcu.py: its own row, else a builtin's), the patch-stage rewrite
-(its layers run tpup_conv.cc's paths, so a stage drops the flag) and the drop-in library's
-sources (deploy/library.py). tests/test_kernel_variants.py registers a probe variant and checks
+(a stage drops the flag unless tpup_stage.cc runs the variant: `in_stages`), the builtin view
+(its constant input dropped) and the drop-in library's sources (deploy/library.py). tests/test_kernel_variants.py registers a probe variant and checks
 each of these.
 """
 
