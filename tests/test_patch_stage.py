@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, tree_or_skip
-from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
+from helpers.firmware import exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, stage
@@ -139,21 +139,11 @@ def test_what_a_stage_cannot_run_is_refused():
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernels_set):
-    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
-    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
-
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed")
-    tree_or_skip(kernels_set)
     g, src = _mbv2_like()
     staged, _ = _staged(g, (3, 2))
     path = tmp_path / "staged.tflite"
     path.write_bytes(_write(staged, src))
-    try:
-        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=2, seed=5)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
     assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
     assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
     predicted = exported_arena(r)
@@ -204,21 +194,11 @@ def test_a_streamed_stage_computes_every_row_once_and_is_an_identity(n):
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_path, kernels_set):
-    from tpu_pipeline.runtime.backends.qemu import run_on_qemu
-    from tpu_pipeline.toolchain.firmware.library import LibraryBusy
-
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed")
-    tree_or_skip(kernels_set)
     g, src = _mbv2_like()
     staged = _streamed(g, 3)
     path = tmp_path / "streamed.tflite"
     path.write_bytes(_write(staged, src))
-    try:
-        r = run_on_qemu(path, BOARD, kernel_set(kernels_set), iterations=2, seed=5)
-    except LibraryBusy as exc:
-        pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, (r.error, r.output_differences)
+    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
     predicted = exported_arena(r)
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
     assert r.arena_used_bytes == predicted.total
