@@ -11,7 +11,7 @@ from tpu_pipeline.toolchain.errors import ModelError, VerificationError
 from tpu_pipeline.toolchain.execute.compare import compare_named, compare_outputs, max_abs_diff, verify_chain
 from tpu_pipeline.toolchain.execute.inputs import input_stream, random_inputs, seeded_inputs
 from tpu_pipeline.toolchain.execute.litert import (input_details, litert_interpreter, litert_load_error, run_litert, run_named,
-                                      seeded_outputs)
+                                      run_positional, seeded_outputs)
 from tpu_pipeline.toolchain.execute.tflm import TflmModel, run_tflm, run_tflm_in_child
 
 INT8 = FIXTURES / "tiny_irregular_int8.tflite"
@@ -53,6 +53,32 @@ def test_litert_interpreters_from_bytes_and_path_agree():
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
     assert [np.array_equal(v, w) for v, w in zip(c.values(), a)] == [True] * len(a)
     assert all(np.array_equal(p, q) for p, q in zip(seeded_outputs(INT8, 5), seeded_outputs(INT8.read_bytes(), 5)))
+
+
+def test_a_corrupted_interpreter_state_is_a_crash_not_an_internal_error():
+    """LiteRT's int8 SVDF overwrites the interpreter's own state on TFLite Micro's keyword model:
+    run to run it segfaults, aborts in free(), or hands back an output index out of its own range
+    (that last one ended compile --verify with an internal error, exit 70, in CI)."""
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash
+
+    class Corrupted:  # a real interpreter whose output index the kernel has overwritten
+        def __init__(self, it):
+            self.it = it
+
+        def __getattr__(self, name):
+            return getattr(self.it, name)
+
+        def get_tensor(self, index):
+            raise ValueError(f"Invalid tensor index {index + 2137194496} exceeds max tensor index 62")
+
+    it = Corrupted(litert_interpreter(INT8))
+    x = seeded_inputs(input_details(INT8), 1)
+    with pytest.raises(RuntimeCrash, match=r"^LiteRT crashed \(it corrupted its own memory: Invalid tensor index"):
+        run_positional(it, x)
+    with pytest.raises(RuntimeCrash):
+        run_named(it, {d["name"]: v for d, v in zip(it.get_input_details(), x)})
+    with pytest.raises(ValueError, match="Cannot set tensor"):  # a caller's wrong input stays its own error
+        run_positional(litert_interpreter(INT8), [v.astype(np.float64) for v in x])
 
 
 def test_litert_refusals_are_one_line():

@@ -8,12 +8,14 @@ latency and for the load check. Delegates (the Edge TPU) are passed in by the ca
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from pathlib import Path
 
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
+from tpu_pipeline.toolchain.execute.child import RuntimeCrash
 
 # A model that picks our harness's kernels per op (tpu_pipeline.toolchain.ir.kernels) names them as custom ops.
 HARNESS_KERNEL_MARK = b"TPUP_"
@@ -84,21 +86,41 @@ def input_details(model: bytes | str | Path) -> list[dict]:
     return litert_interpreter(model).get_input_details()
 
 
+# LiteRT's bounds check on a tensor index the interpreter itself handed out: it fails only when a
+# kernel has overwritten the interpreter's own state (LiteRT's int8 SVDF on TFLite Micro's keyword
+# model does, and then segfaults, aborts in free() or returns such an index, run to run).
+_CORRUPT_INDEX = "exceeds max tensor index"
+
+
 def run_positional(it, inputs) -> list[np.ndarray]:
     """One invocation of interpreter `it`, inputs and outputs in the model's order."""
-    for d, x in zip(it.get_input_details(), inputs):
-        it.set_tensor(d["index"], x)
-    it.invoke()
-    return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
+    with _state_checked():
+        for d, x in zip(it.get_input_details(), inputs):
+            it.set_tensor(d["index"], x)
+        it.invoke()
+        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
 
 
 def run_named(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One invocation of interpreter `it`, inputs and outputs matched by tensor name; KeyError
     names an input `feeds` lacks."""
-    for d in it.get_input_details():
-        it.set_tensor(d["index"], feeds[d["name"]])
-    it.invoke()
-    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+    with _state_checked():
+        for d in it.get_input_details():
+            it.set_tensor(d["index"], feeds[d["name"]])
+        it.invoke()
+        return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+
+
+@contextlib.contextmanager
+def _state_checked():
+    """A run whose interpreter reports one of its own tensor indices out of range has corrupted
+    its memory: that is a crash (RuntimeCrash), whichever way it shows this time."""
+    try:
+        yield
+    except ValueError as exc:
+        if _CORRUPT_INDEX not in str(exc):
+            raise
+        raise RuntimeCrash(f"LiteRT crashed (it corrupted its own memory: {exc})", "LiteRT") from None
 
 
 def run_litert(model: bytes | str | Path, inputs, tensors=()) -> tuple[list[np.ndarray], dict]:
