@@ -305,6 +305,9 @@ class _Chain:
         # a group's latencies lifted above every later group's: a running minimum restarts per group
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
         self._under: dict[int, list] = {}
+        self._caps = np.unique(peak)  # (sorted)
+        self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
+        self._last, self._size = [None, None], [32, 32]  # [latency_first]: the last cap asked, the next block
 
     def under(self, cap: int) -> list:
         """The variants of peak <= cap that no other of their group (same spans) matches or beats
@@ -330,35 +333,63 @@ class _Chain:
                 quick = _fastest(under, self.n, self.ns)
                 return [] if quick is None else [(sum(v.tail for v in quick[2]), quick[0], quick[2])]
             return _least_tail(under, self.n, self.ns, max_tail)
-        none = np.iinfo(np.int64).max
-        best = np.full(self.n + 1, none, dtype=np.int64)
-        best[0] = 0
-        pick = np.full(self.n + 1, -1, dtype=np.int64)
-        for end in range(1, self.n + 1):
-            if end not in self.by_end:
-                continue
-            idx, first, peak, by_tail, by_lat = self.by_end[end]
-            prev = best[first]
-            ok = (peak <= cap) & (prev != none)
-            if not ok.any():
-                continue
-            cand = np.where(ok, prev + (by_lat if latency_first else by_tail), none)
-            k = int(np.argmin(cand))
-            best[end], pick[end] = cand[k], idx[k]
-        if best[self.n] == none:
+        key, pick = self._row(cap, latency_first)
+        if key is None:
+            return []
+        if latency_first:
+            lat, tail = divmod(key, self._TAIL)
+        else:
+            tail, lat = divmod(key, self._SHIFT)
+        if max_tail is not None and tail > max_tail:
             return []
         chosen, at = [], self.n
         while at > 0:
             v = self.variants[int(pick[at])]
             chosen.append(v)
             at = v.first
-        if latency_first:
-            lat, tail = divmod(int(best[self.n]), self._TAIL)
-        else:
-            tail, lat = divmod(int(best[self.n]), self._SHIFT)
-        if max_tail is not None and tail > max_tail:
-            return []
         return [(tail, lat, chosen[::-1])]
+
+    def _row(self, cap: int, latency_first: bool):
+        """(the least key or None, the variant picked per end span) under `cap`. The selection asks
+        cap after cap (falling in the latency-first sweep, rising for the least arena): a miss
+        solves a block of the caps next in the direction it moves, all at once (one array pass per
+        end span over caps x variants), the block doubling while the misses go on."""
+        cache = self._rows[latency_first]
+        if cap not in cache:
+            at = int(np.searchsorted(self._caps, cap))
+            if at == len(self._caps) or self._caps[at] != cap:
+                caps = np.array([cap], dtype=np.int64)  # (not a variant's peak: alone)
+            else:
+                last, size = self._last[latency_first], self._size[latency_first]
+                down = last is not None and cap < last
+                lo, hi = (max(0, at - size + 1), at + 1) if down else (at, min(len(self._caps), at + size))
+                caps = self._caps[lo:hi]
+                self._size[latency_first] = min(2 * size, self._MAX_BLOCK)
+            self._last[latency_first] = cap
+            self._solve_caps(caps, latency_first, cache)
+        return cache[cap]
+
+    _MAX_BLOCK = 256
+
+    def _solve_caps(self, caps, latency_first: bool, cache: dict) -> None:
+        none = np.iinfo(np.int64).max
+        k = len(caps)
+        best = np.full((k, self.n + 1), none, dtype=np.int64)
+        best[:, 0] = 0
+        pick = np.full((k, self.n + 1), -1, dtype=np.int64)
+        rows = np.arange(k)
+        for end in range(1, self.n + 1):
+            if end not in self.by_end:
+                continue
+            idx, first, peak, by_tail, by_lat = self.by_end[end]
+            prev = best[:, first]
+            ok = (peak[None, :] <= caps[:, None]) & (prev != none)
+            cand = np.where(ok, prev + (by_lat if latency_first else by_tail)[None, :], none)
+            at = np.argmin(cand, axis=1)
+            best[:, end], pick[:, end] = cand[rows, at], idx[at]
+        for r, c in enumerate(caps.tolist()):
+            key = int(best[r, self.n])
+            cache[c] = (None, None) if key == none else (key, pick[r])
 
 
 def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
