@@ -44,14 +44,25 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
     # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
     # gains here, while the planner needs its time to reach the peak on thousands of buffers; where
     # that order already holds the selection's promise, the scheduler gets a short look only)
-    share = 0.35 * deadline.remaining()
+    share, method = 0.35 * deadline.remaining(), "auto"
     if lifetimes(whole, None, sem).peak <= sel.peak:
         share = min(share, REALISE_SCHEDULE_SECONDS)
-    sched = schedule(whole, time_limit=None, deadline=Deadline(max(1.0, share)), semantics=sem)
+        if all(_settled(v) for v in sel.variants if v.peak >= sel.peak):
+            # the variants at the peak had the exact scheduler's look already, alone and for longer:
+            # the whole graph's search meets the same pieces again (TinyEngine's mcunetv2_large:
+            # 2 s spent, nothing gained); its cheap orders and bound only (never worse than this order)
+            method = "greedy"
+    sched = schedule(whole, method, time_limit=None, deadline=Deadline(max(1.0, share)), semantics=sem)
     whole = whole.reordered(sched.order)
     plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(2.0, deadline.remaining())))
     return whole, sched, plan
+
+
+def _settled(v: Variant) -> bool:
+    """The exact scheduler has been asked for `v`'s best order: as-is spans, patch variants ordered
+    (best_order) or proven, stages (one op, one order)."""
+    return v.kind == "as-is" or v.proven or v.ordered
 
 
 def variant_order(whole: Graph, chosen) -> list[int]:
