@@ -204,3 +204,29 @@ def test_export_mcu_keeps_the_plan_fit_made_for_cmsis_nn(tmp_path):
     exported = read_model((tmp_path / "fw" / "model.tflite").read_bytes())
     graph = from_model(exported)
     assert target_head(graph, CMSIS_NN, read_offline_plan(exported))[0] == fitted.result.head
+
+
+def test_the_memory_objective_pays_no_tail_bytes_for_a_variant_constant(monkeypatch):
+    """packed (ir/kernel_variants/packed.py) reads its re-laid weights as a constant input 4: 16
+    bytes of TFLite Micro's tail (an eval tensor and an input slot). Where bytes count, fit drops it
+    (lean_twins): the smallest whole arena equals the one without the variant registered (it was
+    16 B above on pool_softmax, kws, vww_96 and ResNet-8), no op of it on packed; the fastest point
+    keeps the variant."""
+    from tpu_pipeline.toolchain.ir import kernel_variants
+    from tpu_pipeline.toolchain.ir.kernels import variant_of
+
+    src = Path(__file__).parent / "fixtures" / "pool_softmax_int8.tflite"
+
+    def smallest():
+        r = fit_model(src, objective="memory", time_limit=20, want_pareto=True).result
+        assert r.frontier_complete
+        return r
+
+    with_packed = smallest()
+    assert any(variant_of(op) is not None and variant_of(op).flag == "packed"
+               for v in with_packed.frontier[0].variants if v.graph is not None for op in v.graph.ops)  # (fastest)
+    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(v for v in kernel_variants.REGISTRY if v.flag != "packed"))
+    without = smallest()
+    assert with_packed.head + with_packed.tail == without.head + without.tail
+    assert not any(variant_of(op) is not None and variant_of(op).constant_input is not None
+                   for op in with_packed.graph.ops)

@@ -3,6 +3,8 @@ the realised plan tells the selection it missed (overlapped ops' groups above th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tpu_pipeline.toolchain.budget import Deadline, say
 from tpu_pipeline.toolchain.fit.select import Selection
 from tpu_pipeline.toolchain.fit.variants import Variant, splice
@@ -84,6 +86,7 @@ def variant_order(whole: Graph, chosen) -> list[int]:
 def apply_selection(graph: Graph, chosen, spans) -> Graph:
     # rewrites first, spliced by position into the graph their spans index; then the patches,
     # which find their regions by tensor name
+    read = {graph.tensors[t].name for op in graph.ops for t in op.inputs if t >= 0 and graph.tensors[t].is_constant}
     for v in sorted((v for v in chosen if v.kind == "rewrite"), key=lambda v: -v.first):
         graph = splice(graph, v, spans)
     for v in chosen:
@@ -98,7 +101,29 @@ def apply_selection(graph: Graph, chosen, spans) -> Graph:
             kernel = moved.get(graph.tensors[op.outputs[0]].name)
             if kernel is not None and op.kernel != kernel:
                 graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
-    return graph
+    return without_orphans(graph, {t.index for t in graph.tensors if t.name in read})  # (names: unique here)
+
+
+def without_orphans(graph: Graph, tensors) -> Graph:
+    """`graph` without those of `tensors` no op reads any more: a kernel variant's constant input
+    its op no longer takes (a lean twin's, or a layer's a patch stage runs without that variant),
+    to which TFLite Micro would still give an eval tensor in the tail; the variants' tails, which
+    the selection adds up, do not count it."""
+    used = {t for op in graph.ops for t in (*op.inputs, *op.outputs, *op.intermediates) if t >= 0}
+    dropped = set(tensors) - used - set(graph.inputs) - set(graph.outputs)
+    if not dropped:
+        return graph
+    keep = [t for t in graph.tensors if t.index not in dropped]
+    index = {t.index: k for k, t in enumerate(keep)}
+
+    def moved(ts):
+        return tuple(index[t] if t >= 0 else t for t in ts)
+
+    ops = tuple(replace(op, inputs=moved(op.inputs), outputs=moved(op.outputs), intermediates=moved(op.intermediates))
+                for op in graph.ops)
+    return replace(graph, tensors=tuple(replace(t, index=k) for k, t in enumerate(keep)), ops=ops,
+                   inputs=moved(graph.inputs), outputs=moved(graph.outputs),
+                   external=tuple(index[t] for t in graph.external))
 
 
 def overshoot(whole: Graph, plan, sel: Selection, sem: Semantics) -> list[tuple[Variant, int]]:
