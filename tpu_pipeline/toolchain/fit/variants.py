@@ -367,7 +367,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     if v.stage == "bound":
         geo = None if regions is None else regions.get((v.first, v.last, v.form))
         if geo is None:
-            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem)
+            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem, regions)
             if regions is not None:
                 regions[(v.first, v.last, v.form)] = geo
         est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
@@ -399,18 +399,22 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
                    tail=_tail(g, sem), lower_bound=peak if one_op else v.lower_bound, ordered=v.ordered or one_op)
 
 
-def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics):
+def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics,
+                     regions: dict | None = None):
     """What every grid of `v`'s region and form shares (estimate.RegionGeometry): for a stage its
     layers' kernel buffers as the stage asks them (unaligned) and its pricing; for copies the tail
-    every tile's copy of the ops brings."""
+    every tile's copy of the ops brings. `regions`: the caller's dict, where the region's other
+    form left its axes' needs."""
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
+    other = None if regions is None else regions.get((v.first, v.last, "copies" if v.form == "stage" else "stage"))
+    axes = None if other is None else other.axes
     if v.form == "stage":
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
         return RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                              stage_pricing(body, positions, device, sem.kernels))
+                              stage_pricing(body, positions, device, sem.kernels), axes)
     scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, axes=axes)
     # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)
     geo.copy_tail = copies_tail(lean_graph(span_graph(graph, spans[v.first:v.last + 1])), sem)
     return geo
