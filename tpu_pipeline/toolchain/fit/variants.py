@@ -78,6 +78,7 @@ class Variant:
     form: str = "copies"  # patch: "copies" (every tile its own ops) or "stage" (one harness op: ir.stage)
     tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
     # until measured)
+    lean_of: Any = field(default=None, compare=False, repr=False)  # a lean twin's origin (lean_twins)
 
     @property
     def proven(self) -> bool:
@@ -276,7 +277,7 @@ def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         return []
     lat, _ = _costed(g, device, sem)
     return [replace(v, peak=peak, lower_bound=min(peak, order_free_lower_bound(g, sem)), latency_s=lat, graph=g,
-                    kernels=tuple(sorted(moved.items())), tail=tail,
+                    kernels=tuple(sorted(moved.items())), tail=tail, lean_of=v,
                     label=f"{v.label}, {len(at)} without {'/'.join(sorted({variant_of(v.graph.ops[i]).flag for i in at}))}")]
 
 
