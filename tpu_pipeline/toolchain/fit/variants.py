@@ -79,6 +79,8 @@ class Variant:
     tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
     # until measured)
     lean_of: Any = field(default=None, compare=False, repr=False)  # a lean twin's origin (lean_twins)
+    searched: bool = False  # patch: its order is the exact scheduler's best within a deadline (best_order
+    # asked for no order under a given peak only)
 
     @property
     def proven(self) -> bool:
@@ -257,7 +259,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
                                      f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
-                           tail=_tail(g, sem)))
+                           tail=_tail(g, sem), searched=False))
     return out
 
 
@@ -277,7 +279,7 @@ def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         return []
     lat, _ = _costed(g, device, sem)
     return [replace(v, peak=peak, lower_bound=min(peak, order_free_lower_bound(g, sem)), latency_s=lat, graph=g,
-                    kernels=tuple(sorted(moved.items())), tail=tail, lean_of=v,
+                    kernels=tuple(sorted(moved.items())), tail=tail, lean_of=v, searched=False,
                     label=f"{v.label}, {len(at)} without {'/'.join(sorted({variant_of(v.graph.ops[i]).flag for i in at}))}")]
 
 
@@ -454,7 +456,8 @@ def best_order(v: Variant, sem: Semantics, deadline: Deadline | None = None, bel
     sched = schedule(v.graph, time_limit=None, deadline=deadline or Deadline(10.0), semantics=sem, below=below)
     if sched.peak < v.peak:
         v = replace(v, peak=sched.peak, graph=v.graph.reordered(sched.order))
-    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True)
+    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True,
+                   searched=v.searched or below is None)
 
 
 def _regions_on_spans(graph: Graph, spans: list[Span], regions):
