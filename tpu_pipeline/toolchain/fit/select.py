@@ -351,7 +351,7 @@ class _Chain:
         cap is kept and read while the limits narrow, as they do from one budget to the next."""
         hit = self._fronts.get(cap)
         if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
-            return [f for f in hit[2] if (max_tail is None or f[0] <= max_tail) and (max_lat is None or f[1] <= max_lat)]
+            return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
         out = _front(self.under(cap), self.n, self.ns, max_tail, max_lat)
         self._fronts[cap] = (max_tail, max_lat, out)
         return out

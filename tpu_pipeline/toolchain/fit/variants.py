@@ -265,22 +265,24 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
 
 def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
     """`v` without the kernel variants that read a constant of their own (packed's re-laid
-    weights: an eval tensor and an input slot in TFLite Micro's tail, 16 bytes) where that makes
-    its whole arena (peak + tail) smaller: the same order, its ops on the kernel set's paths (or
-    a variant that needs no constant), slower. The memory objective never pays tail bytes for
-    speed: the selection takes this twin where the bytes count."""
+    weights: an eval tensor and an input slot in TFLite Micro's tail, 16 bytes): the same order,
+    those ops on `lean_kernel`, a smaller tail, slower (and without packed, a first convolution
+    may ask for an im2col buffer: a higher peak, which pays where its span is not at the
+    selection's peak). The memory objective never pays tail bytes for speed: the selection takes
+    this twin where the bytes count."""
     at = _with_constant_input(v.graph)
     if not at:
         return []
     g = lean_graph(v.graph)
     moved = dict(v.kernels) | {g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in at}
     peak, tail = achievable_peak(g, sem), _tail(g, sem)
-    if tail >= v.tail:  # (a higher peak may still pay where this span is not at the selection's peak)
+    if tail >= v.tail:
         return []
     lat, _ = _costed(g, device, sem)
+    dropped = "/".join(sorted({variant_of(v.graph.ops[i]).flag for i in at}))
     return [replace(v, peak=peak, lower_bound=min(peak, order_free_lower_bound(g, sem)), latency_s=lat, graph=g,
                     kernels=tuple(sorted(moved.items())), tail=tail, lean_of=v, searched=False,
-                    label=f"{v.label}, {len(at)} without {'/'.join(sorted({variant_of(v.graph.ops[i]).flag for i in at}))}")]
+                    label=f"{v.label}, {len(at)} without {dropped}")]
 
 
 def _with_constant_input(graph: Graph) -> list[int]:
