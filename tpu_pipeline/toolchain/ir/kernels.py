@@ -65,7 +65,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import kernel_variants, stage
+from tpu_pipeline.toolchain.ir import fully_connected as fc, kernel_variants, stage
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
 
@@ -77,11 +77,12 @@ FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, wh
 POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
+                fc.OPCODE: fc.CUSTOM_CODE,  # (tpu_pipeline.toolchain.ir.fully_connected)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
 BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
-BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18}
+BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18, fc.OPCODE: fc.BUILTIN}
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
@@ -239,11 +240,14 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
             if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) or len(variants) > 1 \
                     or any(not can_run_variant(graph, i, f) for f in variants):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
-            inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            if op.opcode == fc.OPCODE:  # (its own constant: tpu_pipeline.toolchain.ir.fully_connected)
+                inputs = _with_fc_constant(graph, op, tensors)
+            else:
+                inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
             if op.opcode not in MEAN_MUL:
                 inputs = _with_variant_constant(graph, op, tensors, inputs, variants)
         elif op.opcode in MEAN_MUL:
-            inputs = op.inputs
+            inputs = op.inputs[:3] if op.opcode == fc.OPCODE else op.inputs
         else:
             if op.options is not None and getattr(op.options, "padding", "") == "EXPLICIT":
                 raise ValueError(f"op {i} ({op.opcode}) has explicit padding: only a harness kernel runs it")
@@ -289,6 +293,19 @@ def _with_variant_constant(graph: Graph, op: Op, tensors: list[Tensor], inputs, 
     return (*inputs[:4], t.index)
 
 
+def _with_fc_constant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...]:
+    """A harness FULLY_CONNECTED's inputs: input, weights, bias (-1 for none) and its packed constant."""
+    if is_harness(op):
+        return op.inputs
+    values = fc.packed_constant(graph, op)
+    data = np.frombuffer(values.astype("<i4").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/packed", "int32", values.shape, data=data)
+    tensors.append(t)
+    bias = op.inputs[2] if len(op.inputs) > 2 else -1
+    return op.inputs[0], op.inputs[1], bias, t.index
+
+
 def kernel_choices(graph: Graph) -> dict[int, str]:
     """Op position -> chosen kernel, for the ops not on the kernel set's own."""
     return {i: op.kernel for i, op in enumerate(graph.ops) if op.kernel}
@@ -311,10 +328,12 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
     graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
     # (the requantization input 3, and a variant's constant input 4)
-    requants = {t for op in graph.ops if is_harness(op) and op.opcode not in MEAN_MUL for t in op.inputs[3:] if t >= 0}
+    requants = {t for op in graph.ops if is_harness(op) and (op.opcode not in MEAN_MUL or op.opcode == fc.OPCODE)
+                for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
         if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
-            ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
+            kept = op.inputs[:3] if is_harness(op) and op.opcode == fc.OPCODE else op.inputs  # (FC: its constant goes)
+            ops.append(dataclasses.replace(op, inputs=kept, kernel="") if is_harness(op) else op)
             continue
         o, x = op.options, op.inputs[0]
         inputs = op.inputs[:3] if op.inputs[2:3] != (-1,) else op.inputs[:2]
@@ -461,6 +480,8 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
 def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     """Whether a harness op's requantization input holds what TFLite Micro would compute (a model
     edited elsewhere may have stale ones)."""
+    if op.opcode == fc.OPCODE:
+        return fc.constant_ok(graph, op)
     if op.opcode in MEAN_MUL:
         return True  # (no requantization input: its options carry it, written from the tensors)
     if len(op.inputs) < 4 or op.inputs[3] < 0:
@@ -492,7 +513,9 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
 #              point, multiplier, shift, keep_dims]
 #   TPUP_MUL  [format 1, builtin version, broadcast (0 none, 1 input 2, 2 input 1), input 1 offset,
 #              input 2 offset, output offset, multiplier, shift, activation min, max, activation]
-MEAN_MUL = ("MEAN", "MUL")
+# (and FULLY_CONNECTED, tpu_pipeline.toolchain.ir.fully_connected: the harness's own loops, no requantization
+# input 3, no flags, no scratch, no tail; a FULLY_CONNECTED's input 3 is its packed constant)
+MEAN_MUL = ("MEAN", "MUL", fc.OPCODE)
 _MEAN_WORDS, _MUL_WORDS = 10, 11
 
 
@@ -548,6 +571,8 @@ def mul_broadcast(graph: Graph, op: Op) -> int | None:
 
 def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
     """Why TPUP_MEAN / TPUP_MUL cannot run `op` (None when it can)."""
+    if op.opcode == fc.OPCODE:
+        return fc.refusal(graph, op)
     if len(op.outputs) != 1 or len(op.inputs) != 2 or min(op.inputs) < 0:
         return "not two inputs and one output"
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
@@ -567,6 +592,8 @@ def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
 
 
 def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
+    if op.opcode == fc.OPCODE:
+        return fc.encode(graph, op)
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     zx, zy = int(x.quant.zero_point[0]), int(y.quant.zero_point[0])
     if op.opcode == "MEAN":
@@ -582,6 +609,9 @@ def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
 
 
 def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, int, str]:
+    if name == fc.OPCODE:
+        options, version = fc.decode(raw, where)
+        return name, options, version, kernel_name()
     words = _MEAN_WORDS if name == "MEAN" else _MUL_WORDS
     code = CUSTOM_CODES[name]
     if len(raw) != 4 * words:

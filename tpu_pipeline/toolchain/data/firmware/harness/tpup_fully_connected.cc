@@ -1,0 +1,223 @@
+// TPUP_FULLY_CONNECTED: TFLite Micro's int8 FULLY_CONNECTED, faster, bit-identical in both builds
+// (tpu_pipeline/toolchain/ir/fully_connected.py describes it, its options and its constant input 3).
+//
+// Four output rows per pass: each word of input (four int8) is widened once to two int16 pairs by
+// two SXTB16s (lanes 0,2 and 1,3) and used by all four rows; the rows' weights for one pair come
+// as four int16-pair words laid out offline in that order, one LDM, then one SMLAD per row: 13
+// instructions per 16 multiply-accumulates (inline assembly; the compiler spills the same C). The
+// input offset is folded into the bias offline, so the input is used as it is. Rows and inputs left
+// over (fewer than four) are summed from the int8 weights (input 1). No scratch, no persistent data.
+//
+// Requantisation: where ir/fully_connected.py proved it exact (kFcFastRequant: every accumulator
+// |acc| < 2^30, every shift in [-22, -1]) SMMULR(2 acc, m) and one shift with the output offset in
+// the rounding nudge (as tpup_pointwise.cc); otherwise tpup_conv.h's Requant, the general integers.
+
+#include <cstdint>
+#include <cstring>
+
+#include "tensorflow/lite/c/common.h"
+#include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/micro_context.h"
+#include "tpup_conv.h"
+
+#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
+#include <arm_acle.h>  // (ACLE: __sxtb16, __smlad)
+#define TPUP_DSP 1
+#endif
+
+namespace tpup {
+namespace {
+
+constexpr int kFcWords = 9, kInput = 0, kWeights = 1, kPacked = 3, kOutput = 0;
+constexpr int32_t kFcFastRequant = 1;
+
+struct FcOptions {
+  int32_t format, version, flags, input_offset, output_offset, act_min, act_max, activation, keep_num_dims;
+};
+static_assert(sizeof(FcOptions) == kFcWords * 4, "the options' word layout");
+
+bool ReadFc(const TfLiteNode* node, FcOptions* o) {
+  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != kFcWords * 4) return false;
+  int32_t* w = reinterpret_cast<int32_t*>(o);
+  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
+  for (int i = 0; i < kFcWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
+    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
+  }
+  return o->format == 1 && (o->flags & ~kFcFastRequant) == 0 && o->act_min <= o->act_max;
+}
+
+// Words of input 3 for M rows of N inputs: per row bias, multiplier, shift; then the int16 pairs.
+int PackedWords(int M, int N) { return 3 * M + (M / 4 * 4) * (N / 4 * 4) / 2; }
+
+int Elements(const TfLiteIntArray* dims) {
+  int n = 1;
+  for (int i = 0; i < dims->size; ++i) n *= dims->data[i];
+  return n;
+}
+
+// acc -> int8 before the clamp: the general integers, or (proven exact) the cheap ones.
+struct ExactScale {
+  Requant q;
+  int32_t offset;
+  ExactScale(int32_t m, int32_t s, int32_t out_offset) : q(m, s), offset(out_offset) {}
+  int32_t operator()(int32_t acc) const { return q(acc) + offset; }
+};
+
+struct FastScale {
+  int32_t m, right, nudge;
+  FastScale(int32_t mult, int32_t shift, int32_t out_offset)
+      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + out_offset * (1 << -shift)) {}
+  int32_t operator()(int32_t acc) const {
+    const int32_t h = FastRequant::MulHighRounded(acc * 2, m);
+    return (h + nudge + (h >> 31)) >> right;
+  }
+};
+
+#if defined(TPUP_DSP)
+// (the compiler folds the rotation into SXTB16's operand)
+inline int32_t Ror8(int32_t x) {
+  const uint32_t u = static_cast<uint32_t>(x);
+  return static_cast<int32_t>(u >> 8 | u << 24);
+}
+#endif
+
+// One row from the int8 weights: sum_k w[k] x[k] (the input offset is in the folded bias).
+int32_t RowSum(const int8_t* w, const int8_t* x, int N, int32_t acc) {
+  int k = 0;
+#if defined(TPUP_DSP)
+  for (; k + 4 <= N; k += 4) {
+    int32_t a, u;
+    std::memcpy(&a, x + k, 4);  // (unaligned LDRs: the cores this runs on allow them)
+    std::memcpy(&u, w + k, 4);
+    acc = __smlad(__sxtb16(a), __sxtb16(u), acc);
+    acc = __smlad(__sxtb16(Ror8(a)), __sxtb16(Ror8(u)), acc);
+  }
+#endif
+  for (; k < N; ++k) acc += w[k] * x[k];
+  return acc;
+}
+
+#if defined(TPUP_DSP)
+// a0..a3 += the `groups` words of input at x times four rows' packed pairs at w (8 words a group).
+#define TPUP_FC_GROUP                       \
+  "ldr %[t], [%[x]], #4\n\t"                \
+  "sxtb16 %[u], %[t]\n\t"                   \
+  "sxtb16 %[t], %[t], ror #8\n\t"           \
+  "ldmia %[w]!, {r8-r11}\n\t"               \
+  "smlad %[a0], %[u], r8, %[a0]\n\t"        \
+  "smlad %[a1], %[u], r9, %[a1]\n\t"        \
+  "smlad %[a2], %[u], r10, %[a2]\n\t"       \
+  "smlad %[a3], %[u], r11, %[a3]\n\t"       \
+  "ldmia %[w]!, {r8-r11}\n\t"               \
+  "smlad %[a0], %[t], r8, %[a0]\n\t"        \
+  "smlad %[a1], %[t], r9, %[a1]\n\t"        \
+  "smlad %[a2], %[t], r10, %[a2]\n\t"       \
+  "smlad %[a3], %[t], r11, %[a3]\n\t"
+#define TPUP_FC_OPERANDS                                                                                 \
+  [a0] "+r"(a[0]), [a1] "+r"(a[1]), [a2] "+r"(a[2]), [a3] "+r"(a[3]), [x] "+r"(x), [w] "+r"(w), \
+      [n] "+r"(n), [t] "=&r"(t), [u] "=&r"(u)
+void Mac4(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
+  int32_t t, u, n = groups >> 1;
+  if (groups & 1) {
+    __asm__ volatile(TPUP_FC_GROUP : TPUP_FC_OPERANDS : : "r8", "r9", "r10", "r11", "memory");
+  }
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_FC_GROUP TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_FC_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "r11", "cc", "memory");
+  }
+}
+#undef TPUP_FC_GROUP
+#undef TPUP_FC_OPERANDS
+#endif
+
+// One batch row: M outputs from N inputs. `packed` is input 3 (ir/fully_connected.py
+// packed_constant), 4-aligned (Prepare checks it: LDM needs it).
+template <typename Scale>
+void Row(const FcOptions& o, int M, int N, const int8_t* x, const int8_t* w8, const int32_t* packed, int8_t* out) {
+  const int32_t* bias = packed;
+  const int32_t* mult = packed + M;
+  const int32_t* shift = packed + 2 * M;
+  int r = 0;
+#if defined(TPUP_DSP)
+  const int32_t* pairs = packed + 3 * M;
+  const int N4 = N / 4 * 4;
+  for (; r + 4 <= M; r += 4, pairs += 2 * N4) {
+    int32_t a[4] = {bias[r], bias[r + 1], bias[r + 2], bias[r + 3]};
+    Mac4(x, pairs, N4 / 4, a);
+    for (int j = 0; j < 4; ++j) {
+      for (int k = N4; k < N; ++k) a[j] += w8[(r + j) * N + k] * x[k];
+      out[r + j] = Clamp(Scale(mult[r + j], shift[r + j], o.output_offset)(a[j]), o.act_min, o.act_max);
+    }
+  }
+#endif
+  for (; r < M; ++r) {
+    const int32_t acc = RowSum(w8 + r * N, x, N, bias[r]);
+    out[r] = Clamp(Scale(mult[r], shift[r], o.output_offset)(acc), o.act_min, o.act_max);
+  }
+}
+
+void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
+
+TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
+  FcOptions o;
+  TF_LITE_ENSURE_MSG(context, ReadFc(node, &o), "TPUP fully connected: invalid options");
+  TF_LITE_ENSURE_EQ(context, node->inputs->size, 4);
+  TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
+  tflite::MicroContext* mc = tflite::GetMicroContext(context);
+  TfLiteTensor* input = mc->AllocateTempInputTensor(node, kInput);
+  TfLiteTensor* weights = mc->AllocateTempInputTensor(node, kWeights);
+  TfLiteTensor* packed = mc->AllocateTempInputTensor(node, kPacked);
+  TfLiteTensor* output = mc->AllocateTempOutputTensor(node, kOutput);
+  bool ok = input != nullptr && weights != nullptr && packed != nullptr && output != nullptr &&
+            input->type == kTfLiteInt8 && weights->type == kTfLiteInt8 && output->type == kTfLiteInt8 &&
+            packed->type == kTfLiteInt32 && weights->dims->size == 2 && packed->dims->size == 1;
+  if (ok) {
+    const int M = weights->dims->data[0], N = weights->dims->data[1];
+    const int batches = N > 0 ? Elements(input->dims) / N : 0;
+    ok = N > 0 && batches * N == Elements(input->dims) && Elements(output->dims) == batches * M &&
+         packed->dims->data[0] == PackedWords(M, N) && (reinterpret_cast<uintptr_t>(packed->data.data) & 3) == 0;
+  }
+  for (TfLiteTensor* t : {output, packed, weights, input}) {
+    if (t != nullptr) mc->DeallocateTempTfLiteTensor(t);
+  }
+  TF_LITE_ENSURE_MSG(context, ok,
+                     "TPUP fully connected: needs int8 [batches, N] -> [batches, M], int8 [M, N] weights and "
+                     "their packed int32 constant, 4-aligned");
+  node->user_data = nullptr;
+  return kTfLiteOk;
+}
+
+TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
+  FcOptions o;
+  TF_LITE_ENSURE(context, ReadFc(node, &o));
+  const TfLiteEvalTensor* input = tflite::micro::GetEvalInput(context, node, kInput);
+  const TfLiteEvalTensor* weights = tflite::micro::GetEvalInput(context, node, kWeights);
+  const TfLiteEvalTensor* packed = tflite::micro::GetEvalInput(context, node, kPacked);
+  TfLiteEvalTensor* output = tflite::micro::GetEvalOutput(context, node, kOutput);
+  const int M = weights->dims->data[0], N = weights->dims->data[1], batches = Elements(input->dims) / N;
+  const int8_t* x = tflite::micro::GetTensorData<int8_t>(input);
+  const int8_t* w = tflite::micro::GetTensorData<int8_t>(weights);
+  const int32_t* p = tflite::micro::GetTensorData<int32_t>(packed);
+  int8_t* y = tflite::micro::GetTensorData<int8_t>(output);
+  for (int b = 0; b < batches; ++b, x += N, y += M) {
+    if (o.flags & kFcFastRequant) {
+      Row<FastScale>(o, M, N, x, w, p, y);
+    } else {
+      Row<ExactScale>(o, M, N, x, w, p, y);
+    }
+  }
+  return kTfLiteOk;
+}
+
+}  // namespace
+
+const TFLMRegistration* Register_FULLY_CONNECTED() {
+  static const TFLMRegistration r = tflite::micro::RegisterOp(Init, Prepare, Eval);
+  return &r;
+}
+
+}  // namespace tpup
