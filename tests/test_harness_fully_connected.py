@@ -24,7 +24,6 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.ir import Quantization, from_model, fully_connected as fc, kernels
-from tpu_pipeline.toolchain.ir import ops as irops
 from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
 from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
 from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions
@@ -35,23 +34,6 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 BOARD = load_device("qemu-mps2-an386")
 MLPERF = Path(os.environ.get("TPUP_MLPERF_TINY", "/nonexistent"))
-
-
-def _fc(b: CnnBuilder, x: int, m: int, act="NONE", per_channel=False, bias=True, batches=1) -> int:
-    """A FULLY_CONNECTED of `m` outputs over x's last axis... flattened: x as [batches, N]."""
-    n = b.tensors[x].num_elements // batches
-    k = b.rng.uniform(0.7, 1.3, m if per_channel else 1)
-    out_scale = float(b.rng.uniform(0.03, 0.06))
-    ws = out_scale * 40 / (np.sqrt(n) * b._scale(x) * 73 * b.std.get(x, 40.0)) * k
-    w = b._tensor((m, n), "int8", Quantization(tuple(map(float, ws)), (0,) * len(ws), 0),
-                  b.rng.integers(-127, 128, (m, n)))
-    bias_t = -1
-    if bias:
-        bias_t = b._tensor((m,), "int32", Quantization(tuple(float(b._scale(x) * s) for s in np.resize(ws, m)),
-                                                      (0,) * m, 0), b.rng.integers(-3000, 3001, m))
-    y = b._act((batches, m), out_scale, act)
-    b.ops.append(irops.op("FULLY_CONNECTED", (x, w, bias_t), (y,), FullyConnectedOptions(fused_activation=act), 9))
-    return y
 
 
 def _with_bias(b: CnnBuilder, op_pos: int, values) -> None:
@@ -69,14 +51,14 @@ def _layers(seed=11):
     b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 5, 5, 3))
     c = b.conv(x, 2, k=3, act="RELU6")  # [1, 5, 5, 2]: 50 inputs, flattened by the layer
-    a = _fc(b, c, 37, act="RELU6")
-    d = _fc(b, a, 29, act="RELU", per_channel=True)
-    e = _fc(b, d, 13, bias=False)
-    big = _fc(b, e, 8, act="RELU")
+    a = b.fc(c, 37, act="RELU6")
+    d = b.fc(a, 29, act="RELU", per_channel=True)
+    e = b.fc(d, 13, bias=False)
+    big = b.fc(e, 8, act="RELU")
     _with_bias(b, len(b.ops) - 1, [(1 << 30) - 5] * 4 + [-(1 << 30)] * 4)
-    f = _fc(b, big, 3)
+    f = b.fc(big, 3)
     two = b.input((2, 22))
-    g = _fc(b, two, 17, act="RELU6", batches=2)
+    g = b.fc(two, 17, act="RELU6", batches=2)
     return b, [f, g, e]
 
 
@@ -99,7 +81,7 @@ def test_every_fully_connected_layer_moves_to_the_harness_and_back():
 def test_what_it_refuses():
     b = CnnBuilder(seed=2, spread=True)
     x = b.input((1, 12))
-    y = _fc(b, x, 6)
+    y = b.fc(x, 6)
     g = b.graph([y])
     hybrid = dataclasses.replace(g.ops[0], options=FullyConnectedOptions(asymmetric_quantize_inputs=True))
     assert "hybrid" in fc.refusal(g, hybrid)
@@ -152,7 +134,7 @@ def test_its_requantisation_is_tflites_fully_connected_one():
             break
     b = CnnBuilder(seed=3, spread=True)
     x = b.input((1, 16))
-    y = _fc(b, x, 4)
+    y = b.fc(x, 4)
     for t, s in ((x, xs), (y, ys), (b.ops[0].inputs[1], ws)):
         q = b.tensors[t].quant
         b.tensors[t] = dataclasses.replace(b.tensors[t], quant=Quantization((float(s),), q.zero_point,
@@ -173,7 +155,8 @@ def test_options_and_constant_survive_the_file_and_the_builtin_view_computes_the
     assert all(kernels.requant_tensor_ok(back, back.ops[i]) for i in fcs)
     words = [struct.unpack("<9i", bytes(bytearray(o.customOptions))) for o in read_model(data).subgraphs[0].operators
              if o.customOptions is not None and len(o.customOptions) == 36]
-    assert [w[2] for w in words] == [1, 1, 1, 0, 1, 1]  # the too-large bias: the cheap requantisation refused
+    # bit 1: the cheap requantisation (refused for the too-large bias); bit 2: one scale (per-tensor weights)
+    assert [w[2] for w in words] == [3, 1, 3, 2, 3, 3]
     assert builtin_view_bytes(data) != data
     results = verify_models(src, data, runs=2)
     assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs)
@@ -182,7 +165,7 @@ def test_options_and_constant_survive_the_file_and_the_builtin_view_computes_the
     assert not kernels.requant_tensor_ok(edited, edited.ops[fcs[0]])
 
 
-@pytest.mark.parametrize("words", [[1, 1, 2, 0, 0, -128, 127, 0, 0], [1, 1, 0, 0, 0, 5, 4, 0, 0],
+@pytest.mark.parametrize("words", [[1, 1, 4, 0, 0, -128, 127, 0, 0], [1, 1, 0, 0, 0, 5, 4, 0, 0],
                                    [1, 1, 0, 0, 0, -128, 127, 9, 0], [1, 1, 0]])
 def test_malformed_options_are_a_model_error(words):
     with pytest.raises(ModelError):

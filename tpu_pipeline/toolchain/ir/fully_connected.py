@@ -17,7 +17,8 @@ Arena: none (no scratch, no persistent data: the builtin's OpData and builtin da
 requantisation is computed here, as TFLite Micro's FullyConnected Prepare computes it (per
 tensor: the float32 product of the input and weight scales, not the convolution's double one).
 
-Options on disk (little-endian int32): [format 1, builtin version, flags (FAST_REQUANT),
+Options on disk (little-endian int32): [format 1, builtin version, flags (FAST_REQUANT; ONE_SCALE: every
+row has the same multiplier and shift, as per-tensor weights give),
 input_offset, output_offset, activation_min, activation_max, activation, keep_num_dims].
 """
 
@@ -36,7 +37,7 @@ OPCODE = "FULLY_CONNECTED"
 CUSTOM_CODE = "TPUP_FULLY_CONNECTED"
 BUILTIN = 9  # BuiltinOperator FULLY_CONNECTED
 FORMAT = 1
-FAST_REQUANT = 1  # (harness/tpup_fully_connected.cc kFcFastRequant)
+FAST_REQUANT, ONE_SCALE = 1, 2  # (harness/tpup_fully_connected.cc kFcFastRequant, kFcOneScale)
 ROWS, INPUTS = 4, 4  # a pass's output rows; the inputs one word widens to two int16 pairs
 _WORDS = 9
 _ACTIVATIONS = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
@@ -121,7 +122,9 @@ def requant_proven(graph: Graph, op: Op) -> bool:
 def encode(graph: Graph, op: Op) -> bytes:
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     lo, hi = activation_range(graph, op)
-    flags = FAST_REQUANT if requant_proven(graph, op) else 0
+    mult, shift = fc_requant(graph, op)
+    one = len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1
+    flags = (FAST_REQUANT if requant_proven(graph, op) else 0) | (ONE_SCALE if one else 0)
     return struct.pack(f"<{_WORDS}i", FORMAT, op.version, flags, -int(x.quant.zero_point[0]),
                        int(y.quant.zero_point[0]), lo, hi, _ACTIVATIONS[op.options.fused_activation],
                        int(op.options.keep_num_dims))
@@ -133,7 +136,7 @@ def decode(raw: bytes, where: str) -> tuple[FullyConnectedOptions, int]:
         raise ModelError(f"{where}: {CUSTOM_CODE} has {len(raw)} bytes of options, expected {4 * _WORDS}")
     w = struct.unpack(f"<{_WORDS}i", raw)
     activation = {v: k for k, v in _ACTIVATIONS.items()}.get(w[7])
-    if w[0] != FORMAT or w[1] < 1 or w[2] & ~FAST_REQUANT or w[5] > w[6] or activation is None or w[8] not in (0, 1):
+    if w[0] != FORMAT or w[1] < 1 or w[2] & ~(FAST_REQUANT | ONE_SCALE) or w[5] > w[6] or activation is None or w[8] not in (0, 1):
         raise ModelError(f"{where}: {CUSTOM_CODE} has invalid options {list(w)}")
     return FullyConnectedOptions(fused_activation=activation, keep_num_dims=bool(w[8])), w[1]
 

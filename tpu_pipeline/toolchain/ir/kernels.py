@@ -8,7 +8,9 @@ tpup_conv.cc) registers two custom ops next to the kernel set's own:
     TPUP_CONV_2D            an int8 CONV_2D
     TPUP_DEPTHWISE_CONV_2D  an int8 DEPTHWISE_CONV_2D
 
-(and TPUP_MEAN / TPUP_MUL, see "means and products" below).
+(and TPUP_MEAN / TPUP_MUL, see "means and products" below, and TPUP_FULLY_CONNECTED,
+tpu_pipeline.toolchain.ir.fully_connected: the harness's own faster int8 fully connected kernel, whose
+input 3 is its weights re-laid offline).
 
 They compute exactly what the builtins compute (the same CMSIS-NN functions in a CMSIS-NN build,
 TFLite's reference kernels in a reference build: bit-identical outputs), and differ in what they
@@ -570,7 +572,7 @@ def mul_broadcast(graph: Graph, op: Op) -> int | None:
 
 
 def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
-    """Why TPUP_MEAN / TPUP_MUL cannot run `op` (None when it can)."""
+    """Why TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED cannot run `op` (None when it can)."""
     if op.opcode == fc.OPCODE:
         return fc.refusal(graph, op)
     if len(op.outputs) != 1 or len(op.inputs) != 2 or min(op.inputs) < 0:

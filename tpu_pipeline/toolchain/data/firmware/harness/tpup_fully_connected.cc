@@ -4,7 +4,8 @@
 // Four output rows per pass: each word of input (four int8) is widened once to two int16 pairs by
 // two SXTB16s (lanes 0,2 and 1,3) and used by all four rows; the rows' weights for one pair come
 // as four int16-pair words laid out offline in that order, one LDM, then one SMLAD per row: 13
-// instructions per 16 multiply-accumulates (inline assembly; the compiler spills the same C). The
+// instructions per 16 multiply-accumulates, four groups a loop pass (inline assembly; the compiler
+// spills the same C). The
 // input offset is folded into the bias offline, so the input is used as it is. Rows and inputs left
 // over (fewer than four) are summed from the int8 weights (input 1). No scratch, no persistent data.
 //
@@ -29,7 +30,9 @@ namespace tpup {
 namespace {
 
 constexpr int kFcWords = 9, kInput = 0, kWeights = 1, kPacked = 3, kOutput = 0;
-constexpr int32_t kFcFastRequant = 1;
+// The cheap requantisation proven exact; every row has the same multiplier and shift (per-tensor
+// weights: the scale is set up once). Both derived from the op's constants by ir/fully_connected.py.
+constexpr int32_t kFcFastRequant = 1, kFcOneScale = 2;
 
 struct FcOptions {
   int32_t format, version, flags, input_offset, output_offset, act_min, act_max, activation, keep_num_dims;
@@ -44,7 +47,7 @@ bool ReadFc(const TfLiteNode* node, FcOptions* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  return o->format == 1 && (o->flags & ~kFcFastRequant) == 0 && o->act_min <= o->act_max;
+  return o->format == 1 && (o->flags & ~(kFcFastRequant | kFcOneScale)) == 0 && o->act_min <= o->act_max;
 }
 
 // Words of input 3 for M rows of N inputs: per row bias, multiplier, shift; then the int16 pairs.
@@ -117,13 +120,18 @@ int32_t RowSum(const int8_t* w, const int8_t* x, int N, int32_t acc) {
 #define TPUP_FC_OPERANDS                                                                                 \
   [a0] "+r"(a[0]), [a1] "+r"(a[1]), [a2] "+r"(a[2]), [a3] "+r"(a[3]), [x] "+r"(x), [w] "+r"(w), \
       [n] "+r"(n), [t] "=&r"(t), [u] "=&r"(u)
-void Mac4(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
-  int32_t t, u, n = groups >> 1;
-  if (groups & 1) {
-    __asm__ volatile(TPUP_FC_GROUP : TPUP_FC_OPERANDS : : "r8", "r9", "r10", "r11", "memory");
-  }
+__attribute__((always_inline)) inline void Mac4(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
+  int32_t t, u, n = groups & 3;
   if (n > 0) {
-    __asm__ volatile("1:\n\t" TPUP_FC_GROUP TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
+    __asm__ volatile("1:\n\t" TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_FC_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "r11", "cc", "memory");
+  }
+  n = groups >> 2;
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_FC_GROUP TPUP_FC_GROUP TPUP_FC_GROUP TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
                      "bne 1b\n\t"
                      : TPUP_FC_OPERANDS
                      :
@@ -134,13 +142,30 @@ void Mac4(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
 #undef TPUP_FC_OPERANDS
 #endif
 
+// acc requantised (`s`) and clamped: the int8 range alone (kFull: no activation) is one SSAT.
+template <bool kFull, typename Scale>
+inline int8_t Out(const Scale& s, int32_t acc, int32_t lo, int32_t hi) {
+#if defined(TPUP_DSP)
+  if (kFull) return static_cast<int8_t>(__ssat(s(acc), 8));
+#endif
+  return Clamp(s(acc), lo, hi);
+}
+
+// Row r's scale: its own, or (kOne) the first row's, which the caller set up once.
+template <bool kOne, typename Scale>
+inline Scale ScaleOf(const Scale& first, const int32_t* mult, const int32_t* shift, int r, int32_t out_offset) {
+  return kOne ? first : Scale(mult[r], shift[r], out_offset);
+}
+
 // One batch row: M outputs from N inputs. `packed` is input 3 (ir/fully_connected.py
 // packed_constant), 4-aligned (Prepare checks it: LDM needs it).
-template <typename Scale>
+template <typename Scale, bool kOne, bool kFull>
 void Row(const FcOptions& o, int M, int N, const int8_t* x, const int8_t* w8, const int32_t* packed, int8_t* out) {
   const int32_t* bias = packed;
   const int32_t* mult = packed + M;
   const int32_t* shift = packed + 2 * M;
+  const Scale first(mult[0], shift[0], o.output_offset);
+  const int32_t lo = o.act_min, hi = o.act_max;
   int r = 0;
 #if defined(TPUP_DSP)
   const int32_t* pairs = packed + 3 * M;
@@ -148,15 +173,32 @@ void Row(const FcOptions& o, int M, int N, const int8_t* x, const int8_t* w8, co
   for (; r + 4 <= M; r += 4, pairs += 2 * N4) {
     int32_t a[4] = {bias[r], bias[r + 1], bias[r + 2], bias[r + 3]};
     Mac4(x, pairs, N4 / 4, a);
+    for (int k = N4; k < N; ++k) {
+      const int32_t v = x[k];
+      for (int j = 0; j < 4; ++j) a[j] += w8[(r + j) * N + k] * v;
+    }
     for (int j = 0; j < 4; ++j) {
-      for (int k = N4; k < N; ++k) a[j] += w8[(r + j) * N + k] * x[k];
-      out[r + j] = Clamp(Scale(mult[r + j], shift[r + j], o.output_offset)(a[j]), o.act_min, o.act_max);
+      out[r + j] = Out<kFull>(ScaleOf<kOne>(first, mult, shift, r + j, o.output_offset), a[j], lo, hi);
     }
   }
 #endif
   for (; r < M; ++r) {
     const int32_t acc = RowSum(w8 + r * N, x, N, bias[r]);
-    out[r] = Clamp(Scale(mult[r], shift[r], o.output_offset)(acc), o.act_min, o.act_max);
+    out[r] = Out<kFull>(ScaleOf<kOne>(first, mult, shift, r, o.output_offset), acc, lo, hi);
+  }
+}
+
+template <typename Scale>
+void Rows(const FcOptions& o, int batches, int M, int N, const int8_t* x, const int8_t* w8, const int32_t* packed,
+          int8_t* out) {
+  const bool one = (o.flags & kFcOneScale) != 0, full = o.act_min == -128 && o.act_max == 127;
+  for (int b = 0; b < batches; ++b, x += N, out += M) {
+    if (one) {
+      full ? Row<Scale, true, true>(o, M, N, x, w8, packed, out) : Row<Scale, true, false>(o, M, N, x, w8, packed, out);
+    } else {
+      full ? Row<Scale, false, true>(o, M, N, x, w8, packed, out)
+           : Row<Scale, false, false>(o, M, N, x, w8, packed, out);
+    }
   }
 }
 
@@ -203,12 +245,10 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int8_t* w = tflite::micro::GetTensorData<int8_t>(weights);
   const int32_t* p = tflite::micro::GetTensorData<int32_t>(packed);
   int8_t* y = tflite::micro::GetTensorData<int8_t>(output);
-  for (int b = 0; b < batches; ++b, x += N, y += M) {
-    if (o.flags & kFcFastRequant) {
-      Row<FastScale>(o, M, N, x, w, p, y);
-    } else {
-      Row<ExactScale>(o, M, N, x, w, p, y);
-    }
+  if (o.flags & kFcFastRequant) {
+    Rows<FastScale>(o, batches, M, N, x, w, p, y);
+  } else {
+    Rows<ExactScale>(o, batches, M, N, x, w, p, y);
   }
   return kTfLiteOk;
 }
