@@ -97,20 +97,26 @@ def fc_requant(graph: Graph, op: Op) -> tuple[np.ndarray, np.ndarray]:
 
 def packed_constant(graph: Graph, op: Op) -> np.ndarray:
     """Input 3, int32 [3 M + (M - M % 4) (N - N % 4) / 2]: per output row the bias plus input offset x
-    its weights' sum, the multiplier, the shift; then per group of four rows, per four inputs
-    (x0..x3), the words (w[r][x0], w[r][x2]) of rows r = 0..3, then (w[r][x1], w[r][x3]): the int16
-    pairs SXTB16 makes of an input word, low half first."""
+    its weights' sum, the multiplier, the shift; then the weights' int16 pairs (`packed_pairs`: the
+    pairs SXTB16 makes of an input word, low half first)."""
     x = graph.tensors[op.inputs[0]]
     w, b = _weights_bias(graph, op)
     m, n = w.shape
     folded = b - int(x.quant.zero_point[0]) * w.sum(axis=1)
     mult, shift = fc_requant(graph, op)
-    m4, n4 = m - m % ROWS, n - n % INPUTS
-    blocks = w[:m4, :n4].reshape(m4 // ROWS, ROWS, n4 // INPUTS, INPUTS)  # [group, row, input group, lane]
-    words = (blocks[..., [0, 1]] & 0xFFFF) | (blocks[..., [2, 3]] & 0xFFFF) << 16  # [g, r, k, (x0 x2 | x1 x3)]
-    flat = words.transpose(0, 2, 3, 1).reshape(-1)
-    out = np.concatenate([folded & 0xFFFFFFFF, mult, shift & 0xFFFFFFFF, flat])
+    out = np.concatenate([folded & 0xFFFFFFFF, mult, shift & 0xFFFFFFFF, packed_pairs(w)])
     return out.astype("<u4").view("<i4")
+
+
+def packed_pairs(w: np.ndarray) -> np.ndarray:
+    """The int16 pairs of weights `w` [M, N] as the four-row pass reads them (uint32 words): per group
+    of four rows, per four inputs (x0..x3), the words (w[r][x0], w[r][x2]) of rows r = 0..3, then
+    (w[r][x1], w[r][x3]); the rows and inputs left over from the fours are not in it."""
+    m, n = w.shape
+    m4, n4 = m - m % ROWS, n - n % INPUTS
+    blocks = w[:m4, :n4].astype(np.int64).reshape(m4 // ROWS, ROWS, n4 // INPUTS, INPUTS)  # [g, row, k, lane]
+    words = (blocks[..., [0, 1]] & 0xFFFF) | (blocks[..., [2, 3]] & 0xFFFF) << 16  # [g, r, k, (x0 x2 | x1 x3)]
+    return words.transpose(0, 2, 3, 1).reshape(-1)
 
 
 def requant_proven(graph: Graph, op: Op) -> bool:

@@ -21,10 +21,6 @@
 #include "tensorflow/lite/micro/micro_context.h"
 #include "tpup_conv.h"
 
-#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
-#include <arm_acle.h>  // (ACLE: __sxtb16, __smlad)
-#define TPUP_DSP 1
-#endif
 
 namespace tpup {
 namespace {
@@ -59,98 +55,6 @@ int Elements(const TfLiteIntArray* dims) {
   return n;
 }
 
-// acc -> int8 before the clamp: the general integers, or (proven exact) the cheap ones.
-struct ExactScale {
-  Requant q;
-  int32_t offset;
-  ExactScale(int32_t m, int32_t s, int32_t out_offset) : q(m, s), offset(out_offset) {}
-  int32_t operator()(int32_t acc) const { return q(acc) + offset; }
-};
-
-struct FastScale {
-  int32_t m, right, nudge;
-  FastScale(int32_t mult, int32_t shift, int32_t out_offset)
-      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + out_offset * (1 << -shift)) {}
-  int32_t operator()(int32_t acc) const {
-    const int32_t h = FastRequant::MulHighRounded(acc * 2, m);
-    return (h + nudge + (h >> 31)) >> right;
-  }
-};
-
-#if defined(TPUP_DSP)
-// (the compiler folds the rotation into SXTB16's operand)
-inline int32_t Ror8(int32_t x) {
-  const uint32_t u = static_cast<uint32_t>(x);
-  return static_cast<int32_t>(u >> 8 | u << 24);
-}
-#endif
-
-// One row from the int8 weights: sum_k w[k] x[k] (the input offset is in the folded bias).
-int32_t RowSum(const int8_t* w, const int8_t* x, int N, int32_t acc) {
-  int k = 0;
-#if defined(TPUP_DSP)
-  for (; k + 4 <= N; k += 4) {
-    int32_t a, u;
-    std::memcpy(&a, x + k, 4);  // (unaligned LDRs: the cores this runs on allow them)
-    std::memcpy(&u, w + k, 4);
-    acc = __smlad(__sxtb16(a), __sxtb16(u), acc);
-    acc = __smlad(__sxtb16(Ror8(a)), __sxtb16(Ror8(u)), acc);
-  }
-#endif
-  for (; k < N; ++k) acc += w[k] * x[k];
-  return acc;
-}
-
-#if defined(TPUP_DSP)
-// a0..a3 += the `groups` words of input at x times four rows' packed pairs at w (8 words a group).
-#define TPUP_FC_GROUP                       \
-  "ldr %[t], [%[x]], #4\n\t"                \
-  "sxtb16 %[u], %[t]\n\t"                   \
-  "sxtb16 %[t], %[t], ror #8\n\t"           \
-  "ldmia %[w]!, {r8-r11}\n\t"               \
-  "smlad %[a0], %[u], r8, %[a0]\n\t"        \
-  "smlad %[a1], %[u], r9, %[a1]\n\t"        \
-  "smlad %[a2], %[u], r10, %[a2]\n\t"       \
-  "smlad %[a3], %[u], r11, %[a3]\n\t"       \
-  "ldmia %[w]!, {r8-r11}\n\t"               \
-  "smlad %[a0], %[t], r8, %[a0]\n\t"        \
-  "smlad %[a1], %[t], r9, %[a1]\n\t"        \
-  "smlad %[a2], %[t], r10, %[a2]\n\t"       \
-  "smlad %[a3], %[t], r11, %[a3]\n\t"
-#define TPUP_FC_OPERANDS                                                                                 \
-  [a0] "+r"(a[0]), [a1] "+r"(a[1]), [a2] "+r"(a[2]), [a3] "+r"(a[3]), [x] "+r"(x), [w] "+r"(w), \
-      [n] "+r"(n), [t] "=&r"(t), [u] "=&r"(u)
-__attribute__((always_inline)) inline void Mac4(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
-  int32_t t, u, n = groups & 3;
-  if (n > 0) {
-    __asm__ volatile("1:\n\t" TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
-                     "bne 1b\n\t"
-                     : TPUP_FC_OPERANDS
-                     :
-                     : "r8", "r9", "r10", "r11", "cc", "memory");
-  }
-  n = groups >> 2;
-  if (n > 0) {
-    __asm__ volatile("1:\n\t" TPUP_FC_GROUP TPUP_FC_GROUP TPUP_FC_GROUP TPUP_FC_GROUP "subs %[n], %[n], #1\n\t"
-                     "bne 1b\n\t"
-                     : TPUP_FC_OPERANDS
-                     :
-                     : "r8", "r9", "r10", "r11", "cc", "memory");
-  }
-}
-#undef TPUP_FC_GROUP
-#undef TPUP_FC_OPERANDS
-#endif
-
-// acc requantised (`s`) and clamped: the int8 range alone (kFull: no activation) is one SSAT.
-template <bool kFull, typename Scale>
-inline int8_t Out(const Scale& s, int32_t acc, int32_t lo, int32_t hi) {
-#if defined(TPUP_DSP)
-  if (kFull) return static_cast<int8_t>(__ssat(s(acc), 8));
-#endif
-  return Clamp(s(acc), lo, hi);
-}
-
 // Row r's scale: its own, or (kOne) the first row's, which the caller set up once.
 template <bool kOne, typename Scale>
 inline Scale ScaleOf(const Scale& first, const int32_t* mult, const int32_t* shift, int r, int32_t out_offset) {
@@ -167,24 +71,24 @@ void Row(const FcOptions& o, int M, int N, const int8_t* x, const int8_t* w8, co
   const Scale first(mult[0], shift[0], o.output_offset);
   const int32_t lo = o.act_min, hi = o.act_max;
   int r = 0;
-#if defined(TPUP_DSP)
+#if defined(TPUP_HAVE_ROWS4)
   const int32_t* pairs = packed + 3 * M;
   const int N4 = N / 4 * 4;
   for (; r + 4 <= M; r += 4, pairs += 2 * N4) {
     int32_t a[4] = {bias[r], bias[r + 1], bias[r + 2], bias[r + 3]};
-    Mac4(x, pairs, N4 / 4, a);
+    Mac4Rows(x, pairs, N4 / 4, a);
     for (int k = N4; k < N; ++k) {
       const int32_t v = x[k];
       for (int j = 0; j < 4; ++j) a[j] += w8[(r + j) * N + k] * v;
     }
     for (int j = 0; j < 4; ++j) {
-      out[r + j] = Out<kFull>(ScaleOf<kOne>(first, mult, shift, r + j, o.output_offset), a[j], lo, hi);
+      out[r + j] = Narrow8<kFull>(ScaleOf<kOne>(first, mult, shift, r + j, o.output_offset)(a[j]), lo, hi);
     }
   }
 #endif
   for (; r < M; ++r) {
-    const int32_t acc = RowSum(w8 + r * N, x, N, bias[r]);
-    out[r] = Out<kFull>(ScaleOf<kOne>(first, mult, shift, r, o.output_offset), acc, lo, hi);
+    const int32_t acc = DotInt8(w8 + r * N, x, N, bias[r]);
+    out[r] = Narrow8<kFull>(ScaleOf<kOne>(first, mult, shift, r, o.output_offset)(acc), lo, hi);
   }
 }
 
@@ -246,9 +150,9 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int32_t* p = tflite::micro::GetTensorData<int32_t>(packed);
   int8_t* y = tflite::micro::GetTensorData<int8_t>(output);
   if (o.flags & kFcFastRequant) {
-    Rows<FastScale>(o, batches, M, N, x, w, p, y);
+    Rows<RowScaleFast>(o, batches, M, N, x, w, p, y);
   } else {
-    Rows<ExactScale>(o, batches, M, N, x, w, p, y);
+    Rows<RowScaleExact>(o, batches, M, N, x, w, p, y);
   }
   return kTfLiteOk;
 }
