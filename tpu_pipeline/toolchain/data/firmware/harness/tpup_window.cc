@@ -85,45 +85,75 @@ void Border(const ConvGeometry& g, const Window& win, const int8_t* in, const in
   const int taps = g.k_h * g.k_w, C = g.in_c;
   for (int ky = 0; ky < g.k_h; ++ky) {
     const bool inside = win.RowInside(g, ky);
+    int lo = g.k_w, hi = g.k_w;  // the taps [lo, hi) read from the input; the others are padding
     if (inside && win.kx1 > win.kx0) {
-      const int8_t* x = in + ((win.iy0 + ky) * g.in_w + win.ix0 + win.kx0) * C;
-      Mac4Rows(x, pairs + ky * row_words + 2 * win.kx0 * C, (win.kx1 - win.kx0) * C / 4, a);
+      lo = win.kx0, hi = win.kx1;
+      const int8_t* x = in + ((win.iy0 + ky) * g.in_w + win.ix0 + lo) * C;
+      Mac4Rows(x, pairs + ky * row_words + 2 * lo * C, (hi - lo) * C / 4, a);
     }
-    for (int j = 0; j < 4; ++j) a[j] += PadTerms(pads + j * taps, g, win, ky, inside);
+    for (int kx = 0; kx < g.k_w; ++kx) {
+      if (kx >= lo && kx < hi) continue;
+      const int32_t* p = pads + ky * g.k_w + kx;
+      a[0] += p[0], a[1] += p[taps], a[2] += p[2 * taps], a[3] += p[3 * taps];
+    }
   }
 }
 
-// Channels [c, c + 4) of every output pixel of the band.
+// The output columns [lo, hi) whose windows lie inside the input's width.
+struct InsideColumns {
+  int lo, hi;
+  InsideColumns(const ConvOptions& o, const ConvGeometry& g) {
+    lo = (o.pad_left + o.stride_w - 1) / o.stride_w;
+    hi = g.in_w + o.pad_left >= g.k_w ? (g.in_w + o.pad_left - g.k_w) / o.stride_w + 1 : 0;
+    if (hi > g.out_w) hi = g.out_w;
+    if (hi < lo) hi = lo;
+  }
+};
+
+// Output pixel `y`'s four channels from their sums (scales s[0..3]).
+template <typename Scale, bool kFull>
+inline void Store4(const Scale* s, const int32_t* a, int32_t lo, int32_t hi, int8_t* y) {
+  y[0] = Narrow8<kFull>(s[0](a[0]), lo, hi);
+  y[1] = Narrow8<kFull>(s[1](a[1]), lo, hi);
+  y[2] = Narrow8<kFull>(s[2](a[2]), lo, hi);
+  y[3] = Narrow8<kFull>(s[3](a[3]), lo, hi);
+}
+
+// Channels [c, c + 4) of every output pixel of the band: the pixels whose windows lie inside the
+// input on a straight path (pointers stepped, whole windows in one asm statement where a window
+// row is a multiple of 16 bytes), the others through Border.
 template <typename Scale, bool kFull>
 void FourChannels(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in, int c,
                   const int32_t* bias, const int32_t* pads, const int32_t* pairs, const int32_t* requant, int8_t* out) {
   const int taps = g.k_h * g.k_w, C = g.in_c, K = g.out_c;
-  const Scale s0(requant[c], requant[K + c], o.output_offset), s1(requant[c + 1], requant[K + c + 1], o.output_offset),
-      s2(requant[c + 2], requant[K + c + 2], o.output_offset), s3(requant[c + 3], requant[K + c + 3], o.output_offset);
-  const int32_t lo = o.act_min, hi = o.act_max;
+  Scale s[4];
+  for (int j = 0; j < 4; ++j) s[j] = Scale(requant[c + j], requant[K + c + j], o.output_offset);
+  const int32_t lo = o.act_min, hi = o.act_max, b0 = bias[c], b1 = bias[c + 1], b2 = bias[c + 2], b3 = bias[c + 3];
   const int row_words = 2 * g.k_w * C;  // one window row's pairs of the four channels
-  const int row_groups = g.k_w * C / 4, step = (g.in_w - g.k_w) * C;
+  const int row_groups = g.k_w * C / 4, step = (g.in_w - g.k_w) * C, x_step = o.stride_w * C;
   const bool quads = row_groups % 4 == 0;  // whole windows in one asm statement
+  const InsideColumns cols(o, g);
   for (int oy = 0; oy < out_rows; ++oy) {
-    for (int ox = 0; ox < g.out_w; ++ox) {
-      const Window win(o, g, pad_top, oy, ox);
-      int32_t a[4] = {bias[c], bias[c + 1], bias[c + 2], bias[c + 3]};
-      const bool full_row = win.kx0 == 0 && win.kx1 == g.k_w;
-      if (full_row && win.iy0 >= 0 && win.iy0 + g.k_h <= g.in_h) {  // the window inside the input: most pixels
-        const int8_t* x = in + (win.iy0 * g.in_w + win.ix0) * C;
-        if (quads) {
-          Mac4Window(x, pairs, row_groups / 4, step, g.k_h, a);
-        } else {
-          for (int ky = 0; ky < g.k_h; ++ky) Mac4Rows(x + ky * g.in_w * C, pairs + ky * row_words, row_groups, a);
+    const int iy0 = oy * o.stride_h - pad_top;
+    const bool rows_inside = iy0 >= 0 && iy0 + g.k_h <= g.in_h;
+    int8_t* y = out + oy * g.out_w * K + c;
+    for (int ox = 0; ox < g.out_w; ++ox, y += K) {
+      if (rows_inside && ox == cols.lo && cols.hi > cols.lo) {  // the row's inside run
+        const int8_t* x = in + (iy0 * g.in_w + ox * o.stride_w - o.pad_left) * C;
+        for (; ox < cols.hi; ++ox, y += K, x += x_step) {
+          int32_t a[4] = {b0, b1, b2, b3};
+          if (quads) {
+            Mac4Window(x, pairs, row_groups / 4, step, g.k_h, a);
+          } else {
+            for (int ky = 0; ky < g.k_h; ++ky) Mac4Rows(x + ky * g.in_w * C, pairs + ky * row_words, row_groups, a);
+          }
+          Store4<Scale, kFull>(s, a, lo, hi, y);
         }
-      } else {
-        Border(g, win, in, pairs, pads + c * taps, row_words, a);
+        if (ox >= g.out_w) break;
       }
-      int8_t* y = out + (oy * g.out_w + ox) * K + c;
-      y[0] = Narrow8<kFull>(s0(a[0]), lo, hi);
-      y[1] = Narrow8<kFull>(s1(a[1]), lo, hi);
-      y[2] = Narrow8<kFull>(s2(a[2]), lo, hi);
-      y[3] = Narrow8<kFull>(s3(a[3]), lo, hi);
+      int32_t a[4] = {b0, b1, b2, b3};
+      Border(g, Window(o, g, pad_top, oy, ox), in, pairs, pads + c * taps, row_words, a);
+      Store4<Scale, kFull>(s, a, lo, hi, y);
     }
   }
 }
