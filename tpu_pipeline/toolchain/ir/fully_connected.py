@@ -29,7 +29,7 @@ import struct
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir.graph import Graph, Op
+from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant_within
 
@@ -145,6 +145,19 @@ def decode(raw: bytes, where: str) -> tuple[FullyConnectedOptions, int]:
     if w[0] != FORMAT or w[1] < 1 or w[2] & ~(FAST_REQUANT | ONE_SCALE) or w[5] > w[6] or activation is None or w[8] not in (0, 1):
         raise ModelError(f"{where}: {CUSTOM_CODE} has invalid options {list(w)}")
     return FullyConnectedOptions(fused_activation=activation, keep_num_dims=bool(w[8])), w[1]
+
+
+def with_constant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...]:
+    """A FULLY_CONNECTED's inputs on the harness: input, weights, bias (-1 for none) and its packed
+    constant, appended to `tensors` (an op already on the harness keeps its own)."""
+    if op.kernel.split("+")[0] == "tpup":
+        return op.inputs
+    values = packed_constant(graph, op)
+    data = np.frombuffer(values.astype("<i4").tobytes(), dtype=np.uint8).copy()
+    data.setflags(write=False)
+    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/packed", "int32", values.shape, data=data)
+    tensors.append(t)
+    return op.inputs[0], op.inputs[1], op.inputs[2] if len(op.inputs) > 2 else -1, t.index
 
 
 def constant_ok(graph: Graph, op: Op) -> bool:

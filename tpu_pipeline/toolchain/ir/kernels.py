@@ -68,6 +68,7 @@ from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
 from tpu_pipeline.toolchain.ir import fully_connected as fc, kernel_variants, stage
+from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
 
@@ -242,10 +243,8 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
             if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) or len(variants) > 1 \
                     or any(not can_run_variant(graph, i, f) for f in variants):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
-            if op.opcode == fc.OPCODE:  # (its own constant: tpu_pipeline.toolchain.ir.fully_connected)
-                inputs = _with_fc_constant(graph, op, tensors)
-            else:
-                inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            inputs = (fc.with_constant(graph, op, tensors) if op.opcode == fc.OPCODE  # (its own constant)
+                      else op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors))
             if op.opcode not in MEAN_MUL:
                 inputs = _with_variant_constant(graph, op, tensors, inputs, variants)
         elif op.opcode in MEAN_MUL:
@@ -293,19 +292,6 @@ def _with_variant_constant(graph: Graph, op: Op, tensors: list[Tensor], inputs, 
                data=data)
     tensors.append(t)
     return (*inputs[:4], t.index)
-
-
-def _with_fc_constant(graph: Graph, op: Op, tensors: list[Tensor]) -> tuple[int, ...]:
-    """A harness FULLY_CONNECTED's inputs: input, weights, bias (-1 for none) and its packed constant."""
-    if is_harness(op):
-        return op.inputs
-    values = fc.packed_constant(graph, op)
-    data = np.frombuffer(values.astype("<i4").tobytes(), dtype=np.uint8).copy()
-    data.setflags(write=False)
-    t = Tensor(len(tensors), f"{graph.tensors[op.outputs[0]].name}/packed", "int32", values.shape, data=data)
-    tensors.append(t)
-    bias = op.inputs[2] if len(op.inputs) > 2 else -1
-    return op.inputs[0], op.inputs[1], bias, t.index
 
 
 def kernel_choices(graph: Graph) -> dict[int, str]:
@@ -521,56 +507,6 @@ MEAN_MUL = ("MEAN", "MUL", fc.OPCODE)
 _MEAN_WORDS, _MUL_WORDS = 10, 11
 
 
-def _per_tensor_int8(t: Tensor) -> bool:
-    return (t.dtype == "int8" and t.quant is not None and len(t.quant.scale) == 1 and len(t.quant.zero_point) == 1
-            and float(t.quant.scale[0]) > 0)
-
-
-def mean_axes(graph: Graph, op: Op) -> tuple[int, int, int] | None:
-    """(outer, reduced, inner) element counts of a MEAN over one run of adjacent axes; None else."""
-    x = graph.tensors[op.inputs[0]]
-    axis = graph.tensors[op.inputs[1]]
-    if not axis.is_constant or axis.dtype != "int32" or not x.shape:
-        return None
-    axes = sorted({int(a) % len(x.shape) for a in np.asarray(axis.values()).reshape(-1)})
-    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
-        return None
-    outer, reduced, inner = (int(np.prod(x.shape[:axes[0]], dtype=np.int64)),
-                             int(np.prod(x.shape[axes[0]:axes[-1] + 1], dtype=np.int64)),
-                             int(np.prod(x.shape[axes[-1] + 1:], dtype=np.int64)))
-    return outer, reduced, inner
-
-
-def mean_requant(graph: Graph, op: Op) -> tuple[int, int]:
-    """The (multiplier, shift) TFLite's QuantizedMeanOrSum applies to a MEAN's shifted sums: the
-    input/output scale ratio's, with 1/count folded in (shift clamped as it clamps it)."""
-    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
-    m, s = quantize_multiplier(float(np.float32(x.quant.scale[0])) / float(np.float32(y.quant.scale[0])))
-    n = mean_axes(graph, op)[1]
-    shift = min(n.bit_length() - 1, 32, 31 + s)
-    return int((m << shift) // n), s - shift
-
-
-def mul_requant(graph: Graph, op: Op) -> tuple[int, int]:
-    """CalculateOpDataMul's multiplier: double(s1) * double(s2) / double(s_out)."""
-    a, b, y = (float(np.float32(graph.tensors[t].quant.scale[0])) for t in (*op.inputs[:2], op.outputs[0]))
-    return quantize_multiplier(a * b / y)
-
-
-def mul_broadcast(graph: Graph, op: Op) -> int | None:
-    """0: equal shapes; 1: input 2 broadcast (a scalar, or one value per channel of input 1's last
-    axis); 2: input 1 so; None: another broadcast."""
-    a, b, y = (graph.tensors[t].shape for t in (*op.inputs[:2], op.outputs[0]))
-    if a == b == y:
-        return 0
-    for mode, big, small in ((1, a, b), (2, b, a)):
-        n = int(np.prod(small, dtype=np.int64))
-        if big == y and big and len(small) <= len(big) and all(d == 1 for d in small[:-1]) \
-                and (n == 1 or (small and small[-1] == big[-1] == n)):
-            return mode
-    return None
-
-
 def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
     """Why TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED cannot run `op` (None when it can)."""
     if op.opcode == fc.OPCODE:
@@ -579,7 +515,7 @@ def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
         return "not two inputs and one output"
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     if op.opcode == "MEAN":
-        if not isinstance(op.options, ReducerOptions) or not (_per_tensor_int8(x) and _per_tensor_int8(y)):
+        if not isinstance(op.options, ReducerOptions) or not (per_tensor_int8(x) and per_tensor_int8(y)):
             return "not an int8 MEAN with per-tensor quantization"
         axes = mean_axes(graph, op)
         if axes is None or axes[1] < 1 or axes[0] * axes[2] != y.num_elements:
@@ -588,7 +524,7 @@ def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
         return None if 31 + s >= 0 else "its scale ratio is below 2^-31"
     b = graph.tensors[op.inputs[1]]
     if not isinstance(op.options, MulOptions) or op.options.fused_activation not in ACTIVATION_CODE \
-            or not all(_per_tensor_int8(t) for t in (x, b, y)):
+            or not all(per_tensor_int8(t) for t in (x, b, y)):
         return "not an int8 MUL with per-tensor quantization"
     return None if mul_broadcast(graph, op) is not None else "its broadcast is not along the last axis"
 
