@@ -4,7 +4,8 @@ terms, the int16 weight pairs in the order the kernel reads them), no buffer, it
 requantisation proof through the file; on the emulated board (both kernel sets) bit-identical to
 the host's TFLite Micro on layers of odd sizes (13 x 11, output channels left over from the fours),
 3x3 and 5x5 windows, strides 1 and 2, SAME, VALID and folded asymmetric padding, relu / relu6 /
-none, per-channel and per-tensor weights, a requantisation the cheap path is refused for, and on
+none, per-channel and per-tensor weights, a requantisation the cheap path is refused for, an output
+overlapped over its input (rows through a ring), and on
 MLPerf Tiny's ResNet-8 when its checkout is here (TPUP_MLPERF_TINY)."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def _on_window(b, outs):
     g, _ = fold_pads(b.graph(outs), harness=True)
     convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
     g = with_kernel(g, convs, kernel_name(WINDOW))
+    g = with_kernel(g, [convs[0]], kernel_name(WINDOW, kernels.OVERLAP))  # output over its input: rows through a ring
     return g, model_to_bytes(to_model(g, read_model(b.model_bytes(outs))))
 
 
@@ -119,7 +121,8 @@ def test_no_buffer_and_its_flags_and_constant_survive_the_file():
     g, data = _on_window(b, outs)
     sem = get_semantics("tflm-cmsis-nn")
     convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
-    assert len(convs) == 5 and all(scratch_requests(g, i, sem) == [] for i in convs)
+    assert len(convs) == 5 and all(scratch_requests(g, i, sem) == [] for i in convs[1:])
+    assert kernels.flags(g.ops[convs[0]]) == {WINDOW, kernels.OVERLAP}  # (its ring: the only scratch)
     back = from_model(read_model(data))
     assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
     assert all(kernels.requant_tensor_ok(back, back.ops[i]) for i in convs)
