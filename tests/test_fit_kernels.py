@@ -14,6 +14,7 @@ from tpu_pipeline.toolchain.fit import fit_model
 from tpu_pipeline.toolchain.fit.variants import as_is_variants, kernel_twins, on_harness
 from tpu_pipeline.toolchain.fit.spans import split_spans
 from tpu_pipeline.toolchain.loader import load
+from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.kernels import DIRECT, OVERLAP, flags, kernel_choices
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
@@ -31,6 +32,22 @@ def _wide_conv(tmp_path: Path) -> Path:
     path = tmp_path / "wide.tflite"
     path.write_bytes(b.model_bytes([y]))
     return path
+
+
+@pytest.fixture(autouse=True)
+def without_window(monkeypatch):
+    """These tests trade CMSIS-NN's im2col buffer against time: the "window" kernel variant, which
+    reads windows in place (no buffer), would take their convolutions (test_the_window_kernel_needs_no_im2col)."""
+    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(v for v in kernel_variants.REGISTRY if v.flag != "window"))
+
+
+def test_the_window_kernel_needs_no_im2col(tmp_path, monkeypatch):
+    monkeypatch.undo()  # (the real registry)
+    _, g = load(_wide_conv(tmp_path))
+    g, _ = on_harness(g)
+    assert _flags(g) == {"window"}
+    (plain,) = as_is_variants(g, split_spans(g), QEMU, tflm_semantics(CMSIS_NN))
+    assert plain.peak == 4096 + 4096  # input + output: no im2col buffer
 
 
 def _flags(graph) -> set[str]:
