@@ -217,3 +217,33 @@ def test_mlperf_anomaly_detection_on_the_kernel_is_bit_identical_in_qemu(tmp_pat
     path = tmp_path / "ad01.tflite"
     path.write_bytes(model_to_bytes(to_model(g, src)))
     qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+
+
+def test_fit_leaves_weights_as_they_are_where_the_board_s_flash_cannot_hold_them_re_laid(tmp_path):
+    """TPUP_FULLY_CONNECTED's int16 weights double an FC model's flash (MLPerf's ad01: 277 KB ->
+    827 KB): on a board whose flash holds the model but not its re-laid weights, fit keeps the
+    builtin FULLY_CONNECTED and says why; with room, it takes the faster kernel."""
+    from tpu_pipeline.toolchain.deploy.banks import HARNESS_CODE_BYTES
+    from tpu_pipeline.toolchain.device.load import _resolve
+    from tpu_pipeline.toolchain.fit.model import fit_model
+
+    b = CnnBuilder(seed=3, spread=True)
+    x = b.input((1, 1024))
+    y = b.fc(b.fc(x, 128, act="RELU"), 64)
+    path = tmp_path / "fc.tflite"
+    path.write_bytes(b.model_bytes([y]))
+    size = path.stat().st_size
+    text = _resolve("sparkfun-edge").read_text()
+    fits = {}
+    for room in (3 * size, size + 4096):  # the model re-laid (~2x) fits; only the model as it is fits
+        desc = tmp_path / f"board{room}.toml"
+        desc.write_text(text.replace("flash_bytes = 983040", f"flash_bytes = {HARNESS_CODE_BYTES + room}")
+                        .replace('name = "sparkfun-edge"', f'name = "board{room}"'))
+        fitted = fit_model(path, device=load_device(desc))
+        kinds = {op.kernel for op in fitted.result.graph.ops if op.opcode == "FULLY_CONNECTED"}
+        fits[room] = (kinds, len(fitted.data), fitted.notes)
+    kinds, written, notes = fits[3 * size]
+    assert kinds == {"tpup"} and written > 1.8 * size and not any("flash" in n for n in notes)
+    kinds, written, notes = fits[size + 4096]
+    assert kinds == {""} and written <= size + 4096
+    assert any("re-laid in flash" in n and "fitted without them" in n for n in notes), notes

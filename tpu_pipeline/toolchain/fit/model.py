@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
-from tpu_pipeline.toolchain.deploy.banks import (HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
+from tpu_pipeline.toolchain.deploy.banks import (HARNESS_CODE_BYTES, HARNESS_STATIC_BYTES, Placement, arena_budget, capacities,  # noqa: F401
                                                  firmware_reserve, outside_input_bytes, place, split_head_room,
                                                  wait_seconds)
 from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
@@ -115,9 +115,22 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if room is not None:  # only a split holds that much: the head is bound by its bank, the tail goes apart
             fit_budget, head_only = room, True
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
-    result = run_fit(graph, replace(p, budget=fit_budget, head_only=head_only), pricing,
-                     deadline=Deadline(p.time_limit).sub(fraction=0.8), progress=progress, model=model)
+    deadline = Deadline(p.time_limit)
+    fitted = replace(p, budget=fit_budget, head_only=head_only)
+    result = run_fit(graph, fitted, pricing, deadline=deadline.sub(fraction=0.8), progress=progress, model=model)
     data = _written(result, model, path)
+    flash = _flash_room(device)
+    if flash is not None and len(data) > flash and p.relaid_weights and p.harness:
+        # the kernels with weights re-laid in flash (larger than the model's) do not fit the board
+        lean = run_fit(graph, replace(fitted, relaid_weights=False), pricing, deadline=deadline.sub(fraction=0.8),
+                       progress=progress, model=model)
+        lean_data = _written(lean, model, path)
+        notes.append(f"the fastest kernels' weights, re-laid in flash, make the model {len(data):,} B, more than the "
+                     f"{flash:,} B {device.label} leaves for it: fitted without them ({len(lean_data):,} B)")
+        result, data = lean, lean_data
+    if flash is not None and len(data) > flash:
+        notes.append(f"the model is {len(data):,} B: more than the {flash:,} B of flash {device.label} leaves for it "
+                     f"(flash {device.memory.flash_bytes:,} B - firmware code {HARNESS_CODE_BYTES:,} B)")
     tail = result.tail if result.tail is not None else _tail(result.graph, kernels, data, notes)
     placement, waits = None, (0.0, 0.0)
     if reserve is not None:
@@ -145,6 +158,13 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
                        budget_from, tuple(notes), placement, waits)
+
+
+def _flash_room(device: Device | None) -> int | None:
+    """Flash an MCU leaves for the model (flash - the harness's code), None where not stated."""
+    if device is None or device.kind != "mcu" or not device.memory.flash_bytes:
+        return None
+    return device.memory.flash_bytes - HARNESS_CODE_BYTES
 
 
 def _bank_waits(device: Device, p: Placement, fitted, original) -> tuple[float, float]:

@@ -36,6 +36,7 @@ from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
 from tpu_pipeline.toolchain.ir import kernel_variants
+from tpu_pipeline.toolchain.ir.fully_connected import OPCODE as FC_OPCODE
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
                                                can_run_variant, flags, in_place_source, is_harness, kernel_name,
                                                with_flag, variant_of, with_in_place, with_kernel)
@@ -119,33 +120,40 @@ def as_is_variants(graph: Graph, spans: list[Span], device, sem: Semantics, dead
     return out
 
 
-def on_harness(graph: Graph) -> tuple[Graph, list[str]]:
+def on_harness(graph: Graph, relaid: bool = True) -> tuple[Graph, list[str]]:
     """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
     convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
     kernels, their requantization in flash instead of the arena's tail; each on the harness's faster
     variant where one wins, `winning_variant`), every int8 MEAN and MUL
     it can run on TPUP_MEAN / TPUP_MUL (the same integers in a plain loop, no tail, no scratch).
-    Nothing gets slower or larger."""
+    Nothing gets slower or larger in RAM. `relaid=False`: no kernel whose weights are re-laid in
+    flash larger than the model's (TPUP_FULLY_CONNECTED, the variants with a constant of their
+    own), for a board whose flash cannot hold them."""
     g, folded = fold_pads(graph, harness=True)
-    moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)]
+    moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)
+             and (relaid or g.ops[i].opcode != FC_OPCODE)]
     g = with_kernel(g, moved, kernel_name())
     for i in range(len(g.ops)):
-        flag = winning_variant(g, i)
+        flag = winning_variant(g, i, relaid)
         if flag:
             g = with_flag(g, [i], flag)
     notes = []
     n_conv = sum(g.ops[i].opcode not in MEAN_MUL for i in moved)
+    loops = {}  # the harness's own ops by the builtin they replace
+    for i in moved:
+        if g.ops[i].opcode in MEAN_MUL:
+            loops[g.ops[i].opcode] = loops.get(g.ops[i].opcode, 0) + 1
     if folded or moved:
         notes.append(f"on the harness's kernels: {folded} PAD{'s' if folded != 1 else ''} folded into convolutions, "
                      f"{n_conv} convolution{'s' if n_conv != 1 else ''} with their requantization in flash"
-                     + (f", {len(moved) - n_conv} MEAN/MUL on the harness's loops" if len(moved) > n_conv else ""))
+                     + "".join(f", {n} {name} on the harness's own kernel" for name, n in loops.items()))
     return g, notes
 
 
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device,
                      sem: Semantics,
                      allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
-                     harness: bool = False) -> list[Variant]:
+                     harness: bool = False, relaid: bool = True) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
     feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
     from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing. The
@@ -171,7 +179,7 @@ def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], devi
             continue
         g, peak, bound = r.graph, r.peak_after, r.lower_bound
         if harness:
-            g = on_harness(g)[0]
+            g = on_harness(g, relaid)[0]
             peak = lifetimes(g, None, sem).peak  # in the rewrite's best order
             bound = min(peak, order_free_lower_bound(g, sem))
         if peak >= covered:

@@ -208,16 +208,18 @@ def variant_of(op: Op):
     return next((found[f] for f in flags(op) if f in found), None)
 
 
-def winning_variant(graph: Graph, i: int) -> str | None:
+def winning_variant(graph: Graph, i: int, relaid: bool = True) -> str | None:
     """The flag of the first registered variant a harness op on the kernel set's paths goes on
     wherever it may: it can run it, and QEMU measured it faster there (`wins`). A variant needs no
-    buffer; one with a constant input of its own (packed) adds that tensor's entry to TFLite
-    Micro's tail (16 bytes)."""
+    buffer; one with a constant input of its own (packed, window: weights re-laid in flash, larger
+    than the model's) adds that tensor's entry to TFLite Micro's tail (16 bytes). `relaid=False`:
+    none of those (a board whose flash cannot hold the re-laid weights)."""
     op = graph.ops[i]
     if not is_harness(op) or op.opcode in MEAN_MUL or variant_of(op) is not None:
         return None
     return next((f for f, v in kernel_variants.registered().items()
-                 if can_run_variant(graph, i, f) and v.wins(graph, i)), None)
+                 if (relaid or v.constant_input is None) and can_run_variant(graph, i, f) and v.wins(graph, i)),
+                None)
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:

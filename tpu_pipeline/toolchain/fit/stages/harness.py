@@ -9,6 +9,6 @@ from tpu_pipeline.toolchain.fit.variants import on_harness
 
 
 def harness(state, allowed):
-    graph, notes = on_harness(state.working)
+    graph, notes = on_harness(state.working, state.params.relaid_weights)
     return (replace(state, graph=graph, working=graph, notes=state.notes + tuple(notes)),
             PassRecord("harness", "ran" if graph is not state.working else "no gain", 0.0, {"notes": len(notes)}))

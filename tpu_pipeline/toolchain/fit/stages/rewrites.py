@@ -11,5 +11,6 @@ from tpu_pipeline.toolchain.fit.variants import rewrite_variants
 def rewrites(state, allowed):
     p = state.params
     found = rewrite_variants(state.working, list(state.spans), list(state.as_is), state.device, state.sem,
-                             p.allow_lossy, state.model, allowed, p.harness)
+                             p.allow_lossy, state.model, allowed, p.harness,
+                             p.relaid_weights)
     return replace(state, rewrites=tuple(found)), PassRecord("rewrites", "ran", 0.0, {"variants": len(found)})
