@@ -72,10 +72,27 @@ def test_what_the_packed_kernel_takes():
             with_kernel(g, [i], kernel_name(PACKED))
 
 
+def _per_channel(words):
+    """(folded biases [out_c], pairs [out_c, pairs]) of packed weights laid out as the kernel reads
+    them: per channel pair (c, c + 1) in its 2 x (1 + pairs) words bias c, bias c + 1, then pair k
+    of c and of c + 1 for each k; a last odd channel alone, its bias then its pairs."""
+    out_c, width = words.shape
+    flat = words.reshape(-1)
+    bias, pairs = np.zeros(out_c, np.int32), np.zeros((out_c, width - 1), np.int32)
+    for c in range(out_c):
+        if c < out_c // 2 * 2:
+            base, half = c // 2 * 2 * width, c % 2
+            bias[c], pairs[c] = flat[base + half], flat[base + 2 + half:base + 2 * width:2]
+        else:
+            bias[c], pairs[c] = flat[c * width], flat[c * width + 1:(c + 1) * width]
+    return bias, pairs
+
+
 def test_packed_weights_are_the_windows_order_with_the_offset_folded_in():
     """A window packed as the kernel packs it (per row, (b0, b2), (b1, b3) per four bytes, the rows'
     leftover bytes paired at the end), dotted with the packed weights pair by pair, gives TFLite's
-    sum: bias + sum w x (x - zero point), padding taps reading the zero point."""
+    sum: bias + sum w x (x - zero point), padding taps reading the zero point; two channels'
+    words interleaved (one LDRD loads both channels' pair k), a last odd channel alone."""
     g, _, packed = _convs()
     rng = np.random.default_rng(0)
     for i in packed:
@@ -92,8 +109,9 @@ def test_packed_weights_are_the_windows_order_with_the_offset_folded_in():
         flat = [v for r in x for q in range(0, whole, 4) for v in ((r[q], r[q + 2]), (r[q + 1], r[q + 3]))]
         tail = [v for r in x for v in r[whole:]] + [0]
         flat += [(tail[k], tail[k + 1]) for k in range(0, len(tail) - 1, 2)]
-        lo, hi = (words[:, 1:] << 16 >> 16).astype(np.int64), (words[:, 1:] >> 16).astype(np.int64)
-        got = words[:, 0] + sum(lo[:, k] * a + hi[:, k] * c for k, (a, c) in enumerate(flat))
+        bias_words, pair_words = _per_channel(words)
+        lo, hi = (pair_words << 16 >> 16).astype(np.int64), (pair_words >> 16).astype(np.int64)
+        got = bias_words + sum(lo[:, k] * a + hi[:, k] * c for k, (a, c) in enumerate(flat))
         bias = g.tensors[op.inputs[2]].values() if op.inputs[2] >= 0 else np.zeros(out_c)
         want = bias + (w.reshape(out_c, -1) * (x.reshape(-1) - zp)).sum(axis=1)
         assert np.array_equal(got, want)
