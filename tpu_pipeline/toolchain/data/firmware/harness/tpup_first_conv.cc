@@ -113,6 +113,23 @@ inline void PackRows9(const int8_t* a, const int8_t* b, int row_bytes, int32_t* 
   win[2] = a[2 * row_bytes + 8], win[3] = b[2 * row_bytes + 8];  // (high halves: weight 0)
 }
 
+constexpr int kPatchPixels = 8, kPatchBytes = 8 * 9 + 4;  // (a 3 x 9-byte window: in_c <= 9)
+
+// Input rows [iy0, iy0 + 3) x pixels [ix0, ix0 + n) into `patch` (rows kPatchBytes apart), the
+// zero point where they lie outside the input.
+void Patch(const ConvGeometry& g, const int8_t* in, int iy0, int ix0, int n, int8_t zero_point, int8_t* patch) {
+  const int C = g.in_c;
+  for (int ky = 0; ky < 3; ++ky, patch += kPatchBytes) {
+    const int iy = iy0 + ky;
+    const int8_t* row = in + (iy * g.in_w + ix0) * C;
+    for (int kx = 0; kx < n; ++kx) {
+      const int ix = ix0 + kx;
+      const bool here = iy >= 0 && iy < g.in_h && ix >= 0 && ix < g.in_w;
+      for (int c = 0; c < C; ++c) patch[kx * C + c] = here ? row[kx * C + c] : zero_point;
+    }
+  }
+}
+
 #if defined(TPUP_DSP)
 inline int32_t Dot(int32_t a, int32_t b, int32_t acc) { return __smlad(a, b, acc); }
 #else
@@ -196,9 +213,17 @@ struct Quick {
     const int64_t high = ((bound * 2) * m >> 32) + 1, add = Add(shift, offset);
     return high + (add < 0 ? -add : add) + 1 < (int64_t{1} << 31);
   }
+  // add + high in one SMMLAR; x's sign for high's (high = SMMULR(2x, m), m >= 0: they differ only
+  // where high is 0 and x < 0, and there (add - 1) >> right = add >> right, add's low right bits
+  // being 2^(right - 1)).
   int32_t operator()(int32_t x) const {
-    const int32_t h = FastRequant::MulHighRounded(x * 2, multiplier);
-    return (h + add + (h >> 31)) >> right;
+#if defined(TPUP_DSP)
+    int32_t t;
+    __asm__("smmlar %0, %1, %2, %3" : "=r"(t) : "r"(x * 2), "r"(multiplier), "r"(add));
+#else
+    const int32_t t = add + FastRequant::MulHighRounded(x * 2, multiplier);
+#endif
+    return (t + (x >> 31)) >> right;
   }
 };
 
@@ -222,19 +247,79 @@ struct ClipInt8 {
 #endif
 };
 
-constexpr int kChannelChunk = 64;  // output channels whose requantization is set up once, on the stack
+constexpr int kChannelChunk = 32;  // output channels whose requantization is set up once, on the stack
 
-// Output channels [c0, c1) (c0 even) of output rows [0, out_rows), requantized by `scale` (Requant
-// or FastRequant, indexed from c0), two pixels at a time.
-template <int P, class Q, class C>
+#if defined(TPUP_DSP)
+// The unrolled path's stream (a first layer's channels, all on Quick, the clamp the whole int8
+// range): per channel pair the two biases and 14 x 2 pairs, doubled (the sums are then 2 x sum:
+// Quick's x * 2, exact where Quick fits), then each channel's Quick (multiplier, add, right).
+constexpr int kStreamWords = 2 + 2 * 14 + 2 * 3;
+
+// The sums 2 x sum of every channel pair of `stream` (up to `end`) over pixels A and B (windows
+// `win`), requantized, out through `p` (A's) and p + gap (B's): per pair of taps 2 LDRD + 4 SMLAD,
+// per output SMMLAR + ADD + ASR + SSAT + STRB (registers fixed: LDM loads a Quick in order).
+void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, int8_t* p, int gap) {
+  register int32_t x asm("r0"), y asm("r1"), u asm("r2"), v asm("r3");
+  register int32_t a0 asm("r4"), a1 asm("r5"), b0 asm("r6"), b1 asm("r8");
+  register const int32_t* w asm("r9") = stream;
+  register const int32_t* wn asm("r10") = win;
+  register int8_t* out asm("r11") = p;
+  register int32_t gp asm("r12") = gap;
+  register const int32_t* e asm("lr") = end;
+#define TPUP_STEP(K)                                 \
+  "ldrd %[x], %[y], [%[win], #" #K " * 8]\n\t"        \
+  "ldrd %[u], %[v], [%[w]], #8\n\t"                  \
+  "smlad %[a0], %[x], %[u], %[a0]\n\t"               \
+  "smlad %[a1], %[y], %[u], %[a1]\n\t"               \
+  "smlad %[b0], %[x], %[v], %[b0]\n\t"               \
+  "smlad %[b1], %[y], %[v], %[b1]\n\t"
+#define TPUP_OUT(S, T)                               \
+  "ldmia %[w]!, {%[x], %[y], %[u]}\n\t"              \
+  "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
+  "add %[v], %[v], %[" #S "], asr #31\n\t"           \
+  "asr %[v], %[v], %[u]\n\t"                         \
+  "ssat %[v], #8, %[v]\n\t"                          \
+  "smmlar %[" #S "], %[" #T "], %[x], %[y]\n\t"      \
+  "add %[" #S "], %[" #S "], %[" #T "], asr #31\n\t" \
+  "asr %[" #S "], %[" #S "], %[u]\n\t"               \
+  "ssat %[" #S "], #8, %[" #S "]\n\t"                \
+  "strb %[" #S "], [%[p], %[gap]]\n\t"               \
+  "strb %[v], [%[p]], #1\n\t"
+  __asm__ volatile(
+      "1:\n\t"
+      "ldrd %[a0], %[b0], [%[w]], #8\n\t"
+      "ldrd %[x], %[y], [%[win]]\n\t"
+      "ldrd %[u], %[v], [%[w]], #8\n\t"
+      "smlad %[a1], %[y], %[u], %[a0]\n\t"
+      "smlad %[a0], %[x], %[u], %[a0]\n\t"
+      "smlad %[b1], %[y], %[v], %[b0]\n\t"
+      "smlad %[b0], %[x], %[v], %[b0]\n\t"
+      TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7)
+      TPUP_STEP(8) TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
+      TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
+      "cmp %[w], %[end]\n\t"
+      "bne 1b\n\t"
+      : [x] "=&r"(x), [y] "=&r"(y), [u] "=&r"(u), [v] "=&r"(v), [a0] "=&r"(a0), [a1] "=&r"(a1), [b0] "=&r"(b0),
+        [b1] "=&r"(b1), [w] "+r"(w), [p] "+r"(out)
+      : [win] "r"(wn), [gap] "r"(gp), [end] "r"(e)
+      : "memory", "cc");
+#undef TPUP_STEP
+#undef TPUP_OUT
+}
+#endif
+
+// Output channels [c0, c1) (c0 even) of output rows [0, out_rows), requantized by `scale` (Exact
+// or Quick, indexed from c0), two pixels at a time; the channel pairs through StreamPairs from
+// `stream` when kStream.
+template <int P, bool kStream, class Q, class C>
 void Chunk(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-           const int32_t* packed, const Q* scale, C clip, int c0, int c1, int8_t* out) {
+           const int32_t* packed, const int32_t* stream, const Q* scale, C clip, int c0, int c1, int8_t* out) {
   const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), stride = pairs + 1, OC = g.out_c;
   const bool rows9 = g.k_h == 3 && g.k_w * g.in_c == 9;
   const int8_t zero_point = static_cast<int8_t>(-o.input_offset);
-  const int row_bytes = g.in_w * g.in_c, step = o.stride_w * g.in_c;
+  const int row_bytes = g.in_w * g.in_c, step = o.stride_w * g.in_c, two = (c1 - c0) / 2 * 2;
   int32_t win[2 * kPackedMaxPairs];
-  const int32_t* const lone = (c1 - c0) % 2 ? packed + (c1 - 1) * stride : nullptr;
+  const int32_t* const lone = two < c1 - c0 ? packed + (c1 - 1) * stride : nullptr;
   for (int oy = 0; oy < out_rows; ++oy) {
     const int iy0 = oy * o.stride_h - pad_top;
     for (int ox = 0; ox < g.out_w; ox += 2) {
@@ -243,27 +328,38 @@ void Chunk(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_row
       if (rows9 && iy0 >= 0 && ix0 >= 0 && iy0 + 3 <= g.in_h && ix1 + g.k_w <= g.in_w) {
         const int8_t* a = in + iy0 * row_bytes + ix0 * g.in_c;
         PackRows9(a, both ? a + step : a, row_bytes, win);
+      } else if (rows9 && ix1 - ix0 + g.k_w <= kPatchPixels) {  // padding: through a patch of the input
+        int8_t patch[3 * kPatchBytes];
+        Patch(g, in, iy0, ix0, ix1 - ix0 + g.k_w, zero_point, patch);
+        PackRows9(patch, patch + (ix1 - ix0) * g.in_c, kPatchBytes, win);
       } else {
         PackWindow(g, in, iy0, ix0, zero_point, win);
         PackWindow(g, in, iy0, ix1, zero_point, win + 1);
       }
       int8_t* p = out + (oy * g.out_w + ox) * OC + c0;
       const int gap = both ? OC : 0;  // B's outputs from A's (a lone last pixel: B = A, written twice)
-      const int32_t* w = packed + c0 * stride;
-      const Q* q = scale;
-      for (int oc = c0; oc + 1 < c1; oc += 2, w += 2 * stride, q += 2, p += 2) {
-        int32_t acc[4];
-        Block<P>(w, win, pairs, acc);
-        p[0] = clip(q[0](acc[0]));
-        p[gap] = clip(q[0](acc[1]));
-        p[1] = clip(q[1](acc[2]));
-        p[gap + 1] = clip(q[1](acc[3]));
+#if defined(TPUP_DSP)
+      if (kStream) {
+        if (two > 0) StreamPairs(stream, stream + two / 2 * kStreamWords, win, p, gap);
+      } else  // NOLINT(readability/braces)
+#endif
+      {
+        const int32_t* w = packed + c0 * stride;
+        const Q* q = scale;
+        for (int k = 0; k < two; k += 2, w += 2 * stride, q += 2) {
+          int32_t acc[4];
+          Block<P>(w, win, pairs, acc);
+          p[k] = clip(q[0](acc[0]));
+          p[gap + k] = clip(q[0](acc[1]));
+          p[k + 1] = clip(q[1](acc[2]));
+          p[gap + k + 1] = clip(q[1](acc[3]));
+        }
       }
       if (lone != nullptr) {
         int32_t acc[2];
         Lone(lone, win, pairs, acc);
-        p[0] = clip(q[0](acc[0]));
-        p[gap] = clip(q[0](acc[1]));
+        p[two] = clip(scale[two](acc[0]));
+        p[gap + two] = clip(scale[two](acc[1]));
       }
     }
   }
@@ -287,11 +383,31 @@ template <int P, class Q>
 void ChunkClipped(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                   const int32_t* packed, const Q* scale, int c0, int c1, int8_t* out) {
   if (o.act_min == -128 && o.act_max == 127) {
-    Chunk<P>(o, g, pad_top, out_rows, in, packed, scale, ClipInt8{}, c0, c1, out);
+    Chunk<P, false>(o, g, pad_top, out_rows, in, packed, nullptr, scale, ClipInt8{}, c0, c1, out);
   } else {
-    Chunk<P>(o, g, pad_top, out_rows, in, packed, scale, Clip{o.act_min, o.act_max}, c0, c1, out);
+    Chunk<P, false>(o, g, pad_top, out_rows, in, packed, nullptr, scale, Clip{o.act_min, o.act_max}, c0, c1, out);
   }
 }
+
+#if defined(TPUP_DSP)
+inline int32_t Doubled(int32_t t) { return Pair(2 * static_cast<int16_t>(t), 2 * (t >> 16)); }
+
+// Channels [c0, c1) of a 3x3 over 3 channels, all on Quick, clamped to the whole int8 range:
+// their pairs through StreamPairs (the stream built here, on the stack), a lone last one in C.
+void ChunkStreamed(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+                   const int32_t* packed, const Quick* quick, int c0, int c1, int8_t* out) {
+  constexpr int kPairs = 14, kStride = kPairs + 1;
+  int32_t stream[kChannelChunk / 2 * kStreamWords];
+  int32_t* s = stream;
+  for (int oc = c0; oc + 1 < c1; oc += 2) {
+    const int32_t* w = packed + oc * kStride;  // (|sum| < 2^30, Quick::Fits: doubled, in int32)
+    *s++ = 2 * w[0], *s++ = 2 * w[1];
+    for (int k = 2; k < 2 * kStride; ++k) *s++ = Doubled(w[k]);
+    for (const Quick& q : {quick[oc - c0], quick[oc - c0 + 1]}) *s++ = q.multiplier, *s++ = q.add, *s++ = q.right;
+  }
+  Chunk<kPairs, true>(o, g, pad_top, out_rows, in, packed, stream, quick, ClipInt8{}, c0, c1, out);
+}
+#endif
 
 // Per chunk of output channels: Quick where every channel's sums fit it, Exact otherwise.
 template <int P>
@@ -311,6 +427,12 @@ void Rows(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows
     if (fast) {
       Quick quick[kChannelChunk];
       for (int oc = c0; oc < c1; ++oc) quick[oc - c0] = Quick(multiplier[oc], shift[oc], o.output_offset);
+#if defined(TPUP_DSP)
+      if (P == 14 && g.k_h == 3 && g.k_w * g.in_c == 9 && o.act_min == -128 && o.act_max == 127) {
+        ChunkStreamed(o, g, pad_top, out_rows, in, packed, quick, c0, c1, out);
+        continue;
+      }
+#endif
       ChunkClipped<P>(o, g, pad_top, out_rows, in, packed, quick, c0, c1, out);
     } else {
       Exact exact[kChannelChunk];
