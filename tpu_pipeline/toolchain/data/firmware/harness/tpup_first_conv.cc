@@ -159,7 +159,8 @@ inline int32_t Dot(int32_t a, int32_t b, int32_t acc) {
 #endif
 
 // The sums of channels c, c + 1 (weights `w`: their biases, then pair k of each) over pixels A and
-// B (windows `win`, interleaved): acc = {A c, B c, A c+1, B c+1}.
+// B (windows `win`, interleaved): acc = {A c, B c, A c+1, B c+1}. (A first layer whose clamp is
+// the whole int8 range on Quick runs StreamPairs instead; this is the other clamps' and Exact's.)
 template <int P>
 __attribute__((always_inline)) inline void Block(const int32_t* w, const int32_t* win, int pairs, int32_t* acc) {
 #if defined(TPUP_DSP)
@@ -233,9 +234,9 @@ struct Quick {
     const int64_t high = ((bound * 2) * m >> 32) + 1, add = Add(shift, offset);
     return high + (add < 0 ? -add : add) + 1 < (int64_t{1} << 31);
   }
-  // add + high in one SMMLAR; x's sign for high's (high = SMMULR(2x, m), m >= 0: they differ only
-  // where high is 0 and x < 0, and there (add - 1) >> right = add >> right, add's low right bits
-  // being 2^(right - 1)).
+  // FastRequant's (high + half + (high >> 31)) >> right + offset, as (SMMLAR's add + high +
+  // (x >> 31)) >> right: high = SMMULR(2x, m) with m >= 0 has x's sign except where high is 0 and
+  // x < 0, and there (add - 1) >> right = add >> right (add's low `right` bits are 2^(right - 1)).
   int32_t operator()(int32_t x) const {
 #if defined(TPUP_DSP)
     int32_t t;
