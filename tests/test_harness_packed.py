@@ -72,10 +72,27 @@ def test_what_the_packed_kernel_takes():
             with_kernel(g, [i], kernel_name(PACKED))
 
 
+def _per_channel(words):
+    """(folded biases [out_c], pairs [out_c, pairs]) of packed weights laid out as the kernel reads
+    them: per channel pair (c, c + 1) in its 2 x (1 + pairs) words bias c, bias c + 1, then pair k
+    of c and of c + 1 for each k; a last odd channel alone, its bias then its pairs."""
+    out_c, width = words.shape
+    flat = words.reshape(-1)
+    bias, pairs = np.zeros(out_c, np.int32), np.zeros((out_c, width - 1), np.int32)
+    for c in range(out_c):
+        if c < out_c // 2 * 2:
+            base, half = c // 2 * 2 * width, c % 2
+            bias[c], pairs[c] = flat[base + half], flat[base + 2 + half:base + 2 * width:2]
+        else:
+            bias[c], pairs[c] = flat[c * width], flat[c * width + 1:(c + 1) * width]
+    return bias, pairs
+
+
 def test_packed_weights_are_the_windows_order_with_the_offset_folded_in():
     """A window packed as the kernel packs it (per row, (b0, b2), (b1, b3) per four bytes, the rows'
     leftover bytes paired at the end), dotted with the packed weights pair by pair, gives TFLite's
-    sum: bias + sum w x (x - zero point), padding taps reading the zero point."""
+    sum: bias + sum w x (x - zero point), padding taps reading the zero point; two channels'
+    words interleaved (one LDRD loads both channels' pair k), a last odd channel alone."""
     g, _, packed = _convs()
     rng = np.random.default_rng(0)
     for i in packed:
@@ -92,8 +109,9 @@ def test_packed_weights_are_the_windows_order_with_the_offset_folded_in():
         flat = [v for r in x for q in range(0, whole, 4) for v in ((r[q], r[q + 2]), (r[q + 1], r[q + 3]))]
         tail = [v for r in x for v in r[whole:]] + [0]
         flat += [(tail[k], tail[k + 1]) for k in range(0, len(tail) - 1, 2)]
-        lo, hi = (words[:, 1:] << 16 >> 16).astype(np.int64), (words[:, 1:] >> 16).astype(np.int64)
-        got = words[:, 0] + sum(lo[:, k] * a + hi[:, k] * c for k, (a, c) in enumerate(flat))
+        bias_words, pair_words = _per_channel(words)
+        lo, hi = (pair_words << 16 >> 16).astype(np.int64), (pair_words >> 16).astype(np.int64)
+        got = bias_words + sum(lo[:, k] * a + hi[:, k] * c for k, (a, c) in enumerate(flat))
         bias = g.tensors[op.inputs[2]].values() if op.inputs[2] >= 0 else np.zeros(out_c)
         want = bias + (w.reshape(out_c, -1) * (x.reshape(-1) - zp)).sum(axis=1)
         assert np.array_equal(got, want)
@@ -137,16 +155,62 @@ def test_the_packed_kernel_is_bit_identical_in_qemu(model, kernels_set):
     assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
+def _requantize_like_a_first_layer(b, y):
+    """Output `y` at zero point -128 and scale 6/255 (a ReLU6 first layer as converted: its clamp
+    is the whole int8 range)."""
+    q = b.tensors[y].quant
+    b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(q, scale=(6 / 255,), zero_point=(-128,)))
+
+
+def _first_layers(seed=31):
+    """(graph, model bytes, packed ops): 3x3 convolutions over 3 channels, the kernel's unrolled
+    block and its 3 x 9-byte packer, on odd and even output widths (a lone last pixel), SAME,
+    explicit (folded) and no padding, strides 2 and 1, even, odd (a lone last channel) and more
+    than one chunk of 32 output channels (40, 66), no activation, RELU and RELU6 clamps (any
+    bounds, and the whole int8 range: the streamed assembly loop, 17 and 40 channels), a 1x1
+    output, and rows through a ring (overlap)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 17, 21, 3))
+    outs = [b.conv(x, 17, k=3, stride=2, act="NONE"),  # SAME: 9 x 11
+            b.conv(b.pad(x, 1, 1, 1, 1), 9, k=3, stride=2, padding="VALID", act="RELU"),  # 9 x 11
+            b.conv(x, 66, k=3, stride=1, padding="VALID", act="RELU6"),  # 15 x 19, chunks of 64 + 2
+            b.conv(b.pad(x, 0, 1, 0, 1), 40, k=3, stride=2, padding="VALID", act="RELU6"),  # 8 x 10, 32 + 8
+            b.conv(b.pad(x, 1, 0, 1, 0), 7, k=3, stride=2, padding="VALID", act="RELU6")]  # 8 x 10
+    _requantize_like_a_first_layer(b, outs[3])
+    tiny = b.input((1, 3, 4, 3))
+    outs.append(b.conv(tiny, 6, k=3, stride=2, padding="VALID", act="RELU"))  # 1 x 1
+    g, folded = fold_pads(b.graph(outs), harness=True)
+    assert folded == 3
+    packed = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
+    g = with_kernel(g, packed, kernel_name(PACKED))
+    ringed = next(i for i in packed if g.ops[i].outputs[0] == g.outputs[4])
+    g = with_kernel(g, [ringed], kernel_name(OVERLAP, PACKED))
+    return g, _written(g, b.model_bytes(outs)), packed
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_first_layers_of_the_packed_kernel_are_bit_identical_in_qemu(tmp_path, kernels_set):
+    g, data, packed = _first_layers()
+    assert all(packed_pairs(*g.tensors[g.ops[i].inputs[1]].shape[1:]) == 14 for i in packed)
+    path = tmp_path / "first.tflite"
+    path.write_bytes(data)
+    qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=5)
+
+
 def _requantizations(seed=23):
-    """(graph, model bytes): a first layer of 33 output channels (two chunks of its requantization
-    set-up) whose last channel's bias is too large for FastRequant (that chunk on Requant, the
-    first on FastRequant), then one whose multipliers are 2^0 and more (Requant's left shift)."""
+    """(graph, model bytes): a first layer of 65 output channels (three chunks of its
+    requantization set-up: 32, 32, then a lone last channel) whose last channel's bias is too large
+    for FastRequant (that chunk on Requant, the others on FastRequant), one whose multipliers are 2^0 and more
+    (Requant's left shift), and a first layer one of whose channels has a multiplier of about
+    2^-27: FastRequant fits its sums, but its output offset x 2^27 does not fit int32 (Requant)."""
     b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 13, 11, 3))
-    first = b.conv(x, 33, k=3, stride=2, act="RELU6")
+    first = b.conv(x, 65, k=3, stride=2, act="RELU6")
     bias = b.ops[-1].inputs[2]
     values = np.frombuffer(b.tensors[bias].data.tobytes(), dtype=np.int32).copy()
-    values[32] = (1 << 30) + (1 << 28)  # sums past 2^30: doubled, past 2^31
+    values[64] = (1 << 30) + (1 << 28)  # sums past 2^30: doubled, past 2^31
     b.tensors[bias] = dataclasses.replace(b.tensors[bias], data=np.frombuffer(values.tobytes(), dtype=np.uint8).copy())
     mix = b.conv(b.conv(first, 3, k=1), 5, k=3)
     wt, y, src = b.ops[-1].inputs[1], b.ops[-1].outputs[0], b.ops[-1].inputs[0]
@@ -155,11 +219,16 @@ def _requantizations(seed=23):
     s_w, q = b.tensors[wt].quant.scale, b.tensors[y].quant
     b.tensors[y] = dataclasses.replace(b.tensors[y], quant=dataclasses.replace(
         q, scale=(b.tensors[src].quant.scale[0] * min(s_w) / 3,)))  # multipliers 3 x 2^0 .. 2 x 3 x 2^0
-    g = b.graph([mix])
+    far = b.conv(x, 8, k=3, stride=2, act="RELU6")
+    wt = b.ops[-1].inputs[1]
+    scales = list(b.tensors[wt].quant.scale)
+    scales[3] /= 1 << 20
+    b.tensors[wt] = dataclasses.replace(b.tensors[wt], quant=dataclasses.replace(b.tensors[wt].quant, scale=tuple(scales)))
+    g = b.graph([mix, far])
     convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
     g = with_kernel(g, convs, kernel_name())
-    g = with_kernel(g, [convs[0], convs[2]], kernel_name(PACKED))
-    return g, _written(g, b.model_bytes([mix]))
+    g = with_kernel(g, [convs[0], convs[2], convs[3]], kernel_name(PACKED))
+    return g, _written(g, b.model_bytes([mix, far]))
 
 
 @needs_arm
@@ -167,7 +236,7 @@ def _requantizations(seed=23):
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_both_requantizations_of_the_packed_kernel_are_bit_identical_in_qemu(tmp_path, kernels_set):
     g, data = _requantizations()
-    assert sum(PACKED in kernels.flags(op) for op in g.ops) == 2
+    assert sum(PACKED in kernels.flags(op) for op in g.ops) == 3
     path = tmp_path / "requant.tflite"
     path.write_bytes(data)
     qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)

@@ -22,6 +22,7 @@ Both are fitted here by non-negative least squares on models built from random w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -194,8 +195,9 @@ def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
 
 
 def _first_model(h: int, cin: int, cout: int, k: int, stride: int, flags: tuple):
-    """(graph, bytes): a first layer (few input channels, RELU6) on the packed kernel or on the
-    kernel set's (CMSIS-NN's im2col kernel), then a 1x1 convolution on the kernel set's."""
+    """(graph, bytes): a first layer (few input channels, RELU6 quantized as converters write it, its
+    clamp the whole int8 range) on the packed kernel or on the kernel set's (CMSIS-NN's im2col
+    kernel), then a 1x1 convolution on the kernel set's."""
     from helpers.cnn_builder import CnnBuilder
 
     from tpu_pipeline.toolchain.ir.convert import to_model
@@ -204,7 +206,11 @@ def _first_model(h: int, cin: int, cout: int, k: int, stride: int, flags: tuple)
 
     b = CnnBuilder(seed=h * 1000 + cin * 10 + k, spread=True)
     x = b.input((1, h, h, cin))
-    out = b.conv(b.conv(x, cout, k=k, stride=stride, act="RELU6"), 8, k=1)
+    first = b.conv(x, cout, k=k, stride=stride, act="RELU6")
+    q = b.tensors[first].quant  # as converters write a first layer's ReLU6: zero point -128, scale 6/255
+    b.tensors[first] = dataclasses.replace(b.tensors[first], quant=dataclasses.replace(q, scale=(6 / 255,),
+                                                                                        zero_point=(-128,)))
+    out = b.conv(first, 8, k=1)
     src = b.model_bytes([out])
     g = b.graph([out])
     g = with_kernel(with_kernel(g, [1], kernel_name()), [0], kernel_name(*flags))

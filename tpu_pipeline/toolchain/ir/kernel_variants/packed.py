@@ -1,9 +1,10 @@
 """Flag "packed": the harness's convolution for few input channels (harness/tpup_first_conv.cc,
-both firmware builds). Each output pixel's window is packed once into int16 pairs; the weights are
-laid out offline in that order (the op's constant input 4, `packed_weights`) with the input offset
-folded into the bias, so padding taps read the zero point; two pixels x two channels per SMLAD; no
-buffer; TFLite's ConvPerChannel integers. It beat CMSIS-NN's im2col kernel in QEMU on inputs of at
-most WINS_MAX_CHANNELS channels (docs/bench/harness_kernels.md: first layers 1.15-1.30x)."""
+both firmware builds). The windows of two neighbouring output pixels are packed once into int16
+pairs, interleaved; the weights are laid out offline in that order (the op's constant input 4,
+`packed_weights`), two output channels interleaved, with the input offset folded into the bias,
+so padding taps read the zero point; two pixels x two channels per four SMLADs; no buffer;
+TFLite's ConvPerChannel integers. It beat CMSIS-NN's im2col kernel in QEMU on inputs of at most
+WINS_MAX_CHANNELS channels (docs/bench/harness_kernels.md: first layers 1.54-4.22x)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ def packed_pairs(k_h: int, k_w: int, in_c: int) -> int:
 
 
 def packed_weights(graph: Graph, op: Op) -> np.ndarray:
-    """Input 4 of a packed convolution, int32 [out_c, 1 + pairs]: per output channel the bias plus
-    input offset x the sum of its weights (exact in int32: padding taps then read the zero point),
-    then its weights as int16 pairs in the order the kernel packs a window (`packed_pairs`)."""
+    """Input 4 of a packed convolution, int32 [out_c, 1 + pairs] (the shape, its words in the
+    kernel's order): per output channel the bias plus input offset x the sum of its weights (exact
+    in int32: padding taps then read the zero point) and its weights as int16 pairs in the order
+    the kernel packs a window (`packed_pairs`); two channels interleaved, so one LDRD loads both
+    channels' pair k: per channel pair (c, c + 1) bias c, bias c + 1, then pair k of c, pair k of
+    c + 1 for each k; a last odd channel alone, its bias then its pairs."""
     w = graph.tensors[op.inputs[1]].values().astype(np.int64)  # [out_c, kh, kw, in_c]
     out_c, k_h, k_w, in_c = w.shape
     bias = op.inputs[2] if len(op.inputs) > 2 else -1
@@ -45,7 +49,10 @@ def packed_weights(graph: Graph, op: Op) -> np.ndarray:
     folded = b + offset * w.reshape(out_c, -1).sum(axis=1)
     if np.abs(folded).max(initial=0) >= 1 << 31:
         raise ValueError("the folded bias does not fit int32")
-    words = np.concatenate([folded[:, None] & 0xFFFFFFFF, pairs], axis=1)
+    words = np.concatenate([folded[:, None] & 0xFFFFFFFF, pairs], axis=1)  # [out_c, 1 + pairs], per channel
+    even = out_c // 2 * 2
+    two = words[:even].reshape(even // 2, 2, -1).transpose(0, 2, 1)  # [pair of channels, word, channel]
+    words = np.concatenate([two.reshape(even, -1), words[even:]])
     return words.astype("<u4").view("<i4")
 
 
