@@ -29,7 +29,7 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, overlap, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
-from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
+from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, PASTE, SLICE,
                                              PatchStage, ACTIVATION_CODE, PADDING_CODE)
 from tpu_pipeline.toolchain.memory.lifetimes import Buffer
 from tpu_pipeline.toolchain.memory.planners import plan_buffers
@@ -61,23 +61,27 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
                 in_place: bool = True, stream: bool | None = None) -> Graph:
     """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
     TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
-    `stream`: tiles are row stripes (grid (n, 1)) and nothing is recomputed: each layer's rows
-    the next stripe needs again are kept in a stream buffer (`_stream_program`); by default every
-    stripe grid streams (it computes each row once) and other grids recompute their halos.
-    UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
+    `stream`: no layer computes an element twice: on row stripes (grid n x 1) each layer's rows
+    the next stripe needs again are kept in a stream buffer (`_stream_program`), on other grids
+    the rows and columns the next tiles need in halo caches (`_stream2d_program`); by default
+    stripe grids stream and other grids recompute their halos.
+    UsageError if a tile reads nothing of some tensor, an op cannot run in a stage, or (streamed)
+    a row or column would be needed by more than two tiles."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    if stream and grid[1] != 1:
-        raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     graph = stage_layers(graph, positions)
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    program, scratch = (_stream_program(graph, region, tin, tout, grid[0]) if stream
-                        else _program(graph, region, tin, tout, grid, in_place))
+    if not stream:
+        program, scratch = _program(graph, region, tin, tout, grid, in_place)
+    elif grid[1] == 1:
+        program, scratch = _stream_program(graph, region, tin, tout, grid[0])
+    else:
+        program, scratch = _stream2d_program(graph, region, tin, tout, grid)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -445,3 +449,188 @@ def _stripe_layer(graph: Graph, op: Op, k: int, new, need, have, bufs: _TileBuff
         raise UsageError("patch stage: a streamed stripe's layer does not read whole rows")  # (cannot happen)
     return [CONV, k, at(x, real[0]), real[1] - real[0], real[3] - real[2], real[0] - virtual[0], real[2] - virtual[2],
             out, h, w, 0, 0]
+
+
+# ---- square grids without recomputation (StreamNet's 2-D halo caching) ---------------------------
+def _shares(runs: list[tuple[int, int]], name: str, axis: str) -> list[int]:
+    """Per tile along an axis, how many of its needed rows (columns) of a tensor the tiles before
+    it computed: the leading part it takes from a cache. UsageError where that part was not the
+    previous tile's own new part (a row needed by three tiles: the grid is too fine to stream)."""
+    shared = [0]
+    for k in range(1, len(runs)):
+        (a, b), (p0, p1) = runs[k], runs[k - 1]
+        s = max(0, min(b, p1) - a)
+        if s and a < p0 + shared[-1]:
+            raise UsageError(f"patch stage: a {axis} of '{name}' is needed by more than two tiles "
+                             "(too fine a grid to stream)")
+        shared.append(s)
+    return shared
+
+
+class _Halo:
+    """One tensor's geometry on a 2-D streamed grid: the rows each tile row needs and the columns
+    each tile column needs (every op maps the axes apart), the leading part of each it shares
+    with the tile before (`top`, `left`), and its caches' shapes: the row cache holds the shared
+    rows across the whole width (written by the tile above, at their columns), the column cache
+    the shared columns across the tile row's rows (written by the tile to the left)."""
+
+    def __init__(self, graph: Graph, t: int, rows: list[tuple[int, int]], cols: list[tuple[int, int]], cached: bool):
+        name = graph.tensors[t].name
+        self.rows, self.cols, self.c = rows, cols, graph.tensors[t].shape[3]
+        self.width = hw(graph, t)[1]
+        self.top = _shares(rows, name, "row") if cached else [0] * len(rows)
+        self.left = _shares(cols, name, "column") if cached else [0] * len(cols)
+        self.col_w = max(self.left)
+        self.row_cache = max(self.top) * self.width * self.c
+        self.col_cache = max(b - a for a, b in rows) * self.col_w * self.c
+
+    def box(self, i: int, j: int):
+        return (*self.rows[i], *self.cols[j])
+
+    def new(self, i: int, j: int):
+        """The part of tile (i, j)'s box it computes itself."""
+        (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
+        return (r0 + self.top[i], r1, c0 + self.left[j], c1)
+
+
+def _stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid) -> tuple[list[int], int]:
+    """The steps of a `grid` of tiles in raster order where no layer computes an element twice: of
+    each layer's output a tile computes only the part below the rows the tile above computed and
+    right of the columns the tile to the left computed; the rest of its box comes from the
+    layer's row and column caches (PASTE), assembled into the box a reader reads. After a
+    tensor's last reader the tile saves into the caches what the next tiles share: its right
+    columns (all its rows: the top ones out of the row cache, which is why this comes first) and
+    its bottom rows (its new columns). Returns (program words, scratch bytes: the largest tile's
+    buffers, then every cache)."""
+    (oh, ow), name = hw(graph, tout), graph.tensors[tout].name
+    rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
+    by_row = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
+    by_col = [region_needs(graph, region, tout, (0, oh, w0, w1)) for w0, w1 in cols]
+    if any(need is None for need in by_row + by_col):
+        raise UsageError(f"patch stage: a tile of '{name}' reads nothing of one of the region's tensors (grid too fine)")
+    halos = {t: _Halo(graph, t, [n[t][:2] for n in by_row], [n[t][2:] for n in by_col], t not in (tin, tout))
+             for t in by_row[0]}
+    tiles = [_tile2d(graph, region, tin, tout, halos, i, j) for i in range(grid[0]) for j in range(grid[1])]
+    cache, at = {}, _aligned(max(size for _, size in tiles))
+    for t, h in halos.items():
+        for kind, size in (("row", h.row_cache), ("col", h.col_cache)):
+            if size:
+                cache[(kind, t)], at = at, at + _aligned(size)
+    words = []
+    for (steps, offsets), _size in tiles:
+        for step in steps:
+            words += [cache[w] if isinstance(w, tuple) and isinstance(w[0], str) else
+                      offsets[w[0]] + w[1] if isinstance(w, tuple) else w for w in step]
+    return words, at
+
+
+class _Tile2d:
+    """One tile's steps being written (symbolic operands: (buffer, byte offset) or (cache kind,
+    tensor)) and its buffers (`_TileBuffers`, nothing written over)."""
+
+    def __init__(self, graph: Graph, halos: dict, tin: int, i: int, j: int):
+        self.graph, self.halos, self.tin, self.i, self.j = graph, halos, tin, i, j
+        self.bufs, self.steps, self.computed = _TileBuffers(), [], {}  # tensor -> its new part's buffer
+
+    def buffer(self, t: int, box) -> int:
+        return self.bufs.new((box[1] - box[0]) * (box[3] - box[2]) * self.halos[t].c, len(self.steps))
+
+    def use(self, b: int) -> int:
+        return self.bufs.use(b, len(self.steps))
+
+    def add(self, step: list) -> None:
+        """Append a step, its buffers live through it."""
+        for w in step:
+            if isinstance(w, tuple) and not isinstance(w[0], str):
+                self.use(w[0])
+        self.steps.append(step)
+
+    def paste(self, src, src_w: int, c: int, y0: int, x0: int, h: int, w: int, dst, dst_w: int, dy: int, dx: int):
+        if h > 0 and w > 0:
+            self.add([PASTE, src, src_w, c, y0, x0, h, w, dst, dst_w, dy, dx])
+
+    def read(self, t: int, box, contiguous: bool):
+        """(operand, buffer height, buffer width, row, column of `box` in it): where a layer reads
+        `box` of `t`. Inside the tile's new part it reads that buffer (a convolution only whole
+        rows of it: its input is contiguous); else the box is assembled from the column cache
+        (left), the row cache (top) and the new part."""
+        h = self.halos[t]
+        ra, rb, ca, cb = box
+        if t == self.tin:
+            b = self.buffer(t, box)
+            self.add([COPY_IN, (b, 0), ra, ca, rb - ra, cb - ca])
+            return (b, 0), rb - ra, cb - ca, 0, 0
+        n0, n1, m0, m1 = h.new(self.i, self.j)
+        if n0 <= ra and rb <= n1 and m0 <= ca and cb <= m1 and (not contiguous or (ca, cb) == (m0, m1)):
+            b = self.computed[t]
+            if contiguous:
+                return (b, (ra - n0) * (m1 - m0) * h.c), rb - ra, cb - ca, 0, 0
+            return (b, 0), n1 - n0, m1 - m0, ra - n0, ca - m0
+        b = self.buffer(t, box)
+        r0, c0, w = h.rows[self.i][0], h.cols[self.j][0], cb - ca
+        self.paste(("col", t), h.col_w, h.c, ra - r0, ca - c0, rb - ra, min(cb, m0) - ca, (b, 0), w, 0, 0)
+        self.paste(("row", t), h.width, h.c, ra - r0, max(ca, m0), min(rb, n0) - ra, cb - max(ca, m0), (b, 0), w, 0,
+                   max(ca, m0) - ca)
+        if n0 < n1 and m0 < m1:
+            self.paste((self.computed[t], 0), m1 - m0, h.c, max(ra, n0) - n0, max(ca, m0) - m0, rb - max(ra, n0),
+                       cb - max(ca, m0), (b, 0), w, max(ra, n0) - ra, max(ca, m0) - ca)
+        return (b, 0), rb - ra, w, 0, 0
+
+    def layer(self, op: Op, k: int) -> None:
+        """Layer k's step on its output's new part (none when the tiles before computed all of it)."""
+        y = op.outputs[0]
+        new = self.halos[y].new(self.i, self.j)
+        h, w = new[1] - new[0], new[3] - new[2]
+        if h <= 0 or w <= 0:
+            return
+        if op.opcode == "ADD":
+            (a, ah, aw, ay, ax), (b, bh, bw, by, bx) = (self.read(t, new, False) for t in op.inputs)
+            out = self.computed[y] = self.buffer(y, new)
+            self.add([ADD, k, a, ah, aw, ay, ax, b, bh, bw, by, bx, (out, 0), h, w])
+            return
+        x = op.inputs[0]
+        virtual = reads(self.graph, op, new)
+        real = clip(virtual, hw(self.graph, x))
+        src = self.read(x, real, True)[0]
+        out = self.computed[y] = self.buffer(y, new)
+        self.add([CONV, k, src, real[1] - real[0], real[3] - real[2], real[0] - virtual[0], real[2] - virtual[2],
+                  (out, 0), h, w, 0, 0])
+
+    def save(self, t: int, last_row: bool, last_col: bool) -> None:
+        """Into t's caches what the next tiles share with this one: the right columns (for the tile
+        to the right: every row of the box, the top ones still in the row cache), then the
+        bottom rows of the new part (for the tile below, at their columns)."""
+        h = self.halos[t]
+        r0, r1 = h.rows[self.i]
+        n0, n1, m0, m1 = h.new(self.i, self.j)
+        new = (self.computed.get(t, -1), 0)
+        if not last_col and h.left[self.j + 1]:
+            c = h.cols[self.j + 1][0]
+            self.paste(("row", t), h.width, h.c, 0, c, n0 - r0, h.left[self.j + 1], ("col", t), h.col_w, 0, 0)
+            self.paste(new, m1 - m0, h.c, 0, c - m0, n1 - n0, h.left[self.j + 1], ("col", t), h.col_w, n0 - r0, 0)
+        if not last_row and h.top[self.i + 1]:
+            r = h.rows[self.i + 1][0]
+            self.paste(new, m1 - m0, h.c, r - n0, 0, h.top[self.i + 1], m1 - m0, ("row", t), h.width, 0, m0)
+
+
+def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int):
+    """((steps, buffer offsets), scratch bytes) of tile (i, j) of a 2-D streamed stage: each layer
+    on its output's new part, each tensor's caches saved after its last reader."""
+    tile = _Tile2d(graph, halos, tin, i, j)
+    last = {}
+    for k, op in enumerate(region):
+        last[op.outputs[0]] = k
+        for t in op.inputs:
+            if t in halos:
+                last[t] = k
+    done_row, done_col = i + 1 == len(halos[tout].rows), j + 1 == len(halos[tout].cols)
+    for k, op in enumerate(region):
+        tile.layer(op, k)
+        for t in halos:
+            if last.get(t) == k and t not in (tin, tout):
+                tile.save(t, done_row, done_col)
+    tout_box = halos[tout].box(i, j)
+    tile.add([COPY_OUT, (tile.computed[tout], 0), tout_box[0], tout_box[2], tout_box[1] - tout_box[0],
+              tout_box[3] - tout_box[2]])
+    offsets, size = tile.bufs.offsets()
+    return (tile.steps, offsets), size
