@@ -141,7 +141,7 @@ class StageFeatures:
     layers: float  # its tiles' layers at their classes' per-unit and per-output rates
     calls: int  # kernel calls: a layer on a tile
     rows: int  # output rows of those calls
-    copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
+    copied: int  # int8 elements copied: tiles' input boxes in, slices, pastes, tiles out
     ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
     ring_copied: int = 0  # int8 elements those calls copy out of the ring
 
@@ -176,6 +176,8 @@ def stage_features(op, table: dict) -> StageFeatures:
             calls, rows = calls + 1, rows + step[13]
         elif code == stage.SLICE:
             copied += step[4] * step[7] * step[8]
+        elif code == stage.PASTE:  # (a 2-D streamed stage's caches and assembled inputs)
+            copied += step[3] * step[6] * step[7]
         elif code == stage.COPY_IN:
             copied += step[4] * step[5] * channels[body.inputs[0]]
         elif code == stage.COPY_OUT:

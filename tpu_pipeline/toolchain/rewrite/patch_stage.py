@@ -65,8 +65,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     the next stripe needs again are kept in a stream buffer (`_stream_program`), on other grids
     the rows and columns the next tiles need in halo caches (`_stream2d_program`); by default
     stripe grids stream and other grids recompute their halos.
-    UsageError if a tile reads nothing of some tensor, an op cannot run in a stage, or (streamed)
-    a row or column would be needed by more than two tiles."""
+    UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
@@ -452,19 +451,10 @@ def _stripe_layer(graph: Graph, op: Op, k: int, new, need, have, bufs: _TileBuff
 
 
 # ---- square grids without recomputation (StreamNet's 2-D halo caching) ---------------------------
-def _shares(runs: list[tuple[int, int]], name: str, axis: str) -> list[int]:
+def _shares(runs: list[tuple[int, int]]) -> list[int]:
     """Per tile along an axis, how many of its needed rows (columns) of a tensor the tiles before
-    it computed: the leading part it takes from a cache. UsageError where that part was not the
-    previous tile's own new part (a row needed by three tiles: the grid is too fine to stream)."""
-    shared = [0]
-    for k in range(1, len(runs)):
-        (a, b), (p0, p1) = runs[k], runs[k - 1]
-        s = max(0, min(b, p1) - a)
-        if s and a < p0 + shared[-1]:
-            raise UsageError(f"patch stage: a {axis} of '{name}' is needed by more than two tiles "
-                             "(too fine a grid to stream)")
-        shared.append(s)
-    return shared
+    it computed: the leading part it takes from a cache."""
+    return [0] + [max(0, min(b, p1) - a) for (a, b), (_, p1) in zip(runs[1:], runs[:-1])]
 
 
 class _Halo:
@@ -475,11 +465,10 @@ class _Halo:
     the shared columns across the tile row's rows (written by the tile to the left)."""
 
     def __init__(self, graph: Graph, t: int, rows: list[tuple[int, int]], cols: list[tuple[int, int]], cached: bool):
-        name = graph.tensors[t].name
         self.rows, self.cols, self.c = rows, cols, graph.tensors[t].shape[3]
         self.width = hw(graph, t)[1]
-        self.top = _shares(rows, name, "row") if cached else [0] * len(rows)
-        self.left = _shares(cols, name, "column") if cached else [0] * len(cols)
+        self.top = _shares(rows) if cached else [0] * len(rows)
+        self.left = _shares(cols) if cached else [0] * len(cols)
         self.col_w = max(self.left)
         self.row_cache = max(self.top) * self.width * self.c
         self.col_cache = max(b - a for a, b in rows) * self.col_w * self.c
@@ -576,15 +565,22 @@ class _Tile2d:
                        cb - max(ca, m0), (b, 0), w, max(ra, n0) - ra, max(ca, m0) - ca)
         return (b, 0), rb - ra, w, 0, 0
 
-    def layer(self, op: Op, k: int) -> None:
-        """Layer k's step on its output's new part (none when the tiles before computed all of it)."""
+    def layer(self, op: Op, k: int, saves: list[int]) -> None:
+        """Layer k's step on its output's new part (none when the tiles before computed all of it),
+        after its inputs are read and the caches of those it reads last (`saves`) are saved: a
+        tensor's new part then dies with the layer, and an input assembled for it may be
+        written over by its output (as `_tile` does: a ring of rows)."""
         y = op.outputs[0]
         new = self.halos[y].new(self.i, self.j)
         h, w = new[1] - new[0], new[3] - new[2]
         if h <= 0 or w <= 0:
+            for t in saves:
+                self.save(t)
             return
         if op.opcode == "ADD":
             (a, ah, aw, ay, ax), (b, bh, bw, by, bx) = (self.read(t, new, False) for t in op.inputs)
+            for t in saves:
+                self.save(t)
             out = self.computed[y] = self.buffer(y, new)
             self.add([ADD, k, a, ah, aw, ay, ax, b, bh, bw, by, bx, (out, 0), h, w])
             return
@@ -592,30 +588,48 @@ class _Tile2d:
         virtual = reads(self.graph, op, new)
         real = clip(virtual, hw(self.graph, x))
         src = self.read(x, real, True)[0]
-        out = self.computed[y] = self.buffer(y, new)
+        for t in saves:
+            self.save(t)
+        step, c_x, c_y = len(self.steps), self.halos[x].c, self.halos[y].c
+        extent, rows = _overlap(real, new, c_x, c_y, real[0] - virtual[0], window(self.graph, op)[0])
+        x_bytes, y_bytes = _aligned((real[1] - real[0]) * (real[3] - real[2]) * c_x), _aligned(h * w * c_y)
+        dies = src[1] == 0 and (src[0] != self.computed.get(x) or x in saves)
+        if dies and kernels.is_harness(op) and extent + _aligned(rows * w * c_y) < x_bytes + y_bytes:
+            self.use(src[0])
+            out, ring = self.bufs.over(src[0], 0, y_bytes, 0, step), (self.bufs.new(rows * w * c_y, step), 0)
+        else:
+            out, ring, rows = self.buffer(y, new), 0, 0
+        self.computed[y] = out
         self.add([CONV, k, src, real[1] - real[0], real[3] - real[2], real[0] - virtual[0], real[2] - virtual[2],
-                  (out, 0), h, w, 0, 0])
+                  (out, 0), h, w, ring, rows])
 
-    def save(self, t: int, last_row: bool, last_col: bool) -> None:
-        """Into t's caches what the next tiles share with this one: the right columns (for the tile
-        to the right: every row of the box, the top ones still in the row cache), then the
-        bottom rows of the new part (for the tile below, at their columns)."""
-        h = self.halos[t]
-        r0, r1 = h.rows[self.i]
-        n0, n1, m0, m1 = h.new(self.i, self.j)
+    def save(self, t: int) -> None:
+        """Into t's caches what the next tiles share with this one: the columns the tile to the
+        right shares (every row of the box: those left of the new part moved within the column
+        cache, the top ones out of the row cache, which is why this comes first, the rest out of
+        the new part), then the rows the tile below shares (at the new part's columns: those
+        above it moved up within the row cache, the rest out of the new part). A move goes to a
+        lower index of its own cache (PASTE moves rows in increasing order)."""
+        h, i, j = self.halos[t], self.i, self.j
+        (r0, r1), c0 = h.rows[i], h.cols[j][0]
+        n0, n1, m0, m1 = h.new(i, j)
         new = (self.computed.get(t, -1), 0)
-        if not last_col and h.left[self.j + 1]:
-            c = h.cols[self.j + 1][0]
-            self.paste(("row", t), h.width, h.c, 0, c, n0 - r0, h.left[self.j + 1], ("col", t), h.col_w, 0, 0)
-            self.paste(new, m1 - m0, h.c, 0, c - m0, n1 - n0, h.left[self.j + 1], ("col", t), h.col_w, n0 - r0, 0)
-        if not last_row and h.top[self.i + 1]:
-            r = h.rows[self.i + 1][0]
-            self.paste(new, m1 - m0, h.c, r - n0, 0, h.top[self.i + 1], m1 - m0, ("row", t), h.width, 0, m0)
+        if j + 1 < len(h.cols) and h.left[j + 1]:
+            c, w = h.cols[j + 1][0], h.left[j + 1]
+            self.paste(("col", t), h.col_w, h.c, 0, c - c0, r1 - r0, min(c + w, m0) - c, ("col", t), h.col_w, 0, 0)
+            cc = max(c, m0)
+            self.paste(("row", t), h.width, h.c, 0, cc, n0 - r0, c + w - cc, ("col", t), h.col_w, 0, cc - c)
+            self.paste(new, m1 - m0, h.c, 0, cc - m0, n1 - n0, c + w - cc, ("col", t), h.col_w, n0 - r0, cc - c)
+        if i + 1 < len(h.rows) and h.top[i + 1]:
+            r, k = h.rows[i + 1][0], h.top[i + 1]
+            self.paste(("row", t), h.width, h.c, r - r0, m0, min(r + k, n0) - r, m1 - m0, ("row", t), h.width, 0, m0)
+            rr = max(r, n0)
+            self.paste(new, m1 - m0, h.c, rr - n0, 0, r + k - rr, m1 - m0, ("row", t), h.width, rr - r, m0)
 
 
 def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int):
     """((steps, buffer offsets), scratch bytes) of tile (i, j) of a 2-D streamed stage: each layer
-    on its output's new part, each tensor's caches saved after its last reader."""
+    on its output's new part, each tensor's caches saved once its last reader has read it."""
     tile = _Tile2d(graph, halos, tin, i, j)
     last = {}
     for k, op in enumerate(region):
@@ -623,14 +637,12 @@ def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i:
         for t in op.inputs:
             if t in halos:
                 last[t] = k
-    done_row, done_col = i + 1 == len(halos[tout].rows), j + 1 == len(halos[tout].cols)
     for k, op in enumerate(region):
-        tile.layer(op, k)
-        for t in halos:
-            if last.get(t) == k and t not in (tin, tout):
-                tile.save(t, done_row, done_col)
-    tout_box = halos[tout].box(i, j)
-    tile.add([COPY_OUT, (tile.computed[tout], 0), tout_box[0], tout_box[2], tout_box[1] - tout_box[0],
-              tout_box[3] - tout_box[2]])
+        tile.layer(op, k, [t for t in halos if last.get(t) == k and t not in (tin, tout, op.outputs[0])])
+        y = op.outputs[0]
+        if last[y] == k and y != tout:  # (read by no layer of the region)
+            tile.save(y)
+    box = halos[tout].box(i, j)
+    tile.add([COPY_OUT, (tile.computed[tout], 0), box[0], box[2], box[1] - box[0], box[3] - box[2]])
     offsets, size = tile.bufs.offsets()
     return (tile.steps, offsets), size

@@ -105,11 +105,12 @@ void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, 
 }
 
 // A box into a box of another buffer (rows of dst_w elements): a 2-D streamed stage's halo
-// caches and the input boxes it assembles from them. Source and destination never overlap.
+// caches and the input boxes it assembles from them. Rows in increasing order, each moved: a
+// cache's box may move to a lower index of its own buffer.
 void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst, int dst_w, int dy0,
               int dx0) {
   for (int r = 0; r < h; ++r) {
-    std::memcpy(dst + ((dy0 + r) * dst_w + dx0) * c, src + ((y0 + r) * src_w + x0) * c, w * c);
+    std::memmove(dst + ((dy0 + r) * dst_w + dx0) * c, src + ((y0 + r) * src_w + x0) * c, w * c);
   }
 }
 
