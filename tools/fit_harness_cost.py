@@ -10,9 +10,9 @@ same kernel as its builtin (its own cost is the builtin's), except:
 - overlapped (output over its input): one kernel call per output row into a ring, then a copy
   of each row: instructions = the builtin's + per_unit x output rows + per_output x output
   elements + overhead (the [K.overlap] table);
-- a patch stage (square grids recomputing halos, and row stripes streamed): every call's rows
+- a patch stage (square grids recomputing halos or streamed in 2-D, row stripes streamed): every call's rows
   priced by their layer's class rates (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
-  + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
+  + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices, pastes)
   (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
 Both are fitted here by non-negative least squares on models built from random weights
 (tests/helpers/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
@@ -88,6 +88,9 @@ def models():
         for n in (2, 4):  # row stripes, streamed: nothing recomputed
             staged = build_stage(plain, tin, tout, positions, (n, 1))
             yield f"h{h}c{c}_stream{n}", staged, model_to_bytes(to_model(staged, read_model(src)))
+        for grid in ((2, 2), (3, 3)):  # square grids streamed in 2-D: nothing recomputed (halo caches)
+            staged = build_stage(plain, tin, tout, positions, grid, stream=True)
+            yield f"h{h}c{c}_s2d{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
     for h, c in SE_SIZES:
         yield f"se_h{h}c{c}", *_se_model(h, c)
     for h, c, k, stride in DW_SIZES:
@@ -360,15 +363,17 @@ def report(data: dict) -> str:
               "because these SE inputs are mostly at their zero point (scale 2^-23). These loops compute "
               "TFLite's integers for every input.", ""]
     lines += ["", "Patch stages against the same layers run whole (the region from the block's input; "
-              "`h`: H = W, `c`: channels): a streamed stage computes every row once, a square grid "
-              "recomputes its halos.", "",
-              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes |",
-              "|---|---:|---:|---:|---:|"]
+              "`h`: H = W, `c`: channels): a streamed stage computes every element once (row stripes: "
+              "stream buffers; square grids: 2-D halo caches, tiles in raster order), a recomputing square "
+              "grid computes its halos again.", "",
+              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes | "
+              "streamed 2x2 (2-D) | streamed 3x3 (2-D) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for h, c in SIZES:
         plain = ops(f"h{h}c{c}_plain")
         cells = []
         body = None
-        for form in ("stage2", "stream2", "stream4"):
+        for form in ("stage2", "stream2", "stream4", "s2d2", "s2d3"):
             st = [(i, n) for i, code, n in ops(f"h{h}c{c}_{form}") if code == stage.OPCODE]
             if st:
                 body = len(graphs[f"h{h}c{c}_{form}"].ops[st[0][0]].options.body.ops)
