@@ -136,15 +136,19 @@ class StagePricing:
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
+        self.per_pasted = c.get("per_pasted", coefficients(table, "data_movement")["per_output"])
+        self.per_paste_row = c.get("per_paste_row", 0.0)
         self.seconds = seconds_per_instruction
 
     def seconds_of(self, geo: "RegionGeometry", H: dict, W: dict, tiles: int, computed: dict | None = None,
-                   streamed: float = 0.0, copied_in: float | None = None) -> float:
+                   streamed: float = 0.0, copied_in: float | None = None, pasted: tuple[float, float] = (0.0, 0.0)
+                   ) -> float:
         """Seconds at least of a stage whose tiles need runs H x W (rows of tiles x columns of
         tiles); `computed`: op -> (the output rows its layer computes on each row of tiles, the
         columns on each column of tiles) of a streamed stage (each element once, `streamed`
-        elements copied into and out of its stream buffers or caches, `copied_in` of the region's
-        input), else every tile computes its whole box."""
+        elements copied into and out of its stream buffers, `copied_in` of the region's input,
+        `pasted` elements and rows a 2-D streamed stage pastes), else every tile computes its
+        whole box."""
         instr = calls = rows = 0.0
         cols = len(next(iter(W.values())))
         for y, _, i in geo.steps:
@@ -160,7 +164,8 @@ class StagePricing:
         if copied_in is None:
             copied_in = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin]
         copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
-        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
+        pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
+        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied + pastes) * self.seconds
 
 
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
@@ -224,7 +229,7 @@ def _streamed2d(geo: RegionGeometry, runs, H, W) -> tuple[int, int, float]:
     part of its output and of every tensor held across the layer; every tensor but the region's
     input and output keeps a row cache (its shared rows, full width) and a column cache (its
     shared columns, a tile row's rows) throughout; the caches are filled by copies."""
-    new, caches, saved = {}, 0.0, 0.0
+    new, caches, saved, saved_rows = {}, 0.0, 0.0, 0.0
     for t in geo.tensors:
         (rlo, rhi), (clo, chi) = runs[t]
         if t in (geo.tin, geo.tout):
@@ -237,6 +242,7 @@ def _streamed2d(geo: RegionGeometry, runs, H, W) -> tuple[int, int, float]:
             # saved: the next row of tiles' shared rows at each tile's new columns, the next
             # column's shared columns at every row of the tile's box
             saved += geo.channels[t] * (top[1:].sum() * new[t][1].sum() + left[1:].sum() * (rhi - rlo).sum())
+            saved_rows += top[1:].sum() * (new[t][1] > 0).sum() + (left[1:] > 0).sum() * (rhi - rlo).sum()
     footprint = 0.0
     for k, (y, xs, i) in enumerate(geo.steps):
         # (the region's input is copied in for each reader, not held)
@@ -249,7 +255,8 @@ def _streamed2d(geo: RegionGeometry, runs, H, W) -> tuple[int, int, float]:
         top, left = _shared(rlo, rhi), _shared(clo, chi)
         copied_in = float((rhi - rlo - top).clip(0).sum() * (chi - clo - left).clip(0).sum()) * geo.channels[geo.tin]
         seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]) * len(W[geo.tout]),
-                                         {i: new[y] for y, _, i in geo.steps}, saved, copied_in)
+                                         {i: new[y] for y, _, i in geo.steps}, 0.0, copied_in,
+                                         (saved, float(saved_rows)))
     else:
         seconds = sum(geo.rate[i][1] * float(new[y][0].sum()) * float(new[y][1].sum()) for y, _, i in geo.steps)
     peak = geo.full_in + geo.full_out + footprint + geo.kernel_scratch + caches

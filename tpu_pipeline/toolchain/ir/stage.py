@@ -32,10 +32,11 @@ Custom options on disk, little-endian int32 words:
              ADD      [layer, a, a_h, a_w, a_y0, a_x0, b, b_h, b_w, b_y0, b_x0, out, h, w]
              COPY_OUT [src, y0, x0, h, w]: the finished tile into the stage's output
              PASTE    [src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]: a box of a buffer
-                      (rows of src_w elements) into a box of another (rows of dst_w): the 2-D
-                      streamed stage's halo caches and the input boxes it assembles from them
-                      (rewrite/patch_stage.py `_stream2d_program`). A reader without it refuses
-                      the program (unknown step), so FORMAT is unchanged.
+                      (rows of src_w elements) into a box of a buffer (rows of dst_w), moved as
+                      memmove moves (rows last to first when the destination starts after the
+                      source, or at it with wider rows): the 2-D streamed stage's halo caches and the input boxes it
+                      assembles from them (rewrite/patch_stage.py `_stream2d_program`). A reader
+                      without it refuses the program (unknown step), so FORMAT is unchanged.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     elif grid[1] == 1:
         program, scratch = _stream_program(graph, region, tin, tout, grid[0])
     else:
-        program, scratch = _stream2d_program(graph, region, tin, tout, grid)
+        program, scratch = _stream2d_program(graph, region, tin, tout, grid, in_place)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -482,7 +482,8 @@ class _Halo:
         return (r0 + self.top[i], r1, c0 + self.left[j], c1)
 
 
-def _stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid) -> tuple[list[int], int]:
+def _stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
+                      in_place: bool = True) -> tuple[list[int], int]:
     """The steps of a `grid` of tiles in raster order where no layer computes an element twice: of
     each layer's output a tile computes only the part below the rows the tile above computed and
     right of the columns the tile to the left computed; the rest of its box comes from the
@@ -490,7 +491,8 @@ def _stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid)
     tensor's last reader the tile saves into the caches what the next tiles share: its right
     columns (all its rows: the top ones out of the row cache, which is why this comes first) and
     its bottom rows (its new columns). Returns (program words, scratch bytes: the largest tile's
-    buffers, then every cache)."""
+    buffers, then every cache). `in_place`: a layer's output may be written over its dying input
+    (a ring of rows: less memory, a kernel call per row)."""
     (oh, ow), name = hw(graph, tout), graph.tensors[tout].name
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     by_row = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
@@ -499,7 +501,7 @@ def _stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid)
         raise UsageError(f"patch stage: a tile of '{name}' reads nothing of one of the region's tensors (grid too fine)")
     halos = {t: _Halo(graph, t, [n[t][:2] for n in by_row], [n[t][2:] for n in by_col], t not in (tin, tout))
              for t in by_row[0]}
-    tiles = [_tile2d(graph, region, tin, tout, halos, i, j) for i in range(grid[0]) for j in range(grid[1])]
+    tiles = [_tile2d(graph, region, tin, tout, halos, i, j, in_place) for i in range(grid[0]) for j in range(grid[1])]
     cache, at = {}, _aligned(max(size for _, size in tiles))
     for t, h in halos.items():
         for kind, size in (("row", h.row_cache), ("col", h.col_cache)):
@@ -517,9 +519,12 @@ class _Tile2d:
     """One tile's steps being written (symbolic operands: (buffer, byte offset) or (cache kind,
     tensor)) and its buffers (`_TileBuffers`, nothing written over)."""
 
-    def __init__(self, graph: Graph, halos: dict, tin: int, i: int, j: int):
-        self.graph, self.halos, self.tin, self.i, self.j = graph, halos, tin, i, j
+    def __init__(self, graph: Graph, halos: dict, tin: int, i: int, j: int, readers: dict[int, int], in_place: bool):
+        self.graph, self.halos, self.tin, self.i, self.j, self.readers = graph, halos, tin, i, j, readers
+        self.in_place = in_place  # None: every output that may, over its dying input; a number: those larger
+        self.footprints: list[int] = []  # per convolution, its input and output bytes (one frame if over)
         self.bufs, self.steps, self.computed = _TileBuffers(), [], {}  # tensor -> its new part's buffer
+        self.widened: dict[int, tuple] = {}  # tensor -> (buffer, width, row, column) its new part moved to
 
     def buffer(self, t: int, box) -> int:
         return self.bufs.new((box[1] - box[0]) * (box[3] - box[2]) * self.halos[t].c, len(self.steps))
@@ -555,12 +560,23 @@ class _Tile2d:
             if contiguous:
                 return (b, (ra - n0) * (m1 - m0) * h.c), rb - ra, cb - ca, 0, 0
             return (b, 0), n1 - n0, m1 - m0, ra - n0, ca - m0
-        b = self.buffer(t, box)
         r0, c0, w = h.rows[self.i][0], h.cols[self.j][0], cb - ca
+        at = ((n0 - ra) * w + m0 - ca) * h.c
+        if self.readers.get(t) == 1 and n0 < n1 and m0 < m1 and ra <= n0 and n1 <= rb and ca <= m0 and m1 <= cb \
+                and at % _ALIGN == 0:
+            # its only reader's box holds the new part: the box is written over it (the new part
+            # stays aligned), its rows moved apart to the box's width in place (last to first),
+            # then the strips around them
+            src = self.use(self.computed[t])
+            b = self.bufs.over(src, at, (rb - ra) * w * h.c, 0, len(self.steps))
+            self.paste((src, 0), m1 - m0, h.c, 0, 0, n1 - n0, m1 - m0, (b, 0), w, n0 - ra, m0 - ca)
+            self.widened[t] = (b, w, n0 - ra, m0 - ca)
+        else:
+            b = self.buffer(t, box)
         self.paste(("col", t), h.col_w, h.c, ra - r0, ca - c0, rb - ra, min(cb, m0) - ca, (b, 0), w, 0, 0)
         self.paste(("row", t), h.width, h.c, ra - r0, max(ca, m0), min(rb, n0) - ra, cb - max(ca, m0), (b, 0), w, 0,
                    max(ca, m0) - ca)
-        if n0 < n1 and m0 < m1:
+        if n0 < n1 and m0 < m1 and t not in self.widened:
             self.paste((self.computed[t], 0), m1 - m0, h.c, max(ra, n0) - n0, max(ca, m0) - m0, rb - max(ra, n0),
                        cb - max(ca, m0), (b, 0), w, max(ra, n0) - ra, max(ca, m0) - ca)
         return (b, 0), rb - ra, w, 0, 0
@@ -593,8 +609,11 @@ class _Tile2d:
         step, c_x, c_y = len(self.steps), self.halos[x].c, self.halos[y].c
         extent, rows = _overlap(real, new, c_x, c_y, real[0] - virtual[0], window(self.graph, op)[0])
         x_bytes, y_bytes = _aligned((real[1] - real[0]) * (real[3] - real[2]) * c_x), _aligned(h * w * c_y)
-        dies = src[1] == 0 and (src[0] != self.computed.get(x) or x in saves)
-        if dies and kernels.is_harness(op) and extent + _aligned(rows * w * c_y) < x_bytes + y_bytes:
+        dies = self.in_place is not False and src[1] == 0 and (src[0] != self.computed.get(x) or x in saves)
+        over = dies and kernels.is_harness(op) and extent + _aligned(rows * w * c_y) < x_bytes + y_bytes \
+            and (self.in_place is True or x_bytes + y_bytes > self.in_place)
+        self.footprints.append(extent + _aligned(rows * w * c_y) if over else x_bytes + y_bytes)
+        if over:
             self.use(src[0])
             out, ring = self.bufs.over(src[0], 0, y_bytes, 0, step), (self.bufs.new(rows * w * c_y, step), 0)
         else:
@@ -613,30 +632,45 @@ class _Tile2d:
         h, i, j = self.halos[t], self.i, self.j
         (r0, r1), c0 = h.rows[i], h.cols[j][0]
         n0, n1, m0, m1 = h.new(i, j)
-        new = (self.computed.get(t, -1), 0)
+        # the new part: its own buffer, or where it was moved to (`read`)
+        new, new_w, y, x = self.widened.get(t, (self.computed.get(t, -1), m1 - m0, 0, 0))
+        new = (new, 0)
         if j + 1 < len(h.cols) and h.left[j + 1]:
             c, w = h.cols[j + 1][0], h.left[j + 1]
             self.paste(("col", t), h.col_w, h.c, 0, c - c0, r1 - r0, min(c + w, m0) - c, ("col", t), h.col_w, 0, 0)
             cc = max(c, m0)
             self.paste(("row", t), h.width, h.c, 0, cc, n0 - r0, c + w - cc, ("col", t), h.col_w, 0, cc - c)
-            self.paste(new, m1 - m0, h.c, 0, cc - m0, n1 - n0, c + w - cc, ("col", t), h.col_w, n0 - r0, cc - c)
+            self.paste(new, new_w, h.c, y, x + cc - m0, n1 - n0, c + w - cc, ("col", t), h.col_w, n0 - r0, cc - c)
         if i + 1 < len(h.rows) and h.top[i + 1]:
             r, k = h.rows[i + 1][0], h.top[i + 1]
             self.paste(("row", t), h.width, h.c, r - r0, m0, min(r + k, n0) - r, m1 - m0, ("row", t), h.width, 0, m0)
             rr = max(r, n0)
-            self.paste(new, m1 - m0, h.c, rr - n0, 0, r + k - rr, m1 - m0, ("row", t), h.width, rr - r, m0)
+            self.paste(new, new_w, h.c, y + rr - n0, x, r + k - rr, m1 - m0, ("row", t), h.width, rr - r, m0)
 
 
-def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int):
+def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place: bool):
     """((steps, buffer offsets), scratch bytes) of tile (i, j) of a 2-D streamed stage: each layer
-    on its output's new part, each tensor's caches saved once its last reader has read it."""
-    tile = _Tile2d(graph, halos, tin, i, j)
-    last = {}
+    on its output's new part, each tensor's caches saved once its last reader has read it. In
+    place, only the layers whose input and output together exceed the largest footprint the tile
+    has with every output that may lying over its input: a ring costs a kernel call per row, and
+    elsewhere it would not lower the tile's bytes."""
+    if in_place:
+        floor = max(_tile2d_pass(graph, region, tin, tout, halos, i, j, True).footprints, default=0)
+        tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, floor)
+    else:
+        tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, False)
+    offsets, size = tile.bufs.offsets()
+    return (tile.steps, offsets), size
+
+
+def _tile2d_pass(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place):
+    last, readers = {}, {}
     for k, op in enumerate(region):
         last[op.outputs[0]] = k
-        for t in op.inputs:
+        for t in dict.fromkeys(op.inputs):
             if t in halos:
-                last[t] = k
+                last[t], readers[t] = k, readers.get(t, 0) + 1
+    tile = _Tile2d(graph, halos, tin, i, j, readers, in_place)
     for k, op in enumerate(region):
         tile.layer(op, k, [t for t in halos if last.get(t) == k and t not in (tin, tout, op.outputs[0])])
         y = op.outputs[0]
@@ -644,5 +678,4 @@ def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i:
             tile.save(y)
     box = halos[tout].box(i, j)
     tile.add([COPY_OUT, (tile.computed[tout], 0), box[0], box[2], box[1] - box[0], box[3] - box[2]])
-    offsets, size = tile.bufs.offsets()
-    return (tile.steps, offsets), size
+    return tile

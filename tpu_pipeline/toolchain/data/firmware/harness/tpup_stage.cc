@@ -105,12 +105,18 @@ void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, 
 }
 
 // A box into a box of another buffer (rows of dst_w elements): a 2-D streamed stage's halo
-// caches and the input boxes it assembles from them. Rows in increasing order, each moved: a
-// cache's box may move to a lower index of its own buffer.
+// caches and the input boxes it assembles from them. A box may move within its own bytes, as
+// memmove moves: rows last to first when the destination starts after the source, or at it
+// with wider rows (a tile's rows moved apart in place), else first to last (a cache's box moving
+// to a lower index).
 void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst, int dst_w, int dy0,
               int dx0) {
-  for (int r = 0; r < h; ++r) {
-    std::memmove(dst + ((dy0 + r) * dst_w + dx0) * c, src + ((y0 + r) * src_w + x0) * c, w * c);
+  const int8_t* from = src + (y0 * src_w + x0) * c;
+  int8_t* to = dst + (dy0 * dst_w + dx0) * c;
+  const bool backwards = to > from || (to == from && dst_w > src_w);
+  for (int k = 0; k < h; ++k) {
+    const int r = backwards ? h - 1 - k : k;
+    std::memmove(to + r * dst_w * c, from + r * src_w * c, w * c);
   }
 }
 
