@@ -236,7 +236,7 @@ def _tile2d_pass(graph: Graph, region: list[Op], tin: int, tout: int, halos: dic
     last, readers = {}, {}
     for k, op in enumerate(region):
         last[op.outputs[0]] = k
-        for t in dict.fromkeys(op.inputs):
+        for t in op.inputs:  # (a layer reading a tensor twice counts twice: its box is not moved then)
             if t in halos:
                 last[t], readers[t] = k, readers.get(t, 0) + 1
     tile = _Tile2d(graph, halos, tin, i, j, readers, in_place)
