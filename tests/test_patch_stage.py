@@ -258,22 +258,6 @@ def _random_block(seed: int):
     return g, src
 
 
-def _fast(g):
-    """`g` with its depthwise convolutions on the harness's own kernel (flag "fast") where it applies."""
-    from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise
-
-    return with_kernel(g, [i for i, op in enumerate(g.ops) if fast_depthwise.applies(g, i)], kernel_name("fast"))
-
-
-def test_stages_keep_the_fast_depthwise_kernel():
-    g, _ = _mbv2_like()
-    tin, tout, positions = checked_region(_fast(g), _region(g))
-    for stream, grid in ((True, (3, 3)), (False, (3, 2)), (True, (3, 1))):
-        staged = build_stage(_fast(g), tin, tout, positions, grid, stream=stream)
-        body = next(o for o in staged.ops if stage.is_stage(o)).options.body
-        assert [layer.kernel for layer in body.ops if layer.opcode == "DEPTHWISE_CONV_2D"] == ["tpup+fast"] * 2
-
-
 def _streamed2d(g, grid):
     tin, tout, positions = checked_region(g, _region(g))
     return build_stage(g, tin, tout, positions, grid, stream=True)
@@ -323,19 +307,14 @@ def test_rows_three_tiles_share_stay_in_the_caches():
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_2d_streamed_stages_run_in_qemu_bit_identical(tmp_path, kernels_set):
     """Random regions (odd sizes, stride 2, depthwise + pointwise + ADD, SAME, VALID and explicit
-    padding) on several grids, two with rows three tiles share, two with the harness's own
-    depthwise kernel (one recomputing, through rings), each one stage of one model:
+    padding) on several grids, two with rows three tiles share, each one stage of one model:
     outputs equal the host's TFLite Micro's, and the arena is the predicted one (the caches
     inside the stage's scratch)."""
-    cases = [(_mbv2_like(), (4, 3), True)] + [(_random_block(seed), grid, True)
-                                              for seed, grid in ((10, (3, 3)), (12, (3, 2)), (13, (2, 3)))]
-    # the harness's own depthwise kernel inside stages, streamed in 2-D and recomputing (rings)
-    cases += [((_fast(g), src), grid, stream) for (g, src), grid, stream in ((_random_block(10), (3, 3), True),
-                                                                              (_mbv2_like(), (3, 2), False))]
-    for (g, src), grid, stream in cases:
-        tin, tout, positions = checked_region(g, _region(g))
-        staged = build_stage(g, tin, tout, positions, grid, stream=stream)
-        path = tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}_{stream}_{g.ops[2].kernel}.tflite"
+    cases = [(_mbv2_like(), (4, 3))] + [(_random_block(seed), grid) for seed, grid in ((10, (3, 3)), (12, (3, 2)),
+                                                                                      (13, (2, 3)))]
+    for (g, src), grid in cases:
+        staged = _streamed2d(g, grid)
+        path = tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}.tflite"
         path.write_bytes(_write(staged, src))
         r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
         predicted = exported_arena(r)
