@@ -2,7 +2,7 @@
 
 `PROBE` is what a variant's module declares (here: 3x3 stride-1 convolutions, costed as the
 builtin until its rows are fitted, source tpup_probe.cc). Registering it is appending it to
-`kernel_variants.REGISTRY`; nothing else is edited, and every room that handles a variant takes it:
+`kernel_variants.REGISTRY` (here ahead of the real ones); nothing else is edited, and every room that handles a variant takes it:
 kernel names, the custom options' flag bits through a written file, fit's model on the harness, the
 scratch model, the cost model and the drop-in library's sources. The real variants' firmware is
 checked in QEMU by their own tests (test_harness_depthwise.py for "fast")."""
@@ -32,7 +32,7 @@ def _three_by_three(graph, i):
     return w[1] == w[2] == 3 and o.stride_h == o.stride_w == 1
 
 
-PROVEN = 0x800  # a bit the writer derives from the op's constants (as "pointwise" marks its exact cheap requant)
+PROVEN = 0x1000  # a bit the writer derives from the op's constants (as "pointwise" marks its exact cheap requant)
 PROBE = KernelVariant(flag="probe", bit=0x40, opcode="CONV_2D", applies=_three_by_three, wins=lambda g, i: True,
                       cost_class="tpup_probe_conv", cost_fallback="conv", source="tpup_probe.cc",
                       derived_bits=lambda g, op: PROVEN, derived_mask=PROVEN,
@@ -41,7 +41,8 @@ PROBE = KernelVariant(flag="probe", bit=0x40, opcode="CONV_2D", applies=_three_b
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setattr(kernel_variants, "REGISTRY", (*kernel_variants.REGISTRY, PROBE))
+    # (first: "window" takes the same convolutions, and the first registered variant that wins is taken)
+    monkeypatch.setattr(kernel_variants, "REGISTRY", (PROBE, *kernel_variants.REGISTRY))
 
 
 def _model():
@@ -62,7 +63,7 @@ def test_an_unregistered_variant_is_unknown():
 def test_fit_takes_a_registered_variant_where_it_wins_and_nowhere_else(registered):
     graph, _ = _model()
     g, _ = on_harness(graph)
-    assert [op.kernel for op in g.ops] == ["tpup+pointwise", "tpup+probe", "tpup", "tpup+fast"]  # (1x1: "pointwise")
+    assert [op.kernel for op in g.ops] == ["tpup+pointwise", "tpup+probe", "tpup+window", "tpup+fast"]  # (1x1: "pointwise")
     with pytest.raises(ValueError, match="cannot run"):
         kernels.with_kernel(g, [2], kernels.kernel_name(PROBE.flag))  # stride 2: not what it applies to
 

@@ -48,6 +48,12 @@ FIRST_SIZES = [(64, 3, 16, 3, 2), (48, 3, 32, 3, 2), (40, 3, 8, 3, 1), (32, 1, 1
 # (H = W, input channels, output channels, stride): the pointwise kernel against the kernel set's 1x1
 PW_SIZES = [(40, 8, 48, 1), (20, 48, 16, 1), (20, 16, 48, 1), (10, 144, 24, 1), (10, 24, 144, 1), (5, 240, 40, 1),
             (5, 40, 240, 1), (3, 480, 96, 1), (14, 13, 27, 1), (16, 32, 64, 2)]
+# (inputs, outputs, per-channel weights): TPUP_FULLY_CONNECTED against the kernel set's FULLY_CONNECTED
+FC_SIZES = [(640, 128, False), (128, 128, False), (128, 8, False), (8, 128, False), (128, 640, False),
+            (250, 64, True), (37, 29, False), (1024, 12, False)]
+# (H = W, input channels, output channels, window, stride): the window kernel against the kernel set's
+WIN_SIZES = [(32, 16, 16, 3, 1), (16, 32, 32, 3, 1), (8, 64, 64, 3, 1), (32, 16, 32, 3, 2), (16, 32, 64, 3, 2),
+             (13, 8, 12, 3, 1), (14, 24, 24, 5, 1), (10, 12, 7, 3, 2)]
 DEVICE = "qemu-mps2-an386"
 
 
@@ -105,6 +111,51 @@ def models():
     for h, c, k, stride in PW_SIZES:
         for flags in (("pointwise",), ()):
             yield _pw_name(h, c, k, stride, flags), *_pw_model(h, c, k, stride, flags)
+    for h, cin, cout, k, stride in WIN_SIZES:
+        for flags in (("window",), ()):
+            yield _win_name(h, cin, cout, k, stride, flags), *_win_model(h, cin, cout, k, stride, flags)
+    for n, m, per_channel in FC_SIZES:
+        for harness in (True, False):
+            yield _fc_name(n, m, per_channel, harness), *_fc_model(n, m, per_channel, harness)
+
+
+def _win_name(h: int, cin: int, cout: int, k: int, stride: int, flags: tuple) -> str:
+    return f"win_h{h}c{cin}o{cout}k{k}s{stride}_{flags[0] if flags else 'cmsis'}"
+
+
+def _win_model(h: int, cin: int, cout: int, k: int, stride: int, flags: tuple):
+    """(graph, bytes): one convolution (SAME, ReLU) on the window kernel or on the kernel set's (CMSIS-NN's
+    im2col kernel)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + cin * 10 + cout + k, spread=True)
+    out = b.conv(b.input((1, h, h, cin)), cout, k=k, stride=stride, act="RELU")
+    src = b.model_bytes([out])
+    g = with_kernel(b.graph([out]), [0], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
+
+
+def _fc_name(n: int, m: int, per_channel: bool, harness: bool) -> str:
+    return f"fc_n{n}m{m}{'pc' if per_channel else ''}_{'tpup' if harness else 'builtin'}"
+
+
+def _fc_model(n: int, m: int, per_channel: bool, harness: bool):
+    """(graph, bytes): one fully connected layer (ReLU) on TPUP_FULLY_CONNECTED or on the kernel set's."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=n * 7 + m, spread=True)
+    out = b.fc(b.input((1, n)), m, act="RELU", per_channel=per_channel)
+    src = b.model_bytes([out])
+    g = with_kernel(b.graph([out]), [0], kernel_name()) if harness else b.graph([out])
+    return g, model_to_bytes(to_model(g, read_model(src)))
 
 
 def _pw_name(h: int, cin: int, cout: int, stride: int, flags: tuple) -> str:
@@ -277,7 +328,7 @@ def fit(data: dict) -> dict:
 
 
 def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
-    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast]: instructions = per_unit x work + per_output x outputs +
+    """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast], ..., [K.tpup_fully_connected]: instructions = per_unit x work + per_output x outputs +
     overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
     import numpy as np
 
@@ -285,7 +336,8 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
-    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise")
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise",
+                   "tpup_fully_connected", "tpup_conv_window")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
         if not run.get("ops") or not run.get("outputs_match"):
@@ -317,8 +369,9 @@ def merge(tables: dict) -> None:
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
     note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast],\n"
-            "# [K.tpup_conv_packed] and [K.tpup_pointwise] (the harness's overlapped convolutions, patch stages,\n"
-            "# MEAN, MUL, fast depthwise, packed and 1x1 convolution kernels) by\n"
+            "# [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_conv_window] and [K.tpup_fully_connected] (the\n"
+            "# harness's overlapped convolutions, patch stages, MEAN, MUL, fast depthwise, packed, 1x1, window and\n"
+            "# fully connected kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
@@ -358,6 +411,8 @@ def report(data: dict) -> str:
             lines.append(f"| {h} x {h} x {cin}, {cout}, {k}x{k}, s{st} | {a[0][2]:,} | {b[0][2]:,} | "
                          f"{a[0][2] / b[0][2]:.2f}x |")
     lines += _pw_report(ops, graphs)
+    lines += _win_report(ops, graphs)
+    lines += _fc_report(ops, graphs)
     lines += ["", "| op | elements read | instructions | per element |", "|---|---:|---:|---:|"]
     for h, c in SE_SIZES:
         g = graphs[f"se_h{h}c{c}"]
@@ -412,6 +467,38 @@ def _pw_report(ops, graphs) -> list[str]:
             g = graphs[_pw_name(h, c, k, st, ("pointwise",))]
             cheap = "SMMULR (proven)" if pointwise_requant_proven(g, g.ops[0]) else "exact integers"
             lines.append(f"| {h} x {h} x {c} -> {k}, s{st} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
+                         f"{a[0][2] / b[0][2]:.2f}x | {cheap} |")
+    return lines
+
+
+def _win_report(ops, graphs) -> list[str]:
+    """The report's window table: each WIN_SIZES layer on the kernel set's convolution and on "window"."""
+    from tpu_pipeline.toolchain.ir import macs
+
+    lines = ["", "| convolution (input H x W x C -> output channels, window, stride) | MACs | CMSIS-NN | window | "
+             "CMSIS-NN / window |", "|---|---:|---:|---:|---:|"]
+    for h, c, k, kw, st in WIN_SIZES:
+        a, b = ops(_win_name(h, c, k, kw, st, ())), ops(_win_name(h, c, k, kw, st, ("window",)))
+        if a and b:
+            g = graphs[_win_name(h, c, k, kw, st, ("window",))]
+            lines.append(f"| {h} x {h} x {c} -> {k}, {kw}x{kw}, s{st} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
+                         f"{a[0][2] / b[0][2]:.2f}x |")
+    return lines
+
+
+def _fc_report(ops, graphs) -> list[str]:
+    """The report's fully connected table: each FC_SIZES layer on the kernel set's FULLY_CONNECTED and on
+    TPUP_FULLY_CONNECTED."""
+    from tpu_pipeline.toolchain.ir import fully_connected, macs
+
+    lines = ["", "| fully connected layer (inputs -> outputs) | MACs | CMSIS-NN | TPUP_FULLY_CONNECTED | "
+             "CMSIS-NN / ours | requantisation |", "|---|---:|---:|---:|---:|---|"]
+    for n, m, pc in FC_SIZES:
+        a, b = ops(_fc_name(n, m, pc, False)), ops(_fc_name(n, m, pc, True))
+        if a and b:
+            g = graphs[_fc_name(n, m, pc, True)]
+            cheap = "SMMULR (proven)" if fully_connected.requant_proven(g, g.ops[0]) else "exact integers"
+            lines.append(f"| {n} -> {m}{', per channel' if pc else ''} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
                          f"{a[0][2] / b[0][2]:.2f}x | {cheap} |")
     return lines
 

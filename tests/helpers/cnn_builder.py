@@ -16,7 +16,7 @@ from tpu_pipeline.toolchain.ir import Graph, Quantization, Tensor
 from tpu_pipeline.toolchain.ir import ops as irops
 from tpu_pipeline.toolchain.ir.convert import standalone_model
 from tpu_pipeline.toolchain.ir.options import (AddOptions, ConcatenationOptions, Conv2DOptions, DepthwiseConv2DOptions,
-                                              MulOptions, Pool2DOptions, ReducerOptions)
+                                              FullyConnectedOptions, MulOptions, Pool2DOptions, ReducerOptions)
 from tpu_pipeline.toolchain.tflite import model_to_bytes
 
 _NP = {"int8": np.int8, "int32": np.int32, "float32": np.float32}
@@ -128,6 +128,23 @@ class CnnBuilder:
                       act)
         opts = DepthwiseConv2DOptions(padding, stride, stride, 1, act, dilation, dilation)
         self.ops.append(irops.op("DEPTHWISE_CONV_2D", (x, wt, b), (y,), opts, 3))
+        return y
+
+    def fc(self, x, m, act="NONE", per_channel=False, bias=True, batches=1) -> int:
+        """An int8 FULLY_CONNECTED of `m` outputs reading x as [batches, N] (symmetric int8 weights,
+        per tensor or per output; outputs of about 40 LSBs per deviation, as `spread` sets them)."""
+        n = self.tensors[x].num_elements // batches
+        out_scale = float(self.rng.uniform(0.03, 0.06))
+        ws = out_scale * 40 / (np.sqrt(n) * self._scale(x) * 73 * self.std.get(x, 40.0))
+        ws = ws * self.rng.uniform(0.7, 1.3, m if per_channel else 1)
+        w = self._tensor((m, n), "int8", Quantization(tuple(map(float, ws)), (0,) * len(ws), 0),
+                         self.rng.integers(-127, 128, (m, n)))
+        b = -1
+        if bias:
+            scales = tuple(float(self._scale(x) * s) for s in np.resize(ws, m))
+            b = self._tensor((m,), "int32", Quantization(scales, (0,) * m, 0), self.rng.integers(-3000, 3001, m))
+        y = self._act((batches, m), out_scale, act)
+        self.ops.append(irops.op("FULLY_CONNECTED", (x, w, b), (y,), FullyConnectedOptions(fused_activation=act), 9))
         return y
 
     def pool(self, x, kind="MAX_POOL_2D", k=2, stride=2, padding="VALID") -> int:

@@ -33,7 +33,8 @@ _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_ba
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
              "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
-             "tpup_mean": "mean", "tpup_mul": "mul"}  # (the harness's MEAN and MUL, until fitted: the builtins')
+             "tpup_mean": "mean", "tpup_mul": "mul",  # (the harness's MEAN, MUL and FULLY_CONNECTED, until
+             "tpup_fully_connected": "fully_connected"}  # fitted: the builtins')
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -64,7 +65,7 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
     elif op.opcode == "DEPTHWISE_CONV_2D":
         cls = _depthwise_path(graph, op)
     elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):
-        cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL: their own loops (tools/fit_harness_cost.py)
+        cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED: their own loops (tools/fit_harness_cost.py)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)

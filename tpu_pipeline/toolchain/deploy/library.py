@@ -282,8 +282,10 @@ def _common_files(target: str, names, device: Device, entries, opcodes, files: d
 
 def kernel_sources() -> tuple[str, ...]:
     """Every harness kernel source a library may carry: the convolution's, each registered faster
-    variant's (tpu_pipeline.toolchain.ir.kernel_variants), the patch stage's and the MEAN/MUL loops'."""
-    return ("tpup_conv.h", "tpup_conv.cc", *_variant_sources(), "tpup_stage.cc", "tpup_mean_mul.cc")
+    variant's (tpu_pipeline.toolchain.ir.kernel_variants), the patch stage's, the MEAN/MUL loops' and the
+    fully connected kernel's."""
+    return ("tpup_conv.h", "tpup_conv.cc", *_variant_sources(), "tpup_stage.cc", "tpup_mean_mul.cc",
+            "tpup_fully_connected.cc")
 
 
 def _variant_sources() -> list[str]:
@@ -299,7 +301,8 @@ def _kernel_files(opcodes) -> list[str]:
     # variant's source; a patch stage runs its layers with tpup_conv.cc
     return ["tpup_conv.h", "tpup_conv.cc", *_variant_sources(),
             *(["tpup_stage.cc"] if "TPUP_PATCH_STAGE" in used else []),
-            *(["tpup_mean_mul.cc"] if used & {"TPUP_MEAN", "TPUP_MUL"} else [])]
+            *(["tpup_mean_mul.cc"] if used & {"TPUP_MEAN", "TPUP_MUL"} else []),
+            *(["tpup_fully_connected.cc"] if "TPUP_FULLY_CONNECTED" in used else [])]
 
 
 def _what(f: str) -> str:

@@ -22,6 +22,7 @@ HARNESS_CUSTOM_OPS = {
     "TPUP_PATCH_STAGE": 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())',
     "TPUP_MEAN": 'AddCustom("TPUP_MEAN", tpup::Register_MEAN())',
     "TPUP_MUL": 'AddCustom("TPUP_MUL", tpup::Register_MUL())',
+    "TPUP_FULLY_CONNECTED": 'AddCustom("TPUP_FULLY_CONNECTED", tpup::Register_FULLY_CONNECTED())',
 }
 
 

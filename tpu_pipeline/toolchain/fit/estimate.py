@@ -43,7 +43,7 @@ class RegionGeometry:
     needed runs of every tensor along each axis (geometry.AxisNeeds)."""
 
     def __init__(self, graph: Graph, tin: int, tout: int, positions: list[int], op_seconds: dict[int, float],
-                 scratch: dict[int, int] | None, pricing: StagePricing | None = None):
+                 scratch: dict[int, int] | None, pricing: StagePricing | None = None, axes=None):
         region = [graph.ops[i] for i in positions]
         self.shape = hw(graph, tout)
         self.ppx: dict[int, int] = {}
@@ -59,7 +59,9 @@ class RegionGeometry:
             y = graph.ops[i].outputs[0]
             area = max(1, graph.tensors[y].shape[1] * graph.tensors[y].shape[2])
             self.rate[i] = ((macs(graph, i) or 0) / area, op_seconds.get(i, 0.0) / area)
-        self.axes = (AxisNeeds(graph, region, tout, 0), AxisNeeds(graph, region, tout, 1))
+        # (`axes`: the same region's AxisNeeds pair, which its other form computed: they depend
+        # on the ops and the output only)
+        self.axes = axes or (AxisNeeds(graph, region, tout, 0), AxisNeeds(graph, region, tout, 1))
         self.full_in = 0 if tin in graph.external else _aligned(graph, tin)  # an input outside the arena: nothing
         self.full_out = _aligned(graph, tout)
         self.tout = tout

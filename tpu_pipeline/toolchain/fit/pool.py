@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.fit.select import Selection, chain_select, select
-from tpu_pipeline.toolchain.fit.variants import Variant, best_order, kernel_twins, refine, upgrade
+from tpu_pipeline.toolchain.fit.variants import Variant, best_order, refine, twins_of, upgrade
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 
@@ -82,7 +82,7 @@ class Pool:
         v = best_order(v, self.sem, deadline, below)
         self.variants[k] = v
         if self.harness:
-            self.variants += kernel_twins(v, self.device, self.sem)
+            self.variants += twins_of(v, self.device, self.sem)
 
     def refine(self, budget, deadline, only=None) -> bool:
         measured = [v for v in self.variants
@@ -104,7 +104,7 @@ class Pool:
             return
         self.variants[k] = up
         if up.stage == "measured" and self.harness:
-            self.variants += kernel_twins(up, self.device, self.sem)
+            self.variants += twins_of(up, self.device, self.sem)
 
     def index(self, v: Variant) -> int:
         return next(k for k, w in enumerate(self.variants) if w is v)

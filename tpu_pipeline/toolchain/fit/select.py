@@ -89,7 +89,7 @@ def chain_select(variants: list[Variant], n_spans: int, *, budget: int | None = 
     are pruned of dominated ones again (the lazy evaluation asks after every step)."""
     variants = _undominated(variants, pruned)
     if tail_fixed is not None:
-        return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed)
+        return _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed, pruned)
     usable = [v for v in variants if budget is None or v.peak <= budget]
     if objective == "latency":
         best = _fastest(usable, n_spans)
@@ -116,14 +116,17 @@ def _undominated(variants: list[Variant], cache: dict | None = None) -> list[Var
     (of equal ones the first): a best covering never needs the rest. Patch candidates still at
     their bounds are equal across grids, so this keeps one per region until they are estimated.
     `cache`: (first, last) -> (the group's variants, what was kept), reused while the group is the same."""
+    ids = tuple(map(id, variants))
+    if cache is not None and cache.get("all", (None,))[0] == ids:
+        return cache["all"][1]  # (the frontier sweep asks again and again of the same variants)
     groups: dict[tuple[int, int], list[Variant]] = {}
     for v in variants:
         groups.setdefault((v.first, v.last), []).append(v)
     out = []
     for key, group in groups.items():
-        ids = tuple(map(id, group))
+        group_ids = tuple(map(id, group))
         hit = None if cache is None else cache.get(key)
-        if hit is not None and hit[0] == ids:
+        if hit is not None and hit[0] == group_ids:
             out += hit[1]
             continue
         kept: list[Variant] = []
@@ -131,8 +134,10 @@ def _undominated(variants: list[Variant], cache: dict | None = None) -> list[Var
             if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
                 kept.append(v)
         if cache is not None:  # (the group's variants are held too, so their ids stay theirs)
-            cache[key] = (ids, kept, group)
+            cache[key] = (group_ids, kept, group)
         out += kept
+    if cache is not None:  # (the variants held too, so their ids stay theirs)
+        cache["all"] = (ids, out, list(variants))
     return out
 
 
@@ -169,7 +174,8 @@ def _fastest(variants: list[Variant], n_spans: int, ns: dict | None = None):
     return best[n_spans]
 
 
-def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed) -> list[Variant] | None:
+def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed,
+                 cache: dict | None = None) -> list[Variant] | None:
     """chain_select for the whole arena: for each cap P on the peak (the distinct variant peaks),
     the coverings by variants of peak <= P; a covering's arena is P + its tail + tail_fixed (no
     more than that: its own peak may be lower, which a lower P also covers). Memory first: the
@@ -180,9 +186,9 @@ def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed
     when its tail fits; only where it does not is the Pareto front of (tail, latency) walked."""
     room = None if budget is None else budget - tail_fixed
     usable = [v for v in variants if room is None or v.peak <= room]
-    ns = {id(v): _ns(v) for v in usable}
+    chain = _chain_of(variants, n_spans, cache)  # (on every variant: no cap asked is above the room)
+    ns = chain.ns
     bound = None if latency_bound is None else latency_bound * _NS
-    chain = _Chain(usable, n_spans, ns)
     if objective == "memory":
         return _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound)
     fastest_ns = None
@@ -204,12 +210,26 @@ def _chain_whole(variants, n_spans, budget, objective, latency_bound, tail_fixed
             continue  # no covering under this cap fits the budget
         top = None if fastest_ns is None else fastest_ns - 1  # only a faster one matters
         top = bound if top is None else top if bound is None else min(top, bound)
-        for _, lat, _ in _front(chain.under(cap), n_spans, ns, max_tail, top):
+        for _, lat, _ in chain.front(cap, max_tail, top):
             if fastest_ns is None or lat < fastest_ns:
                 fastest_ns = lat
     if fastest_ns is None:
         return None
     return _least_arena(chain, usable, n_spans, ns, room, tail_fixed, fastest_ns)
+
+
+def _chain_of(variants, n_spans: int, cache: dict | None) -> "_Chain":
+    """The _Chain of these variants, kept in `cache` while they stay the same: the frontier sweep
+    asks of the same variants under one budget after another, and a cap's shortest paths do not
+    depend on the budget."""
+    ids = (n_spans, tuple(map(id, variants)))
+    hit = None if cache is None else cache.get("chain")
+    if hit is not None and hit[0] == ids:
+        return hit[1]
+    chain = _Chain(variants, n_spans, {id(v): _ns(v) for v in variants})
+    if cache is not None:
+        cache["chain"] = (ids, chain)  # (the chain holds its variants: their ids stay theirs)
+    return chain
 
 
 def _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound) -> list[Variant] | None:
@@ -242,7 +262,7 @@ def _least_arena(chain, usable, n_spans, ns, room, tail_fixed, bound) -> list[Va
         if not front or (best is not None and cap + front[0][0] + tail_fixed > best[0][0]):
             continue  # none fits, or none under this cap beats the best
         if bound is not None and front[0][1] > bound:
-            front = _front(chain.under(cap), n_spans, ns, max_tail, bound)
+            front = chain.front(cap, max_tail, bound)
         for tail, lat, chosen in front:
             if bound is None or lat <= bound:
                 key = (cap + tail + tail_fixed, lat)
@@ -305,6 +325,10 @@ class _Chain:
         # a group's latencies lifted above every later group's: a running minimum restarts per group
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
         self._under: dict[int, list] = {}
+        self._fronts: dict[int, tuple] = {}  # cap -> (max tail, max latency, its front): front()
+        self._caps = np.unique(peak)  # (sorted)
+        self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
+        self._last, self._size = [None, None], [32, 32]  # [latency_first]: the last cap asked, the next block
 
     def under(self, cap: int) -> list:
         """The variants of peak <= cap that no other of their group (same spans) matches or beats
@@ -321,6 +345,17 @@ class _Chain:
             self._under[cap] = [self.variants[int(k)] for k in self._sorted[ok][keep]]
         return self._under[cap]
 
+    def front(self, cap: int, max_tail: int | None, max_lat: int | None):
+        """_front of the variants under `cap` within the limits. A front within wider limits holds
+        it (whatever beats a point within the limits is within them too): the last one asked per
+        cap is kept and read while the limits narrow, as they do from one budget to the next."""
+        hit = self._fronts.get(cap)
+        if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
+            return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
+        out = _front(self.under(cap), self.n, self.ns, max_tail, max_lat)
+        self._fronts[cap] = (max_tail, max_lat, out)
+        return out
+
     def best(self, cap: int, max_tail: int | None, latency_first: bool = False):
         """[(tail, latency ns, variants)] of the least-(tail, latency) covering (`latency_first`:
         the least (latency, tail)) by variants of peak <= cap, with tail <= max_tail; [] when none."""
@@ -330,35 +365,68 @@ class _Chain:
                 quick = _fastest(under, self.n, self.ns)
                 return [] if quick is None else [(sum(v.tail for v in quick[2]), quick[0], quick[2])]
             return _least_tail(under, self.n, self.ns, max_tail)
-        none = np.iinfo(np.int64).max
-        best = np.full(self.n + 1, none, dtype=np.int64)
-        best[0] = 0
-        pick = np.full(self.n + 1, -1, dtype=np.int64)
-        for end in range(1, self.n + 1):
-            if end not in self.by_end:
-                continue
-            idx, first, peak, by_tail, by_lat = self.by_end[end]
-            prev = best[first]
-            ok = (peak <= cap) & (prev != none)
-            if not ok.any():
-                continue
-            cand = np.where(ok, prev + (by_lat if latency_first else by_tail), none)
-            k = int(np.argmin(cand))
-            best[end], pick[end] = cand[k], idx[k]
-        if best[self.n] == none:
+        key, pick = self._row(cap, latency_first)
+        if key is None:
+            return []
+        if latency_first:
+            lat, tail = divmod(key, self._TAIL)
+        else:
+            tail, lat = divmod(key, self._SHIFT)
+        if max_tail is not None and tail > max_tail:
             return []
         chosen, at = [], self.n
         while at > 0:
             v = self.variants[int(pick[at])]
             chosen.append(v)
             at = v.first
-        if latency_first:
-            lat, tail = divmod(int(best[self.n]), self._TAIL)
-        else:
-            tail, lat = divmod(int(best[self.n]), self._SHIFT)
-        if max_tail is not None and tail > max_tail:
-            return []
         return [(tail, lat, chosen[::-1])]
+
+    def _row(self, cap: int, latency_first: bool):
+        """(the least key or None, the variant picked per end span) under `cap`. The selection asks
+        cap after cap (falling in the latency-first sweep, rising for the least arena): a miss
+        solves a block of the caps next in the direction it moves, all at once (one array pass per
+        end span over caps x variants), the block doubling while the misses go on."""
+        cache = self._rows[latency_first]
+        if cap not in cache:
+            at = int(np.searchsorted(self._caps, cap))
+            if at == len(self._caps) or self._caps[at] != cap:
+                caps = np.array([cap], dtype=np.int64)  # (not a variant's peak: alone)
+            else:
+                last, size = self._last[latency_first], self._size[latency_first]
+                down = last is not None and cap < last
+                lo, hi = (max(0, at - size + 1), at + 1) if down else (at, min(len(self._caps), at + size))
+                caps = self._caps[lo:hi]
+                self._size[latency_first] = min(2 * size, self._MAX_BLOCK)
+            self._last[latency_first] = cap
+            self._solve_caps(caps, latency_first, cache)
+        return cache[cap]
+
+    _MAX_BLOCK = 256
+
+    def _solve_caps(self, caps, latency_first: bool, cache: dict) -> None:
+        none = np.iinfo(np.int64).max
+        k = len(caps)
+        best = np.full((k, self.n + 1), none, dtype=np.int64)
+        best[:, 0] = 0
+        pick = np.full((k, self.n + 1), -1, dtype=np.int64)
+        rows = np.arange(k)
+        for end in range(1, self.n + 1):
+            if end not in self.by_end:
+                continue
+            idx, first, peak, by_tail, by_lat = self.by_end[end]
+            prev = best[:, first]
+            ok = (peak[None, :] <= caps[:, None]) & (prev != none)
+            cand = np.where(ok, prev + (by_lat if latency_first else by_tail)[None, :], none)
+            at = np.argmin(cand, axis=1)
+            best[:, end], pick[:, end] = cand[rows, at], idx[at]
+        for r, c in enumerate(caps.tolist()):
+            key = int(best[r, self.n])
+            cache[c] = (None, None) if key == none else (key, pick[r])
+
+
+def _within(limit: int | None, wider: int | None) -> bool:
+    """A limit (None: none) no wider than `wider`."""
+    return wider is None or (limit is not None and limit <= wider)
 
 
 def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):

@@ -35,9 +35,10 @@ from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
+from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
-                                               flags, in_place_source, is_harness, kernel_name, with_flag,
-                                               variant_of, with_in_place, with_kernel)
+                                               can_run_variant, flags, in_place_source, is_harness, kernel_name,
+                                               with_flag, variant_of, with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
 from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
@@ -78,6 +79,9 @@ class Variant:
     recompute: bool = False  # stage: its tiles recompute their halos (else each element is computed once)
     tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
     # until measured)
+    lean_of: Any = field(default=None, compare=False, repr=False)  # a lean twin's origin (lean_twins)
+    searched: bool = False  # patch: its order is the exact scheduler's best within a deadline (best_order
+    # asked for no order under a given peak only)
 
     @property
     def proven(self) -> bool:
@@ -256,17 +260,79 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
                                      f"{n_direct} direct" if n_direct else "") if x)
         out.append(replace(v, peak=new_peak, lower_bound=min(new_peak, order_free_lower_bound(g, sem)),
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
-                           tail=_tail(g, sem)))
+                           tail=_tail(g, sem), searched=False))
     return out
 
 
-def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False) -> list[Variant]:
+def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
+    """`v` without the kernel variants that read a constant of their own (packed's re-laid
+    weights: an eval tensor and an input slot in TFLite Micro's tail, 16 bytes): the same order,
+    those ops on `lean_kernel`, a smaller tail, slower (and without packed, a first convolution
+    may ask for an im2col buffer: a higher peak, which pays where its span is not at the
+    selection's peak). The memory objective never pays tail bytes for speed: the selection takes
+    this twin where the bytes count."""
+    at = _with_constant_input(v.graph)
+    if not at:
+        return []
+    g = lean_graph(v.graph)
+    moved = dict(v.kernels) | {g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in at}
+    peak, tail = achievable_peak(g, sem), _tail(g, sem)
+    if tail >= v.tail:
+        return []
+    lat, _ = _costed(g, device, sem)
+    dropped = "/".join(sorted({variant_of(v.graph.ops[i]).flag for i in at}))
+    return [replace(v, peak=peak, lower_bound=min(peak, order_free_lower_bound(g, sem)), latency_s=lat, graph=g,
+                    kernels=tuple(sorted(moved.items())), tail=tail, lean_of=v, searched=False,
+                    label=f"{v.label}, {len(at)} without {dropped}")]
+
+
+def _with_constant_input(graph: Graph) -> list[int]:
+    """The ops on a kernel variant that reads a constant of its own."""
+    return [i for i, op in enumerate(graph.ops) if (k := variant_of(op)) is not None and k.constant_input is not None]
+
+
+def lean_graph(graph: Graph) -> Graph:
+    """`graph` with no op on a kernel variant that reads a constant of its own (`lean_kernel`)."""
+    for i in _with_constant_input(graph):
+        graph = with_kernel(graph, [i], lean_kernel(graph, i))
+    return graph
+
+
+def lean_kernel(graph: Graph, i: int) -> str:
+    """The kernel of harness op i without its variant that reads a constant of its own: the
+    first other registered variant that needs none and wins there, else the kernel set's paths."""
+    op = graph.ops[i]
+    own = variant_of(op)
+    rest = flags(op) - {own.flag}
+    other = next((f for f, k in kernel_variants.registered().items()
+                  if k.constant_input is None and k.opcode == op.opcode and can_run_variant(graph, i, f)
+                  and k.wins(graph, i)), None)
+    return kernel_name(*rest, *((other,) if other else ()))
+
+
+def twins_of(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
+    """The kernel twins of measured variant `v` (`kernel_twins`), the lean twin of it and of each
+    (`lean_twins`), and the kernel twins of its lean twin (without packed's constant, a first
+    convolution at the peak needs the direct kernel's no-im2col to keep its bytes)."""
+    twins = kernel_twins(v, device, sem)
+    lean = lean_twins(v, device, sem)
+    return (twins + lean + [t for w in twins for t in lean_twins(w, device, sem)]
+            + [t for w in lean for t in kernel_twins(w, device, sem)])
+
+
+def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False,
+                     twins: list[Variant] = ()) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
     peak and latency are floors no grid can beat (copies: the spans' own latency; for copies the output
     assembled next to its tiles and the input held, for a stage its input and output together).
     With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
-    finer grids than copies allow. `upgrade` refines the ones a selection picks."""
+    finer grids than copies allow. `upgrade` refines the ones a selection picks. `twins`: the
+    spans' kernel twins, whose tails (lean twins: no variant constants) lower the copies' floor."""
     out = []
+    least_tail = [v.tail for v in as_is]
+    for t in twins:
+        if t.first == t.last:
+            least_tail[t.first] = min(least_tail[t.first], t.tail)
     for region, a, b in _regions_on_spans(graph, spans, patch_regions(graph)):
         covered = max(v.peak for v in as_is[a:b + 1])
         lat = sum(v.latency_s for v in as_is[a:b + 1])
@@ -280,7 +346,7 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             if floor >= covered:
                 continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
-            tail = sum(v.tail for v in as_is[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            tail = sum(least_tail[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
             # a latency no grid can beat: copies run every op at least once; a stage's layers pay no
             # per-op overhead and a streamed one computes every row once, so it can beat the spans
             # as they are (the reference kernels' stripes do): its floor comes with its estimate
@@ -308,7 +374,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     if v.stage == "bound":
         geo = None if regions is None else regions.get((v.first, v.last, v.form))
         if geo is None:
-            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem)
+            geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem, regions)
             if regions is not None:
                 regions[(v.first, v.last, v.form)] = geo
         est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo,
@@ -348,19 +414,24 @@ def _smaller_than_streamed(graph: Graph, tin: int, tout: int, positions, v: Vari
     return twin is None or est[0] < twin[0]
 
 
-def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics):
+def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics,
+                     regions: dict | None = None):
     """What every grid of `v`'s region and form shares (estimate.RegionGeometry): for a stage its
     layers' kernel buffers as the stage asks them (unaligned) and its pricing; for copies the tail
-    every tile's copy of the ops brings."""
+    every tile's copy of the ops brings. `regions`: the caller's dict, where the region's other
+    form left its axes' needs."""
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
+    other = None if regions is None else regions.get((v.first, v.last, "copies" if v.form == "stage" else "stage"))
+    axes = None if other is None else other.axes
     if v.form == "stage":
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
         return RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                              stage_pricing(body, positions, device, sem.kernels))
+                              stage_pricing(body, positions, device, sem.kernels), axes)
     scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
-    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
-    geo.copy_tail = copies_tail(span_graph(graph, spans[v.first:v.last + 1]), sem)
+    geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, axes=axes)
+    # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)
+    geo.copy_tail = copies_tail(lean_graph(span_graph(graph, spans[v.first:v.last + 1])), sem)
     return geo
 
 
@@ -397,7 +468,8 @@ def best_order(v: Variant, sem: Semantics, deadline: Deadline | None = None, bel
     sched = schedule(v.graph, time_limit=None, deadline=deadline or Deadline(10.0), semantics=sem, below=below)
     if sched.peak < v.peak:
         v = replace(v, peak=sched.peak, graph=v.graph.reordered(sched.order))
-    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True)
+    return replace(v, lower_bound=min(v.peak, max(v.lower_bound, sched.lower_bound)), ordered=True,
+                   searched=v.searched or below is None)
 
 
 def _regions_on_spans(graph: Graph, spans: list[Span], regions):

@@ -8,7 +8,9 @@ tpup_conv.cc) registers two custom ops next to the kernel set's own:
     TPUP_CONV_2D            an int8 CONV_2D
     TPUP_DEPTHWISE_CONV_2D  an int8 DEPTHWISE_CONV_2D
 
-(and TPUP_MEAN / TPUP_MUL, see "means and products" below).
+(and TPUP_MEAN / TPUP_MUL, see "means and products" below, and TPUP_FULLY_CONNECTED,
+tpu_pipeline.toolchain.ir.fully_connected: the harness's own faster int8 fully connected kernel, whose
+input 3 is its weights re-laid offline).
 
 They compute exactly what the builtins compute (the same CMSIS-NN functions in a CMSIS-NN build,
 TFLite's reference kernels in a reference build: bit-identical outputs), and differ in what they
@@ -65,7 +67,8 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import kernel_variants, stage
+from tpu_pipeline.toolchain.ir import fully_connected as fc, kernel_variants, stage
+from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
 
@@ -77,11 +80,12 @@ FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, wh
 POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
 CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
                 "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
+                fc.OPCODE: fc.CUSTOM_CODE,  # (tpu_pipeline.toolchain.ir.fully_connected)
                 stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
 BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
-BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18}
+BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18, fc.OPCODE: fc.BUILTIN}
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
@@ -239,11 +243,12 @@ def with_kernel(graph: Graph, op_positions, kernel: str) -> Graph:
             if not can_run_harness(graph, i) or (op.opcode in MEAN_MUL and wanted) or len(variants) > 1 \
                     or any(not can_run_variant(graph, i, f) for f in variants):
                 raise ValueError(f"op {i} ({op.opcode}) cannot run the harness kernel '{kernel}'")
-            inputs = op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors)
+            inputs = (fc.with_constant(graph, op, tensors) if op.opcode == fc.OPCODE  # (its own constant)
+                      else op.inputs if op.opcode in MEAN_MUL else _with_requant(graph, op, tensors))
             if op.opcode not in MEAN_MUL:
                 inputs = _with_variant_constant(graph, op, tensors, inputs, variants)
         elif op.opcode in MEAN_MUL:
-            inputs = op.inputs
+            inputs = op.inputs[:3] if op.opcode == fc.OPCODE else op.inputs
         else:
             if op.options is not None and getattr(op.options, "padding", "") == "EXPLICIT":
                 raise ValueError(f"op {i} ({op.opcode}) has explicit padding: only a harness kernel runs it")
@@ -311,10 +316,12 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
     graph = _expand_stages(graph)
     tensors, ops = list(graph.tensors), []
     # (the requantization input 3, and a variant's constant input 4)
-    requants = {t for op in graph.ops if is_harness(op) and op.opcode not in MEAN_MUL for t in op.inputs[3:] if t >= 0}
+    requants = {t for op in graph.ops if is_harness(op) and (op.opcode not in MEAN_MUL or op.opcode == fc.OPCODE)
+                for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
         if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
-            ops.append(dataclasses.replace(op, kernel="") if is_harness(op) else op)
+            kept = op.inputs[:3] if is_harness(op) and op.opcode == fc.OPCODE else op.inputs  # (FC: its constant goes)
+            ops.append(dataclasses.replace(op, inputs=kept, kernel="") if is_harness(op) else op)
             continue
         o, x = op.options, op.inputs[0]
         inputs = op.inputs[:3] if op.inputs[2:3] != (-1,) else op.inputs[:2]
@@ -461,6 +468,8 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
 def requant_tensor_ok(graph: Graph, op: Op) -> bool:
     """Whether a harness op's requantization input holds what TFLite Micro would compute (a model
     edited elsewhere may have stale ones)."""
+    if op.opcode == fc.OPCODE:
+        return fc.constant_ok(graph, op)
     if op.opcode in MEAN_MUL:
         return True  # (no requantization input: its options carry it, written from the tensors)
     if len(op.inputs) < 4 or op.inputs[3] < 0:
@@ -492,67 +501,21 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
 #              point, multiplier, shift, keep_dims]
 #   TPUP_MUL  [format 1, builtin version, broadcast (0 none, 1 input 2, 2 input 1), input 1 offset,
 #              input 2 offset, output offset, multiplier, shift, activation min, max, activation]
-MEAN_MUL = ("MEAN", "MUL")
+# (and FULLY_CONNECTED, tpu_pipeline.toolchain.ir.fully_connected: the harness's own loops, no requantization
+# input 3, no flags, no scratch, no tail; a FULLY_CONNECTED's input 3 is its packed constant)
+MEAN_MUL = ("MEAN", "MUL", fc.OPCODE)
 _MEAN_WORDS, _MUL_WORDS = 10, 11
 
 
-def _per_tensor_int8(t: Tensor) -> bool:
-    return (t.dtype == "int8" and t.quant is not None and len(t.quant.scale) == 1 and len(t.quant.zero_point) == 1
-            and float(t.quant.scale[0]) > 0)
-
-
-def mean_axes(graph: Graph, op: Op) -> tuple[int, int, int] | None:
-    """(outer, reduced, inner) element counts of a MEAN over one run of adjacent axes; None else."""
-    x = graph.tensors[op.inputs[0]]
-    axis = graph.tensors[op.inputs[1]]
-    if not axis.is_constant or axis.dtype != "int32" or not x.shape:
-        return None
-    axes = sorted({int(a) % len(x.shape) for a in np.asarray(axis.values()).reshape(-1)})
-    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
-        return None
-    outer, reduced, inner = (int(np.prod(x.shape[:axes[0]], dtype=np.int64)),
-                             int(np.prod(x.shape[axes[0]:axes[-1] + 1], dtype=np.int64)),
-                             int(np.prod(x.shape[axes[-1] + 1:], dtype=np.int64)))
-    return outer, reduced, inner
-
-
-def mean_requant(graph: Graph, op: Op) -> tuple[int, int]:
-    """The (multiplier, shift) TFLite's QuantizedMeanOrSum applies to a MEAN's shifted sums: the
-    input/output scale ratio's, with 1/count folded in (shift clamped as it clamps it)."""
-    x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
-    m, s = quantize_multiplier(float(np.float32(x.quant.scale[0])) / float(np.float32(y.quant.scale[0])))
-    n = mean_axes(graph, op)[1]
-    shift = min(n.bit_length() - 1, 32, 31 + s)
-    return int((m << shift) // n), s - shift
-
-
-def mul_requant(graph: Graph, op: Op) -> tuple[int, int]:
-    """CalculateOpDataMul's multiplier: double(s1) * double(s2) / double(s_out)."""
-    a, b, y = (float(np.float32(graph.tensors[t].quant.scale[0])) for t in (*op.inputs[:2], op.outputs[0]))
-    return quantize_multiplier(a * b / y)
-
-
-def mul_broadcast(graph: Graph, op: Op) -> int | None:
-    """0: equal shapes; 1: input 2 broadcast (a scalar, or one value per channel of input 1's last
-    axis); 2: input 1 so; None: another broadcast."""
-    a, b, y = (graph.tensors[t].shape for t in (*op.inputs[:2], op.outputs[0]))
-    if a == b == y:
-        return 0
-    for mode, big, small in ((1, a, b), (2, b, a)):
-        n = int(np.prod(small, dtype=np.int64))
-        if big == y and big and len(small) <= len(big) and all(d == 1 for d in small[:-1]) \
-                and (n == 1 or (small and small[-1] == big[-1] == n)):
-            return mode
-    return None
-
-
 def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
-    """Why TPUP_MEAN / TPUP_MUL cannot run `op` (None when it can)."""
+    """Why TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED cannot run `op` (None when it can)."""
+    if op.opcode == fc.OPCODE:
+        return fc.refusal(graph, op)
     if len(op.outputs) != 1 or len(op.inputs) != 2 or min(op.inputs) < 0:
         return "not two inputs and one output"
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     if op.opcode == "MEAN":
-        if not isinstance(op.options, ReducerOptions) or not (_per_tensor_int8(x) and _per_tensor_int8(y)):
+        if not isinstance(op.options, ReducerOptions) or not (per_tensor_int8(x) and per_tensor_int8(y)):
             return "not an int8 MEAN with per-tensor quantization"
         axes = mean_axes(graph, op)
         if axes is None or axes[1] < 1 or axes[0] * axes[2] != y.num_elements:
@@ -561,12 +524,14 @@ def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
         return None if 31 + s >= 0 else "its scale ratio is below 2^-31"
     b = graph.tensors[op.inputs[1]]
     if not isinstance(op.options, MulOptions) or op.options.fused_activation not in ACTIVATION_CODE \
-            or not all(_per_tensor_int8(t) for t in (x, b, y)):
+            or not all(per_tensor_int8(t) for t in (x, b, y)):
         return "not an int8 MUL with per-tensor quantization"
     return None if mul_broadcast(graph, op) is not None else "its broadcast is not along the last axis"
 
 
 def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
+    if op.opcode == fc.OPCODE:
+        return fc.encode(graph, op)
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     zx, zy = int(x.quant.zero_point[0]), int(y.quant.zero_point[0])
     if op.opcode == "MEAN":
@@ -582,6 +547,9 @@ def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
 
 
 def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, int, str]:
+    if name == fc.OPCODE:
+        options, version = fc.decode(raw, where)
+        return name, options, version, kernel_name()
     words = _MEAN_WORDS if name == "MEAN" else _MUL_WORDS
     code = CUSTOM_CODES[name]
     if len(raw) != 4 * words:

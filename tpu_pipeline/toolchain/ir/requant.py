@@ -1,7 +1,7 @@
 """Requantization exactly as TFLite Micro's Prepare computes it: the per-channel multipliers and
 shifts of an int8 convolution (computed here into flash for the harness's kernels) and the
 activation range of an int8 output; and where the harness's 1x1 kernel may requantise the cheap
-way (`pointwise_requant_proven`)."""
+way (`pointwise_requant_proven`, `requant_within`)."""
 
 from __future__ import annotations
 
@@ -63,19 +63,23 @@ def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
 
 
 def pointwise_requant_proven(graph: Graph, op: Op) -> bool:
-    """Whether the pointwise kernel's cheap requantisation is exact for every input: every
-    channel's shift in [-22, -1] (left shift 0; the output offset folds into the rounding nudge
-    without overflow) and every accumulator bias + sum_k w[k] (x[k] - zp), x int8, within
-    [-2^30, 2^30 - 1] (then SaturatingRoundingDoublingHighMul(acc, m) == SMMULR(2 acc, m))."""
-    x, w_t = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
-    shifts = requant(graph, op)[1]
-    if shifts.min() < -22 or shifts.max() > -1:
-        return False
+    """Whether the pointwise kernel's cheap requantisation is exact for every input (`requant_within`)."""
+    w_t = graph.tensors[op.inputs[1]]
     w = np.asarray(w_t.values(), dtype=np.int64).reshape(w_t.shape[0], -1)
     bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
     bias = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
             else np.zeros(w.shape[0], dtype=np.int64))
-    zp = int(x.quant.zero_point[0])
+    return requant_within(requant(graph, op)[1], w, bias, int(graph.tensors[op.inputs[0]].quant.zero_point[0]))
+
+
+def requant_within(shifts: np.ndarray, w: np.ndarray, bias: np.ndarray, zp: int) -> bool:
+    """Whether the harness's cheap requantisation (SMMULR, then one nudged shift; the pointwise and
+    fully connected kernels) is exact for every int8 input: every channel's shift in [-22, -1]
+    (left shift 0; the output offset folds into the rounding nudge without overflow) and every
+    accumulator bias + sum_k w[c, k] (x[k] - zp) within [-2^30, 2^30 - 1] (then
+    SaturatingRoundingDoublingHighMul(acc, m) == SMMULR(2 acc, m)). `w` is [channels, taps]."""
+    if shifts.min() < -22 or shifts.max() > -1:
+        return False
     lo, hi = -128 - zp, 127 - zp  # the widened input's range
     top = bias + np.maximum(w * lo, w * hi).sum(axis=1)
     bottom = bias + np.minimum(w * lo, w * hi).sum(axis=1)

@@ -1,7 +1,7 @@
 """fit's stages in order, one module each, run by toolchain/driver.py over a `FitState`.
 
     harness -> spans -> as_is -> rewrites -> kernel_twins -> patches -> select -> realise
-    -> replan -> keep_smaller -> baseline
+    -> replan -> unlean -> keep_smaller -> baseline
 
 A stage is `def stage(state, allowed: Deadline) -> (FitState, PassRecord)`; `share` is its
 fraction of the search's deadline (0: it gets the whole fit's, for scheduling and planning the
@@ -21,6 +21,7 @@ from tpu_pipeline.toolchain.fit.stages.replan import replan
 from tpu_pipeline.toolchain.fit.stages.rewrites import rewrites
 from tpu_pipeline.toolchain.fit.stages.select import select
 from tpu_pipeline.toolchain.fit.stages.spans import spans
+from tpu_pipeline.toolchain.fit.stages.unlean import unlean
 
 REALISE_SHARE = 0.25  # of the fit's time, kept for scheduling and planning the chosen graph
 
@@ -34,6 +35,7 @@ STAGES: list[Pass] = [
     Pass("select", select, share=1.0),
     Pass("realise", realise),
     Pass("replan", replan),
+    Pass("unlean", unlean),
     Pass("keep_smaller", keep_smaller),
     Pass("baseline", baseline, when=lambda p: p.harness),
 ]

@@ -1,12 +1,13 @@
 """The harness kernels' twins of every variant so far (requantization in flash, overlapped and
-direct convolutions, ADD/MUL in place); switched off with the builtin kernels."""
+direct convolutions, ADD/MUL in place, and without the variants that bring tail bytes: `lean_twins`);
+switched off with the builtin kernels."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from tpu_pipeline.toolchain.driver import PassRecord
-from tpu_pipeline.toolchain.fit.variants import kernel_twins as twins_of
+from tpu_pipeline.toolchain.fit.variants import twins_of
 
 
 def kernel_twins(state, allowed):

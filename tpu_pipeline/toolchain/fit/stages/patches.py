@@ -10,5 +10,6 @@ from tpu_pipeline.toolchain.fit.variants import patch_candidates
 
 
 def patches(state, allowed):
-    found = patch_candidates(state.working, list(state.spans), list(state.as_is), state.params.harness)
+    found = patch_candidates(state.working, list(state.spans), list(state.as_is), state.params.harness,
+                             list(state.twins))
     return replace(state, candidates=tuple(found)), PassRecord("patches", "ran", 0.0, {"candidates": len(found)})

@@ -19,13 +19,14 @@ each of these.
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise, packed, pointwise
+from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise, packed, pointwise, window
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 
 REGISTRY: tuple[KernelVariant, ...] = (
     fast_depthwise.VARIANT,
     packed.VARIANT,
     pointwise.VARIANT,
+    window.VARIANT,
 )
 
 

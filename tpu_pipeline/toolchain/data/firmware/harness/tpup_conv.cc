@@ -36,7 +36,8 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  const bool flags_ok = (o->flags & ~0x33F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise));
+  const bool flags_ok = (o->flags & ~0xF3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
+                        (!(o->flags & kFlagWindowFastRequant) || (o->flags & kFlagWindow));
   return o->format == 1 && flags_ok && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
          (!(o->flags & kFlagOverlap) || o->ring_rows >= 1);
@@ -111,7 +112,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise)) return 0;
+  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise | kFlagWindow)) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -179,6 +180,12 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   }
   if (o.flags & kFlagPointwise) {  // the harness's own 1x1 kernel, in both builds (Prepare checked it fits)
     RunPointwise(o, g, r1 - r0, band_in, filter, bias, requant, out);
+    return kTfLiteOk;
+  }
+  if ((o.flags & kFlagWindow) && packed != nullptr) {  // the window kernel, in both builds (Prepare checked it)
+    Geometry in_band = g;
+    in_band.in_h = band.rows;
+    RunWindow(o, in_band, band.pad_top, r1 - r0, band_in, filter, packed, requant, out);
     return kTfLiteOk;
   }
   if ((o.flags & kFlagPacked) && packed != nullptr) {  // the packed kernel, in both builds (Prepare checked it)
@@ -295,8 +302,8 @@ template <bool kDepthwise>
 TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   Options o;
   TF_LITE_ENSURE_MSG(context, ReadOptions(node, &o), "TPUP conv: invalid options");
-  const bool packed = (o.flags & kFlagPacked) != 0;
-  TF_LITE_ENSURE_EQ(context, node->inputs->size, packed ? 5 : 4);
+  const bool packed = (o.flags & kFlagPacked) != 0, window = (o.flags & kFlagWindow) != 0;
+  TF_LITE_ENSURE_EQ(context, node->inputs->size, packed || window ? 5 : 4);
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
   tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
   TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, kInput);
@@ -331,6 +338,15 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
     if (w != nullptr) micro_context->DeallocateTempTfLiteTensor(w);
     TF_LITE_ENSURE_MSG(context, fits, "TPUP conv: the packed weights do not fit the filter");
   }
+  if (window) {
+    TF_LITE_ENSURE_MSG(context, !kDepthwise && WindowFits(o, g) && filter_depth == g.in_c,
+                       "TPUP conv: the window kernel does not run this convolution");
+    TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, kPacked);
+    const bool fits = w != nullptr && w->type == kTfLiteInt32 && w->dims->size == 1 &&
+                      w->dims->data[0] == WindowWords(g) && (reinterpret_cast<uintptr_t>(w->data.data) & 3) == 0;
+    if (w != nullptr) micro_context->DeallocateTempTfLiteTensor(w);
+    TF_LITE_ENSURE_MSG(context, fits, "TPUP conv: the window kernel's weights do not fit the filter (or lie unaligned)");
+  }
   const int own = OwnBufferSize(o, g, kDepthwise);
   const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
   return RequestScratch(context, node, ring ? Align16(own) + ring : own);
@@ -353,8 +369,9 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int32_t* b = bias != nullptr ? tflite::micro::GetTensorData<int32_t>(bias) : nullptr;
   const int32_t* q = tflite::micro::GetTensorData<int32_t>(requant);
   const int32_t* packed =
-      (o.flags & kFlagPacked) ? tflite::micro::GetTensorData<int32_t>(tflite::micro::GetEvalInput(context, node, kPacked))
-                              : nullptr;
+      (o.flags & (kFlagPacked | kFlagWindow))
+          ? tflite::micro::GetTensorData<int32_t>(tflite::micro::GetEvalInput(context, node, kPacked))
+          : nullptr;
   uint8_t* scratch = GetScratch(context, node);
 
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * g.in_w * g.in_c;

@@ -26,11 +26,15 @@ const TFLMRegistration* Register_DEPTHWISE_CONV_2D();
 const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
 const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
+const TFLMRegistration* Register_FULLY_CONNECTED();  // tpup_fully_connected.cc
 
 constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4, kFlagPacked = 8;
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap
 // requantisation is proven exact for the op (ir/kernel_variants/pointwise.py requant_bits).
 constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
+// The harness's own convolution reading windows in place (flag "window", tpup_window.cc), and
+// whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
+constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 // the packed convolution's largest window: pairs and bytes a row (ir/kernels.py PACKED_MAX_PAIRS, _ROW)
 constexpr int kPackedMaxPairs = 64, kPackedMaxRow = 64;
@@ -92,6 +96,14 @@ bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g);
 void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
                   const int32_t* bias, const int32_t* requant, int8_t* out);
 
+// The harness's own convolution for windows of several taps over input channels in fours (flag
+// "window", tpup_window.cc): whether it runs a call, the int32 words of its constant input 4, and
+// output rows [0, out_rows) of a band whose top padding is `pad_top`.
+bool WindowFits(const ConvOptions& o, const ConvGeometry& g);
+int WindowWords(const ConvGeometry& g);
+void RunWindow(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+               const int8_t* filter, const int32_t* packed, const int32_t* requant, int8_t* out);
+
 // tflite::MultiplyByQuantizedMultiplier (int32, gemmlowp's double rounding), inlined, its shift
 // split at setup into a left shift and a rounding right shift: the same integers
 // (SaturatingRoundingDoublingHighMul's one saturating case, both operands INT32_MIN, cannot
@@ -142,5 +154,107 @@ struct FastRequant {
 };
 
 inline int8_t Clamp(int32_t v, int32_t lo, int32_t hi) { return static_cast<int8_t>(v < lo ? lo : (v > hi ? hi : v)); }
+
+// ---- the four-row pass of the fully connected and window kernels (tpup_fully_connected.cc,
+// tpup_window.cc): int8 inputs against int16 weight pairs laid out offline (ir/fully_connected.py
+// packed_pairs), the input offset folded into the bias.
+
+// acc -> the output before the clamp: TFLite's integers (RowScaleExact), or where proven exact
+// (every |acc| < 2^30, shift in [-22, -1]) SMMULR(2 acc, m) and one shift whose rounding nudge
+// carries the output offset (RowScaleFast; tpup_pointwise.cc says why it is exact).
+struct RowScaleExact {
+  Requant q;
+  int32_t offset;
+  RowScaleExact() = default;
+  RowScaleExact(int32_t m, int32_t s, int32_t out_offset) : q(m, s), offset(out_offset) {}
+  int32_t operator()(int32_t acc) const { return q(acc) + offset; }
+};
+
+struct RowScaleFast {
+  int32_t m, right, nudge;
+  RowScaleFast() = default;
+  RowScaleFast(int32_t mult, int32_t shift, int32_t out_offset)
+      : m(mult), right(-shift), nudge((1 << (-shift - 1)) + out_offset * (1 << -shift)) {}
+  int32_t operator()(int32_t acc) const {
+    const int32_t h = FastRequant::MulHighRounded(acc * 2, m);
+    return (h + nudge + (h >> 31)) >> right;
+  }
+};
+
+// sum_k w[k] x[k] + acc over n int8 pairs (the input offset is in the folded bias).
+inline int32_t DotInt8(const int8_t* w, const int8_t* x, int n, int32_t acc) {
+  int k = 0;
+#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
+  for (; k + 4 <= n; k += 4) {
+    int32_t a, u, a13, u13, a02, u02;
+    __builtin_memcpy(&a, x + k, 4);  // (unaligned LDRs: the cores this runs on allow them)
+    __builtin_memcpy(&u, w + k, 4);
+    __asm__("sxtb16 %0, %1" : "=r"(a02) : "r"(a));
+    __asm__("sxtb16 %0, %1" : "=r"(u02) : "r"(u));
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(a13) : "r"(a));
+    __asm__("sxtb16 %0, %1, ror #8" : "=r"(u13) : "r"(u));
+    __asm__("smlad %0, %1, %2, %0" : "+r"(acc) : "r"(a02), "r"(u02));
+    __asm__("smlad %0, %1, %2, %0" : "+r"(acc) : "r"(a13), "r"(u13));
+  }
+#endif
+  for (; k < n; ++k) acc += w[k] * x[k];
+  return acc;
+}
+
+#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
+// a[0..3] += the `groups` words of int8 input at x times four rows' pairs at w (8 words a group:
+// (x0, x2) of rows 0..3, then (x1, x3)). Inline assembly: 13 instructions per group (LDR, two
+// SXTB16, two LDMs, eight SMLADs), four groups a loop pass; the compiler spills the same C.
+#define TPUP_ROWS4_GROUP                \
+  "ldr %[t], [%[x]], #4\n\t"          \
+  "sxtb16 %[u], %[t]\n\t"             \
+  "sxtb16 %[t], %[t], ror #8\n\t"     \
+  "ldmia %[w]!, {r8-r11}\n\t"         \
+  "smlad %[a0], %[u], r8, %[a0]\n\t"  \
+  "smlad %[a1], %[u], r9, %[a1]\n\t"  \
+  "smlad %[a2], %[u], r10, %[a2]\n\t" \
+  "smlad %[a3], %[u], r11, %[a3]\n\t" \
+  "ldmia %[w]!, {r8-r11}\n\t"         \
+  "smlad %[a0], %[t], r8, %[a0]\n\t"  \
+  "smlad %[a1], %[t], r9, %[a1]\n\t"  \
+  "smlad %[a2], %[t], r10, %[a2]\n\t" \
+  "smlad %[a3], %[t], r11, %[a3]\n\t"
+#define TPUP_ROWS4_OPERANDS                                                                      \
+  [a0] "+r"(a[0]), [a1] "+r"(a[1]), [a2] "+r"(a[2]), [a3] "+r"(a[3]), [x] "+r"(x), [w] "+r"(w), \
+      [n] "+r"(n), [t] "=&r"(t), [u] "=&r"(u)
+__attribute__((always_inline)) inline void Mac4Rows(const int8_t* x, const int32_t* w, int groups, int32_t* a) {
+  int32_t t, u, n = groups & 3;
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_ROWS4_GROUP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_ROWS4_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "r11", "cc", "memory");
+  }
+  n = groups >> 2;
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_ROWS4_GROUP TPUP_ROWS4_GROUP TPUP_ROWS4_GROUP TPUP_ROWS4_GROUP
+                     "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_ROWS4_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "r11", "cc", "memory");
+  }
+}
+#define TPUP_HAVE_ROWS4 1  // (TPUP_ROWS4_GROUP and TPUP_ROWS4_OPERANDS stay defined for tpup_window.cc)
+#endif
+
+// The clamp: the int8 range alone (kFull: no activation) is one SSAT on the DSP cores.
+template <bool kFull>
+inline int8_t Narrow8(int32_t v, int32_t lo, int32_t hi) {
+#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
+  if (kFull) {
+    int32_t r;
+    __asm__("ssat %0, #8, %1" : "=r"(r) : "r"(v));
+    return static_cast<int8_t>(r);
+  }
+#endif
+  return Clamp(v, lo, hi);
+}
 
 }  // namespace tpup

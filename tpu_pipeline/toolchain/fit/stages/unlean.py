@@ -1,0 +1,46 @@
+"""A lean twin (fit/variants.lean_twins) is chosen on the selection's tail bound, which rounds
+every allocation up: its 16 bytes can vanish in the real tail's alignment (chain_int8: the same
+4,004 B arena at twice the latency). Each chosen lean twin (or a twin of one) is swapped for the
+variant of the same spans that keeps the kernel variant and is faster at the least tail, within
+the selection's peak; where that selection, realised, takes no more arena, it is kept: the same
+bytes, faster."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tpu_pipeline.toolchain.driver import PassRecord
+from tpu_pipeline.toolchain.fit.realise import realise
+from tpu_pipeline.toolchain.fit.select import Selection
+from tpu_pipeline.toolchain.memory.tflm_target import target_tail
+
+
+def unlean(state, deadline):
+    p, sem, sel = state.params, state.sem, state.selection
+    if sel is None or not any(v.lean_of is not None for v in sel.variants) or state.deadline.expired():
+        return state, PassRecord("unlean", "no gain", 0.0, {})
+    whole, sched, plan = state.realised
+    origins = tuple(_origin(v, state.pool.variants, sel.peak) for v in sel.variants)
+    if all(o is v for o, v in zip(origins, sel.variants)):
+        return state, PassRecord("unlean", "no gain", 0.0, {})
+    tail = sel.tail and sel.tail + sum(o.tail - v.tail for o, v in zip(origins, sel.variants))
+    alt = Selection(origins, max(v.peak for v in origins), sum(v.latency_s for v in origins), sel.proven, tail)
+
+    def counted(g, plan) -> int:  # what the budget and the memory objective count
+        return plan.head + ((target_tail(g, sem).bytes or 0) if p.arena == "whole" else 0)
+
+    tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0)
+    if counted(tried[0], tried[2]) > counted(whole, plan) or alt.latency_s >= sel.latency_s:
+        return state, PassRecord("unlean", "no gain", 0.0, {})
+    state = replace(state, selection=alt, realised=tried, graph=tried[0])
+    return state, PassRecord("unlean", "ran", 0.0, {"arena": counted(tried[0], tried[2])})
+
+
+def _origin(v, pool, peak: int):
+    """`v`, or where it is lean (a lean twin or a twin of one), the variant of its spans that is
+    not, faster, within `peak`, of the least tail (then the fastest)."""
+    if v.lean_of is None:
+        return v
+    faster = [u for u in pool if u.first == v.first and u.last == v.last and u.lean_of is None
+              and u.stage == "measured" and u.peak <= peak and u.latency_s < v.latency_s]
+    return min(faster, key=lambda u: (u.tail, u.latency_s), default=v)
