@@ -10,10 +10,12 @@ same kernel as its builtin (its own cost is the builtin's), except:
 - overlapped (output over its input): one kernel call per output row into a ring, then a copy
   of each row: instructions = the builtin's + per_unit x output rows + per_output x output
   elements + overhead (the [K.overlap] table);
-- a patch stage (square grids recomputing halos, and row stripes streamed): every call's rows
+- a patch stage (square grids recomputing halos or streamed in 2-D, row stripes streamed): every call's rows
   priced by their layer's class rates (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
   + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
-  (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions).
+  (the [K.patch_stage] table: effective rates, see cost/mcu.py stage_instructions); a 2-D
+  streamed stage's pastes (halo caches, assembled inputs) by per_pasted x elements + per_paste_row
+  x rows, fitted apart on the 2-D stages with the table's other stage rates as they are.
 Both are fitted here by non-negative least squares on models built from random weights
 (tests/helpers/cnn_builder.py: no TensorFlow needed), measured on the emulated Cortex-M4F
 (`-icount shift=0`). The tables are merged into tpu_pipeline/toolchain/data/mcu_cost.toml (written with tomli_w).
@@ -95,6 +97,9 @@ def models():
         for n in (2, 4):  # row stripes, streamed: nothing recomputed
             staged = build_stage(plain, tin, tout, positions, (n, 1))
             yield f"h{h}c{c}_stream{n}", staged, model_to_bytes(to_model(staged, read_model(src)))
+        for grid in ((2, 2), (3, 3)):  # square grids streamed in 2-D: nothing recomputed (halo caches)
+            staged = build_stage(plain, tin, tout, positions, grid, stream=True)
+            yield f"h{h}c{c}_s2d{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
     for h, c in SE_SIZES:
         yield f"se_h{h}c{c}", *_se_model(h, c)
     for h, c, k, stride in DW_SIZES:
@@ -287,6 +292,7 @@ def fit(data: dict) -> dict:
         out.setdefault(kernels, {}).update(_fit_own_ops(data, graphs, kernels))
         for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
             a, y = [], []
+            pa, py = [], []  # 2-D streamed stages: their pastes, on the stage rows the table has
             for name, g in graphs.items():
                 run = data["runs"].get(f"{name}/{kernels}", {})
                 if not run.get("ops") or not run.get("outputs_match"):
@@ -298,9 +304,14 @@ def fit(data: dict) -> dict:
                     if cls == "patch_stage" and stage.is_stage(op):
                         f = stage_features(op, table)
                         ring = table["overlap"]
+                        rest = measured - f.layers - ring["per_unit"] * f.ring_rows - ring["per_output"] * f.ring_copied
+                        if f.pasted:
+                            c = base[kernels].get("patch_stage") or {"per_call": 0.0, "per_row": 0.0, "per_copied": 0.0}
+                            pa.append([f.pasted, f.paste_rows])
+                            py.append(rest - c["per_call"] * f.calls - c["per_row"] * f.rows - c["per_copied"] * f.copied)
+                            continue
                         a.append([f.calls, f.rows, f.copied])
-                        y.append(measured - f.layers - ring["per_unit"] * f.ring_rows
-                                 - ring["per_output"] * f.ring_copied)
+                        y.append(rest)
                     elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
                         t = g.tensors[op.outputs[0]]
                         a.append([t.shape[1], t.num_elements, 1.0])
@@ -313,6 +324,11 @@ def fit(data: dict) -> dict:
             names = ("per_call", "per_row", "per_copied") if cls == "patch_stage" else ("per_unit", "per_output",
                                                                                        "overhead")
             table[cls] = {**dict(zip(names, coef)), "ops": len(y)}
+            if pa:
+                pa, py = np.array(pa, dtype=float), np.array(py, dtype=float)
+                w = 1.0 / np.maximum(np.abs(py), 1.0)
+                per_pasted, per_paste_row = (round(float(c), 4) for c in nnls(pa * w[:, None], py * w))
+                table[cls].update(per_pasted=per_pasted, per_paste_row=per_paste_row, paste_ops=len(py))
             out.setdefault(kernels, {})[cls] = table[cls]
     return out
 
@@ -421,15 +437,17 @@ def report(data: dict) -> str:
               "because these SE inputs are mostly at their zero point (scale 2^-23). These loops compute "
               "TFLite's integers for every input.", ""]
     lines += ["", "Patch stages against the same layers run whole (the region from the block's input; "
-              "`h`: H = W, `c`: channels): a streamed stage computes every row once, a square grid "
-              "recomputes its halos.", "",
-              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes |",
-              "|---|---:|---:|---:|---:|"]
+              "`h`: H = W, `c`: channels): a streamed stage computes every element once (row stripes: "
+              "stream buffers; square grids: 2-D halo caches, tiles in raster order), a recomputing square "
+              "grid computes its halos again.", "",
+              "| block | layers whole | stage 2x2 (recomputing) | streamed 2 stripes | streamed 4 stripes | "
+              "streamed 2x2 (2-D) | streamed 3x3 (2-D) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for h, c in SIZES:
         plain = ops(f"h{h}c{c}_plain")
         cells = []
         body = None
-        for form in ("stage2", "stream2", "stream4"):
+        for form in ("stage2", "stream2", "stream4", "s2d2", "s2d3"):
             st = [(i, n) for i, code, n in ops(f"h{h}c{c}_{form}") if code == stage.OPCODE]
             if st:
                 body = len(graphs[f"h{h}c{c}_{form}"].ops[st[0][0]].options.body.ops)

@@ -145,6 +145,8 @@ class StageFeatures:
     copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
     ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
     ring_copied: int = 0  # int8 elements those calls copy out of the ring
+    pasted: int = 0  # int8 elements a 2-D streamed stage pastes (its caches and assembled inputs)
+    paste_rows: int = 0  # rows of those pastes (a memmove each)
 
 
 def stage_features(op, table: dict) -> StageFeatures:
@@ -164,7 +166,7 @@ def stage_features(op, table: dict) -> StageFeatures:
             layers += priced(step[1], step[8], step[9])
         elif step[0] == stage.ADD:
             layers += priced(step[1], step[13], step[14])
-    calls = rows = copied = ring_rows = ring_copied = 0
+    calls = rows = copied = ring_rows = ring_copied = pasted = paste_rows = 0
     channels = {body.inputs[0]: body.tensors[body.inputs[0]].shape[3], -1: body.tensors[tout].shape[3]}
     for step in stage.steps(op.options):
         code = step[0]
@@ -177,17 +179,20 @@ def stage_features(op, table: dict) -> StageFeatures:
             calls, rows = calls + 1, rows + step[13]
         elif code == stage.SLICE:
             copied += step[4] * step[7] * step[8]
+        elif code == stage.PASTE:  # (a 2-D streamed stage's caches and assembled inputs)
+            pasted, paste_rows = pasted + step[3] * step[6] * step[7], paste_rows + step[6]
         elif code == stage.COPY_IN:
             copied += step[4] * step[5] * channels[body.inputs[0]]
         elif code == stage.COPY_OUT:
             copied += step[4] * step[5] * channels[-1]
-    return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied)
+    return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied, pasted, paste_rows)
 
 
 def stage_instructions(op, table: dict) -> float:
     """A patch stage: its tiles' layers priced by their classes' rates, its overlapped calls by
     [K.overlap]'s, plus (fitted on QEMU by tools/fit_harness_cost.py: the [K.patch_stage] table) a
-    cost per kernel call, per output row of a call and per element copied. These are effective
+    cost per kernel call, per output row of a call and per element copied, and a 2-D streamed
+    stage's pastes per element and per row (`per_pasted`, `per_paste_row`). These are effective
     rates: besides the calls and copies they absorb what small tiles cost the CMSIS-NN kernels
     beyond their whole-op rates (a tile's rows are short; 6-17 % of the layers' instructions on
     the calibration blocks, about 1 % with the reference kernels). Before that fit, every call is
@@ -196,11 +201,13 @@ def stage_instructions(op, table: dict) -> float:
     ring = table.get("overlap")  # overlapped calls: a call per row and its copy out of the ring
     rings = ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied if ring is not None else 0.0
     c = table.get("patch_stage")
-    if c is not None:
-        return f.layers + rings + c["per_call"] * f.calls + c["per_row"] * f.rows + c["per_copied"] * f.copied
     dm = coefficients(table, "data_movement")
+    if c is not None:  # (pastes by their own rates once fitted: per element and per row)
+        pastes = c.get("per_pasted", dm["per_output"]) * f.pasted + c.get("per_paste_row", 0.0) * f.paste_rows
+        return f.layers + rings + c["per_call"] * f.calls + c["per_row"] * f.rows + c["per_copied"] * f.copied \
+            + pastes
     per_call = max(coefficients(table, cls)["overhead"] for cls in ("conv", "conv_1x1", "depthwise_3x3"))
-    return f.layers + rings + per_call * f.calls + dm["per_output"] * f.copied
+    return f.layers + rings + per_call * f.calls + dm["per_output"] * (f.copied + f.pasted)
 
 
 def overlap_instructions(graph: Graph, op, table: dict) -> float:

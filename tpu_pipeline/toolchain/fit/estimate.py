@@ -72,6 +72,7 @@ class RegionGeometry:
         self.last_read = {x: i for y, xs, i in self.steps for x in xs}
         self.not_add = {i for i in positions if graph.ops[i].opcode != "ADD"}
         self.tin, self.channels = tin, {t: graph.tensors[t].shape[3] for t in self.ppx}
+        self.width = {t: graph.tensors[t].shape[2] for t in self.ppx}
         # a stage's tile holds every tensor between the layer that writes it and the last that
         # reads it (a residual branch across its block): per layer, the others live across it
         first = {tin: -1, **{y: k for k, (y, _, _) in enumerate(self.steps)}}
@@ -137,27 +138,36 @@ class StagePricing:
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
+        self.per_pasted = c.get("per_pasted", coefficients(table, "data_movement")["per_output"])
+        self.per_paste_row = c.get("per_paste_row", 0.0)
         self.seconds = seconds_per_instruction
 
     def seconds_of(self, geo: "RegionGeometry", H: dict, W: dict, tiles: int, computed: dict | None = None,
-                   streamed: float = 0.0) -> float:
+                   streamed: float = 0.0, copied_in: float | None = None, pasted: tuple[float, float] = (0.0, 0.0)
+                   ) -> float:
         """Seconds at least of a stage whose tiles need runs H x W (rows of tiles x columns of
-        tiles); `computed`: op -> the output rows its layer computes on each stripe (streamed
-        stripes: each row once, and `streamed` elements copied into and out of stream buffers),
-        else every tile computes its whole box."""
+        tiles); `computed`: op -> (the output rows its layer computes on each row of tiles, the
+        columns on each column of tiles) of a streamed stage (each element once, `streamed`
+        elements copied into and out of its stream buffers, `copied_in` of the region's input,
+        `pasted` elements and rows a 2-D streamed stage pastes), else every tile computes its
+        whole box."""
         instr = calls = rows = 0.0
         cols = len(next(iter(W.values())))
         for y, _, i in geo.steps:
             if computed is None:
                 n_rows, calls = H[y].sum() * cols, calls + tiles
                 instr += self.rate[i] * H[y].sum() * W[y].sum()
-            else:  # (stripes: one column of tiles)
-                n_rows, calls = float(computed[i].sum()), calls + int((computed[i] > 0).sum())
-                instr += self.rate[i] * n_rows * W[y][0]
+            else:
+                new_rows, new_cols = computed[i]
+                n_rows = float(new_rows.sum()) * int((new_cols > 0).sum())
+                calls += int((new_rows > 0).sum()) * int((new_cols > 0).sum())
+                instr += self.rate[i] * float(new_rows.sum()) * float(new_cols.sum())
             rows += n_rows
-        copied = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin] \
-            + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
-        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied) * self.seconds
+        if copied_in is None:
+            copied_in = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin]
+        copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
+        pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
+        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied + pastes) * self.seconds
 
 
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
@@ -199,21 +209,74 @@ def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
             into = np.maximum(hi[:-1] - lo[1:], 0).sum()
             cached += float(shared + into) * W[y][0] * geo.channels[y]
     if geo.pricing is not None:
-        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), new, cached)
+        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), {i: (new[i], W[y]) for y, _, i in geo.steps},
+                                         cached)
     else:  # each op's own time on the rows it computes
         seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
     return geo.full_in + geo.full_out + int(footprint + buffers), int(work), seconds
 
 
+def _shared(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per tile along an axis, the leading rows (columns) of a tensor's run the tiles before it
+    computed (rewrite.patch_stage `_shares`)."""
+    shared = np.zeros(len(lo), dtype=np.int64)
+    shared[1:] = np.maximum(np.minimum(hi[1:], hi[:-1]) - lo[1:], 0)
+    return shared
+
+
+def _streamed2d(geo: RegionGeometry, runs, H, W) -> tuple[int, int, float]:
+    """(peak, MACs, seconds) at least of a stage on a square grid run streamed (rewrite.patch_stage
+    `_stream2d_program`): each layer computes the part of its tile's box the tiles above and to
+    the left did not (every element once); its tile's footprint at a layer is at least that new
+    part of its output and of every tensor held across the layer; every tensor but the region's
+    input and output keeps a row cache (its shared rows, full width) and a column cache (its
+    shared columns, a tile row's rows) throughout; the caches are filled by copies."""
+    new, caches, saved, saved_rows = {}, 0.0, 0.0, 0.0
+    for t in geo.tensors:
+        (rlo, rhi), (clo, chi) = runs[t]
+        if t in (geo.tin, geo.tout):
+            top, left = np.zeros(len(rlo), dtype=np.int64), np.zeros(len(clo), dtype=np.int64)
+        else:
+            top, left = _shared(rlo, rhi), _shared(clo, chi)
+        new[t] = (np.maximum(rhi - rlo - top, 0), np.maximum(chi - clo - left, 0))
+        if t not in (geo.tin, geo.tout):
+            caches += geo.channels[t] * (top.max() * geo.width[t] + (rhi - rlo).max() * left.max())
+            # saved: the next row of tiles' shared rows at each tile's new columns, the next
+            # column's shared columns at every row of the tile's box
+            saved += geo.channels[t] * (top[1:].sum() * new[t][1].sum() + left[1:].sum() * (rhi - rlo).sum())
+            saved_rows += top[1:].sum() * (new[t][1] > 0).sum() + (left[1:] > 0).sum() * (rhi - rlo).sum()
+    footprint = 0.0
+    for k, (y, xs, i) in enumerate(geo.steps):
+        # (the region's input is copied in for each reader, not held)
+        f = sum(geo.ppx[t] * new[t][0][:, None] * new[t][1][None, :] for t in (y, *geo.across[k]) if t != geo.tin)
+        footprint = max(footprint, float(np.max(f)))
+    work = sum(geo.rate[i][0] * float(new[y][0].sum()) * float(new[y][1].sum()) for y, _, i in geo.steps)
+    if geo.pricing is not None:
+        # the input's needed elements, each copied in once at least (its runs' union)
+        (rlo, rhi), (clo, chi) = runs[geo.tin]
+        top, left = _shared(rlo, rhi), _shared(clo, chi)
+        copied_in = float((rhi - rlo - top).clip(0).sum() * (chi - clo - left).clip(0).sum()) * geo.channels[geo.tin]
+        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]) * len(W[geo.tout]),
+                                         {i: new[y] for y, _, i in geo.steps}, 0.0, copied_in,
+                                         (saved, float(saved_rows)))
+    else:
+        seconds = sum(geo.rate[i][1] * float(new[y][0].sum()) * float(new[y][1].sum()) for y, _, i in geo.steps)
+    peak = geo.full_in + geo.full_out + footprint + geo.kernel_scratch + caches
+    return int(peak), int(work), float(seconds)
+
+
 def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], grid,
                      op_seconds: dict[int, float], scratch: dict[int, int] | None = None,
-                     stage: bool = False, geometry: RegionGeometry | None = None) -> tuple[int, int, float] | None:
+                     stage: bool = False, geometry: RegionGeometry | None = None,
+                     streamed: bool = True) -> tuple[int, int, float] | None:
     """(peak bytes, MACs, seconds) of running ops `positions` (tin -> tout) on a `grid` of tiles:
     the peak a lower bound as above; MACs exact; seconds each op's predicted time (`op_seconds`,
     the device model on the whole graph) scaled by the area its tiles compute. `scratch`: bytes of
     scratch each op asks for (tpu_pipeline.toolchain.memory.scratch, aligned). `stage`: the tiles run inside one
     op (tpu_pipeline.toolchain.ir.stage), whose peak is at least the region's input and output and the largest
-    op's buffers on a tile. `geometry`: the region's RegionGeometry, if the caller keeps it. None
+    op's buffers on a tile; `streamed`: a stage computes every element once (row stripes or, on
+    other grids, 2-D halo caches; else it recomputes its halos). `geometry`: the region's
+    RegionGeometry, if the caller keeps it. None
     when a tile would read nothing of some tensor (the grid is too fine for the region): that
     candidate does not exist."""
     geo = geometry or RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
@@ -226,9 +289,13 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
         return None
     full_in, full_out = geo.full_in, geo.full_out
     H, W = dict(zip(geo.tensors, hm)), dict(zip(geo.tensors, wm))
-    if stage and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): nothing written over, stream buffers
-        return _streamed(geo, {t: (geo.lo[0][j][[a for a, _ in rows]], geo.hi[0][j][[b for _, b in rows]])
-                               for j, t in enumerate(geo.tensors)}, H, W)
+    row_runs = {t: (geo.lo[0][j][[a for a, _ in rows]], geo.hi[0][j][[b for _, b in rows]])
+                for j, t in enumerate(geo.tensors)} if stage and streamed else None
+    if row_runs is not None and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): stream buffers
+        return _streamed(geo, row_runs, H, W)
+    if row_runs is not None:  # streamed tiles: halo caches
+        return _streamed2d(geo, {t: (row_runs[t], (geo.lo[1][j][[a for a, _ in cols]], geo.hi[1][j][[b for _, b in cols]]))
+                                 for j, t in enumerate(geo.tensors)}, H, W)
     # An op's footprint on tile (r, c) is the sum over the tensors it holds of bytes/pixel x
     # rows(r) x cols(c), left unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
     boxes = geo.bpp[:, None, None] * hm[:, :, None] * wm[:, None, :]  # [tensor, row, column]

@@ -93,7 +93,7 @@ def apply_selection(graph: Graph, chosen, spans) -> Graph:
     for v in chosen:
         if v.kind == "patch" and v.form == "stage":
             tin, tout, positions = checked_region(graph, v.region)
-            graph = build_stage(graph, tin, tout, positions, v.grid)
+            graph = build_stage(graph, tin, tout, positions, v.grid, stream=not v.recompute)
         elif v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)
     moved = dict(kv for v in chosen for kv in v.kernels)

@@ -77,6 +77,7 @@ class Variant:
     rewrites: tuple = ()  # rewrite: the AppliedRewrite records (tpu_pipeline.toolchain.rewrite.driver)
     ordered: bool = False  # patch: the exact scheduler has been asked for its best order
     form: str = "copies"  # patch: "copies" (every tile its own ops) or "stage" (one harness op: ir.stage)
+    recompute: bool = False  # stage: its tiles recompute their halos (else each element is computed once)
     tail: int = 0  # bytes of TFLite Micro's persistent tail its ops bring (memory.tflm_target.ops_tail; a floor
     # until measured)
     lean_of: Any = field(default=None, compare=False, repr=False)  # a lean twin's origin (lean_twins)
@@ -358,12 +359,13 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             # per-op overhead and a streamed one computes every row once, so it can beat the spans
             # as they are (the reference kernels' stripes do): its floor comes with its estimate
             floor_s = lat if form == "copies" else 0.0
-            grids = _grids(region.max_grid) if form == "copies" else _stage_grids(_stage_max_grid(graph, region))
-            for grid in grids:
+            grids = [(g, False) for g in _grids(region.max_grid)] if form == "copies" \
+                else _stage_grids(_stage_max_grid(graph, region))
+            for grid, recompute in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
-                out.append(Variant(a, b, "patch", _patch_label(region, grid, form), floor, floor, floor_s, work, 0,
-                                   region, grid, stage="bound", form=form, tail=tail))
+                out.append(Variant(a, b, "patch", _patch_label(region, grid, form, recompute), floor, floor, floor_s,
+                                   work, 0, region, grid, stage="bound", form=form, tail=tail, recompute=recompute))
     return out
 
 
@@ -383,8 +385,9 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
             geo = _region_geometry(graph, spans, v, positions, op_seconds, device, sem, regions)
             if regions is not None:
                 regions[(v.first, v.last, v.form)] = geo
-        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo)
-        if est is None:
+        est = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=v.form == "stage", geometry=geo,
+                               streamed=not v.recompute)
+        if est is None or v.recompute and not _smaller_than_streamed(graph, tin, tout, positions, v, op_seconds, geo, est):
             return None
         peak, work, lat = est
         tail = v.tail
@@ -399,7 +402,7 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     sub = span_graph(graph, spans[v.first:v.last + 1])
     try:
         if v.form == "stage":  # (a span graph keeps the graph's tensor table: the same indices)
-            g = build_stage(sub, tin, tout, list(range(len(sub.ops))), v.grid)
+            g = build_stage(sub, tin, tout, list(range(len(sub.ops))), v.grid, stream=not v.recompute)
         else:
             g = apply_patches(sub, v.region, v.grid)
     except UsageError:
@@ -410,6 +413,13 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     one_op = len(g.ops) == 1  # (a stage: its only order is the best one)
     return replace(v, peak=peak, latency_s=lat, macs=work, ops=len(g.ops), graph=g, stage="measured",
                    tail=_tail(g, sem), lower_bound=peak if one_op else v.lower_bound, ordered=v.ordered or one_op)
+
+
+def _smaller_than_streamed(graph: Graph, tin: int, tout: int, positions, v: Variant, op_seconds, geo, est) -> bool:
+    """Whether a stage recomputing its halos is estimated smaller than the same grid streamed (the
+    streamed one computes less: a recomputing stage is kept only where it may save memory)."""
+    twin = estimate_patches(graph, tin, tout, positions, v.grid, op_seconds, stage=True, geometry=geo)
+    return twin is None or est[0] < twin[0]
 
 
 def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_seconds, device, sem: Semantics,
@@ -433,8 +443,8 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     return geo
 
 
-def _patch_label(region, grid, form: str = "copies") -> str:
-    how = (" streamed" if grid[1] == 1 else "") + " in one stage op" if form == "stage" else ""
+def _patch_label(region, grid, form: str = "copies", recompute: bool = False) -> str:
+    how = ("" if recompute else " streamed") + " in one stage op" if form == "stage" else ""
     return f"patches {grid[0]}x{grid[1]}{how} from {short_name(region.input)} to {short_name(region.output)}"
 
 
@@ -534,11 +544,15 @@ def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
     return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
 
 
-def _stage_grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """A stage's grids: the square ones, and row stripes (n x 1), which a stage runs streamed:
-    every row computed once, the rows stripes share kept in stream buffers (rewrite/patch_stage.py)."""
+def _stage_grids(max_grid: tuple[int, int]) -> list[tuple[tuple[int, int], bool]]:
+    """A stage's grids, each (grid, recompute): row stripes (n x 1), which a stage runs streamed
+    (the rows stripes share kept in stream buffers), and the square ones, streamed (the rows and
+    columns tiles share kept in halo caches) and recomputing their halos (no caches: smaller
+    where the caches cost more than the halos; `upgrade` keeps those only where they are)
+    (rewrite/patch_stage.py)."""
+    squares = _grids(max_grid)
     stripes = [(n, 1) for n in range(2, max_grid[0] + 1)]
-    return list(dict.fromkeys(_grids(max_grid) + stripes))
+    return [(g, False) for g in dict.fromkeys(squares + stripes)] + [(g, True) for g in squares if g[1] > 1]
 
 
 def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:

@@ -31,6 +31,12 @@ Custom options on disk, little-endian int32 words:
                       ring_rows]: a layer on boxes; ring_rows > 0 when out lies over in
              ADD      [layer, a, a_h, a_w, a_y0, a_x0, b, b_h, b_w, b_y0, b_x0, out, h, w]
              COPY_OUT [src, y0, x0, h, w]: the finished tile into the stage's output
+             PASTE    [src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]: a box of a buffer
+                      (rows of src_w elements) into a box of a buffer (rows of dst_w), moved as
+                      memmove moves (rows last to first when the destination starts after the
+                      source, or at it with wider rows): the 2-D streamed stage's halo caches and the input boxes it
+                      assembles from them (rewrite/patch_stage.py `_stream2d_program`). A reader
+                      without it refuses the program (unknown step), so FORMAT is unchanged.
 """
 
 from __future__ import annotations
@@ -44,15 +50,14 @@ import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import kernel_variants
-from tpu_pipeline.toolchain.ir.geometry import hw, region_needs, splits
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
 
 OPCODE = "TPUP_PATCH_STAGE"
 FORMAT = 1
 KINDS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 2, "ADD": 3}
-COPY_IN, SLICE, CONV, ADD, COPY_OUT = 1, 2, 3, 4, 5
-STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 12, ADD: 15, COPY_OUT: 6}
+COPY_IN, SLICE, CONV, ADD, COPY_OUT, PASTE = 1, 2, 3, 4, 5, 6
+STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 12, ADD: 15, COPY_OUT: 6, PASTE: 12}
 LAYER_WORDS = 28
 _HEADER = 9
 _TENSOR_WORDS = 7
@@ -193,25 +198,25 @@ def expand(graph: Graph, i: int) -> tuple[list[Op], list[Tensor]]:
 
 
 def stage_macs(op: Op) -> int:
-    """Multiply-accumulates of a stage: every tile's layers over their boxes (halos included)."""
+    """Multiply-accumulates of a stage: every CONV and ADD step of its program over the output box
+    it computes (a recomputing stage's halos included, a streamed stage's elements once)."""
     stage: PatchStage = op.options
     body = stage.body
-    tout = body.outputs[0]
-    oh, ow = hw(body, tout)
+    per_pixel = []  # layer -> MACs per output pixel
+    for layer in body.ops:
+        y = body.tensors[layer.outputs[0]]
+        if layer.opcode == "CONV_2D":
+            w = body.tensors[layer.inputs[1]].shape
+            per_pixel.append(y.shape[3] * w[1] * w[2] * w[3])
+        elif layer.opcode == "DEPTHWISE_CONV_2D":
+            w = body.tensors[layer.inputs[1]].shape
+            per_pixel.append(y.shape[3] * w[1] * w[2])
+        else:
+            per_pixel.append(y.shape[3])
     total = 0
-    for h0, h1 in splits(oh, stage.grid[0]):
-        for w0, w1 in splits(ow, stage.grid[1]):
-            need = region_needs(body, body.ops, tout, (h0, h1, w0, w1))
-            for layer in body.ops:
-                b = need[layer.outputs[0]]
-                area = (b[1] - b[0]) * (b[3] - b[2])
-                y = body.tensors[layer.outputs[0]]
-                if layer.opcode == "CONV_2D":
-                    w = body.tensors[layer.inputs[1]].shape
-                    total += area * y.shape[3] * w[1] * w[2] * w[3]
-                elif layer.opcode == "DEPTHWISE_CONV_2D":
-                    w = body.tensors[layer.inputs[1]].shape
-                    total += area * y.shape[3] * w[1] * w[2]
-                else:
-                    total += area * y.shape[3]
+    for step in steps(stage):
+        if step[0] == CONV:
+            total += per_pixel[step[1]] * step[8] * step[9]
+        elif step[0] == ADD:
+            total += per_pixel[step[1]] * step[13] * step[14]
     return total

@@ -11,7 +11,9 @@ depthwise in place, an expansion's rows last to first) where that lowers the til
 kernel computing rows into a small ring (overlap.ring_rows_for; the step carries the ring).
 Buffers written over each other share their start, so a chain of them stays as wide as its
 largest buffer.
-Each tile's buffers are planned by the arena planner; the stage's scratch is the largest plan.
+Each tile's buffers are planned by the arena planner (rewrite/stage_tiles.py); the stage's scratch
+is the largest plan. Streamed: row stripes here (`_stream_program`), square grids in
+rewrite/stage_stream2d.py.
 
 Exact for the same reasons as patches by copies: every output element is computed from the same
 inputs and weights with the same integer arithmetic, and an image border is the kernels' own
@@ -26,15 +28,13 @@ import dataclasses
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, overlap, requant
+from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
                                              PatchStage, ACTIVATION_CODE, PADDING_CODE)
-from tpu_pipeline.toolchain.memory.lifetimes import Buffer
-from tpu_pipeline.toolchain.memory.planners import plan_buffers
-
-_ALIGN = 4  # tile buffers are 4-byte aligned (what CMSIS-NN's loads need)
+from tpu_pipeline.toolchain.rewrite.stage_stream2d import stream2d_program
+from tpu_pipeline.toolchain.rewrite.stage_tiles import TileBuffers, aligned, overlap_extent
 
 
 def stage_refusal(graph: Graph, positions) -> str | None:
@@ -61,23 +61,26 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
                 in_place: bool = True, stream: bool | None = None) -> Graph:
     """`graph` with the region `positions` (tin -> tout, a legal patch region) replaced by one
     TPUP_PATCH_STAGE op on a `grid` of tiles (`in_place`: dying tile buffers may be written over).
-    `stream`: tiles are row stripes (grid (n, 1)) and nothing is recomputed: each layer's rows
-    the next stripe needs again are kept in a stream buffer (`_stream_program`); by default every
-    stripe grid streams (it computes each row once) and other grids recompute their halos.
+    `stream`: no layer computes an element twice: on row stripes (grid n x 1) each layer's rows
+    the next stripe needs again are kept in a stream buffer (`_stream_program`), on other grids
+    the rows and columns the next tiles need in halo caches (rewrite/stage_stream2d.py); by default
+    stripe grids stream and other grids recompute their halos.
     UsageError if a tile reads nothing of some tensor or an op cannot run in a stage."""
     why = stage_refusal(graph, positions)
     if why:
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    if stream and grid[1] != 1:
-        raise UsageError(f"patch stage: a streamed stage runs row stripes (grid n x 1), not {grid[0]}x{grid[1]}")
     graph = stage_layers(graph, positions)
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    program, scratch = (_stream_program(graph, region, tin, tout, grid[0]) if stream
-                        else _program(graph, region, tin, tout, grid, in_place))
+    if not stream:
+        program, scratch = _program(graph, region, tin, tout, grid, in_place)
+    elif grid[1] == 1:
+        program, scratch = _stream_program(graph, region, tin, tout, grid[0])
+    else:
+        program, scratch = stream2d_program(graph, region, tin, tout, grid, in_place)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -171,10 +174,6 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
     return words
 
 
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
 def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool) -> tuple[list[int], int]:
     """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need.
     A tile whose buffers written over each other plan larger (rigid groups pack worse) runs
@@ -190,93 +189,6 @@ def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place
             program += steps
             scratch = max(scratch, size)
     return program, scratch
-
-
-_PLANS: dict[tuple, tuple[tuple[int, ...], int]] = {}  # a tile's planning problem -> (offsets, size)
-
-
-class _TileBuffers:
-    """A tile's buffers, planned together by the arena planner. A buffer written over another at a
-    step (an in-place slice, an overlapped convolution's output over its dying input) is planned
-    as lifetimes.py plans an overlapped op: the source ends the step before, the new buffer starts
-    the step after, and a pair buffer spanning both holds them at that step; all three are a
-    rigid group (fixed offsets from each other, `Buffer.group`), so other buffers may use the
-    bytes either one leaves free while it alone lives."""
-
-    def __init__(self):
-        self.bufs: list[list[int]] = []  # [size, first step, last step]
-        self.group: list[int] = []  # -1: on its own
-        self.at: list[int] = []  # offset from its group's base
-        self.pairs: list[tuple[int, int, int]] = []  # (source, buffer written over it, step)
-        self.groups = 0
-
-    def new(self, size: int, step: int) -> int:
-        self.bufs.append([_aligned(size), step, step])
-        self.group.append(-1)
-        self.at.append(0)
-        return len(self.bufs) - 1
-
-    def use(self, b: int, step: int) -> int:
-        self.bufs[b][2] = max(self.bufs[b][2], step)
-        return b
-
-    def over(self, b: int, b_at: int, size: int, size_at: int, step: int) -> int:
-        """A new buffer of `size` bytes written over `b` at `step` (`b`'s last), placed so that `b`
-        starts `b_at` bytes and the new one `size_at` bytes into a common frame."""
-        if self.group[b] < 0:
-            self.group[b], self.groups = self.groups, self.groups + 1
-        g = self.group[b]
-        origin = b_at - self.at[b]  # where the group's base lands in the frame
-        low = min(origin, size_at)
-        for m, gm in enumerate(self.group):
-            if gm == g:
-                self.at[m] += origin - low
-        self.bufs.append([_aligned(size), step, step])
-        self.group.append(g)
-        self.at.append(size_at - low)
-        self.pairs.append((b, len(self.bufs) - 1, step))
-        return len(self.bufs) - 1
-
-    def offsets(self) -> tuple[list[int], int]:
-        """Byte offsets of every buffer in the tile's scratch, and the scratch's size. Tiles of one
-        shape pose the same problem (most of a grid's): it is planned once."""
-        key = (tuple(map(tuple, self.bufs)), tuple(self.group), tuple(self.at), tuple(self.pairs))
-        if key not in _PLANS:
-            if len(_PLANS) > 4096:
-                _PLANS.clear()
-            _PLANS[key] = self._plan()
-        offsets, size = _PLANS[key]
-        return list(offsets), size
-
-    def _plan(self) -> tuple[tuple[int, ...], int]:
-        spans = [list(b) for b in self.bufs]
-        planned = []  # (size, first, last, group, offset in group, buffer or -1 for a pair)
-        for src, dst, step in self.pairs:
-            spans[src][2] = min(spans[src][2], step - 1)
-            spans[dst][1] = max(spans[dst][1], step + 1)
-            lo = min(self.at[src], self.at[dst])
-            hi = max(self.at[src] + self.bufs[src][0], self.at[dst] + self.bufs[dst][0])
-            planned.append((hi - lo, step, step, self.group[src], lo, -1))
-        for k, (size, first, last) in enumerate(spans):
-            if first <= last:  # (a buffer written over and read over at once lives in its pairs only)
-                planned.append((size, first, last, self.group[k], self.at[k], k))
-        buffers = tuple(Buffer(size, first, last, tensor=j, group=g, group_offset=a)
-                        for j, (size, first, last, g, a, _) in enumerate(planned))
-        plan = plan_buffers(buffers, "auto", time_limit=0.2, alignment=_ALIGN)
-        base = {p[3]: plan.offsets[j] - p[4] for j, p in enumerate(planned) if p[3] >= 0}
-        own = {p[5]: plan.offsets[j] for j, p in enumerate(planned) if p[5] >= 0}
-        return tuple(base[g] + a if g >= 0 else own[k] for k, (g, a) in enumerate(zip(self.group, self.at))), plan.size
-
-
-def _overlap(real: Box, obox: Box, x_c: int, y_c: int, pad_top: int, rows) -> tuple[int, int]:
-    """(extent, ring rows) of a tile's convolution run with its output over its input, both from
-    the first byte (overlap.overlap_layout's rule on the tile's boxes)."""
-    x = _aligned((real[1] - real[0]) * (real[3] - real[2]) * x_c)
-    y = _aligned((obox[1] - obox[0]) * (obox[3] - obox[2]) * y_c)
-    ring = overlap.ring_rows_for(real[1] - real[0], (real[3] - real[2]) * x_c, obox[1] - obox[0],
-                                 (obox[3] - obox[2]) * y_c, pad_top, rows.stride,
-                                 (rows.kernel - 1) * rows.dilation + 1, 0, 0)
-    return max(x, y), ring
 
 
 def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool) -> tuple[list[int], int]:
@@ -296,7 +208,7 @@ def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_plac
     def dies(t: int, k: int) -> bool:  # read for the last time by layer k (the region's output is kept)
         return in_place and last_read.get(t) == k and t != tout
 
-    bufs = _TileBuffers()
+    bufs = TileBuffers()
     have: dict[int, int] = {}
     steps: list[list[int]] = []
 
@@ -329,10 +241,10 @@ def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_plac
                           real[2] - hb[2], real[1] - real[0], real[3] - real[2], sub])
             src, src_dies = sub, in_place
         pad_top = real[0] - virtual[0]
-        extent, rows = _overlap(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
+        extent, rows = overlap_extent(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
         ring_bytes = rows * (obox[3] - obox[2]) * channels[y]
-        x_bytes, y_bytes = _aligned(nbytes(real, x)), _aligned(nbytes(obox, y))
-        if src_dies and kernels.is_harness(op) and extent + _aligned(ring_bytes) < x_bytes + y_bytes:
+        x_bytes, y_bytes = aligned(nbytes(real, x)), aligned(nbytes(obox, y))
+        if src_dies and kernels.is_harness(op) and extent + aligned(ring_bytes) < x_bytes + y_bytes:
             out = bufs.over(src, 0, y_bytes, 0, len(steps))
             ring = bufs.new(ring_bytes, len(steps))
         else:
@@ -376,11 +288,11 @@ def _stream_program(graph: Graph, region: list[Op], tin: int, tout: int, n: int)
                 kept[y] = max(kept.get(y, 0), needs[i - 1][y][1] - needs[i][y][0])
     stripes = [_stripe(graph, region, tin, tout, boxes[i], needs[i], needs[i - 1] if i else None,
                        needs[i + 1] if i + 1 < n else None) for i in range(n)]
-    base = max(_aligned(size) for _, size in stripes)
+    base = max(aligned(size) for _, size in stripes)
     cache, at = {}, base
     for y, rows in kept.items():
         if rows > 0:
-            cache[y], at = at, at + _aligned(rows * hw(graph, y)[1] * graph.tensors[y].shape[3])
+            cache[y], at = at, at + aligned(rows * hw(graph, y)[1] * graph.tensors[y].shape[3])
     words = []
     for (steps, offsets), _size in stripes:
         for step in steps:
@@ -392,7 +304,7 @@ def _stream_program(graph: Graph, region: list[Op], tin: int, tout: int, n: int)
 def _stripe(graph: Graph, region: list[Op], tin: int, tout: int, box, need, above, below):
     """((steps with symbolic operands: (buffer, byte offset) or ("cache", tensor)), buffer
     offsets), scratch bytes) of one stripe (see `_stream_program`)."""
-    bufs = _TileBuffers()
+    bufs = TileBuffers()
     steps: list[list] = []
     ch = {t: graph.tensors[t].shape[3] for t in need}
 
@@ -426,7 +338,7 @@ def _stripe(graph: Graph, region: list[Op], tin: int, tout: int, box, need, abov
     return (steps, offsets), size
 
 
-def _stripe_layer(graph: Graph, op: Op, k: int, new, need, have, bufs: _TileBuffers, step: int, out) -> list:
+def _stripe_layer(graph: Graph, op: Op, k: int, new, need, have, bufs: TileBuffers, step: int, out) -> list:
     """A layer's step computing rows `new` of its output into `out`, reading its inputs' stripe
     buffers at the rows it needs (whole rows: a pointer into the buffer, no slice)."""
     def at(t: int, first_row: int):

@@ -6,7 +6,8 @@
 // tile's input box into the scratch buffer, runs the layers on the tile's boxes there (the same
 // kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, an output over its dying input computed row
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
-// output. Persistent data: none (the options are read at every invoke); one
+// output. A 2-D streamed stage also pastes boxes between the tile buffers and its halo caches
+// (PASTE). Persistent data: none (the options are read at every invoke); one
 // scratch buffer: the tile buffers, then the largest buffer a layer's kernel asks for.
 
 #include <cstdint>
@@ -22,8 +23,8 @@ namespace tpup {
 namespace {
 
 constexpr int kHeader = 9, kTensorWords = 7, kLayerWords = 28;
-constexpr int kCopyIn = 1, kSlice = 2, kConv = 3, kAdd = 4, kCopyOut = 5;
-constexpr int kStepWords[] = {0, 6, 10, 12, 15, 6};
+constexpr int kCopyIn = 1, kSlice = 2, kConv = 3, kAdd = 4, kCopyOut = 5, kPaste = 6;
+constexpr int kStepWords[] = {0, 6, 10, 12, 15, 6, 12};
 
 // A view of the options: little-endian int32 words (read one by one: the buffer may be unaligned).
 struct Words {
@@ -103,6 +104,22 @@ void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, 
   for (int r = 0; r < h; ++r) std::memmove(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
 }
 
+// A box into a box of another buffer (rows of dst_w elements): a 2-D streamed stage's halo
+// caches and the input boxes it assembles from them. A box may move within its own bytes, as
+// memmove moves: rows last to first when the destination starts after the source, or at it
+// with wider rows (a tile's rows moved apart in place), else first to last (a cache's box moving
+// to a lower index).
+void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst, int dst_w, int dy0,
+              int dx0) {
+  const int8_t* from = src + (y0 * src_w + x0) * c;
+  int8_t* to = dst + (dy0 * dst_w + dx0) * c;
+  const bool backwards = to > from || (to == from && dst_w > src_w);
+  for (int k = 0; k < h; ++k) {
+    const int r = backwards ? h - 1 - k : k;
+    std::memmove(to + r * dst_w * c, from + r * src_w * c, w * c);
+  }
+}
+
 TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
   tflite::ArithmeticParams p = {};
   p.left_shift = stage.layer(k, 4), p.input1_offset = stage.layer(k, 5), p.output_offset = stage.layer(k, 6);
@@ -151,7 +168,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   int32_t step[15];
   for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
     const int code = stage.w[at];
-    TF_LITE_ENSURE_MSG(context, code >= kCopyIn && code <= kCopyOut && at + kStepWords[code] <= end,
+    TF_LITE_ENSURE_MSG(context, code >= kCopyIn && code <= kPaste && at + kStepWords[code] <= end,
                        "TPUP stage: malformed program");
     for (int i = 0; i < kStepWords[code]; ++i) step[i] = stage.w[at + i];
     at += kStepWords[code];
@@ -172,6 +189,9 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                                               reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
                                               step[11] > 0 ? scratch + step[10] : nullptr, step[11]));
+    } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
+      PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
+               step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);
     } else if (code == kAdd) {
       TF_LITE_ENSURE_STATUS(Add(stage, step[1], step, scratch));
     } else {  // kCopyOut: [code, src, y0, x0, h, w]
