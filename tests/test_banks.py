@@ -77,9 +77,11 @@ def test_fit_fits_a_model_that_no_single_bank_holds(tmp_path, capsys):
     head, tail = rep["arena_head_bytes"], rep["arena_tail_bytes_target"]
     assert head + tail > 7600 and tail > 7000
     assert rep["arena_placement"] == {"head": "fast", "tail": "slow"}
-    # apart from the head, the tail holds TFLite Micro's two allocator objects (16 B more here)
+    # apart from the head, the tail holds TFLite Micro's two allocator objects in place of one (12 B
+    # more, which an allocation aligned to 16 after them may absorb: the fitted model's FCs on the
+    # harness's own kernel leave 7,172 B both ways; the model as given, 7,540 -> 7,556 B)
     apart = _split_tail(out)
-    assert tail < apart <= 7600
+    assert tail <= apart <= 7600 and _split_tail(model) == 7556
     assert rep["banks"] == [{"name": "fast", "bytes_predicted": head}, {"name": "slow", "bytes_predicted": apart}]
     assert out.is_file()
 
