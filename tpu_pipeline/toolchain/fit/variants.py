@@ -147,8 +147,14 @@ def on_harness(graph: Graph, relaid: bool = True) -> tuple[Graph, list[str]]:
     if folded or moved:
         notes.append(f"on the harness's kernels: {folded} PAD{'s' if folded != 1 else ''} folded into convolutions, "
                      f"{n_conv} convolution{'s' if n_conv != 1 else ''} with their requantization in flash"
-                     + "".join(f", {n} {name} on the harness's own kernel" for name, n in loops.items()))
+                     + (f", {_listed([f'{n} {name}' for name, n in loops.items()])} on the harness's own kernels"
+                        if loops else ""))
     return g, notes
+
+
+def _listed(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device,
