@@ -122,12 +122,12 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     flash = _flash_room(device)
     if flash is not None and len(data) > flash and p.relaid_weights and p.harness:
         # the kernels with weights re-laid in flash (larger than the model's) do not fit the board
-        lean = run_fit(graph, replace(fitted, relaid_weights=False), pricing, deadline=deadline.sub(fraction=0.8),
-                       progress=progress, model=model)
-        lean_data = _written(lean, model, path)
+        as_laid = run_fit(graph, replace(fitted, relaid_weights=False), pricing, deadline=deadline.sub(fraction=0.8),
+                          progress=progress, model=model)
+        as_laid_data = _written(as_laid, model, path)
         notes.append(f"the fastest kernels' weights, re-laid in flash, make the model {len(data):,} B, more than the "
-                     f"{flash:,} B {device.label} leaves for it: fitted without them ({len(lean_data):,} B)")
-        result, data = lean, lean_data
+                     f"{flash:,} B {device.label} leaves for it: fitted without them ({len(as_laid_data):,} B)")
+        result, data = as_laid, as_laid_data
     if flash is not None and len(data) > flash:
         notes.append(f"the model is {len(data):,} B: more than the {flash:,} B of flash {device.label} leaves for it "
                      f"(flash {device.memory.flash_bytes:,} B - firmware code {HARNESS_CODE_BYTES:,} B)")
