@@ -177,3 +177,16 @@ def test_tflm_check_side_by_side_is_the_same_check():
         child = verify_models(a, b, runs=2, runtimes=("tflm",), side_by_side=True)
         assert [v.to_json() for v in child] == [v.to_json() for v in here]
         assert child[0].bit_exact is agree and child[0].runs == 2 and not child[0].skipped
+
+
+def _corrupted_run():
+    raise ValueError("Invalid tensor index 2131689472 exceeds max tensor index 62")
+
+
+def test_a_corrupted_index_from_anywhere_in_a_child_is_a_crash():
+    """The corruption shows wherever the child next touches the interpreter (a new interpreter's
+    details too): the child's exception becomes the crash, not an internal error (exit 70)."""
+    from tpu_pipeline.toolchain.execute.child import RuntimeCrash, call_in_child
+
+    with pytest.raises(RuntimeCrash, match=r"^LiteRT crashed \(it corrupted its own memory: Invalid tensor index"):
+        call_in_child(_corrupted_run, runtime="LiteRT", doing="running the model")

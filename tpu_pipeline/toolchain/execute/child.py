@@ -25,6 +25,9 @@ from tpu_pipeline.toolchain import interrupts
 from tpu_pipeline.toolchain.errors import ModelError
 
 TIMEOUT_S = 1800.0
+# LiteRT's bounds check on a tensor index the interpreter gave out: it fails only when a kernel has
+# overwritten the interpreter's own state (then segfaults, aborts in free() or this, run to run)
+CORRUPT_INDEX = "exceeds max tensor index"
 _IN_CHILD = False  # this process is a child started here (its process group is its own)
 
 
@@ -84,6 +87,11 @@ class ChildCall:
         ok, value = self.outcome
         if ok:
             return value
+        if isinstance(value, ValueError) and CORRUPT_INDEX in str(value):
+            # an index the interpreter handed out itself, out of its own range: its memory is
+            # overwritten (LiteRT's int8 SVDF on TFLite Micro's keyword model), wherever it showed
+            raise RuntimeCrash(f"{self.runtime} crashed (it corrupted its own memory: {value}) {self.doing}",
+                               self.runtime)
         raise value
 
     def _wait(self):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.execute.child import RuntimeCrash
+from tpu_pipeline.toolchain.execute.child import CORRUPT_INDEX, RuntimeCrash
 
 # A model that picks our harness's kernels per op (tpu_pipeline.toolchain.ir.kernels) names them as custom ops.
 HARNESS_KERNEL_MARK = b"TPUP_"
@@ -86,12 +86,6 @@ def input_details(model: bytes | str | Path) -> list[dict]:
     return litert_interpreter(model).get_input_details()
 
 
-# LiteRT's bounds check on a tensor index the interpreter itself handed out: it fails only when a
-# kernel has overwritten the interpreter's own state (LiteRT's int8 SVDF on TFLite Micro's keyword
-# model does, and then segfaults, aborts in free() or returns such an index, run to run).
-_CORRUPT_INDEX = "exceeds max tensor index"
-
-
 def run_positional(it, inputs) -> list[np.ndarray]:
     """One invocation of interpreter `it`, inputs and outputs in the model's order."""
     with _state_checked():
@@ -118,7 +112,7 @@ def _state_checked():
     try:
         yield
     except ValueError as exc:
-        if _CORRUPT_INDEX not in str(exc):
+        if CORRUPT_INDEX not in str(exc):
             raise
         raise RuntimeCrash(f"LiteRT crashed (it corrupted its own memory: {exc})", "LiteRT") from None
 
