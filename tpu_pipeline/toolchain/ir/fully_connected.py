@@ -31,7 +31,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions
-from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant_within
+from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant_within, weights_bias
 
 OPCODE = "FULLY_CONNECTED"
 CUSTOM_CODE = "TPUP_FULLY_CONNECTED"
@@ -45,14 +45,6 @@ _ACTIVATIONS = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 def _per_tensor(t) -> bool:
     return t.dtype == "int8" and t.quant is not None and len(t.quant.scale) == 1 and float(t.quant.scale[0]) > 0
-
-
-def _weights_bias(graph: Graph, op: Op) -> tuple[np.ndarray, np.ndarray]:
-    w = np.asarray(graph.tensors[op.inputs[1]].values(), dtype=np.int64)
-    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
-    b = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
-         else np.zeros(w.shape[0], dtype=np.int64))
-    return w, b
 
 
 def refusal(graph: Graph, op: Op) -> str | None:
@@ -75,7 +67,7 @@ def refusal(graph: Graph, op: Op) -> str | None:
     m, n = w_t.shape
     if n < 1 or x.num_elements % n or y.num_elements != x.num_elements // n * m:
         return "its input and output do not flatten to [batches, inputs] and [batches, outputs]"
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     folded = b - int(x.quant.zero_point[0]) * w.sum(axis=1)
     if np.abs(folded).max(initial=0) >= 1 << 31:
         return "its bias with the input offset folded in does not fit int32"
@@ -100,7 +92,7 @@ def packed_constant(graph: Graph, op: Op) -> np.ndarray:
     its weights' sum, the multiplier, the shift; then the weights' int16 pairs (`packed_pairs`: the
     pairs SXTB16 makes of an input word, low half first)."""
     x = graph.tensors[op.inputs[0]]
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     m, n = w.shape
     folded = b - int(x.quant.zero_point[0]) * w.sum(axis=1)
     mult, shift = fc_requant(graph, op)
@@ -121,7 +113,7 @@ def packed_pairs(w: np.ndarray) -> np.ndarray:
 
 def requant_proven(graph: Graph, op: Op) -> bool:
     """Whether the cheap requantisation is exact for every input (ir.requant.requant_within)."""
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     return requant_within(fc_requant(graph, op)[1], w, b, int(graph.tensors[op.inputs[0]].quant.zero_point[0]))
 
 

@@ -62,13 +62,20 @@ def activation_range(graph: Graph, op: Op) -> tuple[int, int]:
     return -128, 127
 
 
+def weights_bias(graph: Graph, op: Op) -> tuple[np.ndarray, np.ndarray]:
+    """A convolution's or fully connected op's weights (their own shape) and bias (zeros where it
+    has none), as int64."""
+    w = np.asarray(graph.tensors[op.inputs[1]].values(), dtype=np.int64)
+    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
+    b = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
+         else np.zeros(w.shape[0], dtype=np.int64))
+    return w, b
+
+
 def pointwise_requant_proven(graph: Graph, op: Op) -> bool:
     """Whether the pointwise kernel's cheap requantisation is exact for every input (`requant_within`)."""
-    w_t = graph.tensors[op.inputs[1]]
-    w = np.asarray(w_t.values(), dtype=np.int64).reshape(w_t.shape[0], -1)
-    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
-    bias = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
-            else np.zeros(w.shape[0], dtype=np.int64))
+    w, bias = weights_bias(graph, op)
+    w = w.reshape(w.shape[0], -1)
     return requant_within(requant(graph, op)[1], w, bias, int(graph.tensors[op.inputs[0]].quant.zero_point[0]))
 
 

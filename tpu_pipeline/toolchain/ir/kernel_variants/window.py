@@ -23,17 +23,9 @@ import numpy as np
 
 from tpu_pipeline.toolchain.ir.graph import Graph, Op
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
-from tpu_pipeline.toolchain.ir.requant import requant, requant_within
+from tpu_pipeline.toolchain.ir.requant import requant, requant_within, weights_bias
 
 FAST_REQUANT = 0x800  # (harness/tpup_conv.h kFlagWindowFastRequant)
-
-
-def _weights_bias(graph: Graph, op: Op) -> tuple[np.ndarray, np.ndarray]:
-    w = np.asarray(graph.tensors[op.inputs[1]].values(), dtype=np.int64)
-    bias_i = op.inputs[2] if len(op.inputs) > 2 else -1
-    b = (np.asarray(graph.tensors[bias_i].values(), dtype=np.int64).reshape(-1) if bias_i >= 0
-         else np.zeros(w.shape[0], dtype=np.int64))
-    return w, b
 
 
 def window_weights(graph: Graph, op: Op) -> np.ndarray:
@@ -43,7 +35,7 @@ def window_weights(graph: Graph, op: Op) -> np.ndarray:
     in the fully connected kernel's pair order (ir/fully_connected.py `packed_pairs`)."""
     from tpu_pipeline.toolchain.ir.fully_connected import packed_pairs
 
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     zp = int(graph.tensors[op.inputs[0]].quant.zero_point[0])
     c_out = w.shape[0]
     folded = b - zp * w.reshape(c_out, -1).sum(axis=1)
@@ -63,7 +55,7 @@ def applies(graph: Graph, i: int) -> bool:
     if not (o.dilation_h == 1 and o.dilation_w == 1 and k_h * k_w > 1 and c_in % 4 == 0
             and graph.tensors[op.inputs[0]].shape[3] == c_in):
         return False
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     zp = abs(int(graph.tensors[op.inputs[0]].quant.zero_point[0]))
     return bool((np.abs(b) + zp * np.abs(w).reshape(c_out, -1).sum(axis=1)).max() < 1 << 31)
 
@@ -73,7 +65,7 @@ def wins(graph: Graph, i: int) -> bool:
 
 
 def requant_bits(graph: Graph, op: Op) -> int:
-    w, b = _weights_bias(graph, op)
+    w, b = weights_bias(graph, op)
     zp = int(graph.tensors[op.inputs[0]].quant.zero_point[0])
     return FAST_REQUANT if requant_within(requant(graph, op)[1], w.reshape(w.shape[0], -1), b, zp) else 0
 
