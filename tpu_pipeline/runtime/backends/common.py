@@ -14,6 +14,7 @@ from tpu_pipeline.toolchain.device import Device, KernelSet
 from tpu_pipeline.toolchain.errors import DeviceError, ModelError
 from tpu_pipeline.toolchain.execute.compare import compare_named
 from tpu_pipeline.toolchain.execute.inputs import input_stream
+from tpu_pipeline.toolchain.execute.litert import refuse_overrunning_kernels
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Backend:
 def litert_stage(name: str, interp, inputs: tuple[str, ...] | None = None,
                  outputs: tuple[str, ...] | None = None) -> Stage:
     """A pipeline stage running one LiteRT interpreter; tensors matched by name."""
+    refuse_overrunning_kernels(interp)
     in_det = {d["name"]: d for d in interp.get_input_details()}
     out_det = {d["name"]: d for d in interp.get_output_details()}
     inputs = tuple(inputs) if inputs is not None else tuple(in_det)

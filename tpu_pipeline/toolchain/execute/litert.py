@@ -88,6 +88,7 @@ def input_details(model: bytes | str | Path) -> list[dict]:
 
 def run_positional(it, inputs) -> list[np.ndarray]:
     """One invocation of interpreter `it`, inputs and outputs in the model's order."""
+    refuse_overrunning_kernels(it)
     with _state_checked():
         for d, x in zip(it.get_input_details(), inputs):
             it.set_tensor(d["index"], x)
@@ -98,11 +99,32 @@ def run_positional(it, inputs) -> list[np.ndarray]:
 def run_named(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One invocation of interpreter `it`, inputs and outputs matched by tensor name; KeyError
     names an input `feeds` lacks."""
+    refuse_overrunning_kernels(it)
     with _state_checked():
         for d in it.get_input_details():
             it.set_tensor(d["index"], feeds[d["name"]])
         it.invoke()
         return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+
+
+def refuse_overrunning_kernels(it) -> None:
+    """RuntimeCrash, before anything runs, where one of LiteRT's kernels would write past a buffer.
+
+    LiteRT's full-integer SVDF (int8 input) reads its time weights and its state as int16 and checks
+    neither type; TFLite Micro also takes them as int8 (its keyword model has both so). On such an
+    op LiteRT reads and writes twice the buffer: it segfaults, aborts in free(), hands out tensor
+    indices out of its own range, or fails a later kernel's parameter check, differently run to run.
+    Refused here, the answer is the same every run."""
+    details = getattr(it, "_get_ops_details", None)
+    if details is None:  # pragma: no cover - an interpreter without LiteRT's op introspection
+        return
+    for op in details():
+        types = op.get("operand_types") or []
+        if op.get("op_name") == "SVDF" and len(types) == 5 and types[0] is np.int8:
+            narrow = [role for role, t in (("time weights", types[2]), ("state", types[4])) if t is not np.int16]
+            if narrow:
+                raise RuntimeCrash(f"LiteRT would crash (its int8 SVDF kernel reads op {op['index']}'s int8 "
+                                   f"{' and '.join(narrow)} as int16, past their end)", "LiteRT")
 
 
 @contextlib.contextmanager
