@@ -619,6 +619,51 @@ def test_semantics_are_passed_as_values_below_the_entry_points():
     assert _semantics_by_name("def f(g, semantics=TFLM):\n    return lifetimes(g, semantics=TFLM)\n", "p.py") == []
 
 
+# "tflm" names the TFLite Micro semantics where the Semantics values are defined and where the command
+# line parses it; in these modules it names something else, TFLite Micro itself: the runtime a model
+# is verified in, the planner that copies its GreedyMemoryPlanner, or the library's cache folder.
+_TFLM_AS_RUNTIME = {"tpu_pipeline/toolchain/execute/compare.py", "tpu_pipeline/toolchain/compile/passes/verify.py",
+                    "tpu_pipeline/toolchain/memory/planners.py", "tpu_pipeline/toolchain/memory/runtime_planners.py",
+                    "tpu_pipeline/toolchain/memory/tflm.py", "tpu_pipeline/toolchain/firmware/library.py"}
+SEMANTICS_ROOM = "tpu_pipeline/toolchain/memory/semantics.py"
+
+
+def _asks_semantics_name(source: str, label: str) -> list[str]:
+    """Places that decide by a Semantics' name instead of its fields: `sem.name == "..."` (or !=,
+    in), `sem.name.startswith("...")`, for any receiver whose name holds "sem"."""
+    import ast
+
+    def sem_name(n) -> bool:
+        if not (isinstance(n, ast.Attribute) and n.attr == "name"):
+            return False
+        owner = n.value.attr if isinstance(n.value, ast.Attribute) else getattr(n.value, "id", "")
+        return "sem" in owner
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Compare) and any(sem_name(x) for x in (node.left, *node.comparators)):
+            hits.append(f"{label}:{node.lineno}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith") and sem_name(node.func.value)):
+            hits.append(f"{label}:{node.lineno}")
+    return hits
+
+
+def test_the_semantics_name_is_spelled_only_where_it_is_parsed():
+    """"tflm" (and "tflm-cmsis-nn") as a semantics is spelled in the semantics room and the command
+    line's choices only: below the entry points a room holds the Semantics value (memory.TFLM) and
+    asks its fields (`is_tflm`, `kernels`), never its name."""
+    found = [m for m in _literal_modules("tflm") if m not in _TFLM_AS_RUNTIME and not m.startswith("tpu_pipeline/commands/")]
+    assert found == [SEMANTICS_ROOM], found
+    assert _literal_modules("tflm-cmsis-nn") == [SEMANTICS_ROOM]
+    asked = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in _asks_semantics_name(p.read_text(), str(p.relative_to(ROOT)))]
+    assert asked == []
+    assert "tpu_pipeline/toolchain/memory/semantics.py" in _literal_modules("tflite")  # the literal check sees a definition
+    probe = 'def f(g, sem):\n    if sem.name == "tflm":\n        pass\n    return self.semantics.name.startswith("tfl")\n'
+    assert _asks_semantics_name(probe, "p.py") == ["p.py:2", "p.py:4"]
+    assert _asks_semantics_name("def f(op, sem):\n    return op.name == 'x' or sem.is_tflm\n", "p.py") == []
+
+
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 from tpu_pipeline.toolchain.ir import kernels, overlap, stage
+from tpu_pipeline.toolchain.device import CMSIS_NN
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -47,11 +48,11 @@ def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
     if kernels.is_harness(graph.ops[op_pos]):
         return _harness(graph, op_pos, sem)
-    if sem.name == "tflm-cmsis-nn":
+    if sem.kernels == CMSIS_NN:
         sizes = _cmsis_nn(graph, op_pos)
         if sizes is not None:
             return sizes
-    elif sem.name != "tflm":
+    elif sem.kernels is None:  # (not TFLite Micro: no kernel asks for scratch)
         return []
     return _reference(graph, op_pos)
 
@@ -73,7 +74,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         return [total] if total else []
     flags = kernels.flags(op)
     own = 0
-    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags and kernels.variant_of(op) is None:
+    if sem.kernels == CMSIS_NN and kernels.DIRECT not in flags and kernels.variant_of(op) is None:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:
