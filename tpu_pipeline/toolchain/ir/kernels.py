@@ -67,7 +67,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import fully_connected as fc, kernel_variants, stage
+from tpu_pipeline.toolchain.ir import fully_connected as fc, harness_ops, kernel_variants, stage
 from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
@@ -78,10 +78,9 @@ IN_PLACE_OPS = frozenset({"ADD", "MUL"})
 DIRECT, OVERLAP = "direct", "overlap"  # the memory flags (fit trades them against time)
 FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, which tests and tools name)
 POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
-CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
-                "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
-                fc.OPCODE: fc.CUSTOM_CODE,  # (tpu_pipeline.toolchain.ir.fully_connected)
-                stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
+# op code -> the custom op code it is written under (tpu_pipeline.toolchain.ir.harness_ops: the
+# convolutions, MEAN and MUL (see "Means and products" below), FULLY_CONNECTED, the patch stage)
+CUSTOM_CODES = {h.opcode: h.custom_code for h in harness_ops.REGISTRY}
 BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).

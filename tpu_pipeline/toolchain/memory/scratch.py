@@ -61,7 +61,8 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
     when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does.
-    Its faster variants (tpu_pipeline.toolchain.ir.kernel_variants) need no buffer; its MEAN and MUL
+    A faster variant (tpu_pipeline.toolchain.ir.kernel_variants) asks what its record's `scratch`
+    says (none so far) in place of the kernel set's buffer; its MEAN and MUL
     (harness/tpup_mean_mul.cc) ask for nothing."""
     op = graph.ops[op_pos]
     if op.opcode in kernels.MEAN_MUL:
@@ -73,8 +74,10 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         total = -(-op.options.scratch // 16) * 16 + own
         return [total] if total else []
     flags = kernels.flags(op)
-    own = 0
-    if sem.kernels == CMSIS_NN and kernels.DIRECT not in flags and kernels.variant_of(op) is None:
+    own, variant = 0, kernels.variant_of(op)
+    if variant is not None:
+        own = variant.scratch(graph, op) if variant.scratch is not None else 0
+    elif sem.kernels == CMSIS_NN and kernels.DIRECT not in flags:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:
