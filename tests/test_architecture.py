@@ -664,6 +664,39 @@ def test_the_semantics_name_is_spelled_only_where_it_is_parsed():
     assert _asks_semantics_name("def f(op, sem):\n    return op.name == 'x' or sem.is_tflm\n", "p.py") == []
 
 
+# A harness kernel's facts live in the module that declares it: its custom op code (TPUP_...) and
+# its firmware source names are spelled there and nowhere else in the package, so a new kernel
+# variant or harness op is its module plus one registration line, and every other room reads the
+# registries (ir/kernel_variants REGISTRY, ir/harness_ops.py REGISTRY).
+_HARNESS_DECLARERS = {"tpu_pipeline/toolchain/ir/harness_ops.py", "tpu_pipeline/toolchain/ir/stage.py",
+                      "tpu_pipeline/toolchain/ir/mean_mul.py", "tpu_pipeline/toolchain/ir/fully_connected.py"}
+_HARNESS_SOURCES = frozenset(f.name for f in (PACKAGE / "toolchain" / "data" / "firmware" / "harness").iterdir()
+                             if f.name.startswith("tpup_"))
+
+
+def _harness_facts(source: str, label: str) -> list[str]:
+    """String constants (docstrings aside) that name a harness firmware source or a custom op code."""
+    import ast
+
+    tree = ast.parse(source, label)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{label}:{n.lineno}: {n.value}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and (n.value in _HARNESS_SOURCES or re.fullmatch(r"TPUP_[A-Z0-9_]+", n.value))]
+
+
+def test_a_harness_kernel_is_spelled_only_in_its_own_module():
+    offenders = [hit for p in sorted(PACKAGE.rglob("*.py"))
+                 if str(p.relative_to(ROOT)) not in _HARNESS_DECLARERS and "kernel_variants" not in p.parts
+                 for hit in _harness_facts(p.read_text(), str(p.relative_to(ROOT)))]
+    assert offenders == []
+    assert {"tpup_conv.cc", "tpup_window.cc", "tpup_stage.cc"} <= _HARNESS_SOURCES
+    probe = '"""Uses tpup_conv.cc."""\nFILES = ["tpup_conv.cc", "tpup_window.cc"]\nOPS = {"TPUP_MEAN": 1, "TPUP_": 2}\n'
+    assert _harness_facts(probe, "p.py") == ["p.py:2: tpup_conv.cc", "p.py:2: tpup_window.cc", "p.py:3: TPUP_MEAN"]
+
+
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 

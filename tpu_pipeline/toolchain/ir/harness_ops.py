@@ -1,5 +1,5 @@
 """The harness firmware's custom ops, one registration each: the single list that the op codes
-(ir/kernels.py `CUSTOM_CODES`), the op resolver's calls (export/sources.py `harness_custom_ops`), the
+(ir/kernels.py `custom_codes`), the op resolver's calls (export/sources.py `harness_custom_ops`), the
 firmware project's objects (firmware/project.py) and the drop-in library's sources
 (deploy/library.py) are read from.
 
