@@ -8,10 +8,11 @@ where the channel's weights, bias and input offset bound every sum small enough,
 channel in the kernel, else TFLite's integers).
 
 What it costs: flash, nothing of the model's (the int8 weights are read in place, no re-laid
-constant). Arena: nothing. Stack: the buffer, rows x cols int16s (rows = (out_h - 1) x stride_h
-+ 3; cols = out_w + 2 rounded up to even at stride 1, 2 out_w + 2 at stride 2), at most
-MAX_BUFFER (648 bytes, the "fast" kernel's stack weights), which is what makes it a kernel for
-narrow maps (`applies`). Where it wins is measured in QEMU (docs/bench/harness_kernels.md)."""
+constant). Arena: nothing. Stack: the buffer, rows x cols int16s (`buffer_shape`: rows = (out_h - 1) x
+stride_h + 3, cols = out_w + 2 rounded up to even at stride 1, about 2 out_w + 2 at stride 2; or the
+same transposed, which the kernel takes where the map is taller than wide), at most MAX_BUFFER
+(648 bytes, no more than the "fast" kernel's weights on the stack), which is what makes it a
+kernel for narrow maps (`applies`), plus 128 bytes of sums. Where it wins is measured in QEMU (docs/bench/harness_kernels.md)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,18 @@ from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 MAX_BUFFER = 324  # (harness/tpup_conv.h kDw3MaxBuffer: int16s on the stack)
 
 
-def buffer_shape(stride_h: int, stride_w: int, out_h: int, out_w: int) -> tuple[int, int]:
-    """(rows, cols) of the kernel's int16 buffer (harness/tpup_depthwise3x3.cc ShapeFor)."""
-    return (out_h - 1) * stride_h + 3, (out_w + 3) & ~1 if stride_w == 1 else 2 * out_w + 2
+def buffer_shape(stride_a: int, stride_b: int, rows_out: int, cols_out: int) -> tuple[int, int]:
+    """(rows, cols) of the kernel's int16 buffer for rows_out rows of cols_out outputs at strides
+    stride_a across and stride_b along its rows (harness/tpup_depthwise3x3.cc ShapeFor)."""
+    return (rows_out - 1) * stride_a + 3, (cols_out + 3) & ~1 if stride_b == 1 else 4 * ((cols_out + 1) // 2) + 2
+
+
+def buffer_fits(stride_h: int, stride_w: int, out_h: int, out_w: int) -> bool:
+    """Whether the buffer fits MAX_BUFFER in either orientation (as the map is, or transposed:
+    harness/tpup_depthwise3x3.cc ChoosePlan takes one that fits, and a band's is no larger)."""
+    plain = buffer_shape(stride_h, stride_w, out_h, out_w)
+    turned = buffer_shape(stride_w, stride_h, out_w, out_h)
+    return min(plain[0] * plain[1], turned[0] * turned[1]) <= MAX_BUFFER
 
 
 def applies(graph: Graph, i: int) -> bool:
@@ -34,11 +44,9 @@ def applies(graph: Graph, i: int) -> bool:
         return False
     o, w = op.options, graph.tensors[op.inputs[1]].shape
     x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
-    if not (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3] == y[3]
-            and w[1] == w[2] == 3 and o.stride_h in (1, 2) and o.stride_w in (1, 2)):
-        return False
-    rows, cols = buffer_shape(o.stride_h, o.stride_w, y[1], y[2])
-    return rows * cols <= MAX_BUFFER
+    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3] == y[3]
+            and w[1] == w[2] == 3 and o.stride_h in (1, 2) and o.stride_w in (1, 2)
+            and buffer_fits(o.stride_h, o.stride_w, y[1], y[2]))
 
 
 def wins(graph: Graph, i: int) -> bool:

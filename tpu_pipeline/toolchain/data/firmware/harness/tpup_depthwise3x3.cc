@@ -5,17 +5,22 @@
 // tflite::MultiplyByQuantizedMultiplier's integers.
 //
 // Why faster than the four-channel kernels on narrow maps (TinyEngine's approach): one channel at
-// a time, its padded band of input copied once into a small int16 buffer on the stack with the
-// input offset added (a padding tap holds 0, so it adds nothing and needs no test), each buffer
-// row an even number of int16s and 4-aligned, so every window row starts at an aligned word for
-// the even outputs. A pass makes two outputs side by side: per window row it loads two (stride 2:
-// three) words and does four multiplies, a pair of taps per SMLAD with the row's weights held as
-// two int16 pairs (w0, w1) and (w1, w2) in registers for the whole channel (SMLATB / SMLABT take
-// the odd tap). Requantization by FastRequant (tpup_conv.h: SMMULR) where the channel's weights,
-// bias and input offset bound every sum small enough, checked per channel, else Requant.
+// a time, its input copied into a small int16 buffer on the stack with the input offset added,
+// transposed where the map is taller than wide (kws's 25 x 5 maps: long rows, few passes' set-up).
+// The buffer's padding is zeroed once per call (a padding tap then adds nothing and needs no
+// test); each channel writes only its input's positions, two a word. Each buffer row is an even
+// number of int16s and 4-aligned, so every window row of an even output starts at an aligned word.
+// A pass makes two outputs side by side: per window row one LDRD of the row's weights as int16
+// pairs (w0, w1), (w1, w2), one LDRD of the inputs (stride 2: and one LDR), four dual or single
+// multiplies (inline assembly: 21 instructions per two outputs at stride 1, 24 at stride 2). The
+// sums of up to kChunk outputs go to a small array, then are requantized: RowScaleFast (SMMULR, the
+// output offset in the rounding nudge; tpup_conv.h) where the channel's weights, bias and input
+// offset bound every sum below 2^30 and its shift lies in [-22, -1] (checked per channel), else
+// Requant's integers; the clamp one SSAT where the activation is the whole int8 range.
 //
 // Memory: no arena at all; the stack holds the buffer, at most kDw3MaxBuffer int16s (no more
-// than the "fast" kernel's weights on the stack, 648 bytes), which Depthwise3x3Fits checks.
+// than the "fast" kernel's weights on the stack, 648 bytes), which Depthwise3x3Fits checks, and
+// kChunk sums (128 bytes).
 
 #include <cstdint>
 #include <cstring>
@@ -23,35 +28,60 @@
 #include "tpup_conv.h"
 
 #if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
-#include <arm_acle.h>  // (ACLE: __smlad, __smlabt, __smlatb)
+#include <arm_acle.h>  // (ACLE: __sadd16)
+#define TPUP_DW3_ASM 1
 #endif
 
 namespace tpup {
 
 namespace {
 
-// The buffer of one channel for `out_rows` x `out_w` outputs: rows x cols int16, cols even and
-// wide enough for the last pass's loads (stride 1: a pass at even x reads x .. x + 3; stride 2:
-// x .. x + 5 for two outputs, x .. x + 3 for one).
+constexpr int kChunk = 32;  // outputs whose sums a pass stores before they are requantized (even)
+
+// The buffer of one channel: rows x cols int16, cols even and wide enough for whole passes of two
+// outputs (stride 1: a pass at even x reads x .. x + 3; stride 2: x .. x + 5).
 struct BufferShape {
   int rows, cols;
 };
 
-BufferShape ShapeFor(const ConvOptions& o, int out_rows, int out_w) {
-  return {(out_rows - 1) * o.stride_h + 3, o.stride_w == 1 ? (out_w + 3) & ~1 : 2 * out_w + 2};
+BufferShape ShapeFor(int stride_a, int stride_b, int rows_out, int cols_out) {
+  return {(rows_out - 1) * stride_a + 3, stride_b == 1 ? (cols_out + 3) & ~1 : 4 * ((cols_out + 1) / 2) + 2};
 }
 
-#if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
-inline int32_t Smlad(int32_t x, int32_t y, int32_t acc) { return __smlad(x, y, acc); }
-inline int32_t Smlabt(int32_t x, int32_t y, int32_t acc) { return __smlabt(x, y, acc); }
-inline int32_t Smlatb(int32_t x, int32_t y, int32_t acc) { return __smlatb(x, y, acc); }
-#else
+// A call in the buffer's orientation: buffer rows run along the input's rows (or, transposed,
+// its columns); a: across buffer rows, b: along them.
+struct Plan {
+  int stride_a, stride_b, rows_out, cols_out, pad_a, pad_b, n_a, n_b;
+  int in_a, in_b, dst_a, dst_b;  // input and output byte steps across and along buffer rows
+  bool transposed;
+  BufferShape s;
+};
+
+Plan PlanFor(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, bool transposed) {
+  const int C = g.in_c;
+  Plan p;
+  if (!transposed) {
+    p = {o.stride_h, o.stride_w, out_rows, g.out_w, pad_top, o.pad_left, g.in_h, g.in_w, g.in_w * C, C, g.out_w * C, C,
+         false, {}};
+  } else {
+    p = {o.stride_w, o.stride_h, g.out_w, out_rows, o.pad_left, pad_top, g.in_w, g.in_h, C, g.in_w * C, C, g.out_w * C,
+         true, {}};
+  }
+  p.s = ShapeFor(p.stride_a, p.stride_b, p.rows_out, p.cols_out);
+  return p;
+}
+
+bool BufferFits(const Plan& p) { return p.s.rows * p.s.cols <= kDw3MaxBuffer; }
+
+// Transposed where the map is taller than wide and that buffer fits, or where only it fits.
+Plan ChoosePlan(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows) {
+  const Plan plain = PlanFor(o, g, pad_top, out_rows, false), turned = PlanFor(o, g, pad_top, out_rows, true);
+  if (BufferFits(turned) && (out_rows > g.out_w || !BufferFits(plain))) return turned;
+  return plain;
+}
+
 inline int32_t Lo(int32_t v) { return static_cast<int16_t>(v & 0xFFFF); }
 inline int32_t Hi(int32_t v) { return static_cast<int16_t>(static_cast<uint32_t>(v) >> 16); }
-inline int32_t Smlad(int32_t x, int32_t y, int32_t acc) { return acc + Lo(x) * Lo(y) + Hi(x) * Hi(y); }
-inline int32_t Smlabt(int32_t x, int32_t y, int32_t acc) { return acc + Lo(x) * Hi(y); }
-inline int32_t Smlatb(int32_t x, int32_t y, int32_t acc) { return acc + Hi(x) * Lo(y); }
-#endif
 
 inline int32_t Word(const int16_t* p) {
   int32_t v;
@@ -63,101 +93,139 @@ inline int32_t Pair(int32_t lo, int32_t hi) {
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFF) | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Channel c's band of input, offset added, into buf (rows x cols); padding and columns past the
-// input hold 0.
-void Fill(const ConvGeometry& g, int c, int pad_top, int pad_left, int32_t offset, BufferShape s, const int8_t* in,
-          int16_t* buf) {
-  const int C = g.in_c;
-  const int x0 = pad_left < s.cols ? pad_left : s.cols;
-  const int x1 = pad_left + g.in_w < s.cols ? pad_left + g.in_w : s.cols;
-  for (int j = 0; j < s.rows; ++j, buf += s.cols) {
-    const int iy = j - pad_top;
-    if (iy < 0 || iy >= g.in_h) {
-      for (int k = 0; k < s.cols; k += 2) __builtin_memset(buf + k, 0, 4);
-      continue;
-    }
+// Channel c's input, offset added, into the buffer's inner positions (its padding stays 0).
+void Fill(const Plan& p, int c, int32_t offset, const int8_t* in, int16_t* buf) {
+  const int a1 = p.pad_a + p.n_a < p.s.rows ? p.pad_a + p.n_a : p.s.rows;
+  const int n = (p.pad_b + p.n_b < p.s.cols ? p.pad_b + p.n_b : p.s.cols) - p.pad_b;
+  const int step = p.in_b;
+#if defined(TPUP_DW3_ASM)
+  const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(offset) & 0xFFFF) * 0x10001u);
+#endif
+  for (int a = p.pad_a; a < a1; ++a) {
+    const int8_t* x = in + (a - p.pad_a) * p.in_a + c;
+    int16_t* d = buf + a * p.s.cols + p.pad_b;
     int k = 0;
-    for (; k < x0; ++k) buf[k] = 0;
-    const int8_t* p = in + iy * g.in_w * C + c;
-#pragma GCC unroll 4
-    for (; k < x1; ++k, p += C) buf[k] = static_cast<int16_t>(*p + offset);
-    for (; k < s.cols; ++k) buf[k] = 0;
+#if defined(TPUP_DW3_ASM)
+    for (; k + 2 <= n; k += 2, x += 2 * step, d += 2) {  // (an unaligned STR where pad_b is odd: allowed)
+      const int32_t v = __sadd16(Pair(x[0], x[step]), offset2);
+      __builtin_memcpy(d, &v, 4);
+    }
+#endif
+    for (; k < n; ++k, x += step) *d++ = static_cast<int16_t>(*x + offset);
   }
 }
 
-// One channel's requantization and clamp: FastRequant where proven for its sums, else Requant.
-template <bool kFast>
-struct Scale {
-  Requant exact;
-  FastRequant quick;
-  int32_t offset, lo, hi;
-  int8_t operator()(int32_t acc) const { return Clamp((kFast ? quick(acc) : exact(acc)) + offset, lo, hi); }
-};
-
-// Output rows [0, out_rows) of channel c from its buffer: two outputs a pass, a last odd one alone.
-template <int SW, bool kFast>
-void Outputs(const ConvOptions& o, const ConvGeometry& g, int out_rows, BufferShape s, const int16_t* buf,
-             const int32_t* w01, const int32_t* w12, int32_t bias, const Scale<kFast>& scale, int c, int8_t* out) {
-  const int C = g.out_c, cols = s.cols;
-  const int32_t a01 = w01[0], a12 = w12[0], b01 = w01[1], b12 = w12[1], c01 = w01[2], c12 = w12[2];
-  for (int oy = 0; oy < out_rows; ++oy) {
-    const int16_t* r = buf + oy * o.stride_h * cols;
-    int8_t* dst = out + oy * g.out_w * C + c;
-    int ox = 0;
-    for (; ox + 2 <= g.out_w; ox += 2, r += 2 * SW, dst += 2 * C) {
-      int32_t u = bias, v = bias;
-      const int16_t* q = r;
-#define TPUP_DW3_ROW(W01, W12)                                              \
-  {                                                                       \
-    const int32_t x0 = Word(q), x2 = Word(q + 2);                         \
-    u = Smlabt(x2, W12, Smlad(x0, W01, u));                               \
-    if (SW == 1) {                                                        \
-      v = Smlad(x2, W12, Smlatb(x0, W01, v));                             \
-    } else {                                                              \
-      v = Smlabt(Word(q + 4), W12, Smlad(x2, W01, v));                    \
-    }                                                                     \
-    q += cols;                                                            \
-  }
-      TPUP_DW3_ROW(a01, a12)
-      TPUP_DW3_ROW(b01, b12)
-      TPUP_DW3_ROW(c01, c12)
-#undef TPUP_DW3_ROW
-      dst[0] = scale(u);
-      dst[C] = scale(v);
-    }
-    if (ox < g.out_w) {
-      int32_t u = bias;
-      u = Smlabt(Word(r + 2), a12, Smlad(Word(r), a01, u));
-      u = Smlabt(Word(r + cols + 2), b12, Smlad(Word(r + cols), b01, u));
-      u = Smlabt(Word(r + 2 * cols + 2), c12, Smlad(Word(r + 2 * cols), c01, u));
-      dst[0] = scale(u);
-    }
-  }
-}
-
-// Channel c: its weights as pairs, its requantization, its buffer, its outputs.
+// Sums (bias not added) of `pairs` output pairs of one output row into acc, the window's first row
+// at buffer position r: w holds the rows' weight pairs (w0, w1), (w1, w2).
 template <int SW>
-void Channel(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-             const int8_t* filter, const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int8_t* out) {
+__attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, const int32_t* w, int pairs, int32_t* acc) {
+#if defined(TPUP_DW3_ASM)
+  const int16_t *q0 = r, *q1 = r + cols, *q2 = r + 2 * cols;
+  int32_t wa, wb, x0, x2, u, v;
+  if (SW == 1) {
+#define TPUP_DW3_S1(Q, OFF, FIRST_U, FIRST_V)                  \
+  "ldrd %[wa], %[wb], [%[w], #" OFF "]\n\t"                    \
+  "ldrd %[x0], %[x2], [%[" Q "]], #4\n\t"                      \
+  FIRST_U "\n\t" FIRST_V "\n\t"                                \
+  "smlabt %[u], %[x2], %[wb], %[u]\n\t"                        \
+  "smlad %[v], %[x2], %[wb], %[v]\n\t"
+    __asm__ volatile("1:\n\t"
+                     TPUP_DW3_S1("q0", "0", "smuad %[u], %[x0], %[wa]", "smultb %[v], %[x0], %[wa]")
+                     TPUP_DW3_S1("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
+                     TPUP_DW3_S1("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
+                     "strd %[u], %[v], [%[acc]], #8\n\t"
+                     "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
+                       [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
+                     : [w] "r"(w)
+                     : "cc", "memory");
+#undef TPUP_DW3_S1
+  } else {
+#define TPUP_DW3_S2(Q, OFF, FIRST_U, FIRST_V)                  \
+  "ldrd %[wa], %[wb], [%[w], #" OFF "]\n\t"                    \
+  "ldrd %[x0], %[x2], [%[" Q "]], #8\n\t"                      \
+  FIRST_U "\n\t"                                               \
+  "smlabt %[u], %[x2], %[wb], %[u]\n\t"                        \
+  "ldr %[x0], [%[" Q "]]\n\t" FIRST_V "\n\t"                     \
+  "smlabt %[v], %[x0], %[wb], %[v]\n\t"
+    __asm__ volatile("1:\n\t"
+                     TPUP_DW3_S2("q0", "0", "smuad %[u], %[x0], %[wa]", "smuad %[v], %[x2], %[wa]")
+                     TPUP_DW3_S2("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
+                     TPUP_DW3_S2("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
+                     "strd %[u], %[v], [%[acc]], #8\n\t"
+                     "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
+                       [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
+                     : [w] "r"(w)
+                     : "cc", "memory");
+#undef TPUP_DW3_S2
+  }
+#else
+  for (int k = 0; k < pairs; ++k, r += 2 * SW, acc += 2) {
+    acc[0] = acc[1] = 0;
+    for (int ky = 0; ky < 3; ++ky) {
+      const int32_t x0 = Word(r + ky * cols), x2 = Word(r + ky * cols + 2), x4 = SW == 2 ? Word(r + ky * cols + 4) : 0;
+      const int32_t wa = w[2 * ky], wb = w[2 * ky + 1];
+      acc[0] += Lo(x0) * Lo(wa) + Hi(x0) * Hi(wa) + Lo(x2) * Hi(wb);
+      acc[1] += SW == 1 ? Hi(x0) * Lo(wa) + Lo(x2) * Lo(wb) + Hi(x2) * Hi(wb)
+                        : Lo(x2) * Lo(wa) + Hi(x2) * Hi(wa) + Lo(x4) * Hi(wb);
+    }
+  }
+#endif
+}
+
+// Channel c's outputs from its buffer, a buffer row of outputs at a time: sums of up to kChunk
+// outputs (pairs; an odd count's last pair half discarded), then their requantization (Scale:
+// RowScaleFast or RowScaleExact; kFull: the clamp is the int8 range).
+template <int SB, typename Scale, bool kFull>
+void Outputs(const Plan& p, const int16_t* buf, const int32_t* w, int32_t bias, const Scale scale, int32_t lo, int32_t hi,
+             int8_t* out) {
+  int32_t acc[kChunk];
+  for (int ra = 0; ra < p.rows_out; ++ra) {
+    const int16_t* r = buf + ra * p.stride_a * p.s.cols;
+    int8_t* dst = out + ra * p.dst_a;
+    for (int rb = 0; rb < p.cols_out; rb += kChunk) {
+      const int n = p.cols_out - rb < kChunk ? p.cols_out - rb : kChunk;
+      MacPairs<SB>(r + rb * SB, p.s.cols, w, (n + 1) / 2, acc);
+      const int32_t* a = acc;
+      for (int k = 0; k < n; ++k, dst += p.dst_b) *dst = Narrow8<kFull>(scale(*a++ + bias), lo, hi);
+    }
+  }
+}
+
+// Channel c: its weights as pairs in the buffer's orientation, its requantization, its buffer,
+// its outputs.
+void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const int8_t* in, const int8_t* filter,
+             const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int8_t* out) {
   const int C = g.in_c;
-  int32_t w01[3], w12[3];
+  int32_t w[6];
   const int32_t b = bias != nullptr ? bias[c] : 0;
   const int64_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
   int64_t bound = b < 0 ? -static_cast<int64_t>(b) : b;
-  for (int ky = 0; ky < 3; ++ky) {
-    const int32_t f0 = filter[(ky * 3) * C + c], f1 = filter[(ky * 3 + 1) * C + c], f2 = filter[(ky * 3 + 2) * C + c];
-    w01[ky] = Pair(f0, f1), w12[ky] = Pair(f1, f2);
+  const int tap_a = p.transposed ? 1 : 3, tap_b = p.transposed ? 3 : 1;  // tap steps across / along buffer rows
+  for (int ka = 0; ka < 3; ++ka) {
+    const int8_t* f = filter + ka * tap_a * C + c;
+    const int32_t f0 = f[0], f1 = f[tap_b * C], f2 = f[2 * tap_b * C];
+    w[2 * ka] = Pair(f0, f1), w[2 * ka + 1] = Pair(f1, f2);
     bound += in_max * ((f0 < 0 ? -f0 : f0) + (f1 < 0 ? -f1 : f1) + (f2 < 0 ? -f2 : f2));
   }
-  const BufferShape s = ShapeFor(o, out_rows, g.out_w);
-  Fill(g, c, pad_top, o.pad_left, o.input_offset, s, in, buf);
+  Fill(p, c, o.input_offset, in, buf);
   const int32_t m = requant[c], shift = requant[g.out_c + c];
-  if (FastRequant::Fits(bound, shift)) {
-    const Scale<true> scale{Requant(m, shift), FastRequant(m, shift), o.output_offset, o.act_min, o.act_max};
-    Outputs<SW, true>(o, g, out_rows, s, buf, w01, w12, b, scale, c, out);
+  const bool full = o.act_min <= -128 && o.act_max >= 127;
+  const bool s1 = p.stride_b == 1;
+  out += c;
+  if (bound < (int64_t{1} << 30) && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
+    const RowScaleFast q(m, shift, o.output_offset);
+    (s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
+        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, w, b, q, o.act_min, o.act_max,
+                                                                                      out);
   } else {
-    const Scale<false> scale{Requant(m, shift), FastRequant(m, shift), o.output_offset, o.act_min, o.act_max};
-    Outputs<SW, false>(o, g, out_rows, s, buf, w01, w12, b, scale, c, out);
+    const RowScaleExact q(m, shift, o.output_offset);
+    (s1 ? (full ? Outputs<1, RowScaleExact, true> : Outputs<1, RowScaleExact, false>)
+        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, w, b, q, o.act_min, o.act_max,
+                                                                                        out);
   }
 }
 
@@ -168,20 +236,15 @@ bool Depthwise3x3Fits(const ConvOptions& o, const ConvGeometry& g) {
         g.k_w == 3 && (o.stride_h == 1 || o.stride_h == 2) && (o.stride_w == 1 || o.stride_w == 2))) {
     return false;
   }
-  const BufferShape s = ShapeFor(o, g.out_h, g.out_w);
-  return s.rows * s.cols <= kDw3MaxBuffer;
+  return BufferFits(ChoosePlan(o, g, o.pad_top, g.out_h));  // (a band's buffer is no larger in the same orientation)
 }
 
 void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out) {
-  alignas(4) int16_t buf[kDw3MaxBuffer];
-  for (int c = 0; c < g.in_c; ++c) {
-    if (o.stride_w == 1) {
-      Channel<1>(o, g, pad_top, out_rows, in, filter, bias, requant, c, buf, out);
-    } else {
-      Channel<2>(o, g, pad_top, out_rows, in, filter, bias, requant, c, buf, out);
-    }
-  }
+  alignas(8) int16_t buf[kDw3MaxBuffer];
+  const Plan p = ChoosePlan(o, g, pad_top, out_rows);
+  for (int k = 0; k < p.s.rows * p.s.cols; k += 2) __builtin_memset(buf + k, 0, 4);  // the padding, once
+  for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, out);
 }
 
 }  // namespace tpup
