@@ -5,18 +5,20 @@
 // tflite::MultiplyByQuantizedMultiplier's integers.
 //
 // Why faster than the four-channel kernels on narrow maps (TinyEngine's approach): one channel at
-// a time, its input copied into a small int16 buffer on the stack with the input offset added,
-// transposed where the map is taller than wide (kws's 25 x 5 maps: long rows, few passes' set-up).
-// The buffer's padding is zeroed once per call (a padding tap then adds nothing and needs no
-// test); each channel writes only its input's positions, two a word. Each buffer row is an even
-// number of int16s and 4-aligned, so every window row of an even output starts at an aligned word.
-// A pass makes two outputs side by side: per window row one LDRD of the row's weights as int16
-// pairs (w0, w1), (w1, w2), one LDRD of the inputs (stride 2: and one LDR), four dual or single
-// multiplies (inline assembly: 21 instructions per two outputs at stride 1, 24 at stride 2). The
-// sums of up to kChunk outputs go to a small array, then are requantized: RowScaleFast (SMMULR, the
-// output offset in the rounding nudge; tpup_conv.h) where the channel's weights, bias and input
-// offset bound every sum below 2^30 and its shift lies in [-22, -1] (checked per channel), else
-// Requant's integers; the clamp one SSAT where the activation is the whole int8 range.
+// a time, its input widened into a small int16 buffer on the stack, transposed where the map is
+// taller than wide (kws's 25 x 5 maps: long rows, fewer passes' set-up). The input offset is
+// folded into the bias (offset x the channel's weight sum) and the buffer's padding holds the
+// input's zero point, written once per call, so a padding tap adds exactly what TFLite's skipped
+// tap does not, with no test; each channel writes only its input's positions, two a word. Each
+// buffer row is an even number of int16s and 4-aligned, so every window row of an even output
+// starts at an aligned word. A pass makes two outputs side by side: per window row one LDRD of the
+// row's weights as int16 pairs (w0, w1), (w1, w2), one LDRD of the inputs (stride 2: and one LDR),
+// four dual or single multiplies (inline assembly: 21 instructions per two outputs at stride 1, 24
+// at stride 2). The sums of up to kChunk outputs go to a small array, then are requantized, two a
+// pass: RowScaleFast (SMMULR, the output offset in the rounding nudge; tpup_conv.h) where the
+// channel's weights, bias and input offset bound every sum below 2^30 and its shift lies in
+// [-22, -1] (checked per channel), else Requant's integers; the clamp one SSAT where the
+// activation is the whole int8 range.
 //
 // Memory: no arena at all; the stack holds the buffer, at most kDw3MaxBuffer int16s (no more
 // than the "fast" kernel's weights on the stack, 648 bytes), which Depthwise3x3Fits checks, and
@@ -28,7 +30,6 @@
 #include "tpup_conv.h"
 
 #if defined(__ARM_FEATURE_DSP) && defined(__ARM_FEATURE_SIMD32)
-#include <arm_acle.h>  // (ACLE: __sadd16)
 #define TPUP_DW3_ASM 1
 #endif
 
@@ -93,32 +94,30 @@ inline int32_t Pair(int32_t lo, int32_t hi) {
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFF) | (static_cast<uint32_t>(hi) << 16));
 }
 
-// Channel c's input, offset added, into the buffer's inner positions (its padding stays 0).
-void Fill(const Plan& p, int c, int32_t offset, const int8_t* in, int16_t* buf) {
+// Channel c's input into the buffer's inner positions, as it is (int8 widened; the padding holds
+// the input's zero point, and the bias carries offset x the weights' sum).
+void Fill(const Plan& p, int c, const int8_t* in, int16_t* buf) {
   const int a1 = p.pad_a + p.n_a < p.s.rows ? p.pad_a + p.n_a : p.s.rows;
   const int n = (p.pad_b + p.n_b < p.s.cols ? p.pad_b + p.n_b : p.s.cols) - p.pad_b;
   const int step = p.in_b;
-#if defined(TPUP_DW3_ASM)
-  const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(offset) & 0xFFFF) * 0x10001u);
-#endif
   for (int a = p.pad_a; a < a1; ++a) {
     const int8_t* x = in + (a - p.pad_a) * p.in_a + c;
     int16_t* d = buf + a * p.s.cols + p.pad_b;
     int k = 0;
-#if defined(TPUP_DW3_ASM)
+#pragma GCC unroll 2
     for (; k + 2 <= n; k += 2, x += 2 * step, d += 2) {  // (an unaligned STR where pad_b is odd: allowed)
-      const int32_t v = __sadd16(Pair(x[0], x[step]), offset2);
+      const int32_t v = Pair(x[0], x[step]);
       __builtin_memcpy(d, &v, 4);
     }
-#endif
-    for (; k < n; ++k, x += step) *d++ = static_cast<int16_t>(*x + offset);
+    if (k < n) *d = *x;
   }
 }
 
-// Sums (bias not added) of `pairs` output pairs of one output row into acc, the window's first row
+// Sums (from the bias) of `pairs` output pairs of one output row into acc, the window's first row
 // at buffer position r: w holds the rows' weight pairs (w0, w1), (w1, w2).
 template <int SW>
-__attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, const int32_t* w, int pairs, int32_t* acc) {
+__attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, const int32_t* w, int32_t bias, int pairs,
+                                                    int32_t* acc) {
 #if defined(TPUP_DW3_ASM)
   const int16_t *q0 = r, *q1 = r + cols, *q2 = r + 2 * cols;
   int32_t wa, wb, x0, x2, u, v;
@@ -130,7 +129,7 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
   "smlabt %[u], %[x2], %[wb], %[u]\n\t"                        \
   "smlad %[v], %[x2], %[wb], %[v]\n\t"
     __asm__ volatile("1:\n\t"
-                     TPUP_DW3_S1("q0", "0", "smuad %[u], %[x0], %[wa]", "smultb %[v], %[x0], %[wa]")
+                     TPUP_DW3_S1("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlatb %[v], %[x0], %[wa], %[b]")
                      TPUP_DW3_S1("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
                      TPUP_DW3_S1("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
                      "strd %[u], %[v], [%[acc]], #8\n\t"
@@ -138,7 +137,7 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
                      "bne 1b\n\t"
                      : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
                        [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
-                     : [w] "r"(w)
+                     : [w] "r"(w), [b] "r"(bias)
                      : "cc", "memory");
 #undef TPUP_DW3_S1
   } else {
@@ -150,7 +149,7 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
   "ldr %[x0], [%[" Q "]]\n\t" FIRST_V "\n\t"                     \
   "smlabt %[v], %[x0], %[wb], %[v]\n\t"
     __asm__ volatile("1:\n\t"
-                     TPUP_DW3_S2("q0", "0", "smuad %[u], %[x0], %[wa]", "smuad %[v], %[x2], %[wa]")
+                     TPUP_DW3_S2("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlad %[v], %[x2], %[wa], %[b]")
                      TPUP_DW3_S2("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
                      TPUP_DW3_S2("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
                      "strd %[u], %[v], [%[acc]], #8\n\t"
@@ -158,13 +157,13 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
                      "bne 1b\n\t"
                      : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
                        [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
-                     : [w] "r"(w)
+                     : [w] "r"(w), [b] "r"(bias)
                      : "cc", "memory");
 #undef TPUP_DW3_S2
   }
 #else
   for (int k = 0; k < pairs; ++k, r += 2 * SW, acc += 2) {
-    acc[0] = acc[1] = 0;
+    acc[0] = acc[1] = bias;
     for (int ky = 0; ky < 3; ++ky) {
       const int32_t x0 = Word(r + ky * cols), x2 = Word(r + ky * cols + 2), x4 = SW == 2 ? Word(r + ky * cols + 4) : 0;
       const int32_t wa = w[2 * ky], wb = w[2 * ky + 1];
@@ -182,15 +181,21 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
 template <int SB, typename Scale, bool kFull>
 void Outputs(const Plan& p, const int16_t* buf, const int32_t* w, int32_t bias, const Scale scale, int32_t lo, int32_t hi,
              int8_t* out) {
-  int32_t acc[kChunk];
+  alignas(8) int32_t acc[kChunk];
+  const int step = p.dst_b;
   for (int ra = 0; ra < p.rows_out; ++ra) {
     const int16_t* r = buf + ra * p.stride_a * p.s.cols;
     int8_t* dst = out + ra * p.dst_a;
     for (int rb = 0; rb < p.cols_out; rb += kChunk) {
       const int n = p.cols_out - rb < kChunk ? p.cols_out - rb : kChunk;
-      MacPairs<SB>(r + rb * SB, p.s.cols, w, (n + 1) / 2, acc);
-      const int32_t* a = acc;
-      for (int k = 0; k < n; ++k, dst += p.dst_b) *dst = Narrow8<kFull>(scale(*a++ + bias), lo, hi);
+      MacPairs<SB>(r + rb * SB, p.s.cols, w, bias, (n + 1) / 2, acc);
+      int k = 0;
+      for (; k + 2 <= n; k += 2, dst += 2 * step) {  // (two a pass: one LDRD)
+        const int32_t a0 = acc[k], a1 = acc[k + 1];
+        dst[0] = Narrow8<kFull>(scale(a0), lo, hi);
+        dst[step] = Narrow8<kFull>(scale(a1), lo, hi);
+      }
+      if (k < n) *dst = Narrow8<kFull>(scale(acc[k]), lo, hi), dst += step;
     }
   }
 }
@@ -204,14 +209,16 @@ void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const i
   const int32_t b = bias != nullptr ? bias[c] : 0;
   const int64_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
   int64_t bound = b < 0 ? -static_cast<int64_t>(b) : b;
+  int32_t folded = b;  // bias + offset x the weights' sum (wrapping, as the sums do: the final sum is the same)
   const int tap_a = p.transposed ? 1 : 3, tap_b = p.transposed ? 3 : 1;  // tap steps across / along buffer rows
   for (int ka = 0; ka < 3; ++ka) {
     const int8_t* f = filter + ka * tap_a * C + c;
     const int32_t f0 = f[0], f1 = f[tap_b * C], f2 = f[2 * tap_b * C];
     w[2 * ka] = Pair(f0, f1), w[2 * ka + 1] = Pair(f1, f2);
     bound += in_max * ((f0 < 0 ? -f0 : f0) + (f1 < 0 ? -f1 : f1) + (f2 < 0 ? -f2 : f2));
+    folded = static_cast<int32_t>(static_cast<uint32_t>(folded) + static_cast<uint32_t>(o.input_offset * (f0 + f1 + f2)));
   }
-  Fill(p, c, o.input_offset, in, buf);
+  Fill(p, c, in, buf);
   const int32_t m = requant[c], shift = requant[g.out_c + c];
   const bool full = o.act_min <= -128 && o.act_max >= 127;
   const bool s1 = p.stride_b == 1;
@@ -219,12 +226,12 @@ void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const i
   if (bound < (int64_t{1} << 30) && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
     const RowScaleFast q(m, shift, o.output_offset);
     (s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
-        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, w, b, q, o.act_min, o.act_max,
+        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, w, folded, q, o.act_min, o.act_max,
                                                                                       out);
   } else {
     const RowScaleExact q(m, shift, o.output_offset);
     (s1 ? (full ? Outputs<1, RowScaleExact, true> : Outputs<1, RowScaleExact, false>)
-        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, w, b, q, o.act_min, o.act_max,
+        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, w, folded, q, o.act_min, o.act_max,
                                                                                         out);
   }
 }
@@ -243,7 +250,8 @@ void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, i
                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out) {
   alignas(8) int16_t buf[kDw3MaxBuffer];
   const Plan p = ChoosePlan(o, g, pad_top, out_rows);
-  for (int k = 0; k < p.s.rows * p.s.cols; k += 2) __builtin_memset(buf + k, 0, 4);  // the padding, once
+  const int32_t zp2 = static_cast<int32_t>((static_cast<uint32_t>(-o.input_offset) & 0xFFFF) * 0x10001u);
+  for (int k = 0; k < p.s.rows * p.s.cols; k += 2) __builtin_memcpy(buf + k, &zp2, 4);  // the padding, once
   for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, out);
 }
 
