@@ -86,9 +86,9 @@ def test_what_the_dw3_kernel_takes():
     assert [can_run_variant(g, i, DW3) for i in range(5)] == [True, False, False, False, False]
     with pytest.raises(ValueError):
         with_kernel(g, [1], kernel_name(DW3))
-    # the buffer's bound: kws's 25 x 5 maps fit (transposed: 7 x 28 int16s), a 26 x 11 map does not
-    assert depthwise3x3.buffer_shape(1, 1, 5, 25) == (7, 28) and depthwise3x3.buffer_shape(2, 2, 3, 3) == (7, 10)
-    assert depthwise3x3.buffer_fits(1, 1, 25, 5) and not depthwise3x3.buffer_fits(1, 1, 26, 11)
+    # the buffer's bound: kws's 25 x 5 maps fit (transposed: 7 rows of 26), a 26 x 11 map does not
+    assert depthwise3x3.buffer_shape(1, 1, 5, 25, 1, 25) == (7, 26, 26, 186)
+    assert depthwise3x3.buffer_shape(2, 2, 3, 3, 0, 6) == (7, 8, 8, 58)  # 6 x 6 -> 3 x 3 at stride 2, SAME
     b = CnnBuilder(seed=3, spread=True)
     y = b.dw(b.dw(b.input((1, 24, 7, 4)), k=3), k=3, stride=2)
     big = b.dw(b.dw(b.input((1, 26, 11, 4)), k=3), k=3, stride=2)

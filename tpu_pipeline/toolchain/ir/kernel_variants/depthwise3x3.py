@@ -16,24 +16,31 @@ kernel for narrow maps (`applies`), plus 128 bytes of sums. Where it wins is mea
 
 from __future__ import annotations
 
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
 from tpu_pipeline.toolchain.ir.graph import Graph
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 
 MAX_BUFFER = 324  # (harness/tpup_conv.h kDw3MaxBuffer: int16s on the stack)
+WINS_FROM_OUTPUTS = 16  # stride 2: 12x12 -> 6x6 won in QEMU (67 vs CMSIS-NN's 71 a output), 6x6 -> 3x3 lost (115 vs 68)
+MAX_RUN = 64  # (harness/tpup_depthwise3x3.cc kChunk: sums a pass holds, at least a buffer row's)
 
 
-def buffer_shape(stride_a: int, stride_b: int, rows_out: int, cols_out: int) -> tuple[int, int]:
-    """(rows, cols) of the kernel's int16 buffer for rows_out rows of cols_out outputs at strides
-    stride_a across and stride_b along its rows (harness/tpup_depthwise3x3.cc ShapeFor)."""
-    return (rows_out - 1) * stride_a + 3, (cols_out + 3) & ~1 if stride_b == 1 else 4 * ((cols_out + 1) // 2) + 2
+def buffer_shape(stride_a: int, stride_b: int, rows_out: int, cols_out: int, pad_b: int, n_b: int) \
+        -> tuple[int, int, int, int]:
+    """(rows, cols, run, elems) of the kernel's int16 buffer for rows_out rows of cols_out outputs at
+    strides stride_a across and stride_b along its rows, pad_b padding columns before n_b input
+    columns (harness/tpup_depthwise3x3.cc ShapeFor): rows of cols (even) read as one flattened run
+    (output (ra, rb) at ra x run + rb, a row's right padding the next row's left), elems the
+    int16s a pass may read."""
+    reach, inner = (cols_out - 1) * stride_b + 3 - pad_b, pad_b + n_b
+    cols = (max(reach, inner) + 1) & ~1
+    rows, run = (rows_out - 1) * stride_a + 3, stride_a * cols // stride_b
+    read = ((rows_out - 1) * run + cols_out - 1) * stride_b + 2 * cols + 6
+    return rows, cols, run, max(read, rows * cols)
 
 
-def buffer_fits(stride_h: int, stride_w: int, out_h: int, out_w: int) -> bool:
-    """Whether the buffer fits MAX_BUFFER in either orientation (as the map is, or transposed:
-    harness/tpup_depthwise3x3.cc ChoosePlan takes one that fits, and a band's is no larger)."""
-    plain = buffer_shape(stride_h, stride_w, out_h, out_w)
-    turned = buffer_shape(stride_w, stride_h, out_w, out_h)
-    return min(plain[0] * plain[1], turned[0] * turned[1]) <= MAX_BUFFER
+def buffer_fits(shape: tuple[int, int, int, int]) -> bool:
+    return shape[3] <= MAX_BUFFER and shape[2] <= MAX_RUN
 
 
 def applies(graph: Graph, i: int) -> bool:
@@ -44,13 +51,21 @@ def applies(graph: Graph, i: int) -> bool:
         return False
     o, w = op.options, graph.tensors[op.inputs[1]].shape
     x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
-    return (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3] == y[3]
-            and w[1] == w[2] == 3 and o.stride_h in (1, 2) and o.stride_w in (1, 2)
-            and buffer_fits(o.stride_h, o.stride_w, y[1], y[2]))
+    if not (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3] == y[3]
+            and w[1] == w[2] == 3 and o.stride_h in (1, 2) and o.stride_w in (1, 2)):
+        return False
+    top, left = leading_pads(graph, op)
+    plain = buffer_shape(o.stride_h, o.stride_w, y[1], y[2], left, x[2])
+    turned = buffer_shape(o.stride_w, o.stride_h, y[2], y[1], top, x[1])  # (the kernel's transposed buffer)
+    return buffer_fits(plain) or buffer_fits(turned)
 
 
 def wins(graph: Graph, i: int) -> bool:
-    return True
+    """Stride 1: faster than "fast" and CMSIS-NN's kernels on every narrow map measured but the
+    smallest (3 x 3: CMSIS-NN's, which "fast" also loses to); stride 2: where a channel has at
+    least WINS_FROM_OUTPUTS outputs (its per-channel set-up, a few hundred instructions, paid off)."""
+    op, y = graph.ops[i], graph.tensors[graph.ops[i].outputs[0]].shape
+    return op.options.stride_h == op.options.stride_w == 1 or y[1] * y[2] >= WINS_FROM_OUTPUTS
 
 
 VARIANT = KernelVariant(flag="dw3", bit=0x1000, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,

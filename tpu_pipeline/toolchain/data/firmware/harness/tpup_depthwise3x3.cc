@@ -37,16 +37,23 @@ namespace tpup {
 
 namespace {
 
-constexpr int kChunk = 32;  // outputs whose sums a pass stores before they are requantized (even)
+constexpr int kChunk = 64;  // sums a pass stores before they are requantized
 
-// The buffer of one channel: rows x cols int16, cols even and wide enough for whole passes of two
-// outputs (stride 1: a pass at even x reads x .. x + 3; stride 2: x .. x + 5).
+// The buffer of one channel: rows of cols int16s, cols even, read as one flattened row: output i
+// of a pass reads from position i x stride_b, so output (ra, rb) is i = ra x run + rb, run =
+// stride_a x cols / stride_b; the outputs at rb >= cols_out are computed and dropped. A row's
+// padding on the right is the next row's on the left (cols: the last window may reach pad_b
+// into the next row). elems: the int16s a pass may read (its last pair half-dropped).
 struct BufferShape {
-  int rows, cols;
+  int rows, cols, run, elems;
 };
 
-BufferShape ShapeFor(int stride_a, int stride_b, int rows_out, int cols_out) {
-  return {(rows_out - 1) * stride_a + 3, stride_b == 1 ? (cols_out + 3) & ~1 : 4 * ((cols_out + 1) / 2) + 2};
+BufferShape ShapeFor(int stride_a, int stride_b, int rows_out, int cols_out, int pad_b, int n_b) {
+  const int reach = (cols_out - 1) * stride_b + 3 - pad_b, inner = pad_b + n_b;
+  const int cols = ((reach > inner ? reach : inner) + 1) & ~1;
+  const int rows = (rows_out - 1) * stride_a + 3, run = stride_a * cols / stride_b;
+  const int read = ((rows_out - 1) * run + cols_out - 1) * stride_b + 2 * cols + 6;
+  return {rows, cols, run, read > rows * cols ? read : rows * cols};
 }
 
 // A call in the buffer's orientation: buffer rows run along the input's rows (or, transposed,
@@ -68,11 +75,11 @@ Plan PlanFor(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_r
     p = {o.stride_w, o.stride_h, g.out_w, out_rows, o.pad_left, pad_top, g.in_w, g.in_h, C, g.in_w * C, C, g.out_w * C,
          true, {}};
   }
-  p.s = ShapeFor(p.stride_a, p.stride_b, p.rows_out, p.cols_out);
+  p.s = ShapeFor(p.stride_a, p.stride_b, p.rows_out, p.cols_out, p.pad_b, p.n_b);
   return p;
 }
 
-bool BufferFits(const Plan& p) { return p.s.rows * p.s.cols <= kDw3MaxBuffer; }
+bool BufferFits(const Plan& p) { return p.s.elems <= kDw3MaxBuffer && p.s.run <= kChunk; }
 
 // Transposed where the map is taller than wide and that buffer fits, or where only it fits.
 Plan ChoosePlan(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows) {
@@ -175,27 +182,27 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
 #endif
 }
 
-// Channel c's outputs from its buffer, a buffer row of outputs at a time: sums of up to kChunk
-// outputs (pairs; an odd count's last pair half discarded), then their requantization (Scale:
+// Channel c's outputs from its buffer, as many buffer rows of outputs at a time as kChunk sums
+// hold: one pass of pairs over their flattened run, then their requantization, two a step (Scale:
 // RowScaleFast or RowScaleExact; kFull: the clamp is the int8 range).
 template <int SB, typename Scale, bool kFull>
 void Outputs(const Plan& p, const int16_t* buf, const int32_t* w, int32_t bias, const Scale scale, int32_t lo, int32_t hi,
              int8_t* out) {
-  alignas(8) int32_t acc[kChunk];
-  const int step = p.dst_b;
-  for (int ra = 0; ra < p.rows_out; ++ra) {
-    const int16_t* r = buf + ra * p.stride_a * p.s.cols;
-    int8_t* dst = out + ra * p.dst_a;
-    for (int rb = 0; rb < p.cols_out; rb += kChunk) {
-      const int n = p.cols_out - rb < kChunk ? p.cols_out - rb : kChunk;
-      MacPairs<SB>(r + rb * SB, p.s.cols, w, bias, (n + 1) / 2, acc);
+  alignas(8) int32_t acc[kChunk + 1];
+  const int step = p.dst_b, run = p.s.run, block = kChunk / run;
+  for (int ra0 = 0; ra0 < p.rows_out; ra0 += block) {
+    const int rows = p.rows_out - ra0 < block ? p.rows_out - ra0 : block;
+    MacPairs<SB>(buf + ra0 * run * SB, p.s.cols, w, bias, ((rows - 1) * run + p.cols_out + 1) / 2, acc);
+    for (int r = 0; r < rows; ++r) {
+      const int32_t* a = acc + r * run;
+      int8_t* dst = out + (ra0 + r) * p.dst_a;
       int k = 0;
-      for (; k + 2 <= n; k += 2, dst += 2 * step) {  // (two a pass: one LDRD)
-        const int32_t a0 = acc[k], a1 = acc[k + 1];
+      for (; k + 2 <= p.cols_out; k += 2, dst += 2 * step) {
+        const int32_t a0 = a[k], a1 = a[k + 1];
         dst[0] = Narrow8<kFull>(scale(a0), lo, hi);
         dst[step] = Narrow8<kFull>(scale(a1), lo, hi);
       }
-      if (k < n) *dst = Narrow8<kFull>(scale(acc[k]), lo, hi), dst += step;
+      if (k < p.cols_out) *dst = Narrow8<kFull>(scale(a[k]), lo, hi);
     }
   }
 }
@@ -207,23 +214,26 @@ void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const i
   const int C = g.in_c;
   int32_t w[6];
   const int32_t b = bias != nullptr ? bias[c] : 0;
-  const int64_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
-  int64_t bound = b < 0 ? -static_cast<int64_t>(b) : b;
-  int32_t folded = b;  // bias + offset x the weights' sum (wrapping, as the sums do: the final sum is the same)
+  const int32_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
   const int tap_a = p.transposed ? 1 : 3, tap_b = p.transposed ? 3 : 1;  // tap steps across / along buffer rows
+  int32_t sum = 0, abs_sum = 0;  // (at most 9 x 128 each)
   for (int ka = 0; ka < 3; ++ka) {
     const int8_t* f = filter + ka * tap_a * C + c;
     const int32_t f0 = f[0], f1 = f[tap_b * C], f2 = f[2 * tap_b * C];
     w[2 * ka] = Pair(f0, f1), w[2 * ka + 1] = Pair(f1, f2);
-    bound += in_max * ((f0 < 0 ? -f0 : f0) + (f1 < 0 ? -f1 : f1) + (f2 < 0 ? -f2 : f2));
-    folded = static_cast<int32_t>(static_cast<uint32_t>(folded) + static_cast<uint32_t>(o.input_offset * (f0 + f1 + f2)));
+    sum += f0 + f1 + f2;
+    abs_sum += (f0 < 0 ? -f0 : f0) + (f1 < 0 ? -f1 : f1) + (f2 < 0 ? -f2 : f2);
   }
+  // bias + offset x the weights' sum (wrapping, as the sums do: the final sum is the same int32)
+  const int32_t folded = static_cast<int32_t>(static_cast<uint32_t>(b) + static_cast<uint32_t>(o.input_offset * sum));
+  // every sum below 2^30 in magnitude: |bias| + max|x + offset| x sum|w| (at most 255 x 1152 < 2^19)
+  const bool small = (b < 0 ? -static_cast<int64_t>(b) : static_cast<int64_t>(b)) < (int64_t{1} << 30) - in_max * abs_sum;
   Fill(p, c, in, buf);
   const int32_t m = requant[c], shift = requant[g.out_c + c];
   const bool full = o.act_min <= -128 && o.act_max >= 127;
   const bool s1 = p.stride_b == 1;
   out += c;
-  if (bound < (int64_t{1} << 30) && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
+  if (small && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
     const RowScaleFast q(m, shift, o.output_offset);
     (s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
         : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, w, folded, q, o.act_min, o.act_max,
@@ -248,10 +258,10 @@ bool Depthwise3x3Fits(const ConvOptions& o, const ConvGeometry& g) {
 
 void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out) {
-  alignas(8) int16_t buf[kDw3MaxBuffer];
+  alignas(8) int16_t buf[kDw3MaxBuffer + 1];
   const Plan p = ChoosePlan(o, g, pad_top, out_rows);
   const int32_t zp2 = static_cast<int32_t>((static_cast<uint32_t>(-o.input_offset) & 0xFFFF) * 0x10001u);
-  for (int k = 0; k < p.s.rows * p.s.cols; k += 2) __builtin_memcpy(buf + k, &zp2, 4);  // the padding, once
+  for (int k = 0; k < p.s.elems; k += 2) __builtin_memcpy(buf + k, &zp2, 4);  // the padding, once
   for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, out);
 }
 
