@@ -23,7 +23,7 @@ from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.ir import Quantization, from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
 from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3
-from tpu_pipeline.toolchain.ir.kernels import OVERLAP, can_run_variant, kernel_name, with_kernel
+from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_variant, kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
@@ -103,6 +103,24 @@ def test_the_dw3_kernel_asks_for_no_buffer_and_its_flag_survives_the_file():
     assert len(plain) == 6 and all(scratch_requests(g, i, sem) == [] for i in plain)
     back = from_model(read_model(data))
     assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+
+
+def test_the_model_on_the_harness_takes_dw3_where_it_won_and_the_cost_model_agrees():
+    """fit's on_harness: narrow 3x3 layers at stride 1 on dw3 (before "fast", which also runs
+    them), at stride 2 not (CMSIS-NN's was faster on most maps), a map too wide for the buffer on
+    "fast"; the fitted cost rows (from layers of 40 to 256 channels) price dw3 below "fast" where it
+    took the layer."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+
+    b = CnnBuilder(seed=4, spread=True)
+    wide = b.dw(b.input((1, 20, 20, 16)), k=3)  # 20 x 20: no buffer fits
+    narrow = b.dw(b.dw(b.input((1, 25, 5, 64)), k=3, stride=2), k=3)  # kws's maps: 25 x 5 -> 13 x 3 -> 13 x 3
+    g, _ = on_harness(b.graph([wide, narrow]))
+    assert [op.kernel for op in g.ops] == ["tpup+fast", "tpup", "tpup+dw3"]
+    board = load_device("qemu-mps2-an386")
+    dw3 = [i for i, op in enumerate(g.ops) if DW3 in kernels.flags(op)]
+    assert estimate_mcu(g, board).instructions < estimate_mcu(with_kernel(g, dw3, kernel_name(FAST)),
+                                                              board).instructions
 
 
 @pytest.fixture(scope="module")

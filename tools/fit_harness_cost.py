@@ -286,8 +286,9 @@ def collect(out: Path, force: bool = False) -> dict:
             path.write_bytes(blob)
             for kernels in KERNEL_SETS:
                 key = f"{name}/{kernels}"
-                if (key in data["runs"] and not force) or (name.endswith(("_cmsis", "dw3_fast")) and kernels != "cmsis-nn"):
-                    continue  # (the kernel set's own depthwise: a comparison, on CMSIS-NN only)
+                compared = name.endswith("_cmsis") or (name.startswith("dw3_") and name.endswith("_fast"))
+                if (key in data["runs"] and not force) or (compared and kernels != "cmsis-nn"):
+                    continue  # (the kernel set's own depthwise, and "fast" beside dw3: comparisons, on CMSIS-NN only)
                 t0 = time.time()
                 try:
                     r = run_on_qemu(path, load_device(DEVICE), kernel_set(kernels), iterations=1, quiet=True, timeout=600)
@@ -375,8 +376,8 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
                    "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
-        if not run.get("ops") or not run.get("outputs_match"):
-            continue
+        if not run.get("ops") or not run.get("outputs_match") or (name.startswith("dw3_") and not name.endswith("_dw3")):
+            continue  # ("fast" on DW3_SIZES: a comparison, not its fit's data)
         for i, _, measured in run["ops"]:
             f = op_features(g, i)
             if f.fit_class in OWN_CLASSES:

@@ -36,7 +36,7 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  const bool flags_ok = (o->flags & ~0x1F3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
+  const bool flags_ok = (o->flags & ~0x2F3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
                         (!(o->flags & kFlagWindowFastRequant) || (o->flags & kFlagWindow));
   return o->format == 1 && flags_ok && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&

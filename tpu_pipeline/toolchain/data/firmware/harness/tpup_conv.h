@@ -37,7 +37,7 @@ constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;
 // The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", tpup_depthwise3x3.cc) and its
 // buffer's int16s on the stack (ir/kernel_variants/depthwise3x3.py MAX_BUFFER).
-constexpr int32_t kFlagDw3 = 0x1000;
+constexpr int32_t kFlagDw3 = 0x2000;
 constexpr int kDw3MaxBuffer = 324;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 // the packed convolution's largest window: pairs and bytes a row (ir/kernels.py PACKED_MAX_PAIRS, _ROW)

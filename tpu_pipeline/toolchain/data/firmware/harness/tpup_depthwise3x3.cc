@@ -8,21 +8,22 @@
 // a time, its input widened into a small int16 buffer on the stack, transposed where the map is
 // taller than wide (kws's 25 x 5 maps: long rows, fewer passes' set-up). The input offset is
 // folded into the bias (offset x the channel's weight sum) and the buffer's padding holds the
-// input's zero point, written once per call, so a padding tap adds exactly what TFLite's skipped
-// tap does not, with no test; each channel writes only its input's positions, two a word. Each
+// input's zero point, written once per call: a padding tap adds w x zp, which the bias's
+// offset x w cancels (zero, as TFLite's skipped tap), with no test; each channel writes only its input's positions, two a word. Each
 // buffer row is an even number of int16s and 4-aligned, so every window row of an even output
-// starts at an aligned word. A pass makes two outputs side by side: per window row one LDRD of the
-// row's weights as int16 pairs (w0, w1), (w1, w2), one LDRD of the inputs (stride 2: and one LDR),
-// four dual or single multiplies (inline assembly: 21 instructions per two outputs at stride 1, 24
-// at stride 2). The sums of up to kChunk outputs go to a small array, then are requantized, two a
-// pass: RowScaleFast (SMMULR, the output offset in the rounding nudge; tpup_conv.h) where the
-// channel's weights, bias and input offset bound every sum below 2^30 and its shift lies in
-// [-22, -1] (checked per channel), else Requant's integers; the clamp one SSAT where the
+// starts at an aligned word. The buffer's rows are read as one flattened run (ShapeFor), as many
+// rows as kChunk sums hold per pass, two outputs side by side a step: per window row one LDRD of
+// the row's weights as int16 pairs (w0, w1), (w1, w2), one LDRD of the inputs (stride 2: and one
+// LDR), four dual or single multiplies (inline assembly: 21 instructions per two outputs at stride
+// 1, 24 at stride 2). The sums go to a small array, then are requantized, two a step:
+// RowScaleFast (SMMULR, the output offset in the rounding nudge; tpup_conv.h) where the channel's
+// weights, bias and input offset bound every sum below 2^30 and its shift lies in [-22, -1]
+// (checked per channel), else Requant's integers; the clamp one SSAT where the
 // activation is the whole int8 range.
 //
 // Memory: no arena at all; the stack holds the buffer, at most kDw3MaxBuffer int16s (no more
 // than the "fast" kernel's weights on the stack, 648 bytes), which Depthwise3x3Fits checks, and
-// kChunk sums (128 bytes).
+// kChunk sums (256 bytes).
 
 #include <cstdint>
 #include <cstring>
