@@ -27,6 +27,8 @@ class Pool:
         self.pruned: dict = {}  # the chain DP's dominance pruning, per group of spans, kept between its calls
         self.regions: dict = {}  # (first, last, form) -> the region's geometry, shared by its grids' estimates
         self._at: dict[int, int] = {}  # id(variant) -> its position when last looked up (index)
+        self.hopeful: dict[int, tuple] = {}  # id(variant) -> (it, it at its lower bound): search.with_best_orders
+        self.pruned_hopeful: dict = {}  # the chain DP's caches over those
 
     def estimate_all(self, deadline: Deadline) -> None:
         """Every candidate still at its bound estimated at once (the tile geometry is cheap, and
