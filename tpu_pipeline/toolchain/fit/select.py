@@ -305,8 +305,9 @@ class _Chain:
         first = np.fromiter((v.first for v in self.variants), np.int64, m)
         end = np.fromiter((v.last + 1 for v in self.variants), np.int64, m)
         peak = np.fromiter((v.peak for v in self.variants), np.int64, m)
-        tail = np.fromiter((v.tail if self.exact else 0 for v in self.variants), np.int64, m)
-        lat = np.fromiter((ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        self._tails = np.fromiter((v.tail for v in self.variants), np.int64, m)
+        self._lat = np.fromiter((ns[id(v)] for v in self.variants), np.int64, m)
+        tail, lat = (self._tails, self._lat) if self.exact else (np.zeros(m, np.int64), np.zeros(m, np.int64))
         keys = (tail * self._SHIFT + lat, lat * self._TAIL + tail)
         order = np.argsort(end, kind="stable")
         ends, starts = np.unique(end[order], return_index=True)
@@ -314,17 +315,18 @@ class _Chain:
         for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
             self.by_end[e] = (ks, first[ks], peak[ks], keys[0][ks], keys[1][ks])
         self.ns = ns
+        self._first, self._end = first, end
         # under a cap the peak no longer matters: per group of spans, only the variants no other
         # of the group beats on tail and latency (`under`); sorted by group, tail, latency once
-        lat = np.fromiter((ns[id(v)] for v in self.variants), np.int64, m)
+        lat = self._lat
         group = first * (n_spans + 1) + end
-        self._sorted = np.lexsort((lat, np.fromiter((v.tail for v in self.variants), np.int64, m), group))
+        self._sorted = np.lexsort((lat, self._tails, group))
         self._group, self._peak = group[self._sorted], peak[self._sorted]
         ranks = np.unique(self._group, return_inverse=True)[1].reshape(-1)
         big = int(lat.max(initial=0)) + 1
         # a group's latencies lifted above every later group's: a running minimum restarts per group
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
-        self._under: dict[int, list] = {}
+        self._under: dict[int, tuple] = {}  # cap -> (its variants, their indices): under()
         self._fronts: dict[int, tuple] = {}  # cap -> (max tail, max latency, its front): front()
         self._caps = np.unique(peak)  # (sorted)
         self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
@@ -342,8 +344,9 @@ class _Chain:
             keep = np.concatenate(([True], group[1:] != group[:-1])) | (lifted < before)
             if len(self._under) > 64:
                 self._under.clear()
-            self._under[cap] = [self.variants[int(k)] for k in self._sorted[ok][keep]]
-        return self._under[cap]
+            at = self._sorted[ok][keep]
+            self._under[cap] = ([self.variants[int(k)] for k in at], at)
+        return self._under[cap][0]
 
     def front(self, cap: int, max_tail: int | None, max_lat: int | None):
         """_front of the variants under `cap` within the limits. A front within wider limits holds
@@ -352,7 +355,10 @@ class _Chain:
         hit = self._fronts.get(cap)
         if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
             return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
-        out = _front(self.under(cap), self.n, self.ns, max_tail, max_lat)
+        under = self.under(cap)
+        at = self._under[cap][1] if under else np.zeros(0, np.int64)
+        out = _front_on(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n, max_tail,
+                        max_lat)
         self._fronts[cap] = (max_tail, max_lat, out)
         return out
 
@@ -462,6 +468,12 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int 
     end = np.fromiter((v.last + 1 for v in variants), np.int64, m)
     tail = np.fromiter((v.tail for v in variants), np.int64, m)
     lat = np.fromiter((ns[id(v)] for v in variants), np.int64, m)
+    return _front_on(variants, first, end, tail, lat, n_spans, max_tail, max_lat)
+
+
+def _front_on(variants, first, end, tail, lat, n_spans: int, max_tail: int | None, max_lat: int | None):
+    """_front with the variants' first spans, end spans (last + 1), tails and latencies (ns) as arrays."""
+    most = np.iinfo(np.int64).max
     rest_tail, rest_ns = _rest(first, end, tail, lat, n_spans)
     # labels of every span so far, flat: tail, latency, the variant of their last arc, the label before
     lab_t, lab_n = np.zeros(1, np.int64), np.zeros(1, np.int64)
@@ -472,7 +484,7 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int 
     bounds = np.searchsorted(end[by_end], np.arange(n_spans + 2))
     for s in range(1, n_spans + 1):
         at[s] = len(lab_t)
-        if rest_tail[s] == np.iinfo(np.int64).max and (max_tail is not None or max_lat is not None):
+        if rest_tail[s] == most and (max_tail is not None or max_lat is not None):
             continue  # no way on from here: no label could end within a limit
         idx = by_end[bounds[s]:bounds[s + 1]]
         counts = count[first[idx]]
@@ -491,7 +503,7 @@ def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int 
         t2, n2, arc, prev = t2[ok], n2[ok], arc[ok], prev[ok]
         order = np.lexsort((n2, t2))  # (stable: tail, then latency, then the loop's order)
         n_sorted = n2[order]
-        before = np.concatenate(([np.iinfo(np.int64).max], np.minimum.accumulate(n_sorted)[:-1]))
+        before = np.concatenate(([most], np.minimum.accumulate(n_sorted)[:-1]))
         kept = order[n_sorted < before]  # ascending tail: each one faster than every smaller-tail label
         count[s] = len(kept)
         lab_t, lab_n = np.concatenate((lab_t, t2[kept])), np.concatenate((lab_n, n2[kept]))
