@@ -16,6 +16,7 @@ more is never chosen. The budget and the memory objective then count peak + sum(
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,16 +130,35 @@ def _undominated(variants: list[Variant], cache: dict | None = None) -> list[Var
         if hit is not None and hit[0] == group_ids:
             out += hit[1]
             continue
-        kept: list[Variant] = []
-        for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):  # (stable: ties keep their order)
-            if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
-                kept.append(v)
+        kept = _skyline(group)
         if cache is not None:  # (the group's variants are held too, so their ids stay theirs)
             cache[key] = (group_ids, kept, group)
         out += kept
     if cache is not None:  # (the variants held too, so their ids stay theirs)
         cache["all"] = (ids, out, list(variants))
     return out
+
+
+def _skyline(group: list[Variant]) -> list[Variant]:
+    """The variants of `group`, by (peak, tail, latency) (stable: ties keep their order), that no
+    earlier one matches or beats on tail and latency at once (its peak is no higher). The kept
+    ones' (tail, latency) staircase answers each in a bisection: tails ascending, latencies
+    descending, the least latency at a tail at most v's is the last step at or below it."""
+    kept: list[Variant] = []
+    tails: list[int] = []  # the staircase: tails ascending
+    lats: list[float] = []  # and their latencies, descending
+    for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):
+        k = bisect.bisect_right(tails, v.tail)
+        if k and lats[k - 1] <= v.latency_s:
+            continue  # an earlier one has a tail and a latency no larger
+        kept.append(v)
+        j = k
+        while j < len(tails) and lats[j] >= v.latency_s:  # the steps v now beats (tails >= v's)
+            j += 1
+        if k and tails[k - 1] == v.tail:  # (a step at v's tail is slower: v replaces it)
+            k -= 1
+        tails[k:j], lats[k:j] = [v.tail], [v.latency_s]
+    return kept
 
 
 def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
