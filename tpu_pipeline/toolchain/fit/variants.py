@@ -369,6 +369,8 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             floor_s = lat if form == "copies" else 0.0
             grids = [(g, False) for g in _grids(region.max_grid)] if form == "copies" \
                 else _stage_grids(_stage_max_grid(graph, region))
+            if floor >= covered:  # for its tail alone (no grid goes below the spans' peak): streamed
+                grids = [(g, r) for g, r in grids if not r]  # (recomputing ones are kept only where smaller)
             for grid, recompute in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
