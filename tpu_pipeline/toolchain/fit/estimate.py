@@ -202,41 +202,39 @@ def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> Stag
     return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz)
 
 
-def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
+def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:
     """(peak, MACs, seconds) at least of a stage on row stripes run streamed (rewrite.patch_stage
     `_stream_program`): each layer's rows computed once; the stripe's buffers are not written over
     one another, so a layer's footprint is its input and output boxes (and the kernel's scratch);
-    every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
-    footprint = 0.0
-    for k, (y, xs, i) in enumerate(geo.steps):
-        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k]))
-        footprint = max(footprint, float(f.max()))
-    footprint += geo.kernel_scratch
-    buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
-               for y, _, _ in geo.steps if y != geo.tout)
-    new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
-    for y, _, i in geo.steps:
-        lo, hi = row_runs[y]
-        above = np.concatenate(([lo[0]], hi[:-1])) if y != geo.tout else lo
-        new[i] = np.maximum(hi - np.maximum(lo, above), 0)
-    work = sum(geo.rate[i][0] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    every layer's stream buffer (the rows two consecutive stripes share) lives throughout. `rlo`,
+    `rhi`: [tensors x stripes] the needed row runs, `hm`, `wm` their lengths (rows, columns: one
+    column of tiles); the sums over tensors are of integers (exact in any order)."""
+    w0 = wm[:, 0]
+    boxes = (geo.bpp * w0)[:, None] * hm  # [tensor, stripe]
+    footprint = float((geo.holds_stage @ boxes).max(initial=0.0)) + geo.kernel_scratch
+    mid = ~(np.arange(len(geo.tensors)) == geo.j_out)  # (every tensor but the region's output)
+    held = geo.y_at[mid[geo.y_at]]  # the layers' outputs but the region's output
+    shared_rows = np.maximum((rhi[:, :-1] - rlo[:, 1:]).max(axis=1, initial=0), 0)
+    buffers = float((geo.bpp[held] * w0[held] * shared_rows[held]).sum())
+    # op -> output rows each stripe computes: those below the rows the stripe above computed
+    above = np.concatenate((rlo[:, :1], rhi[:, :-1]), axis=1)
+    above[geo.j_out] = rlo[geo.j_out]
+    new = np.maximum(rhi - np.maximum(rlo, above), 0)
+    new_sum, new_on = new.sum(axis=1).astype(np.float64).tolist(), (new > 0).sum(axis=1).tolist()
+    ys, w_list = geo.y_at.tolist(), w0.tolist()
+    work = sum(geo.rate[i][0] * new_sum[j] * w_list[j] for j, (_, _, i) in zip(ys, geo.steps))
     # the rows a stripe shares with the one above come out of the stream buffer, and those the
     # one below shares go into it: a copy each
-    cached = 0.0
-    for y, _, _ in geo.steps:
-        if y != geo.tout:
-            lo, hi = row_runs[y]
-            shared = np.maximum(np.minimum(hi[:-1], hi[1:]) - lo[1:], 0).sum()
-            into = np.maximum(hi[:-1] - lo[1:], 0).sum()
-            cached += float(shared + into) * W[y][0] * geo.channels[y]
+    shared = np.maximum(np.minimum(rhi[:, :-1], rhi[:, 1:]) - rlo[:, 1:], 0).sum(axis=1)
+    into = np.maximum(rhi[:, :-1] - rlo[:, 1:], 0).sum(axis=1)
+    cached = float(((shared + into)[held] * w0[held] * geo.ch[held]).sum())
     if geo.pricing is not None:
-        rows = [new[i] for _, _, i in geo.steps]
+        j = geo.j_in
         seconds = geo.pricing.streamed_seconds(
-            geo, [float(r.sum()) for r in rows], [int((r > 0).sum()) for r in rows],
-            [float(W[y].sum()) for y, _, _ in geo.steps], [int((W[y] > 0).sum()) for y, _, _ in geo.steps],
-            cached, H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin])
+            geo, [new_sum[k] for k in ys], [new_on[k] for k in ys], [w_list[k] for k in ys],
+            [int(w_list[k] > 0) for k in ys], cached, hm[j].sum() * wm[j].sum() * geo.channels[geo.tin])
     else:  # each op's own time on the rows it computes
-        seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+        seconds = sum(geo.rate[i][1] * new_sum[j] * w_list[j] for j, (_, _, i) in zip(ys, geo.steps))
     return geo.full_in + geo.full_out + int(footprint + buffers), int(work), seconds
 
 
@@ -322,8 +320,7 @@ def _estimate(geo: RegionGeometry, grid, stage: bool, streamed: bool) -> tuple[i
     if stage and streamed:
         rlo, rhi = geo.lo[0][:, [a for a, _ in rows]], geo.hi[0][:, [b for _, b in rows]]
         if grid[1] == 1:  # streamed stripes (rewrite.patch_stage): stream buffers
-            H, W = dict(zip(geo.tensors, hm)), dict(zip(geo.tensors, wm))
-            return _streamed(geo, {t: (rlo[j], rhi[j]) for j, t in enumerate(geo.tensors)}, H, W)
+            return _streamed(geo, rlo, rhi, hm, wm)
         # streamed tiles: halo caches
         return _streamed2d(geo, rlo, rhi, geo.lo[1][:, [a for a, _ in cols]], geo.hi[1][:, [b for _, b in cols]])
     # An op's footprint on tile (r, c) is the sum over the tensors it holds of bytes/pixel x
