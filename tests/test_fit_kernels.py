@@ -255,3 +255,27 @@ def test_the_memory_objective_pays_no_tail_bytes_for_a_variant_constant(monkeypa
     assert with_packed.head + with_packed.tail == without.head + without.tail
     if kept:
         assert with_packed.selection.latency_s < without.selection.latency_s
+
+
+def test_a_kernel_variant_that_lowers_the_peak_costs_no_arena_and_no_speed(monkeypatch):
+    """Issue 30: with the window variant registered (3x3 convolutions without CMSIS-NN's im2col
+    buffer), chain_int8's smallest whole arena went 4,004 -> 4,052 B at twice the latency. Its last
+    two layers as one stage save tail bytes (one op node), but were no longer offered once the
+    window kernel brought their peak down to the stage's own floor (patch_candidates looked at the
+    peak alone); and three lean twins then stood at that arena, which unlean swapped all or none
+    (all together their 16 B each pass the real tail's alignment; one at a time they do not)."""
+    from tpu_pipeline.toolchain.ir import kernel_variants
+
+    monkeypatch.undo()  # (the real registry)
+    src = Path(__file__).parent / "fixtures" / "chain_int8.tflite"
+
+    def smallest():
+        r = fit_model(src, objective="memory", time_limit=20, want_pareto=True).result
+        assert r.frontier_complete
+        return r
+
+    with_window = smallest()
+    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(v for v in kernel_variants.REGISTRY if v.flag != "window"))
+    without = smallest()
+    assert with_window.head + with_window.tail <= without.head + without.tail
+    assert with_window.selection.latency_s <= without.selection.latency_s
