@@ -111,6 +111,7 @@ def cuts_section(model: Path, tmp: Path, n: int = 4) -> list[str]:
 
 
 def profile_section(model: Path, tmp: Path, n: int = 4, slow: int = 1) -> list[str]:
+    load = os.getloadavg()[0]
     cli("compile", model, "-n", n, "-o", tmp / "base")
     _, out = cli("run", tmp / "base", "--backend", "emulator", "-N", "20", "--json")
     run = json.loads(out)
@@ -142,7 +143,7 @@ def profile_section(model: Path, tmp: Path, n: int = 4, slow: int = 1) -> list[s
     r = report(tmp / "slow")
     sol = r["solver"]
     lines += ["", f"Proof (`compile ... -n {n} --profile slow.json` with default options, {wall:.0f} s wall, "
-              f"{cpu:.0f} s CPU): {sol['simulated_candidates']:,} candidates simulated, every chain whose bound P is "
+              f"{cpu:.0f} s CPU, load average {load:.1f} on {os.cpu_count()} cores at the section's start): {sol['simulated_candidates']:,} candidates simulated, every chain whose bound P is "
               f"below {sol['period_lower_bound_s'] * 1e3:.4f} ms; the answer's period is "
               f"{r['predicted']['period_s'] * 1e3:.4f} ms, gap {sol['gap']:.2%} of the proven bound, stopped: "
               f"{sol['refinement_stopped_by']}."]
