@@ -275,12 +275,36 @@ def collect(out: Path, force: bool = False) -> dict:
     return data
 
 
+# The [K.patch_stage] rates, fitted together over every stage form (square grids recomputing,
+# row stripes and square grids streamed): fitted apart, the forms' columns are near collinear
+# and the rates came out degenerate (131 instructions per copied byte, stripes overpriced 1.5-3.7x).
+STAGE_RATES = ("per_call", "per_row", "per_copied", "per_pasted", "per_paste_row")
+
+
+def stage_base(op, table: dict) -> float:
+    """What a stage's layers and rings cost at their own rates (cost/mcu.py stage_instructions
+    without the [K.patch_stage] terms)."""
+    from tpu_pipeline.toolchain.cost.mcu import stage_features
+
+    f = stage_features(op, table)
+    ring = table["overlap"]
+    return f.layers + ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied
+
+
+def stage_columns(op, table: dict) -> list[float]:
+    """The columns STAGE_RATES multiply: calls, their rows, elements copied, pasted, paste rows."""
+    from tpu_pipeline.toolchain.cost.mcu import stage_features
+
+    f = stage_features(op, table)
+    return [f.calls, f.rows, f.copied, f.pasted, f.paste_rows]
+
+
 def fit(data: dict) -> dict:
     """{kernels: {"overlap": coefficients, "patch_stage": coefficients}}."""
     import numpy as np
 
     from fit_mcu_cost import nnls
-    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_features
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table
     from tpu_pipeline.toolchain.ir import stage
     from tpu_pipeline.toolchain.memory.lifetimes import overlapped_ops
 
@@ -291,8 +315,7 @@ def fit(data: dict) -> dict:
         table = dict(base[kernels])
         out.setdefault(kernels, {}).update(_fit_own_ops(data, graphs, kernels))
         for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
-            a, y = [], []
-            pa, py = [], []  # 2-D streamed stages: their pastes, on the stage rows the table has
+            a, y, size = [], [], []  # size: what each op's residual is a share of
             for name, g in graphs.items():
                 run = data["runs"].get(f"{name}/{kernels}", {})
                 if not run.get("ops") or not run.get("outputs_match"):
@@ -302,33 +325,21 @@ def fit(data: dict) -> dict:
                 for i, _, measured in run["ops"]:
                     op = g.ops[i]
                     if cls == "patch_stage" and stage.is_stage(op):
-                        f = stage_features(op, table)
-                        ring = table["overlap"]
-                        rest = measured - f.layers - ring["per_unit"] * f.ring_rows - ring["per_output"] * f.ring_copied
-                        if f.pasted:
-                            c = base[kernels].get("patch_stage") or {"per_call": 0.0, "per_row": 0.0, "per_copied": 0.0}
-                            pa.append([f.pasted, f.paste_rows])
-                            py.append(rest - c["per_call"] * f.calls - c["per_row"] * f.rows - c["per_copied"] * f.copied)
-                            continue
-                        a.append([f.calls, f.rows, f.copied])
-                        y.append(rest)
+                        a.append(stage_columns(op, table))
+                        y.append(measured - stage_base(op, table))
+                        size.append(measured)
                     elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
                         t = g.tensors[op.outputs[0]]
                         a.append([t.shape[1], t.num_elements, 1.0])
                         y.append(measured - plain[i])
+                        size.append(measured - plain[i])
             if not a:
                 continue
             a, y = np.array(a, dtype=float), np.array(y, dtype=float)
-            w = 1.0 / np.maximum(np.abs(y), 1.0)
+            w = 1.0 / np.maximum(np.abs(np.array(size, dtype=float)), 1.0)  # (relative errors)
             coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
-            names = ("per_call", "per_row", "per_copied") if cls == "patch_stage" else ("per_unit", "per_output",
-                                                                                       "overhead")
+            names = STAGE_RATES if cls == "patch_stage" else ("per_unit", "per_output", "overhead")
             table[cls] = {**dict(zip(names, coef)), "ops": len(y)}
-            if pa:
-                pa, py = np.array(pa, dtype=float), np.array(py, dtype=float)
-                w = 1.0 / np.maximum(np.abs(py), 1.0)
-                per_pasted, per_paste_row = (round(float(c), 4) for c in nnls(pa * w[:, None], py * w))
-                table[cls].update(per_pasted=per_pasted, per_paste_row=per_paste_row, paste_ops=len(py))
             out.setdefault(kernels, {})[cls] = table[cls]
     return out
 
