@@ -6,6 +6,7 @@ Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
@@ -15,6 +16,7 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, stage
 from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
+from tpu_pipeline.toolchain.ir.kernel_variants.packed import packed_weights
 from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
@@ -315,6 +317,50 @@ def test_2d_streamed_stages_run_in_qemu_bit_identical(tmp_path, kernels_set):
     for (g, src), grid in cases:
         staged = _streamed2d(g, grid)
         path = tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}.tflite"
+        path.write_bytes(_write(staged, src))
+        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+        predicted = exported_arena(r)
+        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+# ---- the packed first convolution inside stages ----------------------------------------------------
+def _packed_first(g):
+    """`g` with its first convolution (3x3 over 3 channels) on the packed kernel."""
+    return with_kernel(g, [0], kernel_name("packed"))
+
+
+def _packed_stages():
+    g, src = _mbv2_like()
+    g = _packed_first(g)
+    tin, tout, positions = checked_region(g, _region(g))
+    return [(build_stage(g, tin, tout, positions, grid, stream=stream), src)
+            for grid, stream in (((3, 2), False), ((3, 1), True), ((3, 3), True))]
+
+
+def test_stages_keep_the_packed_kernel_and_its_weights():
+    """The stage's first layer stays on the packed kernel, its layer record names the re-laid
+    weights (input 4), and it reads back from the file as it was built."""
+    for staged, src in _packed_stages():
+        (op,) = [o for o in staged.ops if stage.is_stage(o)]
+        first = op.options.body.ops[0]
+        assert first.kernel == "tpup+packed" and len(first.inputs) == 5
+        assert np.array_equal(op.options.body.tensors[first.inputs[4]].values(), packed_weights(op.options.body, first))
+        back = from_model(read_model(_write(staged, src)))
+        (read,) = [o for o in back.ops if stage.is_stage(o)]
+        first = read.options.body.ops[0]
+        assert first.kernel == "tpup+packed" and len(first.inputs) == 5
+        assert np.array_equal(read.options.body.tensors[first.inputs[4]].values(), packed_weights(read.options.body, first))
+        assert stage.encode(read.options) == stage.encode(op.options)
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stages_with_the_packed_kernel_run_in_qemu_bit_identical(tmp_path, kernels_set):
+    """Recomputing, stripe-streamed and 2-D streamed stages whose first layer runs the packed
+    kernel: outputs equal the host's TFLite Micro's, the arena is the predicted one."""
+    for k, (staged, src) in enumerate(_packed_stages()):
+        path = tmp_path / f"packed_{k}.tflite"
         path.write_bytes(_write(staged, src))
         r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
         predicted = exported_arena(r)

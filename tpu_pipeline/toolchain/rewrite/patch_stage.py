@@ -147,6 +147,15 @@ def _stage_flag_bits(graph: Graph, op: Op) -> int:
     return bits
 
 
+def _variant_constant(op: Op, where: dict[int, int]) -> int:
+    """Layer word 21: the body tensor of the constant a variant the stage runs reads of its own
+    (packed's re-laid weights, the op's input 4); 0 (unread: its flag is not set) otherwise."""
+    v = kernels.variant_of(op)
+    if v is not None and v.in_stages and v.constant_input is not None:
+        return where[op.inputs[4]]
+    return 0
+
+
 def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:
     words = []
     for op in region:
@@ -168,6 +177,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             w[13:16] = [where[op.inputs[1]], where[bias] if bias >= 0 else -1, where[op.inputs[3]]]
             w[16], w[17], w[18] = hi, wt.shape[1], wt.shape[2]
             w[19], w[20] = leading_pads(graph, op)  # on the whole tensor: sizes the kernel's buffer
+            w[21] = _variant_constant(op, where)
             top, left = (o.pad_top, o.pad_left) if o.padding == "EXPLICIT" else (0, 0)
             w[23:28] = [ACTIVATION_CODE[o.fused_activation], PADDING_CODE[o.padding], top, left, op.version]
         words += w
