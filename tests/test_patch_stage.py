@@ -365,3 +365,49 @@ def test_stages_with_the_packed_kernel_run_in_qemu_bit_identical(tmp_path, kerne
         r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
         predicted = exported_arena(r)
         assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+# ---- the fast depthwise kernel on streamed stripes ---------------------------------------------------
+def _fast(g):
+    """`g` with its depthwise convolutions on the harness's own kernel (flag "fast") where it applies."""
+    from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise
+
+    return with_kernel(g, [i for i, op in enumerate(g.ops) if fast_depthwise.applies(g, i)], kernel_name("fast"))
+
+
+def _depthwise_kernels(staged) -> list[str]:
+    body = next(o for o in staged.ops if stage.is_stage(o)).options.body
+    return [layer.kernel for layer in body.ops if layer.opcode == "DEPTHWISE_CONV_2D"]
+
+
+def test_only_streamed_stripes_keep_the_fast_depthwise_kernel():
+    """Streamed row stripes (no call through a ring) run the fast depthwise kernel; recomputing and
+    2-D streamed stages, whose depthwise layers go in place through rings, run the kernel set's."""
+    g, src = _mbv2_like()
+    g = _fast(g)
+    tin, tout, positions = checked_region(g, _region(g))
+    stripes = build_stage(g, tin, tout, positions, (3, 1), stream=True)
+    assert _depthwise_kernels(stripes) == ["tpup+fast"] * 2 and not _rings(stripes)[0]
+    assert _depthwise_kernels(from_model(read_model(_write(stripes, src)))) == ["tpup+fast"] * 2
+    for grid, stream in (((3, 2), False), ((3, 3), True)):
+        assert _depthwise_kernels(build_stage(g, tin, tout, positions, grid, stream=stream)) == ["tpup"] * 2
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stripes_with_the_fast_depthwise_kernel_run_in_qemu_bit_identical(tmp_path, kernels_set):
+    """Stripe stages whose depthwise layers (3x3 stride 1, and stride 2 with folded explicit
+    padding) run the fast kernel, with the packed first layer: outputs equal the host's TFLite
+    Micro's, the arena is the predicted one."""
+    for n in (2, 3, 5):
+        g, src = _mbv2_like()
+        g = _packed_first(_fast(g))
+        tin, tout, positions = checked_region(g, _region(g))
+        staged = build_stage(g, tin, tout, positions, (n, 1), stream=True)
+        assert _depthwise_kernels(staged) == ["tpup+fast"] * 2
+        path = tmp_path / f"fast_stripes_{n}.tflite"
+        path.write_bytes(_write(staged, src))
+        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+        predicted = exported_arena(r)
+        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)

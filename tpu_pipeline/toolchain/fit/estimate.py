@@ -83,6 +83,9 @@ class RegionGeometry:
         self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
                        for k, (y, xs, _) in enumerate(self.steps)]
         self.pricing = pricing
+        # (pricing, kernel scratch) of the region as a stage on row stripes runs it, where its
+        # kernels differ (rewrite.patch_stage STRIPES_ONLY; fit.variants sets it)
+        self.stripes: tuple | None = None
         self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
         self._stack(graph, tout)
 
@@ -186,11 +189,12 @@ def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
     `_stream_program`): each layer's rows computed once; the stripe's buffers are not written over
     one another, so a layer's footprint is its input and output boxes (and the kernel's scratch);
     every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
+    pricing, kernel_scratch = geo.stripes or (geo.pricing, geo.kernel_scratch)
     footprint = 0.0
     for k, (y, xs, i) in enumerate(geo.steps):
         f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k]))
         footprint = max(footprint, float(f.max()))
-    footprint += geo.kernel_scratch
+    footprint += kernel_scratch
     buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
                for y, _, _ in geo.steps if y != geo.tout)
     new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
@@ -208,8 +212,8 @@ def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
             shared = np.maximum(np.minimum(hi[:-1], hi[1:]) - lo[1:], 0).sum()
             into = np.maximum(hi[:-1] - lo[1:], 0).sum()
             cached += float(shared + into) * W[y][0] * geo.channels[y]
-    if geo.pricing is not None:
-        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), {i: (new[i], W[y]) for y, _, i in geo.steps},
+    if pricing is not None:
+        seconds = pricing.seconds_of(geo, H, W, len(H[geo.tout]), {i: (new[i], W[y]) for y, _, i in geo.steps},
                                          cached)
     else:  # each op's own time on the rows it computes
         seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)

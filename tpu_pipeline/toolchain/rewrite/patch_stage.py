@@ -71,7 +71,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    graph = stage_layers(graph, positions)
+    graph = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
@@ -94,15 +94,22 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
-def stage_layers(graph: Graph, positions) -> Graph:
+# Variants a stage runs on streamed row stripes only, whose calls never go through a ring (the
+# stripes' buffers are planned apart): the fast depthwise kernel's per-call set-up made a call per
+# row slower than CMSIS-NN's depthwise (QEMU, TinyEngine's vww: 11454fd reverted it everywhere).
+STRIPES_ONLY = frozenset({"fast"})
+
+
+def stage_layers(graph: Graph, positions, stripes: bool = False) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
-    (`in_stages`)."""
+    (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`)."""
     for i in positions:
         op = graph.ops[i]
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages)}
+            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages),
+                    *(() if stripes else STRIPES_ONLY)}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
     return graph
 

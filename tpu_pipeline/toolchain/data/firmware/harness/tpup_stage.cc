@@ -62,7 +62,7 @@ bool ReadStage(const TfLiteNode* node, Stage* stage) {
 ConvOptions LayerOptions(const Stage& stage, int k, int pad_top, int pad_left) {
   ConvOptions o = {};
   o.format = 1;
-  o.flags = stage.layer(k, 4) & (kFlagDirect | kFlagPointwise | kFlagFastRequant | kFlagPacked);
+  o.flags = stage.layer(k, 4) & (kFlagDirect | kFlagPointwise | kFlagFastRequant | kFlagPacked | kFlagFast);
   o.input_offset = stage.layer(k, 5), o.output_offset = stage.layer(k, 6), o.act_min = stage.layer(k, 7);
   o.stride_h = stage.layer(k, 8), o.stride_w = stage.layer(k, 9), o.dilation_h = stage.layer(k, 10);
   o.dilation_w = stage.layer(k, 11), o.depth_multiplier = stage.layer(k, 12), o.act_max = stage.layer(k, 16);
