@@ -411,3 +411,21 @@ def test_stripes_with_the_fast_depthwise_kernel_run_in_qemu_bit_identical(tmp_pa
         r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
         predicted = exported_arena(r)
         assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+def test_a_streamed_stage_is_never_priced_below_its_layers_run_whole():
+    """A streamed stage runs the same kernels (or slower ones) on the same elements, plus calls and
+    copies: the cost model prices it at least at its layers run whole (each layer's kernel overhead
+    once, cost.mcu.stage_features), so fit takes a stage for memory, never for a speed it has not."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, fitted_table, stage_instructions
+
+    g, _ = _mbv2_like()
+    g = _packed_first(_fast(g))
+    tin, tout, positions = checked_region(g, _region(g))
+    for kernels in (CMSIS_NN, REFERENCE):
+        whole = estimate_mcu(g, BOARD, kernels).ops
+        layers = sum(whole[i].instructions for i in positions)
+        for grid in ((2, 1), (3, 1), (2, 2), (3, 3)):
+            staged = build_stage(g, tin, tout, positions, grid, stream=True)
+            (op,) = [o for o in staged.ops if stage.is_stage(o)]
+            assert stage_instructions(op, fitted_table()[kernels.cost_key]) >= layers * (1 - 1e-9), (kernels.name, grid)

@@ -4,6 +4,7 @@
     python tools/fit_harness_cost.py --collect   # QEMU, both kernel sets (about 20 minutes, once)
     python tools/fit_harness_cost.py             # fit from the collected counts
     python tools/fit_harness_cost.py --report    # also docs/bench/harness_kernels.md (own kernels vs the set's)
+    python tools/fit_harness_cost.py --held-out FIT.tflite:RUN.json ...  # stages of real models, predicted vs QEMU
 
 The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
 same kernel as its builtin (its own cost is the builtin's), except:
@@ -520,12 +521,39 @@ def _fc_report(ops, graphs) -> list[str]:
     return lines
 
 
+def held_out(pairs: list[str], kernels: str = "cmsis-nn") -> list[str]:
+    """Every patch stage of the given models against its QEMU count (`MODEL.tflite:RUN.json`, RUN
+    the `run --backend qemu --json` of MODEL, which these rates were not fitted on): predicted by
+    cost/mcu.py stage_instructions with the table as it is, measured, and the error."""
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_instructions
+    from tpu_pipeline.toolchain.ir import from_model, stage
+    from tpu_pipeline.toolchain.tflite import read_model
+
+    table, lines = fitted_table()[kernels], []
+    for pair in pairs:
+        model, run = pair.rsplit(":", 1)
+        g = from_model(read_model(Path(model).read_bytes()))
+        measured = {o["index"]: o["instructions"] for o in json.loads(Path(run).read_text())["op_instructions"]}
+        for i, op in enumerate(g.ops):
+            if stage.is_stage(op) and i in measured:
+                p, m = stage_instructions(op, table), measured[i]
+                lines.append(f"{Path(model).name} op {i} grid {op.options.grid[0]}x{op.options.grid[1]}: "
+                             f"predicted {p:,.0f}, measured {m:,}, {100 * (p / m - 1):+.1f} %")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--held-out", nargs="+", metavar="MODEL:RUN", help="only print the stages of these models "
+                    "(fit's outputs) against their QEMU counts (run --backend qemu --json), predicted with the "
+                    "table as it is")
     ap.add_argument("--collect", action="store_true", help="measure in QEMU first (resumable)")
     ap.add_argument("--force", action="store_true", help="with --collect: measure again what is there")
     ap.add_argument("--report", action="store_true", help="also write docs/bench/harness_kernels.md")
     args = ap.parse_args()
+    if args.held_out:
+        print("\n".join(held_out(args.held_out)))
+        return 0
     data = collect(MEASUREMENTS, args.force) if args.collect else json.loads(MEASUREMENTS.read_text())
     if args.report:
         REPORT.write_text(report(data))

@@ -134,9 +134,11 @@ class StagePricing:
 
     def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
         self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
+        self.overhead = 0.0  # every layer's kernel overhead once (cost.mcu.stage_features)
         for i in positions:
             f = op_features(body, i)
             c = coefficients(table, f.fit_class)
+            self.overhead += c.get("overhead", 0.0)
             y = body.tensors[body.ops[i].outputs[0]].shape
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
@@ -170,7 +172,8 @@ class StagePricing:
             copied_in = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin]
         copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
         pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
-        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied + pastes) * self.seconds
+        return (self.overhead + instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied
+                + pastes) * self.seconds
 
 
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
