@@ -619,6 +619,84 @@ def test_semantics_are_passed_as_values_below_the_entry_points():
     assert _semantics_by_name("def f(g, semantics=TFLM):\n    return lifetimes(g, semantics=TFLM)\n", "p.py") == []
 
 
+# "tflm" names the TFLite Micro semantics where the Semantics values are defined and where the command
+# line parses it; in these modules it names something else, TFLite Micro itself: the runtime a model
+# is verified in, the planner that copies its GreedyMemoryPlanner, or the library's cache folder.
+_TFLM_AS_RUNTIME = {"tpu_pipeline/toolchain/execute/compare.py", "tpu_pipeline/toolchain/compile/passes/verify.py",
+                    "tpu_pipeline/toolchain/memory/planners.py", "tpu_pipeline/toolchain/memory/runtime_planners.py",
+                    "tpu_pipeline/toolchain/memory/tflm.py", "tpu_pipeline/toolchain/firmware/library.py"}
+SEMANTICS_ROOM = "tpu_pipeline/toolchain/memory/semantics.py"
+
+
+def _asks_semantics_name(source: str, label: str) -> list[str]:
+    """Places that decide by a Semantics' name instead of its fields: `sem.name == "..."` (or !=,
+    in), `sem.name.startswith("...")`, for any receiver whose name holds "sem"."""
+    import ast
+
+    def sem_name(n) -> bool:
+        if not (isinstance(n, ast.Attribute) and n.attr == "name"):
+            return False
+        owner = n.value.attr if isinstance(n.value, ast.Attribute) else getattr(n.value, "id", "")
+        return "sem" in owner
+
+    hits = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Compare) and any(sem_name(x) for x in (node.left, *node.comparators)):
+            hits.append(f"{label}:{node.lineno}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("startswith", "endswith") and sem_name(node.func.value)):
+            hits.append(f"{label}:{node.lineno}")
+    return hits
+
+
+def test_the_semantics_name_is_spelled_only_where_it_is_parsed():
+    """"tflm" (and "tflm-cmsis-nn") as a semantics is spelled in the semantics room and the command
+    line's choices only: below the entry points a room holds the Semantics value (memory.TFLM) and
+    asks its fields (`is_tflm`, `kernels`), never its name."""
+    found = [m for m in _literal_modules("tflm") if m not in _TFLM_AS_RUNTIME and not m.startswith("tpu_pipeline/commands/")]
+    assert found == [SEMANTICS_ROOM], found
+    assert _literal_modules("tflm-cmsis-nn") == [SEMANTICS_ROOM]
+    asked = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in _asks_semantics_name(p.read_text(), str(p.relative_to(ROOT)))]
+    assert asked == []
+    assert "tpu_pipeline/toolchain/memory/semantics.py" in _literal_modules("tflite")  # the literal check sees a definition
+    probe = 'def f(g, sem):\n    if sem.name == "tflm":\n        pass\n    return self.semantics.name.startswith("tfl")\n'
+    assert _asks_semantics_name(probe, "p.py") == ["p.py:2", "p.py:4"]
+    assert _asks_semantics_name("def f(op, sem):\n    return op.name == 'x' or sem.is_tflm\n", "p.py") == []
+
+
+# A harness kernel's facts live in the module that declares it: its custom op code (TPUP_...) and
+# its firmware source names are spelled there and nowhere else in the package, so a new kernel
+# variant or harness op is its module plus one registration line, and every other room reads the
+# registries (ir/kernel_variants REGISTRY, ir/harness_ops.py REGISTRY).
+_HARNESS_DECLARERS = {"tpu_pipeline/toolchain/ir/harness_ops.py", "tpu_pipeline/toolchain/ir/stage.py",
+                      "tpu_pipeline/toolchain/ir/mean_mul.py", "tpu_pipeline/toolchain/ir/fully_connected.py"}
+_HARNESS_SOURCES = frozenset(f.name for f in (PACKAGE / "toolchain" / "data" / "firmware" / "harness").iterdir()
+                             if f.name.startswith("tpup_"))
+
+
+def _harness_facts(source: str, label: str) -> list[str]:
+    """String constants (docstrings aside) that name a harness firmware source or a custom op code."""
+    import ast
+
+    tree = ast.parse(source, label)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{label}:{n.lineno}: {n.value}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+            and (n.value in _HARNESS_SOURCES or re.fullmatch(r"TPUP_[A-Z0-9_]+", n.value))]
+
+
+def test_a_harness_kernel_is_spelled_only_in_its_own_module():
+    offenders = [hit for p in sorted(PACKAGE.rglob("*.py"))
+                 if str(p.relative_to(ROOT)) not in _HARNESS_DECLARERS and "kernel_variants" not in p.parts
+                 for hit in _harness_facts(p.read_text(), str(p.relative_to(ROOT)))]
+    assert offenders == []
+    assert {"tpup_conv.cc", "tpup_window.cc", "tpup_stage.cc"} <= _HARNESS_SOURCES
+    probe = '"""Uses tpup_conv.cc."""\nFILES = ["tpup_conv.cc", "tpup_window.cc"]\nOPS = {"TPUP_MEAN": 1, "TPUP_": 2}\n'
+    assert _harness_facts(probe, "p.py") == ["p.py:2: tpup_conv.cc", "p.py:2: tpup_window.cc", "p.py:3: TPUP_MEAN"]
+
+
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 

@@ -119,7 +119,7 @@ def test_options_round_trip_and_the_builtin_view_computes_the_same():
 def test_malformed_options_are_a_model_error(code, words):
     b, outs = _se()
     g = b.graph(outs)
-    at = next(i for i in _mean_mul(g) if kernels.CUSTOM_CODES[g.ops[i].opcode] == code)
+    at = next(i for i in _mean_mul(g) if kernels.custom_code(g.ops[i]) == code)
     model = to_model(with_kernel(g, [at], kernel_name()), standalone_model(g))
     model.subgraphs[0].operators[at].customOptions = list(struct.pack(f"<{len(words)}i", *words))
     with pytest.raises(ModelError, match=code):

@@ -43,7 +43,7 @@ from tpu_pipeline.toolchain.deploy.banks import outside_input_bytes, profile_pla
 from tpu_pipeline.toolchain.inspect import summarize
 from tpu_pipeline.toolchain.ir import to_model
 from tpu_pipeline.toolchain.loader import load, load_exact
-from tpu_pipeline.toolchain.memory import TFLITE, TFLM, get_semantics, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
+from tpu_pipeline.toolchain.memory import TFLITE, TFLM, Semantics, get_semantics, lifetimes, plan_for_tflm, tflite_arena, tflm_greedy
 from tpu_pipeline.toolchain.memory.offchip import offchip_traffic
 from tpu_pipeline.toolchain.memory.tflm_target import export_plan_offsets, split_tail, target_arena, target_tail
 from tpu_pipeline.toolchain.report import json_default, plot_frontier, plot_live_bytes
@@ -216,7 +216,7 @@ def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.Pa
         if plot is not None:
             plot_live_bytes({"stored order": list(s.live_bytes)}, os.fspath(plot),
                             f"{label}: live activation bytes (TFLite Micro semantics)")
-        data = _plain({**s.to_json(), "semantics": "tflm"})
+        data = _plain({**s.to_json(), "semantics": TFLM.name})
         result = InspectResult(data, label, s.ops, s.tensors, s.parameter_bytes, s.peak_bytes, s.peak_op,
                                s.tflm_arena_bytes, s.tflite_arena_bytes, s.any_order_lower_bound, tuple(s.live_bytes),
                                s)
@@ -227,7 +227,7 @@ def inspect(model, *, plot: str | os.PathLike | None = None, report: str | os.Pa
 
 # ---- schedule ----------------------------------------------------------------------------------
 def schedule(model, *, output: str | os.PathLike | None = None, method: str = "auto", time_limit: float = 10.0,
-             semantics: str = "tflm", report: str | os.PathLike | None = None,
+             semantics: str | Semantics = TFLM, report: str | os.PathLike | None = None,
              name: str = "model.tflite") -> ScheduleResult:
     """The memory-optimal op order, with its proof (`tpu-pipeline schedule`). With `output` the
     reordered model is written there; `model_bytes` holds it either way."""
@@ -283,7 +283,7 @@ def plan(model, *, output: str | os.PathLike | None = None, planner: str = "auto
         tflm_own = tflm_greedy(lt).size
         d = {
             "model": label, "output": None if output is None else os.fspath(output), "buffers": len(lt.buffers),
-            "semantics": "tflm", "lower_bound": p.lower_bound, "planned_bytes": result.head,
+            "semantics": TFLM.name, "lower_bound": p.lower_bound, "planned_bytes": result.head,
             "tflm_planner_bytes": tflm_own,
             "tflite_planner_bytes": tflite_arena(lifetimes(graph, semantics=TFLITE)).size,
             "planner": p.planner, "proven_optimal": result.head <= p.lower_bound or p.proven_optimal,
@@ -358,7 +358,7 @@ def fit(model, *, output: str | os.PathLike | None = None, budget: int | None = 
 # ---- compile -----------------------------------------------------------------------------------
 def compile(models, n: int | str | None, *, out: str | os.PathLike | None = None, device: str = "coral-usb",  # noqa: A001
             strategy: str = "latency", time_limit: float = 10.0, gap: float = 0.01, colocate: bool = False,
-            no_schedule: bool = False, no_rewrite: bool = False, no_plan: bool = False, semantics: str = "tflite",
+            no_schedule: bool = False, no_rewrite: bool = False, no_plan: bool = False, semantics: str | Semantics = TFLITE,
             budget: int | None = None, verify: bool = False, progress: Progress | None = None,
             report: str | os.PathLike | None = None, int8_io: bool = False,
             input_outside_arena: bool = False, max_n: int = 8, knee: float = 0.05, cuts=None,

@@ -21,7 +21,7 @@ from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.driver import run_passes
 from tpu_pipeline.toolchain.export.params import ExportParams
 from tpu_pipeline.toolchain.export.result import ExportResult
-from tpu_pipeline.toolchain.export.sources import HARNESS_CUSTOM_OPS, c_array, resolver_method, resolver_opcode
+from tpu_pipeline.toolchain.export.sources import c_array, harness_custom_ops, resolver_method, resolver_opcode
 from tpu_pipeline.toolchain.export.stages import STAGES
 from tpu_pipeline.toolchain.export.stages.arena import PLANNING_BYTES_PER_BUFFER
 from tpu_pipeline.toolchain.export.state import ExportState
@@ -39,5 +39,5 @@ def export_with(model_path: str | Path, params: ExportParams, model_data: bytes 
     return state.result
 
 
-__all__ = ["ExportParams", "ExportResult", "HARNESS_CUSTOM_OPS", "PLANNING_BYTES_PER_BUFFER", "c_array",
+__all__ = ["ExportParams", "ExportResult", "PLANNING_BYTES_PER_BUFFER", "c_array", "harness_custom_ops",
            "export_mcu", "export_with", "resolver_method", "resolver_opcode"]

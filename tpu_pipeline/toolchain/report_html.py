@@ -95,7 +95,7 @@ class Report:
     title: str
     command: str
     model: str
-    semantics: str = "tflm"
+    semantics: str = TFLM.name  # (the name shown)
     timelines: tuple[Timeline, ...] = ()
     boxes: tuple[Box, ...] = ()
     arena_head: int = 0
@@ -190,7 +190,7 @@ def for_fit(label: str, fitted, data: dict) -> Report:
         if not v.skipped:
             figures.append(Figure(f"outputs vs the input model ({v.runtime})",
                                   "bit-identical" if v.bit_exact else "within tolerance", "measured", "-"))
-    return Report(f"{label}: fit", "fit", label, "tflm", lines, boxes, head, arena,
+    return Report(f"{label}: fit", "fit", label, TFLM.name, lines, boxes, head, arena,
                   frontier=tuple((p.peak, p.latency_s) for p in r.frontier), frontier_budget=r.budget,
                   frontier_chosen=(r.selection.peak, r.selection.latency_s), figures=tuple(figures),
                   notes=tuple(data.get("notes", ())))

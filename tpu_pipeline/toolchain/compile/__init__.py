@@ -34,7 +34,7 @@ from tpu_pipeline.toolchain.compile.passes.verify import verify, verify_chain
 from tpu_pipeline.toolchain.compile.state import CompileOptions, CompileState, PassRecord
 from tpu_pipeline.toolchain.device import Device, load_device
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.memory import TFLM, Semantics, get_semantics
+from tpu_pipeline.toolchain.memory import TFLITE, TFLM, Semantics, get_semantics
 from tpu_pipeline.toolchain.partition import DEFAULT_GAP, STRATEGY_NAMES, Partition
 from tpu_pipeline.toolchain.partition.auto import DEFAULT_KNEE, DEFAULT_MAX_N
 from tpu_pipeline.toolchain import report_html
@@ -72,7 +72,7 @@ class CompileResult:
 def compile_options(paths, n: int | str | None, out_dir=None, device: str | Device = "coral-usb",
                     strategy: str = "latency", time_limit: float = 10.0, verify: bool = False, colocate: bool = False,
                     passes: tuple[str, ...] = ("rewrite", "schedule", "plan"), workers: int = 2,
-                    semantics: str | Semantics = "tflite", budget: int | None = None, gap: float = DEFAULT_GAP,
+                    semantics: str | Semantics = TFLITE, budget: int | None = None, gap: float = DEFAULT_GAP,
                     int8_io: bool = False, input_outside_arena: bool = False, max_n: int = DEFAULT_MAX_N,
                     knee: float = DEFAULT_KNEE, cuts=None, profile=None, mix: str | None = None) -> CompileOptions:
     """Check the options (UsageError) and the output folder before any work. `n`: a number of

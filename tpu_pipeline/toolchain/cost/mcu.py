@@ -23,7 +23,7 @@ from tpu_pipeline.toolchain.cost.classes import op_class
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir import kernel_variants, kernels as harness
+from tpu_pipeline.toolchain.ir import harness_ops, kernels as harness
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
@@ -32,9 +32,8 @@ _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_ba
              "resize": "data_movement", "reshape": "data_movement", "concatenation": "data_movement",
              "data_movement": "other", "conv_1x1": "conv", "depthwise_3x3": "depthwise", "depthwise_opt": "depthwise", "relu": "elementwise",
              "quantize": "elementwise", "add": "elementwise", "mul": "elementwise", "elementwise": "other",
-             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other",
-             "tpup_mean": "mean", "tpup_mul": "mul",  # (the harness's MEAN, MUL and FULLY_CONNECTED, until
-             "tpup_fully_connected": "fully_connected"}  # fitted: the builtins')
+             "max_pool": "pool", "average_pool": "pool", "pool": "other", "mean": "other", "softmax": "other"}
+# (a harness op's or faster variant's class not fitted yet is costed as its cost_fallback: ir/harness_ops.py)
 DATA_MOVEMENT = ("pad", "strided_slice", "space_batch", "resize", "reshape", "concatenation")
 _FIT_CLASS = {
     "FULLY_CONNECTED": "fully_connected", "ADD": "add", "SUB": "add", "MUL": "mul", "RELU": "relu", "RELU6": "relu",
@@ -64,8 +63,8 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
         cls = variant.cost_class
     elif op.opcode == "DEPTHWISE_CONV_2D":
         cls = _depthwise_path(graph, op)
-    elif op.opcode in harness.MEAN_MUL and harness.is_harness(op):
-        cls = "tpup_" + cls  # TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED: their own loops (tools/fit_harness_cost.py)
+    elif harness.is_harness(op) and harness_ops.by_code()[harness.custom_code(op)].cost_class:
+        cls = harness_ops.by_code()[harness.custom_code(op)].cost_class  # TPUP_MEAN, ...: their own loops (tools/fit_harness_cost.py)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)
@@ -124,8 +123,9 @@ def fitted_table() -> dict:
 def coefficients(table: dict, cls: str) -> dict:
     """The coefficients for fit class `cls`, following the fallback chain to a fitted class."""
     c = cls
-    while c not in table:  # (a faster variant not fitted yet is costed as its builtin: its cost_fallback)
-        c = _FALLBACK.get(c) or next((v.cost_fallback for v in kernel_variants.REGISTRY if v.cost_class == c), None)
+    fallbacks = {**_FALLBACK, **harness_ops.cost_fallbacks()}
+    while c not in table:  # (a harness op or faster variant not fitted yet is costed as its builtin: its cost_fallback)
+        c = fallbacks.get(c)
         if c is None:
             raise UsageError(f"the MCU cost model has no coefficients for op class '{cls}' (nor 'other')")
     return table[c]

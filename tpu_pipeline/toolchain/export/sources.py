@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernels as harness
+from tpu_pipeline.toolchain.ir import harness_ops, kernels as harness
 
 
 # TFLM's MicroMutableOpResolver method names that CamelCase of the schema name gets wrong.
@@ -14,16 +14,11 @@ _ADD_EXCEPTIONS = {"PADV2": "AddPadV2", "BATCH_MATMUL": "AddBatchMatMul", "RELU_
                    "UNIDIRECTIONAL_SEQUENCE_LSTM": "AddUnidirectionalSequenceLSTM"}
 
 
-# The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom ops: the op code
-# the model names them by -> the registration call (tpu_pipeline.toolchain.ir.kernels).
-HARNESS_CUSTOM_OPS = {
-    "TPUP_CONV_2D": 'AddCustom("TPUP_CONV_2D", tpup::Register_CONV_2D())',
-    "TPUP_DEPTHWISE_CONV_2D": 'AddCustom("TPUP_DEPTHWISE_CONV_2D", tpup::Register_DEPTHWISE_CONV_2D())',
-    "TPUP_PATCH_STAGE": 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())',
-    "TPUP_MEAN": 'AddCustom("TPUP_MEAN", tpup::Register_MEAN())',
-    "TPUP_MUL": 'AddCustom("TPUP_MUL", tpup::Register_MUL())',
-    "TPUP_FULLY_CONNECTED": 'AddCustom("TPUP_FULLY_CONNECTED", tpup::Register_FULLY_CONNECTED())',
-}
+def harness_custom_ops() -> dict[str, str]:
+    """The harness's own kernels (tpu_pipeline/toolchain/data/firmware/harness), registered as custom
+    ops: the op code the model names each by -> its registration call (read from the registry,
+    tpu_pipeline.toolchain.ir.harness_ops, at call time)."""
+    return {h.custom_code: f'AddCustom("{h.custom_code}", {h.register}())' for h in harness_ops.REGISTRY}
 
 
 def resolver_opcode(op) -> str:
@@ -32,7 +27,7 @@ def resolver_opcode(op) -> str:
 
 
 def resolver_method(opcode: str) -> str:
-    if opcode in HARNESS_CUSTOM_OPS:
+    if opcode in harness_ops.by_code():
         return "AddCustom"
     if opcode.startswith("CUSTOM"):
         # TFLite Micro on the host may have it (its signal library's audio ops): the firmware does not
@@ -60,8 +55,9 @@ def resolver_header(opcodes, methods) -> str:
              f"constexpr int kHarnessNumOps = {len(opcodes)};",
              "using HarnessOpResolver = tflite::MicroMutableOpResolver<kHarnessNumOps>;", "",
              "inline TfLiteStatus RegisterHarnessOps(HarnessOpResolver& resolver) {"]
+    customs = harness_custom_ops()
     for op, m in zip(opcodes, methods):
-        call = HARNESS_CUSTOM_OPS[op] if op in HARNESS_CUSTOM_OPS else f"{m}()"
+        call = customs[op] if op in customs else f"{m}()"
         lines.append(f"  TF_LITE_ENSURE_STATUS(resolver.{call});  // {op}")
     lines += ["  return kTfLiteOk;", "}", ""]
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import sys
 
 from tpu_pipeline.toolchain.data import FIRMWARE_DIR
 from tpu_pipeline.toolchain.device import BoardFirmware, Device, require_firmware
+from tpu_pipeline.toolchain.ir import harness_ops
 
 PROJECT_VERSION = 1
 
@@ -55,6 +56,12 @@ def _bank_script(device: Device) -> dict[str, str]:
     return {"BANK_REGIONS": "".join(regions), "BANK_SECTIONS": "".join(sections)}
 
 
+def harness_objects() -> str:
+    """The Makefile's objects of the harness kernels: one per source of every registered harness op
+    and faster variant (tpu_pipeline.toolchain.ir.harness_ops), read at call time."""
+    return " ".join(f"$(BUILD)/{s[:-len('.cc')]}.o" for s in harness_ops.sources() if s.endswith(".cc"))
+
+
 def project_files(device: Device) -> dict[str, bytes]:
     """The board layer, linker script, board_config.h and Makefile for `device`."""
     b = require_firmware(device)
@@ -73,5 +80,5 @@ def project_files(device: Device) -> dict[str, bytes]:
         "STACK_BYTES": str(b.stack_bytes), "HEAP_BYTES": str(b.heap_bytes), **_bank_script(device)}).encode()
     files["Makefile"] = _fill((common / "Makefile.in").read_text(), {
         "BOARD": b.board, "LIB_CPU": b.library_cpu, "PYTHON": shlex.quote(sys.executable),
-        "CPU_FLAGS": " ".join(b.cpu_flags)}).encode()
+        "CPU_FLAGS": " ".join(b.cpu_flags), "HARNESS_OBJS": harness_objects()}).encode()
     return files

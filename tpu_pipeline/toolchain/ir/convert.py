@@ -211,7 +211,7 @@ def _op(model: schema.ModelT, o, i: int, tensors: list[Tensor]) -> Op:
     if name == f"CUSTOM:{stage.OPCODE}":
         options = stage.decode(o.customOptions, _ints(o.inputs), tensors, f"operator {i}")
         name, builtin, version, kernel = stage.OPCODE, 0, 1, kernels.kernel_name()
-    elif name.startswith("CUSTOM:") and name[7:] in kernels.BUILTIN_OF:
+    elif name.startswith("CUSTOM:") and name[7:] in kernels.builtin_of():
         name, options, version, kernel = kernels.decode_options(name[7:], o.customOptions, f"operator {i}")
         builtin = kernels.BUILTIN_CODE[name]
     for t in (*_ints(o.inputs), *_ints(o.outputs)):

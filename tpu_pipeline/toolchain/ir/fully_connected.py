@@ -30,11 +30,14 @@ import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
+from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant_within, weights_bias
 
 OPCODE = "FULLY_CONNECTED"
 CUSTOM_CODE = "TPUP_FULLY_CONNECTED"
+HARNESS_OP = HarnessOp(CUSTOM_CODE, OPCODE, "tpup::Register_FULLY_CONNECTED", ("tpup_fully_connected.cc",),
+                       "tpup_fully_connected", "fully_connected")  # (tpu_pipeline.toolchain.ir.harness_ops)
 BUILTIN = 9  # BuiltinOperator FULLY_CONNECTED
 FORMAT = 1
 FAST_REQUANT, ONE_SCALE = 1, 2  # (harness/tpup_fully_connected.cc kFcFastRequant, kFcOneScale)

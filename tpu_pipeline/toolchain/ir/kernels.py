@@ -67,7 +67,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import fully_connected as fc, kernel_variants, stage
+from tpu_pipeline.toolchain.ir import fully_connected as fc, harness_ops, kernel_variants, stage
 from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
@@ -78,11 +78,6 @@ IN_PLACE_OPS = frozenset({"ADD", "MUL"})
 DIRECT, OVERLAP = "direct", "overlap"  # the memory flags (fit trades them against time)
 FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, which tests and tools name)
 POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
-CUSTOM_CODES = {"CONV_2D": "TPUP_CONV_2D", "DEPTHWISE_CONV_2D": "TPUP_DEPTHWISE_CONV_2D",
-                "MEAN": "TPUP_MEAN", "MUL": "TPUP_MUL",  # (see "Means and products" below)
-                fc.OPCODE: fc.CUSTOM_CODE,  # (tpu_pipeline.toolchain.ir.fully_connected)
-                stage.OPCODE: stage.OPCODE}  # (a patch stage is its own op code: tpu_pipeline.toolchain.ir.stage)
-BUILTIN_OF = {code: name for name, code in CUSTOM_CODES.items()}
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
 BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18, fc.OPCODE: fc.BUILTIN}
@@ -165,9 +160,21 @@ def infer_in_place(graph: Graph, plan: list[int]) -> Graph:
     return with_in_place(graph, chosen) if chosen else graph
 
 
+def custom_codes() -> dict[str, str]:
+    """Op code -> the custom op code it is written under (tpu_pipeline.toolchain.ir.harness_ops, read
+    at call time: the convolutions, MEAN and MUL (see "Means and products" below), FULLY_CONNECTED,
+    the patch stage)."""
+    return {h.opcode: h.custom_code for h in harness_ops.REGISTRY}
+
+
+def builtin_of() -> dict[str, str]:
+    """Custom op code -> the op code it runs (custom_codes reversed)."""
+    return {h.custom_code: h.opcode for h in harness_ops.REGISTRY}
+
+
 def custom_code(op: Op) -> str:
     """The custom op code a harness op is written and registered under."""
-    return CUSTOM_CODES[op.opcode]
+    return custom_codes()[op.opcode]
 
 
 # ---- which ops the harness runs -----------------------------------------------------------------
@@ -177,7 +184,7 @@ def can_run_harness(graph: Graph, i: int) -> bool:
     op = graph.ops[i]
     if op.opcode in MEAN_MUL:
         return mean_mul_refusal(graph, op) is None
-    if op.opcode not in CUSTOM_CODES or len(op.inputs) < 2 or op.inputs[1] < 0:
+    if op.opcode not in custom_codes() or len(op.inputs) < 2 or op.inputs[1] < 0:
         return False
     o = op.options
     if not isinstance(o, (Conv2DOptions, DepthwiseConv2DOptions)) or o.fused_activation not in ACTIVATION_CODE:
@@ -440,7 +447,7 @@ def decode_options(opcode: str, custom_options, where: str) -> tuple[str, object
     """(builtin name, options record, builtin version, kernel) of a harness op read from a model;
     ModelError if its options are malformed."""
     raw = bytes(bytearray(custom_options if custom_options is not None else b""))
-    name = BUILTIN_OF[opcode]
+    name = builtin_of()[opcode]
     if name in MEAN_MUL:
         return _decode_mean_mul(name, raw, where)
     if len(raw) != 4 * _WORDS:
@@ -553,7 +560,7 @@ def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, in
         options, version = fc.decode(raw, where)
         return name, options, version, kernel_name()
     words = _MEAN_WORDS if name == "MEAN" else _MUL_WORDS
-    code = CUSTOM_CODES[name]
+    code = custom_codes()[name]
     if len(raw) != 4 * words:
         raise ModelError(f"{where}: {code} has {len(raw)} bytes of options, expected {4 * words}")
     w = struct.unpack(f"<{words}i", raw)

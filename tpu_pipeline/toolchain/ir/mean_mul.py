@@ -8,7 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
+from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.requant import quantize_multiplier
+
+# Their registrations (tpu_pipeline.toolchain.ir.harness_ops): one loop source, their own cost rows.
+MEAN_OP = HarnessOp("TPUP_MEAN", "MEAN", "tpup::Register_MEAN", ("tpup_mean_mul.cc",), "tpup_mean", "mean")
+MUL_OP = HarnessOp("TPUP_MUL", "MUL", "tpup::Register_MUL", ("tpup_mean_mul.cc",), "tpup_mul", "mul")
 
 
 def per_tensor_int8(t: Tensor) -> bool:

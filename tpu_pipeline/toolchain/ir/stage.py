@@ -52,9 +52,11 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
+from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
 
 OPCODE = "TPUP_PATCH_STAGE"
+HARNESS_OP = HarnessOp(OPCODE, OPCODE, "tpup::Register_PATCH_STAGE", ("tpup_stage.cc",))  # (its layers: tpup_conv.cc)
 FORMAT = 1
 KINDS = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 2, "ADD": 3}
 COPY_IN, SLICE, CONV, ADD, COPY_OUT, PASTE = 1, 2, 3, 4, 5, 6

@@ -135,7 +135,7 @@ def lifetimes(graph: Graph, order=None, semantics: Semantics | str = TFLM, *,
     sizes = {t: align(graph.tensors[t].nbytes, sem.alignment) for t in first}
     if sem.in_place_ops:
         _share_in_place(graph, order, sem, first, last, sizes)
-    pairs = overlapped_ops(graph) if sem.name.startswith("tflm") else {}
+    pairs = overlapped_ops(graph) if sem.is_tflm else {}
     own = {t: (first[t], last[t]) for t in first}  # each tensor's own buffer, cut short by pairs
     for i, (src, dst, _, _, _) in pairs.items():
         k = step_of[i]
@@ -242,7 +242,7 @@ def overlapped_ops(graph: Graph) -> dict[int, tuple[int, int, int, int, int]]:
 def overlap_savings(graph: Graph, sem: Semantics) -> dict[int, int]:
     """Op position -> bytes an overlapped op saves at its step: its two tensors' sizes minus the
     extent they share (TFLite Micro semantics only)."""
-    if not sem.name.startswith("tflm"):
+    if not sem.is_tflm:
         return {}
     return {i: align(graph.tensors[src].nbytes, sem.alignment) + align(graph.tensors[dst].nbytes, sem.alignment) - extent
             for i, (src, dst, _, _, extent) in overlapped_ops(graph).items()}

@@ -19,6 +19,7 @@ from __future__ import annotations
 from tpu_pipeline.toolchain.ir import DTYPE_SIZES, Graph
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 from tpu_pipeline.toolchain.ir import kernels, overlap, stage
+from tpu_pipeline.toolchain.device import CMSIS_NN
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 
 _INT32 = 4
@@ -47,11 +48,11 @@ def scratch_requests(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """Byte sizes of the scratch buffers op `op_pos` requests, in request order."""
     if kernels.is_harness(graph.ops[op_pos]):
         return _harness(graph, op_pos, sem)
-    if sem.name == "tflm-cmsis-nn":
+    if sem.kernels == CMSIS_NN:
         sizes = _cmsis_nn(graph, op_pos)
         if sizes is not None:
             return sizes
-    elif sem.name != "tflm":
+    elif sem.kernels is None:  # (not TFLite Micro: no kernel asks for scratch)
         return []
     return _reference(graph, op_pos)
 
@@ -60,7 +61,8 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     """A harness convolution (tpu_pipeline.toolchain.ir.kernels) asks once, for its kernel's buffer
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
     when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does.
-    Its faster variants (tpu_pipeline.toolchain.ir.kernel_variants) need no buffer; its MEAN and MUL
+    A faster variant (tpu_pipeline.toolchain.ir.kernel_variants) asks what its record's `scratch`
+    says (none so far) in place of the kernel set's buffer; its MEAN and MUL
     (harness/tpup_mean_mul.cc) ask for nothing."""
     op = graph.ops[op_pos]
     if op.opcode in kernels.MEAN_MUL:
@@ -72,8 +74,10 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
         total = -(-op.options.scratch // 16) * 16 + own
         return [total] if total else []
     flags = kernels.flags(op)
-    own = 0
-    if sem.name == "tflm-cmsis-nn" and kernels.DIRECT not in flags and kernels.variant_of(op) is None:
+    own, variant = 0, kernels.variant_of(op)
+    if variant is not None:
+        own = variant.scratch(graph, op) if variant.scratch is not None else 0
+    elif sem.kernels == CMSIS_NN and kernels.DIRECT not in flags:
         own = sum(_cmsis_nn(graph, op_pos) or [])
     ring = 0
     if kernels.OVERLAP in flags:

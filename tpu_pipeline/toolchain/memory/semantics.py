@@ -17,6 +17,11 @@ class Semantics:
     allocates_unused: bool = False  # tensors no op touches get arena bytes too (TFLite Micro)
     kernels: KernelSet | None = None  # TFLite Micro's kernel set (its scratch, tail and cost tables); None: not TFLM
 
+    @property
+    def is_tflm(self) -> bool:
+        """TFLite Micro's lifetimes (either kernel set): asked of the value, never of its name."""
+        return self.kernels is not None
+
 
 # TFLite Micro: inputs freed after their last use, 16-byte rounding (its GreedyMemoryPlanner, first
 # fit, is runtime_planners.tflm_greedy).

@@ -33,7 +33,7 @@ class Schedule:
     seconds: float
     # additive details
     stored_peak: int = 0  # peak of the graph's own order
-    semantics: str = "tflm"
+    semantics: str = TFLM.name  # (the Semantics' name, for the JSON)
     ops: int = 0
     units: int = 0  # after fusion
     pieces: int = 0  # after divide-and-conquer

@@ -10,7 +10,7 @@ from tpu_pipeline.toolchain.compile.state import CompileState, PassRecord, Segme
 from tpu_pipeline.toolchain.cost.edgetpu import EdgeTpuCostModel
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.litert import runtime_shapes
-from tpu_pipeline.toolchain.memory import lifetimes, plan_arena
+from tpu_pipeline.toolchain.memory import TFLITE, lifetimes, plan_arena
 from tpu_pipeline.toolchain.partition import PartitionProblem
 from tpu_pipeline.toolchain.partition.caching import explain
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
@@ -36,7 +36,7 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
             raise ModelError(f"{o.label}: segment {k} would produce nothing a later segment reads")
         data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs, real=runtime_shapes(whole)))
         sc = part.cost.stages[k]
-        lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, "tflite")
+        lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, TFLITE)
         arena = plan_arena(lt, time_limit=max(0.05, allowed / n), deadline=deadline).size
         fname = segment_file_name(o.stem, k, n)
         out.append(SegmentFile(fname, data, {

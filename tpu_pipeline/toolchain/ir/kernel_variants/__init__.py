@@ -7,14 +7,17 @@ a variant needs no kernel buffer and no persistent data of its own, so the model
 takes it wherever QEMU measured it faster (`wins`); one that reads a constant of its own (packed's
 re-laid weights) adds that tensor's 16-byte entry to TFLite Micro's tail.
 
-A new variant is its firmware source (data/firmware/harness/<source>, dispatched on its flag bit
-in tpup_conv.cc) plus one module here defining `VARIANT`, plus one line in `REGISTRY`. Everything
-else follows from the record: the kernel name and the custom options' flag bit (ir/kernels.py),
-fit's fastest point (fit/variants.py `on_harness`), the scratch model (memory/scratch.py: no
-buffer), the cost model (cost/mcu.py: its own row, else a builtin's), the patch-stage rewrite
-(a stage drops the flag unless tpup_stage.cc runs the variant: `in_stages`), the builtin view
-(its constant input dropped) and the drop-in library's sources (deploy/library.py). tests/test_kernel_variants.py registers a probe variant and checks
-each of these.
+A new variant is one module here defining `VARIANT`, plus one line in `REGISTRY`; beside them only
+data: its firmware source (data/firmware/harness/<source>, dispatched on its flag bit in
+tpup_conv.cc) and, once measured, its rows in data/mcu_cost.toml. Everything else follows from the
+record: the kernel name and the custom options' flag bit (ir/kernels.py), fit's fastest point
+(fit/variants.py `on_harness`), the scratch model (memory/scratch.py: its `scratch`, none so far),
+TFLite Micro's tail (its constant input is a tensor, counted there), the cost model (cost/mcu.py:
+its own row, else its `cost_fallback`), the patch-stage rewrite (a stage drops the flag unless
+tpup_stage.cc runs the variant: `in_stages`), the builtin view (its constant input dropped), the
+custom op it runs under (its opcode's, ir/harness_ops.py) and the sources of the firmware project
+(firmware/project.py) and of the drop-in library (deploy/library.py), via ir/harness_ops.py.
+tests/test_kernel_variants.py registers a probe variant and checks each of these.
 """
 
 from __future__ import annotations

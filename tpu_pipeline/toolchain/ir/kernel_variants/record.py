@@ -1,4 +1,5 @@
-"""What a kernel variant declares (see the package's docstring)."""
+"""What a kernel variant declares (see the package's docstring), and what a harness op declares
+(tpu_pipeline.toolchain.ir.harness_ops)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,17 @@ class KernelVariant:
     # the flag, checked against the op's constants when read, dropped by the builtin view.
     constant_input: Callable[[Graph, Op], np.ndarray] | None = None
     in_stages: bool = False  # patch stages run their layers of this op on it (tpup_stage.cc)
+    # The kernel buffer it asks for at Prepare, in bytes (memory/scratch.py); None: none (each so far).
+    scratch: Callable[[Graph, Op], int] | None = None
+
+
+@dataclass(frozen=True)
+class HarnessOp:
+    """A custom op of the harness firmware: what the model names it by, what registers it, what it
+    is built from and how the cost model prices it until its own rows are fitted."""
+    custom_code: str  # the op code the model names it by, and the resolver registers it under
+    opcode: str  # the IR op it runs (a builtin's code; the patch stage's own)
+    register: str  # the C function returning its TfLiteRegistration* (harness/tpup_conv.h)
+    sources: tuple[str, ...] = ()  # its own firmware sources under data/firmware/harness/
+    cost_class: str | None = None  # its rows in data/mcu_cost.toml; None: priced as the builtin's class
+    cost_fallback: str | None = None  # the class it is costed as until those rows are fitted
