@@ -43,6 +43,9 @@ SIZES = [(12, 8), (16, 16), (24, 8), (20, 24)]  # (H = W, channels) of the block
 # (H = W, channels, window, stride): the fast depthwise kernel against the kernel set's
 DW_SIZES = [(28, 48, 5, 1), (14, 96, 7, 1), (20, 64, 7, 2), (32, 40, 5, 2), (14, 64, 3, 1), (28, 32, 3, 1),
             (7, 96, 5, 1), (10, 44, 3, 2)]
+# (H, W, channels, stride): the depthwise 3x3 kernel for narrow maps ("dw3") against "fast" and the kernel set's
+DW3_SIZES = [(25, 5, 64, 1), (12, 12, 64, 1), (6, 6, 128, 1), (3, 3, 256, 1), (9, 7, 40, 1), (12, 12, 64, 2),
+             (25, 5, 64, 2), (6, 6, 128, 2), (10, 4, 48, 2)]
 SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 # (H = W, input channels, output channels, window, stride): the packed convolution against the kernel set's
 FIRST_SIZES = [(64, 3, 16, 3, 2), (48, 3, 32, 3, 2), (40, 3, 8, 3, 1), (32, 1, 16, 3, 2), (30, 4, 16, 3, 2),
@@ -106,6 +109,9 @@ def models():
     for h, c, k, stride in DW_SIZES:
         for flags in (("fast",), ()):
             yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
+    for h, w, c, stride in DW3_SIZES:
+        for flags in (("dw3",), ("fast",), ()):
+            yield _dw3_name(h, w, c, stride, flags), *_dw3_model(h, w, c, stride, flags)
     for h, cin, cout, k, stride in FIRST_SIZES:
         for flags in (("packed",), ()):
             yield (f"first_h{h}c{cin}o{cout}k{k}s{stride}_{flags[0] if flags else 'cmsis'}",
@@ -200,6 +206,29 @@ def _dw_model(h: int, c: int, k: int, stride: int, flags: tuple):
     return g, model_to_bytes(to_model(g, read_model(src)))
 
 
+def _dw3_name(h: int, w: int, c: int, stride: int, flags: tuple) -> str:
+    return f"dw3_h{h}w{w}c{c}s{stride}_{flags[0] if flags else 'cmsis'}"
+
+
+def _dw3_model(h: int, w: int, c: int, stride: int, flags: tuple):
+    """(graph, bytes): one 3x3 depthwise convolution (RELU6) on a narrow map, on "dw3", "fast" or the
+    kernel set's kernel: the same layer, for the fit and the comparison."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + w * 10 + c + stride, spread=True)
+    x = b.input((1, h, w, 8))
+    e = b.conv(x, c, k=1, act="RELU6")
+    out = b.dw(e, k=3, stride=stride, act="RELU6")
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(with_kernel(g, [0], kernel_name()), [1], kernel_name(*flags))
+    return g, model_to_bytes(to_model(g, read_model(src)))
+
+
 def _first_model(h: int, cin: int, cout: int, k: int, stride: int, flags: tuple):
     """(graph, bytes): a first layer (few input channels, RELU6 quantized as converters write it, its
     clamp the whole int8 range) on the packed kernel or on the kernel set's (CMSIS-NN's im2col
@@ -258,8 +287,9 @@ def collect(out: Path, force: bool = False) -> dict:
             path.write_bytes(blob)
             for kernels in KERNEL_SETS:
                 key = f"{name}/{kernels}"
-                if (key in data["runs"] and not force) or (name.endswith("_cmsis") and kernels != "cmsis-nn"):
-                    continue  # (the kernel set's own depthwise: a comparison, on CMSIS-NN only)
+                compared = name.endswith("_cmsis") or (name.startswith("dw3_") and name.endswith("_fast"))
+                if (key in data["runs"] and not force) or (compared and kernels != "cmsis-nn"):
+                    continue  # (the kernel set's own depthwise, and "fast" beside dw3: comparisons, on CMSIS-NN only)
                 t0 = time.time()
                 try:
                     r = run_on_qemu(path, load_device(DEVICE), kernel_set(kernels), iterations=1, quiet=True, timeout=600)
@@ -355,11 +385,11 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
 
     rows: dict[str, tuple[list, list]] = {}
     OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise",
-                   "tpup_fully_connected", "tpup_conv_window")
+                   "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
-        if not run.get("ops") or not run.get("outputs_match"):
-            continue
+        if not run.get("ops") or not run.get("outputs_match") or (name.startswith("dw3_") and not name.endswith("_dw3")):
+            continue  # ("fast" on DW3_SIZES: a comparison, not its fit's data)
         for i, _, measured in run["ops"]:
             f = op_features(g, i)
             if f.fit_class in OWN_CLASSES:
@@ -387,9 +417,9 @@ def merge(tables: dict) -> None:
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
     note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast],\n"
-            "# [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_conv_window] and [K.tpup_fully_connected] (the\n"
-            "# harness's overlapped convolutions, patch stages, MEAN, MUL, fast depthwise, packed, 1x1, window and\n"
-            "# fully connected kernels) by\n"
+            "# [K.tpup_depthwise_3x3], [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_conv_window] and\n"
+            "# [K.tpup_fully_connected] (the harness's overlapped convolutions, patch stages, MEAN, MUL, fast\n"
+            "# depthwise, depthwise 3x3, packed, 1x1, window and fully connected kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
@@ -421,6 +451,7 @@ def report(data: dict) -> str:
         a, b = ops(f"dw_h{h}c{c}k{k}s{st}_cmsis"), ops(f"dw_h{h}c{c}k{k}s{st}_fast")
         if a and b:
             lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x |")
+    lines += _dw3_report(ops)
     lines += ["", "| first layer (input H x W x C, output channels, window, stride) | CMSIS-NN | packed | "
               "CMSIS-NN / packed |", "|---|---:|---:|---:|"]
     for h, cin, cout, k, st in FIRST_SIZES:
@@ -470,6 +501,20 @@ def report(data: dict) -> str:
         lines.append(f"| h{h}c{c} | {whole:,} | " + " | ".join(
             "-" if n is None else f"{n:,} ({n / whole - 1:+.1%})" for n in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _dw3_report(ops) -> list[str]:
+    """The report's narrow-map 3x3 depthwise table: each DW3_SIZES layer on CMSIS-NN's kernel, "fast" and "dw3"."""
+    lines = ["", "| 3x3 depthwise on a narrow map (input H x W x C, stride) | CMSIS-NN | fast | dw3 | per output "
+             "(CMSIS-NN, fast, dw3) | best / dw3 |", "|---|---:|---:|---:|---|---:|"]
+    for h, w, c, st in DW3_SIZES:
+        a, f, d = (ops(_dw3_name(h, w, c, st, flags)) for flags in ((), ("fast",), ("dw3",)))
+        if a and f and d:
+            n = -(-h // st) * -(-w // st) * c
+            per = ", ".join(f"{r[1][2] / n:.1f}" for r in (a, f, d))
+            lines.append(f"| {h} x {w} x {c}, s{st} | {a[1][2]:,} | {f[1][2]:,} | {d[1][2]:,} | {per} | "
+                         f"{min(a[1][2], f[1][2]) / d[1][2]:.2f}x |")
+    return lines
 
 
 def _pw_report(ops, graphs) -> list[str]:

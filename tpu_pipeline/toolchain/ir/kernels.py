@@ -50,7 +50,8 @@ run `builtin_view`: builtin codes, the requantization input dropped, a PAD re-in
 padding is not SAME or VALID.
 
 Options on disk (custom options, little-endian int32): [format 1, builtin version, flags
-(1 direct, 2 overlap, each variant's own bits (4 fast, 8 packed, 0x100 pointwise and 0x200 its proof),
+(1 direct, 2 overlap, each variant's own bits (4 fast, 8 packed, 0x100 pointwise and 0x200 its proof,
+0x400 window and 0x800 its proof, 0x2000 dw3),
 padding mode << 4: 0 explicit, 1 same, 2 valid), pad_top, pad_left,
 stride_h, stride_w, dilation_h, dilation_w, depth_multiplier, activation (0 none, 1 relu,
 2 relu_n1_to_1, 3 relu6), input_offset, output_offset, activation_min, activation_max, ring_rows].

@@ -36,7 +36,7 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  const bool flags_ok = (o->flags & ~0xF3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
+  const bool flags_ok = (o->flags & ~0x2F3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
                         (!(o->flags & kFlagWindowFastRequant) || (o->flags & kFlagWindow));
   return o->format == 1 && flags_ok && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
@@ -112,7 +112,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise | kFlagWindow)) return 0;
+  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise | kFlagWindow | kFlagDw3)) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -176,6 +176,12 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
     Geometry in_band = g;
     in_band.in_h = band.rows;
     RunDepthwiseFast(o, in_band, band.pad_top, r1 - r0, band_in, filter, bias, requant, out);
+    return kTfLiteOk;
+  }
+  if (o.flags & kFlagDw3) {  // the depthwise 3x3 kernel for narrow maps, in both builds (Prepare checked it fits)
+    Geometry in_band = g;
+    in_band.in_h = band.rows;
+    RunDepthwise3x3(o, in_band, band.pad_top, r1 - r0, band_in, filter, bias, requant, out);
     return kTfLiteOk;
   }
   if (o.flags & kFlagPointwise) {  // the harness's own 1x1 kernel, in both builds (Prepare checked it fits)
@@ -328,6 +334,8 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   TF_LITE_ENSURE_MSG(context, ok, "TPUP conv: needs int8 input, filter and output and an int32 [2, C] requantization");
   TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagFast) || (kDepthwise && DepthwiseFastFits(o, g)),
                      "TPUP conv: the fast kernel does not run this convolution");
+  TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || (kDepthwise && Depthwise3x3Fits(o, g)),
+                     "TPUP conv: the depthwise 3x3 kernel does not run this convolution");
   TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagPointwise) || (!kDepthwise && PointwiseFits(o, g) && filter_depth == g.in_c),
                      "TPUP conv: the 1x1 kernel does not run this convolution");
   if (packed) {

@@ -35,6 +35,10 @@ constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 // The harness's own convolution reading windows in place (flag "window", tpup_window.cc), and
 // whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;
+// The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", tpup_depthwise3x3.cc) and its
+// buffer's int16s on the stack (ir/kernel_variants/depthwise3x3.py MAX_BUFFER).
+constexpr int32_t kFlagDw3 = 0x2000;
+constexpr int kDw3MaxBuffer = 324;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
 // the packed convolution's largest window: pairs and bytes a row (ir/kernels.py PACKED_MAX_PAIRS, _ROW)
 constexpr int kPackedMaxPairs = 64, kPackedMaxRow = 64;
@@ -81,6 +85,13 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
 bool DepthwiseFastFits(const ConvOptions& o, const ConvGeometry& g);
 void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                       const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
+
+// The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", tpup_depthwise3x3.cc): whether it
+// runs a call of these options and shapes, and output rows [0, out_rows) of a band whose top
+// padding is `pad_top`.
+bool Depthwise3x3Fits(const ConvOptions& o, const ConvGeometry& g);
+void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
 
 // The harness's convolution for few input channels (flag "packed", tpup_first_conv.cc): the int16
 // pairs a window packs into, whether it runs a call, and output rows [0, out_rows) of a band.

@@ -1,0 +1,156 @@
+"""The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", harness/tpup_depthwise3x3.cc):
+which convolutions it takes (its stack buffer's bound), no buffer in the memory model, the flag
+through the file; on the emulated board (both kernel sets) bit-identical to the host's TFLite
+Micro on odd narrow maps, strides 1 and 2, SAME, VALID and folded asymmetric padding, relu /
+relu6 / none, per-channel and per-tensor weights, channel counts not a multiple of four, no bias,
+a bias too large for the cheap requantisation, maps of one column or row, an output overlapped
+over its input (rows through a ring), and on MLPerf Tiny's kws model when its checkout is here
+(TPUP_MLPERF_TINY)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers.cnn_builder import CnnBuilder
+from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from tpu_pipeline.toolchain.device import load_device
+from tpu_pipeline.toolchain.fit.variants import on_harness
+from tpu_pipeline.toolchain.ir import Quantization, from_model, kernels
+from tpu_pipeline.toolchain.ir.convert import to_model
+from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3
+from tpu_pipeline.toolchain.ir.kernels import FAST, OVERLAP, can_run_variant, kernel_name, with_kernel
+from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+from tpu_pipeline.toolchain.memory.semantics import get_semantics
+from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+BOARD = load_device("qemu-mps2-an386")
+DW3 = depthwise3x3.VARIANT.flag
+MLPERF = Path(os.environ.get("TPUP_MLPERF_TINY", "/nonexistent"))
+
+
+def _replace_data(b: CnnBuilder, t: int, values, dtype) -> None:
+    data = np.frombuffer(np.asarray(values, dtype=dtype).tobytes(), dtype=np.uint8).copy()
+    data.flags.writeable = False
+    b.tensors[t] = dataclasses.replace(b.tensors[t], data=data)
+
+
+def _per_tensor(b: CnnBuilder, op_pos: int) -> None:
+    w = b.tensors[b.ops[op_pos].inputs[1]]
+    scale = float(np.mean(w.quant.scale))
+    b.tensors[w.index] = dataclasses.replace(w, quant=Quantization((scale,), (0,), 3))
+    bias = b.tensors[b.ops[op_pos].inputs[2]]
+    b.tensors[bias.index] = dataclasses.replace(bias, quant=Quantization((b._scale(b.ops[op_pos].inputs[0]) * scale,), (0,), 0))
+
+
+def _dws(seed=71):
+    """(graph with every depthwise convolution on the dw3 kernel, model bytes, outputs)."""
+    b = CnnBuilder(seed=seed, spread=True)
+    x = b.input((1, 13, 5, 6))
+    e = b.conv(x, 13, k=1, act="RELU6")
+    d1 = b.dw(e, k=3, act="RELU6")  # 13 x 5 x 13, SAME, stride 1: odd width (a last output alone)
+    d2 = b.dw(d1, k=3, stride=2, act="RELU")  # stride 2 SAME on odd sizes: 7 x 3
+    _per_tensor(b, len(b.ops) - 1)
+    d3 = b.dw(b.conv(d2, 10, k=1), k=3, padding="VALID")  # VALID: 5 x 1, 10 channels, one column
+    b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
+    d4 = b.dw(b.pad(d3, 1, 0, 2, 2), k=3, padding="VALID", act="RELU6")  # folds: explicit asymmetric, 4 x 3
+    d5 = b.dw(d4, k=3, stride=2, padding="VALID")  # VALID stride 2: 1 x 1 (one row, one column)
+    big = b.dw(b.conv(d1, 7, k=1), k=3, act="RELU6")  # sums past 2^30: the exact requantisation
+    bias = b.ops[-1].inputs[2]
+    _replace_data(b, bias, [((1 << 30) + (1 << 28)) * (-1) ** k - 7 * k for k in range(7)], "<i4")
+    wide = b.dw(b.conv(d2, 9, k=1), k=3, stride=2)  # 7 x 3 -> 4 x 2, 9 channels
+    outs = [d5, big, wide]
+    g, folded = fold_pads(b.graph(outs), harness=True)
+    assert folded == 1
+    dws = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D"]
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"], kernel_name())
+    g = with_kernel(g, dws, kernel_name(DW3))
+    g = with_kernel(g, [dws[0]], kernel_name(DW3, OVERLAP))  # in place: rows through a ring
+    return g, model_to_bytes(to_model(g, read_model(b.model_bytes(outs))))
+
+
+def test_what_the_dw3_kernel_takes():
+    b = CnnBuilder(seed=2, spread=True)
+    x = b.input((1, 8, 8, 8))
+    plain = b.dw(x, k=3)
+    five = b.dw(plain, k=5)
+    dilated = b.dw(five, k=3, dilation=2)
+    conv = b.conv(dilated, 8, k=3)
+    s3 = b.dw(conv, k=3, stride=3)
+    g = b.graph([s3])
+    assert [can_run_variant(g, i, DW3) for i in range(5)] == [True, False, False, False, False]
+    with pytest.raises(ValueError):
+        with_kernel(g, [1], kernel_name(DW3))
+    # the buffer's bound: kws's 25 x 5 maps fit (transposed: 7 rows of 26), a 26 x 11 map does not
+    assert depthwise3x3.buffer_shape(1, 1, 5, 25, 1, 25) == (7, 26, 26, 186)
+    assert depthwise3x3.buffer_shape(2, 2, 3, 3, 0, 6) == (7, 8, 8, 58)  # 6 x 6 -> 3 x 3 at stride 2, SAME
+    b = CnnBuilder(seed=3, spread=True)
+    y = b.dw(b.dw(b.input((1, 24, 7, 4)), k=3), k=3, stride=2)
+    big = b.dw(b.dw(b.input((1, 26, 11, 4)), k=3), k=3, stride=2)
+    g = b.graph([y, big])
+    assert [can_run_variant(g, i, DW3) for i in range(4)] == [True, True, False, False]
+
+
+def test_the_dw3_kernel_asks_for_no_buffer_and_its_flag_survives_the_file():
+    g, data = _dws()
+    sem = get_semantics("tflm-cmsis-nn")
+    plain = [i for i, op in enumerate(g.ops) if kernels.flags(op) == {DW3}]
+    assert len(plain) == 6 and all(scratch_requests(g, i, sem) == [] for i in plain)
+    back = from_model(read_model(data))
+    assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
+
+
+def test_the_model_on_the_harness_takes_dw3_where_it_won_and_the_cost_model_agrees():
+    """fit's on_harness: narrow 3x3 layers at stride 1 on dw3 (before "fast", which also runs
+    them), at stride 2 not (CMSIS-NN's was faster on most maps), a map too wide for the buffer on
+    "fast"; the fitted cost rows (from layers of 40 to 256 channels) price dw3 below "fast" where it
+    took the layer."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+
+    b = CnnBuilder(seed=4, spread=True)
+    wide = b.dw(b.input((1, 20, 20, 16)), k=3)  # 20 x 20: no buffer fits
+    narrow = b.dw(b.dw(b.input((1, 25, 5, 64)), k=3, stride=2), k=3)  # kws's maps: 25 x 5 -> 13 x 3 -> 13 x 3
+    g, _ = on_harness(b.graph([wide, narrow]))
+    assert [op.kernel for op in g.ops] == ["tpup+fast", "tpup", "tpup+dw3"]
+    board = load_device("qemu-mps2-an386")
+    dw3 = [i for i, op in enumerate(g.ops) if DW3 in kernels.flags(op)]
+    assert estimate_mcu(g, board).instructions < estimate_mcu(with_kernel(g, dw3, kernel_name(FAST)),
+                                                              board).instructions
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    g, data = _dws()
+    path = tmp_path_factory.mktemp("dw3") / "dw3.tflite"
+    path.write_bytes(data)
+    return path
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_the_dw3_kernel_is_bit_identical_in_qemu(model, kernels_set):
+    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
+    predicted = exported_arena(r)
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.skipif(not (MLPERF / "kws_ref_model.tflite").is_file(),
+                    reason="MLPerf Tiny's models not here (TPUP_MLPERF_TINY names the folder)")
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_mlperf_kws_on_the_dw3_kernel_is_bit_identical_in_qemu(tmp_path, kernels_set):
+    src = read_model((MLPERF / "kws_ref_model.tflite").read_bytes())
+    g, _ = on_harness(from_model(src))
+    assert sum(DW3 in kernels.flags(op) for op in g.ops) == 4
+    path = tmp_path / "kws.tflite"
+    path.write_bytes(model_to_bytes(to_model(g, src)))
+    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)

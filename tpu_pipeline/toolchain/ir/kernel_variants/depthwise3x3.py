@@ -1,0 +1,74 @@
+"""Flag "dw3": the harness's int8 depthwise 3x3 kernel for narrow maps
+(harness/tpup_depthwise3x3.cc, both firmware builds), TinyEngine's approach. One channel at a
+time: its input is widened once into a small int16 buffer (transposed where the map is taller
+than wide), the input offset folded into the bias and the padding holding the zero point; then
+one flattened pass over the buffer's rows (a row's right padding the next row's left), two
+outputs side by side per step, a pair of taps per SMLAD against the window row's weights as int16
+pairs (w0, w1) and (w1, w2). Strides 1 and 2 (each direction), any padding; TFLite's
+DepthwiseConvPerChannel integers (SMMULR's requantisation where the channel's weights, bias and
+input offset bound every sum below 2^30 and the shift allows, checked per channel in the kernel,
+else TFLite's integers).
+
+What it costs: flash, nothing of the model's (the int8 weights are read in place and paired per
+channel at run time; no constant input). Arena: nothing (memory/scratch.py: no buffer). Stack:
+the buffer, at most MAX_BUFFER int16s (648 bytes, no more than the "fast" kernel's weights on
+the stack; `buffer_shape`), and MAX_RUN int32 sums (256 bytes); `applies` takes only layers whose
+buffer fits, which is what makes it a kernel for narrow maps. Where it wins was measured in QEMU
+(docs/bench/harness_kernels.md; `wins`)."""
+
+from __future__ import annotations
+
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
+from tpu_pipeline.toolchain.ir.graph import Graph
+from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
+
+MAX_BUFFER = 324  # (harness/tpup_conv.h kDw3MaxBuffer: int16s on the stack)
+MAX_RUN = 64  # (harness/tpup_depthwise3x3.cc kChunk: sums a pass holds, at least a buffer row's)
+
+
+def buffer_shape(stride_a: int, stride_b: int, rows_out: int, cols_out: int, pad_b: int, n_b: int) \
+        -> tuple[int, int, int, int]:
+    """(rows, cols, run, elems) of the kernel's int16 buffer for rows_out rows of cols_out outputs at
+    strides stride_a across and stride_b along its rows, pad_b padding columns before n_b input
+    columns (harness/tpup_depthwise3x3.cc ShapeFor): rows of cols (even) read as one flattened run
+    (output (ra, rb) at ra x run + rb, a row's right padding the next row's left), elems the
+    int16s a pass may read."""
+    reach, inner = (cols_out - 1) * stride_b + 3 - pad_b, pad_b + n_b
+    cols = (max(reach, inner) + 1) & ~1
+    rows, run = (rows_out - 1) * stride_a + 3, stride_a * cols // stride_b
+    read = ((rows_out - 1) * run + cols_out - 1) * stride_b + 2 * cols + 6
+    return rows, cols, run, max(read, rows * cols)
+
+
+def buffer_fits(shape: tuple[int, int, int, int]) -> bool:
+    return shape[3] <= MAX_BUFFER and shape[2] <= MAX_RUN
+
+
+def applies(graph: Graph, i: int) -> bool:
+    """A 3x3 window, one output channel per input channel, no dilation, strides 1 or 2, and a
+    buffer within MAX_BUFFER."""
+    op = graph.ops[i]
+    if op.opcode != "DEPTHWISE_CONV_2D":
+        return False
+    o, w = op.options, graph.tensors[op.inputs[1]].shape
+    x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
+    if not (o.depth_multiplier == 1 and o.dilation_h == 1 and o.dilation_w == 1 and x[3] == w[3] == y[3]
+            and w[1] == w[2] == 3 and o.stride_h in (1, 2) and o.stride_w in (1, 2)):
+        return False
+    top, left = leading_pads(graph, op)
+    plain = buffer_shape(o.stride_h, o.stride_w, y[1], y[2], left, x[2])
+    turned = buffer_shape(o.stride_w, o.stride_h, y[2], y[1], top, x[1])  # (the kernel's transposed buffer)
+    return buffer_fits(plain) or buffer_fits(turned)
+
+
+def wins(graph: Graph, i: int) -> bool:
+    """At stride 1 (docs/bench/harness_kernels.md: 1.38-1.92x the better of "fast" and CMSIS-NN's
+    on narrow maps from 6 x 6; on a 3 x 3 map CMSIS-NN's is faster, 0.77x, but "fast", which
+    otherwise takes it, is slower still). At stride 2 it lost on three of four maps (0.59-0.94x;
+    1.16x on kws's 25 x 5), so it stays off there."""
+    o = graph.ops[i].options
+    return o.stride_h == o.stride_w == 1
+
+
+VARIANT = KernelVariant(flag="dw3", bit=0x2000, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,
+                        cost_class="tpup_depthwise_3x3", cost_fallback="depthwise_opt", source="tpup_depthwise3x3.cc")
