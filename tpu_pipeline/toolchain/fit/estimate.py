@@ -83,6 +83,9 @@ class RegionGeometry:
         self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
                        for k, (y, xs, _) in enumerate(self.steps)]
         self.pricing = pricing
+        # (pricing, kernel scratch) of the region as a stage on row stripes runs it, where its
+        # kernels differ (rewrite.patch_stage STRIPES_ONLY; fit.variants sets it)
+        self.stripes: tuple | None = None
         self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
         self.memo: dict = {}  # (grid, stage, streamed) -> estimate_patches' answer (a recomputing stage asks its
         # streamed twin's, which is a candidate of its own)
@@ -144,9 +147,11 @@ class StagePricing:
 
     def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
         self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
+        self.overhead = 0.0  # every layer's kernel overhead once (cost.mcu.stage_features)
         for i in positions:
             f = op_features(body, i)
             c = coefficients(table, f.fit_class)
+            self.overhead += c.get("overhead", 0.0)
             y = body.tensors[body.ops[i].outputs[0]].shape
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
@@ -188,7 +193,8 @@ class StagePricing:
     def _total(self, geo: "RegionGeometry", instr, calls, rows, copied_in, streamed, pasted) -> float:
         copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
         pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
-        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied + pastes) * self.seconds
+        return (self.overhead + instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied
+                + pastes) * self.seconds
 
 
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
@@ -209,9 +215,10 @@ def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:
     every layer's stream buffer (the rows two consecutive stripes share) lives throughout. `rlo`,
     `rhi`: [tensors x stripes] the needed row runs, `hm`, `wm` their lengths (rows, columns: one
     column of tiles); the sums over tensors are of integers (exact in any order)."""
+    pricing, kernel_scratch = geo.stripes or (geo.pricing, geo.kernel_scratch)
     w0 = wm[:, 0]
     boxes = (geo.bpp * w0)[:, None] * hm  # [tensor, stripe]
-    footprint = float((geo.holds_stage @ boxes).max(initial=0.0)) + geo.kernel_scratch
+    footprint = float((geo.holds_stage @ boxes).max(initial=0.0)) + kernel_scratch
     mid = ~(np.arange(len(geo.tensors)) == geo.j_out)  # (every tensor but the region's output)
     held = geo.y_at[mid[geo.y_at]]  # the layers' outputs but the region's output
     shared_rows = np.maximum((rhi[:, :-1] - rlo[:, 1:]).max(axis=1, initial=0), 0)
@@ -228,9 +235,9 @@ def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:
     shared = np.maximum(np.minimum(rhi[:, :-1], rhi[:, 1:]) - rlo[:, 1:], 0).sum(axis=1)
     into = np.maximum(rhi[:, :-1] - rlo[:, 1:], 0).sum(axis=1)
     cached = float(((shared + into)[held] * w0[held] * geo.ch[held]).sum())
-    if geo.pricing is not None:
+    if pricing is not None:
         j = geo.j_in
-        seconds = geo.pricing.streamed_seconds(
+        seconds = pricing.streamed_seconds(
             geo, [new_sum[k] for k in ys], [new_on[k] for k in ys], [w_list[k] for k in ys],
             [int(w_list[k] > 0) for k in ys], cached, hm[j].sum() * wm[j].sum() * geo.channels[geo.tin])
     else:  # each op's own time on the rows it computes
