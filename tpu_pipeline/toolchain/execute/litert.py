@@ -115,10 +115,15 @@ def refuse_overrunning_kernels(it) -> None:
     op LiteRT reads and writes twice the buffer: it segfaults, aborts in free(), hands out tensor
     indices out of its own range, or fails a later kernel's parameter check, differently run to run.
     Refused here, the answer is the same every run."""
-    details = getattr(it, "_get_ops_details", None)
-    if details is None:  # pragma: no cover - an interpreter without LiteRT's op introspection
+    details = getattr(it, "_get_op_details", None)
+    nodes = getattr(getattr(it, "_interpreter", None), "NumNodes", None)
+    if details is None or nodes is None:  # pragma: no cover - an interpreter without LiteRT's op introspection
         return
-    for op in details():
+    for index in range(nodes()):
+        try:
+            op = details(index)
+        except UnicodeDecodeError:  # a custom op's name that is not UTF-8 (LiteRT decodes it): not an SVDF
+            continue
         types = op.get("operand_types") or []
         if op.get("op_name") == "SVDF" and len(types) == 5 and types[0] is np.int8:
             narrow = [role for role, t in (("time weights", types[2]), ("state", types[4])) if t is not np.int16]
