@@ -35,6 +35,11 @@ constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
 // The same kernel on weights re-laid offline as int16 pairs, three channels a pass (flag
 // "pointwise16", its constant input 4), and its proof (ir/kernel_variants/pointwise16.py).
 constexpr int32_t kFlagPointwise16 = 0x4000, kFlagPointwise16FastRequant = 0x8000;
+// The words of a channel triple's header in its input 4: biases, multipliers, right shifts, nudges.
+constexpr int kPointwise16Header = 12;
+// Its widened pixel pair lies on the stack up to this many words (16 bytes per four input
+// channels: up to 256 channels), else in the output's unwritten bytes as the pointwise kernel's.
+constexpr int kPointwise16StackWords = 256;
 // The harness's own convolution reading windows in place (flag "window", tpup_window.cc), and
 // whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;

@@ -376,27 +376,57 @@ inline void Mac3(const int32_t* x, const int32_t* w, int groups, Acc6& a) {
 #undef TPUP_PW3_STEP
 #undef TPUP_PW3_OPERANDS
 
-// Output pixels a and b from the interleaved pair `buf`, three channels a pass from the re-laid
-// weights (per triple its three biases, then its pair-words); the last triple is channels
-// K - 3 .. K - 1 (bytes of channels written before written again, the same).
+// One output of the pointwise16 pass: acc requantised with its channel's multiplier m and right
+// shift r (and, for FastScale, the rounding nudge with the output offset, precomputed offline), clamped.
 template <typename Scale, bool kFull>
-void PixelPair3(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, const int32_t* relaid,
-                const int32_t* requant, int8_t* oa, int8_t* ob) {
-  const int K = g.out_c, groups = (g.in_c + 3) / 4, stride = 3 + 6 * groups;
+inline int8_t Out3(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t lo, int32_t hi);
+
+template <>
+inline int8_t Out3<FastScale, true>(const ConvOptions&, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t,
+                                    int32_t) {
+  const int32_t h = Smmulr(acc * 2, m);
+  return static_cast<int8_t>(__ssat((h + nudge + (h >> 31)) >> r, 8));
+}
+
+template <>
+inline int8_t Out3<FastScale, false>(const ConvOptions&, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t lo,
+                                     int32_t hi) {
+  const int32_t h = Smmulr(acc * 2, m);
+  return Clamp((h + nudge + (h >> 31)) >> r, lo, hi);
+}
+
+template <>
+inline int8_t Out3<ExactScale, true>(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t, int32_t,
+                                     int32_t) {
+  return static_cast<int8_t>(__ssat(Requant(m, -r)(acc) + o.output_offset, 8));
+}
+
+template <>
+inline int8_t Out3<ExactScale, false>(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t, int32_t lo,
+                                      int32_t hi) {
+  return Clamp(Requant(m, -r)(acc) + o.output_offset, lo, hi);
+}
+
+// Output pixels a and b from the interleaved pair `buf`, three channels a pass from the re-laid
+// weights (per triple: its biases, multipliers, right shifts and rounding nudges, then its
+// pair-words); the last triple is channels K - 3 .. K - 1 (bytes written before written again,
+// the same).
+template <typename Scale, bool kFull>
+void PixelPair3(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, const int32_t* relaid, int8_t* oa,
+                int8_t* ob) {
+  const int K = g.out_c, groups = (g.in_c + 3) / 4, stride = kPointwise16Header + 6 * groups;
   const int32_t lo = o.act_min, hi = o.act_max;
   const int32_t* w = relaid;
   for (int c = 0; c < K; c += 3, w += stride) {
     if (c + 3 > K) c = K - 3;
     Acc6 a = {w[0], w[0], w[1], w[1], w[2], w[2]};
-    Mac3(buf, w + 3, groups, a);
-    const Scale s0(o, requant[c], requant[K + c]), s1(o, requant[c + 1], requant[K + c + 1]),
-        s2(o, requant[c + 2], requant[K + c + 2]);
-    oa[c] = Narrow<kFull>(s0(a.a0), lo, hi);
-    ob[c] = Narrow<kFull>(s0(a.b0), lo, hi);
-    oa[c + 1] = Narrow<kFull>(s1(a.a1), lo, hi);
-    ob[c + 1] = Narrow<kFull>(s1(a.b1), lo, hi);
-    oa[c + 2] = Narrow<kFull>(s2(a.a2), lo, hi);
-    ob[c + 2] = Narrow<kFull>(s2(a.b2), lo, hi);
+    Mac3(buf, w + kPointwise16Header, groups, a);
+    const int32_t acc[6] = {a.a0, a.b0, a.a1, a.b1, a.a2, a.b2};
+    for (int j = 0; j < 3; ++j) {
+      const int32_t m = w[3 + j], r = w[6 + j], nudge = w[9 + j];
+      oa[c + j] = Out3<Scale, kFull>(o, acc[2 * j], m, r, nudge, lo, hi);
+      ob[c + j] = Out3<Scale, kFull>(o, acc[2 * j + 1], m, r, nudge, lo, hi);
+    }
   }
 }
 
@@ -410,7 +440,7 @@ void PairsThroughBuffer(const ConvOptions& o, const ConvGeometry& g, const Pixel
   for (int p = 0; p + 2 <= stop; p += 2) {
     if (relaid != nullptr) {
       WidenPairInterleaved(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
-      PixelPair3<Scale, kFull>(o, g, buf, relaid, requant, out + p * K, out + (p + 1) * K);
+      PixelPair3<Scale, kFull>(o, g, buf, relaid, out + p * K, out + (p + 1) * K);
     } else {
       WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
       PixelPair<Scale, kFull>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
@@ -423,8 +453,17 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
          const int32_t* bias, const int32_t* relaid, const int32_t* requant, int8_t* out) {
   const PixelWalk walk(o, g, in);
   const int K = g.out_c, bytes = 16 * ((g.in_c + 3) / 4);  // the widened pair
-  if (K < (relaid != nullptr ? 3 : 2)) {  // (the passes' channel blocks need two, three)
+  if (K < (relaid != nullptr ? 3 : 2) || n < 2) {  // (the passes' channel blocks need two, three; a pair two pixels)
     for (int p = 0; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
+    return;
+  }
+  if (relaid != nullptr && bytes <= 4 * kPointwise16StackWords) {  // the pair on the stack: every pixel a pass
+    int32_t pair[kPointwise16StackWords];
+    for (int p = 0; p < n; p += 2) {
+      const int a = p + 2 <= n ? p : n - 2;  // (an odd last pixel with the one before it, written again the same)
+      WidenPairInterleaved(walk.At(a), walk.At(a + 1), g.in_c, o.input_offset, pair);
+      PixelPair3<Scale, kFull>(o, g, pair, relaid, out + a * K, out + (a + 1) * K);
+    }
     return;
   }
   // The pair lives in the output's last bytes (4-aligned); pixels [0, stop) are written before
@@ -466,6 +505,6 @@ void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, con
 #endif
 }
 
-int Pointwise16Words(const ConvGeometry& g) { return (g.out_c + 2) / 3 * (3 + 6 * ((g.in_c + 3) / 4)); }
+int Pointwise16Words(const ConvGeometry& g) { return (g.out_c + 2) / 3 * (kPointwise16Header + 6 * ((g.in_c + 3) / 4)); }
 
 }  // namespace tpup
