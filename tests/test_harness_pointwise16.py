@@ -26,7 +26,7 @@ from tpu_pipeline.toolchain.ir.graph import Quantization
 from tpu_pipeline.toolchain.ir.kernel_variants import pointwise16
 from tpu_pipeline.toolchain.ir.kernel_variants.packed import WINS_MAX_CHANNELS
 from tpu_pipeline.toolchain.ir.kernels import OVERLAP, POINTWISE, can_run_variant, kernel_name, with_kernel
-from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven
+from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven, requant
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
@@ -42,12 +42,29 @@ def _per_tensor(b: CnnBuilder, op_pos: int) -> None:
     b.tensors[t.index] = dataclasses.replace(t, quant=Quantization((max(t.quant.scale),), (0,), 0))
 
 
+def _halves(b: CnnBuilder, x: int, cout: int) -> int:
+    """A 1x1 layer whose rounding meets exact halves often (weights in [-2, 2], no bias, shift -1:
+    a negative half rounds away from zero, which a plain add-and-shift gets wrong)."""
+    y = b.conv(x, cout, k=1)
+    op = b.ops[-1]
+    w, bias = b.tensors[op.inputs[1]], b.tensors[op.inputs[2]]
+    for t, v in ((w, b.rng.integers(-2, 3, w.shape).astype(np.int8)), (bias, np.zeros(cout, "<i4"))):
+        data = np.frombuffer(v.tobytes(), dtype=np.uint8).copy()
+        data.flags.writeable = False
+        b.tensors[t.index] = dataclasses.replace(t, data=data)
+    t = b.tensors[y]
+    scale = b._scale(x) * float(np.max(w.quant.scale)) * 2.1
+    b.tensors[y] = dataclasses.replace(t, quant=Quantization((scale,), t.quant.zero_point))
+    return y
+
+
 def _layers(seed=17):
     """(builder, outputs): a chain of 1x1 layers covering the kernel's paths."""
     b = CnnBuilder(seed=seed, spread=True)
     x = b.input((1, 7, 9, 13))  # 63 pixels (odd), 13 channels: three groups of four and one left over
     a = b.conv(x, 22, k=1, act="RELU6")  # 22 = 7 triples + 1: the last triple overlaps
     s = b.conv(a, 5, k=1)  # projection, no activation
+    halves = _halves(b, s, 7)
     e = b.conv(s, 17, k=1, stride=2, act="RELU")  # strided: 4 x 5 pixels
     _per_tensor(b, len(b.ops) - 1)
     f = b.conv(e, 3, k=1, act="RELU6")  # exactly one triple
@@ -55,7 +72,7 @@ def _layers(seed=17):
     wide = b.conv(f, 300, k=1, act="RELU")  # 300 output channels ...
     deep = b.conv(wide, 7, k=1, stride=2)  # ... read by 300 input channels: the pair in the output's bytes
     one = b.conv(b.pool(deep, k=2, stride=2), 9, k=1, act="RELU6")  # a 1 x 1 output: one pixel
-    return b, [one]
+    return b, [one, halves]
 
 
 def _on_pw16(b, outs):
@@ -143,6 +160,8 @@ def test_no_buffer_its_flags_survive_the_file_and_fit_takes_it_first():
     assert [PW16 in kernels.flags(op) for op in convs] == [not f for f in few] and sum(few) == 1
     proven = [pointwise_requant_proven(h, op) for op in convs]
     assert any(proven)
+    halves = next(op for op in h.ops if op.outputs[0] == h.outputs[1])
+    assert set(requant(h, halves)[1]) == {-1} and pointwise_requant_proven(h, halves)
 
 
 @pytest.fixture(scope="module")
