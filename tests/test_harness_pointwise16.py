@@ -197,3 +197,26 @@ def test_mlperf_kws_on_it_is_bit_identical_in_qemu(tmp_path, kernels_set):
     path = tmp_path / "kws.tflite"
     path.write_bytes(model_to_bytes(to_model(g, src)))
     qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+
+
+def test_a_patch_stage_runs_its_layers_on_the_pointwise_kernel_instead():
+    """tpup_stage.cc does not run pointwise16 (no constant input in a stage's layers): a stage puts
+    those 1x1 layers on its twin "pointwise", not on the kernel set's paths. (Drop the twin in
+    rewrite/patch_stage.py stage_layers and this fails.)"""
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+    from tpu_pipeline.toolchain.ir import stage
+    from tpu_pipeline.toolchain.rewrite.patch import checked_region, patch_regions
+    from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+
+    b = CnnBuilder(seed=8, spread=True)
+    x = b.input((1, 21, 18, 8))
+    e = b.conv(x, 30, k=1, act="RELU6")
+    out = b.conv(b.dw(e, k=3, act="RELU6"), 12, k=1)
+    g, _ = on_harness(b.graph([out]))
+    assert [PW16 in kernels.flags(op) for op in g.ops] == [True, False, True]
+    regions = [r for r in patch_regions(g) if stage_refusal(g, checked_region(g, r)[2]) is None]
+    tin, tout, positions = checked_region(g, max(regions, key=lambda r: len(r.ops)))
+    staged = build_stage(g, tin, tout, positions, (3, 2))
+    body = next(op for op in staged.ops if stage.is_stage(op)).options.body
+    ones = [op.kernel for op in body.ops if op.opcode == "CONV_2D"]
+    assert ones == [kernel_name(POINTWISE)] * 2
