@@ -17,6 +17,12 @@
 // SaturatingRoundingDoublingHighMul(acc, m) is SMMULR(2 acc, m) and the rounding right shift by r
 // with the output offset added is (h + 2^(r-1) + offset 2^r + (h >> 31)) >> r (round half away
 // from zero; no overflow in those bounds). Otherwise tpup_conv.h's Requant, the general integers.
+//
+// Flag "pointwise16" (ir/kernel_variants/pointwise16.py) runs the same pixel walk on weights
+// re-laid offline as int16 pairs (its input 4): no SXTB16 in the loop, three channels x two pixels
+// a pass (LDRD of both pixels' widened pair-word, LDM of three channels' weight words, six
+// SMLADs), each triple's bias and requantisation constants in its header; the widened pair on the
+// stack up to 256 input channels (every pixel a pass), else in the output's bytes as above.
 
 #include <cstdint>
 #include <cstring>
