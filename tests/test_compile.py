@@ -198,7 +198,7 @@ def test_verify_checks_the_segment_files_as_written(tmp_path, monkeypatch):
     def segments_then_tamper(state, allowed):
         state, record = real.run(state, allowed)
         segs = list(state.segments)
-        segs[1] = dataclasses.replace(segs[1], data=corrupted(segs[1].data))
+        segs[1] = dataclasses.replace(segs[1], chunks=(corrupted(segs[1].data),))  # the file as its one piece
         return dataclasses.replace(state, segments=tuple(segs)), record
 
     passes = list(compile_pkg.PASSES)

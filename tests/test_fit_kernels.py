@@ -4,6 +4,7 @@ im2col scratch, slower) where their scratch is part of the peak."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,10 @@ def _wide_conv(tmp_path: Path) -> Path:
 def without_window(monkeypatch):
     """These tests trade CMSIS-NN's im2col buffer against time: the "window" kernel variant, which
     reads windows in place (no buffer), would take their convolutions (test_the_window_kernel_needs_no_im2col)."""
-    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(v for v in kernel_variants.REGISTRY if v.flag != "window"))
+    # it stays registered (its C is linked: tpup_conv.cc dispatches to it) but applies nowhere
+    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(
+        dataclasses.replace(v, applies=lambda graph, i: False) if v.flag == "window" else v
+        for v in kernel_variants.REGISTRY))
 
 
 def test_the_window_kernel_needs_no_im2col(tmp_path, monkeypatch):
@@ -98,7 +102,7 @@ def test_fit_counts_the_kernel_sets_scratch(tmp_path):
         assert r.fits and r.head == head and not _flags(r.graph)
 
 
-def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_path, monkeypatch):
+def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_path):
     """The fitted model, its convolution overlapped in place on the direct kernel, in the CMSIS-NN
     firmware on QEMU: outputs bit-identical to the host's TFLite Micro, and the firmware's head is
     fit's prediction."""
@@ -106,7 +110,6 @@ def test_fitted_kernel_variants_run_on_the_emulated_cortex_m_as_predicted(tmp_pa
 
     fitted = fit_model(_wide_conv(tmp_path), budget=6000, kernels=CMSIS_NN, time_limit=20)
     assert _flags(fitted.result.graph) == {OVERLAP, DIRECT}
-    monkeypatch.undo()  # (the firmware links every registered variant's source: tpup_conv.cc calls them all)
     r = run_fitted_on_qemu(tmp_path, fitted, "cmsis-nn")
     assert r.head_bytes == fitted.result.head == 5120
 
@@ -256,3 +259,30 @@ def test_the_memory_objective_pays_no_tail_bytes_for_a_variant_constant(monkeypa
     assert with_packed.head + with_packed.tail == without.head + without.tail
     if kept:
         assert with_packed.selection.latency_s < without.selection.latency_s
+
+
+def test_a_kernel_variant_that_lowers_the_peak_costs_no_arena_and_no_speed(monkeypatch):
+    """Issue 30: with the window variant registered (3x3 convolutions without CMSIS-NN's im2col
+    buffer), chain_int8's smallest whole arena went 4,004 -> 4,052 B at twice the latency. Its last
+    two layers as one stage save tail bytes (one op node), but were no longer offered once the
+    window kernel brought their peak down to the stage's own floor (patch_candidates looked at the
+    peak alone); and three lean twins then stood at that arena, which unlean swapped all or none
+    (all together their 16 B each pass the real tail's alignment; one at a time they do not)."""
+    from tpu_pipeline.toolchain.ir import kernel_variants
+
+    monkeypatch.undo()  # (the real registry)
+    src = Path(__file__).parent / "fixtures" / "chain_int8.tflite"
+
+    def smallest():
+        r = fit_model(src, objective="memory", time_limit=20, want_pareto=True).result
+        assert r.frontier_complete
+        return r
+
+    with_window = smallest()
+    # it stays registered (its C is linked: tpup_conv.cc dispatches to it) but applies nowhere
+    monkeypatch.setattr(kernel_variants, "REGISTRY", tuple(
+        dataclasses.replace(v, applies=lambda graph, i: False) if v.flag == "window" else v
+        for v in kernel_variants.REGISTRY))
+    without = smallest()
+    assert with_window.head + with_window.tail <= without.head + without.tail
+    assert with_window.selection.latency_s <= without.selection.latency_s

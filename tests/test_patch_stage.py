@@ -6,6 +6,7 @@ Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
@@ -15,6 +16,7 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, stage
 from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
+from tpu_pipeline.toolchain.ir.kernel_variants.packed import packed_weights
 from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
@@ -319,3 +321,111 @@ def test_2d_streamed_stages_run_in_qemu_bit_identical(tmp_path, kernels_set):
         r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
         predicted = exported_arena(r)
         assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+# ---- the packed first convolution inside stages ----------------------------------------------------
+def _packed_first(g):
+    """`g` with its first convolution (3x3 over 3 channels) on the packed kernel."""
+    return with_kernel(g, [0], kernel_name("packed"))
+
+
+def _packed_stages():
+    g, src = _mbv2_like()
+    g = _packed_first(g)
+    tin, tout, positions = checked_region(g, _region(g))
+    return [(build_stage(g, tin, tout, positions, grid, stream=stream), src)
+            for grid, stream in (((3, 2), False), ((3, 1), True), ((3, 3), True))]
+
+
+def test_stages_keep_the_packed_kernel_and_its_weights():
+    """The stage's first layer stays on the packed kernel, its layer record names the re-laid
+    weights (input 4), and it reads back from the file as it was built."""
+    for staged, src in _packed_stages():
+        (op,) = [o for o in staged.ops if stage.is_stage(o)]
+        first = op.options.body.ops[0]
+        assert first.kernel == "tpup+packed" and len(first.inputs) == 5
+        assert np.array_equal(op.options.body.tensors[first.inputs[4]].values(), packed_weights(op.options.body, first))
+        back = from_model(read_model(_write(staged, src)))
+        (read,) = [o for o in back.ops if stage.is_stage(o)]
+        first = read.options.body.ops[0]
+        assert first.kernel == "tpup+packed" and len(first.inputs) == 5
+        assert np.array_equal(read.options.body.tensors[first.inputs[4]].values(), packed_weights(read.options.body, first))
+        assert stage.encode(read.options) == stage.encode(op.options)
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stages_with_the_packed_kernel_run_in_qemu_bit_identical(tmp_path, kernels_set):
+    """Recomputing, stripe-streamed and 2-D streamed stages whose first layer runs the packed
+    kernel: outputs equal the host's TFLite Micro's, the arena is the predicted one."""
+    for k, (staged, src) in enumerate(_packed_stages()):
+        path = tmp_path / f"packed_{k}.tflite"
+        path.write_bytes(_write(staged, src))
+        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+        predicted = exported_arena(r)
+        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+# ---- the fast depthwise kernel on streamed stripes ---------------------------------------------------
+def _fast(g):
+    """`g` with its depthwise convolutions on the harness's own kernel (flag "fast") where it applies."""
+    from tpu_pipeline.toolchain.ir.kernel_variants import fast_depthwise
+
+    return with_kernel(g, [i for i, op in enumerate(g.ops) if fast_depthwise.applies(g, i)], kernel_name("fast"))
+
+
+def _depthwise_kernels(staged) -> list[str]:
+    body = next(o for o in staged.ops if stage.is_stage(o)).options.body
+    return [layer.kernel for layer in body.ops if layer.opcode == "DEPTHWISE_CONV_2D"]
+
+
+def test_only_streamed_stripes_keep_the_fast_depthwise_kernel():
+    """Streamed row stripes (no call through a ring) run the fast depthwise kernel; recomputing and
+    2-D streamed stages, whose depthwise layers go in place through rings, run the kernel set's."""
+    g, src = _mbv2_like()
+    g = _fast(g)
+    tin, tout, positions = checked_region(g, _region(g))
+    stripes = build_stage(g, tin, tout, positions, (3, 1), stream=True)
+    assert _depthwise_kernels(stripes) == ["tpup+fast"] * 2 and not _rings(stripes)[0]
+    assert _depthwise_kernels(from_model(read_model(_write(stripes, src)))) == ["tpup+fast"] * 2
+    for grid, stream in (((3, 2), False), ((3, 3), True)):
+        assert _depthwise_kernels(build_stage(g, tin, tout, positions, grid, stream=stream)) == ["tpup"] * 2
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stripes_with_the_fast_depthwise_kernel_run_in_qemu_bit_identical(tmp_path, kernels_set):
+    """Stripe stages whose depthwise layers (3x3 stride 1, and stride 2 with folded explicit
+    padding) run the fast kernel, with the packed first layer: outputs equal the host's TFLite
+    Micro's, the arena is the predicted one."""
+    for n in (2, 3, 5):
+        g, src = _mbv2_like()
+        g = _packed_first(_fast(g))
+        tin, tout, positions = checked_region(g, _region(g))
+        staged = build_stage(g, tin, tout, positions, (n, 1), stream=True)
+        assert _depthwise_kernels(staged) == ["tpup+fast"] * 2
+        path = tmp_path / f"fast_stripes_{n}.tflite"
+        path.write_bytes(_write(staged, src))
+        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+        predicted = exported_arena(r)
+        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+
+
+def test_a_streamed_stage_is_never_priced_below_its_layers_run_whole():
+    """A streamed stage runs the same kernels (or slower ones) on the same elements, plus calls and
+    copies: the cost model prices it at least at its layers run whole (each layer's kernel overhead
+    once, cost.mcu.stage_features), so fit takes a stage for memory, never for a speed it has not."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, fitted_table, stage_instructions
+
+    g, _ = _mbv2_like()
+    g = _packed_first(_fast(g))
+    tin, tout, positions = checked_region(g, _region(g))
+    for kernels in (CMSIS_NN, REFERENCE):
+        whole = estimate_mcu(g, BOARD, kernels).ops
+        layers = sum(whole[i].instructions for i in positions)
+        for grid in ((2, 1), (3, 1), (2, 2), (3, 3)):
+            staged = build_stage(g, tin, tout, positions, grid, stream=True)
+            (op,) = [o for o in staged.ops if stage.is_stage(o)]
+            assert stage_instructions(op, fitted_table()[kernels.cost_key]) >= layers * (1 - 1e-9), (kernels.name, grid)

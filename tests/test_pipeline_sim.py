@@ -103,3 +103,34 @@ def test_saturated_period_is_the_simulators_period_exactly():
     stages = [S(1e-3, 0, 5000, 5000, 1e-3), S(2e-3, 0, 5000, 5000, 1e-3)]
     for kw in ({"host_slots": 1}, {"link_policy": "ps"}):
         assert saturated_period(stages, 1e6, **kw) == simulate_many([stages], 1e6, **kw)[0].period_s
+
+
+def test_the_c_fifo_loop_gives_the_python_loops_period_exactly():
+    """`_fifo_period.c` is `_fifo_period` statement for statement: the very same double on random
+    pipelines (equal stages tie on the link, streamed stages, queues of one to three, other frame
+    counts); where the Python loop would not end normally the C loop hands back to it."""
+    import random
+
+    from tpu_pipeline.toolchain.cost.pipeline import _fifo_period, _fifo_period_native, _phases
+    from tpu_pipeline.toolchain.native import load_library
+    from tpu_pipeline.toolchain.cost import pipeline
+
+    if load_library(pipeline._FIFO_SOURCE) is None:
+        pytest.skip("no C compiler here: the Python loop runs alone")
+    rng = random.Random(11)
+
+    def nbytes():
+        return rng.choice([0, rng.randint(1, 300_000)])
+
+    for _ in range(1500):
+        n, bw, q = rng.randint(1, 9), rng.choice([4.2e8, 3e8, 1e9, 1e6]), rng.choice([1, 1, 2, 3])
+        stages = [S(rng.uniform(1e-5, 3e-3), rng.choice([0, 0, nbytes()]), nbytes(), nbytes(),
+                    rng.choice([0.0, 1.35e-3, 5e-4]), rng.random() < 0.8) for _ in range(n)]
+        if rng.random() < 0.3:
+            stages = [stages[0]] * n
+        phases = [_phases(s, bw) for s in stages]
+        F = rng.choice([24, 24, 4 * n, 7, 40])
+        native = _fifo_period_native(phases, F, q)
+        assert native is not None
+        assert native == _fifo_period(phases, F, q)
+    assert _fifo_period_native([[{"tpu": 1.0}], []], 24, 1) is None  # a stage without phases

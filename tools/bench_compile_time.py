@@ -83,7 +83,10 @@ def main(argv=None) -> int:
                     "and read (a separate cache folder; one warm-up run first), as an installed package runs")
     a = ap.parse_args(argv)
     cli = str(Path(sys.executable).parent / "tpu-pipeline")
-    rel = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731
+    # paths as the doc shows them: inside the checkout relative to it, the zoo folder as MODELS (no machine paths)
+    zoo = a.models.resolve()
+    rel = lambda p: (str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else  # noqa: E731
+                     str(Path("MODELS") / p.relative_to(zoo)) if p.is_relative_to(zoo) else "MODELS")
     rows, missing, same_load, cached = [], [], [], []
     for label, name, in_zoo, args, target in CASES:
         model = (a.models / name if in_zoo else ROOT / name).resolve()
@@ -124,7 +127,7 @@ def main(argv=None) -> int:
                 "compiles the package's sources (~0.2 s); an installed wheel has them compiled. "
                 if os.environ.get("PYTHONDONTWRITEBYTECODE") else "")
     lines = ["## Compile time", "",
-             f"`python tools/bench_compile_time.py --models {rel(a.models.resolve())} --runs {a.runs}"
+             f"`python tools/bench_compile_time.py --models {rel(zoo)} --runs {a.runs}"
              + (f" --before-tree DIR --before-label '{a.before_label}'" if a.before_tree else "")
              + (" --bytecode" if a.bytecode else "") + "`", "",
              "Each command runs as its own process (the `tpu-pipeline` console script) into a fresh folder; "

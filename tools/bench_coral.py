@@ -71,19 +71,20 @@ def report(folder: Path) -> dict:
 def auto_section(models: list[Path], tmp: Path) -> list[str]:
     lines = ["## -n auto", "", "`python -m tpu_pipeline.cli compile MODEL -n auto` and `... -n 4`, whole-process wall "
              "and CPU seconds (the process and its children), median of 3 runs each; the ratio is auto / -n 4 (target "
-             "<= 3). The table is report.json's `n_candidates` (predicted, coral-usb); *pruned*: the row's period is "
+             "<= 3); *load*: the 1-minute load average before the model's first run (the machine is shared). The table is report.json's `n_candidates` (predicted, coral-usb); *pruned*: the row's period is "
              "proven too long to come within the knee of the best throughput per TPU, so it shows its best warm "
              "start (Coral's heuristic, the best contiguous cuts), not searched further.", "",
-             "| model | ops | chosen n | why | auto s (CPU) | -n 4 s (CPU) | ratio wall (CPU) |",
-             "|---|---|---|---|---|---|---|"]
+             "| model | ops | chosen n | why | auto s (CPU) | -n 4 s (CPU) | ratio wall (CPU) | load |",
+             "|---|---|---|---|---|---|---|---|"]
     tables = []
     for m in models:
+        load = os.getloadavg()[0]
         wa, ca = median_run("compile", m, "-n", "auto", "-o", tmp / "auto")
         w4, c4 = median_run("compile", m, "-n", "4", "-o", tmp / "n4")
         r = report(tmp / "auto")
         ops = sum(s["ops"] for s in r["segments"])
         lines.append(f"| {m.name} | {ops} | {r['n_chosen']} | {r['n_chosen_reason']} | {wa:.2f} ({ca:.2f}) | "
-                     f"{w4:.2f} ({c4:.2f}) | {wa / w4:.1f}x ({ca / c4:.1f}x) |")
+                     f"{w4:.2f} ({c4:.2f}) | {wa / w4:.1f}x ({ca / c4:.1f}x) | {load:.1f} |")
         tables += ["", f"{m.name}:", "", "| n | period ms | per s | per s per TPU | cached B | streamed B | proven |",
                    "|---|---|---|---|---|---|---|"]
         tables += [f"| {c['n']}{' (chosen)' if c['n'] == r['n_chosen'] else ''} | {c['period_s'] * 1e3:.3f} | "
@@ -110,6 +111,7 @@ def cuts_section(model: Path, tmp: Path, n: int = 4) -> list[str]:
 
 
 def profile_section(model: Path, tmp: Path, n: int = 4, slow: int = 1) -> list[str]:
+    load = os.getloadavg()[0]
     cli("compile", model, "-n", n, "-o", tmp / "base")
     _, out = cli("run", tmp / "base", "--backend", "emulator", "-N", "20", "--json")
     run = json.loads(out)
@@ -141,7 +143,7 @@ def profile_section(model: Path, tmp: Path, n: int = 4, slow: int = 1) -> list[s
     r = report(tmp / "slow")
     sol = r["solver"]
     lines += ["", f"Proof (`compile ... -n {n} --profile slow.json` with default options, {wall:.0f} s wall, "
-              f"{cpu:.0f} s CPU): {sol['simulated_candidates']:,} candidates simulated, every chain whose bound P is "
+              f"{cpu:.0f} s CPU, load average {load:.1f} on {os.cpu_count()} cores at the section's start): {sol['simulated_candidates']:,} candidates simulated, every chain whose bound P is "
               f"below {sol['period_lower_bound_s'] * 1e3:.4f} ms; the answer's period is "
               f"{r['predicted']['period_s'] * 1e3:.4f} ms, gap {sol['gap']:.2%} of the proven bound, stopped: "
               f"{sol['refinement_stopped_by']}."]

@@ -4,6 +4,7 @@
     python tools/fit_harness_cost.py --collect   # QEMU, both kernel sets (about 20 minutes, once)
     python tools/fit_harness_cost.py             # fit from the collected counts
     python tools/fit_harness_cost.py --report    # also docs/bench/harness_kernels.md (own kernels vs the set's)
+    python tools/fit_harness_cost.py --held-out FIT.tflite:RUN.json ...  # stages of real models, predicted vs QEMU
 
 The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
 same kernel as its builtin (its own cost is the builtin's), except:
@@ -305,12 +306,36 @@ def collect(out: Path, force: bool = False) -> dict:
     return data
 
 
+# The [K.patch_stage] rates, fitted together over every stage form (square grids recomputing,
+# row stripes and square grids streamed): fitted apart, the forms' columns are near collinear
+# and the rates came out degenerate (131 instructions per copied byte, stripes overpriced 1.5-3.7x).
+STAGE_RATES = ("per_call", "per_row", "per_copied", "per_pasted", "per_paste_row")
+
+
+def stage_base(op, table: dict) -> float:
+    """What a stage's layers and rings cost at their own rates (cost/mcu.py stage_instructions
+    without the [K.patch_stage] terms)."""
+    from tpu_pipeline.toolchain.cost.mcu import stage_features
+
+    f = stage_features(op, table)
+    ring = table["overlap"]
+    return f.layers + ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied
+
+
+def stage_columns(op, table: dict) -> list[float]:
+    """The columns STAGE_RATES multiply: calls, their rows, elements copied, pasted, paste rows."""
+    from tpu_pipeline.toolchain.cost.mcu import stage_features
+
+    f = stage_features(op, table)
+    return [f.calls, f.rows, f.copied, f.pasted, f.paste_rows]
+
+
 def fit(data: dict) -> dict:
     """{kernels: {"overlap": coefficients, "patch_stage": coefficients}}."""
     import numpy as np
 
     from fit_mcu_cost import nnls
-    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_features
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table
     from tpu_pipeline.toolchain.ir import stage
     from tpu_pipeline.toolchain.memory.lifetimes import overlapped_ops
 
@@ -321,8 +346,7 @@ def fit(data: dict) -> dict:
         table = dict(base[kernels])
         out.setdefault(kernels, {}).update(_fit_own_ops(data, graphs, kernels))
         for cls in ("overlap", "patch_stage"):  # overlap first: a stage's overlapped tile calls are priced by it
-            a, y = [], []
-            pa, py = [], []  # 2-D streamed stages: their pastes, on the stage rows the table has
+            a, y, size = [], [], []  # size: what each op's residual is a share of
             for name, g in graphs.items():
                 run = data["runs"].get(f"{name}/{kernels}", {})
                 if not run.get("ops") or not run.get("outputs_match"):
@@ -332,33 +356,21 @@ def fit(data: dict) -> dict:
                 for i, _, measured in run["ops"]:
                     op = g.ops[i]
                     if cls == "patch_stage" and stage.is_stage(op):
-                        f = stage_features(op, table)
-                        ring = table["overlap"]
-                        rest = measured - f.layers - ring["per_unit"] * f.ring_rows - ring["per_output"] * f.ring_copied
-                        if f.pasted:
-                            c = base[kernels].get("patch_stage") or {"per_call": 0.0, "per_row": 0.0, "per_copied": 0.0}
-                            pa.append([f.pasted, f.paste_rows])
-                            py.append(rest - c["per_call"] * f.calls - c["per_row"] * f.rows - c["per_copied"] * f.copied)
-                            continue
-                        a.append([f.calls, f.rows, f.copied])
-                        y.append(rest)
+                        a.append(stage_columns(op, table))
+                        y.append(measured - stage_base(op, table))
+                        size.append(measured)
                     elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
                         t = g.tensors[op.outputs[0]]
                         a.append([t.shape[1], t.num_elements, 1.0])
                         y.append(measured - plain[i])
+                        size.append(measured - plain[i])
             if not a:
                 continue
             a, y = np.array(a, dtype=float), np.array(y, dtype=float)
-            w = 1.0 / np.maximum(np.abs(y), 1.0)
+            w = 1.0 / np.maximum(np.abs(np.array(size, dtype=float)), 1.0)  # (relative errors)
             coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
-            names = ("per_call", "per_row", "per_copied") if cls == "patch_stage" else ("per_unit", "per_output",
-                                                                                       "overhead")
+            names = STAGE_RATES if cls == "patch_stage" else ("per_unit", "per_output", "overhead")
             table[cls] = {**dict(zip(names, coef)), "ops": len(y)}
-            if pa:
-                pa, py = np.array(pa, dtype=float), np.array(py, dtype=float)
-                w = 1.0 / np.maximum(np.abs(py), 1.0)
-                per_pasted, per_paste_row = (round(float(c), 4) for c in nnls(pa * w[:, None], py * w))
-                table[cls].update(per_pasted=per_pasted, per_paste_row=per_paste_row, paste_ops=len(py))
             out.setdefault(kernels, {})[cls] = table[cls]
     return out
 
@@ -558,12 +570,39 @@ def _fc_report(ops, graphs) -> list[str]:
     return lines
 
 
+def held_out(pairs: list[str], kernels: str = "cmsis-nn") -> list[str]:
+    """Every patch stage of the given models against its QEMU count (`MODEL.tflite:RUN.json`, RUN
+    the `run --backend qemu --json` of MODEL, which these rates were not fitted on): predicted by
+    cost/mcu.py stage_instructions with the table as it is, measured, and the error."""
+    from tpu_pipeline.toolchain.cost.mcu import fitted_table, stage_instructions
+    from tpu_pipeline.toolchain.ir import from_model, stage
+    from tpu_pipeline.toolchain.tflite import read_model
+
+    table, lines = fitted_table()[kernels], []
+    for pair in pairs:
+        model, run = pair.rsplit(":", 1)
+        g = from_model(read_model(Path(model).read_bytes()))
+        measured = {o["index"]: o["instructions"] for o in json.loads(Path(run).read_text())["op_instructions"]}
+        for i, op in enumerate(g.ops):
+            if stage.is_stage(op) and i in measured:
+                p, m = stage_instructions(op, table), measured[i]
+                lines.append(f"{Path(model).name} op {i} grid {op.options.grid[0]}x{op.options.grid[1]}: "
+                             f"predicted {p:,.0f}, measured {m:,}, {100 * (p / m - 1):+.1f} %")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--held-out", nargs="+", metavar="MODEL:RUN", help="only print the stages of these models "
+                    "(fit's outputs) against their QEMU counts (run --backend qemu --json), predicted with the "
+                    "table as it is")
     ap.add_argument("--collect", action="store_true", help="measure in QEMU first (resumable)")
     ap.add_argument("--force", action="store_true", help="with --collect: measure again what is there")
     ap.add_argument("--report", action="store_true", help="also write docs/bench/harness_kernels.md")
     args = ap.parse_args()
+    if args.held_out:
+        print("\n".join(held_out(args.held_out)))
+        return 0
     data = collect(MEASUREMENTS, args.force) if args.collect else json.loads(MEASUREMENTS.read_text())
     if args.report:
         REPORT.write_text(report(data))

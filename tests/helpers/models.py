@@ -1,6 +1,7 @@
 """Models and descriptors several test modules build: a stem-heavy CNN, a fixture with a CUSTOM op
-nothing has a kernel for, a toy Edge TPU descriptor, a random DAG whose schedule no machine proves
-quickly (for tests that need a search to run until it is stopped)."""
+nothing has a kernel for, a small VWW stem whose overlapped layers form two rigid groups, a toy
+Edge TPU descriptor, a random DAG whose schedule no machine proves quickly (for tests that need a
+search to run until it is stopped)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def stem_heavy_cnn(tmp_path: Path, seed: int = 3, dtype: str = "int8") -> Path:
     out = b.conv(z, 4, k=3, stride=2, padding="VALID")
     path = tmp_path / f"stem_{dtype}.tflite"
     path.write_bytes(b.model_bytes([out]))
+    return path
+
+
+def overlap_sandwich(tmp_path: Path) -> Path:
+    """MLPerf Tiny's VWW stem in small (32x32x3 in): a stride-2 first convolution, a depthwise one,
+    a pointwise expansion, a stride-2 depthwise, a pointwise one, average pooling. Under fit's
+    harness kernels the first convolution and the expansion overlap their outputs with their
+    inputs (two rigid groups) while the depthwise between them may run plain: its input then sits
+    at one group's base and its output at the other's (the replan test, issue 30)."""
+    b = CnnBuilder(seed=1, spread=True)
+    x = b.input((1, 32, 32, 3))
+    y = b.conv(x, 8, k=3, stride=2, act="RELU6")
+    y = b.dw(y, k=3, act="RELU6")
+    y = b.conv(y, 16, k=1, act="RELU6")
+    y = b.dw(y, k=3, stride=2, act="RELU6")
+    y = b.conv(y, 16, k=1, act="RELU6")
+    y = b.pool(y, kind="AVERAGE_POOL_2D", k=8, stride=8)
+    path = tmp_path / "overlap_sandwich.tflite"
+    path.write_bytes(b.model_bytes([y]))
     return path
 
 

@@ -140,12 +140,15 @@ def _firmware_fingerprint() -> str:
 
 def project_dir(model_bytes: bytes, device: Device) -> Path:
     from tpu_pipeline.toolchain.firmware.library import cache_root
+    from tpu_pipeline.toolchain.firmware.project import harness_objects
 
     h = hashlib.sha256()
     # "export-5": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
     # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets;
     # the arena placed in the board's banks)
-    for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(), b"export-5"):
+    # the harness objects the Makefile links come from the kernel registries, not from the files
+    for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(),
+                 harness_objects().encode(), b"export-5"):
         h.update(hashlib.sha256(part).digest())
     return cache_root().parent / "firmware" / f"{device.name}-{h.hexdigest()[:16]}"
 

@@ -162,10 +162,11 @@ def compile_models(paths, n: int | str | None, out_dir=None, progress=None, **op
                          list(report["notes"]))
 
 
-def _model_files(state: CompileState) -> dict[str, bytes]:
-    """The .tflite files the state holds so far: the whole model (after emit), the segments."""
+def _model_files(state: CompileState) -> dict[str, object]:
+    """The .tflite files the state holds so far: the whole model (after emit), the segments (as
+    their pieces: written without joining them)."""
     whole = {f"{state.options.stem}.tflite": state.whole} if state.whole is not None else {}
-    return {**whole, **{s.file: s.data for s in state.segments}}
+    return {**whole, **{s.file: s.chunks for s in state.segments}}
 
 
 __all__ = ["PASSES", "Pass", "PassError", "CompileOptions", "CompileState", "CompileResult", "PassRecord",

@@ -88,8 +88,9 @@ class ResultFolder:
             self.tmp = tmp
         return self.tmp
 
-    def write_soon(self, files: dict[str, bytes]) -> None:
-        """Start writing the files of `files` not written yet (same name and same object)."""
+    def write_soon(self, files: dict[str, object]) -> None:
+        """Start writing the files of `files` not written yet (same name and same object); a
+        file is its bytes or a tuple of pieces to write one after the other (`_write_file`)."""
         todo = {n: d for n, d in files.items() if self.written.get(n) is not d}
         if not todo:
             return
@@ -144,9 +145,12 @@ class ResultFolder:
             self.made_parent = False
 
 
-def _write_file(path: Path, data: bytes) -> None:
+def _write_file(path: Path, data) -> None:
+    """`data`: bytes, or a tuple of pieces (bytes-like) whose concatenation is the file, written
+    one after the other (a segment's weights go from the model's arrays to the file, no join)."""
     with open(path, "wb") as fh:
-        fh.write(data)
+        for piece in data if isinstance(data, tuple) else (data,):
+            fh.write(piece)
         fh.flush()
         os.fsync(fh.fileno())
 

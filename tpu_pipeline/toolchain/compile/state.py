@@ -6,6 +6,7 @@ saying what it did. The options are fixed for the whole run.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,17 @@ class CompileOptions:
 
 @dataclass(frozen=True)
 class SegmentFile:
-    """One pipeline segment as written: its file name, bytes and report entry."""
+    """One pipeline segment as written: its file name, the pieces whose concatenation is the file
+    (`model_to_chunks`: the tables, then the constant buffers as views of the model's own arrays,
+    written as they are, not joined first) and its report entry."""
     file: str
-    data: bytes
+    chunks: tuple
     report: dict
+
+    @functools.cached_property
+    def data(self) -> bytes:
+        """The file's bytes, joined once for the readers that need them whole (--verify's LiteRT)."""
+        return b"".join(self.chunks)
 
 
 @dataclass(frozen=True)

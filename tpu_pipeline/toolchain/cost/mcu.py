@@ -152,7 +152,6 @@ class StageFeatures:
 def stage_features(op, table: dict) -> StageFeatures:
     body = op.options.body
     tout = body.outputs[0]
-    layers = 0.0
     features = [op_features(body, j) for j in range(len(body.ops))]
 
     def priced(j: int, h: int, w: int) -> float:  # layer j on h x w of its output (the share of its work)
@@ -161,6 +160,10 @@ def stage_features(op, table: dict) -> StageFeatures:
         c = coefficients(table, features[j].fit_class)
         return c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
 
+    # each layer's kernel overhead once, as the layer run whole pays it: a stage is then never
+    # priced below its layers run whole (it runs the same kernels on the same elements, or more,
+    # plus calls and copies), so fit takes one for memory, never for a speed it does not have
+    layers = sum(coefficients(table, f.fit_class).get("overhead", 0.0) for f in features)
     for step in stage.steps(op.options):  # (the rows each call computes: a streamed stage computes each once)
         if step[0] == stage.CONV:
             layers += priced(step[1], step[8], step[9])
@@ -192,11 +195,12 @@ def stage_instructions(op, table: dict) -> float:
     """A patch stage: its tiles' layers priced by their classes' rates, its overlapped calls by
     [K.overlap]'s, plus (fitted on QEMU by tools/fit_harness_cost.py: the [K.patch_stage] table) a
     cost per kernel call, per output row of a call and per element copied, and a 2-D streamed
-    stage's pastes per element and per row (`per_pasted`, `per_paste_row`). These are effective
-    rates: besides the calls and copies they absorb what small tiles cost the CMSIS-NN kernels
-    beyond their whole-op rates (a tile's rows are short; 6-17 % of the layers' instructions on
-    the calibration blocks, about 1 % with the reference kernels). Before that fit, every call is
-    priced as a whole op's overhead and a copy as data movement."""
+    stage's pastes per element and per row (`per_pasted`, `per_paste_row`), all five fitted together
+    over every stage form. These are effective rates: besides the calls and copies they absorb
+    what small tiles cost the CMSIS-NN kernels beyond their whole-op rates (a tile's rows are
+    short; 6-17 % of the layers' instructions on the calibration blocks, about 1 % with the
+    reference kernels). Every layer's kernel overhead counts once (`stage_features`). Before that
+    fit, every call is priced as a whole op's overhead and a copy as data movement."""
     f = stage_features(op, table)
     ring = table.get("overlap")  # overlapped calls: a call per row and its copy out of the ring
     rings = ring["per_unit"] * f.ring_rows + ring["per_output"] * f.ring_copied if ring is not None else 0.0

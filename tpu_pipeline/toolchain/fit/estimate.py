@@ -83,7 +83,12 @@ class RegionGeometry:
         self.across = [tuple(t for t in first if first[t] < k < last.get(t, -1) and t != y and t not in xs)
                        for k, (y, xs, _) in enumerate(self.steps)]
         self.pricing = pricing
+        # (pricing, kernel scratch) of the region as a stage on row stripes runs it, where its
+        # kernels differ (rewrite.patch_stage STRIPES_ONLY; fit.variants sets it)
+        self.stripes: tuple | None = None
         self.copy_tail: tuple[int, int] | None = None  # patches by copies: (tail per tile, shared), fit.variants
+        self.memo: dict = {}  # (grid, stage, streamed) -> estimate_patches' answer (a recomputing stage asks its
+        # streamed twin's, which is a candidate of its own)
         self._stack(graph, tout)
 
     def _stack(self, graph: Graph, tout: int) -> None:
@@ -109,6 +114,17 @@ class RegionGeometry:
             if len(xs) == 1 and i in self.not_add and self.last_read[xs[0]] == i and xs[0] != tout:
                 over.append((k, at[xs[0]], at[y]))
         self.over = tuple(np.array(c, dtype=np.int64) for c in zip(*over)) if over else None
+        # a 2-D streamed stage's tile at a layer: the new part of its output and of the tensors
+        # held across it (the region's input is copied in for each reader, not held)
+        self.holds_new = np.zeros((n, m))
+        for k, (y, _, _) in enumerate(self.steps):
+            for t in (y, *self.across[k]):
+                if t != self.tin:
+                    self.holds_new[k, at[t]] = 1
+        self.io = np.array([t in (self.tin, self.tout) for t in self.tensors])
+        self.j_in, self.j_out = at.get(self.tin), at[tout]
+        self.ch = np.array([self.channels[t] for t in self.tensors], dtype=np.int64)
+        self.wd = np.array([self.width[t] for t in self.tensors], dtype=np.int64)
         self.scratch_by_step = np.array([self.scratch.get(i, 0) for _, _, i in self.steps], dtype=np.float64)
         self.y_at = np.array([at[y] for y, _, _ in self.steps], dtype=np.int64)
         self.rates = np.array([self.rate[i] for _, _, i in self.steps], dtype=np.float64).reshape(-1, 2)
@@ -131,9 +147,11 @@ class StagePricing:
 
     def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
         self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
+        self.overhead = 0.0  # every layer's kernel overhead once (cost.mcu.stage_features)
         for i in positions:
             f = op_features(body, i)
             c = coefficients(table, f.fit_class)
+            self.overhead += c.get("overhead", 0.0)
             y = body.tensors[body.ops[i].outputs[0]].shape
             self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
         c = table["patch_stage"]
@@ -142,32 +160,41 @@ class StagePricing:
         self.per_paste_row = c.get("per_paste_row", 0.0)
         self.seconds = seconds_per_instruction
 
-    def seconds_of(self, geo: "RegionGeometry", H: dict, W: dict, tiles: int, computed: dict | None = None,
-                   streamed: float = 0.0, copied_in: float | None = None, pasted: tuple[float, float] = (0.0, 0.0)
+    def seconds_of(self, geo: "RegionGeometry", hsum: list[float], wsum: list[float], cols: int, tiles: int
                    ) -> float:
-        """Seconds at least of a stage whose tiles need runs H x W (rows of tiles x columns of
-        tiles); `computed`: op -> (the output rows its layer computes on each row of tiles, the
-        columns on each column of tiles) of a streamed stage (each element once, `streamed`
-        elements copied into and out of its stream buffers, `copied_in` of the region's input,
-        `pasted` elements and rows a 2-D streamed stage pastes), else every tile computes its
-        whole box."""
+        """Seconds at least of a stage whose every tile computes its whole box: `hsum`, `wsum`
+        per tensor of geo.tensors, the rows (columns) its tiles need summed over the rows
+        (columns) of tiles; `cols` columns of tiles, `tiles` tiles."""
         instr = calls = rows = 0.0
-        cols = len(next(iter(W.values())))
+        at = {t: j for j, t in enumerate(geo.tensors)}
         for y, _, i in geo.steps:
-            if computed is None:
-                n_rows, calls = H[y].sum() * cols, calls + tiles
-                instr += self.rate[i] * H[y].sum() * W[y].sum()
-            else:
-                new_rows, new_cols = computed[i]
-                n_rows = float(new_rows.sum()) * int((new_cols > 0).sum())
-                calls += int((new_rows > 0).sum()) * int((new_cols > 0).sum())
-                instr += self.rate[i] * float(new_rows.sum()) * float(new_cols.sum())
+            h, w = hsum[at[y]], wsum[at[y]]
+            n_rows, calls = h * cols, calls + tiles
+            instr += self.rate[i] * h * w
             rows += n_rows
-        if copied_in is None:
-            copied_in = H[geo.tin].sum() * W[geo.tin].sum() * geo.channels[geo.tin]
+        j = at[geo.tin]
+        return self._total(geo, instr, calls, rows, hsum[j] * wsum[j] * geo.channels[geo.tin], 0.0, (0.0, 0.0))
+
+    def streamed_seconds(self, geo: "RegionGeometry", new_rows, rows_on, new_cols, cols_on, streamed: float = 0.0,
+                         copied_in: float = 0.0, pasted: tuple[float, float] = (0.0, 0.0)) -> float:
+        """Seconds at least of a streamed stage (each element once): per layer of geo.steps the
+        output rows it computes summed over the rows of tiles (`new_rows`) and how many rows of
+        tiles compute any (`rows_on`), the same for columns; `streamed` elements copied into and
+        out of its stream buffers, `copied_in` of the region's input, `pasted` elements and rows a
+        2-D streamed stage pastes."""
+        instr = calls = rows = 0.0
+        for k, (_, _, i) in enumerate(geo.steps):
+            n_rows = new_rows[k] * cols_on[k]
+            calls += rows_on[k] * cols_on[k]
+            instr += self.rate[i] * new_rows[k] * new_cols[k]
+            rows += n_rows
+        return self._total(geo, instr, calls, rows, copied_in, streamed, pasted)
+
+    def _total(self, geo: "RegionGeometry", instr, calls, rows, copied_in, streamed, pasted) -> float:
         copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
         pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
-        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied + pastes) * self.seconds
+        return (self.overhead + instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied
+                + pastes) * self.seconds
 
 
 def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
@@ -181,86 +208,87 @@ def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> Stag
     return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz)
 
 
-def _streamed(geo: RegionGeometry, row_runs, H, W) -> tuple[int, int, float]:
+def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:
     """(peak, MACs, seconds) at least of a stage on row stripes run streamed (rewrite.patch_stage
     `_stream_program`): each layer's rows computed once; the stripe's buffers are not written over
     one another, so a layer's footprint is its input and output boxes (and the kernel's scratch);
-    every layer's stream buffer (the rows two consecutive stripes share) lives throughout."""
-    footprint = 0.0
-    for k, (y, xs, i) in enumerate(geo.steps):
-        f = sum(geo.ppx[x] * H[x] * W[x][0] for x in (*xs, y, *geo.across[k]))
-        footprint = max(footprint, float(f.max()))
-    footprint += geo.kernel_scratch
-    buffers = sum(geo.ppx[y] * W[y][0] * max(0, int((row_runs[y][1][:-1] - row_runs[y][0][1:]).max(initial=0)))
-               for y, _, _ in geo.steps if y != geo.tout)
-    new = {}  # op -> output rows each stripe computes: those below the rows the stripe above computed
-    for y, _, i in geo.steps:
-        lo, hi = row_runs[y]
-        above = np.concatenate(([lo[0]], hi[:-1])) if y != geo.tout else lo
-        new[i] = np.maximum(hi - np.maximum(lo, above), 0)
-    work = sum(geo.rate[i][0] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+    every layer's stream buffer (the rows two consecutive stripes share) lives throughout. `rlo`,
+    `rhi`: [tensors x stripes] the needed row runs, `hm`, `wm` their lengths (rows, columns: one
+    column of tiles); the sums over tensors are of integers (exact in any order)."""
+    pricing, kernel_scratch = geo.stripes or (geo.pricing, geo.kernel_scratch)
+    w0 = wm[:, 0]
+    boxes = (geo.bpp * w0)[:, None] * hm  # [tensor, stripe]
+    footprint = float((geo.holds_stage @ boxes).max(initial=0.0)) + kernel_scratch
+    mid = ~(np.arange(len(geo.tensors)) == geo.j_out)  # (every tensor but the region's output)
+    held = geo.y_at[mid[geo.y_at]]  # the layers' outputs but the region's output
+    shared_rows = np.maximum((rhi[:, :-1] - rlo[:, 1:]).max(axis=1, initial=0), 0)
+    buffers = float((geo.bpp[held] * w0[held] * shared_rows[held]).sum())
+    # op -> output rows each stripe computes: those below the rows the stripe above computed
+    above = np.concatenate((rlo[:, :1], rhi[:, :-1]), axis=1)
+    above[geo.j_out] = rlo[geo.j_out]
+    new = np.maximum(rhi - np.maximum(rlo, above), 0)
+    new_sum, new_on = new.sum(axis=1).astype(np.float64).tolist(), (new > 0).sum(axis=1).tolist()
+    ys, w_list = geo.y_at.tolist(), w0.tolist()
+    work = sum(geo.rate[i][0] * new_sum[j] * w_list[j] for j, (_, _, i) in zip(ys, geo.steps))
     # the rows a stripe shares with the one above come out of the stream buffer, and those the
     # one below shares go into it: a copy each
-    cached = 0.0
-    for y, _, _ in geo.steps:
-        if y != geo.tout:
-            lo, hi = row_runs[y]
-            shared = np.maximum(np.minimum(hi[:-1], hi[1:]) - lo[1:], 0).sum()
-            into = np.maximum(hi[:-1] - lo[1:], 0).sum()
-            cached += float(shared + into) * W[y][0] * geo.channels[y]
-    if geo.pricing is not None:
-        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]), {i: (new[i], W[y]) for y, _, i in geo.steps},
-                                         cached)
+    shared = np.maximum(np.minimum(rhi[:, :-1], rhi[:, 1:]) - rlo[:, 1:], 0).sum(axis=1)
+    into = np.maximum(rhi[:, :-1] - rlo[:, 1:], 0).sum(axis=1)
+    cached = float(((shared + into)[held] * w0[held] * geo.ch[held]).sum())
+    if pricing is not None:
+        j = geo.j_in
+        seconds = pricing.streamed_seconds(
+            geo, [new_sum[k] for k in ys], [new_on[k] for k in ys], [w_list[k] for k in ys],
+            [int(w_list[k] > 0) for k in ys], cached, hm[j].sum() * wm[j].sum() * geo.channels[geo.tin])
     else:  # each op's own time on the rows it computes
-        seconds = sum(geo.rate[i][1] * float(new[i].sum()) * W[y][0] for y, _, i in geo.steps)
+        seconds = sum(geo.rate[i][1] * new_sum[j] * w_list[j] for j, (_, _, i) in zip(ys, geo.steps))
     return geo.full_in + geo.full_out + int(footprint + buffers), int(work), seconds
 
 
 def _shared(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per tile along an axis, the leading rows (columns) of a tensor's run the tiles before it
-    computed (rewrite.patch_stage `_shares`)."""
-    shared = np.zeros(len(lo), dtype=np.int64)
-    shared[1:] = np.maximum(np.minimum(hi[1:], hi[:-1]) - lo[1:], 0)
+    """Per tile along an axis (the last), the leading rows (columns) of a tensor's run the tiles
+    before it computed (rewrite.patch_stage `_shares`); `lo`, `hi`: [tensors x tiles] or [tiles]."""
+    shared = np.zeros(lo.shape, dtype=np.int64)
+    shared[..., 1:] = np.maximum(np.minimum(hi[..., 1:], hi[..., :-1]) - lo[..., 1:], 0)
     return shared
 
 
-def _streamed2d(geo: RegionGeometry, runs, H, W) -> tuple[int, int, float]:
+def _streamed2d(geo: RegionGeometry, rlo, rhi, clo, chi) -> tuple[int, int, float]:
     """(peak, MACs, seconds) at least of a stage on a square grid run streamed (rewrite.patch_stage
     `_stream2d_program`): each layer computes the part of its tile's box the tiles above and to
     the left did not (every element once); its tile's footprint at a layer is at least that new
     part of its output and of every tensor held across the layer; every tensor but the region's
     input and output keeps a row cache (its shared rows, full width) and a column cache (its
-    shared columns, a tile row's rows) throughout; the caches are filled by copies."""
-    new, caches, saved, saved_rows = {}, 0.0, 0.0, 0.0
-    for t in geo.tensors:
-        (rlo, rhi), (clo, chi) = runs[t]
-        if t in (geo.tin, geo.tout):
-            top, left = np.zeros(len(rlo), dtype=np.int64), np.zeros(len(clo), dtype=np.int64)
-        else:
-            top, left = _shared(rlo, rhi), _shared(clo, chi)
-        new[t] = (np.maximum(rhi - rlo - top, 0), np.maximum(chi - clo - left, 0))
-        if t not in (geo.tin, geo.tout):
-            caches += geo.channels[t] * (top.max() * geo.width[t] + (rhi - rlo).max() * left.max())
-            # saved: the next row of tiles' shared rows at each tile's new columns, the next
-            # column's shared columns at every row of the tile's box
-            saved += geo.channels[t] * (top[1:].sum() * new[t][1].sum() + left[1:].sum() * (rhi - rlo).sum())
-            saved_rows += top[1:].sum() * (new[t][1] > 0).sum() + (left[1:] > 0).sum() * (rhi - rlo).sum()
-    footprint = 0.0
-    for k, (y, xs, i) in enumerate(geo.steps):
-        # (the region's input is copied in for each reader, not held)
-        f = sum(geo.ppx[t] * new[t][0][:, None] * new[t][1][None, :] for t in (y, *geo.across[k]) if t != geo.tin)
-        footprint = max(footprint, float(np.max(f)))
-    work = sum(geo.rate[i][0] * float(new[y][0].sum()) * float(new[y][1].sum()) for y, _, i in geo.steps)
+    shared columns, a tile row's rows) throughout; the caches are filled by copies. `rlo`, `rhi`
+    ([tensors x rows of tiles]) and `clo`, `chi` (x columns): every tensor's needed runs (all
+    sums below are of integers: exact in any order)."""
+    top_in, left_in = _shared(rlo, rhi), _shared(clo, chi)
+    top, left = np.where(geo.io[:, None], 0, top_in), np.where(geo.io[:, None], 0, left_in)
+    tall = rhi - rlo
+    new_r, new_c = np.maximum(tall - top, 0), np.maximum(chi - clo - left, 0)
+    mid = ~geo.io  # the tensors that keep caches
+    caches = float((geo.ch * (top.max(axis=1) * geo.wd + tall.max(axis=1) * left.max(axis=1)))[mid].sum())
+    # saved: the next row of tiles' shared rows at each tile's new columns, the next column's
+    # shared columns at every row of the tile's box
+    r_sum, c_sum, tall_sum = new_r.sum(axis=1), new_c.sum(axis=1), tall.sum(axis=1)
+    saved = float((geo.ch * (top[:, 1:].sum(axis=1) * c_sum + left[:, 1:].sum(axis=1) * tall_sum))[mid].sum())
+    saved_rows = float((top[:, 1:].sum(axis=1) * (new_c > 0).sum(axis=1)
+                        + (left[:, 1:] > 0).sum(axis=1) * tall_sum)[mid].sum())
+    boxes = geo.bpp[:, None, None] * new_r[:, :, None] * new_c[:, None, :]  # [tensor, row, column]
+    footprint = float(np.tensordot(geo.holds_new, boxes, axes=1).max())
+    rs, cs = r_sum.astype(np.float64).tolist(), c_sum.astype(np.float64).tolist()
+    ys = geo.y_at.tolist()
+    work = sum(geo.rate[i][0] * rs[j] * cs[j] for j, (_, _, i) in zip(ys, geo.steps))
     if geo.pricing is not None:
         # the input's needed elements, each copied in once at least (its runs' union)
-        (rlo, rhi), (clo, chi) = runs[geo.tin]
-        top, left = _shared(rlo, rhi), _shared(clo, chi)
-        copied_in = float((rhi - rlo - top).clip(0).sum() * (chi - clo - left).clip(0).sum()) * geo.channels[geo.tin]
-        seconds = geo.pricing.seconds_of(geo, H, W, len(H[geo.tout]) * len(W[geo.tout]),
-                                         {i: new[y] for y, _, i in geo.steps}, 0.0, copied_in,
-                                         (saved, float(saved_rows)))
+        j = geo.j_in
+        copied_in = float((rhi[j] - rlo[j] - top_in[j]).clip(0).sum() * (chi[j] - clo[j] - left_in[j]).clip(0).sum()) \
+            * geo.channels[geo.tin]
+        r_on, c_on = (new_r > 0).sum(axis=1).tolist(), (new_c > 0).sum(axis=1).tolist()
+        seconds = geo.pricing.streamed_seconds(geo, [rs[j] for j in ys], [r_on[j] for j in ys], [cs[j] for j in ys],
+                                               [c_on[j] for j in ys], 0.0, copied_in, (saved, saved_rows))
     else:
-        seconds = sum(geo.rate[i][1] * float(new[y][0].sum()) * float(new[y][1].sum()) for y, _, i in geo.steps)
+        seconds = sum(geo.rate[i][1] * rs[j] * cs[j] for j, (_, _, i) in zip(ys, geo.steps))
     peak = geo.full_in + geo.full_out + footprint + geo.kernel_scratch + caches
     return int(peak), int(work), float(seconds)
 
@@ -280,6 +308,14 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     when a tile would read nothing of some tensor (the grid is too fine for the region): that
     candidate does not exist."""
     geo = geometry or RegionGeometry(graph, tin, tout, positions, op_seconds, scratch)
+    key = (tuple(grid), stage, streamed)
+    if key not in geo.memo:
+        geo.memo[key] = _estimate(geo, grid, stage, streamed)
+    return geo.memo[key]
+
+
+def _estimate(geo: RegionGeometry, grid, stage: bool, streamed: bool) -> tuple[int, int, float] | None:
+    """estimate_patches on the region's geometry."""
     (oh, ow), tout = geo.shape, geo.tout
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
@@ -288,14 +324,12 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     if hm is None or wm is None:
         return None
     full_in, full_out = geo.full_in, geo.full_out
-    H, W = dict(zip(geo.tensors, hm)), dict(zip(geo.tensors, wm))
-    row_runs = {t: (geo.lo[0][j][[a for a, _ in rows]], geo.hi[0][j][[b for _, b in rows]])
-                for j, t in enumerate(geo.tensors)} if stage and streamed else None
-    if row_runs is not None and grid[1] == 1:  # streamed stripes (rewrite.patch_stage): stream buffers
-        return _streamed(geo, row_runs, H, W)
-    if row_runs is not None:  # streamed tiles: halo caches
-        return _streamed2d(geo, {t: (row_runs[t], (geo.lo[1][j][[a for a, _ in cols]], geo.hi[1][j][[b for _, b in cols]]))
-                                 for j, t in enumerate(geo.tensors)}, H, W)
+    if stage and streamed:
+        rlo, rhi = geo.lo[0][:, [a for a, _ in rows]], geo.hi[0][:, [b for _, b in rows]]
+        if grid[1] == 1:  # streamed stripes (rewrite.patch_stage): stream buffers
+            return _streamed(geo, rlo, rhi, hm, wm)
+        # streamed tiles: halo caches
+        return _streamed2d(geo, rlo, rhi, geo.lo[1][:, [a for a, _ in cols]], geo.hi[1][:, [b for _, b in cols]])
     # An op's footprint on tile (r, c) is the sum over the tensors it holds of bytes/pixel x
     # rows(r) x cols(c), left unrounded (rounding up to 16 B only adds: the peak stays a lower bound).
     boxes = geo.bpp[:, None, None] * hm[:, :, None] * wm[:, None, :]  # [tensor, row, column]
@@ -310,7 +344,8 @@ def estimate_patches(graph: Graph, tin: int, tout: int, positions: list[int], gr
     work, seconds = (geo.rates * area[:, None]).sum(axis=0)
     if stage:
         if geo.pricing is not None:
-            seconds = geo.pricing.seconds_of(geo, H, W, len(rows) * len(cols))
+            seconds = geo.pricing.seconds_of(geo, hm.sum(axis=1).tolist(), wm.sum(axis=1).tolist(), len(cols),
+                                             len(rows) * len(cols))
         return full_in + full_out + int(footprint.max()) + geo.kernel_scratch, int(work), float(seconds)
     tiles = (hm[geo.tensors.index(tout)][:, None] * wm[geo.tensors.index(tout)][None, :]).ravel() * geo.ppx[tout]
     done = np.concatenate(([0.0], np.cumsum(tiles)[:-1]))  # output tiles finished before each tile

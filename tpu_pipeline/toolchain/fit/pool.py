@@ -26,6 +26,9 @@ class Pool:
         self.stopped = False  # a selection ended at its deadline (its answer: the best measured one)
         self.pruned: dict = {}  # the chain DP's dominance pruning, per group of spans, kept between its calls
         self.regions: dict = {}  # (first, last, form) -> the region's geometry, shared by its grids' estimates
+        self._at: dict[int, int] = {}  # id(variant) -> its position when last looked up (index)
+        self.hopeful: dict[int, tuple] = {}  # id(variant) -> (it, it at its lower bound): search.with_best_orders
+        self.pruned_hopeful: dict = {}  # the chain DP's caches over those
 
     def estimate_all(self, deadline: Deadline) -> None:
         """Every candidate still at its bound estimated at once (the tile geometry is cheap, and
@@ -107,7 +110,13 @@ class Pool:
             self.variants += twins_of(up, self.device, self.sem)
 
     def index(self, v: Variant) -> int:
-        return next(k for k, w in enumerate(self.variants) if w is v)
+        """Where `v` (itself, not an equal one) is in the list: its position as last seen, checked,
+        else a search that notes every position (thousands of variants, asked after every step)."""
+        k = self._at.get(id(v))
+        if k is None or k >= len(self.variants) or self.variants[k] is not v:
+            self._at = {id(w): j for j, w in enumerate(self.variants)}
+            k = self._at[id(v)]
+        return k
 
     def _upgraded(self, v: Variant) -> Variant | None:
         """`v` one stage further (upgrade), counted; None if it does not exist after all."""

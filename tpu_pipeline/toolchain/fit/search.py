@@ -24,11 +24,10 @@ def with_best_orders(pool: Pool, n_spans: int, sel: Selection | None, budget, ob
     for _ in range(MAX_ORDER_ROUNDS):
         if deadline.expired():
             break
-        hopeful = [replace(v, peak=v.lower_bound) if v.kind == "patch" and not v.ordered else v
-                   for v in pool.variants]
+        hopeful = [_hopeful(pool, v) for v in pool.variants]
         origin = {id(h): v for h, v in zip(hopeful, pool.variants)}
         pick = chain_select(hopeful, n_spans, budget=budget, objective=objective, tail_fixed=pool.tail_fixed,
-                            pruned=pool.pruned)
+                            pruned=pool.pruned_hopeful)
         if pick is None or not beats(pick, sel, objective, pool.tail_fixed):
             break
         todo = [origin[id(h)] for h in pick if h.kind == "patch" and not origin[id(h)].ordered]
@@ -41,6 +40,18 @@ def with_best_orders(pool: Pool, n_spans: int, sel: Selection | None, budget, ob
             pool.order(v, deadline.sub(fraction=0.5), below)
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return sel
+
+
+def _hopeful(pool: Pool, v: Variant) -> Variant:
+    """`v` at its any-order lower bound where it is a patch variant not yet scheduled exactly: the
+    same object for the same `v` from one round to the next (the chain DP's caches, kept apart
+    from the real variants' in `pool.pruned_hopeful`, are by identity: thousands of variants)."""
+    if v.kind != "patch" or v.ordered:
+        return v
+    hit = pool.hopeful.get(id(v))
+    if hit is None or hit[0] is not v:
+        hit = pool.hopeful[id(v)] = (v, replace(v, peak=v.lower_bound))
+    return hit[1]
 
 
 def beats(pick: list[Variant], sel: Selection | None, objective: str, tail_fixed: int | None) -> bool:

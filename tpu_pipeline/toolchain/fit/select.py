@@ -16,6 +16,7 @@ more is never chosen. The budget and the memory objective then count peak + sum(
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.cpsat import new_solver
+from tpu_pipeline.toolchain.fit.fronts import pareto_front
 from tpu_pipeline.toolchain.fit.variants import Variant
 
 _NS = 1e9  # latency is modelled in integer nanoseconds
@@ -129,16 +131,35 @@ def _undominated(variants: list[Variant], cache: dict | None = None) -> list[Var
         if hit is not None and hit[0] == group_ids:
             out += hit[1]
             continue
-        kept: list[Variant] = []
-        for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):  # (stable: ties keep their order)
-            if not any(k.tail <= v.tail and k.latency_s <= v.latency_s for k in kept):  # (k.peak <= v.peak)
-                kept.append(v)
+        kept = _skyline(group)
         if cache is not None:  # (the group's variants are held too, so their ids stay theirs)
             cache[key] = (group_ids, kept, group)
         out += kept
     if cache is not None:  # (the variants held too, so their ids stay theirs)
         cache["all"] = (ids, out, list(variants))
     return out
+
+
+def _skyline(group: list[Variant]) -> list[Variant]:
+    """The variants of `group`, by (peak, tail, latency) (stable: ties keep their order), that no
+    earlier one matches or beats on tail and latency at once (its peak is no higher). The kept
+    ones' (tail, latency) staircase answers each in a bisection: tails ascending, latencies
+    descending, the least latency at a tail at most v's is the last step at or below it."""
+    kept: list[Variant] = []
+    tails: list[int] = []  # the staircase: tails ascending
+    lats: list[float] = []  # and their latencies, descending
+    for v in sorted(group, key=lambda v: (v.peak, v.tail, v.latency_s)):
+        k = bisect.bisect_right(tails, v.tail)
+        if k and lats[k - 1] <= v.latency_s:
+            continue  # an earlier one has a tail and a latency no larger
+        kept.append(v)
+        j = k
+        while j < len(tails) and lats[j] >= v.latency_s:  # the steps v now beats (tails >= v's)
+            j += 1
+        if k and tails[k - 1] == v.tail:  # (a step at v's tail is slower: v replaces it)
+            k -= 1
+        tails[k:j], lats[k:j] = [v.tail], [v.latency_s]
+    return kept
 
 
 def _smallest_peak(variants: list[Variant], n_spans: int) -> int | None:
@@ -305,8 +326,9 @@ class _Chain:
         first = np.fromiter((v.first for v in self.variants), np.int64, m)
         end = np.fromiter((v.last + 1 for v in self.variants), np.int64, m)
         peak = np.fromiter((v.peak for v in self.variants), np.int64, m)
-        tail = np.fromiter((v.tail if self.exact else 0 for v in self.variants), np.int64, m)
-        lat = np.fromiter((ns[id(v)] if self.exact else 0 for v in self.variants), np.int64, m)
+        self._tails = np.fromiter((v.tail for v in self.variants), np.int64, m)
+        self._lat = np.fromiter((ns[id(v)] for v in self.variants), np.int64, m)
+        tail, lat = (self._tails, self._lat) if self.exact else (np.zeros(m, np.int64), np.zeros(m, np.int64))
         keys = (tail * self._SHIFT + lat, lat * self._TAIL + tail)
         order = np.argsort(end, kind="stable")
         ends, starts = np.unique(end[order], return_index=True)
@@ -314,17 +336,18 @@ class _Chain:
         for e, ks in zip(ends.tolist(), np.split(order, starts[1:])):
             self.by_end[e] = (ks, first[ks], peak[ks], keys[0][ks], keys[1][ks])
         self.ns = ns
+        self._first, self._end = first, end
         # under a cap the peak no longer matters: per group of spans, only the variants no other
         # of the group beats on tail and latency (`under`); sorted by group, tail, latency once
-        lat = np.fromiter((ns[id(v)] for v in self.variants), np.int64, m)
+        lat = self._lat
         group = first * (n_spans + 1) + end
-        self._sorted = np.lexsort((lat, np.fromiter((v.tail for v in self.variants), np.int64, m), group))
+        self._sorted = np.lexsort((lat, self._tails, group))
         self._group, self._peak = group[self._sorted], peak[self._sorted]
         ranks = np.unique(self._group, return_inverse=True)[1].reshape(-1)
         big = int(lat.max(initial=0)) + 1
         # a group's latencies lifted above every later group's: a running minimum restarts per group
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
-        self._under: dict[int, list] = {}
+        self._under: dict[int, tuple] = {}  # cap -> (its variants, their indices): under()
         self._fronts: dict[int, tuple] = {}  # cap -> (max tail, max latency, its front): front()
         self._caps = np.unique(peak)  # (sorted)
         self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
@@ -342,17 +365,21 @@ class _Chain:
             keep = np.concatenate(([True], group[1:] != group[:-1])) | (lifted < before)
             if len(self._under) > 64:
                 self._under.clear()
-            self._under[cap] = [self.variants[int(k)] for k in self._sorted[ok][keep]]
-        return self._under[cap]
+            at = self._sorted[ok][keep]
+            self._under[cap] = ([self.variants[int(k)] for k in at], at)
+        return self._under[cap][0]
 
     def front(self, cap: int, max_tail: int | None, max_lat: int | None):
-        """_front of the variants under `cap` within the limits. A front within wider limits holds
+        """pareto_front of the variants under `cap` within the limits. A front within wider limits holds
         it (whatever beats a point within the limits is within them too): the last one asked per
         cap is kept and read while the limits narrow, as they do from one budget to the next."""
         hit = self._fronts.get(cap)
         if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
             return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
-        out = _front(self.under(cap), self.n, self.ns, max_tail, max_lat)
+        under = self.under(cap)
+        at = self._under[cap][1] if under else np.zeros(0, np.int64)
+        out = pareto_front(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n, max_tail,
+                           max_lat)
         self._fronts[cap] = (max_tail, max_lat, out)
         return out
 
@@ -447,42 +474,6 @@ def _least_tail(variants, n_spans: int, ns: dict, max_tail: int | None):
     if end is None or (max_tail is not None and end[0] > max_tail):
         return []
     return [(end[0], end[1], _unwind(end))]
-
-
-def _front(variants, n_spans: int, ns: dict, max_tail: int | None, max_lat: int | None = None):
-    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (tail at
-    most `max_tail`, latency at most `max_lat`): [(tail, latency, variants)], each label a covering
-    nothing else beats on both. A label that could not end within the limits even on the least
-    tail and the least latency of any way on from its span (two backward passes) is not kept:
-    with a tight limit, as the selection's second level sets, few labels survive."""
-    ending = _by_end(variants)
-    most = np.iinfo(np.int64).max
-    rest_tail, rest_ns = [most] * (n_spans + 1), [most] * (n_spans + 1)  # the least of any way on
-    rest_tail[n_spans] = rest_ns[n_spans] = 0
-    for v in sorted(variants, key=lambda v: -v.last):
-        if rest_tail[v.last + 1] < most:
-            rest_tail[v.first] = min(rest_tail[v.first], v.tail + rest_tail[v.last + 1])
-            rest_ns[v.first] = min(rest_ns[v.first], ns[id(v)] + rest_ns[v.last + 1])
-    labels: list[list] = [[] for _ in range(n_spans + 1)]
-    labels[0] = [(0, 0, None, None)]
-    for s in range(1, n_spans + 1):
-        cands = []
-        room_t = None if max_tail is None else max_tail - rest_tail[s]
-        room_n = None if max_lat is None else max_lat - rest_ns[s]
-        for v in ending.get(s, ()):
-            t, n = v.tail, ns[id(v)]
-            for label in labels[v.first]:
-                t2, n2 = label[0] + t, label[1] + n
-                if (room_t is None or t2 <= room_t) and (room_n is None or n2 <= room_n):
-                    cands.append((t2, n2, label, v))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        kept, best_lat = [], None
-        for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
-            if best_lat is None or c[1] < best_lat:
-                kept.append(c)
-                best_lat = c[1]
-        labels[s] = kept
-    return [(c[0], c[1], _unwind(c)) for c in labels[n_spans]]
 
 
 MAX_FRONTIER_POINTS = 256  # a whole-arena frontier steps by a few bytes of tail: TinyEngine's vww has more than 64

@@ -335,13 +335,15 @@ def twins_of(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
 
 
 def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harness: bool = False,
-                     twins: list[Variant] = ()) -> list[Variant]:
+                     twins: list[Variant] = (), tails: bool = False) -> list[Variant]:
     """Every patch variant of every legal region whose peak could drop, at stage "bound": its
     peak and latency are floors no grid can beat (copies: the spans' own latency; for copies the output
     assembled next to its tiles and the input held, for a stage its input and output together).
     With `harness`, regions whose ops a patch stage runs (ir.stage) are offered as stages too, on
     finer grids than copies allow. `upgrade` refines the ones a selection picks. `twins`: the
-    spans' kernel twins, whose tails (lean twins: no variant constants) lower the copies' floor."""
+    spans' kernel twins, whose tails (lean twins: no variant constants) lower the copies' floor.
+    `tails`: the selection counts the tail (whole arena), so a region whose peak no grid lowers is
+    still offered where its tail floor is below the spans' least tail (a stage is one op node)."""
     out = []
     least_tail = [v.tail for v in as_is]
     for t in twins:
@@ -357,16 +359,18 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             forms.append("stage")
         for form in forms:
             floor = _region_floor(graph, region, form)
-            if floor >= covered:
-                continue  # no grid can lower the peak of these spans: dominated by running them as is
             # a tail no grid can beat: the spans' ops once (copies repeat them), or one stage op
             tail = sum(least_tail[a:b + 1]) if form == "copies" else _stage_tail_floor(graph, positions)
+            if floor >= covered and not (tails and tail < sum(least_tail[a:b + 1])):
+                continue  # no grid can lower the peak (nor the tail) of these spans: dominated by them as is
             # a latency no grid can beat: copies run every op at least once; a stage's layers pay no
             # per-op overhead and a streamed one computes every row once, so it can beat the spans
             # as they are (the reference kernels' stripes do): its floor comes with its estimate
             floor_s = lat if form == "copies" else 0.0
             grids = [(g, False) for g in _grids(region.max_grid)] if form == "copies" \
                 else _stage_grids(_stage_max_grid(graph, region))
+            if floor >= covered:  # for its tail alone (no grid goes below the spans' peak): streamed
+                grids = [(g, r) for g, r in grids if not r]  # (recomputing ones are kept only where smaller)
             for grid, recompute in grids:
                 if form == "copies" and grid[0] * grid[1] * len(positions) > MAX_PATCH_OPS:
                     break  # finer grids only copy more ops
@@ -440,8 +444,13 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     if v.form == "stage":
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
-        return RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                              stage_pricing(body, positions, device, sem.kernels), axes)
+        geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
+                             stage_pricing(body, positions, device, sem.kernels), axes)
+        striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
+        if any(striped.ops[i].kernel != body.ops[i].kernel for i in positions):
+            own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
+            geo.stripes = (stage_pricing(striped, positions, device, sem.kernels), max(own, default=0))
+        return geo
     scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
     geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, axes=axes)
     # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)

@@ -21,8 +21,9 @@ Custom options on disk, little-endian int32 words:
     tensors  per body tensor: [constant (0/1), op input index (constants) or -1, H, W, C,
              zero point, scale (float32 bits)]
     layers   per layer, LAYER_WORDS: [kind (1 conv, 2 depthwise, 3 add), in0, in1, out, then
-             the firmware's parameters (see `_layer_words`), then the IR's: activation, padding
-             mode, pad top, pad left, version]
+             the firmware's parameters (see `_layer_words`; word 21: the body tensor of the
+             constant a variant reads of its own, packed's weights, read only with its flag),
+             then the IR's: activation, padding mode, pad top, pad left, version]
     program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
              COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
              SLICE    [src, src_h, src_w, c, y0, x0, h, w, dst]: a box of a tile buffer (dst may
@@ -156,7 +157,12 @@ def _layer_op(words, tensors, where: str) -> Op:
         options = DepthwiseConv2DOptions(padding=padding, stride_w=sw, stride_h=sh, depth_multiplier=mult,
                                          fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
     # a variant the stage runs, from its bit (rewrite/patch_stage.py _stage_flag_bits; the memory flags are not kept)
-    kernel = "+".join(["tpup", *(v.flag for v in kernel_variants.REGISTRY if v.in_stages and words[4] & v.bit)])
+    run = [v for v in kernel_variants.REGISTRY if v.in_stages and words[4] & v.bit]
+    kernel = "+".join(["tpup", *(v.flag for v in run)])
+    if any(v.constant_input is not None for v in run):  # its own constant: word 21
+        if not 0 <= words[21] < len(tensors) or not tensors[words[21]].is_constant:
+            raise ModelError(f"{where}: {OPCODE} layer {list(words)} names no constant of its kernel")
+        consts += (words[21],)
     return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel=kernel)
 
 

@@ -71,7 +71,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    graph = stage_layers(graph, positions)
+    graph = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
@@ -94,20 +94,27 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
-def stage_layers(graph: Graph, positions) -> Graph:
+# Variants a stage runs on streamed row stripes only, whose calls never go through a ring (the
+# stripes' buffers are planned apart): the fast depthwise kernel's per-call set-up made a call per
+# row slower than CMSIS-NN's depthwise (QEMU, TinyEngine's vww: 11454fd reverted it everywhere).
+STRIPES_ONLY = frozenset({"fast"})
+
+
+def stage_layers(graph: Graph, positions, stripes: bool = False) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
-    (`in_stages`): a layer whose variant stages do not run goes on the first one they do that
-    runs it and wins there (pointwise16's layers on pointwise), else on the kernel set's paths."""
+    (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`): a
+    layer whose variant stages do not run goes on the first one they do that runs it and wins
+    there (pointwise16's layers on pointwise), else on the kernel set's paths."""
     variants = kernel_variants.registered()
-    drop = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages)}
+    drop = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
     for i in positions:
         op = graph.ops[i]
         if op.opcode != "ADD":
             dropped = kernels.flags(op) & drop - {kernels.OVERLAP}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
-            twin = next((f for f, v in variants.items() if dropped and v.in_stages and v.opcode == op.opcode
+            twin = next((f for f, v in variants.items() if dropped and f not in drop and v.opcode == op.opcode
                          and kernels.can_run_variant(graph, i, f) and v.wins(graph, i)), None)
             if twin is not None:
                 graph = kernels.with_flag(graph, [i], twin)
@@ -154,6 +161,15 @@ def _stage_flag_bits(graph: Graph, op: Op) -> int:
     return bits
 
 
+def _variant_constant(op: Op, where: dict[int, int]) -> int:
+    """Layer word 21: the body tensor of the constant a variant the stage runs reads of its own
+    (packed's re-laid weights, the op's input 4); 0 (unread: its flag is not set) otherwise."""
+    v = kernels.variant_of(op)
+    if v is not None and v.in_stages and v.constant_input is not None:
+        return where[op.inputs[4]]
+    return 0
+
+
 def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:
     words = []
     for op in region:
@@ -175,6 +191,7 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
             w[13:16] = [where[op.inputs[1]], where[bias] if bias >= 0 else -1, where[op.inputs[3]]]
             w[16], w[17], w[18] = hi, wt.shape[1], wt.shape[2]
             w[19], w[20] = leading_pads(graph, op)  # on the whole tensor: sizes the kernel's buffer
+            w[21] = _variant_constant(op, where)
             top, left = (o.pad_top, o.pad_left) if o.padding == "EXPLICIT" else (0, 0)
             w[23:28] = [ACTIVATION_CODE[o.fused_activation], PADDING_CODE[o.padding], top, left, op.version]
         words += w

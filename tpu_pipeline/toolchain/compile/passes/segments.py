@@ -13,7 +13,8 @@ from tpu_pipeline.toolchain.execute.litert import runtime_shapes
 from tpu_pipeline.toolchain.memory import TFLITE, lifetimes, plan_arena
 from tpu_pipeline.toolchain.partition import PartitionProblem
 from tpu_pipeline.toolchain.partition.caching import explain
-from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite import read_model
+from tpu_pipeline.toolchain.tflite.io import model_to_chunks
 from tpu_pipeline.toolchain.tflite.extract import extract_segment
 
 
@@ -34,18 +35,19 @@ def segments(state: CompileState, allowed: float) -> tuple[CompileState, PassRec
         ops, iface = part.ops_of(k), part.interfaces[k]
         if k < n - 1 and not iface.outputs:
             raise ModelError(f"{o.label}: segment {k} would produce nothing a later segment reads")
-        data = model_to_bytes(extract_segment(whole, list(ops), iface.inputs, iface.outputs, real=runtime_shapes(whole)))
+        chunks = tuple(model_to_chunks(extract_segment(whole, list(ops), iface.inputs, iface.outputs,
+                                                      real=runtime_shapes(whole))))
         sc = part.cost.stages[k]
         lt = lifetimes(problem.segment_graph(part.stages, k, iface), None, TFLITE)
         arena = plan_arena(lt, time_limit=max(0.05, allowed / n), deadline=deadline).size
         fname = segment_file_name(o.stem, k, n)
-        out.append(SegmentFile(fname, data, {
+        out.append(SegmentFile(fname, chunks, {
             "index": k, "file": fname,
             "inputs": [name(t) for t in iface.inputs], "outputs": [name(t) for t in iface.outputs],
             "ops": len(ops), "parameter_bytes": sc.param_bytes, "sram_bytes": sc.sram_bytes,
             "offchip_bytes": sc.offchip_bytes, "in_bytes": sc.in_bytes, "out_bytes": sc.out_bytes,
             "activation_peak_bytes": lt.peak, "activation_arena_bytes": arena,
-            "predicted_latency_s": sc.latency_s, "predicted": sc.to_json(), "file_bytes": len(data),
+            "predicted_latency_s": sc.latency_s, "predicted": sc.to_json(), "file_bytes": sum(len(c) for c in chunks),
             "caching": caching[k],
         }))
     state = dataclasses.replace(state, segments=tuple(out))

@@ -11,5 +11,5 @@ from tpu_pipeline.toolchain.fit.variants import patch_candidates
 
 def patches(state, allowed):
     found = patch_candidates(state.working, list(state.spans), list(state.as_is), state.params.harness,
-                             list(state.twins))
+                             list(state.twins), tails=state.tail_fixed is not None)
     return replace(state, candidates=tuple(found)), PassRecord("patches", "ran", 0.0, {"candidates": len(found)})

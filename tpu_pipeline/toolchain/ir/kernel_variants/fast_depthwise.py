@@ -3,7 +3,10 @@ firmware builds. Four channels at a time with the DSP extension's SIMD multiplie
 read in place, no buffer; the same integers as TFLite's DepthwiseConvPerChannel (SMMULR's
 requantization where the sums provably fit). It beats CMSIS-NN's "opt" kernel on 5x5 and 7x7
 windows, and CMSIS-NN's 3x3 kernel on 3x3 windows at stride 1, two outputs at a time there
-(docs/bench/harness_kernels.md), so it wins there; 3x3 at stride 2 stays on CMSIS-NN's."""
+(docs/bench/harness_kernels.md), so it wins there; 3x3 at stride 2 stays on CMSIS-NN's. Patch
+stages run it on streamed row stripes only (rewrite/patch_stage.py STRIPES_ONLY): elsewhere a
+stage's depthwise layer is written over its dying input, a call per row through a ring, and its
+per-call set-up made those calls slower than CMSIS-NN's (11454fd)."""
 
 from __future__ import annotations
 
@@ -32,4 +35,5 @@ def wins(graph: Graph, i: int) -> bool:
 
 
 VARIANT = KernelVariant(flag="fast", bit=4, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,
-                        cost_class="tpup_depthwise_fast", cost_fallback="depthwise_opt", source="tpup_depthwise.cc")
+                        cost_class="tpup_depthwise_fast", cost_fallback="depthwise_opt", source="tpup_depthwise.cc",
+                        in_stages=True)

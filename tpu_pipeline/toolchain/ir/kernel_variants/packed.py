@@ -4,7 +4,9 @@ pairs, interleaved; the weights are laid out offline in that order (the op's con
 `packed_weights`), two output channels interleaved, with the input offset folded into the bias,
 so padding taps read the zero point; two pixels x two channels per four SMLADs; no buffer;
 TFLite's ConvPerChannel integers. It beat CMSIS-NN's im2col kernel in QEMU on inputs of at most
-WINS_MAX_CHANNELS channels (docs/bench/harness_kernels.md: first layers 1.54-4.22x)."""
+WINS_MAX_CHANNELS channels (docs/bench/harness_kernels.md: first layers 1.54-4.22x). Patch stages
+run it too (`in_stages`; the layer record names its packed weights, ir/stage.py): a first layer
+in a stage on CMSIS-NN's im2col kernel cost TinyEngine's detection 8 M instructions."""
 
 from __future__ import annotations
 
@@ -78,4 +80,4 @@ def wins(graph: Graph, i: int) -> bool:
 
 VARIANT = KernelVariant(flag="packed", bit=8, opcode="CONV_2D", applies=applies, wins=wins,
                         cost_class="tpup_conv_packed", cost_fallback="conv", source="tpup_first_conv.cc",
-                        constant_input=packed_weights)
+                        constant_input=packed_weights, in_stages=True)

@@ -2,7 +2,7 @@
 // describes it and its options; tpu_pipeline/toolchain/rewrite/patch_stage.py builds the program).
 //
 // Inputs: the region's input, then every constant its layers read (weights, biases, the
-// requantization of each convolution). Output: the region's output. The program copies each
+// requantization of each convolution, a packed convolution's re-laid weights). Output: the region's output. The program copies each
 // tile's input box into the scratch buffer, runs the layers on the tile's boxes there (the same
 // kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, an output over its dying input computed row
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
@@ -62,7 +62,7 @@ bool ReadStage(const TfLiteNode* node, Stage* stage) {
 ConvOptions LayerOptions(const Stage& stage, int k, int pad_top, int pad_left) {
   ConvOptions o = {};
   o.format = 1;
-  o.flags = stage.layer(k, 4) & (kFlagDirect | kFlagPointwise | kFlagFastRequant);
+  o.flags = stage.layer(k, 4) & (kFlagDirect | kFlagPointwise | kFlagFastRequant | kFlagPacked | kFlagFast);
   o.input_offset = stage.layer(k, 5), o.output_offset = stage.layer(k, 6), o.act_min = stage.layer(k, 7);
   o.stride_h = stage.layer(k, 8), o.stride_w = stage.layer(k, 9), o.dilation_h = stage.layer(k, 10);
   o.dilation_w = stage.layer(k, 11), o.depth_multiplier = stage.layer(k, 12), o.act_max = stage.layer(k, 16);
@@ -182,13 +182,16 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
       const int k = step[1];
       const ConvOptions o = LayerOptions(stage, k, step[5], step[6]);
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
+      // the packed kernel's weights: the constant layer word 21 names (none: the flag is not set)
+      const int32_t* packed = (o.flags & kFlagPacked) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
+      TF_LITE_ENSURE_MSG(context, packed != nullptr || !(o.flags & kFlagPacked), "TPUP stage: packed layer without its weights");
       TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
                                               reinterpret_cast<const int8_t*>(scratch + step[2]),
                                               Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                                               reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
-                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11]));
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], packed));
     } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
       PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
                step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);

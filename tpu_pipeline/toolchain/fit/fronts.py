@@ -1,0 +1,54 @@
+"""The chain DP's Pareto fronts (select.py's `_Chain.front`): coverings of the spans by variants,
+each variant an arc from its first span to its last + 1, labelled by (tail, latency)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pareto_front(variants, first, end, tail, lat, n_spans: int, max_tail: int | None, max_lat: int | None = None):
+    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (their
+    first spans, end spans (last + 1), tails and latencies in ns as int arrays), tail at most
+    `max_tail`, latency at most `max_lat`: [(tail, latency, variants)], each label a covering
+    nothing else beats on both. A label that could not end within the limits even on the least
+    tail and the least latency of any way on from its span (two backward passes) is not kept:
+    with a tight limit, as the selection's second level sets, few labels survive. (A loop over
+    plain lists: the fronts the selection asks are small, thousands of them, where array
+    operations per span cost more than the loop.)"""
+    first, end, tail, lat = first.tolist(), end.tolist(), tail.tolist(), lat.tolist()
+    most = np.iinfo(np.int64).max
+    rest_tail, rest_ns = [most] * (n_spans + 1), [most] * (n_spans + 1)  # the least of any way on
+    rest_tail[n_spans] = rest_ns[n_spans] = 0
+    for k in sorted(range(len(first)), key=lambda k: -end[k]):
+        if rest_tail[end[k]] < most:
+            rest_tail[first[k]] = min(rest_tail[first[k]], tail[k] + rest_tail[end[k]])
+            rest_ns[first[k]] = min(rest_ns[first[k]], lat[k] + rest_ns[end[k]])
+    ending: dict[int, list[int]] = {}
+    for k, e in enumerate(end):
+        ending.setdefault(e, []).append(k)
+    labels: list[list] = [[] for _ in range(n_spans + 1)]
+    labels[0] = [(0, 0, None, None)]  # (tail, latency, the label before, the variant's index)
+    for s in range(1, n_spans + 1):
+        cands = []
+        room_t = None if max_tail is None else max_tail - rest_tail[s]
+        room_n = None if max_lat is None else max_lat - rest_ns[s]
+        for k in ending.get(s, ()):
+            for label in labels[first[k]]:
+                t2, n2 = label[0] + tail[k], label[1] + lat[k]
+                if (room_t is None or t2 <= room_t) and (room_n is None or n2 <= room_n):
+                    cands.append((t2, n2, label, k))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        kept, best_lat = [], None
+        for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
+            if best_lat is None or c[1] < best_lat:
+                kept.append(c)
+                best_lat = c[1]
+        labels[s] = kept
+    out = []
+    for c in labels[n_spans]:
+        chosen, label = [], c
+        while label[3] is not None:
+            chosen.append(variants[label[3]])
+            label = label[2]
+        out.append((c[0], c[1], chosen[::-1]))
+    return out
