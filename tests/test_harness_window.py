@@ -81,12 +81,12 @@ def test_what_the_window_kernel_takes():
     x = b.input((1, 8, 8, 3))
     three = b.conv(x, 8, k=3)  # 3 input channels: not in fours (the packed kernel's)
     fours = b.conv(three, 8, k=3)
-    one = b.conv(fours, 8, k=1)  # 1x1: the pointwise kernel's
+    one = b.conv(fours, 8, k=1)  # 1x1: the pointwise kernel's on re-laid weights
     dil = b.conv(one, 8, k=3, dilation=2)
     g = b.graph([dil])
     assert [can_run_variant(g, i, WINDOW) for i in range(4)] == [False, True, False, False]
     moved, _ = on_harness(g)
-    assert [kernels.flags(op) for op in moved.ops] == [{"packed"}, {WINDOW}, {"pointwise"}, set()]
+    assert [kernels.flags(op) for op in moved.ops] == [{"packed"}, {WINDOW}, {"pointwise16"}, set()]
 
 
 def test_its_constant_is_what_the_kernel_reads():

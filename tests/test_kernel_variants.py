@@ -70,7 +70,7 @@ def test_an_unregistered_variant_is_unknown():
 def test_fit_takes_a_registered_variant_where_it_wins_and_nowhere_else(registered):
     graph, _ = _model()
     g, _ = on_harness(graph)
-    assert [op.kernel for op in g.ops] == ["tpup+pointwise", "tpup+probe", "tpup+window", "tpup+fast"]  # (1x1: "pointwise")
+    assert [op.kernel for op in g.ops] == ["tpup+pointwise16", "tpup+probe", "tpup+window", "tpup+fast"]  # (1x1: "pointwise16")
     with pytest.raises(ValueError, match="cannot run"):
         kernels.with_kernel(g, [2], kernels.kernel_name(PROBE.flag))  # stride 2: not what it applies to
 

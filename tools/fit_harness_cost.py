@@ -117,7 +117,7 @@ def models():
             yield (f"first_h{h}c{cin}o{cout}k{k}s{stride}_{flags[0] if flags else 'cmsis'}",
                    *_first_model(h, cin, cout, k, stride, flags))
     for h, c, k, stride in PW_SIZES:
-        for flags in (("pointwise",), ()):
+        for flags in (("pointwise16",), ("pointwise",), ()):
             yield _pw_name(h, c, k, stride, flags), *_pw_model(h, c, k, stride, flags)
     for h, cin, cout, k, stride in WIN_SIZES:
         for flags in (("window",), ()):
@@ -172,7 +172,7 @@ def _pw_name(h: int, cin: int, cout: int, stride: int, flags: tuple) -> str:
 
 def _pw_model(h: int, cin: int, cout: int, stride: int, flags: tuple):
     """(graph, bytes): one 1x1 convolution (an expansion with ReLU6, or a projection without) on the
-    harness's own kernel ("pointwise") or on the kernel set's (CMSIS-NN's 1x1 kernel)."""
+    harness's own kernels ("pointwise", "pointwise16") or on the kernel set's (CMSIS-NN's 1x1 kernel)."""
     from helpers.cnn_builder import CnnBuilder
 
     from tpu_pipeline.toolchain.ir.convert import to_model
@@ -385,7 +385,7 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
 
     rows: dict[str, tuple[list, list]] = {}
     OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise",
-                   "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
+                   "tpup_pointwise16", "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
         if not run.get("ops") or not run.get("outputs_match") or (name.startswith("dw3_") and not name.endswith("_dw3")):
@@ -417,9 +417,10 @@ def merge(tables: dict) -> None:
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
     note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast],\n"
-            "# [K.tpup_depthwise_3x3], [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_conv_window] and\n"
-            "# [K.tpup_fully_connected] (the harness's overlapped convolutions, patch stages, MEAN, MUL, fast\n"
-            "# depthwise, depthwise 3x3, packed, 1x1, window and fully connected kernels) by\n"
+            "# [K.tpup_depthwise_3x3], [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_pointwise16],\n"
+            "# [K.tpup_conv_window] and [K.tpup_fully_connected] (the harness's overlapped convolutions, patch\n"
+            "# stages, MEAN, MUL, fast depthwise, depthwise 3x3, packed, 1x1, 1x1 on re-laid weights, window\n"
+            "# and fully connected kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
         header += note
@@ -518,19 +519,22 @@ def _dw3_report(ops) -> list[str]:
 
 
 def _pw_report(ops, graphs) -> list[str]:
-    """The report's 1x1 table: each PW_SIZES layer on CMSIS-NN's 1x1 kernel and on the pointwise one."""
+    """The report's 1x1 table: each PW_SIZES layer on CMSIS-NN's 1x1 kernel, on the pointwise one and
+    on pointwise16 (its weights re-laid as int16 pairs)."""
     from tpu_pipeline.toolchain.ir import macs
     from tpu_pipeline.toolchain.ir.requant import pointwise_requant_proven
 
     lines = ["", "| 1x1 layer (input H x W x C -> output channels, stride) | MACs | CMSIS-NN | pointwise | "
-             "CMSIS-NN / pointwise | requantisation |", "|---|---:|---:|---:|---:|---|"]
+             "pointwise16 | CMSIS-NN / pointwise16 | instructions / MAC (pointwise16) | requantisation |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for h, c, k, st in PW_SIZES:
         a, b = ops(_pw_name(h, c, k, st, ())), ops(_pw_name(h, c, k, st, ("pointwise",)))
-        if a and b:
+        d = ops(_pw_name(h, c, k, st, ("pointwise16",)))
+        if a and b and d:
             g = graphs[_pw_name(h, c, k, st, ("pointwise",))]
             cheap = "SMMULR (proven)" if pointwise_requant_proven(g, g.ops[0]) else "exact integers"
             lines.append(f"| {h} x {h} x {c} -> {k}, s{st} | {macs(g, 0):,} | {a[0][2]:,} | {b[0][2]:,} | "
-                         f"{a[0][2] / b[0][2]:.2f}x | {cheap} |")
+                         f"{d[0][2]:,} | {a[0][2] / d[0][2]:.2f}x | {d[0][2] / macs(g, 0):.2f} | {cheap} |")
     return lines
 
 

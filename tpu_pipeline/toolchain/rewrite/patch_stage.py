@@ -104,13 +104,20 @@ def stage_layers(graph: Graph, positions, stripes: bool = False) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
-    (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`)."""
+    (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`): a
+    layer whose variant stages do not run goes on the first one they do that runs it and wins
+    there (pointwise16's layers on pointwise), else on the kernel set's paths."""
+    variants = kernel_variants.registered()
+    drop = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
     for i in positions:
         op = graph.ops[i]
         if op.opcode != "ADD":
-            drop = {kernels.OVERLAP, *(f for f, v in kernel_variants.registered().items() if not v.in_stages),
-                    *(() if stripes else STRIPES_ONLY)}
+            dropped = kernels.flags(op) & drop - {kernels.OVERLAP}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
+            twin = next((f for f, v in variants.items() if dropped and f not in drop and v.opcode == op.opcode
+                         and kernels.can_run_variant(graph, i, f) and v.wins(graph, i)), None)
+            if twin is not None:
+                graph = kernels.with_flag(graph, [i], twin)
     return graph
 
 

@@ -22,13 +22,14 @@ tests/test_kernel_variants.py registers a probe variant and checks each of these
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3, fast_depthwise, packed, pointwise, window
+from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3, fast_depthwise, packed, pointwise, pointwise16, window
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
 
 REGISTRY: tuple[KernelVariant, ...] = (
     depthwise3x3.VARIANT,  # (before "fast": where both run an op, the narrow-map kernel takes it)
     fast_depthwise.VARIANT,
     packed.VARIANT,
+    pointwise16.VARIANT,  # (before "pointwise": where both run an op, the re-laid weights take it)
     pointwise.VARIANT,
     window.VARIANT,
 )

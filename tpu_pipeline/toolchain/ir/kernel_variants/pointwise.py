@@ -5,7 +5,9 @@ the arena (the widened pair lives in output bytes not yet written); TFLite's Con
 integers. Its requantisation is SMMULR plus one nudged shift where `requant_bits` proves that
 exact for every accumulator the op can produce (option bit 0x200), else TFLite's integers. It beat
 CMSIS-NN's 1x1 kernel on every layer measured in QEMU (docs/bench/harness_kernels.md: 1.06-1.46x);
-with one output channel it runs a plain per-pixel loop, so it wins from two."""
+with one output channel it runs a plain per-pixel loop, so it wins from two. "pointwise16" (the
+same kernel on weights re-laid offline, registered before this) takes the layers of three output
+channels and more wherever the re-laid weights may go in flash; this one is its lean twin."""
 
 from __future__ import annotations
 

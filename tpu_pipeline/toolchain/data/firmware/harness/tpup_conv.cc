@@ -36,7 +36,8 @@ bool ReadOptions(const TfLiteNode* node, Options* o) {
     w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
                                 static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
   }
-  const bool flags_ok = (o->flags & ~0x2F3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
+  const bool flags_ok = (o->flags & ~0xEF3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
+                        (!(o->flags & kFlagPointwise16FastRequant) || (o->flags & kFlagPointwise16)) &&
                         (!(o->flags & kFlagWindowFastRequant) || (o->flags & kFlagWindow));
   return o->format == 1 && flags_ok && o->stride_h >= 1 && o->stride_w >= 1 && o->dilation_h >= 1 && o->dilation_w >= 1 &&
          o->depth_multiplier >= 1 && o->pad_top >= 0 && o->pad_left >= 0 && o->act_min <= o->act_max &&
@@ -112,7 +113,7 @@ void DwParams(const Options& o, int pad_top, cmsis_nn_dw_conv_params* p) {
 
 // The kernel's own buffer for a call of `in_h` input rows and `out_h` output rows.
 int OwnBuffer(const Options& o, const Geometry& g, int in_h, int out_h, bool depthwise) {
-  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise | kFlagWindow | kFlagDw3)) return 0;
+  if (o.flags & (kFlagDirect | kFlagFast | kFlagPacked | kFlagPointwise | kFlagPointwise16 | kFlagWindow | kFlagDw3)) return 0;
   cmsis_nn_dims in, filter, bias, out;
   Dims(g, in_h, out_h, depthwise, &in, &filter, &bias, &out);
   if (depthwise) {
@@ -186,6 +187,10 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   }
   if (o.flags & kFlagPointwise) {  // the harness's own 1x1 kernel, in both builds (Prepare checked it fits)
     RunPointwise(o, g, r1 - r0, band_in, filter, bias, requant, out);
+    return kTfLiteOk;
+  }
+  if ((o.flags & kFlagPointwise16) && packed != nullptr) {  // the same on re-laid weights (Prepare checked it)
+    RunPointwise(o, g, r1 - r0, band_in, filter, bias, requant, out, packed);
     return kTfLiteOk;
   }
   if ((o.flags & kFlagWindow) && packed != nullptr) {  // the window kernel, in both builds (Prepare checked it)
@@ -309,7 +314,8 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   Options o;
   TF_LITE_ENSURE_MSG(context, ReadOptions(node, &o), "TPUP conv: invalid options");
   const bool packed = (o.flags & kFlagPacked) != 0, window = (o.flags & kFlagWindow) != 0;
-  TF_LITE_ENSURE_EQ(context, node->inputs->size, packed || window ? 5 : 4);
+  const bool pw16 = (o.flags & kFlagPointwise16) != 0;
+  TF_LITE_ENSURE_EQ(context, node->inputs->size, packed || window || pw16 ? 5 : 4);
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
   tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
   TfLiteTensor* input = micro_context->AllocateTempInputTensor(node, kInput);
@@ -355,6 +361,15 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
     if (w != nullptr) micro_context->DeallocateTempTfLiteTensor(w);
     TF_LITE_ENSURE_MSG(context, fits, "TPUP conv: the window kernel's weights do not fit the filter (or lie unaligned)");
   }
+  if (pw16) {
+    TF_LITE_ENSURE_MSG(context, !kDepthwise && PointwiseFits(o, g) && filter_depth == g.in_c && g.out_c >= 3,
+                       "TPUP conv: the pointwise16 kernel does not run this convolution");
+    TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, kPacked);
+    const bool fits = w != nullptr && w->type == kTfLiteInt32 && w->dims->size == 1 &&
+                      w->dims->data[0] == Pointwise16Words(g) && (reinterpret_cast<uintptr_t>(w->data.data) & 3) == 0;
+    if (w != nullptr) micro_context->DeallocateTempTfLiteTensor(w);
+    TF_LITE_ENSURE_MSG(context, fits, "TPUP conv: the pointwise16 weights do not fit the filter (or lie unaligned)");
+  }
   const int own = OwnBufferSize(o, g, kDepthwise);
   const int ring = (o.flags & kFlagOverlap) ? o.ring_rows * g.out_w * g.out_c : 0;
   return RequestScratch(context, node, ring ? Align16(own) + ring : own);
@@ -377,7 +392,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int32_t* b = bias != nullptr ? tflite::micro::GetTensorData<int32_t>(bias) : nullptr;
   const int32_t* q = tflite::micro::GetTensorData<int32_t>(requant);
   const int32_t* packed =
-      (o.flags & (kFlagPacked | kFlagWindow))
+      (o.flags & (kFlagPacked | kFlagWindow | kFlagPointwise16))
           ? tflite::micro::GetTensorData<int32_t>(tflite::micro::GetEvalInput(context, node, kPacked))
           : nullptr;
   uint8_t* scratch = GetScratch(context, node);

@@ -32,6 +32,14 @@ constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4, kFlagPacked 
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap
 // requantisation is proven exact for the op (ir/kernel_variants/pointwise.py requant_bits).
 constexpr int32_t kFlagPointwise = 0x100, kFlagFastRequant = 0x200;
+// The same kernel on weights re-laid offline as int16 pairs, three channels a pass (flag
+// "pointwise16", its constant input 4), and its proof (ir/kernel_variants/pointwise16.py).
+constexpr int32_t kFlagPointwise16 = 0x4000, kFlagPointwise16FastRequant = 0x8000;
+// The words of a channel triple's header in its input 4: biases, multipliers, right shifts, nudges.
+constexpr int kPointwise16Header = 12;
+// Its widened pixel pair lies on the stack up to this many words (16 bytes per four input
+// channels: up to 256 channels), else in the output's unwritten bytes as the pointwise kernel's.
+constexpr int kPointwise16StackWords = 256;
 // The harness's own convolution reading windows in place (flag "window", tpup_window.cc), and
 // whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;
@@ -102,10 +110,12 @@ void RunConvPacked(const ConvOptions& o, const ConvGeometry& g, int pad_top, int
 
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc): whether it runs a call of
 // these options and shapes (the filter's depth must equal the input's: Prepare checks it), and
-// output rows [0, out_rows) reading `in` (the rows' first input row).
+// output rows [0, out_rows) reading `in` (the rows' first input row); with `relaid` (flag
+// "pointwise16": the int32 words of its input 4, Pointwise16Words) three channels a pass.
 bool PointwiseFits(const ConvOptions& o, const ConvGeometry& g);
 void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
-                  const int32_t* bias, const int32_t* requant, int8_t* out);
+                  const int32_t* bias, const int32_t* requant, int8_t* out, const int32_t* relaid = nullptr);
+int Pointwise16Words(const ConvGeometry& g);
 
 // The harness's own convolution for windows of several taps over input channels in fours (flag
 // "window", tpup_window.cc): whether it runs a call, the int32 words of its constant input 4, and

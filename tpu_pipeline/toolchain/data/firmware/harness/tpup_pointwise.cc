@@ -17,6 +17,12 @@
 // SaturatingRoundingDoublingHighMul(acc, m) is SMMULR(2 acc, m) and the rounding right shift by r
 // with the output offset added is (h + 2^(r-1) + offset 2^r + (h >> 31)) >> r (round half away
 // from zero; no overflow in those bounds). Otherwise tpup_conv.h's Requant, the general integers.
+//
+// Flag "pointwise16" (ir/kernel_variants/pointwise16.py) runs the same pixel walk on weights
+// re-laid offline as int16 pairs (its input 4): no SXTB16 in the loop, three channels x two pixels
+// a pass (LDRD of both pixels' widened pair-word, LDM of three channels' weight words, six
+// SMLADs), each triple's bias and requantisation constants in its header; the widened pair on the
+// stack up to 256 input channels (every pixel a pass), else in the output's bytes as above.
 
 #include <cstdint>
 #include <cstring>
@@ -314,13 +320,156 @@ void DirectPixels(const ConvOptions& o, const ConvGeometry& g, int p0, int n, co
   }
 }
 
+// The pointwise16 pass (flag "pointwise16", ir/kernel_variants/pointwise16.py): two pixels' channels
+// as int16 with the input offset added, per four channels the words [a 0,2][b 0,2][a 1,3][b 1,3]
+// (one LDRD gives a pair-word of both pixels); a last group of fewer than four zero-padded.
+void WidenPairInterleaved(const int8_t* a, const int8_t* b, int C, int32_t input_offset, int32_t* buf) {
+  const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(input_offset) & 0xFFFF) * 0x10001u);
+  int k = 0;
+  for (; k + 4 <= C; k += 4, buf += 4) {
+    const int32_t x = Load32(a + k), y = Load32(b + k);
+    buf[0] = __sadd16(__sxtb16(x), offset2);
+    buf[1] = __sadd16(__sxtb16(y), offset2);
+    buf[2] = __sadd16(__sxtb16(Ror8(x)), offset2);
+    buf[3] = __sadd16(__sxtb16(Ror8(y)), offset2);
+  }
+  if (k < C) {
+    int16_t lanes[8] = {};  // [a0 a2 b0 b2 a1 a3 b1 b3]
+    static const int kLane[4] = {0, 4, 1, 5};
+    for (int j = 0; k + j < C; ++j) {
+      lanes[kLane[j]] = static_cast<int16_t>(a[k + j] + input_offset);
+      lanes[2 + kLane[j]] = static_cast<int16_t>(b[k + j] + input_offset);
+    }
+    std::memcpy(buf, lanes, sizeof(lanes));
+  }
+}
+
+// Accumulators [pixel a, pixel b] of channels c, c + 1, c + 2.
+struct Acc6 {
+  int32_t a0, b0, a1, b1, a2, b2;
+};
+
+// Acc6 += the interleaved pair `x` times three channels' int16 weight pairs at `w` (per pair-word
+// the three channels' words: one LDM). Inline assembly: 8 instructions per 12 MACs (LDRD, LDM,
+// six SMLADs), two groups of four input channels a loop pass; 14 registers, which the compiler
+// does not find for the same C.
+#define TPUP_PW3_STEP                     \
+  "ldrd %[xa], %[xb], [%[x]], #8\n\t"     \
+  "ldmia %[w]!, {r8, r9, r10}\n\t"        \
+  "smlad %[a0], %[xa], r8, %[a0]\n\t"     \
+  "smlad %[b0], %[xb], r8, %[b0]\n\t"     \
+  "smlad %[a1], %[xa], r9, %[a1]\n\t"     \
+  "smlad %[b1], %[xb], r9, %[b1]\n\t"     \
+  "smlad %[a2], %[xa], r10, %[a2]\n\t"    \
+  "smlad %[b2], %[xb], r10, %[b2]\n\t"
+#define TPUP_PW3_OPERANDS                                                                                  \
+  [a0] "+r"(a.a0), [b0] "+r"(a.b0), [a1] "+r"(a.a1), [b1] "+r"(a.b1), [a2] "+r"(a.a2), [b2] "+r"(a.b2), \
+      [x] "+r"(x), [w] "+r"(w), [n] "+r"(n), [xa] "=&r"(xa), [xb] "=&r"(xb)
+
+inline void Mac3(const int32_t* x, const int32_t* w, int groups, Acc6& a) {
+  int32_t xa, xb, n = groups >> 1;
+  if (groups & 1) {
+    __asm__ volatile(TPUP_PW3_STEP TPUP_PW3_STEP : TPUP_PW3_OPERANDS : : "r8", "r9", "r10", "memory");
+  }
+  if (n > 0) {
+    __asm__ volatile("1:\n\t" TPUP_PW3_STEP TPUP_PW3_STEP TPUP_PW3_STEP TPUP_PW3_STEP "subs %[n], %[n], #1\n\t"
+                     "bne 1b\n\t"
+                     : TPUP_PW3_OPERANDS
+                     :
+                     : "r8", "r9", "r10", "cc", "memory");
+  }
+}
+#undef TPUP_PW3_STEP
+#undef TPUP_PW3_OPERANDS
+
+// One output of the pointwise16 pass: acc requantised with its channel's multiplier m and right
+// shift r (and, for FastScale, the rounding nudge with the output offset, precomputed offline), clamped.
+template <typename Scale, bool kFull>
+inline int8_t Out3(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t lo, int32_t hi);
+
+template <>
+inline int8_t Out3<FastScale, true>(const ConvOptions&, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t,
+                                    int32_t) {
+  const int32_t h = Smmulr(acc * 2, m);
+  return static_cast<int8_t>(__ssat((h + nudge + (h >> 31)) >> r, 8));
+}
+
+template <>
+inline int8_t Out3<FastScale, false>(const ConvOptions&, int32_t acc, int32_t m, int32_t r, int32_t nudge, int32_t lo,
+                                     int32_t hi) {
+  const int32_t h = Smmulr(acc * 2, m);
+  return Clamp((h + nudge + (h >> 31)) >> r, lo, hi);
+}
+
+template <>
+inline int8_t Out3<ExactScale, true>(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t, int32_t,
+                                     int32_t) {
+  return static_cast<int8_t>(__ssat(Requant(m, -r)(acc) + o.output_offset, 8));
+}
+
+template <>
+inline int8_t Out3<ExactScale, false>(const ConvOptions& o, int32_t acc, int32_t m, int32_t r, int32_t, int32_t lo,
+                                      int32_t hi) {
+  return Clamp(Requant(m, -r)(acc) + o.output_offset, lo, hi);
+}
+
+// Output pixels a and b from the interleaved pair `buf`, three channels a pass from the re-laid
+// weights (per triple: its biases, multipliers, right shifts and rounding nudges, then its
+// pair-words); the last triple is channels K - 3 .. K - 1 (bytes written before written again,
+// the same).
+template <typename Scale, bool kFull>
+void PixelPair3(const ConvOptions& o, const ConvGeometry& g, const int32_t* buf, const int32_t* relaid, int8_t* oa,
+                int8_t* ob) {
+  const int K = g.out_c, groups = (g.in_c + 3) / 4, stride = kPointwise16Header + 6 * groups;
+  const int32_t lo = o.act_min, hi = o.act_max;
+  const int32_t* w = relaid;
+  for (int c = 0; c < K; c += 3, w += stride) {
+    if (c + 3 > K) c = K - 3;
+    Acc6 a = {w[0], w[0], w[1], w[1], w[2], w[2]};
+    Mac3(buf, w + kPointwise16Header, groups, a);
+    const int32_t acc[6] = {a.a0, a.b0, a.a1, a.b1, a.a2, a.b2};
+    for (int j = 0; j < 3; ++j) {
+      const int32_t m = w[3 + j], r = w[6 + j], nudge = w[9 + j];
+      oa[c + j] = Out3<Scale, kFull>(o, acc[2 * j], m, r, nudge, lo, hi);
+      ob[c + j] = Out3<Scale, kFull>(o, acc[2 * j + 1], m, r, nudge, lo, hi);
+    }
+  }
+}
+
+// Pixels [0, stop) two at a time through the widened pair at `buf` (the output's last bytes):
+// the pointwise pass, or with `relaid` weights the pointwise16 pass.
+template <typename Scale, bool kFull>
+void PairsThroughBuffer(const ConvOptions& o, const ConvGeometry& g, const PixelWalk& walk, int stop, int32_t* buf,
+                        const int8_t* filter, const int32_t* bias, const int32_t* relaid, const int32_t* requant,
+                        int8_t* out) {
+  const int K = g.out_c;
+  for (int p = 0; p + 2 <= stop; p += 2) {
+    if (relaid != nullptr) {
+      WidenPairInterleaved(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
+      PixelPair3<Scale, kFull>(o, g, buf, relaid, out + p * K, out + (p + 1) * K);
+    } else {
+      WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
+      PixelPair<Scale, kFull>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
+    }
+  }
+}
+
 template <typename Scale, bool kFull>
 void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, const int8_t* filter,
-         const int32_t* bias, const int32_t* requant, int8_t* out) {
+         const int32_t* bias, const int32_t* relaid, const int32_t* requant, int8_t* out) {
   const PixelWalk walk(o, g, in);
   const int K = g.out_c, bytes = 16 * ((g.in_c + 3) / 4);  // the widened pair
-  if (K < 2) {  // (one channel: the pair's channel blocks need two)
+  if (K < (relaid != nullptr ? 3 : 2) || n < 2) {  // (the passes' channel blocks need two, three; a pair two pixels)
     for (int p = 0; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
+    return;
+  }
+  if (relaid != nullptr && bytes <= 4 * kPointwise16StackWords) {  // the pair on the stack: every pixel a pass
+    int32_t pair[kPointwise16StackWords];
+    for (int p = 0; p < n; p += 2) {
+      const int a = p + 2 <= n ? p : n - 2;  // (an odd last pixel with the one before it, written again the same)
+      WidenPairInterleaved(walk.At(a), walk.At(a + 1), g.in_c, o.input_offset, pair);
+      PixelPair3<Scale, kFull>(o, g, pair, relaid, out + a * K, out + (a + 1) * K);
+    }
     return;
   }
   // The pair lives in the output's last bytes (4-aligned); pixels [0, stop) are written before
@@ -329,12 +478,10 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
   const uintptr_t at = (end - bytes) & ~static_cast<uintptr_t>(3);
   int p = 0;
   if (end >= reinterpret_cast<uintptr_t>(out) + bytes + 3) {
-    int32_t* buf = reinterpret_cast<int32_t*>(at);
     const int stop = static_cast<int>((at - reinterpret_cast<uintptr_t>(out)) / K);
-    for (; p + 2 <= stop; p += 2) {
-      WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
-      PixelPair<Scale, kFull>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
-    }
+    PairsThroughBuffer<Scale, kFull>(o, g, walk, stop, reinterpret_cast<int32_t*>(at), filter, bias, relaid, requant,
+                                     out);
+    p = stop & ~1;
   }
   const bool adjacent = o.stride_w == 1 && (o.stride_h == 1 || g.out_h == 1) && g.in_w == g.out_w;
   if (adjacent && n >= 2 && p < n) {
@@ -348,19 +495,22 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
 }  // namespace
 
 void RunPointwise(const ConvOptions& o, const ConvGeometry& g, int out_rows, const int8_t* in, const int8_t* filter,
-                  const int32_t* bias, const int32_t* requant, int8_t* out) {
+                  const int32_t* bias, const int32_t* requant, int8_t* out, const int32_t* relaid) {
   const int n = out_rows * g.out_w;
 #if defined(TPUP_DSP)
   const bool full = o.act_min == -128 && o.act_max == 127;
-  if (o.flags & kFlagFastRequant) {
-    (full ? Run<FastScale, true> : Run<FastScale, false>)(o, g, n, in, filter, bias, requant, out);
+  if (o.flags & (kFlagFastRequant | kFlagPointwise16FastRequant)) {
+    (full ? Run<FastScale, true> : Run<FastScale, false>)(o, g, n, in, filter, bias, relaid, requant, out);
   } else {
-    (full ? Run<ExactScale, true> : Run<ExactScale, false>)(o, g, n, in, filter, bias, requant, out);
+    (full ? Run<ExactScale, true> : Run<ExactScale, false>)(o, g, n, in, filter, bias, relaid, requant, out);
   }
 #else
+  (void)relaid;  // (the re-laid weights need the DSP extension; the int8 filter gives the same sums)
   const PixelWalk walk(o, g, in);
   for (int p = 0; p < n; ++p) OnePixel<ExactScale>(o, g, walk.At(p), filter, bias, requant, out + p * g.out_c);
 #endif
 }
+
+int Pointwise16Words(const ConvGeometry& g) { return (g.out_c + 2) / 3 * (kPointwise16Header + 6 * ((g.in_c + 3) / 4)); }
 
 }  // namespace tpup
