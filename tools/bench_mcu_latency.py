@@ -450,10 +450,15 @@ def our_rows(path: Path, name: str, budget: int | None, cores, work: Path, time_
     tl = f" --time-limit {time_limit:g}"
     io = dict(int8_io=True, input_outside_arena=True) if tinyengine_io else {}
     io_flags = " --int8-io --input-outside-arena" if tinyengine_io else ""
-    points = [("fastest (the board's SRAM)", dict(device=CORES["an386"], **io), f"--device {CORES['an386']}")]
+    # every point is fitted for the board, so its flash bounds the re-laid weights too (mcunetv2_large's
+    # fastest kernels' weights take 6.0 MB against the an386's 4 MB)
+    board = dict(device=CORES["an386"], **io)
+    points = [("fastest (the board's SRAM)", board, f"--device {CORES['an386']}")]
     if tinyengine_io:
-        points += [(f"at TinyEngine's best patched peak ({budget:,} B)", dict(budget=budget, **io), f"--budget {budget}"),
-                   ("smallest (--objective memory)", dict(objective="memory", **io), "--objective memory")]
+        points += [(f"at TinyEngine's best patched peak ({budget:,} B)", dict(budget=budget, **board),
+                    f"--budget {budget} --device {CORES['an386']}"),
+                   ("smallest (--objective memory)", dict(objective="memory", **board),
+                    f"--objective memory --device {CORES['an386']}")]
     rows = [qemu_row(path, name, "tflm-builtin", core, "as converted", OURS_COUNTS.format(input=", input inside"),
                      f"tpu-pipeline run MODEL --backend qemu --device {CORES[core]} --json", log) for core in cores]
     for label, options, flags in points:
