@@ -17,6 +17,9 @@ from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, run_fit
+from tpu_pipeline.toolchain.fit.flash import (FlashChoice, FlashReport, choose_relaid, flash_report as flash_report_of,
+                                              relaid_constants, relaid_items)
+from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.fit.params import FitParams
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.loader import load_exact
@@ -45,6 +48,7 @@ class FittedModel:
     # the RAM wait states of the banks chosen, where the board states them (cost/mcu.bank_wait_cycles):
     # seconds added to the fitted model's and to the baseline's predicted latency
     bank_wait_s: tuple[float, float] = (0.0, 0.0)
+    flash: FlashReport | None = None  # --device with flash: the written model against it (fit/flash.py)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
@@ -61,6 +65,7 @@ class FittedModel:
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
                  custom_ops=list(custom_ops(self.result.graph)),
+                 flash=self.flash.to_json() if self.flash is not None else None,
                  banks=self.placement.to_json() if self.placement is not None else None,
                  arena_placement=None if self.placement is None else
                  {"head": self.placement.head_bank, "tail": self.placement.tail_bank,
@@ -119,15 +124,20 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     fitted = replace(p, budget=fit_budget, head_only=head_only)
     result = run_fit(graph, fitted, pricing, deadline=deadline.sub(fraction=0.8), progress=progress, model=model)
     data = _written(result, model, path)
-    flash = _flash_room(device)
-    if flash is not None and len(data) > flash and p.relaid_weights and p.harness:
-        # the kernels with weights re-laid in flash (larger than the model's) do not fit the board
-        as_laid = run_fit(graph, replace(fitted, relaid_weights=False), pricing, deadline=deadline.sub(fraction=0.8),
-                          progress=progress, model=model)
-        as_laid_data = _written(as_laid, model, path)
-        notes.append(f"the fastest kernels' weights, re-laid in flash, make the model {len(data):,} B, more than the "
-                     f"{flash:,} B {device.label} leaves for it: fitted without them ({len(as_laid_data):,} B)")
-        result, data = as_laid, as_laid_data
+    flash, choice, first = _flash_room(device), None, len(data)
+    if flash is not None and len(data) > flash and p.relaid_weights is True and p.harness:
+        # the kernels with weights re-laid in flash (larger than the model's) do not all fit the board
+        def refit(relaid):
+            r = run_fit(graph, replace(fitted, relaid_weights=relaid), pricing, deadline=deadline.sub(fraction=0.8),
+                        progress=progress, model=model)
+            return r, _written(r, model, path)
+
+        items = relaid_items(on_harness(graph)[0], pricing, kernels)
+        result, data, choice = _within_flash(result, data, refit, items, flash)
+    flash_report = None if flash is None else flash_report_of(result.graph, len(data), flash, choice,
+                                                              first if choice is not None else None)
+    if choice is not None:
+        notes.append(_flash_note(flash_report, device.label))
     if flash is not None and len(data) > flash:
         notes.append(f"the model is {len(data):,} B: more than the {flash:,} B of flash {device.label} leaves for it "
                      f"(flash {device.memory.flash_bytes:,} B - firmware code {HARNESS_CODE_BYTES:,} B)")
@@ -157,7 +167,42 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes), placement, waits)
+                       budget_from, tuple(notes), placement, waits, flash_report)
+
+
+MAX_FLASH_TRIES = 3  # choices of re-laid weights tried before fit goes without any
+
+
+def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int):
+    """(result, data, choice): the fit again with the re-laid weights of `choose_relaid`'s ops only,
+    so the written model fits `flash` bytes. The room they may take is the flash less the model
+    without the re-laid weights `result` holds; where the written model still overshoots (its
+    tensors' entries estimated), the room shrinks by the overshoot and the choice is made again;
+    after MAX_FLASH_TRIES, or when nothing is worth keeping, none (the all-off model, as before).
+    The items are the ops whose re-laid weights `result` holds (fit may have chosen others)."""
+    used = relaid_constants(result.graph)
+    items = [r for r in items if r.constant in used]
+    room = flash - (len(data) - sum(r.extra for r in items))
+    for _ in range(MAX_FLASH_TRIES):
+        choice = choose_relaid(items, room)
+        if not choice.kept:
+            break
+        r, d = refit(choice.kept)
+        if len(d) <= flash:
+            return r, d, choice
+        room -= len(d) - flash
+    r, d = refit(False)
+    return r, d, FlashChoice(frozenset(), tuple(items), room, True)
+
+
+def _flash_note(f: FlashReport, board: str) -> str:
+    head = (f"the fastest kernels' weights, re-laid in flash, make the model {f.all_relaid_bytes:,} B, more than the "
+            f"{f.available_bytes:,} B {board} leaves for it: ")
+    if not f.relaid_kept:
+        return head + f"fitted without them ({f.model_bytes:,} B)"
+    return head + (f"{f.relaid_kept} of {f.relaid_ops} ops keep them ({f.relaid_bytes:,} B; those that save the most "
+                   f"predicted time per byte{'' if f.exact else ', the best choice found'}), the other "
+                   f"{f.relaid_ops - f.relaid_kept} run without them ({f.model_bytes:,} B)")
 
 
 def _flash_room(device: Device | None) -> int | None:
