@@ -43,6 +43,7 @@ class FlashChoice:
     items: tuple[Relaid, ...]
     room: int  # flash bytes the kept re-laid weights may take
     exact: bool  # the knapsack's optimum, proven (else the best of CP-SAT's and the greedy's)
+    all_relaid_bytes: int | None = None  # the model with every op's re-laid weights (measured or predicted)
 
     @property
     def kept_bytes(self) -> int:
@@ -72,7 +73,7 @@ def relaid_items(harness_graph: Graph, device: Device, kernels: KernelSet) -> li
     return out
 
 
-def choose_relaid(items: list[Relaid], room: int) -> FlashChoice:
+def choose_relaid(items: list[Relaid], room: int, all_relaid_bytes: int | None = None) -> FlashChoice:
     """The ops whose re-laid weights fit in `room` bytes together at the most cycles saved.
 
     A 0/1 knapsack. The greedy order (most cycles saved per byte first) is the optimum of its
@@ -85,7 +86,7 @@ def choose_relaid(items: list[Relaid], room: int) -> FlashChoice:
     useful = [r for r in items if r.saved > 0 and r.extra <= room]
     greedy = _greedy(useful, room)
     if not useful:
-        return FlashChoice(frozenset(), tuple(items), room, True)
+        return FlashChoice(frozenset(), tuple(items), room, True, all_relaid_bytes)
     m = cp_model.CpModel()
     x = [m.NewBoolVar(r.name) for r in useful]
     m.Add(sum(r.extra * v for r, v in zip(useful, x)) <= room)
@@ -95,11 +96,11 @@ def choose_relaid(items: list[Relaid], room: int) -> FlashChoice:
     solver = new_solver(KNAPSACK_SECONDS)
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return FlashChoice(greedy, tuple(items), room, False)
+        return FlashChoice(greedy, tuple(items), room, False, all_relaid_bytes)
     found = frozenset(r.name for r, v in zip(useful, x) if solver.Value(v))
     if status != cp_model.OPTIMAL and _value(useful, greedy) > _value(useful, found):
         found = greedy
-    return FlashChoice(found, tuple(items), room, status == cp_model.OPTIMAL)
+    return FlashChoice(found, tuple(items), room, status == cp_model.OPTIMAL, all_relaid_bytes)
 
 
 def relaid_constants(graph: Graph) -> set[str]:
@@ -161,22 +162,24 @@ class FlashReport:
     relaid_ops: int  # ops whose fastest kernel reads re-laid weights
     relaid_kept: int  # ... and read them in the written model
     relaid_bytes: int  # the flash those take (their tensors, with their entries)
-    all_relaid_bytes: int | None = None  # the model with every op's re-laid weights, where it did not fit
-    exact: bool | None = None  # the kept set is the knapsack's proven optimum (None: nothing had to go)
+    all_relaid_bytes: int | None = None  # the model with every op's re-laid weights, where it would not fit
+    room: int | None = None  # the flash the knapsack gave the re-laid weights (None: nothing had to go)
+    exact: bool | None = None  # the kept set is the knapsack's proven optimum
 
     def to_json(self) -> dict:
         return {"model_bytes": self.model_bytes, "available_bytes": self.available_bytes,
                 "fits": self.model_bytes <= self.available_bytes, "relaid_ops_kept": self.relaid_kept,
                 "relaid_ops_dropped": self.relaid_ops - self.relaid_kept, "relaid_bytes_kept": self.relaid_bytes,
-                "model_bytes_all_relaid": self.all_relaid_bytes, "relaid_choice_exact": self.exact}
+                "model_bytes_all_relaid": self.all_relaid_bytes, "relaid_room_bytes": self.room,
+                "relaid_choice_exact": self.exact}
 
 
-def flash_report(graph: Graph, model_bytes: int, available: int, choice: FlashChoice | None = None,
-                 all_relaid_bytes: int | None = None) -> FlashReport:
+def flash_report(graph: Graph, model_bytes: int, available: int, choice: FlashChoice | None = None) -> FlashReport:
     """`FlashReport` of a fitted graph written as `model_bytes`; `choice`: the knapsack's, where
-    the model with every op's re-laid weights (`all_relaid_bytes`) did not fit."""
+    the model with every op's re-laid weights would not fit."""
     names = relaid_constants(graph)
     kept = sum(_entry(t) for t in graph.tensors if t.name in names and t.is_constant)
-    ops = len(choice.items) if choice is not None else len(names)
-    return FlashReport(model_bytes, available, ops, len(names), kept, all_relaid_bytes,
-                       choice.exact if choice is not None else None)
+    if choice is None:
+        return FlashReport(model_bytes, available, len(names), len(names), kept)
+    return FlashReport(model_bytes, available, max(len(choice.items), len(names)), len(names), kept,
+                       choice.all_relaid_bytes, choice.room, choice.exact)

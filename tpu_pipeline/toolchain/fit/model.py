@@ -122,20 +122,10 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     deadline = Deadline(p.time_limit)
     fitted = replace(p, budget=fit_budget, head_only=head_only)
-    result = run_fit(graph, fitted, pricing, deadline=deadline.sub(fraction=0.8), progress=progress, model=model)
-    data = _written(result, model, path)
-    flash, choice, first = _flash_room(device), None, len(data)
-    if flash is not None and len(data) > flash and p.relaid_weights is True and p.harness:
-        # the kernels with weights re-laid in flash (larger than the model's) do not all fit the board
-        def refit(relaid):
-            r = run_fit(graph, replace(fitted, relaid_weights=relaid), pricing, deadline=deadline.sub(fraction=0.8),
-                        progress=progress, model=model)
-            return r, _written(r, model, path)
-
-        items = relaid_items(on_harness(graph)[0], pricing, kernels)
-        result, data, choice = _within_flash(result, data, refit, items, flash)
-    flash_report = None if flash is None else flash_report_of(result.graph, len(data), flash, choice,
-                                                              first if choice is not None else None)
+    flash = _flash_room(device)
+    refit = _refit(graph, model, path, fitted, pricing, deadline, progress)
+    result, data, choice = _fit_for_flash(graph, model, fitted, pricing, refit, flash)
+    flash_report = None if flash is None else flash_report_of(result.graph, len(data), flash, choice)
     if choice is not None:
         notes.append(_flash_note(flash_report, device.label))
     if flash is not None and len(data) > flash:
@@ -173,31 +163,70 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
 MAX_FLASH_TRIES = 3  # choices of re-laid weights tried before fit goes without any
 
 
-def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int):
-    """(result, data, choice): the fit again with the re-laid weights of `choose_relaid`'s ops only,
-    so the written model fits `flash` bytes. The room they may take is the flash less the model
-    without the re-laid weights `result` holds; where the written model still overshoots (its
-    tensors' entries estimated), the room shrinks by the overshoot and the choice is made again;
-    after MAX_FLASH_TRIES, or when nothing is worth keeping, none (the all-off model, as before).
-    The items are the ops whose re-laid weights `result` holds (fit may have chosen others)."""
-    used = relaid_constants(result.graph)
-    items = [r for r in items if r.constant in used]
-    room = flash - (len(data) - sum(r.extra for r in items))
+def _flash_margin(graph, flash: int) -> int:
+    """Flash the written model takes beyond its harness form written before the fit
+    (`_fit_for_flash`): the offline plan (4 bytes a tensor), and what the fit adds (patch stages'
+    programs, copies' ops: 7.5 KB on mcunetv2_large's smallest arena) within 1/256 of the flash."""
+    return 4 * len(graph.tensors) + 64 + flash // 256
+
+
+def _refit(graph, model, path, fitted: FitParams, pricing: Device, deadline: Deadline, progress):
+    """relaid -> (result, written model): the fit with `relaid_weights=relaid`."""
+    def refit(relaid):
+        r = run_fit(graph, replace(fitted, relaid_weights=relaid), pricing, deadline=deadline.sub(fraction=0.8),
+                    progress=progress, model=model)
+        return r, _written(r, model, path)
+    return refit
+
+
+def _fit_for_flash(graph, model, fitted: FitParams, pricing: Device, refit, flash: int | None):
+    """(result, written model, FlashChoice or None): the fit, with the re-laid weights (kernels whose
+    weights are re-laid in flash, larger than the model's) of the ops `choose_relaid` keeps where
+    the board's flash cannot hold them all. The choice is made before the fit, on the model in its
+    harness form written without them (plus `_flash_margin`) and each op's re-laid bytes, so
+    one fit usually does; where the written model still exceeds the flash, `_within_flash`."""
+    if flash is None or not fitted.harness or fitted.relaid_weights is not True:
+        return (*refit(fitted.relaid_weights), None)
+    items, choice = relaid_items(on_harness(graph)[0], pricing, fitted.kernels), None
+    if items:  # (0.25 s on mcunetv2_large's 2.3 MB)
+        bare = len(model_to_bytes(rewritten_model(on_harness(graph, False)[0], model))) + _flash_margin(graph, flash)
+        extra = sum(r.extra for r in items)
+        if bare + extra > flash:
+            choice = choose_relaid(items, flash - bare, bare + extra)
+    result, data = refit(choice.kept if choice is not None else True)
+    if len(data) > flash and items:
+        result, data, choice = _within_flash(result, data, refit, items, flash, choice)
+    return result, data, choice
+
+
+def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int, choice: FlashChoice | None):
+    """(result, data, choice): the fit again with fewer re-laid weights until the written model
+    fits `flash` bytes. After a fit with all of them, their room is the flash less that model
+    without those it holds (the items, the ops whose re-laid weights it holds: fit may have chosen
+    others); after a choice, its room less the overshoot. Each time the written model overshoots
+    (its tensors' entries are estimated) the room shrinks by that much; after MAX_FLASH_TRIES, or
+    when nothing is worth keeping, none (the model without re-laid weights, as before)."""
+    if choice is None:
+        used = relaid_constants(result.graph)
+        items = [r for r in items if r.constant in used]
+        room, whole = flash - (len(data) - sum(r.extra for r in items)), len(data)
+    else:
+        room, whole = choice.room - (len(data) - flash), choice.all_relaid_bytes
     for _ in range(MAX_FLASH_TRIES):
-        choice = choose_relaid(items, room)
+        choice = choose_relaid(items, room, whole)
         if not choice.kept:
             break
-        r, d = refit(choice.kept)
-        if len(d) <= flash:
-            return r, d, choice
-        room -= len(d) - flash
-    r, d = refit(False)
-    return r, d, FlashChoice(frozenset(), tuple(items), room, True)
+        result, data = refit(choice.kept)
+        if len(data) <= flash:
+            return result, data, choice
+        room -= len(data) - flash
+    result, data = refit(False)
+    return result, data, FlashChoice(frozenset(), tuple(items), room, True, whole)
 
 
 def _flash_note(f: FlashReport, board: str) -> str:
-    head = (f"the fastest kernels' weights, re-laid in flash, make the model {f.all_relaid_bytes:,} B, more than the "
-            f"{f.available_bytes:,} B {board} leaves for it: ")
+    head = (f"the fastest kernels' weights, re-laid in flash, make the model about {f.all_relaid_bytes:,} B, more "
+            f"than the {f.available_bytes:,} B {board} leaves for it: ")
     if not f.relaid_kept:
         return head + f"fitted without them ({f.model_bytes:,} B)"
     return head + (f"{f.relaid_kept} of {f.relaid_ops} ops keep them ({f.relaid_bytes:,} B; those that save the most "
