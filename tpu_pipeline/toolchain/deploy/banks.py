@@ -29,9 +29,10 @@ HARNESS_STATIC_BYTES = 16 * 1024
 # Flash the harness firmware takes besides the model (code, TFLite Micro's kernels, constants):
 # measured 50.5 KB (MLPerf's ad01, fully connected only) to 124.5 KB (TinyEngine's vww, every
 # convolution kernel) on the emulated Cortex-M4 (run --backend qemu: flash_bytes - model bytes),
-# and 162.8 KB since the pointwise, window and stage kernels (TinyEngine's mcunetv2_large:
-# build-firmware's flash_bytes - model bytes, CMSIS-NN); reserved with headroom.
-HARNESS_CODE_BYTES = 192 * 1024
+# and since the pointwise, window and stage kernels 158.9 KB (TinyEngine's mcunetv2_large, fit's
+# fastest point) to 194.5 KB (its patch stages and copies: STRIDED_SLICE, CONCATENATION) (build-
+# firmware's flash_bytes - model bytes, CMSIS-NN); reserved with headroom for kernels to come.
+HARNESS_CODE_BYTES = 256 * 1024
 
 
 def firmware_reserve(device: Device) -> int:

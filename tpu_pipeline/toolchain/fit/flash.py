@@ -77,12 +77,14 @@ def choose_relaid(items: list[Relaid], room: int, all_relaid_bytes: int | None =
     """The ops whose re-laid weights fit in `room` bytes together at the most cycles saved.
 
     A 0/1 knapsack. The greedy order (most cycles saved per byte first) is the optimum of its
-    fractional relaxation, but not of the 0/1 problem: it can miss up to one item's value, the
-    first that does not fit, and the items here span three orders of magnitude (a stem's packed
-    weights, 1 KB; a classifier's re-laid FC, 780 KB on mcunetv2_large), so that one item can be
-    most of the answer. CP-SAT solves the exact problem over these few dozen items in
-    milliseconds, started from the greedy's answer; only if it stops unproven does the better of
-    the two stand (`exact` False). Items that save nothing by the cost model are never kept."""
+    fractional relaxation, not of the 0/1 problem: it can miss up to one item's value, the first
+    that does not fit, and the items span three orders of magnitude (a stem's packed weights,
+    1 KB; a classifier's re-laid FC, 780 KB on mcunetv2_large), so that item can be much of the
+    answer. On mcunetv2_large the greedy is close (at the an386's flash it keeps the optimum's
+    93.3 % of the saving; over rooms of 1-99 % of the re-laid bytes it falls short by at most 0.8 %
+    of the total), but CP-SAT proves the exact optimum of these few dozen items in 16 ms, so it
+    decides, started from the greedy's answer; only if it stops unproven does the better of the two
+    stand (`exact` False). Items that save nothing by the cost model are never kept."""
     useful = [r for r in items if r.saved > 0 and r.extra <= room]
     greedy = _greedy(useful, room)
     if not useful:
