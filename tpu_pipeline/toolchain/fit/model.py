@@ -203,15 +203,16 @@ def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int
     """(result, data, choice): the fit again with fewer re-laid weights until the written model
     fits `flash` bytes. After a fit with all of them, their room is the flash less that model
     without those it holds (the items, the ops whose re-laid weights it holds: fit may have chosen
-    others); after a choice, its room less the overshoot. Each time the written model overshoots
-    (its tensors' entries are estimated) the room shrinks by that much; after MAX_FLASH_TRIES, or
-    when nothing is worth keeping, none (the model without re-laid weights, as before)."""
+    others). Each time the written model overshoots (the fit adds more than `_flash_margin`) the
+    room becomes the bytes that choice kept less the overshoot, so the next choice is smaller;
+    after MAX_FLASH_TRIES, or when nothing is worth keeping, none (the model without re-laid
+    weights, as before)."""
     if choice is None:
         used = relaid_constants(result.graph)
         items = [r for r in items if r.constant in used]
         room, whole = flash - (len(data) - sum(r.extra for r in items)), len(data)
-    else:
-        room, whole = choice.room - (len(data) - flash), choice.all_relaid_bytes
+    else:  # (what the choice took, less the overshoot: the next choice is another)
+        room, whole = choice.kept_bytes - (len(data) - flash), choice.all_relaid_bytes
     for _ in range(MAX_FLASH_TRIES):
         choice = choose_relaid(items, room, whole)
         if not choice.kept:
@@ -219,7 +220,7 @@ def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int
         result, data = refit(choice.kept)
         if len(data) <= flash:
             return result, data, choice
-        room -= len(data) - flash
+        room = choice.kept_bytes - (len(data) - flash)
     result, data = refit(False)
     return result, data, FlashChoice(frozenset(), tuple(items), room, True, whole)
 
