@@ -17,6 +17,9 @@ from tpu_pipeline.toolchain.deploy.library import custom_ops, custom_ops_note
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, load_device
 from tpu_pipeline.toolchain.errors import ModelError, UsageError, VerificationError
 from tpu_pipeline.toolchain.fit.fit import FitResult, run_fit
+from tpu_pipeline.toolchain.fit.flash import (FlashChoice, FlashReport, choose_relaid, flash_report as flash_report_of,
+                                              relaid_constants, relaid_items)
+from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.fit.params import FitParams
 from tpu_pipeline.toolchain.ir.convert import rewritten_model
 from tpu_pipeline.toolchain.loader import load_exact
@@ -45,6 +48,7 @@ class FittedModel:
     # the RAM wait states of the banks chosen, where the board states them (cost/mcu.bank_wait_cycles):
     # seconds added to the fitted model's and to the baseline's predicted latency
     bank_wait_s: tuple[float, float] = (0.0, 0.0)
+    flash: FlashReport | None = None  # --device with flash: the written model against it (fit/flash.py)
 
     def to_json(self) -> dict:
         d = self.result.to_json()
@@ -61,6 +65,7 @@ class FittedModel:
                  head_matches_prediction=self.head_measured == self.head_predicted_host,
                  verification=[v.to_json() for v in self.verification], notes=[*d["notes"], *self.notes],
                  custom_ops=list(custom_ops(self.result.graph)),
+                 flash=self.flash.to_json() if self.flash is not None else None,
                  banks=self.placement.to_json() if self.placement is not None else None,
                  arena_placement=None if self.placement is None else
                  {"head": self.placement.head_bank, "tail": self.placement.tail_bank,
@@ -117,17 +122,12 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     deadline = Deadline(p.time_limit)
     fitted = replace(p, budget=fit_budget, head_only=head_only)
-    result = run_fit(graph, fitted, pricing, deadline=deadline.sub(fraction=0.8), progress=progress, model=model)
-    data = _written(result, model, path)
     flash = _flash_room(device)
-    if flash is not None and len(data) > flash and p.relaid_weights and p.harness:
-        # the kernels with weights re-laid in flash (larger than the model's) do not fit the board
-        as_laid = run_fit(graph, replace(fitted, relaid_weights=False), pricing, deadline=deadline.sub(fraction=0.8),
-                          progress=progress, model=model)
-        as_laid_data = _written(as_laid, model, path)
-        notes.append(f"the fastest kernels' weights, re-laid in flash, make the model {len(data):,} B, more than the "
-                     f"{flash:,} B {device.label} leaves for it: fitted without them ({len(as_laid_data):,} B)")
-        result, data = as_laid, as_laid_data
+    refit = _refit(graph, model, path, fitted, pricing, deadline, progress)
+    result, data, choice = _fit_for_flash(graph, model, fitted, pricing, refit, flash)
+    flash_report = None if flash is None else flash_report_of(result.graph, len(data), flash, choice)
+    if choice is not None:
+        notes.append(_flash_note(flash_report, device.label))
     if flash is not None and len(data) > flash:
         notes.append(f"the model is {len(data):,} B: more than the {flash:,} B of flash {device.label} leaves for it "
                      f"(flash {device.memory.flash_bytes:,} B - firmware code {HARNESS_CODE_BYTES:,} B)")
@@ -157,7 +157,82 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         if custom_ops_note(result.graph):  # so no user meets stock TFLite Micro's "CUSTOM" error unwarned
             notes.append(custom_ops_note(result.graph))
     return FittedModel(result, data, source, verification, host.head, host_head, kernels, host.tail, tail, avail,
-                       budget_from, tuple(notes), placement, waits)
+                       budget_from, tuple(notes), placement, waits, flash_report)
+
+
+MAX_FLASH_TRIES = 3  # choices of re-laid weights tried before fit goes without any
+
+
+def _flash_margin(graph, flash: int) -> int:
+    """Flash the written model takes beyond its harness form written before the fit
+    (`_fit_for_flash`): the offline plan (4 bytes a tensor), and what the fit adds (patch stages'
+    programs, copies' ops: 7.5 KB on mcunetv2_large's smallest arena) within 1/256 of the flash."""
+    return 4 * len(graph.tensors) + 64 + flash // 256
+
+
+def _refit(graph, model, path, fitted: FitParams, pricing: Device, deadline: Deadline, progress):
+    """relaid -> (result, written model): the fit with `relaid_weights=relaid`."""
+    def refit(relaid):
+        r = run_fit(graph, replace(fitted, relaid_weights=relaid), pricing, deadline=deadline.sub(fraction=0.8),
+                    progress=progress, model=model)
+        return r, _written(r, model, path)
+    return refit
+
+
+def _fit_for_flash(graph, model, fitted: FitParams, pricing: Device, refit, flash: int | None):
+    """(result, written model, FlashChoice or None): the fit, with the re-laid weights (kernels whose
+    weights are re-laid in flash, larger than the model's) of the ops `choose_relaid` keeps where
+    the board's flash cannot hold them all. The choice is made before the fit, on the model in its
+    harness form written without them (plus `_flash_margin`) and each op's re-laid bytes, so
+    one fit usually does; where the written model still exceeds the flash, `_within_flash`."""
+    if flash is None or not fitted.harness or fitted.relaid_weights is not True:
+        return (*refit(fitted.relaid_weights), None)
+    items, choice = relaid_items(on_harness(graph)[0], pricing, fitted.kernels), None
+    if items:  # (0.25 s on mcunetv2_large's 2.3 MB)
+        bare = len(model_to_bytes(rewritten_model(on_harness(graph, False)[0], model))) + _flash_margin(graph, flash)
+        extra = sum(r.extra for r in items)
+        if bare + extra > flash:
+            choice = choose_relaid(items, flash - bare, bare + extra)
+    result, data = refit(choice.kept if choice is not None else True)
+    if len(data) > flash and items:
+        result, data, choice = _within_flash(result, data, refit, items, flash, choice)
+    return result, data, choice
+
+
+def _within_flash(result: FitResult, data: bytes, refit, items: list, flash: int, choice: FlashChoice | None):
+    """(result, data, choice): the fit again with fewer re-laid weights until the written model
+    fits `flash` bytes. After a fit with all of them, their room is the flash less that model
+    without those it holds (the items, the ops whose re-laid weights it holds: fit may have chosen
+    others). Each time the written model overshoots (the fit adds more than `_flash_margin`) the
+    room becomes the bytes that choice kept less the overshoot, so the next choice is smaller;
+    after MAX_FLASH_TRIES, or when nothing is worth keeping, none (the model without re-laid
+    weights, as before)."""
+    if choice is None:
+        used = relaid_constants(result.graph)
+        items = [r for r in items if r.constant in used]
+        room, whole = flash - (len(data) - sum(r.extra for r in items)), len(data)
+    else:  # (what the choice took, less the overshoot: the next choice is another)
+        room, whole = choice.kept_bytes - (len(data) - flash), choice.all_relaid_bytes
+    for _ in range(MAX_FLASH_TRIES):
+        choice = choose_relaid(items, room, whole)
+        if not choice.kept:
+            break
+        result, data = refit(choice.kept)
+        if len(data) <= flash:
+            return result, data, choice
+        room = choice.kept_bytes - (len(data) - flash)
+    result, data = refit(False)
+    return result, data, FlashChoice(frozenset(), tuple(items), room, True, whole)
+
+
+def _flash_note(f: FlashReport, board: str) -> str:
+    head = (f"the fastest kernels' weights, re-laid in flash, make the model about {f.all_relaid_bytes:,} B, more "
+            f"than the {f.available_bytes:,} B {board} leaves for it: ")
+    if not f.relaid_kept:
+        return head + f"fitted without them ({f.model_bytes:,} B)"
+    return head + (f"{f.relaid_kept} of {f.relaid_ops} ops keep them ({f.relaid_bytes:,} B; those that save the most "
+                   f"predicted time per byte{'' if f.exact else ', the best choice found'}), the other "
+                   f"{f.relaid_ops - f.relaid_kept} run without them ({f.model_bytes:,} B)")
 
 
 def _flash_room(device: Device | None) -> int | None:

@@ -28,8 +28,10 @@ class FitParams:
     head_only: bool = False  # the budget and the memory objective count the head alone, not head + tail
     patches: bool = True  # offer patch-based execution
     harness: bool = True  # the harness firmware's kernels may be chosen (False: --builtin-kernels)
-    relaid_weights: bool = True  # ... and those whose weights are re-laid in flash, larger (fit_file turns
-    # this off where the written model would not fit the device's flash)
+    # ... and those whose weights are re-laid in flash, larger: True every op, False none, or the
+    # first-output names of the ops that may (fit_file narrows it where the written model would not
+    # fit the device's flash: fit/flash.py)
+    relaid_weights: bool | frozenset[str] = True
     allow_lossy: bool = False  # also offer the int8 partial-sum splits (requantized)
     pareto: bool = False  # also the arena/latency frontier
     probe_budgets: tuple[int, ...] = ()  # also the fastest selection within each of these (benchmarks)
@@ -48,8 +50,10 @@ class FitParams:
             raise UsageError(f"--runs must be at least 1, got {self.verify_runs}")
         if not isinstance(self.kernels, KernelSet):
             raise UsageError(f"kernels must be a KernelSet (resolved at the entry point), got {self.kernels!r}")
-        for name in ("int8_io", "input_outside_arena", "head_only", "patches", "harness", "relaid_weights", "allow_lossy",
-                     "pareto"):
+        r = self.relaid_weights
+        if not isinstance(r, (bool, frozenset)) or (isinstance(r, frozenset) and not all(isinstance(n, str) for n in r)):
+            raise UsageError(f"fit parameter relaid_weights must be True, False or a frozenset of op names, got {r!r}")
+        for name in ("int8_io", "input_outside_arena", "head_only", "patches", "harness", "allow_lossy", "pareto"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"fit parameter {name} must be True or False, got {getattr(self, name)!r}")
         object.__setattr__(self, "probe_budgets", tuple(self.probe_budgets))

@@ -39,7 +39,7 @@ from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.fully_connected import OPCODE as FC_OPCODE
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
                                                can_run_variant, flags, in_place_source, is_harness, kernel_name,
-                                               with_flag, variant_of, with_in_place, with_kernel)
+                                               relaid_allowed, with_flag, variant_of, with_in_place, with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
 from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
@@ -121,7 +121,7 @@ def as_is_variants(graph: Graph, spans: list[Span], device, sem: Semantics, dead
     return out
 
 
-def on_harness(graph: Graph, relaid: bool = True) -> tuple[Graph, list[str]]:
+def on_harness(graph: Graph, relaid: bool | frozenset[str] = True) -> tuple[Graph, list[str]]:
     """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
     convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
     kernels, their requantization in flash instead of the arena's tail; each on the harness's faster
@@ -129,10 +129,11 @@ def on_harness(graph: Graph, relaid: bool = True) -> tuple[Graph, list[str]]:
     it can run on TPUP_MEAN / TPUP_MUL (the same integers in a plain loop, no tail, no scratch).
     Nothing gets slower or larger in RAM. `relaid=False`: no kernel whose weights are re-laid in
     flash larger than the model's (TPUP_FULLY_CONNECTED, the variants with a constant of their
-    own), for a board whose flash cannot hold them."""
+    own), for a board whose flash cannot hold them; a set of names: only those ops
+    (`relaid_allowed`)."""
     g, folded = fold_pads(graph, harness=True)
     moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)
-             and (relaid or g.ops[i].opcode != FC_OPCODE)]
+             and (g.ops[i].opcode != FC_OPCODE or relaid_allowed(g, i, relaid))]
     g = with_kernel(g, moved, kernel_name())
     for i in range(len(g.ops)):
         flag = winning_variant(g, i, relaid)
@@ -160,7 +161,7 @@ def _listed(items: list[str]) -> str:
 def rewrite_variants(graph: Graph, spans: list[Span], as_is: list[Variant], device,
                      sem: Semantics,
                      allow_lossy: bool = False, model=None, deadline: Deadline | None = None,
-                     harness: bool = False, relaid: bool = True) -> list[Variant]:
+                     harness: bool = False, relaid: bool | frozenset[str] = True) -> list[Variant]:
     """A `rewrite` variant for each run of one or two spans (a concat is often a cut, with the op it
     feeds in the next span) where the identity rewrites lower the run's optimal peak. Runs are tried
     from the highest peak down while the deadline lasts; runs no rewrite matches cost nothing. The

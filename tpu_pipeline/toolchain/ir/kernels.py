@@ -216,18 +216,29 @@ def variant_of(op: Op):
     return next((found[f] for f in flags(op) if f in found), None)
 
 
-def winning_variant(graph: Graph, i: int, relaid: bool = True) -> str | None:
+def winning_variant(graph: Graph, i: int, relaid: bool | frozenset[str] = True) -> str | None:
     """The flag of the first registered variant a harness op on the kernel set's paths goes on
     wherever it may: it can run it, and QEMU measured it faster there (`wins`). A variant needs no
     buffer; one with a constant input of its own (packed, window: weights re-laid in flash, larger
-    than the model's) adds that tensor's entry to TFLite Micro's tail (16 bytes). `relaid=False`:
-    none of those (a board whose flash cannot hold the re-laid weights)."""
+    than the model's) adds that tensor's entry to TFLite Micro's tail (16 bytes). Those only where
+    `relaid_allowed` (a board whose flash cannot hold every op's re-laid weights)."""
     op = graph.ops[i]
     if not is_harness(op) or op.opcode in MEAN_MUL or variant_of(op) is not None:
         return None
+    ok = relaid_allowed(graph, i, relaid)
     return next((f for f, v in kernel_variants.registered().items()
-                 if (relaid or v.constant_input is None) and can_run_variant(graph, i, f) and v.wins(graph, i)),
+                 if (ok or v.constant_input is None) and can_run_variant(graph, i, f) and v.wins(graph, i)),
                 None)
+
+
+def relaid_allowed(graph: Graph, i: int, relaid: bool | frozenset[str]) -> bool:
+    """Whether op i may run a kernel on weights re-laid in flash: `relaid` True (every op), False
+    (none), or the first-output names of the ops that may (fit/flash.py chooses them where the
+    board's flash holds only some; names, as they survive the rewrites fit splices in)."""
+    if isinstance(relaid, bool):
+        return relaid
+    outputs = graph.ops[i].outputs
+    return bool(outputs) and outputs[0] >= 0 and graph.tensors[outputs[0]].name in relaid
 
 
 def can_run_direct(graph: Graph, i: int) -> bool:
