@@ -107,7 +107,7 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     if p.budget is None and device is None and p.objective == "latency":
         raise UsageError("fit needs --budget BYTES or --device NAME (or --objective memory)")
     model, graph, source, notes = _prepared(path, p)
-    fit_budget, budget_from, avail, reserve, head_only = p.budget, "--budget", None, None, p.head_only
+    fit_budget, budget_from, avail, reserve, head_only, room = p.budget, "--budget", None, None, p.head_only, None
     if device is not None and p.budget is None:
         sram, reserve = device_reserve(device)
         avail, budget_from = sram - reserve, device.label
@@ -117,7 +117,10 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         whole = arena_budget(banks, reserve, first_tail, apart, ext)
         fit_budget = whole if not p.head_only else whole - first_tail
         room = split_head_room(banks, reserve, first_tail, apart, ext)
-        if room is not None:  # only a split holds that much: the head is bound by its bank, the tail goes apart
+        # only a split holds that much: the head is bound by its bank, the tail goes apart. The memory
+        # objective still counts head + tail, the least RAM (a head tied with another took the larger
+        # tail for speed), unless that arena's head fits no bank: then it asks again, head alone
+        if room is not None and (p.objective != "memory" or p.head_only):
             fit_budget, head_only = room, True
     pricing = device if device is not None else load_device(DEFAULT_COST_DEVICE)
     deadline = Deadline(p.time_limit)
@@ -136,6 +139,8 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
     if reserve is not None:
         ext = outside_input_bytes(result.graph)
         placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels), ext)
+        if placement is None and room is not None and not head_only:  # (the memory objective, above)
+            return fit_file(path, replace(p, head_only=True), progress)
         if placement is None:
             result = replace(result, fits=False)
             where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
