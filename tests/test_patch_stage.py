@@ -5,6 +5,8 @@ Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import numpy as np
 import pytest
@@ -429,3 +431,95 @@ def test_a_streamed_stage_is_never_priced_below_its_layers_run_whole():
             staged = build_stage(g, tin, tout, positions, grid, stream=True)
             (op,) = [o for o in staged.ops if stage.is_stage(o)]
             assert stage_instructions(op, fitted_table()[kernels.cost_key]) >= layers * (1 - 1e-9), (kernels.name, grid)
+
+
+# ---- pointwise16 and dw3 inside stages ----------------------------------------------------------------
+def _winning(g, stride2: bool = False):
+    """`g` with every convolution on the variant that wins for it, as fit's fastest point has it
+    (packed, pointwise16, dw3); `stride2`: the stride-2 depthwise forced onto dw3 too."""
+    from tpu_pipeline.toolchain.ir.kernels import winning_variant, with_flag
+
+    for i in range(len(g.ops)):
+        flag = winning_variant(g, i)
+        if flag:
+            g = with_flag(g, [i], flag)
+    s2 = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D" and op.options.stride_h == 2]
+    return with_kernel(g, s2, kernel_name("dw3")) if stride2 else g
+
+
+def _lean(g):
+    """`g` with the same layers on the kernels stages ran before (pointwise, the kernel set's depthwise)."""
+    pw16 = [i for i, op in enumerate(g.ops) if "pointwise16" in op.kernel]
+    dw3 = [i for i, op in enumerate(g.ops) if "dw3" in op.kernel]
+    return with_kernel(with_kernel(g, pw16, kernel_name("pointwise")), dw3, kernel_name())
+
+
+STAGE_FORMS = (((3, 2), False), ((3, 1), True), ((3, 3), True))
+
+
+def _layer_kernels(staged) -> list[str]:
+    body = next(o for o in staged.ops if stage.is_stage(o)).options.body
+    return [layer.kernel for layer in body.ops if layer.opcode != "ADD"]
+
+
+def test_stages_keep_pointwise16_everywhere_and_dw3_on_stripes():
+    """Every stage form runs the 1x1 layers on pointwise16 (layer word 21 naming their re-laid
+    weights, input 4); streamed row stripes run the 3x3 depthwise layers on dw3 (stride 1 and 2),
+    the forms whose depthwise layers go through rings on the kernel set's; the file reads back as
+    built; a flags word with a bit no stage kernel reads is refused."""
+    from tpu_pipeline.toolchain.errors import ModelError
+    from tpu_pipeline.toolchain.ir.kernel_variants.pointwise16 import relaid_weights
+
+    g, src = _mbv2_like()
+    g = _winning(g, stride2=True)
+    tin, tout, positions = checked_region(g, _region(g))
+    for grid, stream in STAGE_FORMS:
+        staged = build_stage(g, tin, tout, positions, grid, stream=stream)
+        dw = "tpup+dw3" if grid[1] == 1 else "tpup"
+        assert _layer_kernels(staged) == ["tpup+packed", "tpup+pointwise16", dw, "tpup+pointwise16",
+                                          "tpup+pointwise16", dw, "tpup+pointwise16"], (grid, stream)
+        (op,) = [o for o in staged.ops if stage.is_stage(o)]
+        body = op.options.body
+        for k, layer in enumerate(body.ops):
+            if layer.kernel == "tpup+pointwise16":
+                assert op.options.layer_words[k * stage.LAYER_WORDS + 21] == layer.inputs[4]
+                assert np.array_equal(body.tensors[layer.inputs[4]].values(), relaid_weights(body, layer))
+        data = _write(staged, src)
+        (read,) = [o for o in from_model(read_model(data)).ops if stage.is_stage(o)]
+        assert stage.encode(read.options) == stage.encode(op.options)
+        assert [layer.kernel for layer in read.options.body.ops] == [layer.kernel for layer in body.ops]
+    words = list(op.options.layer_words)
+    words[4] |= 0x400  # (window: not a kernel stages run)
+    bad = stage.encode(dataclasses.replace(op.options, layer_words=tuple(words)))
+    with pytest.raises(ModelError, match="flags"):
+        stage.decode(bad, op.inputs, staged.tensors, "op")
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stages_with_pointwise16_and_dw3_run_in_qemu_bit_identical_and_faster(tmp_path, kernels_set):
+    """Recomputing, stripe-streamed and 2-D streamed stages whose 1x1 layers run pointwise16 (and,
+    on stripes, 3x3 depthwise layers dw3): outputs equal the host's TFLite Micro's, the arena is
+    the predicted one, and the stage takes fewer instructions than the same stage on pointwise and
+    the kernel set's depthwise (so the kernels really ran: a firmware that drops their flags, or
+    reads no re-laid weights, computes the same outputs more slowly). Stripes with the stride-2
+    depthwise on dw3 too: bit-identical."""
+    g, src = _mbv2_like()
+    tin, tout, positions = checked_region(g, _region(g))
+    for k, (grid, stream) in enumerate(STAGE_FORMS):
+        counts = []
+        for name, graph in (("fast", _winning(g)), ("lean", _lean(_winning(g)))):
+            staged = build_stage(graph, tin, tout, positions, grid, stream=stream)
+            path = tmp_path / f"{name}_{k}.tflite"
+            path.write_bytes(_write(staged, src))
+            r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+            predicted = exported_arena(r)
+            assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+            counts.append(next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE))
+        assert counts[0] < counts[1], (grid, stream, counts)
+    staged = build_stage(_winning(g, stride2=True), tin, tout, positions, (3, 1), stream=True)
+    assert _layer_kernels(staged).count("tpup+dw3") == 2
+    path = tmp_path / "stride2.tflite"
+    path.write_bytes(_write(staged, src))
+    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)

@@ -21,8 +21,10 @@ Custom options on disk, little-endian int32 words:
     tensors  per body tensor: [constant (0/1), op input index (constants) or -1, H, W, C,
              zero point, scale (float32 bits)]
     layers   per layer, LAYER_WORDS: [kind (1 conv, 2 depthwise, 3 add), in0, in1, out, then
-             the firmware's parameters (see `_layer_words`; word 21: the body tensor of the
-             constant a variant reads of its own, packed's weights, read only with its flag),
+             the firmware's parameters (see `_layer_words`; word 4: the flags, direct and the
+             variants a stage runs with their derived bits, any other bit refused; word 21: the
+             body tensor of the constant a variant reads of its own, packed's or pointwise16's
+             re-laid weights, read only with its flag),
              then the IR's: activation, padding mode, pad top, pad left, version]
     program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
              COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernel_variants
+from tpu_pipeline.toolchain.ir import kernel_variants, kernels
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
@@ -158,12 +160,23 @@ def _layer_op(words, tensors, where: str) -> Op:
                                          fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
     # a variant the stage runs, from its bit (rewrite/patch_stage.py _stage_flag_bits; the memory flags are not kept)
     run = [v for v in kernel_variants.REGISTRY if v.in_stages and words[4] & v.bit]
+    if words[4] & ~_layer_bits(run):  # (as tpup_stage.cc refuses it: a bit no stage kernel reads, or a proof without its kernel)
+        raise ModelError(f"{where}: {OPCODE} layer {list(words)} carries kernel flags a stage does not run")
     kernel = "+".join(["tpup", *(v.flag for v in run)])
     if any(v.constant_input is not None for v in run):  # its own constant: word 21
         if not 0 <= words[21] < len(tensors) or not tensors[words[21]].is_constant:
             raise ModelError(f"{where}: {OPCODE} layer {list(words)} names no constant of its kernel")
         consts += (words[21],)
     return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel=kernel)
+
+
+def _layer_bits(run) -> int:
+    """The bits a conv layer's flags word may carry with the variants `run` set: direct, their own
+    and what they derive (harness/tpup_stage.cc kLayerFlags)."""
+    bits = kernels.flag_bits()[kernels.DIRECT]
+    for v in run:
+        bits |= v.bit | v.derived_mask
+    return bits
 
 
 def _float_bits(x: float) -> int:

@@ -31,10 +31,13 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
+from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
-                                             PatchStage, ACTIVATION_CODE, PADDING_CODE)
+                                             STEP_WORDS, PatchStage, ACTIVATION_CODE, PADDING_CODE)
 from tpu_pipeline.toolchain.rewrite.stage_stream2d import stream2d_program
 from tpu_pipeline.toolchain.rewrite.stage_tiles import TileBuffers, aligned, overlap_extent
+
+DW3 = depthwise3x3.VARIANT.flag
 
 
 def stage_refusal(graph: Graph, positions) -> str | None:
@@ -71,16 +74,16 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    graph = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
+    staged = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
+    program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream)
+    misfits = _dw3_misfits(staged, positions, program)
+    if misfits:  # (dw3's stack buffer does not hold some tile's call: those layers on their twins)
+        staged = stage_layers(graph, positions, stripes=stream and grid[1] == 1, without={DW3: misfits})
+        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream)
+    graph = staged
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    if not stream:
-        program, scratch = _program(graph, region, tin, tout, grid, in_place)
-    elif grid[1] == 1:
-        program, scratch = _stream_program(graph, region, tin, tout, grid[0])
-    else:
-        program, scratch = stream2d_program(graph, region, tin, tout, grid, in_place)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -94,23 +97,63 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
+def _stage_program(graph: Graph, positions, tin: int, tout: int, grid, in_place: bool, stream: bool):
+    region = [graph.ops[i] for i in positions]
+    if not stream:
+        return _program(graph, region, tin, tout, grid, in_place)
+    if grid[1] == 1:
+        return _stream_program(graph, region, tin, tout, grid[0])
+    return stream2d_program(graph, region, tin, tout, grid, in_place)
+
+
+
+def _dw3_misfits(graph: Graph, positions, program) -> frozenset[int]:
+    """The positions of dw3 layers some CONV step of `program` calls on a box whose int16 buffer
+    the kernel's stack does not hold (nor, through a ring, a one-row band of it; tpup_stage.cc
+    Dw3Fits refuses such a call)."""
+    bad, at = set(), 0
+    while at < len(program):
+        step = program[at:at + STEP_WORDS[program[at]]]
+        at += len(step)
+        if step[0] != CONV or DW3 not in kernels.flags(graph.ops[positions[step[1]]]):
+            continue
+        o = graph.ops[positions[step[1]]].options
+        in_h, in_w, top, left, out_h, out_w = step[3], step[4], step[5], step[6], step[8], step[9]
+        calls = [(in_h, out_h)] + ([(min(in_h, 3), 1)] if step[11] > 0 else [])
+        if not all(_dw3_holds(o, h, in_w, top, left, rows, out_w) for h, rows in calls):
+            bad.add(positions[step[1]])
+    return frozenset(bad)
+
+
+def _dw3_holds(o, in_h: int, in_w: int, top: int, left: int, out_h: int, out_w: int) -> bool:
+    """tpup_depthwise3x3.cc ChoosePlan finds a buffer that fits, in either orientation."""
+    plain = depthwise3x3.buffer_shape(o.stride_h, o.stride_w, out_h, out_w, left, in_w)
+    turned = depthwise3x3.buffer_shape(o.stride_w, o.stride_h, out_w, out_h, top, in_h)
+    return depthwise3x3.buffer_fits(plain) or depthwise3x3.buffer_fits(turned)
+
+
 # Variants a stage runs on streamed row stripes only, whose calls never go through a ring (the
-# stripes' buffers are planned apart): the fast depthwise kernel's per-call set-up made a call per
-# row slower than CMSIS-NN's depthwise (QEMU, TinyEngine's vww: 11454fd reverted it everywhere).
-STRIPES_ONLY = frozenset({"fast"})
+# stripes' buffers are planned apart); elsewhere a stage's depthwise layer is written over its
+# dying input, a call per output row through a ring, and their per-call set-up made those calls
+# slower than CMSIS-NN's depthwise (QEMU: TinyEngine's vww, the fast kernel, 11454fd; dw3, which
+# widens three input rows per output row there, on tests/test_patch_stage.py's block: +12 % in a
+# recomputing 3x2 stage, +33 % in a 2-D streamed 3x3 one, -10 % on 3 stripes).
+STRIPES_ONLY = frozenset({"fast", DW3})
 
 
-def stage_layers(graph: Graph, positions, stripes: bool = False) -> Graph:
+def stage_layers(graph: Graph, positions, stripes: bool = False, without: dict | None = None) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
     (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`): a
     layer whose variant stages do not run goes on the first one they do that runs it and wins
-    there (pointwise16's layers on pointwise), else on the kernel set's paths."""
+    there (pointwise16's layers on pointwise), else on the kernel set's paths. `without`: flag ->
+    positions where the stage does not run it either (dw3 where a tile's call overflows its buffer)."""
     variants = kernel_variants.registered()
-    drop = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
+    common = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
     for i in positions:
         op = graph.ops[i]
+        drop = common | {f for f, where in (without or {}).items() if i in where}
         if op.opcode != "ADD":
             dropped = kernels.flags(op) & drop - {kernels.OVERLAP}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
