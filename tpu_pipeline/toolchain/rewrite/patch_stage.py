@@ -74,12 +74,18 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    staged = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
+    stripes = stream and grid[1] == 1
+    staged = stage_layers(graph, positions, stripes=stripes)
     program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream)
+    apart = frozenset() if stripes or not in_place else _apart(graph, staged, positions, (tin, tout, grid, stream), scratch)
+    if apart:  # (layers that keep their STRIPES_ONLY kernel: no ring, the same scratch)
+        staged = stage_layers(graph, positions, stripes, keep=frozenset(positions[k] for k in apart))
+        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream, apart)
     misfits = _dw3_misfits(staged, positions, program)
     if misfits:  # (dw3's stack buffer does not hold some tile's call: those layers on their twins)
-        staged = stage_layers(graph, positions, stripes=stream and grid[1] == 1, without={DW3: misfits})
-        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream)
+        staged = stage_layers(graph, positions, stripes, without={DW3: misfits},
+                              keep=frozenset(positions[k] for k in apart))
+        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream, apart)
     graph = staged
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
@@ -97,13 +103,30 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
-def _stage_program(graph: Graph, positions, tin: int, tout: int, grid, in_place: bool, stream: bool):
+def _stage_program(graph: Graph, positions, tin: int, tout: int, grid, in_place: bool, stream: bool,
+                   apart: frozenset[int] = frozenset()):
     region = [graph.ops[i] for i in positions]
     if not stream:
-        return _program(graph, region, tin, tout, grid, in_place)
+        return _program(graph, region, tin, tout, grid, in_place, apart)
     if grid[1] == 1:
         return _stream_program(graph, region, tin, tout, grid[0])
-    return stream2d_program(graph, region, tin, tout, grid, in_place)
+    return stream2d_program(graph, region, tin, tout, grid, in_place, apart)
+
+
+def _apart(graph: Graph, staged: Graph, positions, where, scratch: int) -> frozenset[int]:
+    """The layers (by position in the region) whose STRIPES_ONLY kernel the stage dropped (it
+    runs them in place, through rings) and which, run apart from their input instead, leave the
+    stage's scratch as it is (rings are only needed at a tile's largest step): those then keep
+    their kernel. `where`: (tin, tout, grid, stream)."""
+    tin, tout, grid, stream = where
+    apart: frozenset[int] = frozenset()
+    for k, i in enumerate(positions):
+        if not kernels.flags(graph.ops[i]) & STRIPES_ONLY or kernels.flags(staged.ops[i]) & STRIPES_ONLY:
+            continue
+        trial = apart | {k}
+        if _stage_program(staged, positions, tin, tout, grid, True, stream, trial)[1] <= scratch:
+            apart = trial
+    return apart
 
 
 
@@ -141,19 +164,22 @@ def _dw3_holds(o, in_h: int, in_w: int, top: int, left: int, out_h: int, out_w: 
 STRIPES_ONLY = frozenset({"fast", DW3})
 
 
-def stage_layers(graph: Graph, positions, stripes: bool = False, without: dict | None = None) -> Graph:
+def stage_layers(graph: Graph, positions, stripes: bool = False, without: dict | None = None,
+                 keep: frozenset[int] = frozenset()) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
     (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`): a
     layer whose variant stages do not run goes on the first one they do that runs it and wins
     there (pointwise16's layers on pointwise), else on the kernel set's paths. `without`: flag ->
-    positions where the stage does not run it either (dw3 where a tile's call overflows its buffer)."""
+    positions where the stage does not run it either (dw3 where a tile's call overflows its buffer);
+    `keep`: positions whose layers keep STRIPES_ONLY's kernels in any stage (never through a ring)."""
     variants = kernel_variants.registered()
-    common = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
+    common = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages)}
     for i in positions:
         op = graph.ops[i]
-        drop = common | {f for f, where in (without or {}).items() if i in where}
+        drop = common | {f for f, where in (without or {}).items() if i in where} \
+            | (set() if stripes or i in keep else set(STRIPES_ONLY))
         if op.opcode != "ADD":
             dropped = kernels.flags(op) & drop - {kernels.OVERLAP}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
@@ -241,10 +267,11 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
     return words
 
 
-def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool) -> tuple[list[int], int]:
+def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool,
+             apart: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need.
     A tile whose buffers written over each other plan larger (rigid groups pack worse) runs
-    them apart."""
+    them apart; layers `apart` (by position) are never written over their input."""
     oh, ow = hw(graph, tout)
     program, scratch = [], 0
     for h0, h1 in splits(oh, grid[0]):
@@ -252,13 +279,14 @@ def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place
             box = (h0, h1, w0, w1)
             steps, size = _tile(graph, region, tin, tout, box, False)
             if in_place:
-                steps, size = min((_tile(graph, region, tin, tout, box, True), (steps, size)), key=lambda t: t[1])
+                steps, size = min((_tile(graph, region, tin, tout, box, True, apart), (steps, size)), key=lambda t: t[1])
             program += steps
             scratch = max(scratch, size)
     return program, scratch
 
 
-def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool) -> tuple[list[int], int]:
+def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool,
+          apart: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     need = region_needs(graph, region, tout, box)
     if need is None:
         raise UsageError(f"patch stage: a tile of '{graph.tensors[tout].name}' reads nothing of one of the "
@@ -311,7 +339,7 @@ def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_plac
         extent, rows = overlap_extent(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
         ring_bytes = rows * (obox[3] - obox[2]) * channels[y]
         x_bytes, y_bytes = aligned(nbytes(real, x)), aligned(nbytes(obox, y))
-        if src_dies and kernels.is_harness(op) and extent + aligned(ring_bytes) < x_bytes + y_bytes:
+        if src_dies and k not in apart and kernels.is_harness(op) and extent + aligned(ring_bytes) < x_bytes + y_bytes:
             out = bufs.over(src, 0, y_bytes, 0, len(steps))
             ring = bufs.new(ring_bytes, len(steps))
         else:
