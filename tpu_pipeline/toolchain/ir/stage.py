@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError
-from tpu_pipeline.toolchain.ir import kernel_variants, kernels
+from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
@@ -69,6 +69,7 @@ _TENSOR_WORDS = 7
 # a layer record's codes for its fused activation and its padding
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 PADDING_CODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
+DIRECT_BIT = 1  # the direct kernel's bit (harness/tpup_conv.h kFlagDirect; ir/kernels.py imports this module)
 BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "ADD": 0}
 
 
@@ -173,7 +174,7 @@ def _layer_op(words, tensors, where: str) -> Op:
 def _layer_bits(run) -> int:
     """The bits a conv layer's flags word may carry with the variants `run` set: direct, their own
     and what they derive (harness/tpup_stage.cc kLayerFlags)."""
-    bits = kernels.flag_bits()[kernels.DIRECT]
+    bits = DIRECT_BIT
     for v in run:
         bits |= v.bit | v.derived_mask
     return bits
