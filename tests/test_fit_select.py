@@ -146,6 +146,28 @@ def test_whole_arena_selection_matches_brute_force(seed):
     assert chain_select(variants, n, budget=smallest - 1, tail_fixed=fixed) is None
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_select_given_the_chain_dps_pick_answers_as_cpsat_alone(seed):
+    """fit's pool hands `select` the chain DP's pick (`known`) in place of CP-SAT's first level:
+    the selection is then the very one CP-SAT's two levels give (same variants, same figures),
+    for both objectives, under budgets and latency bounds, head alone or whole arena."""
+    rng = random.Random(900 + seed)
+    n = rng.randrange(2, 6)
+    variants = [dataclasses.replace(v, tail=rng.randrange(0, 400)) for v in _random_variants(rng, n)]
+    cover = list(_coverings(variants, n))
+    for fixed in (None, rng.randrange(0, 300)):
+        arenas = sorted({max(v.peak for v in c) + (sum(v.tail for v in c) + fixed if fixed is not None else 0)
+                         for c in cover})
+        bound = min(_ns(c) for c in cover) / 1e9 * 1.3
+        asks = [dict(budget=b) for b in arenas[:4]] + [dict(objective="memory"),
+                                                       dict(objective="memory", latency_bound=bound)]
+        for ask in asks:
+            pick = chain_select(variants, n, tail_fixed=fixed, **ask)
+            alone = select(variants, n, tail_fixed=fixed, **ask)
+            given = select(variants, n, tail_fixed=fixed, known=pick, **ask)
+            assert given == alone
+
+
 def test_a_new_fit_stage_is_one_module_plus_one_registration():
     """docs/architecture.md's worked example: a stage that keeps only coarse patch grids, put in
     the stage list after `patches`, runs on the pass driver, and a stage that breaks the graph is

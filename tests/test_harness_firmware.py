@@ -17,7 +17,7 @@ import pytest
 
 from helpers.cnn_builder import CnnBuilder
 from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, exported_model, needs_arm, needs_qemu, tree_or_skip
-from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set, load_device
+from tpu_pipeline.toolchain.device import REFERENCE, kernel_set, load_device
 from tpu_pipeline.toolchain.export_mcu import export_mcu
 from tpu_pipeline.toolchain.ir import from_model, kernels, overlap
 from tpu_pipeline.toolchain.ir.convert import to_model

@@ -5,20 +5,19 @@ requantisation computed as TFLite Micro's FullyConnected computes it (not the co
 options and constant through the file, no tail and no scratch; on the emulated board (both kernel
 sets) bit-identical to the host's TFLite Micro on layers with odd sizes (rows and inputs left over
 from the groups of four), relu / relu6 / none, no bias, per-channel weights, batches, a cheap
-requantisation refused, and on MLPerf Tiny's anomaly-detection model when its checkout is here."""
+requantisation refused, and on MLPerf Tiny's anomaly-detection model when TPUP_MLPERF_DIR holds it."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import (graph_in_qemu, mlperf_on_harness, model_for_qemu, needs_arm, needs_mlperf, needs_qemu,
+                              qemu_run_as_planned, written)
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.execute.compare import verify_models
@@ -33,7 +32,6 @@ from tpu_pipeline.toolchain.memory.tflm_target import target_tail
 from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 BOARD = load_device("qemu-mps2-an386")
-MLPERF = Path(os.environ.get("TPUP_MLPERF_TINY", "/nonexistent"))
 
 
 def _with_bias(b: CnnBuilder, op_pos: int, values) -> None:
@@ -185,38 +183,27 @@ def test_no_tail_and_no_scratch():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
     b, outs, g = _graph()
-    h, _ = on_harness(g)
-    path = tmp_path_factory.mktemp("fc") / "fc.tflite"
-    path.write_bytes(model_to_bytes(to_model(h, read_model(b.model_bytes(outs)))))
-    return path
+    return model_for_qemu(tmp_path_factory, "fc", written(on_harness(g)[0], b.model_bytes(outs)))
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_fully_connected_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
+    r = qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
     ran = {o["index"]: o["opcode"] for o in r.op_instructions}
     assert sum(code == "TPUP_FULLY_CONNECTED" for code in ran.values()) == 6
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
 @needs_arm
 @needs_qemu
-@pytest.mark.skipif(not (MLPERF / "ad01_int8.tflite").is_file(),
-                    reason="MLPerf Tiny's models not here (TPUP_MLPERF_TINY names the folder)")
+@needs_mlperf("ad01_int8")
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_mlperf_anomaly_detection_on_the_kernel_is_bit_identical_in_qemu(tmp_path, kernels_set):
-    src = read_model((MLPERF / "ad01_int8.tflite").read_bytes())
-    g, _ = on_harness(from_model(src))
+    g, src = mlperf_on_harness("ad01_int8")
     assert [op.kernel for op in g.ops] == ["tpup"] * 10
-    path = tmp_path / "ad01.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, src)))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+    graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)
 
 
 def test_fit_leaves_weights_as_they_are_where_the_board_s_flash_cannot_hold_them_re_laid(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, kernel_set
+from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE
 from tpu_pipeline.toolchain.errors import ModelError, UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import kernels

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import model_for_qemu, needs_arm, needs_qemu, qemu_run_as_planned, qemu_run_matching, written
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.ir import from_model, kernels
-from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes, to_model
+from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
 from tpu_pipeline.toolchain.ir.kernel_variants.packed import VARIANT, packed_pairs, packed_weights
 from tpu_pipeline.toolchain.ir.kernels import OVERLAP, can_run_variant, kernel_name, with_kernel
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import get_semantics
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
-from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+from tpu_pipeline.toolchain.tflite import read_model
 
 PACKED = VARIANT.flag
 
@@ -52,10 +52,6 @@ def _convs(seed=17):
     five_at = next(i for i in packed if g.tensors[g.ops[i].inputs[1]].shape[3] == 5)
     g = with_kernel(g, [five_at], kernel_name(OVERLAP, PACKED))  # over its input: rows through a ring
     return g, b.model_bytes(outs), packed
-
-
-def _written(g, src: bytes) -> bytes:
-    return model_to_bytes(to_model(g, read_model(src)))
 
 
 def test_what_the_packed_kernel_takes():
@@ -122,7 +118,7 @@ def test_no_buffer_the_flag_and_weights_survive_the_file_and_the_host_runs_the_b
     sem = get_semantics("tflm-cmsis-nn")
     assert all(scratch_requests(g, i, sem) == [] for i in packed if OVERLAP not in kernels.flags(g.ops[i]))
     assert scratch_requests(with_kernel(g, [packed[0]], kernel_name()), packed[0], sem)  # CMSIS-NN's im2col
-    data = _written(g, src)
+    data = written(g, src)
     back = from_model(read_model(data))
     assert [op.kernel for op in back.ops] == [op.kernel for op in g.ops]
     assert all(kernels.requant_tensor_ok(back, back.ops[i]) for i in packed)
@@ -137,22 +133,15 @@ def test_no_buffer_the_flag_and_weights_survive_the_file_and_the_host_runs_the_b
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
     g, src, _ = _convs()
-    path = tmp_path_factory.mktemp("packed") / "packed.tflite"
-    path.write_bytes(_written(g, src))
-    return path, g
+    return model_for_qemu(tmp_path_factory, "packed", written(g, src))
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_packed_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    path, g = model
-    r = qemu_run_matching(path, BOARD, kernels_set, iterations=3, seed=9)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
 
 
 def _requantize_like_a_first_layer(b, y):
@@ -185,7 +174,7 @@ def _first_layers(seed=31):
     g = with_kernel(g, packed, kernel_name(PACKED))
     ringed = next(i for i in packed if g.ops[i].outputs[0] == g.outputs[4])
     g = with_kernel(g, [ringed], kernel_name(OVERLAP, PACKED))
-    return g, _written(g, b.model_bytes(outs)), packed
+    return g, written(g, b.model_bytes(outs)), packed
 
 
 @needs_arm
@@ -228,7 +217,7 @@ def _requantizations(seed=23):
     convs = [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D"]
     g = with_kernel(g, convs, kernel_name())
     g = with_kernel(g, [convs[0], convs[2], convs[3]], kernel_name(PACKED))
-    return g, _written(g, b.model_bytes([mix, far]))
+    return g, written(g, b.model_bytes([mix, far]))
 
 
 @needs_arm

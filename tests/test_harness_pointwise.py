@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import (HAVE_ARM, HAVE_QEMU, exported_arena, graph_in_qemu, model_for_qemu, needs_arm, needs_qemu,
+                              qemu_run_as_planned, qemu_run_matching)
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
@@ -192,22 +193,15 @@ def test_the_model_on_the_harness_takes_the_pointwise_kernel_and_the_cost_model_
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
     b, out = _layers()
-    _, data = _on_pointwise(b, out)
-    path = tmp_path_factory.mktemp("pw") / "pw.tflite"
-    path.write_bytes(data)
-    return path
+    return model_for_qemu(tmp_path_factory, "pw", _on_pointwise(b, out)[1])
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_pointwise_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
 
 
 @needs_arm
@@ -221,9 +215,7 @@ def test_a_real_model_on_the_pointwise_kernel_is_bit_identical_in_qemu(tmp_path,
     relaid = [i for i, op in enumerate(g.ops) if "pointwise16" in kernels.flags(op)]  # (the pointwise kernel's here)
     g = with_kernel(g, relaid, kernel_name(POINTWISE))
     assert sum(POINTWISE in kernels.flags(op) for op in g.ops) == 8
-    path = tmp_path / "darts.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, src)))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+    graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)
 
 
 # ---- in patch stages ------------------------------------------------------------------------------

@@ -11,14 +11,13 @@ MLPerf Tiny's kws (TPUP_MLPERF_DIR)."""
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import (graph_in_qemu, mlperf_on_harness, model_for_qemu, needs_arm, needs_mlperf, needs_qemu,
+                              qemu_run_as_planned)
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.ir import from_model, kernels
 from tpu_pipeline.toolchain.ir.convert import to_model
@@ -33,7 +32,6 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 PW16 = "pointwise16"
 BOARD = load_device("qemu-mps2-an386")
-MLPERF = Path(os.environ.get("TPUP_MLPERF_DIR", "/nonexistent"))
 
 
 def _per_tensor(b: CnnBuilder, op_pos: int) -> None:
@@ -166,37 +164,25 @@ def test_no_buffer_its_flags_survive_the_file_and_fit_takes_it_first():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
     b, out = _layers()
-    _, data = _on_pw16(b, out)
-    path = tmp_path_factory.mktemp("pw16") / "pw16.tflite"
-    path.write_bytes(data)
-    return path
+    return model_for_qemu(tmp_path_factory, "pw16", _on_pw16(b, out)[1])
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_it_is_bit_identical_in_qemu(model, kernels_set):
-    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
 
 
 @needs_arm
 @needs_qemu
-@pytest.mark.skipif(not MLPERF.is_dir(), reason="set TPUP_MLPERF_DIR to a folder of MLPerf Tiny's int8 models")
+@needs_mlperf("kws_ref_model")
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_mlperf_kws_on_it_is_bit_identical_in_qemu(tmp_path, kernels_set):
-    from tpu_pipeline.toolchain.fit.variants import on_harness
-
-    src = read_model((MLPERF / "kws_ref_model.tflite").read_bytes())
-    g, _ = on_harness(from_model(src))
+    g, src = mlperf_on_harness("kws_ref_model")
     assert sum(PW16 in kernels.flags(op) for op in g.ops) == 4
-    path = tmp_path / "kws.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, src)))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+    graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)
 
 
 def test_a_patch_stage_runs_its_layers_on_pointwise16_and_a_dropped_one_on_its_twin():

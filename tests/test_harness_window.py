@@ -6,20 +6,19 @@ the host's TFLite Micro on layers of odd sizes (13 x 11, output channels left ov
 3x3 and 5x5 windows, strides 1 and 2, SAME, VALID and folded asymmetric padding, relu / relu6 /
 none, per-channel and per-tensor weights, a requantisation the cheap path is refused for, an output
 overlapped over its input (rows through a ring), and on
-MLPerf Tiny's ResNet-8 when its checkout is here (TPUP_MLPERF_TINY)."""
+MLPerf Tiny's ResNet-8 when its checkout is here (TPUP_MLPERF_DIR)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import (graph_in_qemu, mlperf_on_harness, model_for_qemu, needs_arm, needs_mlperf, needs_qemu,
+                              qemu_run_as_planned)
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.execute.compare import verify_models
 from tpu_pipeline.toolchain.fit.variants import on_harness
@@ -33,7 +32,6 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 BOARD = load_device("qemu-mps2-an386")
 WINDOW = window.VARIANT.flag
-MLPERF = Path(os.environ.get("TPUP_MLPERF_TINY", "/nonexistent"))
 
 
 def _with_bias(b: CnnBuilder, op_pos: int, values) -> None:
@@ -136,33 +134,22 @@ def test_no_buffer_and_its_flags_and_constant_survive_the_file():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
     b, outs = _layers()
-    _, data = _on_window(b, outs)
-    path = tmp_path_factory.mktemp("window") / "window.tflite"
-    path.write_bytes(data)
-    return path
+    return model_for_qemu(tmp_path_factory, "window", _on_window(b, outs)[1])
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_window_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
 
 
 @needs_arm
 @needs_qemu
-@pytest.mark.skipif(not (MLPERF / "pretrainedResnet_quant.tflite").is_file(),
-                    reason="MLPerf Tiny's models not here (TPUP_MLPERF_TINY names the folder)")
+@needs_mlperf("pretrainedResnet_quant")
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_mlperf_resnet8_on_the_window_kernel_is_bit_identical_in_qemu(tmp_path, kernels_set):
-    src = read_model((MLPERF / "pretrainedResnet_quant.tflite").read_bytes())
-    g, _ = on_harness(from_model(src))
+    g, src = mlperf_on_harness("pretrainedResnet_quant")
     assert sum(WINDOW in kernels.flags(op) for op in g.ops) == 6
-    path = tmp_path / "resnet8.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, src)))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+    graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)

@@ -154,3 +154,24 @@ def test_target_tail_names_an_op_it_does_not_model():
     assert target_tail(s16, REFERENCE).bytes is not None
     with pytest.raises(UsageError, match="kernel set"):
         target_tail(graph, "arm-nn")
+
+
+def test_arena_measured_in_a_forked_child_as_in_a_new_process(monkeypatch):
+    """measure_tflm_arena reads TFLite Micro's report in a forked child (no interpreter start-up):
+    the figures and a refusal's words are those a new Python process gives; a forked child that
+    dies falls back to the new process, whose figures then stand."""
+    import os
+    import signal
+
+    from tpu_pipeline.toolchain.errors import ModelError
+    from tpu_pipeline.toolchain.execute import tflm_arena
+
+    forked = measure_tflm_arena(MODELS[0])
+    refused = MODELS[0].parent / "thirdparty" / "planestrike_tf_agents.tflite"
+    with pytest.raises(ModelError) as forked_refusal:
+        measure_tflm_arena(refused)
+    monkeypatch.setattr(tflm_arena, "_captured", lambda *a: os.kill(os.getpid(), signal.SIGKILL))
+    assert measure_tflm_arena(MODELS[0]) == forked  # (the child died: the new process answered)
+    with pytest.raises(ModelError) as new_refusal:
+        measure_tflm_arena(refused)
+    assert str(new_refusal.value) == str(forked_refusal.value)

@@ -268,7 +268,7 @@ def test_a_new_lower_bound_is_one_registration(monkeypatch):
     model = build_model(graph)
     assert dict(s.bounds)["largest tensor"] == model.const_all + max(model.size) > 0
     assert s.to_json()["bounds"]["largest tensor"] == dict(s.bounds)["largest tensor"]
-    assert s.proven_optimal and set(dict(s.bounds)) == {"static", "min-cut", "largest tensor"}
+    assert s.proven_optimal and set(dict(s.bounds)) == {"static", "min-cut", "last-use", "largest tensor"}
 
 
 def test_a_new_stage_is_one_registration(monkeypatch):

@@ -221,8 +221,13 @@ def test_litert_int8_svdf_with_int8_state_is_refused_before_it_runs():
     with pytest.raises(RuntimeCrash, match=r"^LiteRT would crash \(its int8 SVDF kernel reads op 1's int8 time "
                                            r"weights and state as int16"):
         run_positional(it, x)
+    with pytest.raises(RuntimeCrash):  # asked again: still refused (only a safe interpreter is remembered)
+        run_positional(it, x)
     ok = new_interpreter((FIX / "chain_int8.tflite").read_bytes())  # no SVDF: runs
     assert run_positional(ok, seeded_inputs(ok.get_input_details(), 0))
+    asked = []
+    ok._get_op_details = lambda index: asked.append(index)  # found safe once: its ops are not read again
+    assert run_positional(ok, seeded_inputs(ok.get_input_details(), 1)) and asked == []
 
 
 def test_compile_matches_unnamed_tensors_of_the_input(tmp_path):

@@ -179,7 +179,7 @@ def measure(args) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tinyengine", default=os.environ.get("TINYENGINE_DIR", ROOT.parent / "peers" / "tinyengine"))
-    ap.add_argument("--mlperf", default=os.environ.get("MLPERF_TINY_DIR", ROOT.parent / "peers" / "mlperf-tiny"))
+    ap.add_argument("--mlperf", default=os.environ.get("TPUP_MLPERF_DIR", ROOT.parent / "peers" / "mlperf-tiny"))
     ap.add_argument("--models", default=str(ROOT / "models"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--max-ops", type=int, default=300)

@@ -6,7 +6,7 @@
 
 DIR is a checkout of mit-han-lab/tinyengine with its CMSIS submodule (TinyEngine/third_party/CMSIS,
 CMSIS_5 at the commit TinyEngine pins); default $TINYENGINE_DIR, else ../peers/tinyengine beside
-this checkout. `--mlperf DIR` (default $MLPERF_TINY_DIR, else ../peers/mlperf-tiny) holds MLPerf
+this checkout. `--mlperf DIR` (default $TPUP_MLPERF_DIR, else ../peers/mlperf-tiny) holds MLPerf
 Tiny's four int8 models (kws_ref_model, vww_96_int8, pretrainedResnet_quant, ad01_int8 from
 mlcommons/tiny benchmark/training/*/trained_models).
 
@@ -510,7 +510,7 @@ def main() -> int:
         write_page(json.loads(OUT.with_suffix(".json").read_text()))
         return 0
     te = find_tinyengine(args.tinyengine)
-    mlperf = Path(args.mlperf or os.environ.get("MLPERF_TINY_DIR") or REPO.parent / "peers" / "mlperf-tiny")
+    mlperf = Path(args.mlperf or os.environ.get("TPUP_MLPERF_DIR") or REPO.parent / "peers" / "mlperf-tiny")
     if te is None:
         print("TinyEngine not found: pass --tinyengine DIR or set TINYENGINE_DIR; the section is left as it is",
               file=sys.stderr)

@@ -162,8 +162,8 @@ class Printer:
     def json(self, data: Any) -> None:
         from tpu_pipeline.toolchain.report import json_default
 
-        json.dump(data, self._out, indent=2, default=json_default)
-        self._out.write("\n")
+        # one write: json.dump with an indent writes every token apart (200,000 writes for a frontier)
+        self._out.write(json.dumps(data, indent=2, default=json_default) + "\n")
 
     def _write(self, text: str) -> None:
         self._out.write(text + "\n")

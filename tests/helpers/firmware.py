@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,31 @@ needs_arm = pytest.mark.skipif(not HAVE_ARM, reason="ARM toolchain not installed
                                "libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib; .ci/run does)")
 needs_qemu = pytest.mark.skipif(not HAVE_QEMU, reason="qemu-system-arm not installed (apt-get install "
                                 "qemu-system-arm; .ci/run does)")
+MLPERF = Path(os.environ.get("TPUP_MLPERF_DIR", "/nonexistent"))  # MLPerf Tiny's int8 models (not committed)
+
+
+def needs_mlperf(name: str):
+    """Skip unless TPUP_MLPERF_DIR holds MLPerf Tiny's `name`.tflite."""
+    return pytest.mark.skipif(not (MLPERF / f"{name}.tflite").is_file(),
+                              reason=f"set TPUP_MLPERF_DIR to a folder of MLPerf Tiny's int8 models ({name}.tflite)")
+
+
+def written(graph, template: bytes) -> bytes:
+    """`graph` as a .tflite file, its buffers and metadata from the model `template`."""
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    return model_to_bytes(to_model(graph, read_model(template) if isinstance(template, bytes) else template))
+
+
+def model_for_qemu(tmp_path_factory, name: str, data: bytes) -> Path:
+    """`data` written as NAME.tflite for a module's QEMU tests (a module fixture's body); skips
+    without the ARM toolchain or QEMU, before anything is built."""
+    if not (HAVE_ARM and HAVE_QEMU):
+        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
+    path = tmp_path_factory.mktemp(name) / f"{name}.tflite"
+    path.write_bytes(data)
+    return path
 
 
 def tree_or_skip(kernels: str | KernelSet) -> Path:
@@ -70,3 +96,29 @@ def exported_arena(r):
 
     exported = exported_model(r)
     return target_arena(from_model(exported), kernel_set(r.kernels), read_offline_plan(exported))
+
+
+def qemu_run_as_planned(path, board, kernels: str | KernelSet, **options):
+    """`qemu_run_matching`, and the arena the firmware measured (head and tail) is the one predicted
+    for the exported model. The run's report."""
+    r = qemu_run_matching(path, board, kernels, **options)
+    predicted = exported_arena(r)
+    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    return r
+
+
+def mlperf_on_harness(name: str):
+    """(graph on the harness kernels fit picks, source model) of MLPerf Tiny's `name`."""
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+    from tpu_pipeline.toolchain.ir import from_model
+    from tpu_pipeline.toolchain.tflite import read_model
+
+    src = read_model((MLPERF / f"{name}.tflite").read_bytes())
+    return on_harness(from_model(src))[0], src
+
+
+def graph_in_qemu(tmp_path, graph, template, board, kernels: str | KernelSet, **options):
+    """`graph` written (see `written`) and run by `qemu_run_matching`. The run's report."""
+    path = tmp_path / "model.tflite"
+    path.write_bytes(written(graph, template))
+    return qemu_run_matching(path, board, kernels, **options)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpu_pipeline.toolchain.errors import ModelError, VerificationError
-from tpu_pipeline.toolchain.execute.child import call_in_child
+from tpu_pipeline.toolchain.execute.child import call_in_child, start_in_child
 from tpu_pipeline.toolchain.execute.inputs import random_inputs, shape_operand_values
 from tpu_pipeline.toolchain.execute.litert import input_details, litert_interpreter, run_litert, run_named
 from tpu_pipeline.toolchain.execute.tflm import run_tflm
@@ -124,12 +124,14 @@ def verify_models(original: bytes, rewritten: bytes, runs: int = 3, seed: int = 
     if side_by_side is None:
         side_by_side = len(original) >= SIDE_BY_SIDE_BYTES
     results = []
-    for rt in runtimes:
+    # each runtime in a child of its own, all started at once (they run side by side on a
+    # multi-core host), collected in order: one that crashes on the model skips its check, named
+    calls = [(rt, start_in_child(_output_pairs, rt, original, rewritten, inputs, tflm_arena_size, side_by_side,
+                                 runtime=RUNTIME_NAMES[rt], doing="running the model")) for rt in runtimes]
+    for rt, call in calls:
         seen: dict[int, list] = {}
         try:
-            # in a child: a runtime that crashes on the model skips this runtime's check, named
-            pairs = call_in_child(_output_pairs, rt, original, rewritten, inputs, tflm_arena_size, side_by_side,
-                                  runtime=RUNTIME_NAMES[rt], doing="running the model")
+            pairs = call.result()
             for want, got in pairs:
                 for c in compare_outputs(want, got, lossy_ok):
                     seen.setdefault(c.index, []).append(c)

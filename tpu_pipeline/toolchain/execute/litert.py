@@ -107,6 +107,9 @@ def run_named(it, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
 
 
+_SAFE: weakref.WeakSet = weakref.WeakSet()  # interpreters refuse_overrunning_kernels found safe
+
+
 def refuse_overrunning_kernels(it) -> None:
     """RuntimeCrash, before anything runs, where one of LiteRT's kernels would write past a buffer.
 
@@ -114,7 +117,10 @@ def refuse_overrunning_kernels(it) -> None:
     neither type; TFLite Micro also takes them as int8 (its keyword model has both so). On such an
     op LiteRT reads and writes twice the buffer: it segfaults, aborts in free(), hands out tensor
     indices out of its own range, or fails a later kernel's parameter check, differently run to run.
-    Refused here, the answer is the same every run."""
+    Refused here, the answer is the same every run. An interpreter found safe is not asked again:
+    its ops and their types are fixed when it is built."""
+    if it in _SAFE:
+        return
     details = getattr(it, "_get_op_details", None)
     nodes = getattr(getattr(it, "_interpreter", None), "NumNodes", None)
     if details is None or nodes is None:  # pragma: no cover - an interpreter without LiteRT's op introspection
@@ -130,6 +136,7 @@ def refuse_overrunning_kernels(it) -> None:
             if narrow:
                 raise RuntimeCrash(f"LiteRT would crash (its int8 SVDF kernel reads op {op['index']}'s int8 "
                                    f"{' and '.join(narrow)} as int16, past their end)", "LiteRT")
+    _SAFE.add(it)
 
 
 @contextlib.contextmanager

@@ -63,9 +63,13 @@ class Pool:
                     for w in group:
                         self._step(w)
         measured = [v for v in self.variants if v.stage == "measured"]
+        # a pick of measured variants only is the optimum over all (bounds and estimates are floors),
+        # so over the measured ones: CP-SAT needs to solve the second level only (select's `known`)
+        done = pick is not None and all(v.stage == "measured" for v in pick)
         sel = select(measured, n_spans, budget=budget, objective=objective, latency_bound=latency_bound,
-                     deadline=Deadline(max(1.0, deadline.remaining())), tail_fixed=self.tail_fixed)
-        if sel is not None and pick is not None and all(v.stage == "measured" for v in pick):
+                     deadline=Deadline(max(1.0, deadline.remaining())), tail_fixed=self.tail_fixed,
+                     known=pick if done else None)
+        if sel is not None and done:
             dp = (sum(round(v.latency_s * 1e9) for v in pick), arena_of(pick, self.tail_fixed))
             cp = (sum(round(v.latency_s * 1e9) for v in sel.variants), sel.arena)
             if sel.proven and dp != cp:  # same optimum; variants may differ on ties

@@ -51,16 +51,22 @@ class Selection:
 
 def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, objective: str = "latency",
            latency_bound: float | None = None, deadline: Deadline | None = None,
-           tail_fixed: int | None = None) -> Selection | None:
+           tail_fixed: int | None = None, known: list[Variant] | None = None) -> Selection | None:
     """The best selection, or None when no selection meets `budget` (and `latency_bound`).
-    `tail_fixed` None: memory is the peak; an int: the whole arena (module docstring)."""
+    `tail_fixed` None: memory is the peak; an int: the whole arena (module docstring). `known`: an
+    optimal selection of the first level (the objective) already found among `variants` (the chain
+    DP's, exact): its value stands for the first CP-SAT model's, which then is not solved (the second
+    is the same model either way; fit.pool checks its answer against the DP's)."""
     usable = [v for v in variants if budget is None or v.peak + (v.tail + tail_fixed if tail_fixed is not None else 0)
               <= budget]
-    first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "memory",
-                   None, deadline, tail_fixed)
-    if first is None:
-        return None
-    chosen, proven1 = first
+    if known is not None:
+        chosen, proven1 = known, True
+    else:
+        first = _solve(usable, n_spans, budget, latency_bound, "latency" if objective == "latency" else "memory",
+                       None, deadline, tail_fixed)
+        if first is None:
+            return None
+        chosen, proven1 = first
     lat = sum(_ns(v) for v in chosen)
     memory = _arena(chosen, tail_fixed)
     if objective == "latency":  # second level: the least memory at that latency

@@ -23,6 +23,7 @@ class ScheduleParams:
     cuts: bool = True  # split at forced cut points and solve the pieces one by one (divide.py)
     free_moves: bool = True  # the exact search expands only a move that provably loses nothing (dp.py)
     cut_bound: bool = True  # the min-cut lower bound on pieces still open (bounds/mincut.py)
+    last_use_bound: bool = True  # the last-use lower bound on pieces still open (bounds/lastuse.py)
     branch_bound: bool = True  # the branching bound on hard pieces (bounds/branching.py)
     beams: bool = True  # beam searches for better orders on hard pieces (beam.py)
     beam_floor: bool = True  # the beams rank partial orders under the proven floor alike (beam.py)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tpu_pipeline.toolchain.schedule.bounds import branching, mincut, static
+from tpu_pipeline.toolchain.schedule.bounds import branching, lastuse, mincut, static
 from tpu_pipeline.toolchain.schedule.params import SWITCHES
 from tpu_pipeline.toolchain.schedule.problem import BoundQuery, Piece
 
@@ -34,6 +34,7 @@ class LowerBound:
 
 STATIC = LowerBound("static", static.piece_bound, every_piece=True)
 MINCUT = LowerBound("min-cut", mincut.piece_bound, switch="cut_bound")
+LASTUSE = LowerBound("last-use", lastuse.piece_bound, switch="last_use_bound")
 BRANCHING = LowerBound("branching", branching.piece_bound, switch="branch_bound")
 
-PIECE_BOUNDS: tuple[LowerBound, ...] = (STATIC, MINCUT)
+PIECE_BOUNDS: tuple[LowerBound, ...] = (STATIC, MINCUT, LASTUSE)
