@@ -185,14 +185,15 @@ def test_mlperf_kws_on_it_is_bit_identical_in_qemu(tmp_path, kernels_set):
     graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)
 
 
-def test_a_patch_stage_runs_its_layers_on_the_pointwise_kernel_instead():
-    """tpup_stage.cc does not run pointwise16 (no constant input in a stage's layers): a stage puts
-    those 1x1 layers on its twin "pointwise", not on the kernel set's paths. (Drop the twin in
-    rewrite/patch_stage.py stage_layers and this fails.)"""
+def test_a_patch_stage_runs_its_layers_on_pointwise16_and_a_dropped_one_on_its_twin():
+    """tpup_stage.cc runs pointwise16 (layer word 21 names the re-laid weights): a stage keeps those
+    1x1 layers on it. Where a stage does not run it (`without`), the layer goes on its twin
+    "pointwise", not on the kernel set's paths. (Drop the twin in rewrite/patch_stage.py
+    stage_layers and this fails.)"""
     from tpu_pipeline.toolchain.fit.variants import on_harness
     from tpu_pipeline.toolchain.ir import stage
     from tpu_pipeline.toolchain.rewrite.patch import checked_region, patch_regions
-    from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+    from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_layers, stage_refusal
 
     b = CnnBuilder(seed=8, spread=True)
     x = b.input((1, 21, 18, 8))
@@ -205,4 +206,6 @@ def test_a_patch_stage_runs_its_layers_on_the_pointwise_kernel_instead():
     staged = build_stage(g, tin, tout, positions, (3, 2))
     body = next(op for op in staged.ops if stage.is_stage(op)).options.body
     ones = [op.kernel for op in body.ops if op.opcode == "CONV_2D"]
-    assert ones == [kernel_name(POINTWISE)] * 2
+    assert ones == [kernel_name(PW16)] * 2
+    lean = stage_layers(g, positions, without={PW16: set(positions)})
+    assert [lean.ops[i].kernel for i in positions if lean.ops[i].opcode == "CONV_2D"] == [kernel_name(POINTWISE)] * 2

@@ -5,6 +5,8 @@ Board side (QEMU, both kernel sets): bit-identical to the host, head and tail as
 
 from __future__ import annotations
 
+import dataclasses
+
 
 import numpy as np
 import pytest
@@ -381,8 +383,9 @@ def _depthwise_kernels(staged) -> list[str]:
 
 
 def test_only_streamed_stripes_keep_the_fast_depthwise_kernel():
-    """Streamed row stripes (no call through a ring) run the fast depthwise kernel; recomputing and
-    2-D streamed stages, whose depthwise layers go in place through rings, run the kernel set's."""
+    """Streamed row stripes (no call through a ring) run the fast depthwise kernel; in recomputing
+    and 2-D streamed stages a depthwise layer that goes in place through rings runs the kernel
+    set's (one run apart from its input, where that costs no scratch, keeps the fast kernel)."""
     g, src = _mbv2_like()
     g = _fast(g)
     tin, tout, positions = checked_region(g, _region(g))
@@ -390,7 +393,13 @@ def test_only_streamed_stripes_keep_the_fast_depthwise_kernel():
     assert _depthwise_kernels(stripes) == ["tpup+fast"] * 2 and not _rings(stripes)[0]
     assert _depthwise_kernels(from_model(read_model(_write(stripes, src)))) == ["tpup+fast"] * 2
     for grid, stream in (((3, 2), False), ((3, 3), True)):
-        assert _depthwise_kernels(build_stage(g, tin, tout, positions, grid, stream=stream)) == ["tpup"] * 2
+        staged = build_stage(g, tin, tout, positions, grid, stream=stream)
+        body = next(o for o in staged.ops if stage.is_stage(o)).options.body
+        ringed = _ringed(staged)
+        dw = [k for k, layer in enumerate(body.ops) if layer.opcode == "DEPTHWISE_CONV_2D"]
+        assert any(k in ringed for k in dw)
+        for k in dw:
+            assert body.ops[k].kernel == ("tpup" if k in ringed else "tpup+fast"), (grid, k)
 
 
 @needs_arm
@@ -429,3 +438,157 @@ def test_a_streamed_stage_is_never_priced_below_its_layers_run_whole():
             staged = build_stage(g, tin, tout, positions, grid, stream=True)
             (op,) = [o for o in staged.ops if stage.is_stage(o)]
             assert stage_instructions(op, fitted_table()[kernels.cost_key]) >= layers * (1 - 1e-9), (kernels.name, grid)
+
+
+# ---- pointwise16 and dw3 inside stages ----------------------------------------------------------------
+def _winning(g, stride2: bool = False):
+    """`g` with every convolution on the variant that wins for it, as fit's fastest point has it
+    (packed, pointwise16, dw3); `stride2`: the stride-2 depthwise forced onto dw3 too."""
+    from tpu_pipeline.toolchain.ir.kernels import winning_variant, with_flag
+
+    for i in range(len(g.ops)):
+        flag = winning_variant(g, i)
+        if flag:
+            g = with_flag(g, [i], flag)
+    s2 = [i for i, op in enumerate(g.ops) if op.opcode == "DEPTHWISE_CONV_2D" and op.options.stride_h == 2]
+    return with_kernel(g, s2, kernel_name("dw3")) if stride2 else g
+
+
+def _lean(g):
+    """`g` with the same layers on the kernels stages ran before (pointwise, the kernel set's depthwise)."""
+    pw16 = [i for i, op in enumerate(g.ops) if "pointwise16" in op.kernel]
+    dw3 = [i for i, op in enumerate(g.ops) if "dw3" in op.kernel]
+    return with_kernel(with_kernel(g, pw16, kernel_name("pointwise")), dw3, kernel_name())
+
+
+STAGE_FORMS = (((3, 2), False), ((3, 1), True), ((3, 3), True))
+
+
+def _layer_kernels(staged) -> list[str]:
+    body = next(o for o in staged.ops if stage.is_stage(o)).options.body
+    return [layer.kernel for layer in body.ops if layer.opcode != "ADD"]
+
+
+def test_stages_keep_pointwise16_everywhere_and_dw3_on_stripes():
+    """Every stage form runs the 1x1 layers on pointwise16 (layer word 21 naming their re-laid
+    weights, input 4); streamed row stripes run the 3x3 depthwise layers on dw3 (stride 1 and 2),
+    the other forms those which go through rings on the kernel set's; the file reads back as
+    built; a flags word with a bit no stage kernel reads is refused."""
+    from tpu_pipeline.toolchain.errors import ModelError
+    from tpu_pipeline.toolchain.ir.kernel_variants.pointwise16 import relaid_weights
+
+    g, src = _mbv2_like()
+    g = _winning(g, stride2=True)
+    tin, tout, positions = checked_region(g, _region(g))
+    for grid, stream in STAGE_FORMS:
+        staged = build_stage(g, tin, tout, positions, grid, stream=stream)
+        ringed = _ringed(staged)  # (layers by position, the ADD's included: depthwise at 2 and 6)
+        dw = ["tpup" if k in ringed else "tpup+dw3" for k in (2, 6)]
+        assert grid[1] > 1 or dw == ["tpup+dw3"] * 2
+        assert _layer_kernels(staged) == ["tpup+packed", "tpup+pointwise16", dw[0], "tpup+pointwise16",
+                                          "tpup+pointwise16", dw[1], "tpup+pointwise16"], (grid, stream)
+        (op,) = [o for o in staged.ops if stage.is_stage(o)]
+        body = op.options.body
+        for k, layer in enumerate(body.ops):
+            if layer.kernel == "tpup+pointwise16":
+                assert op.options.layer_words[k * stage.LAYER_WORDS + 21] == layer.inputs[4]
+                assert np.array_equal(body.tensors[layer.inputs[4]].values(), relaid_weights(body, layer))
+        data = _write(staged, src)
+        (read,) = [o for o in from_model(read_model(data)).ops if stage.is_stage(o)]
+        assert stage.encode(read.options) == stage.encode(op.options)
+        assert [layer.kernel for layer in read.options.body.ops] == [layer.kernel for layer in body.ops]
+    words = list(op.options.layer_words)
+    words[4] |= 0x400  # (window: not a kernel stages run)
+    bad = stage.encode(dataclasses.replace(op.options, layer_words=tuple(words)))
+    with pytest.raises(ModelError, match="flags"):
+        stage.decode(bad, op.inputs, staged.tensors, "op")
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stages_with_pointwise16_and_dw3_run_in_qemu_bit_identical_and_faster(tmp_path, kernels_set):
+    """Recomputing, stripe-streamed and 2-D streamed stages whose 1x1 layers run pointwise16 (and,
+    on stripes, 3x3 depthwise layers dw3): outputs equal the host's TFLite Micro's, the arena is
+    the predicted one, and the stage takes fewer instructions than the same stage on pointwise and
+    the kernel set's depthwise (so the kernels really ran: a firmware that drops their flags, or
+    reads no re-laid weights, computes the same outputs more slowly). Stripes with the stride-2
+    depthwise on dw3 too: bit-identical."""
+    g, src = _mbv2_like()
+    tin, tout, positions = checked_region(g, _region(g))
+    for k, (grid, stream) in enumerate(STAGE_FORMS):
+        counts = []
+        for name, graph in (("fast", _winning(g)), ("lean", _lean(_winning(g)))):
+            staged = build_stage(graph, tin, tout, positions, grid, stream=stream)
+            path = tmp_path / f"{name}_{k}.tflite"
+            path.write_bytes(_write(staged, src))
+            r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+            predicted = exported_arena(r)
+            assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+            counts.append(next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE))
+        assert counts[0] < counts[1], (grid, stream, counts)
+    staged = build_stage(_winning(g, stride2=True), tin, tout, positions, (3, 1), stream=True)
+    assert _layer_kernels(staged).count("tpup+dw3") == 2
+    path = tmp_path / "stride2.tflite"
+    path.write_bytes(_write(staged, src))
+    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+
+
+# ---- depthwise layers run apart from their input where that costs no scratch --------------------------
+def _stem():
+    """TinyEngine's detection stem at 48x60: conv s2 (packed), depthwise 3x3 s1 on the fast kernel
+    (its map too wide for dw3), two 1x1 (pointwise16), depthwise s2, 1x1."""
+    from tpu_pipeline.toolchain.ir.kernels import winning_variant, with_flag
+
+    b = CnnBuilder(seed=4, spread=True)
+    x = b.input((1, 48, 60, 3))
+    s = b.conv(x, 16, k=3, stride=2, act="RELU6")
+    p = b.conv(b.dw(s, k=3, act="RELU6"), 16, k=1)
+    out = b.conv(b.dw(b.conv(p, 32, k=1, act="RELU6"), k=3, stride=2, act="RELU6"), 16, k=1)
+    head = b.pool(out, "AVERAGE_POOL_2D", k=3, stride=3)
+    g = b.graph([head])
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")], kernel_name())
+    for i in range(len(g.ops)):
+        flag = winning_variant(g, i)
+        if flag:
+            g = with_flag(g, [i], flag)
+    return g, b.model_bytes([head]), out
+
+
+def _ringed(staged) -> set[int]:
+    (op,) = [o for o in staged.ops if stage.is_stage(o)]
+    return {s[1] for s in stage.steps(op.options) if s[0] == stage.CONV and s[11] > 0}
+
+
+def test_a_2d_streamed_depthwise_layer_keeps_the_fast_kernel_where_running_it_apart_costs_no_scratch():
+    """In a 2-D streamed stage the fast depthwise layer, which rings would have put on the kernel
+    set's (a call per row), runs apart from its input on the fast kernel where the stage's scratch
+    stays what it was with rings; the layers that need rings keep them."""
+    g, _, out = _stem()
+    assert g.ops[1].kernel == "tpup+fast"
+    lean = with_kernel(g, [1], kernel_name())
+    for grid in ((4, 4), (4, 3)):
+        staged = build_stage(g, g.inputs[0], out, list(range(6)), grid, stream=True)
+        ringed = build_stage(lean, g.inputs[0], out, list(range(6)), grid, stream=True)
+        assert _layer_kernels(staged)[1] == "tpup+fast" and 1 not in _ringed(staged) and 1 in _ringed(ringed)
+        assert _rings(staged)[1] == _rings(ringed)[1]  # (the same scratch)
+        assert _ringed(staged) & {3, 4}
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_a_2d_streamed_stage_with_a_depthwise_layer_apart_runs_in_qemu_bit_identical_and_faster(tmp_path, kernels_set):
+    """That stage: outputs equal the host's TFLite Micro's, the arena is the predicted one, fewer
+    instructions than the same stage with that layer through rings on the kernel set's."""
+    g, src, out = _stem()
+    counts = []
+    for name, graph in (("apart", g), ("ringed", with_kernel(g, [1], kernel_name()))):
+        staged = build_stage(graph, g.inputs[0], out, list(range(6)), (4, 4), stream=True)
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(_write(staged, src))
+        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+        predicted = exported_arena(r)
+        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+        counts.append(next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE))
+    assert counts[0] < counts[1], counts

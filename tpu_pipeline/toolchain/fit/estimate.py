@@ -145,20 +145,29 @@ class StagePricing:
     computes, a cost per call, per output row of a call and per element its tiles copy in and out.
     Left out (a floor): the slices between layers and overlapped calls' rings."""
 
-    def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float):
+    def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float,
+                 apart: Graph | None = None):
         self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
         self.overhead = 0.0  # every layer's kernel overhead once (cost.mcu.stage_features)
         for i in positions:
-            f = op_features(body, i)
-            c = coefficients(table, f.fit_class)
-            self.overhead += c.get("overhead", 0.0)
-            y = body.tensors[body.ops[i].outputs[0]].shape
-            self.rate[i] = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+            # (`apart`: the layers on the kernels they keep when run apart from their input, which
+            # the builder does where that costs no scratch (rewrite.patch_stage _apart): the cheaper)
+            rates = [self._rate(g, i, table) for g in (body, apart) if g is not None]
+            self.overhead += min(r[0] for r in rates)
+            self.rate[i] = min(r[1] for r in rates)
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
         self.per_pasted = c.get("per_pasted", coefficients(table, "data_movement")["per_output"])
         self.per_paste_row = c.get("per_paste_row", 0.0)
         self.seconds = seconds_per_instruction
+
+    @staticmethod
+    def _rate(body: Graph, i: int, table: dict) -> tuple[float, float]:
+        """(kernel overhead, instructions per output pixel) of layer i of `body`."""
+        f = op_features(body, i)
+        c = coefficients(table, f.fit_class)
+        y = body.tensors[body.ops[i].outputs[0]].shape
+        return c.get("overhead", 0.0), (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
 
     def seconds_of(self, geo: "RegionGeometry", hsum: list[float], wsum: list[float], cols: int, tiles: int
                    ) -> float:
@@ -197,7 +206,8 @@ class StagePricing:
                 + pastes) * self.seconds
 
 
-def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> StagePricing | None:
+def stage_pricing(body: Graph, positions: list[int], device, kernel_set, apart: Graph | None = None
+                  ) -> StagePricing | None:
     """The StagePricing of a region (`body`: the graph as rewrite.patch_stage.stage_layers puts
     its layers on the stage's kernels) on `device` with `kernel_set` (None without a fitted
     [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
@@ -205,7 +215,7 @@ def stage_pricing(body: Graph, positions: list[int], device, kernel_set) -> Stag
     table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
     if table is None or "patch_stage" not in table:
         return None
-    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz)
+    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz, apart)
 
 
 def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:

@@ -445,9 +445,10 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     if v.form == "stage":
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
-        geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                             stage_pricing(body, positions, device, sem.kernels), axes)
         striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
+        # (other forms run a layer apart from its input on the stripes' kernel where that costs no scratch)
+        geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
+                             stage_pricing(body, positions, device, sem.kernels, striped), axes)
         if any(striped.ops[i].kernel != body.ops[i].kernel for i in positions):
             own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
             geo.stripes = (stage_pricing(striped, positions, device, sem.kernels), max(own, default=0))

@@ -21,8 +21,10 @@ Custom options on disk, little-endian int32 words:
     tensors  per body tensor: [constant (0/1), op input index (constants) or -1, H, W, C,
              zero point, scale (float32 bits)]
     layers   per layer, LAYER_WORDS: [kind (1 conv, 2 depthwise, 3 add), in0, in1, out, then
-             the firmware's parameters (see `_layer_words`; word 21: the body tensor of the
-             constant a variant reads of its own, packed's weights, read only with its flag),
+             the firmware's parameters (see `_layer_words`; word 4: the flags, direct and the
+             variants a stage runs with their derived bits, any other bit refused; word 21: the
+             body tensor of the constant a variant reads of its own, packed's or pointwise16's
+             re-laid weights, read only with its flag),
              then the IR's: activation, padding mode, pad top, pad left, version]
     program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
              COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
@@ -67,6 +69,7 @@ _TENSOR_WORDS = 7
 # a layer record's codes for its fused activation and its padding
 ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 PADDING_CODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
+DIRECT_BIT = 1  # the direct kernel's bit (harness/tpup_conv.h kFlagDirect; ir/kernels.py imports this module)
 BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "ADD": 0}
 
 
@@ -158,12 +161,23 @@ def _layer_op(words, tensors, where: str) -> Op:
                                          fused_activation=activation, dilation_w=dw, dilation_h=dh, **pads)
     # a variant the stage runs, from its bit (rewrite/patch_stage.py _stage_flag_bits; the memory flags are not kept)
     run = [v for v in kernel_variants.REGISTRY if v.in_stages and words[4] & v.bit]
+    if words[4] & ~_layer_bits(run):  # (as tpup_stage.cc refuses it: a bit no stage kernel reads, or a proof without its kernel)
+        raise ModelError(f"{where}: {OPCODE} layer {list(words)} carries kernel flags a stage does not run")
     kernel = "+".join(["tpup", *(v.flag for v in run)])
     if any(v.constant_input is not None for v in run):  # its own constant: word 21
         if not 0 <= words[21] < len(tensors) or not tensors[words[21]].is_constant:
             raise ModelError(f"{where}: {OPCODE} layer {list(words)} names no constant of its kernel")
         consts += (words[21],)
     return Op(name, (in0, *consts), (out,), None, options, BUILTIN_CODE[name], version, kernel=kernel)
+
+
+def _layer_bits(run) -> int:
+    """The bits a conv layer's flags word may carry with the variants `run` set: direct, their own
+    and what they derive (harness/tpup_stage.cc kLayerFlags)."""
+    bits = DIRECT_BIT
+    for v in run:
+        bits |= v.bit | v.derived_mask
+    return bits
 
 
 def _float_bits(x: float) -> int:

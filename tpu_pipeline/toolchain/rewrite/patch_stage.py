@@ -31,10 +31,13 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
+from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
-                                             PatchStage, ACTIVATION_CODE, PADDING_CODE)
+                                             STEP_WORDS, PatchStage, ACTIVATION_CODE, PADDING_CODE)
 from tpu_pipeline.toolchain.rewrite.stage_stream2d import stream2d_program
 from tpu_pipeline.toolchain.rewrite.stage_tiles import TileBuffers, aligned, overlap_extent
+
+DW3 = depthwise3x3.VARIANT.flag
 
 
 def stage_refusal(graph: Graph, positions) -> str | None:
@@ -71,16 +74,22 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
         raise UsageError(f"patch stage: {why}")
     if stream is None:
         stream = grid[1] == 1
-    graph = stage_layers(graph, positions, stripes=stream and grid[1] == 1)
+    stripes = stream and grid[1] == 1
+    staged = stage_layers(graph, positions, stripes=stripes)
+    program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream)
+    apart = frozenset() if stripes or not in_place else _apart(graph, staged, positions, (tin, tout, grid, stream), scratch)
+    if apart:  # (layers that keep their STRIPES_ONLY kernel: no ring, the same scratch)
+        staged = stage_layers(graph, positions, stripes, keep=frozenset(positions[k] for k in apart))
+        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream, apart)
+    misfits = _dw3_misfits(staged, positions, program)
+    if misfits:  # (dw3's stack buffer does not hold some tile's call: those layers on their twins)
+        staged = stage_layers(graph, positions, stripes, without={DW3: misfits},
+                              keep=frozenset(positions[k] for k in apart))
+        program, scratch = _stage_program(staged, positions, tin, tout, grid, in_place, stream, apart)
+    graph = staged
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
     layer_words = _layer_words(graph, region, where)
-    if not stream:
-        program, scratch = _program(graph, region, tin, tout, grid, in_place)
-    elif grid[1] == 1:
-        program, scratch = _stream_program(graph, region, tin, tout, grid[0])
-    else:
-        program, scratch = stream2d_program(graph, region, tin, tout, grid, in_place)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -94,23 +103,83 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
+def _stage_program(graph: Graph, positions, tin: int, tout: int, grid, in_place: bool, stream: bool,
+                   apart: frozenset[int] = frozenset()):
+    region = [graph.ops[i] for i in positions]
+    if not stream:
+        return _program(graph, region, tin, tout, grid, in_place, apart)
+    if grid[1] == 1:
+        return _stream_program(graph, region, tin, tout, grid[0])
+    return stream2d_program(graph, region, tin, tout, grid, in_place, apart)
+
+
+def _apart(graph: Graph, staged: Graph, positions, where, scratch: int) -> frozenset[int]:
+    """The layers (by position in the region) whose STRIPES_ONLY kernel the stage dropped (it
+    runs them in place, through rings) and which, run apart from their input instead, leave the
+    stage's scratch as it is (rings are only needed at a tile's largest step): those then keep
+    their kernel. `where`: (tin, tout, grid, stream)."""
+    tin, tout, grid, stream = where
+    apart: frozenset[int] = frozenset()
+    for k, i in enumerate(positions):
+        if not kernels.flags(graph.ops[i]) & STRIPES_ONLY or kernels.flags(staged.ops[i]) & STRIPES_ONLY:
+            continue
+        trial = apart | {k}
+        if _stage_program(staged, positions, tin, tout, grid, True, stream, trial)[1] <= scratch:
+            apart = trial
+    return apart
+
+
+
+def _dw3_misfits(graph: Graph, positions, program) -> frozenset[int]:
+    """The positions of dw3 layers some CONV step of `program` calls on a box whose int16 buffer
+    the kernel's stack does not hold (nor, through a ring, a one-row band of it; tpup_stage.cc
+    Dw3Fits refuses such a call)."""
+    bad, at = set(), 0
+    while at < len(program):
+        step = program[at:at + STEP_WORDS[program[at]]]
+        at += len(step)
+        if step[0] != CONV or DW3 not in kernels.flags(graph.ops[positions[step[1]]]):
+            continue
+        o = graph.ops[positions[step[1]]].options
+        in_h, in_w, top, left, out_h, out_w = step[3], step[4], step[5], step[6], step[8], step[9]
+        calls = [(in_h, out_h)] + ([(min(in_h, 3), 1)] if step[11] > 0 else [])
+        if not all(_dw3_holds(o, h, in_w, top, left, rows, out_w) for h, rows in calls):
+            bad.add(positions[step[1]])
+    return frozenset(bad)
+
+
+def _dw3_holds(o, in_h: int, in_w: int, top: int, left: int, out_h: int, out_w: int) -> bool:
+    """tpup_depthwise3x3.cc ChoosePlan finds a buffer that fits, in either orientation."""
+    plain = depthwise3x3.buffer_shape(o.stride_h, o.stride_w, out_h, out_w, left, in_w)
+    turned = depthwise3x3.buffer_shape(o.stride_w, o.stride_h, out_w, out_h, top, in_h)
+    return depthwise3x3.buffer_fits(plain) or depthwise3x3.buffer_fits(turned)
+
+
 # Variants a stage runs on streamed row stripes only, whose calls never go through a ring (the
-# stripes' buffers are planned apart): the fast depthwise kernel's per-call set-up made a call per
-# row slower than CMSIS-NN's depthwise (QEMU, TinyEngine's vww: 11454fd reverted it everywhere).
-STRIPES_ONLY = frozenset({"fast"})
+# stripes' buffers are planned apart); elsewhere a stage's depthwise layer is written over its
+# dying input, a call per output row through a ring, and their per-call set-up made those calls
+# slower than CMSIS-NN's depthwise (QEMU: TinyEngine's vww, the fast kernel, 11454fd; dw3, which
+# widens three input rows per output row there, on tests/test_patch_stage.py's block: +12 % in a
+# recomputing 3x2 stage, +33 % in a 2-D streamed 3x3 one, -10 % on 3 stripes).
+STRIPES_ONLY = frozenset({"fast", DW3})
 
 
-def stage_layers(graph: Graph, positions, stripes: bool = False) -> Graph:
+def stage_layers(graph: Graph, positions, stripes: bool = False, without: dict | None = None,
+                 keep: frozenset[int] = frozenset()) -> Graph:
     """`graph` with the region's convolutions on the kernels a stage runs them with (fit's
     estimates price and size them so too): every one on the harness kernel, not overlapped (a
     tile's buffers are planned apart), and on a faster variant only where tpup_stage.cc runs it
     (`in_stages`; those of STRIPES_ONLY only in a stage on streamed row stripes, `stripes`): a
     layer whose variant stages do not run goes on the first one they do that runs it and wins
-    there (pointwise16's layers on pointwise), else on the kernel set's paths."""
+    there (pointwise16's layers on pointwise), else on the kernel set's paths. `without`: flag ->
+    positions where the stage does not run it either (dw3 where a tile's call overflows its buffer);
+    `keep`: positions whose layers keep STRIPES_ONLY's kernels in any stage (never through a ring)."""
     variants = kernel_variants.registered()
-    drop = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages), *(() if stripes else STRIPES_ONLY)}
+    common = {kernels.OVERLAP, *(f for f, v in variants.items() if not v.in_stages)}
     for i in positions:
         op = graph.ops[i]
+        drop = common | {f for f, where in (without or {}).items() if i in where} \
+            | (set() if stripes or i in keep else set(STRIPES_ONLY))
         if op.opcode != "ADD":
             dropped = kernels.flags(op) & drop - {kernels.OVERLAP}
             graph = kernels.with_kernel(graph, [i], kernels.kernel_name(*(kernels.flags(op) - drop)))
@@ -198,10 +267,11 @@ def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[
     return words
 
 
-def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool) -> tuple[list[int], int]:
+def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool,
+             apart: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     """The steps of every tile (row-major, as the copies' order) and the scratch bytes they need.
     A tile whose buffers written over each other plan larger (rigid groups pack worse) runs
-    them apart."""
+    them apart; layers `apart` (by position) are never written over their input."""
     oh, ow = hw(graph, tout)
     program, scratch = [], 0
     for h0, h1 in splits(oh, grid[0]):
@@ -209,13 +279,14 @@ def _program(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place
             box = (h0, h1, w0, w1)
             steps, size = _tile(graph, region, tin, tout, box, False)
             if in_place:
-                steps, size = min((_tile(graph, region, tin, tout, box, True), (steps, size)), key=lambda t: t[1])
+                steps, size = min((_tile(graph, region, tin, tout, box, True, apart), (steps, size)), key=lambda t: t[1])
             program += steps
             scratch = max(scratch, size)
     return program, scratch
 
 
-def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool) -> tuple[list[int], int]:
+def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_place: bool,
+          apart: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     need = region_needs(graph, region, tout, box)
     if need is None:
         raise UsageError(f"patch stage: a tile of '{graph.tensors[tout].name}' reads nothing of one of the "
@@ -268,7 +339,7 @@ def _tile(graph: Graph, region: list[Op], tin: int, tout: int, box: Box, in_plac
         extent, rows = overlap_extent(real, obox, channels[x], channels[y], pad_top, window(graph, op)[0])
         ring_bytes = rows * (obox[3] - obox[2]) * channels[y]
         x_bytes, y_bytes = aligned(nbytes(real, x)), aligned(nbytes(obox, y))
-        if src_dies and kernels.is_harness(op) and extent + aligned(ring_bytes) < x_bytes + y_bytes:
+        if src_dies and k not in apart and kernels.is_harness(op) and extent + aligned(ring_bytes) < x_bytes + y_bytes:
             out = bufs.over(src, 0, y_bytes, 0, len(steps))
             ring = bufs.new(ring_bytes, len(steps))
         else:

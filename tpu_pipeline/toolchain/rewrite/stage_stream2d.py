@@ -52,7 +52,7 @@ class _Halo:
 
 
 def stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
-                      in_place: bool = True) -> tuple[list[int], int]:
+                      in_place: bool = True, apart: frozenset[int] = frozenset()) -> tuple[list[int], int]:
     """The steps of a `grid` of tiles in raster order where no layer computes an element twice: of
     each layer's output a tile computes only the part below the rows the tile above computed and
     right of the columns the tile to the left computed; the rest of its box comes from the
@@ -61,7 +61,7 @@ def stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
     columns (all its rows: the top ones out of the row cache, which is why this comes first) and
     its bottom rows (its new columns). Returns (program words, scratch bytes: the largest tile's
     buffers, then every cache). `in_place`: a layer's output may be written over its dying input
-    (a ring of rows: less memory, a kernel call per row)."""
+    (a ring of rows: less memory, a kernel call per row), except layers `apart` (by position)."""
     (oh, ow), name = hw(graph, tout), graph.tensors[tout].name
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     by_row = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
@@ -70,7 +70,7 @@ def stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
         raise UsageError(f"patch stage: a tile of '{name}' reads nothing of one of the region's tensors (grid too fine)")
     halos = {t: _Halo(graph, t, [n[t][:2] for n in by_row], [n[t][2:] for n in by_col], t not in (tin, tout))
              for t in by_row[0]}
-    tiles = [_tile2d(graph, region, tin, tout, halos, i, j, in_place) for i in range(grid[0]) for j in range(grid[1])]
+    tiles = [_tile2d(graph, region, tin, tout, halos, i, j, in_place, apart) for i in range(grid[0]) for j in range(grid[1])]
     cache, at = {}, aligned(max(size for _, size in tiles))
     for t, h in halos.items():
         for kind, size in (("row", h.row_cache), ("col", h.col_cache)):
@@ -88,8 +88,10 @@ class _Tile2d:
     """One tile's steps being written (symbolic operands: (buffer, byte offset) or (cache kind,
     tensor)) and its buffers (`TileBuffers`, nothing written over)."""
 
-    def __init__(self, graph: Graph, halos: dict, tin: int, i: int, j: int, readers: dict[int, int], in_place: bool):
+    def __init__(self, graph: Graph, halos: dict, tin: int, i: int, j: int, readers: dict[int, int], in_place: bool,
+                 apart: frozenset[int] = frozenset()):
         self.graph, self.halos, self.tin, self.i, self.j, self.readers = graph, halos, tin, i, j, readers
+        self.apart = apart  # layers never written over their input
         self.in_place = in_place  # None: every output that may, over its dying input; a number: those larger
         self.footprints: list[int] = []  # per convolution, its input and output bytes (one frame if over)
         self.bufs, self.steps, self.computed = TileBuffers(), [], {}  # tensor -> its new part's buffer
@@ -179,7 +181,7 @@ class _Tile2d:
         extent, rows = overlap_extent(real, new, c_x, c_y, real[0] - virtual[0], window(self.graph, op)[0])
         x_bytes, y_bytes = aligned((real[1] - real[0]) * (real[3] - real[2]) * c_x), aligned(h * w * c_y)
         dies = self.in_place is not False and src[1] == 0 and (src[0] != self.computed.get(x) or x in saves)
-        over = dies and kernels.is_harness(op) and extent + aligned(rows * w * c_y) < x_bytes + y_bytes \
+        over = dies and k not in self.apart and kernels.is_harness(op) and extent + aligned(rows * w * c_y) < x_bytes + y_bytes \
             and (self.in_place is True or x_bytes + y_bytes > self.in_place)
         self.footprints.append(extent + aligned(rows * w * c_y) if over else x_bytes + y_bytes)
         if over:
@@ -217,29 +219,31 @@ class _Tile2d:
             self.paste(new, new_w, h.c, y + rr - n0, x, r + k - rr, m1 - m0, ("row", t), h.width, rr - r, m0)
 
 
-def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place: bool):
+def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place: bool,
+            apart: frozenset[int] = frozenset()):
     """((steps, buffer offsets), scratch bytes) of tile (i, j) of a 2-D streamed stage: each layer
     on its output's new part, each tensor's caches saved once its last reader has read it. In
     place, only the layers whose input and output together exceed the largest footprint the tile
     has with every output that may lying over its input: a ring costs a kernel call per row, and
     elsewhere it would not lower the tile's bytes."""
     if in_place:
-        floor = max(_tile2d_pass(graph, region, tin, tout, halos, i, j, True).footprints, default=0)
-        tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, floor)
+        floor = max(_tile2d_pass(graph, region, tin, tout, halos, i, j, True, apart).footprints, default=0)
+        tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, floor, apart)
     else:
         tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, False)
     offsets, size = tile.bufs.offsets()
     return (tile.steps, offsets), size
 
 
-def _tile2d_pass(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place):
+def _tile2d_pass(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i: int, j: int, in_place,
+                 apart: frozenset[int] = frozenset()):
     last, readers = {}, {}
     for k, op in enumerate(region):
         last[op.outputs[0]] = k
         for t in op.inputs:  # (a layer reading a tensor twice counts twice: its box is not moved then)
             if t in halos:
                 last[t], readers[t] = k, readers.get(t, 0) + 1
-    tile = _Tile2d(graph, halos, tin, i, j, readers, in_place)
+    tile = _Tile2d(graph, halos, tin, i, j, readers, in_place, apart)
     for k, op in enumerate(region):
         tile.layer(op, k, [t for t in halos if last.get(t) == k and t not in (tin, tout, op.outputs[0])])
         y = op.outputs[0]

@@ -14,7 +14,9 @@ channel at run time; no constant input). Arena: nothing (memory/scratch.py: no b
 the buffer, at most MAX_BUFFER int16s (648 bytes, no more than the "fast" kernel's weights on
 the stack; `buffer_shape`), and MAX_RUN int32 sums (256 bytes); `applies` takes only layers whose
 buffer fits, which is what makes it a kernel for narrow maps. Where it wins was measured in QEMU
-(docs/bench/harness_kernels.md; `wins`)."""
+(docs/bench/harness_kernels.md; `wins`). Patch stages run it on streamed row stripes (`in_stages`;
+rewrite/patch_stage.py STRIPES_ONLY: through a ring, a call per output row, it lost) where every
+call's buffer fits (`_dw3_misfits` there; tpup_stage.cc refuses a call it does not hold)."""
 
 from __future__ import annotations
 
@@ -71,4 +73,5 @@ def wins(graph: Graph, i: int) -> bool:
 
 
 VARIANT = KernelVariant(flag="dw3", bit=0x2000, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,
-                        cost_class="tpup_depthwise_3x3", cost_fallback="depthwise_opt", source="tpup_depthwise3x3.cc")
+                        cost_class="tpup_depthwise_3x3", cost_fallback="depthwise_opt", source="tpup_depthwise3x3.cc",
+                        in_stages=True)

@@ -12,7 +12,8 @@ without the DSP extension, take the pointwise kernel's own paths on the int8 fil
 What it costs: flash, input 4 (`relaid_weights`): per triple of output channels a header of 12
 words (biases and requantisation constants, so a pass loads nothing else) and its weights as int16 pairs, 2 bytes a weight (twice the int8 weights, which stay as input 1;
 an output channel count not a multiple of three repeats up to two channels); TFLite Micro's
-tail: that tensor's 16-byte entry. Arena: nothing."""
+tail: that tensor's 16-byte entry. Arena: nothing. Patch stages run it too (`in_stages`; the
+layer record's word 21 names the re-laid weights, as packed's, ir/stage.py)."""
 
 from __future__ import annotations
 
@@ -78,4 +79,5 @@ def requant_bits(graph: Graph, op: Op) -> int:
 
 VARIANT = KernelVariant(flag="pointwise16", bit=0x4000, opcode="CONV_2D", applies=applies, wins=wins,
                         cost_class="tpup_pointwise16", cost_fallback="conv_1x1", source="tpup_pointwise.cc",
-                        derived_bits=requant_bits, derived_mask=FAST_REQUANT, constant_input=relaid_weights)
+                        derived_bits=requant_bits, derived_mask=FAST_REQUANT, constant_input=relaid_weights,
+                        in_stages=True)

@@ -2,7 +2,7 @@
 // describes it and its options; tpu_pipeline/toolchain/rewrite/patch_stage.py builds the program).
 //
 // Inputs: the region's input, then every constant its layers read (weights, biases, the
-// requantization of each convolution, a packed convolution's re-laid weights). Output: the region's output. The program copies each
+// requantization of each convolution, the re-laid weights of a packed or pointwise16 layer). Output: the region's output. The program copies each
 // tile's input box into the scratch buffer, runs the layers on the tile's boxes there (the same
 // kernels as TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D, an output over its dying input computed row
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
@@ -16,6 +16,7 @@
 #include "tensorflow/lite/c/common.h"
 #include "tensorflow/lite/kernels/internal/reference/integer_ops/add.h"
 #include "tensorflow/lite/micro/kernels/kernel_util.h"
+#include "tensorflow/lite/micro/micro_context.h"
 #include "tensorflow/lite/micro/micro_log.h"
 #include "tpup_conv.h"
 
@@ -25,6 +26,12 @@ namespace {
 constexpr int kHeader = 9, kTensorWords = 7, kLayerWords = 28;
 constexpr int kCopyIn = 1, kSlice = 2, kConv = 3, kAdd = 4, kCopyOut = 5, kPaste = 6;
 constexpr int kStepWords[] = {0, 6, 10, 12, 15, 6, 12};
+// The variant bits a conv layer's flags word (layer word 4) may carry: what this op runs. A bit
+// outside them makes the options invalid (a newer writer's kernel is refused, not dropped).
+constexpr int32_t kLayerFlags = kFlagDirect | kFlagPointwise | kFlagFastRequant | kFlagPacked | kFlagFast |
+                                kFlagPointwise16 | kFlagPointwise16FastRequant | kFlagDw3;
+// The variants that read a constant of their own, the one layer word 21 names.
+constexpr int32_t kOwnConstant = kFlagPacked | kFlagPointwise16;
 
 // A view of the options: little-endian int32 words (read one by one: the buffer may be unaligned).
 struct Words {
@@ -54,15 +61,22 @@ bool ReadStage(const TfLiteNode* node, Stage* stage) {
   }
   stage->w = {static_cast<const uint8_t*>(node->custom_initial_data), static_cast<int>(node->custom_initial_data_size / 4)};
   stage->n_tensors = stage->w[3], stage->n_layers = stage->w[4], stage->program_words = stage->w[5], stage->scratch = stage->w[6];
-  return stage->w[0] == 1 && stage->n_tensors > 0 && stage->n_layers > 0 && stage->scratch >= 0 &&
-         stage->program_at() + stage->program_words == stage->w.size;
+  if (!(stage->w[0] == 1 && stage->n_tensors > 0 && stage->n_layers > 0 && stage->scratch >= 0 &&
+        stage->program_at() + stage->program_words == stage->w.size)) {
+    return false;
+  }
+  for (int k = 0; k < stage->n_layers; ++k) {  // a conv layer's flags: only what LayerOptions runs
+    const int32_t kind = stage->layer(k, 0), flags = stage->layer(k, 4);
+    if ((kind == 1 || kind == 2) && (flags & ~kLayerFlags) != 0) return false;
+  }
+  return true;
 }
 
 // The layer's convolution options and its geometry on a call's boxes.
 ConvOptions LayerOptions(const Stage& stage, int k, int pad_top, int pad_left) {
   ConvOptions o = {};
   o.format = 1;
-  o.flags = stage.layer(k, 4) & (kFlagDirect | kFlagPointwise | kFlagFastRequant | kFlagPacked | kFlagFast);
+  o.flags = stage.layer(k, 4) & kLayerFlags;
   o.input_offset = stage.layer(k, 5), o.output_offset = stage.layer(k, 6), o.act_min = stage.layer(k, 7);
   o.stride_h = stage.layer(k, 8), o.stride_w = stage.layer(k, 9), o.dilation_h = stage.layer(k, 10);
   o.dilation_w = stage.layer(k, 11), o.depth_multiplier = stage.layer(k, 12), o.act_max = stage.layer(k, 16);
@@ -88,6 +102,15 @@ int KernelBuffer(const Stage& stage) {
     if (size > most) most = size;
   }
   return most;
+}
+
+// Whether the dw3 kernel's stack buffer holds a call (and, through a ring, each one-row band of it,
+// which the kernel may lay out the other way round): a call it does not hold is refused, never
+// overrun (rewrite/patch_stage.py keeps dw3 only on layers whose every call it holds).
+bool Dw3Fits(const ConvOptions& o, const ConvGeometry& g, bool ring) {
+  ConvGeometry row = g;
+  row.out_h = 1, row.in_h = g.in_h < g.k_h ? g.in_h : g.k_h;
+  return Depthwise3x3Fits(o, g) && (!ring || Depthwise3x3Fits(o, row));
 }
 
 // A body constant's data: the op input the tensor table names.
@@ -145,12 +168,38 @@ TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratc
   return kTfLiteOk;
 }
 
+// Every packed or pointwise16 layer's re-laid weights (the op input layer word 21 names): int32,
+// as many words as its kernel reads, word-aligned (the kernels load them by LDRD / LDM).
+bool OwnConstantsFit(TfLiteContext* context, TfLiteNode* node, const Stage& stage) {
+  tflite::MicroContext* micro_context = tflite::GetMicroContext(context);
+  for (int k = 0; k < stage.n_layers; ++k) {
+    const int32_t flags = stage.layer(k, 0) == 1 ? stage.layer(k, 4) & kOwnConstant : 0;
+    if (flags == 0) continue;
+    const int t = stage.layer(k, 21);
+    if (t < 0 || t >= stage.n_tensors || stage.tensor(t, 0) != 1) return false;
+    const int in = stage.layer(k, 1), out = stage.layer(k, 3);
+    const ConvGeometry g = LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+    TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, stage.tensor(t, 1));
+    if (w == nullptr) return false;
+    int words = 1;
+    for (int d = 0; d < w->dims->size; ++d) words *= w->dims->data[d];
+    const int need = (flags & kFlagPacked) ? g.out_c * (1 + PackedPairs(g.k_h, g.k_w, g.in_c)) : Pointwise16Words(g);
+    const bool ok = w->type == kTfLiteInt32 && words == need && (reinterpret_cast<uintptr_t>(w->data.data) & 3) == 0 &&
+                    ((flags & kFlagPacked) ? PackedFits(LayerOptions(stage, k, 0, 0), g)
+                                           : PointwiseFits(LayerOptions(stage, k, 0, 0), g) && g.out_c >= 3);
+    micro_context->DeallocateTempTfLiteTensor(w);
+    if (!ok) return false;
+  }
+  return true;
+}
+
 void* Init(TfLiteContext*, const char*, size_t) { return nullptr; }
 
 TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   Stage stage;
   TF_LITE_ENSURE_MSG(context, ReadStage(node, &stage), "TPUP stage: invalid options");
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
+  TF_LITE_ENSURE_MSG(context, OwnConstantsFit(context, node, stage), "TPUP stage: re-laid weights that do not fit their layer");
   return RequestScratch(context, node, Align16(stage.scratch) + KernelBuffer(stage));
 }
 
@@ -182,16 +231,17 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
       const int k = step[1];
       const ConvOptions o = LayerOptions(stage, k, step[5], step[6]);
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
-      // the packed kernel's weights: the constant layer word 21 names (none: the flag is not set)
-      const int32_t* packed = (o.flags & kFlagPacked) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
-      TF_LITE_ENSURE_MSG(context, packed != nullptr || !(o.flags & kFlagPacked), "TPUP stage: packed layer without its weights");
+      // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
+      const int32_t* own = (o.flags & kOwnConstant) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
+      TF_LITE_ENSURE_MSG(context, own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
+      TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || Dw3Fits(o, g, step[11] > 0), "TPUP stage: dw3 does not fit a call");
       TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
                                               reinterpret_cast<const int8_t*>(scratch + step[2]),
                                               Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                                               reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
-                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], packed));
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own));
     } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
       PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
                step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);
