@@ -6,7 +6,13 @@ windows, and CMSIS-NN's 3x3 kernel on 3x3 windows at stride 1, two outputs at a 
 (docs/bench/harness_kernels.md), so it wins there; 3x3 at stride 2 stays on CMSIS-NN's. Patch
 stages run it on streamed row stripes only (rewrite/patch_stage.py STRIPES_ONLY): elsewhere a
 stage's depthwise layer is written over its dying input, a call per row through a ring, and its
-per-call set-up made those calls slower than CMSIS-NN's (11454fd)."""
+per-call set-up made those calls slower than CMSIS-NN's (11454fd). That set-up (weights widened
+per four channels, their sums, the requantisation) is now about 10 instructions a tap instead of
+about 85: through a ring, a 3x3 layer costs 1.10-1.23x its whole call in QEMU, where it cost
+1.23-1.53x (docs/bench/harness_kernels.md). It stays per call rather than per invoke: kept for
+every channel, it would cost about 26 bytes a channel of arena (on the very ops overlapped to save
+arena) or, re-laid offline, flash and a constant input per op (a tail entry, and off on boards
+without the flash for re-laid weights)."""
 
 from __future__ import annotations
 
