@@ -254,7 +254,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
         for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
-                           (direct, lambda: with_flag(g, direct, DIRECT))):
+                           (direct, lambda: _on_direct(g, direct))):
             if ops:
                 cand = apply()
                 if achievable_peak(cand, sem) < peak:
@@ -276,6 +276,16 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
                            tail=_tail(g, sem), searched=False))
     return out
+
+
+def _on_direct(g: Graph, ops) -> Graph:
+    """`g` with `ops` on the direct kernel (no buffer); an op on a variant that asks for a buffer of
+    its own (dw3's, arena scratch) leaves that variant, which would otherwise keep its buffer."""
+    for i in sorted(ops):
+        v = variant_of(g.ops[i])
+        rest = flags(g.ops[i]) - ({v.flag} if v is not None and v.scratch is not None else set())
+        g = with_kernel(g, [i], kernel_name(*rest, DIRECT))
+    return g
 
 
 def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
