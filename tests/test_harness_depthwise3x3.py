@@ -141,6 +141,26 @@ def test_the_model_on_the_harness_takes_dw3_where_it_won_and_the_cost_model_agre
                                                               board).instructions
 
 
+def test_on_small_maps_fit_leaves_3x3_layers_on_cmsis_nn_where_qemu_measured_it_faster():
+    """3 x 3 maps at stride 1: CMSIS-NN's 3x3 kernel beat both dw3 and "fast" in QEMU
+    (docs/bench/harness_kernels.md), so on_harness keeps it there, and the cost rows (dw3's
+    per-channel set-up) price it below both; from 4 x 4 (a tie) dw3, from 5 x 5 priced below too."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
+
+    b = CnnBuilder(seed=12, spread=True)
+    tiny = b.dw(b.input((1, 3, 3, 256)), k=3, act="RELU6")
+    small = b.dw(b.input((1, 5, 5, 96)), k=3, act="RELU6")
+    g, _ = on_harness(b.graph([tiny, small]))
+    assert [op.kernel for op in g.ops] == ["tpup", "tpup+dw3"]
+    board = load_device("qemu-mps2-an386")
+
+    def priced(i, *flags):
+        one = with_kernel(g, [i], kernel_name(*flags))
+        return estimate_mcu(one, board).instructions
+    assert priced(0) < min(priced(0, DW3), priced(0, FAST))
+    assert priced(1, DW3) < min(priced(1), priced(1, FAST))
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     if not (HAVE_ARM and HAVE_QEMU):

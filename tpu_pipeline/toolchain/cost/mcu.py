@@ -1,6 +1,7 @@
 """MCU latency and energy model: instructions fitted on QEMU, converted to time per board.
 
-Each op's instructions = per_unit x work + per_output x output elements + overhead, with the
+Each op's instructions = per_unit x work + per_output x output elements + overhead (+ per_channel x
+output channels, for the harness kernels whose rows have it: a set-up per channel per call), with the
 coefficients of its fit class and kernel set from tpu_pipeline.toolchain/data/mcu_cost.toml (least squares on
 the per-op instruction counts the harness firmware reports in QEMU; `tools/fit_mcu_cost.py`
 refits them). Work is the op's multiply-accumulates (`tpu_pipeline.toolchain.ir.macs`: MACs for convolutions
@@ -161,7 +162,8 @@ def stage_features(op, table: dict) -> StageFeatures:
         whole = body.tensors[body.ops[j].outputs[0]].shape
         share = h * w / (whole[1] * whole[2])
         c = coefficients(table, features[j].fit_class)
-        return c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
+        return (c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
+                + c.get("per_channel", 0.0) * features[j].channels)  # (a kernel's set-up, each call)
 
     # each layer's kernel overhead once, as the layer run whole pays it: a stage is then never
     # priced below its layers run whole (it runs the same kernels on the same elements, or more,

@@ -94,13 +94,18 @@ def applies(graph: Graph, i: int) -> bool:
     return buffer_fits(_plan(o.stride_h, o.stride_w, y[1], y[2], top, left, x[1], x[2])[2])
 
 
+MIN_OUTPUTS = 16  # output pixels a channel from which it beat CMSIS-NN's 3x3 kernel (4 x 4: a tie)
+
+
 def wins(graph: Graph, i: int) -> bool:
-    """At stride 1 (docs/bench/harness_kernels.md: 1.38-1.92x the better of "fast" and CMSIS-NN's
-    on narrow maps from 6 x 6; on a 3 x 3 map CMSIS-NN's is faster, 0.77x, but "fast", which
-    otherwise takes it, is slower still). At stride 2 it lost on three of four maps (0.59-0.94x;
-    1.16x on kws's 25 x 5), so it stays off there."""
-    o = graph.ops[i].options
-    return o.stride_h == o.stride_w == 1
+    """At stride 1 on maps of at least MIN_OUTPUTS output pixels (docs/bench/harness_kernels.md:
+    1.28-1.92x the better of "fast" and CMSIS-NN's from 5 x 5, 1.01x at 4 x 4; on 3 x 3 maps CMSIS-NN's
+    is faster, 0.77-0.78x: a channel's set-up, widening its map and pairing its weights, outweighs
+    its loop there, and "fast" loses there too, so CMSIS-NN's keeps them). At stride 2 it lost on
+    three of four maps (0.59-0.94x; 1.16x on kws's 25 x 5), so it stays off there."""
+    op = graph.ops[i]
+    y = graph.tensors[op.outputs[0]].shape
+    return op.options.stride_h == op.options.stride_w == 1 and y[1] * y[2] >= MIN_OUTPUTS
 
 
 VARIANT = KernelVariant(flag="dw3", bit=0x2000, opcode="DEPTHWISE_CONV_2D", applies=applies, wins=wins,
