@@ -461,7 +461,9 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
             own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
             geo.stripes = (stage_pricing(striped, positions, device, sem.kernels), max(own, default=0))
         return geo
-    scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+    # (a variant's own buffer, dw3's, shrinks with the tile's map: counted as none, the estimate stays a floor)
+    scratch = {i: 0 if (k := variant_of(graph.ops[i])) is not None and k.scratch is not None
+               else sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
     geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, axes=axes)
     # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)
     geo.copy_tail = copies_tail(lean_graph(span_graph(graph, spans[v.first:v.last + 1])), sem)
