@@ -286,3 +286,22 @@ def test_a_kernel_variant_that_lowers_the_peak_costs_no_arena_and_no_speed(monke
     without = smallest()
     assert with_window.head + with_window.tail <= without.head + without.tail
     assert with_window.selection.latency_s <= without.selection.latency_s
+
+
+def test_a_dw3_op_at_the_peak_leaves_its_buffer_for_the_direct_kernel(tmp_path):
+    """dw3's sums and int16 buffer are arena scratch: where they sit on the peak, the direct twin
+    takes the op off dw3 (on dw3 the flag alone would keep the buffer) onto CMSIS-NN's generic
+    depthwise kernel, which asks for none."""
+    b = CnnBuilder(seed=9)
+    y = b.dw(b.input((1, 12, 6, 32)), k=3, act="RELU6")
+    path = tmp_path / "dw3.tflite"
+    path.write_bytes(b.model_bytes([y]))
+    _, g = load(path)
+    g, _ = on_harness(g)
+    assert _flags(g) == {"dw3"}
+    (plain,) = as_is_variants(g, split_spans(g), QEMU, tflm_semantics(CMSIS_NN))
+    own = kernel_variants.registered()["dw3"].scratch(g, g.ops[0])
+    assert own > 0 and plain.peak == 2 * 12 * 6 * 32 + -(-own // 16) * 16
+    twins = kernel_twins(plain, QEMU, tflm_semantics(CMSIS_NN))
+    direct = next(t for t in twins if DIRECT in _flags(t.graph))
+    assert "dw3" not in _flags(direct.graph) and direct.peak < plain.peak and direct.latency_s > plain.latency_s

@@ -45,11 +45,15 @@ DW_SIZES = [(28, 48, 5, 1), (14, 96, 7, 1), (20, 64, 7, 2), (32, 40, 5, 2), (14,
             (7, 96, 5, 1), (10, 44, 3, 2)]
 # (H, W, channels, stride): the depthwise 3x3 kernel for narrow maps ("dw3") against "fast" and the kernel set's
 DW3_SIZES = [(25, 5, 64, 1), (12, 12, 64, 1), (6, 6, 128, 1), (3, 3, 256, 1), (9, 7, 40, 1), (12, 12, 64, 2),
-             (25, 5, 64, 2), (6, 6, 128, 2), (10, 4, 48, 2)]
+             (25, 5, 64, 2), (6, 6, 128, 2), (10, 4, 48, 2),
+             # small maps at stride 1, where a channel's set-up weighs: the crossover with CMSIS-NN's 3x3 kernel
+             (4, 4, 128, 1), (5, 5, 96, 1), (3, 3, 64, 1), (7, 7, 64, 1), (8, 8, 24, 1)]
 SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
 # (H = W, input channels, output channels, window, stride): the packed convolution against the kernel set's
 FIRST_SIZES = [(64, 3, 16, 3, 2), (48, 3, 32, 3, 2), (40, 3, 8, 3, 1), (32, 1, 16, 3, 2), (30, 4, 16, 3, 2),
-               (36, 3, 16, 5, 2)]
+               (36, 3, 16, 5, 2),
+               # more of each of its two speeds (cost/mcu.py: 3x3 over 3 channels streamed, the rest generic)
+               (32, 3, 16, 3, 2), (24, 3, 24, 3, 1), (28, 2, 16, 3, 2), (20, 4, 8, 3, 1), (24, 3, 8, 5, 1)]
 # (H = W, input channels, output channels, stride): the pointwise kernel against the kernel set's 1x1
 PW_SIZES = [(40, 8, 48, 1), (20, 48, 16, 1), (20, 16, 48, 1), (10, 144, 24, 1), (10, 24, 144, 1), (5, 240, 40, 1),
             (5, 40, 240, 1), (3, 480, 96, 1), (14, 13, 27, 1), (16, 32, 64, 2)]
@@ -109,6 +113,8 @@ def models():
     for h, c, k, stride in DW_SIZES:
         for flags in (("fast",), ()):
             yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
+        if stride == 1:  # the same layer over its dying input: a call per row through a ring
+            yield f"dw_h{h}c{c}k{k}s{stride}_fastring", *_dw_model(h, c, k, stride, ("fast", "overlap"))
     for h, w, c, stride in DW3_SIZES:
         for flags in (("dw3",), ("fast",), ()):
             yield _dw3_name(h, w, c, stride, flags), *_dw3_model(h, w, c, stride, flags)
@@ -287,7 +293,8 @@ def collect(out: Path, force: bool = False) -> dict:
             path.write_bytes(blob)
             for kernels in KERNEL_SETS:
                 key = f"{name}/{kernels}"
-                compared = name.endswith("_cmsis") or (name.startswith("dw3_") and name.endswith("_fast"))
+                compared = (name.endswith(("_cmsis", "_fastring"))
+                            or (name.startswith("dw3_") and name.endswith("_fast")))
                 if (key in data["runs"] and not force) or (compared and kernels != "cmsis-nn"):
                     continue  # (the kernel set's own depthwise, and "fast" beside dw3: comparisons, on CMSIS-NN only)
                 t0 = time.time()
@@ -375,6 +382,13 @@ def fit(data: dict) -> dict:
     return out
 
 
+# Classes whose kernel sets up each channel (or group of four) per call: dw3 widens a channel's map
+# into its buffer and pairs its weights, "fast" widens and sums four channels' weights; on a 3 x 3
+# map that outweighs their faster loops (CMSIS-NN's kernel won there). Their rows get a per_channel
+# rate (a stage's layer pays it per call: cost/mcu.py stage_features).
+PER_CHANNEL = ("tpup_depthwise_3x3", "tpup_depthwise_fast")
+
+
 def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     """[K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast], ..., [K.tpup_fully_connected]: instructions = per_unit x work + per_output x outputs +
     overhead over the harness's own MEAN / MUL ops (cost/mcu.py op_features gives both)."""
@@ -384,24 +398,25 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
-    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_pointwise",
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_conv_packed_3x3c3",
+                   "tpup_pointwise",
                    "tpup_pointwise16", "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
     for name, g in graphs.items():
         run = data["runs"].get(f"{name}/{kernels}", {})
-        if not run.get("ops") or not run.get("outputs_match") or (name.startswith("dw3_") and not name.endswith("_dw3")):
-            continue  # ("fast" on DW3_SIZES: a comparison, not its fit's data)
+        if (not run.get("ops") or not run.get("outputs_match") or name.endswith(("_fastring", "_cmsis"))):
+            continue  # (through a ring: [K.overlap] prices that; "fast" on DW3_SIZES is its data on small maps)
         for i, _, measured in run["ops"]:
             f = op_features(g, i)
             if f.fit_class in OWN_CLASSES:
                 a, y = rows.setdefault(f.fit_class, ([], []))
-                a.append([f.work, f.outputs, 1.0])
+                a.append([f.work, f.outputs, 1.0] + ([f.channels] if f.fit_class in PER_CHANNEL else []))
                 y.append(measured)
     out = {}
     for cls, (a, y) in rows.items():
         a, y = np.array(a, dtype=float), np.array(y, dtype=float)
         w = 1.0 / np.maximum(np.abs(y), 1.0)
         coef = [round(float(c), 4) for c in nnls(a * w[:, None], y * w)]
-        out[cls] = {**dict(zip(("per_unit", "per_output", "overhead"), coef)), "ops": len(y)}
+        out[cls] = {**dict(zip(("per_unit", "per_output", "overhead", "per_channel"), coef)), "ops": len(y)}
     return out
 
 
@@ -446,12 +461,16 @@ def report(data: dict) -> str:
              "instructions per op as the harness counts them; every run's outputs equal host TFLite Micro's). "
              "Models from random weights (tests/helpers/cnn_builder.py); the same layer on the harness's own kernel "
              "and on the kernel set's (CMSIS-NN's depthwise 'opt' or 3x3 kernel).", "",
-             "| depthwise layer (input H x W x C, window, stride) | CMSIS-NN | fast | CMSIS-NN / fast |",
-             "|---|---:|---:|---:|"]
+             "| depthwise layer (input H x W x C, window, stride) | CMSIS-NN | fast | CMSIS-NN / fast | "
+             "fast over its dying input (a call per row through a ring) | ring / whole |",
+             "|---|---:|---:|---:|---:|---:|"]
     for h, c, k, st in DW_SIZES:
         a, b = ops(f"dw_h{h}c{c}k{k}s{st}_cmsis"), ops(f"dw_h{h}c{c}k{k}s{st}_fast")
+        r = ops(f"dw_h{h}c{c}k{k}s{st}_fastring")
+        ring = f"{r[1][2]:,} | {r[1][2] / b[1][2]:.2f}x" if r and b else "- | -"
         if a and b:
-            lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x |")
+            lines.append(f"| {h} x {h} x {c}, {k}x{k}, s{st} | {a[1][2]:,} | {b[1][2]:,} | {a[1][2] / b[1][2]:.2f}x | "
+                         f"{ring} |")
     lines += _dw3_report(ops)
     lines += ["", "| first layer (input H x W x C, output channels, window, stride) | CMSIS-NN | packed | "
               "CMSIS-NN / packed |", "|---|---:|---:|---:|"]

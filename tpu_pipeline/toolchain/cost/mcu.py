@@ -1,6 +1,7 @@
 """MCU latency and energy model: instructions fitted on QEMU, converted to time per board.
 
-Each op's instructions = per_unit x work + per_output x output elements + overhead, with the
+Each op's instructions = per_unit x work + per_output x output elements + overhead (+ per_channel x
+output channels, for the harness kernels whose rows have it: a set-up per channel per call), with the
 coefficients of its fit class and kernel set from tpu_pipeline.toolchain/data/mcu_cost.toml (least squares on
 the per-op instruction counts the harness firmware reports in QEMU; `tools/fit_mcu_cost.py`
 refits them). Work is the op's multiply-accumulates (`tpu_pipeline.toolchain.ir.macs`: MACs for convolutions
@@ -49,6 +50,7 @@ class OpFeatures:
     fit_class: str
     work: int  # MACs (or window reads, input elements); output elements for data movement
     outputs: int  # output elements
+    channels: int = 0  # a convolution's output channels (a kernel's set-up per channel: its `per_channel`)
 
 
 def op_features(graph: Graph, i: int) -> OpFeatures:
@@ -60,7 +62,7 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
         cls = "conv_1x1"
     variant = harness.variant_of(op)
     if variant is not None:  # the harness's faster kernel (tpu_pipeline.toolchain.ir.kernel_variants)
-        cls = variant.cost_class
+        cls = variant.cost_class_of(graph, op) if variant.cost_class_of is not None else variant.cost_class
     elif op.opcode == "DEPTHWISE_CONV_2D":
         cls = _depthwise_path(graph, op)
     elif harness.is_harness(op) and harness_ops.by_code()[harness.custom_code(op)].cost_class:
@@ -69,7 +71,8 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)
     work = outputs if cls == "other" or not m else m
-    return OpFeatures(cls, int(work), int(outputs))
+    channels = graph.tensors[op.outputs[0]].shape[-1] if op.opcode in harness.CONVOLUTIONS else 0
+    return OpFeatures(cls, int(work), int(outputs), int(channels))
 
 
 def _chunks(graph: Graph, op) -> int:
@@ -133,7 +136,8 @@ def coefficients(table: dict, cls: str) -> dict:
 
 def predict_instructions(f: OpFeatures, table: dict) -> float:
     c = coefficients(table, f.fit_class)
-    return c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c["overhead"]
+    return (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs + c.get("per_channel", 0.0) * f.channels
+            + c["overhead"])
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,8 @@ def stage_features(op, table: dict) -> StageFeatures:
         whole = body.tensors[body.ops[j].outputs[0]].shape
         share = h * w / (whole[1] * whole[2])
         c = coefficients(table, features[j].fit_class)
-        return c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
+        return (c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
+                + c.get("per_channel", 0.0) * features[j].channels)  # (a kernel's set-up, each call)
 
     # each layer's kernel overhead once, as the layer run whole pays it: a stage is then never
     # priced below its layers run whole (it runs the same kernels on the same elements, or more,

@@ -255,7 +255,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
         for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
-                           (direct, lambda: with_flag(g, direct, DIRECT))):
+                           (direct, lambda: _on_direct(g, direct))):
             if ops:
                 cand = apply()
                 if achievable_peak(cand, sem) < peak:
@@ -277,6 +277,16 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
                            latency_s=lat, graph=g, kernels=tuple(sorted(moved.items())), label=f"{v.label}, {what}",
                            tail=_tail(g, sem), searched=False))
     return out
+
+
+def _on_direct(g: Graph, ops) -> Graph:
+    """`g` with `ops` on the direct kernel (no buffer); an op on a variant that asks for a buffer of
+    its own (dw3's, arena scratch) leaves that variant, which would otherwise keep its buffer."""
+    for i in sorted(ops):
+        v = variant_of(g.ops[i])
+        rest = flags(g.ops[i]) - ({v.flag} if v is not None and v.scratch is not None else set())
+        g = with_kernel(g, [i], kernel_name(*rest, DIRECT))
+    return g
 
 
 def lean_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
@@ -453,7 +463,9 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
             own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
             geo.stripes = (stage_pricing(striped, positions, device, sem.kernels), max(own, default=0))
         return geo
-    scratch = {i: sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
+    # (a variant's own buffer, dw3's, shrinks with the tile's map: counted as none, the estimate stays a floor)
+    scratch = {i: 0 if (k := variant_of(graph.ops[i])) is not None and k.scratch is not None
+               else sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
     geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch, axes=axes)
     # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)
     geo.copy_tail = copies_tail(lean_graph(span_graph(graph, spans[v.first:v.last + 1])), sem)

@@ -51,4 +51,5 @@ def sources(custom_codes=None) -> list[str]:
 def cost_fallbacks() -> dict[str, str]:
     """Cost class -> the class it is priced as until its rows are fitted (variants and harness ops)."""
     return {**{h.cost_class: h.cost_fallback for h in REGISTRY if h.cost_class},
-            **{v.cost_class: v.cost_fallback for v in kernel_variants.REGISTRY}}
+            **{v.cost_class: v.cost_fallback for v in kernel_variants.REGISTRY},
+            **{c: v.cost_class for v in kernel_variants.REGISTRY for c in v.cost_subclasses}}

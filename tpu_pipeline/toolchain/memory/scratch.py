@@ -62,7 +62,7 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     (CMSIS-NN's, as the builtin asks; none for the direct kernel or the reference kernels) and,
     when overlapped, a ring of output rows after it (16-aligned), as harness/tpup_conv.cc does.
     A faster variant (tpu_pipeline.toolchain.ir.kernel_variants) asks what its record's `scratch`
-    says (none so far) in place of the kernel set's buffer; its MEAN and MUL
+    says (dw3's sums and int16 buffer; none for the others) in place of the kernel set's buffer; its MEAN and MUL
     (harness/tpup_mean_mul.cc) ask for nothing."""
     op = graph.ops[op_pos]
     if op.opcode in kernels.MEAN_MUL:

@@ -3,15 +3,16 @@
 A variant is a kernel of the MCU harness that computes exactly what an op's builtin computes
 (bit-identical under both kernel sets) and is faster on the shapes it takes. Unlike the memory
 flags of tpu_pipeline.toolchain.ir.kernels (`direct`, `overlap`), which fit trades against time,
-a variant needs no kernel buffer and no persistent data of its own, so the model on the harness
-takes it wherever QEMU measured it faster (`wins`); one that reads a constant of its own (packed's
-re-laid weights) adds that tensor's 16-byte entry to TFLite Micro's tail.
+a variant needs no persistent data of its own and at most a small kernel buffer (dw3's, under a
+kilobyte, arena scratch), so the model on the harness takes it wherever QEMU measured it faster
+(`wins`); one that reads a constant of its own (packed's re-laid weights) adds that tensor's
+16-byte entry to TFLite Micro's tail.
 
 A new variant is one module here defining `VARIANT`, plus one line in `REGISTRY`; beside them only
 data: its firmware source (data/firmware/harness/<source>, dispatched on its flag bit in
 tpup_conv.cc) and, once measured, its rows in data/mcu_cost.toml. Everything else follows from the
 record: the kernel name and the custom options' flag bit (ir/kernels.py), fit's fastest point
-(fit/variants.py `on_harness`), the scratch model (memory/scratch.py: its `scratch`, none so far),
+(fit/variants.py `on_harness`), the scratch model (memory/scratch.py: its `scratch`: dw3's),
 TFLite Micro's tail (its constant input is a tensor, counted there), the cost model (cost/mcu.py:
 its own row, else its `cost_fallback`), the patch-stage rewrite (a stage drops the flag unless
 tpup_stage.cc runs the variant: `in_stages`), the builtin view (its constant input dropped), the

@@ -14,6 +14,7 @@ import numpy as np
 
 from tpu_pipeline.toolchain.ir.graph import Graph, Op
 from tpu_pipeline.toolchain.ir.kernel_variants.record import KernelVariant
+from tpu_pipeline.toolchain.ir.requant import activation_range
 
 WINS_MAX_CHANNELS = 4
 PACKED_MAX_PAIRS = PACKED_MAX_ROW = 64  # (harness/tpup_conv.h kPackedMaxPairs, kPackedMaxRow: windows on the stack)
@@ -78,6 +79,20 @@ def wins(graph: Graph, i: int) -> bool:
     return graph.tensors[graph.ops[i].inputs[1]].shape[3] <= WINS_MAX_CHANNELS
 
 
+STREAMED = "tpup_conv_packed_3x3c3"  # (its cost row: the streamed first-layer path)
+
+
+def cost_class_of(graph: Graph, op: Op) -> str:
+    """The kernel's two speeds (harness/tpup_first_conv.cc RunConvPacked): a 3x3 window over 3
+    channels (14 pairs) clamped to the whole int8 range, as a first layer's ReLU6 usually is, runs
+    the streamed path (its weights and requantisation in one stream: STREAMED, about 1.2
+    instructions a MAC in QEMU); any other window the generic one (about 2.2-5.6)."""
+    _, k_h, k_w, in_c = graph.tensors[op.inputs[1]].shape
+    lo, hi = activation_range(graph, op)
+    return STREAMED if (k_h == 3 and k_w * in_c == 9 and lo == -128 and hi == 127) else VARIANT.cost_class
+
+
 VARIANT = KernelVariant(flag="packed", bit=8, opcode="CONV_2D", applies=applies, wins=wins,
                         cost_class="tpup_conv_packed", cost_fallback="conv", source="tpup_first_conv.cc",
-                        constant_input=packed_weights, in_stages=True)
+                        constant_input=packed_weights, in_stages=True, cost_class_of=cost_class_of,
+                        cost_subclasses=(STREAMED,))

@@ -29,8 +29,12 @@ class KernelVariant:
     # the flag, checked against the op's constants when read, dropped by the builtin view.
     constant_input: Callable[[Graph, Op], np.ndarray] | None = None
     in_stages: bool = False  # patch stages run their layers of this op on it (tpup_stage.cc)
-    # The kernel buffer it asks for at Prepare, in bytes (memory/scratch.py); None: none (each so far).
+    # The kernel buffer it asks for at Prepare, in bytes (memory/scratch.py); None: none (dw3 asks for one).
     scratch: Callable[[Graph, Op], int] | None = None
+    # A kernel with paths of different speeds: the row an op's path is priced by (one of
+    # `cost_subclasses`, each priced as `cost_class` until fitted), else `cost_class`.
+    cost_class_of: Callable[[Graph, Op], str] | None = None
+    cost_subclasses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -145,17 +145,22 @@ Band BandFor(const Options& o, const Geometry& g, int r0, int r1) {
 }  // namespace
 
 int ConvBufferSize(const Options& o, const Geometry& g, bool depthwise) {
+  if (o.flags & kFlagDw3) return Depthwise3x3BufferBytes(o, g, o.pad_top, g.out_h);
   return OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
 }
 
 namespace {
 
-// The op's own buffer: the largest any call asks for (a whole-op call, or a one-row band).
+// The op's own buffer: the largest any call asks for (a whole-op call, or a one-row band; dw3's
+// in both builds).
 int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
-  const int whole = OwnBuffer(o, g, g.in_h, g.out_h, depthwise);
+  const int whole = ConvBufferSize(o, g, depthwise);
   if (!(o.flags & kFlagOverlap)) return whole;
   const Band band = BandFor(o, g, 0, 1);
-  const int row = OwnBuffer(o, g, band.rows, 1, depthwise);
+  Geometry in_band = g;
+  in_band.in_h = band.rows;
+  const int row = (o.flags & kFlagDw3) ? Depthwise3x3BufferBytes(o, in_band, band.pad_top, 1)
+                                       : OwnBuffer(o, g, band.rows, 1, depthwise);
   return whole > row ? whole : row;
 }
 
@@ -182,7 +187,8 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   if (o.flags & kFlagDw3) {  // the depthwise 3x3 kernel for narrow maps, in both builds (Prepare checked it fits)
     Geometry in_band = g;
     in_band.in_h = band.rows;
-    RunDepthwise3x3(o, in_band, band.pad_top, r1 - r0, band_in, filter, bias, requant, out);
+    if (buffer == nullptr) return kTfLiteError;  // (Prepare asked for its buffer)
+    RunDepthwise3x3(o, in_band, band.pad_top, r1 - r0, band_in, filter, bias, requant, out, buffer);
     return kTfLiteOk;
   }
   if (o.flags & kFlagPointwise) {  // the harness's own 1x1 kernel, in both builds (Prepare checked it fits)

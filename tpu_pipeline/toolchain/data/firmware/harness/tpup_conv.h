@@ -44,7 +44,7 @@ constexpr int kPointwise16StackWords = 256;
 // whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;
 // The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", tpup_depthwise3x3.cc) and its
-// buffer's int16s on the stack (ir/kernel_variants/depthwise3x3.py MAX_BUFFER).
+// buffer's largest count of int16s (ir/kernel_variants/depthwise3x3.py MAX_BUFFER).
 constexpr int32_t kFlagDw3 = 0x2000;
 constexpr int kDw3MaxBuffer = 324;
 constexpr int kFastMaxTaps = 81;  // the fast depthwise kernel's largest window (ir/kernels.py FAST_MAX_TAPS)
@@ -71,7 +71,8 @@ int Align16(int n);
 TfLiteStatus RequestScratch(TfLiteContext* context, TfLiteNode* node, int bytes);
 uint8_t* GetScratch(TfLiteContext* context, TfLiteNode* node);
 
-// The kernel's own buffer (CMSIS-NN's; none for the direct or reference kernels) a call needs.
+// The kernel's own buffer a whole-op call needs (CMSIS-NN's; dw3's in both builds; none for the
+// direct or reference kernels).
 int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
 
 // Output rows [r0, r1) into `out` (rows x out_w x out_c, contiguous), reading `in`; `requant`
@@ -95,11 +96,13 @@ void RunDepthwiseFast(const ConvOptions& o, const ConvGeometry& g, int pad_top, 
                       const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
 
 // The harness's depthwise 3x3 kernel for narrow maps (flag "dw3", tpup_depthwise3x3.cc): whether it
-// runs a call of these options and shapes, and output rows [0, out_rows) of a band whose top
-// padding is `pad_top`.
+// runs a call of these options and shapes, the bytes of arena scratch a call of output rows
+// [0, out_rows) of a band whose top padding is `pad_top` needs, and that call, with `buffer` (at
+// least that many bytes, 8-aligned).
 bool Depthwise3x3Fits(const ConvOptions& o, const ConvGeometry& g);
+int Depthwise3x3BufferBytes(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows);
 void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out);
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer);
 
 // The harness's convolution for few input channels (flag "packed", tpup_first_conv.cc): the int16
 // pairs a window packs into, whether it runs a call, and output rows [0, out_rows) of a band.

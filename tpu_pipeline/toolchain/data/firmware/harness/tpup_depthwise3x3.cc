@@ -21,9 +21,10 @@
 // (checked per channel), else Requant's integers; the clamp one SSAT where the
 // activation is the whole int8 range.
 //
-// Memory: no arena at all; the stack holds the buffer, at most kDw3MaxBuffer int16s (no more
-// than the "fast" kernel's weights on the stack, 648 bytes), which Depthwise3x3Fits checks, and
-// kChunk sums (256 bytes).
+// Memory: arena scratch (tpup_conv.cc asks for it at Prepare: Depthwise3x3BufferBytes, and
+// ir/kernel_variants/depthwise3x3.py `scratch` models it): the sums of a pass (at most kChunk + 1
+// int32s), then the int16 buffer (at most kDw3MaxBuffer int16s, which Depthwise3x3Fits checks),
+// each as large as the call's plan needs; nothing on the stack.
 
 #include <cstdint>
 #include <cstring>
@@ -187,9 +188,8 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
 // hold: one pass of pairs over their flattened run, then their requantization, two a step (Scale:
 // RowScaleFast or RowScaleExact; kFull: the clamp is the int8 range).
 template <int SB, typename Scale, bool kFull>
-void Outputs(const Plan& p, const int16_t* buf, const int32_t* w, int32_t bias, const Scale scale, int32_t lo, int32_t hi,
-             int8_t* out) {
-  alignas(8) int32_t acc[kChunk + 1];
+void Outputs(const Plan& p, const int16_t* buf, int32_t* acc, const int32_t* w, int32_t bias, const Scale scale, int32_t lo,
+             int32_t hi, int8_t* out) {
   const int step = p.dst_b, run = p.s.run, block = kChunk / run;
   for (int ra0 = 0; ra0 < p.rows_out; ra0 += block) {
     const int rows = p.rows_out - ra0 < block ? p.rows_out - ra0 : block;
@@ -211,7 +211,7 @@ void Outputs(const Plan& p, const int16_t* buf, const int32_t* w, int32_t bias, 
 // Channel c: its weights as pairs in the buffer's orientation, its requantization, its buffer,
 // its outputs.
 void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const int8_t* in, const int8_t* filter,
-             const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int8_t* out) {
+             const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int32_t* acc, int8_t* out) {
   const int C = g.in_c;
   int32_t w[6];
   const int32_t b = bias != nullptr ? bias[c] : 0;
@@ -237,14 +237,21 @@ void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const i
   if (small && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
     const RowScaleFast q(m, shift, o.output_offset);
     (s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
-        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, w, folded, q, o.act_min, o.act_max,
-                                                                                      out);
+        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, acc, w, folded, q,
+                                                                                      o.act_min, o.act_max, out);
   } else {
     const RowScaleExact q(m, shift, o.output_offset);
     (s1 ? (full ? Outputs<1, RowScaleExact, true> : Outputs<1, RowScaleExact, false>)
-        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, w, folded, q, o.act_min, o.act_max,
-                                                                                        out);
+        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, acc, w, folded, q,
+                                                                                        o.act_min, o.act_max, out);
   }
+}
+
+// The sums a pass stores (Outputs: pairs, as many buffer rows as kChunk sums hold), 8-aligned for
+// STRD, then the buffer's int16s rounded up to a word (the padding is written a word at a time).
+int SumsBytes(const Plan& p) {
+  const int block = kChunk / p.s.run, rows = p.rows_out < block ? p.rows_out : block;
+  return (((rows - 1) * p.s.run + p.cols_out + 1) / 2 * 2 * 4 + 7) & ~7;
 }
 
 }  // namespace
@@ -257,13 +264,19 @@ bool Depthwise3x3Fits(const ConvOptions& o, const ConvGeometry& g) {
   return BufferFits(ChoosePlan(o, g, o.pad_top, g.out_h));  // (a band's buffer is no larger in the same orientation)
 }
 
-void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out) {
-  alignas(8) int16_t buf[kDw3MaxBuffer + 1];
+int Depthwise3x3BufferBytes(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows) {
   const Plan p = ChoosePlan(o, g, pad_top, out_rows);
+  return SumsBytes(p) + (p.s.elems + 1) / 2 * 4;
+}
+
+void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+                     const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer) {
+  const Plan p = ChoosePlan(o, g, pad_top, out_rows);
+  int32_t* acc = static_cast<int32_t*>(buffer);  // (the arena's scratch: 16-aligned)
+  int16_t* buf = reinterpret_cast<int16_t*>(static_cast<uint8_t*>(buffer) + SumsBytes(p));
   const int32_t zp2 = static_cast<int32_t>((static_cast<uint32_t>(-o.input_offset) & 0xFFFF) * 0x10001u);
   for (int k = 0; k < p.s.elems; k += 2) __builtin_memcpy(buf + k, &zp2, 4);  // the padding, once
-  for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, out);
+  for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, acc, out);
 }
 
 }  // namespace tpup
