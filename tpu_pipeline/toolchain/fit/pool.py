@@ -91,10 +91,10 @@ class Pool:
         if self.harness:
             self.variants += twins_of(v, self.device, self.sem)
 
-    def refine(self, budget, deadline, only=None) -> bool:
+    def refine(self, budget, deadline, only=None, below=None) -> bool:
         measured = [v for v in self.variants
                     if v.stage == "measured" and (only is None or any(v is w for w in only))]
-        better = refine(measured, budget, deadline, self.sem)
+        better = refine(measured, budget, deadline, self.sem, below)
         changed = [(a, b) for a, b in zip(measured, better) if a != b]
         for old, new in changed:
             self.variants[self.index(old)] = new

@@ -86,7 +86,8 @@ def choose(pool: Pool, n_spans: int, budget, objective, deadline) -> Selection |
     if budget is None and objective == "memory":
         return smallest_arena(pool, n_spans, deadline)
     sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5))
-    if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5)):
+    # (under a budget a variant's best order need only be within it: the first order found that is)
+    if budget is not None and pool.refine(budget, deadline.sub(fraction=0.5), below=budget + 1):
         sel = pool.select(n_spans, budget, objective, deadline.sub(fraction=0.5)) or sel
     return with_best_orders(pool, n_spans, sel, budget, objective, deadline.sub(fraction=0.3))
 

@@ -483,9 +483,11 @@ def short_name(name: str, keep: int = 48) -> str:
     return repr(first if len(first) <= keep else "..." + first[-keep:])
 
 
-def refine(variants: list[Variant], budget: int, deadline: Deadline | None, sem: Semantics) -> list[Variant]:
+def refine(variants: list[Variant], budget: int, deadline: Deadline | None, sem: Semantics,
+           below: int | None = None) -> list[Variant]:
     """Variants whose bound admits a peak within `budget` but whose emitted order does not reach it:
-    ask the exact scheduler (within the deadline) for their true optimum."""
+    ask the exact scheduler (within the deadline) for their true optimum, or with `below` for any
+    order under it (all a selection under a budget needs to know: does the variant fit)."""
     out = []
     for v in variants:
         if v.kind == "patch" and v.graph is not None and budget < v.peak and not v.proven \
@@ -493,7 +495,7 @@ def refine(variants: list[Variant], budget: int, deadline: Deadline | None, sem:
             v = replace(v, lower_bound=max(v.lower_bound, order_free_lower_bound(v.graph, sem)))
         if v.kind == "patch" and v.graph is not None and v.lower_bound <= budget < v.peak \
                 and (deadline is None or not deadline.expired()):
-            v = best_order(v, sem, (deadline or Deadline(10.0)).sub(fraction=0.5))
+            v = best_order(v, sem, (deadline or Deadline(10.0)).sub(fraction=0.5), below)
         out.append(v)
     return out
 

@@ -50,7 +50,8 @@ typedef unsigned long long u64;
     X(S, const int *, lazy_fork)        /* per unit: its fork's index if a lazy slice, else -1 */ \
     X(S, const int *, lazy_cons)        /* per unit: its consumer's unit if a lazy slice */ \
     X(S, const int *, group_start)      /* fork f's slices: group_units[group_start[f] .. group_start[f+1]) */ \
-    X(S, const int *, group_units)
+    X(S, const int *, group_units) \
+    X(S, const int *, twin)             /* per unit: the twin unit that must run first, or -1 (twins.py) */
 
 /* best_first_search's limits (in) and results (out). */
 #define SEARCH_FIELDS(X, S) \
@@ -195,8 +196,10 @@ static int list_moves(const Ctx *c, const u64 *U, int *ready, unsigned char *off
     memset(offered, 0, c->m + 1);
     for (int i = 0; i < nready; i++) {
         int k = ready[i];
+        /* a twin's unit waits for its elder's (twins.py; the eldest slice not run offers the run) */
+        if (c->twin && c->twin[k] >= 0 && !has(U, c->twin[k])) continue;
         if (c->lazy_fork[k] < 0) { mk[n] = k; mkind[n++] = SINGLE; continue; }
-        mk[n] = k; mkind[n++] = PAIR;
+        mk[n] = k; mkind[n++] = PAIR; /* (its consumer is in its chain: the elder's pair has run) */
         if (!offered[c->lazy_fork[k]]) {
             offered[c->lazy_fork[k]] = 1;
             mk[n] = k; mkind[n++] = RUN;
@@ -509,6 +512,7 @@ int beam_search(const Problem *p, Beam *q) {
     Ctx c;
     memset(&c, 0, sizeof c);
     PROBLEM_FIELDS(COPY, _)
+    c.twin = NULL; /* the beams offer every move (twins are for the exact search) */
     const int W = p->W, Wu = p->Wu, m = p->m, width = q->width;
     const u64 *S0 = p->S0, *unit_mask = p->unit_mask;
     const i64 R0 = p->R0, g0 = p->g0, ub = q->ub, max_bytes = q->max_bytes;

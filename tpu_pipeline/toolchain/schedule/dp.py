@@ -121,7 +121,7 @@ def _python_best_first(piece: Piece, ub: int, floor: int, static_lb: int, g0: in
         # the run of all remaining slices (forks.py).
         children = []
         cap = g if g > floor else floor
-        for ks in (moves(piece, U, ready) if piece.lazy else [(k,) for k in ready]):
+        for ks in (moves(piece, U, ready, twins=True) if piece.lazy or piece.twin else [(k,) for k in ready]):
             peak, S2, R2 = 0, S, R
             for k in ks:
                 p, S2, R2 = apply(k, S2, R2)

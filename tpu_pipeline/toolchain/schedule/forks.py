@@ -73,12 +73,18 @@ def lazy_slices(model: MemModel, units, ops_mask: int,
     return out_s, out_g
 
 
-def moves(piece, U: int, ready) -> list[tuple[int, ...]]:
-    """The unit sequences the search may run next from unit set U (see the theorem)."""
+def moves(piece, U: int, ready, twins: bool = False) -> list[tuple[int, ...]]:
+    """The unit sequences the search may run next from unit set U (see the theorem); with
+    `twins`, a twin branch's unit only after its elder twin's (twins.py)."""
     out: list[tuple[int, ...]] = []
     runs_offered: set[int] = set()
     lazy, groups = piece.lazy, piece.fork_groups
+    twin = piece.twin if twins else None
     for k in ready:
+        # a twin's unit waits for its elder's (a slice's consumer, in its chain, then for the
+        # elder's pair; the eldest slice not run does not wait and offers the run)
+        if twin and twin[k] >= 0 and not (U >> twin[k]) & 1:
+            continue
         if k not in lazy:
             out.append((k,))
             continue

@@ -32,6 +32,7 @@ class Problem(ctypes.Structure):
         ("const_all", i64), ("final_only", i64),
         ("full", P(u64)), ("S0", P(u64)), ("R0", i64), ("g0", i64), ("upred", P(u64)),
         ("lazy_fork", P(c_int)), ("lazy_cons", P(c_int)), ("group_start", P(c_int)), ("group_units", P(c_int)),
+        ("twin", P(c_int)),
     ]
 
 
@@ -117,9 +118,9 @@ def _model_arrays(model) -> dict:
 
 
 def _piece_arrays(piece) -> dict:
-    """The piece's arrays; rebuilt if its lazy slices changed since."""
+    """The piece's arrays; rebuilt if its lazy slices or twins changed since."""
     cached = getattr(piece, "_native_arrays", None)
-    if cached is not None and cached[0] is piece.lazy:
+    if cached is not None and cached[0] is piece.lazy and cached[2] is piece.twin:
         return cached[1]
     W = _model_arrays(piece.model)["W"]
     m = len(piece.units)
@@ -142,8 +143,9 @@ def _piece_arrays(piece) -> dict:
         S0=_array(u64, _words(piece.S0, W)), R0=piece.R0,
         upred=_array(u64, (w for x in piece.upred for w in _words(x, Wu))),
         lazy_fork=_array(c_int, lazy_fork), lazy_cons=_array(c_int, lazy_cons),
-        group_start=_array(c_int, group_start), group_units=_array(c_int, group_units))
-    piece._native_arrays = (piece.lazy, arrays)
+        group_start=_array(c_int, group_start), group_units=_array(c_int, group_units),
+        twin=_array(c_int, piece.twin) if piece.twin else None)
+    piece._native_arrays = (piece.lazy, arrays, piece.twin)
     return arrays
 
 

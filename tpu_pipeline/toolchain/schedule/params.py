@@ -20,6 +20,7 @@ class ScheduleParams:
     fusion: bool = True  # fuse ops into units that some optimal order runs back to back (fusion.py)
     branches: bool = True  # branch bodies as units (branches.py); needs `fusion`
     lazy_slices: bool = True  # offer a fork's slices only as pairs or one final run (forks.py)
+    twins: bool = True  # the exact search orders isomorphic branches canonically (twins.py)
     cuts: bool = True  # split at forced cut points and solve the pieces one by one (divide.py)
     free_moves: bool = True  # the exact search expands only a move that provably loses nothing (dp.py)
     cut_bound: bool = True  # the min-cut lower bound on pieces still open (bounds/mincut.py)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tpu_pipeline.toolchain.schedule.forks import lazy_slices
+from tpu_pipeline.toolchain.schedule.twins import twin_links
 from tpu_pipeline.toolchain.schedule.model import MemModel, bits
 
 if TYPE_CHECKING:
@@ -63,10 +64,17 @@ class Piece:
                 self.usucc[j].append(k)
         self.lazy: dict[int, tuple[int, int]] = {}  # see forks.py; set by use_lazy_slices()
         self.fork_groups: dict[int, list[int]] = {}
+        self.twin: list[int] = []  # see twins.py; set by use_twins() (empty: no twins)
 
     def use_lazy_slices(self) -> "Piece":
         """Let the search offer slices of a fork only as pairs or one final run (forks.py)."""
         self.lazy, self.fork_groups = lazy_slices(self.model, self.units, self.ops, self.upred)
+        return self
+
+    def use_twins(self) -> "Piece":
+        """Let the exact search run a twin branch's unit only after its elder twin's (twins.py)."""
+        links = twin_links(self.model, self.units, self.upred, self.usucc)
+        self.twin = links if any(a >= 0 for a in links) else []
         return self
 
     def apply(self, k: int, S: int, R: int) -> tuple[int, int, int]:

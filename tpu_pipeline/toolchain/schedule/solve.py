@@ -73,6 +73,8 @@ def solve_pieces(model: MemModel, units, plist, base_order, base_peak: int, glob
     piece_objs = pieces_in_context(model, units, plist)
     if params.lazy_slices:
         piece_objs = [pc.use_lazy_slices() for pc in piece_objs]
+    if params.twins:
+        piece_objs = [pc.use_twins() for pc in piece_objs]
     ubs = [piece_upper_bound(model, pc, base_order, deadline) for pc in piece_objs]
     lbs, floor, proven = _piece_bounds(piece_objs, ubs, global_lb, request)
     if below is not None and floor >= below:  # proven: no order of the graph peaks below `below`
