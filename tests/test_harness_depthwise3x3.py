@@ -5,19 +5,18 @@ Micro on odd narrow maps, strides 1 and 2, SAME, VALID and folded asymmetric pad
 relu6 / none, per-channel and per-tensor weights, channel counts not a multiple of four, no bias,
 a bias too large for the cheap requantisation, maps of one column or row, an output overlapped
 over its input (rows through a ring), and on MLPerf Tiny's kws model when its checkout is here
-(TPUP_MLPERF_TINY)."""
+(TPUP_MLPERF_DIR)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import HAVE_ARM, HAVE_QEMU, exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import (graph_in_qemu, mlperf_on_harness, model_for_qemu, needs_arm, needs_mlperf, needs_qemu,
+                              qemu_run_as_planned, written)
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.toolchain.fit.variants import on_harness
 from tpu_pipeline.toolchain.ir import Quantization, from_model, kernels
@@ -32,7 +31,6 @@ from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
 
 BOARD = load_device("qemu-mps2-an386")
 DW3 = depthwise3x3.VARIANT.flag
-MLPERF = Path(os.environ.get("TPUP_MLPERF_TINY", "/nonexistent"))
 
 
 def _replace_data(b: CnnBuilder, t: int, values, dtype) -> None:
@@ -163,35 +161,24 @@ def test_on_small_maps_fit_leaves_3x3_layers_on_cmsis_nn_where_qemu_measured_it_
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    if not (HAVE_ARM and HAVE_QEMU):
-        pytest.skip("ARM toolchain or QEMU not installed (.ci/run installs them)")
-    g, data = _dws()
-    path = tmp_path_factory.mktemp("dw3") / "dw3.tflite"
-    path.write_bytes(data)
-    return path
+    return model_for_qemu(tmp_path_factory, "dw3", _dws()[1])
 
 
 @needs_arm
 @needs_qemu
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_the_dw3_kernel_is_bit_identical_in_qemu(model, kernels_set):
-    r = qemu_run_matching(model, BOARD, kernels_set, iterations=3, seed=9)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    qemu_run_as_planned(model, BOARD, kernels_set, iterations=3, seed=9)
 
 
 @needs_arm
 @needs_qemu
-@pytest.mark.skipif(not (MLPERF / "kws_ref_model.tflite").is_file(),
-                    reason="MLPerf Tiny's models not here (TPUP_MLPERF_TINY names the folder)")
+@needs_mlperf("kws_ref_model")
 @pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
 def test_mlperf_kws_on_the_dw3_kernel_is_bit_identical_in_qemu(tmp_path, kernels_set):
-    src = read_model((MLPERF / "kws_ref_model.tflite").read_bytes())
-    g, _ = on_harness(from_model(src))
+    g, src = mlperf_on_harness("kws_ref_model")
     assert sum(DW3 in kernels.flags(op) for op in g.ops) == 4
-    path = tmp_path / "kws.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, src)))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=4)
+    graph_in_qemu(tmp_path, g, src, BOARD, kernels_set, iterations=2, seed=4)
 
 
 @needs_arm
@@ -206,7 +193,5 @@ def test_the_dw3_buffer_is_counted_in_the_arena_in_qemu(tmp_path, kernels_set, r
     g = with_kernel(b.graph([y]), [0], kernel_name(DW3, *((OVERLAP,) if ring else ())))
     assert depthwise3x3.scratch(g, g.ops[0]) > 0
     path = tmp_path / "one.tflite"
-    path.write_bytes(model_to_bytes(to_model(g, read_model(b.model_bytes([y])))))
-    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=6)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+    path.write_bytes(written(g, b.model_bytes([y])))
+    qemu_run_as_planned(path, BOARD, kernels_set, iterations=2, seed=6)
