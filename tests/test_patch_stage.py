@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from helpers.cnn_builder import CnnBuilder
-from helpers.firmware import exported_arena, needs_arm, needs_qemu, qemu_run_matching
+from helpers.firmware import needs_arm, needs_qemu, qemu_run_as_planned
 from tpu_pipeline.toolchain.device import CMSIS_NN, REFERENCE, load_device
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.execute.compare import verify_models
@@ -67,6 +67,18 @@ def _staged(g, grid):
     region = _region(g)
     tin, tout, positions = checked_region(g, region)
     return build_stage(g, tin, tout, positions, grid), region
+
+
+def _in_qemu(path, staged, src: bytes, kernels_set):
+    """`staged` written to `path` and run on the emulated board: its outputs equal the host's
+    TFLite Micro's and its arena is the predicted one. The run."""
+    path.write_bytes(_write(staged, src))
+    return qemu_run_as_planned(path, BOARD, kernels_set, iterations=2, seed=5)
+
+
+def _stage_instructions(r) -> int:
+    """The instructions the run's patch-stage op took."""
+    return next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE)
 
 
 def _write(g, src: bytes, planned: bool = True) -> bytes:
@@ -145,13 +157,9 @@ def test_what_a_stage_cannot_run_is_refused():
 def test_a_stage_runs_in_qemu_as_the_host_runs_its_builtin_view(tmp_path, kernels_set):
     g, src = _mbv2_like()
     staged, _ = _staged(g, (3, 2))
-    path = tmp_path / "staged.tflite"
-    path.write_bytes(_write(staged, src))
-    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+    r = _in_qemu(tmp_path / "staged.tflite", staged, src, kernels_set)
     assert any(o["opcode"] == stage.OPCODE for o in r.op_instructions)
     assert _rings(staged)[0]  # overlapped tile calls ran (in place, through their rings)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
 
 
 # ---- stripes without recomputation -----------------------------------------------------------------
@@ -196,12 +204,8 @@ def test_a_streamed_stage_computes_every_row_once_and_is_an_identity(n):
 def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_path, kernels_set):
     g, src = _mbv2_like()
     staged = _streamed(g, 3)
-    path = tmp_path / "streamed.tflite"
-    path.write_bytes(_write(staged, src))
-    r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-    predicted = exported_arena(r)
-    assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
-    assert r.arena_used_bytes == predicted.total
+    r = _in_qemu(tmp_path / "streamed.tflite", staged, src, kernels_set)
+    assert r.arena_used_bytes == r.head_bytes + r.tail_bytes
 
 
 def test_fit_offers_stages_on_row_stripes_and_they_stream():
@@ -318,11 +322,7 @@ def test_2d_streamed_stages_run_in_qemu_bit_identical(tmp_path, kernels_set):
                                                                                       (13, (2, 3)))]
     for (g, src), grid in cases:
         staged = _streamed2d(g, grid)
-        path = tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}.tflite"
-        path.write_bytes(_write(staged, src))
-        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-        predicted = exported_arena(r)
-        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+        _in_qemu(tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}.tflite", staged, src, kernels_set)
 
 
 # ---- the packed first convolution inside stages ----------------------------------------------------
@@ -362,11 +362,7 @@ def test_stages_with_the_packed_kernel_run_in_qemu_bit_identical(tmp_path, kerne
     """Recomputing, stripe-streamed and 2-D streamed stages whose first layer runs the packed
     kernel: outputs equal the host's TFLite Micro's, the arena is the predicted one."""
     for k, (staged, src) in enumerate(_packed_stages()):
-        path = tmp_path / f"packed_{k}.tflite"
-        path.write_bytes(_write(staged, src))
-        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-        predicted = exported_arena(r)
-        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+        _in_qemu(tmp_path / f"packed_{k}.tflite", staged, src, kernels_set)
 
 
 # ---- the fast depthwise kernel on streamed stripes ---------------------------------------------------
@@ -415,11 +411,7 @@ def test_stripes_with_the_fast_depthwise_kernel_run_in_qemu_bit_identical(tmp_pa
         tin, tout, positions = checked_region(g, _region(g))
         staged = build_stage(g, tin, tout, positions, (n, 1), stream=True)
         assert _depthwise_kernels(staged) == ["tpup+fast"] * 2
-        path = tmp_path / f"fast_stripes_{n}.tflite"
-        path.write_bytes(_write(staged, src))
-        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-        predicted = exported_arena(r)
-        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
+        _in_qemu(tmp_path / f"fast_stripes_{n}.tflite", staged, src, kernels_set)
 
 
 def test_a_streamed_stage_is_never_priced_below_its_layers_run_whole():
@@ -520,18 +512,12 @@ def test_stages_with_pointwise16_and_dw3_run_in_qemu_bit_identical_and_faster(tm
         counts = []
         for name, graph in (("fast", _winning(g)), ("lean", _lean(_winning(g)))):
             staged = build_stage(graph, tin, tout, positions, grid, stream=stream)
-            path = tmp_path / f"{name}_{k}.tflite"
-            path.write_bytes(_write(staged, src))
-            r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-            predicted = exported_arena(r)
-            assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
-            counts.append(next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE))
+            r = _in_qemu(tmp_path / f"{name}_{k}.tflite", staged, src, kernels_set)
+            counts.append(_stage_instructions(r))
         assert counts[0] < counts[1], (grid, stream, counts)
     staged = build_stage(_winning(g, stride2=True), tin, tout, positions, (3, 1), stream=True)
     assert _layer_kernels(staged).count("tpup+dw3") == 2
-    path = tmp_path / "stride2.tflite"
-    path.write_bytes(_write(staged, src))
-    qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
+    _in_qemu(tmp_path / "stride2.tflite", staged, src, kernels_set)
 
 
 # ---- depthwise layers run apart from their input where that costs no scratch --------------------------
@@ -585,10 +571,6 @@ def test_a_2d_streamed_stage_with_a_depthwise_layer_apart_runs_in_qemu_bit_ident
     counts = []
     for name, graph in (("apart", g), ("ringed", with_kernel(g, [1], kernel_name()))):
         staged = build_stage(graph, g.inputs[0], out, list(range(6)), (4, 4), stream=True)
-        path = tmp_path / f"{name}.tflite"
-        path.write_bytes(_write(staged, src))
-        r = qemu_run_matching(path, BOARD, kernels_set, iterations=2, seed=5)
-        predicted = exported_arena(r)
-        assert (predicted.head, predicted.tail) == (r.head_bytes, r.tail_bytes)
-        counts.append(next(o["instructions"] for o in r.op_instructions if o["opcode"] == stage.OPCODE))
+        r = _in_qemu(tmp_path / f"{name}.tflite", staged, src, kernels_set)
+        counts.append(_stage_instructions(r))
     assert counts[0] < counts[1], counts

@@ -9,7 +9,9 @@ measures over the wire equals what the cost model predicts. Faults can be inject
 - `hang`: answers the handshake, then stops answering at inference `fault_at`;
 - `garble`: corrupts one line of inference `fault_at` (the checksum no longer matches);
 - `reset`: reboots in the middle of inference `fault_at` (prints BOOT and READY again);
-- `error`: answers inference `fault_at` with `ERR invoke failed`.
+- `error`: answers inference `fault_at` with `ERR invoke failed`;
+- `noise`: answers HELLO with the tail of a boot line first (what the host sees when flushing its
+  input cut a line in two, or when a board's UART sends noise at reset), then READY.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tpu_pipeline.runtime import protocol as P
 from tpu_pipeline.runtime.fake_pty import PtyDevice
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, Device, load_device
 
-FAULTS = ("silent", "hang", "garble", "reset", "error")
+FAULTS = ("silent", "hang", "garble", "reset", "error", "noise")
 
 
 class FakeMcu(PtyDevice):
@@ -118,6 +120,8 @@ class FakeMcu(PtyDevice):
             self._send(P.encode("ERR", f"bad line: {exc}"))
             return True
         if msg.kind == "HELLO":
+            if self.fault == "noise":
+                self._send(P.encode("BOOT", P.HARNESS, P.VERSION, self.board)[3:])  # "T tpu-pipeline-harness ..."
             self._ready()
         elif msg.kind == "RESET":
             self._boot()

@@ -90,24 +90,30 @@ class SerialMcu:
         except (serial.SerialException, OSError) as exc:
             raise DeviceError(f"{self.port}: write failed ({exc})") from None
 
-    def _readline(self, deadline: float, waiting_for: str) -> P.Message:
+    def _readline(self, deadline: float, waiting_for: str, skip_garbled: bool = False) -> P.Message:
+        """The next line's message. `skip_garbled`: a line that does not parse is passed over (the
+        handshake's: flushing the input can cut a boot line in two, and a board's UART may send
+        noise at reset) rather than an error."""
         import serial
 
-        while b"\n" not in self._buf:
-            if time.monotonic() > deadline:
-                raise DeviceError(f"{self.port}: no answer within {self.timeout:g} s while waiting for {waiting_for} "
-                                  "(is the harness firmware running at this baud rate?)")
+        while True:
+            while b"\n" not in self._buf:
+                if time.monotonic() > deadline:
+                    raise DeviceError(f"{self.port}: no answer within {self.timeout:g} s while waiting for "
+                                      f"{waiting_for} (is the harness firmware running at this baud rate?)")
+                try:
+                    chunk = self._ser.read(4096 if self._ser.in_waiting > 4096 else max(1, self._ser.in_waiting))
+                except (serial.SerialException, OSError) as exc:
+                    raise DeviceError(f"{self.port}: read failed ({exc})") from None
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
             try:
-                chunk = self._ser.read(4096 if self._ser.in_waiting > 4096 else max(1, self._ser.in_waiting))
-            except (serial.SerialException, OSError) as exc:
-                raise DeviceError(f"{self.port}: read failed ({exc})") from None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        try:
-            return P.parse(line, P.DEVICE_KINDS)
-        except P.ProtocolError as exc:
-            shown = line[:60].decode("ascii", errors="replace")
-            raise DeviceError(f"{self.port}: garbled line while waiting for {waiting_for} ({exc}): {shown!r}") from None
+                return P.parse(line, P.DEVICE_KINDS)
+            except P.ProtocolError as exc:
+                if not skip_garbled:
+                    shown = line[:60].decode("ascii", errors="replace")
+                    raise DeviceError(f"{self.port}: garbled line while waiting for {waiting_for} ({exc}): "
+                                      f"{shown!r}") from None
 
     # ---- protocol -------------------------------------------------------------------------
     def handshake(self, model_bytes: bytes | None = None) -> McuInfo:
@@ -121,7 +127,7 @@ class SerialMcu:
         deadline = time.monotonic() + self.timeout
         board = "?"
         while True:
-            msg = self._readline(deadline, "READY")
+            msg = self._readline(deadline, "READY", skip_garbled=True)
             if msg.kind == "BOOT":
                 board = msg.fields[2]
             elif msg.kind == "READY":
