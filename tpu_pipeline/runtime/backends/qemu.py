@@ -120,8 +120,8 @@ class _Serial(SerialMcu):
 
     ready_kv: dict
 
-    def _readline(self, deadline, waiting_for):
-        msg = super()._readline(deadline, waiting_for)
+    def _readline(self, deadline, waiting_for, skip_garbled=False):
+        msg = super()._readline(deadline, waiting_for, skip_garbled)
         if msg.kind == "READY":
             self.ready_kv = dict(msg.kv)
         return msg
