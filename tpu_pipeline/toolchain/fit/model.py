@@ -140,7 +140,7 @@ def fit_file(path, params: FitParams, progress: Progress = None) -> FittedModel:
         ext = outside_input_bytes(result.graph)
         placement = place(result.head, tail, device.memory.banks, reserve, _split_tail(result.graph, kernels), ext)
         if placement is None and room is not None and not head_only:  # (the memory objective, above)
-            return fit_file(path, replace(p, head_only=True), progress)
+            return fit_file(path, replace(p, head_only=True, time_limit=max(1.0, deadline.remaining())), progress)
         if placement is None:
             result = replace(result, fits=False)
             where = f"the {avail:,} B {device.label} leaves for the arena" if len(device.memory.banks) == 1 else \
