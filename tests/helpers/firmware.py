@@ -76,8 +76,33 @@ def qemu_run_matching(path, board, kernels: str | KernelSet, **options):
         r = run_on_qemu(path, board, kernel_set(kernels), **options)
     except LibraryBusy as exc:
         pytest.skip(str(exc))
-    assert r.error is None and r.outputs_match is True, r.output_differences
+    assert r.error is None and r.outputs_match is True, (r.error, r.output_differences, _mismatch_facts(r, options))
     return r
+
+
+def _mismatch_facts(r, options) -> dict:
+    """What tells a wrong device from a wrong reference when a run does not match: the same inputs
+    through host TFLite Micro again, in this process and in a fresh child process, beside the
+    device's outputs, and how export-mcu planned the arena (its planner runs against a clock)."""
+    import json
+
+    import numpy as np
+
+    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
+    from tpu_pipeline.toolchain.execute.tflm import TflmModel, run_tflm_sets_in_child
+
+    project = Path(r.elf).parents[2]
+    data = (project / "model.tflite").read_bytes()
+    host = TflmModel(data, 64 * 1024 * 1024)
+    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
+    stream = input_stream(specs, options.get("iterations", 3), options.get("seed", 0), shape_operand_values(data))
+    arrays = [[x[n] for n in host.input_names] for x in stream]
+    exported = json.loads((project / "export.json").read_text())
+    shown = lambda outs: [[np.asarray(o).ravel()[:16].tolist() for o in inf] for inf in outs]  # noqa: E731
+    return {"device": shown(r.outputs), "host_in_process": shown(host.run(x) for x in arrays),
+            "host_in_child": shown(run_tflm_sets_in_child(data, arrays)),
+            "export": {k: exported.get(k) for k in ("planner", "planned_head", "measured_head", "measured_tail",
+                                                      "arena_size")}, "project": str(project)}
 
 
 def exported_model(r):
