@@ -190,3 +190,49 @@ def test_a_corrupted_index_from_anywhere_in_a_child_is_a_crash():
 
     with pytest.raises(RuntimeCrash, match=r"^LiteRT crashed \(it corrupted its own memory: Invalid tensor index"):
         call_in_child(_corrupted_run, runtime="LiteRT", doing="running the model")
+
+
+# A script for a process whose heap hands out memory it has used: glibc fills every allocation
+# with a byte (MALLOC_PERTURB_) and keeps even a 64 MB arena on the heap (MALLOC_MMAP_THRESHOLD_),
+# as a long-lived process (a test session) may. Both are read at start-up and dropped from the
+# environment before the check's child process starts: that one is a fresh process.
+_ARENA_PAST = """
+import json, os, sys
+from pathlib import Path
+from tpu_pipeline.toolchain.execute.inputs import input_stream
+from tpu_pipeline.toolchain.execute.tflm import TflmModel, reference_outputs
+for k in ("MALLOC_PERTURB_", "MALLOC_MMAP_THRESHOLD_"):
+    os.environ.pop(k, None)
+data = Path(sys.argv[1]).read_bytes()
+host = TflmModel(data, 64 * 1024 * 1024)
+specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
+x = [[s[n] for n in host.input_names] for s in input_stream(specs, 1, 4)]
+print(json.dumps({"dependent": host.arena_dependent, "in_process": host.run(x[0])[0].tolist(),
+                  "reference": reference_outputs(host, data, x)[0][0].tolist()}))
+"""
+
+
+def _arena_past(model, perturb: bool) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **({"MALLOC_PERTURB_": "165", "MALLOC_MMAP_THRESHOLD_": "2000000000"} if perturb else {}))
+    out = subprocess.run([sys.executable, "-c", _ARENA_PAST, str(model)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_model_whose_tflm_outputs_depend_on_the_arena_is_checked_against_a_fresh_process():
+    """TFLite Micro's SPACE_TO_BATCH_ND pads with a value nothing sets: on a heap that hands out
+    used memory its outputs change (CI saw a QEMU run of this model differ from the host by up to
+    12). The device backends' reference then comes from a fresh process, as a board that boots
+    with a zeroed arena computes it."""
+    model = FIXTURES / "darts_s2b_int8.tflite"
+    fresh, past = _arena_past(model, perturb=False), _arena_past(model, perturb=True)
+    assert past["dependent"] == ["SPACE_TO_BATCH_ND"]
+    assert fresh["in_process"] == fresh["reference"]
+    assert past["in_process"] != fresh["in_process"]  # the arena's past shows in TFLite Micro's outputs
+    assert past["reference"] == fresh["reference"]  # ... but not in the reference
+    assert _arena_past(INT8, perturb=True)["dependent"] == []  # (others stay in this process)

@@ -232,9 +232,9 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     with host TFLite Micro. DeviceError (exit 4) on boot failure or a silent/garbled board;
     InfeasibleError (exit 3) when the firmware does not fit the board."""
     from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
-    from tpu_pipeline.toolchain.execute.tflm import TflmModel
-    from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
     from tpu_pipeline.toolchain.execute.compare import compare_outputs
+    from tpu_pipeline.toolchain.execute.tflm import ARENA_DEPENDENT_OPS, TflmModel, reference_outputs
+    from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
 
     model_path = Path(model_path)
     data = model_path.read_bytes()
@@ -272,8 +272,10 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     if predicted.tail is None:  # say which op's persistent data is not modelled
         notes.append(f"arena not predicted: {', '.join(target_tail_unmodelled(data, kernels))} not modelled")
     outputs, diffs, agree = [], [], bool(results)
-    for k, (x, r) in enumerate(zip(arrays, results)):
-        want = host.run(x)
+    wants = reference_outputs(host, data, arrays[:len(results)])
+    notes += [f"{ARENA_DEPENDENT_OPS[op]}: compared with host TFLite Micro in a fresh process"
+              for op in host.arena_dependent]
+    for k, (want, r) in enumerate(zip(wants, results)):
         got = [np.frombuffer(b, dtype=w.dtype).reshape(w.shape) for b, w in zip(r.outputs, want)]
         outputs.append(got)
         # integers identical; floats within the comparison policy's rounding (the Cortex-M4's FPU

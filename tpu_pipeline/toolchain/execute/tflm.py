@@ -60,6 +60,29 @@ def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np
         raise ModelError(f"TFLite Micro cannot run the model: {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
 
+# Builtin ops whose TFLite Micro kernel reads arena bytes that nothing wrote, so that the model's
+# outputs depend on what the arena held before. SPACE_TO_BATCH_ND pads with its
+# SpaceToBatchParams.output_offset: Init takes the struct from the arena's persistent tail and no
+# code ever sets it (the trees in shared/tflm; LiteRT pads with the output's zero point). A board
+# boots with its arena zeroed (the harness firmware's is in .bss), and so is a fresh process's
+# (glibc maps an arena this large anew), but a long-lived process may hand the interpreter heap
+# memory it used before: such a model's host outputs then drift from run to run (valgrind:
+# "uninitialised value ... created by operator new[] in InterpreterWrapper").
+ARENA_DEPENDENT_OPS = {
+    "SPACE_TO_BATCH_ND": "TFLite Micro's SPACE_TO_BATCH_ND pads with a value its kernel never sets (whatever its "
+                         "arena held: zero on a board that boots with a zeroed arena)",
+}
+
+
+def reference_outputs(host: "TflmModel", data: bytes, input_sets) -> list[list[np.ndarray]]:
+    """Host TFLite Micro's outputs for each input set (each a list by position), as a board that
+    boots with a zeroed arena computes them: by `host` in this process, or, for a model with an op
+    of ARENA_DEPENDENT_OPS, in a fresh child process, whose arena starts zeroed too."""
+    if host.arena_dependent:
+        return run_tflm_sets_in_child(data, input_sets)
+    return [host.run(x) for x in input_sets]
+
+
 class TflmModel:
     """A TFLite Micro interpreter over `model_bytes` with an arena of `arena_size` bytes, as an
     MCU would run it.
@@ -80,6 +103,8 @@ class TflmModel:
 
         graph = from_model(read_model(bytes(model_bytes), name=label))
         self.input_names = tuple(graph.tensors[t].name for t in graph.inputs)
+        # what of ARENA_DEPENDENT_OPS the model has: its outputs then depend on the arena's past
+        self.arena_dependent = sorted({op.opcode for op in graph.ops} & ARENA_DEPENDENT_OPS.keys())
         self.output_names = tuple(graph.tensors[t].name for t in graph.outputs)
         def spec(d):
             return np.dtype(d["dtype"]), tuple(int(x) for x in d["shape"])
