@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
-from tpu_pipeline.runtime.measure import LatencyStats, RunReport
+from tpu_pipeline.runtime.measure import RunReport
 from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, require_firmware
 from tpu_pipeline.toolchain.errors import DeviceError, UsageError
@@ -221,6 +221,27 @@ class QemuResult:
         return d
 
 
+def _against_host(wants, results) -> tuple[list, list, bool]:
+    """(the device's outputs per inference, where they differ from host TFLite Micro's `wants`,
+    whether they agree under the comparison policy)."""
+    from tpu_pipeline.toolchain.execute.compare import compare_outputs
+
+    outputs, diffs, agree = [], [], bool(results)
+    for k, (want, r) in enumerate(zip(wants, results)):
+        got = [np.frombuffer(b, dtype=w.dtype).reshape(w.shape) for b, w in zip(r.outputs, want)]
+        outputs.append(got)
+        # integers identical; floats within the comparison policy's rounding (the Cortex-M4's FPU
+        # fuses multiply-adds and its libm is not the host's: trained_lstm differs by 4e-7)
+        agree = agree and all(c.ok for c in compare_outputs(want, got))
+        for j, (g, w) in enumerate(zip(got, want)):
+            if not np.array_equal(g, w):
+                delta = np.abs(g.astype(np.int64) - w.astype(np.int64)) if g.dtype.kind in "iu" else \
+                    np.abs(g.astype(np.float64) - w.astype(np.float64))
+                diffs.append({"inference": k, "output": j, "elements_differing": int(np.count_nonzero(g != w)),
+                              "elements": int(g.size), "max_abs_diff": float(delta.max())})
+    return outputs, diffs, agree
+
+
 def _instructions(ticks: int, ticks_per_s: int) -> int:
     return int(round(ticks * 1e9 / (ticks_per_s * (1 << ICOUNT_SHIFT))))
 
@@ -232,7 +253,6 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     with host TFLite Micro. DeviceError (exit 4) on boot failure or a silent/garbled board;
     InfeasibleError (exit 3) when the firmware does not fit the board."""
     from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
-    from tpu_pipeline.toolchain.execute.compare import compare_outputs
     from tpu_pipeline.toolchain.execute.tflm import ARENA_DEPENDENT_OPS, TflmModel, reference_outputs
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
 
@@ -271,22 +291,9 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     predicted = _predicted_arena(data, kernels, _split(exported))
     if predicted.tail is None:  # say which op's persistent data is not modelled
         notes.append(f"arena not predicted: {', '.join(target_tail_unmodelled(data, kernels))} not modelled")
-    outputs, diffs, agree = [], [], bool(results)
-    wants = reference_outputs(host, data, arrays[:len(results)])
     notes += [f"{ARENA_DEPENDENT_OPS[op]}: compared with host TFLite Micro in a fresh process"
               for op in host.arena_dependent]
-    for k, (want, r) in enumerate(zip(wants, results)):
-        got = [np.frombuffer(b, dtype=w.dtype).reshape(w.shape) for b, w in zip(r.outputs, want)]
-        outputs.append(got)
-        # integers identical; floats within the comparison policy's rounding (the Cortex-M4's FPU
-        # fuses multiply-adds and its libm is not the host's: trained_lstm differs by 4e-7)
-        agree = agree and all(c.ok for c in compare_outputs(want, got))
-        for j, (g, w) in enumerate(zip(got, want)):
-            if not np.array_equal(g, w):
-                delta = np.abs(g.astype(np.int64) - w.astype(np.int64)) if g.dtype.kind in "iu" else \
-                    np.abs(g.astype(np.float64) - w.astype(np.float64))
-                diffs.append({"inference": k, "output": j, "elements_differing": int(np.count_nonzero(g != w)),
-                              "elements": int(g.size), "max_abs_diff": float(delta.max())})
+    outputs, diffs, agree = _against_host(reference_outputs(host, data, arrays[:len(results)]), results)
     tps = max(1, info.ticks_per_s)
     per_op: dict[tuple[int, str], list[int]] = {}
     for r in results:
