@@ -24,7 +24,7 @@ from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.cpsat import new_solver
-from tpu_pipeline.toolchain.fit.fronts import pareto_front
+from tpu_pipeline.toolchain.fit.fronts import Arcs, front_of
 from tpu_pipeline.toolchain.fit.variants import Variant
 
 _NS = 1e9  # latency is modelled in integer nanoseconds
@@ -355,6 +355,7 @@ class _Chain:
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
         self._under: dict[int, tuple] = {}  # cap -> (its variants, their indices): under()
         self._fronts: dict[int, tuple] = {}  # cap -> (max tail, max latency, its front): front()
+        self._arcs: dict[int, Arcs] = {}  # cap -> its variants as arcs: front()
         self._caps = np.unique(peak)  # (sorted)
         self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
         self._last, self._size = [None, None], [32, 32]  # [latency_first]: the last cap asked, the next block
@@ -376,16 +377,20 @@ class _Chain:
         return self._under[cap][0]
 
     def front(self, cap: int, max_tail: int | None, max_lat: int | None):
-        """pareto_front of the variants under `cap` within the limits. A front within wider limits holds
+        """fronts.front_of the variants under `cap` within the limits. A front within wider limits holds
         it (whatever beats a point within the limits is within them too): the last one asked per
         cap is kept and read while the limits narrow, as they do from one budget to the next."""
         hit = self._fronts.get(cap)
         if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
             return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
-        under = self.under(cap)
-        at = self._under[cap][1] if under else np.zeros(0, np.int64)
-        out = pareto_front(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n, max_tail,
-                           max_lat)
+        arcs = self._arcs.get(cap)
+        if arcs is None:  # (what no limit changes, made once per cap)
+            under = self.under(cap)
+            at = self._under[cap][1] if under else np.zeros(0, np.int64)
+            if len(self._arcs) > 64:
+                self._arcs.clear()
+            arcs = self._arcs[cap] = Arcs(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n)
+        out = front_of(arcs, max_tail, max_lat)
         self._fronts[cap] = (max_tail, max_lat, out)
         return out
 

@@ -458,7 +458,8 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
         striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
         # (other forms run a layer apart from its input on the stripes' kernel where that costs no
         # scratch; a dw3 layer whose tile overflows its buffer runs on its twin: `lean`)
-        lean = stage_layers(graph, positions, stripes=True, without={DW3: frozenset(positions)})
+        lean = stage_layers(graph, positions, stripes=True, without={DW3: frozenset(positions)}) \
+            if any(DW3 in flags(striped.ops[i]) for i in positions) else striped
         geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
                              stage_pricing(body, positions, device, sem.kernels, striped, lean), axes)
         if any(striped.ops[i].kernel != body.ops[i].kernel for i in positions):
