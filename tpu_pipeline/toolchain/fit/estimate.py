@@ -165,8 +165,8 @@ class StagePricing:
         f = op_features(body, i)
         c = coefficients(table, f.fit_class)
         y = body.tensors[body.ops[i].outputs[0]].shape
-        return (c.get("overhead", 0.0), (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2]),
-                c.get("per_channel", 0.0) * f.channels)
+        per_pixel = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+        return c.get("overhead", 0.0), per_pixel, c.get("per_channel", 0.0) * f.channels
 
     def _layer(self, i: int, pixels: float, calls: float) -> float:
         """Instructions at least of layer i computing `pixels` of its output in `calls` calls."""

@@ -456,8 +456,7 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
         striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
-        # (other forms run a layer apart from its input on the stripes' kernel where that costs no
-        # scratch; a dw3 layer whose tile overflows its buffer runs on its twin: `lean`)
+        # (other forms run a layer apart on the stripes' kernel where that costs no scratch; dw3 overflowing: its twin)
         lean = stage_layers(graph, positions, stripes=True, without={DW3: frozenset(positions)}) \
             if any(DW3 in flags(striped.ops[i]) for i in positions) else striped
         geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
