@@ -574,3 +574,33 @@ def test_a_2d_streamed_stage_with_a_depthwise_layer_apart_runs_in_qemu_bit_ident
         r = _in_qemu(tmp_path / f"{name}.tflite", staged, src, kernels_set)
         counts.append(_stage_instructions(r))
     assert counts[0] < counts[1], counts
+
+
+def test_a_stage_program_is_generated_once_per_region_and_form(monkeypatch):
+    """Programs are kept per region and form (fit builds a stage, its `_apart` trials and the
+    chosen one again on the whole model): every form's program as generated afresh, the winning
+    kernels' and the lean ones' (a layer apart from its input where its kernel is STRIPES_ONLY),
+    and building them all again generates none."""
+    from tpu_pipeline.toolchain.rewrite import patch_stage
+
+    forms = [((2, 2), None), ((3, 2), None), ((2, 3), None), ((3, 1), None), ((2, 1), None), ((3, 3), True),
+             ((2, 2), True)]
+    base, _ = _mbv2_like()
+    graphs = [base, _winning(base, stride2=True)]
+    tin, tout, positions = checked_region(base, _region(base))
+    fresh = {}
+    with monkeypatch.context() as m:  # (every program generated: no key is met twice)
+        m.setattr(patch_stage, "_program_key", lambda *args: object())
+        for k, g in enumerate(graphs):
+            for grid, stream in forms:
+                op = next(o for o in build_stage(g, tin, tout, positions, grid, stream=stream).ops if stage.is_stage(o))
+                fresh[k, grid, stream] = (op.options.program, op.options.scratch)
+    patch_stage._PROGRAMS.clear()
+    for _ in range(2):
+        for k, g in enumerate(graphs):
+            for grid, stream in forms:
+                op = next(o for o in build_stage(g, tin, tout, positions, grid, stream=stream).ops if stage.is_stage(o))
+                assert (op.options.program, op.options.scratch) == fresh[k, grid, stream], (k, grid, stream)
+        if _ == 0:
+            generated = len(patch_stage._PROGRAMS)
+    assert generated == len(patch_stage._PROGRAMS) >= len(forms)

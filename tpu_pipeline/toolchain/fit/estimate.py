@@ -142,19 +142,17 @@ class RegionGeometry:
 class StagePricing:
     """What a patch stage's predicted instructions (cost.mcu.stage_instructions) are at least, from
     the tile geometry: its layers at their classes' rates on the rows and columns each tile
-    computes, a cost per call, per output row of a call and per element its tiles copy in and out.
-    Left out (a floor): the slices between layers and overlapped calls' rings."""
+    computes (with their kernels' set-up per call: `per_channel`), a cost per call, per output
+    row of a call and per element its tiles copy in and out. Left out (a floor): the slices
+    between layers and overlapped calls' rings."""
 
     def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float,
-                 apart: Graph | None = None):
-        self.rate = {}  # op -> instructions per output pixel of it (per-unit and per-output parts)
-        self.overhead = 0.0  # every layer's kernel overhead once (cost.mcu.stage_features)
-        for i in positions:
-            # (`apart`: the layers on the kernels they keep when run apart from their input, which
-            # the builder does where that costs no scratch (rewrite.patch_stage _apart): the cheaper)
-            rates = [self._rate(g, i, table) for g in (body, apart) if g is not None]
-            self.overhead += min(r[0] for r in rates)
-            self.rate[i] = min(r[1] for r in rates)
+                 *others: Graph):
+        # op -> (kernel overhead, instructions per output pixel, per call) of each kernel the
+        # builder may run it on: `body`'s, and `others`' (rewrite.patch_stage runs a layer apart
+        # from its input on the stripes' kernel where that costs no scratch, and a dw3 layer whose
+        # tile overflows its buffer on its twin): a layer costs at least the cheapest of them
+        self.layer = {i: tuple(dict.fromkeys(self._rate(g, i, table) for g in (body, *others))) for i in positions}
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
         self.per_pasted = c.get("per_pasted", coefficients(table, "data_movement")["per_output"])
@@ -162,12 +160,17 @@ class StagePricing:
         self.seconds = seconds_per_instruction
 
     @staticmethod
-    def _rate(body: Graph, i: int, table: dict) -> tuple[float, float]:
-        """(kernel overhead, instructions per output pixel) of layer i of `body`."""
+    def _rate(body: Graph, i: int, table: dict) -> tuple[float, float, float]:
+        """(kernel overhead, instructions per output pixel, set-up per call) of layer i of `body`."""
         f = op_features(body, i)
         c = coefficients(table, f.fit_class)
         y = body.tensors[body.ops[i].outputs[0]].shape
-        return c.get("overhead", 0.0), (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+        per_pixel = (c["per_unit"] * f.work + c.get("per_output", 0.0) * f.outputs) / max(1, y[1] * y[2])
+        return c.get("overhead", 0.0), per_pixel, c.get("per_channel", 0.0) * f.channels
+
+    def _layer(self, i: int, pixels: float, calls: float) -> float:
+        """Instructions at least of layer i computing `pixels` of its output in `calls` calls."""
+        return min(o + r * pixels + c * calls for o, r, c in self.layer[i])
 
     def seconds_of(self, geo: "RegionGeometry", hsum: list[float], wsum: list[float], cols: int, tiles: int
                    ) -> float:
@@ -179,7 +182,7 @@ class StagePricing:
         for y, _, i in geo.steps:
             h, w = hsum[at[y]], wsum[at[y]]
             n_rows, calls = h * cols, calls + tiles
-            instr += self.rate[i] * h * w
+            instr += self._layer(i, h * w, tiles)
             rows += n_rows
         j = at[geo.tin]
         return self._total(geo, instr, calls, rows, hsum[j] * wsum[j] * geo.channels[geo.tin], 0.0, (0.0, 0.0))
@@ -195,19 +198,18 @@ class StagePricing:
         for k, (_, _, i) in enumerate(geo.steps):
             n_rows = new_rows[k] * cols_on[k]
             calls += rows_on[k] * cols_on[k]
-            instr += self.rate[i] * new_rows[k] * new_cols[k]
+            instr += self._layer(i, new_rows[k] * new_cols[k], rows_on[k] * cols_on[k])
             rows += n_rows
         return self._total(geo, instr, calls, rows, copied_in, streamed, pasted)
 
     def _total(self, geo: "RegionGeometry", instr, calls, rows, copied_in, streamed, pasted) -> float:
         copied = copied_in + geo.shape[0] * geo.shape[1] * geo.channels[geo.tout] + streamed
         pastes = self.per_pasted * pasted[0] + self.per_paste_row * pasted[1]
-        return (self.overhead + instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied
+        return (instr + self.per_call * calls + self.per_row * rows + self.per_copied * copied
                 + pastes) * self.seconds
 
 
-def stage_pricing(body: Graph, positions: list[int], device, kernel_set, apart: Graph | None = None
-                  ) -> StagePricing | None:
+def stage_pricing(body: Graph, positions: list[int], device, kernel_set, *others: Graph) -> StagePricing | None:
     """The StagePricing of a region (`body`: the graph as rewrite.patch_stage.stage_layers puts
     its layers on the stage's kernels) on `device` with `kernel_set` (None without a fitted
     [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
@@ -215,7 +217,7 @@ def stage_pricing(body: Graph, positions: list[int], device, kernel_set, apart: 
     table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
     if table is None or "patch_stage" not in table:
         return None
-    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz, apart)
+    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz, *others)
 
 
 def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:

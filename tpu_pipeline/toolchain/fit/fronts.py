@@ -6,26 +6,45 @@ from __future__ import annotations
 import numpy as np
 
 
-def pareto_front(variants, first, end, tail, lat, n_spans: int, max_tail: int | None, max_lat: int | None = None):
-    """The Pareto front of (tail, latency ns) over coverings of the spans by `variants` (their
-    first spans, end spans (last + 1), tails and latencies in ns as int arrays), tail at most
+class Arcs:
+    """Variants as arcs over the spans, as plain lists, with what no limit changes: per span the
+    least tail and the least latency of any way on from it (two backward passes) and the arcs
+    ending there. The selection asks the front of one set of arcs (a cap's) under limit after
+    limit: this is made once per set."""
+
+    def __init__(self, variants, first, end, tail, lat, n_spans: int):
+        self.variants, self.n = variants, n_spans
+        self.first, self.tail, self.lat = first, tail, lat = first.tolist(), tail.tolist(), lat.tolist()
+        end = end.tolist()
+        most = np.iinfo(np.int64).max
+        rest_tail, rest_ns = [most] * (n_spans + 1), [most] * (n_spans + 1)  # the least of any way on
+        rest_tail[n_spans] = rest_ns[n_spans] = 0
+        self.ending: dict[int, list[int]] = {}  # end span -> the arcs ending there, in order
+        starting: dict[int, list[int]] = {}
+        for k, (a, e) in enumerate(zip(first, end)):
+            self.ending.setdefault(e, []).append(k)
+            starting.setdefault(a, []).append(k)
+        for s in sorted(starting, reverse=True):  # (later spans first: theirs are final)
+            least_t, least_n = most, most
+            for k in starting[s]:
+                on = rest_tail[end[k]]
+                if on < most:
+                    least_t = min(least_t, tail[k] + on)
+                    least_n = min(least_n, lat[k] + rest_ns[end[k]])
+            rest_tail[s], rest_ns[s] = least_t, least_n
+        self.rest_tail, self.rest_ns = rest_tail, rest_ns
+
+
+def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
+    """The Pareto front of (tail, latency ns) over coverings of the spans by `arcs`, tail at most
     `max_tail`, latency at most `max_lat`: [(tail, latency, variants)], each label a covering
     nothing else beats on both. A label that could not end within the limits even on the least
-    tail and the least latency of any way on from its span (two backward passes) is not kept:
-    with a tight limit, as the selection's second level sets, few labels survive. (A loop over
-    plain lists: the fronts the selection asks are small, thousands of them, where array
-    operations per span cost more than the loop.)"""
-    first, end, tail, lat = first.tolist(), end.tolist(), tail.tolist(), lat.tolist()
-    most = np.iinfo(np.int64).max
-    rest_tail, rest_ns = [most] * (n_spans + 1), [most] * (n_spans + 1)  # the least of any way on
-    rest_tail[n_spans] = rest_ns[n_spans] = 0
-    for k in sorted(range(len(first)), key=lambda k: -end[k]):
-        if rest_tail[end[k]] < most:
-            rest_tail[first[k]] = min(rest_tail[first[k]], tail[k] + rest_tail[end[k]])
-            rest_ns[first[k]] = min(rest_ns[first[k]], lat[k] + rest_ns[end[k]])
-    ending: dict[int, list[int]] = {}
-    for k, e in enumerate(end):
-        ending.setdefault(e, []).append(k)
+    tail and the least latency of any way on from its span is not kept: with a tight limit, as
+    the selection's second level sets, few labels survive. (A loop over plain lists: the fronts
+    the selection asks are small, thousands of them, where array operations per span cost more
+    than the loop.)"""
+    first, tail, lat, n_spans = arcs.first, arcs.tail, arcs.lat, arcs.n
+    rest_tail, rest_ns, ending = arcs.rest_tail, arcs.rest_ns, arcs.ending
     labels: list[list] = [[] for _ in range(n_spans + 1)]
     labels[0] = [(0, 0, None, None)]  # (tail, latency, the label before, the variant's index)
     for s in range(1, n_spans + 1):
@@ -48,7 +67,7 @@ def pareto_front(variants, first, end, tail, lat, n_spans: int, max_tail: int | 
     for c in labels[n_spans]:
         chosen, label = [], c
         while label[3] is not None:
-            chosen.append(variants[label[3]])
+            chosen.append(arcs.variants[label[3]])
             label = label[2]
         out.append((c[0], c[1], chosen[::-1]))
     return out

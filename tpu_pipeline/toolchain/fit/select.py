@@ -24,7 +24,7 @@ from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.cpsat import new_solver
-from tpu_pipeline.toolchain.fit.fronts import pareto_front
+from tpu_pipeline.toolchain.fit.fronts import Arcs, front_of
 from tpu_pipeline.toolchain.fit.variants import Variant
 
 _NS = 1e9  # latency is modelled in integer nanoseconds
@@ -253,7 +253,8 @@ def _chain_of(variants, n_spans: int, cache: dict | None) -> "_Chain":
     hit = None if cache is None else cache.get("chain")
     if hit is not None and hit[0] == ids:
         return hit[1]
-    chain = _Chain(variants, n_spans, {id(v): _ns(v) for v in variants})
+    shared = None if cache is None else cache.setdefault("arcs", {})
+    chain = _Chain(variants, n_spans, {id(v): _ns(v) for v in variants}, shared)
     if cache is not None:
         cache["chain"] = (ids, chain)  # (the chain holds its variants: their ids stay theirs)
     return chain
@@ -322,7 +323,7 @@ class _Chain:
 
     _SHIFT, _TAIL = 1 << 40, 1 << 22
 
-    def __init__(self, variants, n_spans: int, ns: dict):
+    def __init__(self, variants, n_spans: int, ns: dict, arcs: dict | None = None):
         self.n = n_spans
         self.variants = list(variants)
         most_tail = max((v.tail for v in self.variants), default=0)  # a covering sums at most n_spans of each
@@ -355,6 +356,11 @@ class _Chain:
         self._lifted = lat[self._sorted] + (int(ranks.max(initial=0)) - ranks) * big
         self._under: dict[int, tuple] = {}  # cap -> (its variants, their indices): under()
         self._fronts: dict[int, tuple] = {}  # cap -> (max tail, max latency, its front): front()
+        self._arcs: dict[int, Arcs] = {}  # cap -> its variants as arcs: front()
+        # (variants, by identity) -> their Arcs, shared by the chains of one selection: after a
+        # build the chain is new, but most caps keep the variants they had (the Arcs hold them:
+        # their ids stay theirs)
+        self._shared = {} if arcs is None else arcs
         self._caps = np.unique(peak)  # (sorted)
         self._rows = ({}, {})  # [latency_first]: cap -> (key, picks), filled block by block (_row)
         self._last, self._size = [None, None], [32, 32]  # [latency_first]: the last cap asked, the next block
@@ -376,16 +382,27 @@ class _Chain:
         return self._under[cap][0]
 
     def front(self, cap: int, max_tail: int | None, max_lat: int | None):
-        """pareto_front of the variants under `cap` within the limits. A front within wider limits holds
+        """fronts.front_of the variants under `cap` within the limits. A front within wider limits holds
         it (whatever beats a point within the limits is within them too): the last one asked per
         cap is kept and read while the limits narrow, as they do from one budget to the next."""
         hit = self._fronts.get(cap)
         if hit is not None and _within(max_tail, hit[0]) and _within(max_lat, hit[1]):
             return [f for f in hit[2] if _within(f[0], max_tail) and _within(f[1], max_lat)]
-        under = self.under(cap)
-        at = self._under[cap][1] if under else np.zeros(0, np.int64)
-        out = pareto_front(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n, max_tail,
-                           max_lat)
+        arcs = self._arcs.get(cap)
+        if arcs is None:  # (what no limit changes, made once per cap, or per set of variants)
+            under = self.under(cap)
+            key = (self.n, tuple(map(id, under)))
+            arcs = self._shared.get(key)
+            if arcs is None:
+                at = self._under[cap][1] if under else np.zeros(0, np.int64)
+                arcs = Arcs(under, self._first[at], self._end[at], self._tails[at], self._lat[at], self.n)
+                if len(self._shared) >= 512:
+                    self._shared.clear()
+                self._shared[key] = arcs
+            if len(self._arcs) > 64:
+                self._arcs.clear()
+            self._arcs[cap] = arcs
+        out = front_of(arcs, max_tail, max_lat)
         self._fronts[cap] = (max_tail, max_lat, out)
         return out
 

@@ -46,7 +46,7 @@ from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
-from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_layers, stage_refusal
+from tpu_pipeline.toolchain.rewrite.patch_stage import DW3, build_stage, stage_layers, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -456,12 +456,14 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
         body = stage_layers(graph, positions)
         scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
         striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
-        # (other forms run a layer apart from its input on the stripes' kernel where that costs no scratch)
+        # (other forms run a layer apart on the stripes' kernel where that costs no scratch; dw3 overflowing: its twin)
+        lean = stage_layers(graph, positions, stripes=True, without={DW3: frozenset(positions)}) \
+            if any(DW3 in flags(striped.ops[i]) for i in positions) else striped
         geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                             stage_pricing(body, positions, device, sem.kernels, striped), axes)
+                             stage_pricing(body, positions, device, sem.kernels, striped, lean), axes)
         if any(striped.ops[i].kernel != body.ops[i].kernel for i in positions):
             own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
-            geo.stripes = (stage_pricing(striped, positions, device, sem.kernels), max(own, default=0))
+            geo.stripes = (stage_pricing(striped, positions, device, sem.kernels, lean), max(own, default=0))
         return geo
     # (a variant's own buffer, dw3's, shrinks with the tile's map: counted as none, the estimate stays a floor)
     scratch = {i: 0 if (k := variant_of(graph.ops[i])) is not None and k.scratch is not None

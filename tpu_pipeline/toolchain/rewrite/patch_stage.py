@@ -103,14 +103,45 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     return editor.finish()
 
 
+_PROGRAMS: dict[tuple, tuple[tuple[int, ...], int]] = {}  # _program_key -> (program words, scratch bytes)
+
+
 def _stage_program(graph: Graph, positions, tin: int, tout: int, grid, in_place: bool, stream: bool,
-                   apart: frozenset[int] = frozenset()):
+                   apart: frozenset[int] = frozenset()) -> tuple[tuple[int, ...], int]:
+    """(program words, scratch bytes) of the region on `grid`. Generated once per process for the
+    same region and form: fit builds a stage, `_apart`'s trials and the chosen one run again when
+    the selection is realised on the whole model (TinyEngine's vww: 0.2 s a 2-D streamed program)."""
     region = [graph.ops[i] for i in positions]
-    if not stream:
-        return _program(graph, region, tin, tout, grid, in_place, apart)
-    if grid[1] == 1:
-        return _stream_program(graph, region, tin, tout, grid[0])
-    return stream2d_program(graph, region, tin, tout, grid, in_place, apart)
+    key = _program_key(graph, region, tin, tout, grid, in_place, stream, apart)
+    hit = _PROGRAMS.get(key)
+    if hit is None:
+        if not stream:
+            words, scratch = _program(graph, region, tin, tout, grid, in_place, apart)
+        elif grid[1] == 1:
+            words, scratch = _stream_program(graph, region, tin, tout, grid[0])
+        else:
+            words, scratch = stream2d_program(graph, region, tin, tout, grid, in_place, apart)
+        if len(_PROGRAMS) >= 256:
+            _PROGRAMS.clear()
+        hit = _PROGRAMS[key] = (tuple(words), scratch)
+    return hit
+
+
+def _program_key(graph: Graph, region: list[Op], tin: int, tout: int, grid, in_place: bool, stream: bool,
+                 apart: frozenset[int]) -> tuple:
+    """All a stage's program depends on, as plain data: per layer its opcode, options, whether it
+    runs on a harness kernel and which of the region's tensors it reads and writes (numbered in
+    the region), those tensors' shapes and kinds, and the form. The same region of another graph
+    (the span's, the whole model's) has the same key."""
+    local = {tin: 0}
+
+    def at(t: int) -> int:
+        return -1 if t < 0 else local.setdefault(t, len(local))
+
+    layers = tuple((op.opcode, op.options, kernels.is_harness(op), tuple(map(at, op.inputs)),
+                    tuple(map(at, op.outputs))) for op in region)
+    tensors = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, graph.is_activation(t)) for t in local)
+    return layers, tensors, at(tout), tuple(grid), in_place, stream, apart
 
 
 def _apart(graph: Graph, staged: Graph, positions, where, scratch: int) -> frozenset[int]:
