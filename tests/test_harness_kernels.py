@@ -221,6 +221,9 @@ def test_overlapped_calls_run_rows_straight_out_where_no_input_is_still_read():
     # in place at stride 1 every row still waits for the next: a call per row through the ring
     assert overlap_calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0) == (20, 20)
     assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False) == (20, 20)  # (dw3: a row per call)
+    # dw3 reads a channel whole before writing it: laid exactly over its input, one call
+    assert overlap_calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0, False, True) == (1, 0)
+    assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False, True) == (20, 20)
     assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 10 ** 6) == (1, 0)  # (not overlapped)
 
 

@@ -204,9 +204,9 @@ def stage_overlap_calls(body, step) -> tuple[int, int]:
     op = body.ops[step[1]]
     rows, _ = window(body, op)
     c_x, c_y = body.tensors[op.inputs[0]].shape[3], body.tensors[op.outputs[0]].shape[3]
+    dw3 = "dw3" in harness.flags(op)
     return overlap.overlap_calls(step[3], step[4] * c_x, step[8], step[9] * c_y, step[5], rows.stride,
-                                 (rows.kernel - 1) * rows.dilation + 1, step[2], step[7],
-                                 "dw3" not in harness.flags(op))
+                                 (rows.kernel - 1) * rows.dilation + 1, step[2], step[7], not dw3, dw3)
 
 
 def stage_instructions(op, table: dict) -> float:
@@ -232,16 +232,23 @@ def stage_instructions(op, table: dict) -> float:
     return f.layers + rings + per_call * f.calls + dm["per_output"] * (f.copied + f.pasted)
 
 
-def overlap_instructions(graph: Graph, op, table: dict) -> float:
+def overlap_instructions(graph: Graph, op, table: dict, features: OpFeatures | None = None) -> float:
     """What an overlapped harness convolution adds to its kernel's cost: its kernel calls (a row
     into the ring, or a run of rows straight into the output: overlap.op_overlap_calls) and the
-    copy of each ring row ([K.overlap], fitted by tools/fit_harness_cost.py; 0 before that fit)."""
+    copy of each ring row ([K.overlap], fitted by tools/fit_harness_cost.py; 0 before that fit),
+    plus, for a kernel that sets up each channel per call (`features`' class has a per_channel
+    rate: fast; dw3 in place is one call), that set-up again on every call after the first (dw3
+    in place on 8 x 10 x 192, a call per row, took +576,120 instructions in QEMU over the whole
+    op's 555,400)."""
     c = table.get("overlap")
     if c is None:
         return 0.0
     y = graph.tensors[op.outputs[0]]
     calls, ringed = overlap.op_overlap_calls(graph, op)
-    return c["per_unit"] * calls + c["per_output"] * ringed * y.shape[2] * y.shape[3] + c["overhead"]
+    setup = 0.0
+    if features is not None and features.fit_class in table:
+        setup = coefficients(table, features.fit_class).get("per_channel", 0.0) * features.channels * (calls - 1)
+    return c["per_unit"] * calls + c["per_output"] * ringed * y.shape[2] * y.shape[3] + c["overhead"] + setup
 
 
 @dataclass(frozen=True)
@@ -306,7 +313,7 @@ def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet = DEFAULT_KERN
             else:
                 instr = predict_instructions(f, tables[REFERENCE.cost_key] if direct else table)
             if harness.OVERLAP in harness.flags(op):
-                instr += overlap_instructions(graph, op, table)
+                instr += overlap_instructions(graph, op, table, f)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

@@ -300,13 +300,19 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
     MicroPrintf("TPUP conv: output over the input without a ring");
     return kTfLiteError;
   }
+  // dw3 reads all of a channel's input rows (into its buffer) before it writes that channel's
+  // outputs, and writes no other byte: an output laid exactly over its input (the same start and
+  // row bytes, so each output byte is its own pixel's and channel's input byte) is one call.
+  if ((o.flags & kFlagDw3) && out_lo == in_lo && row_out == row_in) {
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed);
+  }
   // Rows run in order (first to last, or last to first when the output reaches past the input's
   // end: a larger output sharing its start). With the ring empty, the longest run of next rows
   // whose bytes cover no input row still to be read is one call straight into the output (its
   // writes touch nothing a row of the call or after it reads); else the next row goes into the
   // ring, and each held row is written out, in order, once no row still to compute reads the
-  // input under it (the same rule as overlap.ring_rows_for). dw3 runs a row per call: its buffer
-  // is sized for a row and the whole op, not every run between.
+  // input under it (the same rule as overlap.ring_rows_for). dw3 otherwise runs a row per call: its
+  // buffer is sized for a row and the whole op, not every run between.
   const Overlap v = {in_lo, in_hi, out_lo, row_in, row_out, g.in_h, g.out_h, o.pad_top, o.stride_h,
                      (g.k_h - 1) * o.dilation_h + 1, out_hi > in_hi};
   const bool runs = !(o.flags & kFlagDw3);
