@@ -19,7 +19,7 @@ from tpu_pipeline.toolchain.ir import kernels
 from tpu_pipeline.toolchain.ir.convert import BUILTIN_CODES, builtin_view_bytes, from_model, standalone_model, to_model
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, can_run_direct, can_run_harness, kernel_choices,
                                                kernel_name, with_kernel)
-from tpu_pipeline.toolchain.ir.overlap import overlap_calls, overlap_schedule, ring_rows, ring_rows_for
+from tpu_pipeline.toolchain.ir.overlap import overlap_schedule, ring_rows, ring_rows_for
 from tpu_pipeline.toolchain.ir.requant import quantize_multiplier
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.planners import plan_arena
@@ -212,19 +212,25 @@ def _simulate_overlap(in_rows, row_in, out_rows, row_out, pad_top, stride, span,
     return steps
 
 
+def _calls(*args) -> tuple[int, int]:
+    """(kernel calls, rows through the ring) of `overlap_schedule`."""
+    steps = overlap_schedule(*args)
+    return sum(1 for s in steps if s[0] != "flush"), sum(1 for s in steps if s[0] == "ring")
+
+
 def test_overlapped_calls_run_rows_straight_out_where_no_input_is_still_read():
     # a stride-2 depthwise in place and a 1x1 expansion over its input: a few calls, not one per row
     down = _simulate_overlap(40, 40 * 16, 20, 20 * 16, 1, 2, 3, 0, 0)
-    assert sum(1 for s in down if s[0] != "flush") <= 5 and overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 0)[1] <= 1
+    assert sum(1 for s in down if s[0] != "flush") <= 5 and _calls(40, 640, 20, 320, 1, 2, 3, 0, 0)[1] <= 1
     up = _simulate_overlap(20, 20 * 16, 20, 20 * 48, 0, 1, 1, 0, 0)
     assert sum(1 for s in up if s[0] != "flush") <= 5 and up[0] == ("run", 7, 20)
     # in place at stride 1 every row still waits for the next: a call per row through the ring
-    assert overlap_calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0) == (20, 20)
-    assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False) == (20, 20)  # (dw3: a row per call)
+    assert _calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0) == (20, 20)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False) == (20, 20)  # (dw3: a row per call)
     # dw3 reads a channel whole before writing it: laid exactly over its input, one call
-    assert overlap_calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0, False, True) == (1, 0)
-    assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False, True) == (20, 20)
-    assert overlap_calls(40, 640, 20, 320, 1, 2, 3, 0, 10 ** 6) == (1, 0)  # (not overlapped)
+    assert _calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0, False, True) == (1, 0)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False, True) == (20, 20)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 10 ** 6) == (1, 0)  # (not overlapped)
 
 
 def test_overlapped_schedules_never_overwrite_input_still_read():

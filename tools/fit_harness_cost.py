@@ -8,10 +8,9 @@
 
 The builtin kernels' coefficients come from tools/fit_mcu_cost.py. A harness convolution runs the
 same kernel as its builtin (its own cost is the builtin's), except:
-- overlapped (output over its input): a kernel call per row into a ring, then a copy of each
-  ring row, or per run of rows straight into the output where their bytes cover no input still to
-  read (ir/overlap.py overlap_calls): instructions = the builtin's + per_unit x calls + per_output
-  x elements through the ring + overhead (the [K.overlap] table);
+- overlapped (output over its input): one kernel call per output row into a ring, then a copy
+  of each row: instructions = the builtin's + per_unit x output rows + per_output x output
+  elements + overhead (the [K.overlap] table);
 - a patch stage (square grids recomputing halos or streamed in 2-D, row stripes streamed): every call's rows
   priced by their layer's class rates (without the per-op overhead), its overlapped calls by [K.overlap], plus per_call x layer calls
   + per_row x the calls' output rows + per_copied x elements copied (tiles in and out, slices)
@@ -345,7 +344,6 @@ def fit(data: dict) -> dict:
     from fit_mcu_cost import nnls
     from tpu_pipeline.toolchain.cost.mcu import fitted_table
     from tpu_pipeline.toolchain.ir import stage
-    from tpu_pipeline.toolchain.ir.overlap import op_overlap_calls
     from tpu_pipeline.toolchain.memory.lifetimes import overlapped_ops
 
     graphs = {name: g for name, g, _ in models()}
@@ -370,8 +368,7 @@ def fit(data: dict) -> dict:
                         size.append(measured)
                     elif cls == "overlap" and i in overlapped_ops(g) and i in plain:  # (legal: really over its input)
                         t = g.tensors[op.outputs[0]]
-                        calls, ringed = op_overlap_calls(g, op)
-                        a.append([calls, ringed * t.shape[2] * t.shape[3], 1.0])
+                        a.append([t.shape[1], t.num_elements, 1.0])
                         y.append(measured - plain[i])
                         size.append(measured - plain[i])
             if not a:

@@ -26,8 +26,7 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.ir import harness_ops, kernels as harness
 from tpu_pipeline.toolchain.ir import stage
-from tpu_pipeline.toolchain.ir import overlap
-from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
+from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
 # Fit classes with no measurements of their own fall back along this chain.
 _FALLBACK = {"pad": "data_movement", "strided_slice": "data_movement", "space_batch": "data_movement",
@@ -148,7 +147,7 @@ class StageFeatures:
     calls: int  # kernel calls: a layer on a tile
     rows: int  # output rows of those calls
     copied: int  # int8 elements copied: tiles' input boxes in, slices, tiles out
-    ring_rows: int = 0  # kernel calls of overlapped layers (a row into the ring, or a run of rows straight out)
+    ring_rows: int = 0  # output rows of overlapped calls (each its own kernel call into the ring)
     ring_copied: int = 0  # int8 elements those calls copy out of the ring
     pasted: int = 0  # int8 elements a 2-D streamed stage pastes (its caches and assembled inputs)
     paste_rows: int = 0  # rows of those pastes (a memmove each)
@@ -181,10 +180,9 @@ def stage_features(op, table: dict) -> StageFeatures:
         code = step[0]
         if code == stage.CONV:
             calls, rows = calls + 1, rows + step[8]
-            if step[11] > 0:  # (over its input: the calls and ring rows the harness runs)
-                n, ringed = stage_overlap_calls(body, step)
-                ring_rows += n
-                ring_copied += ringed * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
+            if step[11] > 0:
+                ring_rows += step[8]
+                ring_copied += step[8] * step[9] * body.tensors[body.ops[step[1]].outputs[0]].shape[3]
         elif code == stage.ADD:
             calls, rows = calls + 1, rows + step[13]
         elif code == stage.SLICE:
@@ -196,17 +194,6 @@ def stage_features(op, table: dict) -> StageFeatures:
         elif code == stage.COPY_OUT:
             copied += step[4] * step[5] * channels[-1]
     return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied, pasted, paste_rows)
-
-
-def stage_overlap_calls(body, step) -> tuple[int, int]:
-    """(kernel calls, rows through the ring) of a stage's CONV step whose output lies over its
-    input in the tile buffers (overlap.overlap_calls on the step's offsets, as the harness runs it)."""
-    op = body.ops[step[1]]
-    rows, _ = window(body, op)
-    c_x, c_y = body.tensors[op.inputs[0]].shape[3], body.tensors[op.outputs[0]].shape[3]
-    dw3 = "dw3" in harness.flags(op)
-    return overlap.overlap_calls(step[3], step[4] * c_x, step[8], step[9] * c_y, step[5], rows.stride,
-                                 (rows.kernel - 1) * rows.dilation + 1, step[2], step[7], not dw3, dw3)
 
 
 def stage_instructions(op, table: dict) -> float:
@@ -232,23 +219,15 @@ def stage_instructions(op, table: dict) -> float:
     return f.layers + rings + per_call * f.calls + dm["per_output"] * (f.copied + f.pasted)
 
 
-def overlap_instructions(graph: Graph, op, table: dict, features: OpFeatures | None = None) -> float:
-    """What an overlapped harness convolution adds to its kernel's cost: its kernel calls (a row
-    into the ring, or a run of rows straight into the output: overlap.op_overlap_calls) and the
-    copy of each ring row ([K.overlap], fitted by tools/fit_harness_cost.py; 0 before that fit),
-    plus, for a kernel that sets up each channel per call (`features`' class has a per_channel
-    rate: fast; dw3 in place is one call), that set-up again on every call after the first (dw3
-    in place on 8 x 10 x 192, a call per row, took +576,120 instructions in QEMU over the whole
-    op's 555,400)."""
+def overlap_instructions(graph: Graph, op, table: dict) -> float:
+    """What an overlapped harness convolution adds to its kernel's cost: a kernel call per output
+    row into a ring and a copy of each row ([K.overlap], fitted by tools/fit_harness_cost.py; 0
+    before that fit)."""
     c = table.get("overlap")
     if c is None:
         return 0.0
     y = graph.tensors[op.outputs[0]]
-    calls, ringed = overlap.op_overlap_calls(graph, op)
-    setup = 0.0
-    if features is not None and features.fit_class in table:
-        setup = coefficients(table, features.fit_class).get("per_channel", 0.0) * features.channels * (calls - 1)
-    return c["per_unit"] * calls + c["per_output"] * ringed * y.shape[2] * y.shape[3] + c["overhead"] + setup
+    return c["per_unit"] * y.shape[1] + c["per_output"] * y.num_elements + c["overhead"]
 
 
 @dataclass(frozen=True)
@@ -313,7 +292,7 @@ def estimate_mcu(graph: Graph, device: Device, kernels: KernelSet = DEFAULT_KERN
             else:
                 instr = predict_instructions(f, tables[REFERENCE.cost_key] if direct else table)
             if harness.OVERLAP in harness.flags(op):
-                instr += overlap_instructions(graph, op, table, f)
+                instr += overlap_instructions(graph, op, table)
             cycles = instr * float(cpi)
             ops.append(McuOpCost(i, op.opcode, cls, f.work, cycles, cycles / clock, instr, f.fit_class))
             continue

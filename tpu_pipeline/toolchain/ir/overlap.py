@@ -74,27 +74,6 @@ def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_to
     return most
 
 
-def op_overlap_calls(graph: Graph, op: Op) -> tuple[int, int]:
-    """(kernel calls, rows through the ring) of an overlapped op on its whole tensors laid out as
-    `overlap_layout` lays them (`overlap_calls`)."""
-    input_offset, output_offset, _ = overlap_layout(graph, op)
-    x, y = graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape
-    rows, _ = window(graph, op)
-    dw3 = "dw3" in op.kernel.split("+")[1:]
-    return overlap_calls(x[1], x[2] * x[3], y[1], y[2] * y[3], rows.pad_before, rows.stride,
-                         (rows.kernel - 1) * rows.dilation + 1, input_offset, output_offset, not dw3, dw3)
-
-
-@functools.lru_cache(maxsize=4096)
-def overlap_calls(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
-                  input_offset: int, output_offset: int, runs: bool = True, channelwise: bool = False) -> tuple[int, int]:
-    """(kernel calls, rows through the ring) of an overlapped convolution as the harness runs it
-    (`overlap_schedule`)."""
-    steps = overlap_schedule(in_rows, row_in, out_rows, row_out, pad_top, stride, span, input_offset, output_offset,
-                             runs, channelwise)
-    return sum(1 for s in steps if s[0] != "flush"), sum(1 for s in steps if s[0] == "ring")
-
-
 def overlap_schedule(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
                      input_offset: int, output_offset: int, runs: bool = True, channelwise: bool = False) -> list[tuple]:
     """The steps of an overlapped convolution as the harness runs them (tpup_conv.cc
@@ -106,7 +85,9 @@ def overlap_schedule(in_rows: int, row_in: int, out_rows: int, row_out: int, pad
     every row through the ring. Never holds more rows than `ring_rows_for` (a run's rows are ones
     the ring would have held one at a time, each written out at once). Not overlapped: one run;
     nor `channelwise` (dw3: it reads all of a channel's input before writing that channel) with
-    the output laid exactly over the input (same start and row bytes)."""
+    the output laid exactly over the input (same start and row bytes). (The cost model still
+    prices an overlapped op a call per row, [K.overlap] as fitted before runs: it over-prices
+    them; tests/test_harness_kernels.py checks this order against a byte map of the buffer.)"""
     in_end = input_offset + in_rows * row_in
     if output_offset + out_rows * row_out <= input_offset or output_offset >= in_end \
             or (channelwise and output_offset == input_offset and row_out == row_in):

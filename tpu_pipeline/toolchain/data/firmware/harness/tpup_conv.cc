@@ -262,7 +262,7 @@ namespace {
 
 // An overlapped call's rows: whether output row p may be written once `done` rows of the order are
 // computed (its bytes cover only input rows no row still to compute reads: the rule of
-// ir/overlap.py `overlap_calls`, which mirrors this).
+// ir/overlap.py `overlap_schedule`, which mirrors this).
 struct Overlap {
   uintptr_t in_lo, in_hi, out_lo;
   size_t row_in, row_out;
