@@ -19,7 +19,7 @@ from tpu_pipeline.toolchain.ir import kernels
 from tpu_pipeline.toolchain.ir.convert import BUILTIN_CODES, builtin_view_bytes, from_model, standalone_model, to_model
 from tpu_pipeline.toolchain.ir.kernels import (DIRECT, OVERLAP, can_run_direct, can_run_harness, kernel_choices,
                                                kernel_name, with_kernel)
-from tpu_pipeline.toolchain.ir.overlap import ring_rows
+from tpu_pipeline.toolchain.ir.overlap import overlap_schedule, ring_rows, ring_rows_for
 from tpu_pipeline.toolchain.ir.requant import quantize_multiplier
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.planners import plan_arena
@@ -169,6 +169,83 @@ def test_ring_rows_of_the_block_layouts(stride):
     assert ring_rows(g, g.ops[project]) == 1
     # with no overlap at all, every row is written at once
     assert ring_rows(g, g.ops[dw], 0, 10 ** 6) == 1
+
+
+def _simulate_overlap(in_rows, row_in, out_rows, row_out, pad_top, stride, span, x_at, y_at, runs=True):
+    """Run `overlap_schedule` on a byte map of one buffer: every read finds its input rows
+    unwritten, a run's writes spare what its own rows and all later ones read, the ring never
+    holds more than `ring_rows_for`, and every output row lands once. Returns the schedule."""
+    size = max(x_at + in_rows * row_in, y_at + out_rows * row_out)
+    owner = np.full(size, -1)  # input row each byte still holds (-1: none, or written over)
+    for j in range(in_rows):
+        owner[x_at + j * row_in:x_at + (j + 1) * row_in] = j
+    def reads(r):  # the input rows output row r's window reads
+        return range(max(0, r * stride - pad_top), min(in_rows, r * stride - pad_top + span))
+    def intact(rows):
+        for r in rows:
+            for j in reads(r):
+                assert (owner[x_at + j * row_in:x_at + (j + 1) * row_in] == j).all(), (r, j)
+    steps = overlap_schedule(in_rows, row_in, out_rows, row_out, pad_top, stride, span, x_at, y_at, runs)
+    todo, held, written = set(range(out_rows)), set(), []
+    ring = ring_rows_for(in_rows, row_in, out_rows, row_out, pad_top, stride, span, x_at, y_at)
+    for kind, *rows in steps:
+        if kind == "run":
+            run = range(*rows)
+            intact(run)
+            for r in run:
+                owner[y_at + r * row_out:y_at + (r + 1) * row_out] = -1
+            intact(run)  # (the call may write its first rows before reading its last)
+            intact(todo)
+            todo -= set(run)
+            written += list(run)
+        elif kind == "ring":
+            intact(rows)
+            todo.discard(rows[0])
+            held.add(rows[0])
+            assert len(held) <= ring
+        else:
+            held.remove(rows[0])
+            owner[y_at + rows[0] * row_out:y_at + (rows[0] + 1) * row_out] = -1
+            intact(todo)
+            written.append(rows[0])
+    assert sorted(written) == list(range(out_rows)) and not held
+    return steps
+
+
+def _calls(*args) -> tuple[int, int]:
+    """(kernel calls, rows through the ring) of `overlap_schedule`."""
+    steps = overlap_schedule(*args)
+    return sum(1 for s in steps if s[0] != "flush"), sum(1 for s in steps if s[0] == "ring")
+
+
+def test_overlapped_calls_run_rows_straight_out_where_no_input_is_still_read():
+    # a stride-2 depthwise in place and a 1x1 expansion over its input: a few calls, not one per row
+    down = _simulate_overlap(40, 40 * 16, 20, 20 * 16, 1, 2, 3, 0, 0)
+    assert sum(1 for s in down if s[0] != "flush") <= 5 and _calls(40, 640, 20, 320, 1, 2, 3, 0, 0)[1] <= 1
+    up = _simulate_overlap(20, 20 * 16, 20, 20 * 48, 0, 1, 1, 0, 0)
+    assert sum(1 for s in up if s[0] != "flush") <= 5 and up[0] == ("run", 7, 20)
+    # in place at stride 1 every row still waits for the next: a call per row through the ring
+    assert _calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0) == (20, 20)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False) == (20, 20)  # (dw3: a row per call)
+    # dw3 reads a channel whole before writing it: laid exactly over its input, one call
+    assert _calls(20, 20 * 48, 20, 20 * 48, 1, 1, 3, 0, 0, False, True) == (1, 0)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 0, False, True) == (20, 20)
+    assert _calls(40, 640, 20, 320, 1, 2, 3, 0, 10 ** 6) == (1, 0)  # (not overlapped)
+
+
+def test_overlapped_schedules_never_overwrite_input_still_read():
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        in_rows, stride, span = int(rng.integers(1, 14)), int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        pad_top = int(rng.integers(0, span))
+        out_rows = max(1, (in_rows + pad_top - span) // stride + 1)
+        row_in, row_out = int(rng.integers(1, 9)) * 4, int(rng.integers(1, 13)) * 4
+        shift = int(rng.integers(-2, 3)) * 4 if rng.random() < 0.3 else 0
+        x_at, y_at = (0, max(0, shift)) if shift >= 0 else (-shift, 0)
+        if y_at + out_rows * row_out > x_at + in_rows * row_in and y_at > x_at:
+            continue  # (a larger output shares the input's start or ends before it: the layouts that occur)
+        for runs in (True, False):
+            _simulate_overlap(in_rows, row_in, out_rows, row_out, pad_top, stride, span, x_at, y_at, runs)
 
 
 def test_overlapped_chain_is_one_rigid_group_in_lifetimes_the_scheduler_and_the_plan():

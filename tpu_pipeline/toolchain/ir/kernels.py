@@ -31,7 +31,9 @@ keep in RAM:
   first byte (in place for a depthwise convolution; a larger output, such as an expansion's, runs
   its rows last to first). The kernel computes output rows into a small ring of rows and writes
   each row out once no row still to compute reads the input bytes under it (`overlap.ring_rows_for`
-  sizes the ring).
+  sizes the ring); a run of rows whose bytes cover no input still to be read goes straight out in
+  one call (`overlap.overlap_schedule`: a stride-2 layer or an expansion makes a few calls, not
+  one per row).
 - **faster variants** (`+fast`, ...: tpu_pipeline.toolchain.ir.kernel_variants, one module each):
   the harness's own kernels for some shapes of an op, in both firmware builds, bit-identical and
   needing no buffer; the model on the harness (fit's `on_harness`) takes each where it wins

@@ -72,3 +72,54 @@ def ring_rows_for(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_to
             flushed += 1
             held -= 1
     return most
+
+
+def overlap_schedule(in_rows: int, row_in: int, out_rows: int, row_out: int, pad_top: int, stride: int, span: int,
+                     input_offset: int, output_offset: int, runs: bool = True, channelwise: bool = False) -> list[tuple]:
+    """The steps of an overlapped convolution as the harness runs them (tpup_conv.cc
+    RunConvOverlapped): ("run", r0, r1) one kernel call writing output rows [r0, r1) in place,
+    ("ring", r) a call computing row r into the ring, ("flush", p) row p copied out of it. Rows go
+    in `ring_rows_for`'s order; with the ring empty, the longest run of next rows whose bytes
+    cover no input row still to be read is one call straight into the output; else the next row
+    goes into the ring, and held rows are written out, in order, once free. `runs` False (dw3):
+    every row through the ring. Never holds more rows than `ring_rows_for` (a run's rows are ones
+    the ring would have held one at a time, each written out at once). Not overlapped: one run;
+    nor `channelwise` (dw3: it reads all of a channel's input before writing that channel) with
+    the output laid exactly over the input (same start and row bytes). (The cost model still
+    prices an overlapped op a call per row, [K.overlap] as fitted before runs: it over-prices
+    them; tests/test_harness_kernels.py checks this order against a byte map of the buffer.)"""
+    in_end = input_offset + in_rows * row_in
+    if output_offset + out_rows * row_out <= input_offset or output_offset >= in_end \
+            or (channelwise and output_offset == input_offset and row_out == row_in):
+        return [("run", 0, out_rows)]
+    backwards = output_offset + out_rows * row_out > in_end
+
+    def row(k: int) -> int:
+        return out_rows - 1 - k if backwards else k
+
+    def free(p: int, done: int) -> bool:  # output row p may be written once `done` rows of the order are
+        a = output_offset + p * row_out
+        b = a + row_out
+        if b <= input_offset or a >= in_end:
+            return True
+        j0, j1 = max(0, (a - input_offset) // row_in), min(in_rows - 1, (b - 1 - input_offset) // row_in)
+        if backwards:
+            return max(0, -(-(j0 + pad_top - span + 1) // stride)) >= out_rows - done
+        return min(out_rows - 1, (j1 + pad_top) // stride) < done
+
+    steps, done, flushed = [], 0, 0
+    while done < out_rows:
+        n = 0
+        while runs and flushed == done and done + n < out_rows and free(row(done + n), done):
+            n += 1
+        if n:
+            r0 = out_rows - done - n if backwards else done
+            steps.append(("run", r0, r0 + n))
+            done, flushed = done + n, flushed + n
+            continue
+        steps.append(("ring", row(done)))
+        done += 1
+        while flushed < done and free(row(flushed), done):
+            steps.append(("flush", row(flushed)))
+            flushed += 1
+    return steps

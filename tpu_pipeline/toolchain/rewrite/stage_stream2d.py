@@ -61,7 +61,7 @@ def stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
     columns (all its rows: the top ones out of the row cache, which is why this comes first) and
     its bottom rows (its new columns). Returns (program words, scratch bytes: the largest tile's
     buffers, then every cache). `in_place`: a layer's output may be written over its dying input
-    (a ring of rows: less memory, a kernel call per row), except layers `apart` (by position)."""
+    (a ring of rows: less memory, a kernel call per row where input is still to be read), except layers `apart` (by position)."""
     (oh, ow), name = hw(graph, tout), graph.tensors[tout].name
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
     by_row = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
@@ -224,8 +224,8 @@ def _tile2d(graph: Graph, region: list[Op], tin: int, tout: int, halos: dict, i:
     """((steps, buffer offsets), scratch bytes) of tile (i, j) of a 2-D streamed stage: each layer
     on its output's new part, each tensor's caches saved once its last reader has read it. In
     place, only the layers whose input and output together exceed the largest footprint the tile
-    has with every output that may lying over its input: a ring costs a kernel call per row, and
-    elsewhere it would not lower the tile's bytes."""
+    has with every output that may lying over its input: a ring costs kernel calls (a call per row
+    where input is still to be read), and elsewhere it would not lower the tile's bytes."""
     if in_place:
         floor = max(_tile2d_pass(graph, region, tin, tout, halos, i, j, True, apart).footprints, default=0)
         tile = _tile2d_pass(graph, region, tin, tout, halos, i, j, floor, apart)

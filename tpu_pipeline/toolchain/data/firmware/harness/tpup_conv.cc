@@ -258,6 +258,35 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   return kTfLiteOk;
 }
 
+namespace {
+
+// An overlapped call's rows: whether output row p may be written once `done` rows of the order are
+// computed (its bytes cover only input rows no row still to compute reads: the rule of
+// ir/overlap.py `overlap_schedule`, which mirrors this).
+struct Overlap {
+  uintptr_t in_lo, in_hi, out_lo;
+  size_t row_in, row_out;
+  int in_h, out_h, pad_top, stride, span;
+  bool backwards;
+  int Row(int k) const { return backwards ? out_h - 1 - k : k; }
+  bool Free(int p, int done) const {
+    const uintptr_t a = out_lo + p * row_out, e = a + row_out;
+    if (!(e > in_lo && a < in_hi)) return true;
+    const int j0 = a > in_lo ? static_cast<int>((a - in_lo) / row_in) : 0;
+    int j1 = static_cast<int>((e - 1 - in_lo) / row_in);
+    if (j1 > in_h - 1) j1 = in_h - 1;
+    if (backwards) {  // rows out_h - done.. are done: j0's first reader must be among them
+      const int n = j0 + pad_top - span + 1;
+      return (n <= 0 ? 0 : (n + stride - 1) / stride) >= out_h - done;
+    }
+    int last_reader = (j1 + pad_top) / stride;  // rows ..done - 1 are done: j1's last reader must be among them
+    if (last_reader > out_h - 1) last_reader = out_h - 1;
+    return last_reader < done;
+  }
+};
+
+}  // namespace
+
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
                                void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed) {
@@ -271,41 +300,45 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
     MicroPrintf("TPUP conv: output over the input without a ring");
     return kTfLiteError;
   }
-  // Compute rows into the ring and write out, in order, each held row whose bytes cover only
-  // input rows no row still to compute reads (the same rule as kernels.ring_rows_for in Python).
-  // An output reaching past the input's end shares its start: its rows run last to first.
-  const bool backwards = out_hi > in_hi;
-  const int span = (g.k_h - 1) * o.dilation_h + 1;
-  int held = 0, flushed = 0;
-  for (int k = 0; k < g.out_h; ++k) {
-    const int r = backwards ? g.out_h - 1 - k : k;
-    if (held >= ring_rows) {
+  // dw3 reads all of a channel's input rows (into its buffer) before it writes that channel's
+  // outputs, and writes no other byte: an output laid exactly over its input (the same start and
+  // row bytes, so each output byte is its own pixel's and channel's input byte) is one call.
+  if ((o.flags & kFlagDw3) && out_lo == in_lo && row_out == row_in) {
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed);
+  }
+  // Rows run in order (first to last, or last to first when the output reaches past the input's
+  // end: a larger output sharing its start). With the ring empty, the longest run of next rows
+  // whose bytes cover no input row still to be read is one call straight into the output (its
+  // writes touch nothing a row of the call or after it reads); else the next row goes into the
+  // ring, and each held row is written out, in order, once no row still to compute reads the
+  // input under it (the same rule as overlap.ring_rows_for). dw3 otherwise runs a row per call: its
+  // buffer is sized for a row and the whole op, not every run between.
+  const Overlap v = {in_lo, in_hi, out_lo, row_in, row_out, g.in_h, g.out_h, o.pad_top, o.stride_h,
+                     (g.k_h - 1) * o.dilation_h + 1, out_hi > in_hi};
+  const bool runs = !(o.flags & kFlagDw3);
+  int done = 0, flushed = 0;  // rows of the order computed, and written out
+  while (done < g.out_h) {
+    int n = 0;
+    while (runs && flushed == done && done + n < g.out_h && v.Free(v.Row(done + n), done)) ++n;
+    if (n > 0) {
+      const int r0 = v.backwards ? g.out_h - done - n : done;
+      const TfLiteStatus status = RunConv(o, g, depthwise, r0, r0 + n, in, filter, bias, requant,
+                                          out + r0 * row_out, buffer, packed);
+      if (status != kTfLiteOk) return status;
+      done += n, flushed += n;
+      continue;
+    }
+    if (done - flushed >= ring_rows) {
       MicroPrintf("TPUP conv: the ring is too small for this overlap");
       return kTfLiteError;
     }
+    const int r = v.Row(done);
     int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % ring_rows) * row_out);
     const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer, packed);
     if (status != kTfLiteOk) return status;
-    ++held;
-    while (flushed <= k) {
-      const int p = backwards ? g.out_h - 1 - flushed : flushed;
-      const uintptr_t a = out_lo + p * row_out, e = a + row_out;
-      if (e > in_lo && a < in_hi) {  // the input rows [j0, j1] lie under row p
-        const int j0 = a > in_lo ? static_cast<int>((a - in_lo) / row_in) : 0;
-        int j1 = static_cast<int>((e - 1 - in_lo) / row_in);
-        if (j1 > g.in_h - 1) j1 = g.in_h - 1;
-        if (backwards) {  // rows r.. are done: j0's first reader must be among them
-          const int n = j0 + o.pad_top - span + 1;
-          if ((n <= 0 ? 0 : (n + o.stride_h - 1) / o.stride_h) < r) break;
-        } else {  // rows ..r are done: j1's last reader must be among them
-          int last_reader = (j1 + o.pad_top) / o.stride_h;
-          if (last_reader > g.out_h - 1) last_reader = g.out_h - 1;
-          if (last_reader > r) break;
-        }
-      }
-      std::memcpy(reinterpret_cast<void*>(a), ring + (p % ring_rows) * row_out, row_out);
-      ++flushed;
-      --held;
+    ++done;
+    for (int p = v.Row(flushed); flushed < done && v.Free(p, done); p = v.Row(++flushed)) {
+      std::memcpy(out + p * row_out, ring + (p % ring_rows) * row_out, row_out);
     }
   }
   return kTfLiteOk;

@@ -121,10 +121,47 @@ const T* Constant(TfLiteContext* context, TfLiteNode* node, const Stage& stage, 
   return e != nullptr ? tflite::micro::GetTensorData<T>(e) : nullptr;
 }
 
+// n bytes from src to dst as memmove moves them (the two may overlap), sixteen at a time in
+// words: newlib's memmove moves a byte at a time where it runs backwards or a pointer is unaligned
+// (the input's 3-channel rows), and copies a box onto itself. The Cortex-M4/M7 load and store
+// words at any address. Each group of four words is loaded before it is stored, forwards when dst
+// is below src and backwards when above, so no store reaches a byte still to be loaded.
+__attribute__((optimize("no-tree-loop-distribute-patterns")))  // (not back into a memmove call)
+void Move(int8_t* dst, const int8_t* src, int n) {
+  if (dst == src) return;
+  if (n >= 64 && (dst + n <= src || src + n <= dst) && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 3) == 0) {
+    std::memcpy(dst, src, n);  // (apart and aligned: newlib's memcpy moves 64 bytes a loop)
+    return;
+  }
+  uint32_t a, b, c, d;
+  if (dst < src) {
+    const int8_t* end = src + n;
+    for (; end - src >= 16; src += 16, dst += 16) {
+      __builtin_memcpy(&a, src, 4), __builtin_memcpy(&b, src + 4, 4);
+      __builtin_memcpy(&c, src + 8, 4), __builtin_memcpy(&d, src + 12, 4);
+      __builtin_memcpy(dst, &a, 4), __builtin_memcpy(dst + 4, &b, 4);
+      __builtin_memcpy(dst + 8, &c, 4), __builtin_memcpy(dst + 12, &d, 4);
+    }
+    for (; end - src >= 4; src += 4, dst += 4) __builtin_memcpy(&a, src, 4), __builtin_memcpy(dst, &a, 4);
+    while (src < end) *dst++ = *src++;
+    return;
+  }
+  const int8_t* begin = src;
+  src += n, dst += n;
+  for (; src - begin >= 16; src -= 16, dst -= 16) {
+    __builtin_memcpy(&a, src - 4, 4), __builtin_memcpy(&b, src - 8, 4);
+    __builtin_memcpy(&c, src - 12, 4), __builtin_memcpy(&d, src - 16, 4);
+    __builtin_memcpy(dst - 4, &a, 4), __builtin_memcpy(dst - 8, &b, 4);
+    __builtin_memcpy(dst - 12, &c, 4), __builtin_memcpy(dst - 16, &d, 4);
+  }
+  for (; src - begin >= 4; src -= 4, dst -= 4) __builtin_memcpy(&a, src - 4, 4), __builtin_memcpy(dst - 4, &a, 4);
+  while (src > begin) *--dst = *--src;
+}
+
 // Rows in increasing order, each moved (not copied): a slice may land on its source's own first
 // bytes, where every row moves to a lower address.
 void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst) {
-  for (int r = 0; r < h; ++r) std::memmove(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
+  for (int r = 0; r < h; ++r) Move(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
 }
 
 // A box into a box of another buffer (rows of dst_w elements): a 2-D streamed stage's halo
@@ -139,7 +176,7 @@ void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w,
   const bool backwards = to > from || (to == from && dst_w > src_w);
   for (int k = 0; k < h; ++k) {
     const int r = backwards ? h - 1 - k : k;
-    std::memmove(to + r * dst_w * c, from + r * src_w * c, w * c);
+    Move(to + r * dst_w * c, from + r * src_w * c, w * c);
   }
 }
 
