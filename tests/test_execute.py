@@ -199,14 +199,12 @@ def test_a_corrupted_index_from_anywhere_in_a_child_is_a_crash():
 _ARENA_PAST = """
 import json, os, sys
 from pathlib import Path
-from tpu_pipeline.toolchain.execute.inputs import input_stream
 from tpu_pipeline.toolchain.execute.tflm import TflmModel, reference_outputs
 for k in ("MALLOC_PERTURB_", "MALLOC_MMAP_THRESHOLD_"):
     os.environ.pop(k, None)
 data = Path(sys.argv[1]).read_bytes()
 host = TflmModel(data, 64 * 1024 * 1024)
-specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-x = [[s[n] for n in host.input_names] for s in input_stream(specs, 1, 4)]
+x = host.input_sets(data, 1, 4)
 print(json.dumps({"dependent": host.arena_dependent, "in_process": host.run(x[0])[0].tolist(),
                   "reference": reference_outputs(host, data, x)[0][0].tolist()}))
 """

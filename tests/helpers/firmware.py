@@ -88,15 +88,12 @@ def _mismatch_facts(r, options) -> dict:
 
     import numpy as np
 
-    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import TflmModel, run_tflm_sets_in_child
 
     project = Path(r.elf).parents[2]
     data = (project / "model.tflite").read_bytes()
     host = TflmModel(data, 64 * 1024 * 1024)
-    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-    stream = input_stream(specs, options.get("iterations", 3), options.get("seed", 0), shape_operand_values(data))
-    arrays = [[x[n] for n in host.input_names] for x in stream]
+    arrays = host.input_sets(data, options.get("iterations", 3), options.get("seed", 0))
     exported = json.loads((project / "export.json").read_text())
     shown = lambda outs: [[np.asarray(o).ravel()[:16].tolist() for o in inf] for inf in outs]  # noqa: E731
     return {"device": shown(r.outputs), "host_in_process": shown(host.run(x) for x in arrays),

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
-from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
 from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
 from tpu_pipeline.toolchain.device import Device
@@ -50,9 +49,7 @@ def run_mcu(model_path: Path, port: str, device: Device, iterations: int = 10, s
     check_tflm_dtypes(data, str(model_path))
     baud = baud or device.link.baud
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))  # the host reference, any arena
-    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-    inputs = input_stream(specs, iterations, seed, shape_operand_values(data))
-    arrays = [[x[n] for n in host.input_names] for x in inputs]
+    arrays = host.input_sets(data, iterations, seed)
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
     report = RunReport("mcu", f"{device.name} on {port}", str(model_path), iterations)
     results = []

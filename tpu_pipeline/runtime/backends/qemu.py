@@ -252,7 +252,6 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     """Build (cached), boot QEMU, run `iterations` random inputs over the serial protocol, compare
     with host TFLite Micro. DeviceError (exit 4) on boot failure or a silent/garbled board;
     InfeasibleError (exit 3) when the firmware does not fit the board."""
-    from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
     from tpu_pipeline.toolchain.execute.tflm import ARENA_DEPENDENT_OPS, TflmModel, reference_outputs
     from tpu_pipeline.toolchain.execute.tflm_arena import check_tflm_dtypes
 
@@ -268,9 +267,7 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
     # same bytes on the host.
     data = (Path(build.project) / "model.tflite").read_bytes()
     host = TflmModel(data, 64 * 1024 * 1024, str(model_path))
-    specs = [(n, shape, dt) for n, (dt, shape) in zip(host.input_names, host.inputs)]
-    stream = input_stream(specs, iterations, seed, shape_operand_values(data))
-    arrays = [[x[n] for n in host.input_names] for x in stream]
+    arrays = host.input_sets(data, iterations, seed)
     out_sizes = [np.dtype(dt).itemsize * int(np.prod(shape)) for dt, shape in host.outputs]
     notes = []
     baud = device.link.baud

@@ -113,6 +113,15 @@ class TflmModel:
         self.inputs = [spec(self._interp.get_input_details(i)) for i in range(len(graph.inputs))]
         self.outputs = [spec(self._interp.get_output_details(i)) for i in range(len(graph.outputs))]
 
+    def input_sets(self, data: bytes, n: int, seed: int) -> list[list[np.ndarray]]:
+        """`n` input sets for this model (`data`: its bytes), each a list by position, reproducible
+        from `seed` (execute.inputs.input_stream; inputs read as shapes get their own values)."""
+        from tpu_pipeline.toolchain.execute.inputs import input_stream, shape_operand_values
+
+        specs = [(name, shape, dt) for name, (dt, shape) in zip(self.input_names, self.inputs)]
+        stream = input_stream(specs, n, seed, shape_operand_values(data))
+        return [[x[name] for name in self.input_names] for x in stream]
+
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         for k, x in enumerate(inputs):
             dtype, shape = self.inputs[k]
