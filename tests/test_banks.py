@@ -263,7 +263,7 @@ def test_the_harness_places_its_arena_whole_or_split():
 
 
 def test_the_harness_firmware_splits_its_arena_across_banks_in_qemu(tmp_path, capsys):
-    """export-mcu -o on a board whose banks hold the arena only apart: the head (22,528 B) in the
+    """export-mcu -o on a board whose banks hold the arena only apart: the head (23,552 B) in the
     32 KiB PSRAM bank, the tail (10 KB) in the SSRAM beside the firmware (16 KiB left). The
     linker puts each buffer in its bank; in QEMU each bank's bytes = prediction, outputs identical."""
     from helpers.firmware import HAVE_ARM, HAVE_QEMU, tree_or_skip

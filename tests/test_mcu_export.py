@@ -83,6 +83,34 @@ def test_export_to_a_device_that_is_too_small_exits_3(tmp_path, capsys):
     assert not out.exists()  # a failed export leaves nothing behind
 
 
+def test_export_replaces_a_padding_space_to_batch_by_an_explicit_pad(tmp_path, capsys):
+    """TFLite Micro's SPACE_TO_BATCH_ND pads with a value nothing sets (execute/tflm.py
+    ARENA_DEPENDENT_OPS): on a board, darts_s2b as given computes with what its arena held, not
+    what LiteRT computes. The exported model pads through PAD (the zero point) and computes LiteRT's
+    outputs (within LiteRT's own rounding, 1), on any arena."""
+    from tpu_pipeline.toolchain.execute.litert import run_litert
+    from tpu_pipeline.toolchain.execute.tflm import run_tflm_sets_in_child
+    from tpu_pipeline.toolchain.tflite.extract import padding_space_to_batch_zero_points
+
+    src, out = FIX / "darts_s2b_int8.tflite", tmp_path / "fw"
+    assert main(["export-mcu", str(src), "--device", "qemu-mps2-an386", "-o", str(out)]) == 0
+    assert "8 SPACE_TO_BATCH_ND op(s) now read an explicit PAD" in capsys.readouterr().out
+    info = json.loads((out / "export.json").read_text())
+    assert any("explicit PAD" in n for n in info["notes"]) and "PAD" in info["ops"]
+    data = (out / "model.tflite").read_bytes()
+    assert padding_space_to_batch_zero_points(read_model(data)) == []
+    host = TflmModel(data, 8 << 20)
+    assert host.arena_dependent == []
+    sets = host.input_sets(data, 3, 0)
+    as_given = run_tflm_sets_in_child(src.read_bytes(), sets)  # a zeroed arena: pads with 0, not the zero point
+    gap_exported = gap_as_given = 0
+    for x, given in zip(sets, as_given):
+        want = run_litert(src, x)[0][0].astype(int)
+        gap_exported = max(gap_exported, int(np.abs(host.run(x)[0].astype(int) - want).max()))
+        gap_as_given = max(gap_as_given, int(np.abs(given[0].astype(int) - want).max()))
+    assert gap_exported <= 1 < gap_as_given
+
+
 def test_export_to_an_edgetpu_is_a_usage_error(tmp_path, capsys):
     assert main(["export-mcu", str(FIX / "chain_int8.tflite"), "--device", "coral-usb", "-o", str(tmp_path / "x")]) == 2
     assert "not an MCU" in capsys.readouterr().err

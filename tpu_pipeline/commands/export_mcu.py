@@ -91,6 +91,8 @@ def run(args) -> int:
             f"TFLite Micro's own planner {r.tflm_own_head:,} B (predicted)")
     c.print(f"HARNESS_ARENA_SIZE {r.arena_size:,} B (measured head + tail {r.measured_tail:,} B) of "
             f"{r.sram_bytes:,} B SRAM; model {r.model_bytes:,} B of {r.flash_bytes:,} B flash; crc {r.model_crc}")
+    for note in r.notes:
+        c.print(f"note: {note}")
     c.print("files: " + ", ".join(r.files))
     if r.firmware:  # a board layer was written: the project builds as it is
         c.print(f"build: make -C {r.out_dir}  (or: tpu-pipeline build-firmware {r.out_dir} [--kernels reference])")
@@ -113,6 +115,8 @@ def _library(args, models, device, fitted) -> int:
         for k in m.head_bytes:
             c.print(f"  arena with {k}: head {m.head_bytes[k]:,} B + tail {m.tail_bytes[k]:,} B "
                     f"(TPUP_{m.name.upper()}_ARENA_BYTES {m.arena_bytes[k]:,} B)")
+        for note in m.notes:
+            c.print(f"  note: {note}")
     for k, a in (r.shared or {}).items():
         c.print(f"one shared arena with {k}: head {a['head']:,} B + stacked tails {a['tail']:,} B = "
                 f"{a['shared_arena_bytes_predicted']:,} B (separate arenas: {a['separate_arena_bytes_predicted']:,} B)")

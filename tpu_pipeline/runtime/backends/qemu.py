@@ -145,10 +145,11 @@ def project_dir(model_bytes: bytes, device: Device) -> Path:
     h = hashlib.sha256()
     # "export-5": what export-mcu writes changed (unused tensors dropped, the LSTM registered, the
     # arena sized for the 32-bit target too; the model's own plan judged under both kernel sets;
-    # the arena placed in the board's banks)
+    # the arena placed in the board's banks; "export-6": the model made exact for TFLite Micro,
+    # a padding SPACE_TO_BATCH_ND's pad an explicit PAD)
     # the harness objects the Makefile links come from the kernel registries, not from the files
     for part in (model_bytes, device.firmware_key.encode(), _firmware_fingerprint().encode(),
-                 harness_objects().encode(), b"export-5"):
+                 harness_objects().encode(), b"export-6"):
         h.update(hashlib.sha256(part).digest())
     return cache_root().parent / "firmware" / f"{device.name}-{h.hexdigest()[:16]}"
 

@@ -53,6 +53,7 @@ class LibraryModel:
     # kernel set name -> {"head": bank, "tail": bank, "banks": [{name, bytes_predicted}]} on the device
     # (deploy/banks.py, the harness's reserve in the first bank); None where no placement holds it
     placement: dict = None
+    notes: tuple[str, ...] = ()  # what export-mcu changed in the model to make it exact for TFLite Micro
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ def _one_model(src: Path, name: str, device: Device, model_data):
         resolver_method(o)  # one line for a custom op no firmware of ours has
     head, tail, arena, planning, split = _arena_figures(graph, offsets)
     entry = LibraryModel(name, src.name, opcodes, tuple(o for o in opcodes if o in harness_ops.by_code()), len(data),
-                         head, tail, arena, planning, exported.model_crc, split, _placements(device, head, tail, split))
+                         head, tail, arena, planning, exported.model_crc, split, _placements(device, head, tail, split),
+                         exported.notes)
     return entry, _model_files(entry, device, data, graph), graph, offsets
 
 

@@ -61,13 +61,15 @@ def run_tflm(data: bytes, inputs, arena_size: int = 32 * 1024 * 1024) -> list[np
 
 
 # Builtin ops whose TFLite Micro kernel reads arena bytes that nothing wrote, so that the model's
-# outputs depend on what the arena held before. SPACE_TO_BATCH_ND pads with its
+# outputs depend on what the arena held before. SPACE_TO_BATCH_ND, where it pads, pads with its
 # SpaceToBatchParams.output_offset: Init takes the struct from the arena's persistent tail and no
 # code ever sets it (the trees in shared/tflm; LiteRT pads with the output's zero point). A board
 # boots with its arena zeroed (the harness firmware's is in .bss), and so is a fresh process's
 # (glibc maps an arena this large anew), but a long-lived process may hand the interpreter heap
 # memory it used before: such a model's host outputs then drift from run to run (valgrind:
-# "uninitialised value ... created by operator new[] in InterpreterWrapper").
+# "uninitialised value ... created by operator new[] in InterpreterWrapper"). Every command that
+# writes a model (export-mcu too) replaces its padding by an explicit PAD (tflite.extract.
+# runtime_exact_model); a model run as given keeps it.
 ARENA_DEPENDENT_OPS = {
     "SPACE_TO_BATCH_ND": "TFLite Micro's SPACE_TO_BATCH_ND pads with a value its kernel never sets (whatever its "
                          "arena held: zero on a board that boots with a zeroed arena)",
@@ -101,10 +103,14 @@ class TflmModel:
         from tpu_pipeline.toolchain.ir import from_model
         from tpu_pipeline.toolchain.tflite import read_model
 
-        graph = from_model(read_model(bytes(model_bytes), name=label))
+        from tpu_pipeline.toolchain.tflite.extract import padding_space_to_batch_zero_points
+
+        model = read_model(bytes(model_bytes), name=label)
+        graph = from_model(model)
         self.input_names = tuple(graph.tensors[t].name for t in graph.inputs)
-        # what of ARENA_DEPENDENT_OPS the model has: its outputs then depend on the arena's past
-        self.arena_dependent = sorted({op.opcode for op in graph.ops} & ARENA_DEPENDENT_OPS.keys())
+        # what of ARENA_DEPENDENT_OPS the model runs in the form that reads unwritten bytes: its
+        # outputs then depend on the arena's past (a model export-mcu wrote has none)
+        self.arena_dependent = ["SPACE_TO_BATCH_ND"] if padding_space_to_batch_zero_points(model) else []
         self.output_names = tuple(graph.tensors[t].name for t in graph.outputs)
         def spec(d):
             return np.dtype(d["dtype"]), tuple(int(x) for x in d["shape"])

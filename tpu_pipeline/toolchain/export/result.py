@@ -26,6 +26,7 @@ class ExportResult:
     # the harness's arena in the board's banks: {"head", "tail", "head_bytes", "tail_bytes"}
     # (deploy/banks.harness_arena); None: the whole arena in the first bank
     arena_banks: dict | None = None
+    notes: tuple[str, ...] = ()  # what export changed in the model to make it exact for TFLite Micro
 
     def to_json(self) -> dict:
         return asdict(self)

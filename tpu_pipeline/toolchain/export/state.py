@@ -16,7 +16,8 @@ class ExportState:
     options: ExportParams
     src: Path  # the model file (names it in messages and in harness_config.h)
     model_data: bytes | None = None  # the model when it is not the file itself (e.g. fit's output)
-    model: Any = None  # the model as tflite/ reads it, unused tensors dropped
+    model: Any = None  # the model as tflite/ reads it, made exact for TFLite Micro
+    notes: tuple[str, ...] = ()  # one per change that made it exact
     graph: Graph | None = None
     opcodes: tuple[str, ...] = ()  # distinct op codes the resolver registers, in first-use order
     methods: tuple[str, ...] = ()  # their MicroMutableOpResolver calls

@@ -44,7 +44,7 @@ def sources(state, allowed):
                           state.opcodes, len(data), state.planned_head, state.own_head, state.measured.head,
                           state.measured.tail, state.arena_size, m.sram_bytes, m.flash_bytes, state.planner,
                           sum(1 for o in state.offsets if o >= 0), crc, firmware.to_json() if firmware else None,
-                          state.arena_banks)
+                          state.arena_banks, state.notes)
     files["export.json"] = (json.dumps(result.to_json(), indent=2) + "\n").encode()
     return replace(state, files=tuple(files.items()), result=result), PassRecord("sources", "ran", 0.0,
                                                                                {"files": len(files)})
