@@ -130,6 +130,16 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
 #if defined(TPUP_DW3_ASM)
   const int16_t *q0 = r, *q1 = r + cols, *q2 = r + 2 * cols;
   int32_t wa, wb, x0, x2, u, v;
+// The loop over the output pairs: STEPS (a step per window row), then the pair stored.
+#define TPUP_DW3_LOOP(STEPS)                                                                                      \
+  __asm__ volatile("1:\n\t" STEPS                                                                                 \
+                   "strd %[u], %[v], [%[acc]], #8\n\t"                                                            \
+                   "subs %[n], %[n], #1\n\t"                                                                      \
+                   "bne 1b\n\t"                                                                                   \
+                   : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa), \
+                     [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)                    \
+                   : [w] "r"(w), [b] "r"(bias)                                                                    \
+                   : "cc", "memory")
   if (SW == 1) {
 #define TPUP_DW3_S1(Q, OFF, FIRST_U, FIRST_V)                  \
   "ldrd %[wa], %[wb], [%[w], #" OFF "]\n\t"                    \
@@ -137,17 +147,9 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
   FIRST_U "\n\t" FIRST_V "\n\t"                                \
   "smlabt %[u], %[x2], %[wb], %[u]\n\t"                        \
   "smlad %[v], %[x2], %[wb], %[v]\n\t"
-    __asm__ volatile("1:\n\t"
-                     TPUP_DW3_S1("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlatb %[v], %[x0], %[wa], %[b]")
-                     TPUP_DW3_S1("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
-                     TPUP_DW3_S1("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
-                     "strd %[u], %[v], [%[acc]], #8\n\t"
-                     "subs %[n], %[n], #1\n\t"
-                     "bne 1b\n\t"
-                     : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
-                       [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
-                     : [w] "r"(w), [b] "r"(bias)
-                     : "cc", "memory");
+    TPUP_DW3_LOOP(TPUP_DW3_S1("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlatb %[v], %[x0], %[wa], %[b]")
+                  TPUP_DW3_S1("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]")
+                  TPUP_DW3_S1("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlatb %[v], %[x0], %[wa], %[v]"));
 #undef TPUP_DW3_S1
   } else {
 #define TPUP_DW3_S2(Q, OFF, FIRST_U, FIRST_V)                  \
@@ -157,19 +159,12 @@ __attribute__((always_inline)) inline void MacPairs(const int16_t* r, int cols, 
   "smlabt %[u], %[x2], %[wb], %[u]\n\t"                        \
   "ldr %[x0], [%[" Q "]]\n\t" FIRST_V "\n\t"                     \
   "smlabt %[v], %[x0], %[wb], %[v]\n\t"
-    __asm__ volatile("1:\n\t"
-                     TPUP_DW3_S2("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlad %[v], %[x2], %[wa], %[b]")
-                     TPUP_DW3_S2("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
-                     TPUP_DW3_S2("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
-                     "strd %[u], %[v], [%[acc]], #8\n\t"
-                     "subs %[n], %[n], #1\n\t"
-                     "bne 1b\n\t"
-                     : [q0] "+r"(q0), [q1] "+r"(q1), [q2] "+r"(q2), [acc] "+r"(acc), [n] "+r"(pairs), [wa] "=&r"(wa),
-                       [wb] "=&r"(wb), [x0] "=&r"(x0), [x2] "=&r"(x2), [u] "=&r"(u), [v] "=&r"(v)
-                     : [w] "r"(w), [b] "r"(bias)
-                     : "cc", "memory");
+    TPUP_DW3_LOOP(TPUP_DW3_S2("q0", "0", "smlad %[u], %[x0], %[wa], %[b]", "smlad %[v], %[x2], %[wa], %[b]")
+                  TPUP_DW3_S2("q1", "8", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]")
+                  TPUP_DW3_S2("q2", "16", "smlad %[u], %[x0], %[wa], %[u]", "smlad %[v], %[x2], %[wa], %[v]"));
 #undef TPUP_DW3_S2
   }
+#undef TPUP_DW3_LOOP
 #else
   for (int k = 0; k < pairs; ++k, r += 2 * SW, acc += 2) {
     acc[0] = acc[1] = bias;

@@ -123,23 +123,27 @@ void OnePixel(const ConvOptions& o, const ConvGeometry& g, const int8_t* x, cons
 
 #if defined(TPUP_DSP)
 // Two pixels' channels as int16 with the input offset added, per four channels the words
-// [a 0,2][a 1,3][b 0,2][b 1,3]; a last group of fewer than four zero-padded.
+// [a 0,2][a 1,3][b 0,2][b 1,3] (the pointwise pass), or with kInterleaved [a 0,2][b 0,2][a 1,3][b 1,3]
+// (the pointwise16 pass, flag "pointwise16", ir/kernel_variants/pointwise16.py: one LDRD gives a
+// pair-word of both pixels); a last group of fewer than four zero-padded.
+template <bool kInterleaved>
 void WidenPair(const int8_t* a, const int8_t* b, int C, int32_t input_offset, int32_t* buf) {
+  constexpr int kOdd = kInterleaved ? 2 : 1, kB = kInterleaved ? 1 : 2;  // words of a's 1,3 and of b's 0,2
   const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(input_offset) & 0xFFFF) * 0x10001u);
   int k = 0;
   for (; k + 4 <= C; k += 4, buf += 4) {
     const int32_t x = Load32(a + k), y = Load32(b + k);
-    buf[0] = __sadd16(__sxtb16(x), offset2);
-    buf[1] = __sadd16(__sxtb16(Ror8(x)), offset2);
-    buf[2] = __sadd16(__sxtb16(y), offset2);
+    buf[0] = __sadd16(__sxtb16(x), offset2);  // (stored in this order: both passes' code as before)
+    buf[1] = __sadd16(__sxtb16(kInterleaved ? y : Ror8(x)), offset2);
+    buf[2] = __sadd16(__sxtb16(kInterleaved ? Ror8(x) : y), offset2);
     buf[3] = __sadd16(__sxtb16(Ror8(y)), offset2);
   }
   if (k < C) {
-    int16_t lanes[8] = {};  // [a0 a2 a1 a3 b0 b2 b1 b3]
-    static const int kLane[4] = {0, 2, 1, 3};
+    int16_t lanes[8] = {};  // the same words' int16 lanes
+    static const int kLane[4] = {0, 2 * kOdd, 1, 2 * kOdd + 1};
     for (int j = 0; k + j < C; ++j) {
       lanes[kLane[j]] = static_cast<int16_t>(a[k + j] + input_offset);
-      lanes[4 + kLane[j]] = static_cast<int16_t>(b[k + j] + input_offset);
+      lanes[2 * kB + kLane[j]] = static_cast<int16_t>(b[k + j] + input_offset);
     }
     std::memcpy(buf, lanes, sizeof(lanes));
   }
@@ -320,30 +324,6 @@ void DirectPixels(const ConvOptions& o, const ConvGeometry& g, int p0, int n, co
   }
 }
 
-// The pointwise16 pass (flag "pointwise16", ir/kernel_variants/pointwise16.py): two pixels' channels
-// as int16 with the input offset added, per four channels the words [a 0,2][b 0,2][a 1,3][b 1,3]
-// (one LDRD gives a pair-word of both pixels); a last group of fewer than four zero-padded.
-void WidenPairInterleaved(const int8_t* a, const int8_t* b, int C, int32_t input_offset, int32_t* buf) {
-  const int32_t offset2 = static_cast<int32_t>((static_cast<uint32_t>(input_offset) & 0xFFFF) * 0x10001u);
-  int k = 0;
-  for (; k + 4 <= C; k += 4, buf += 4) {
-    const int32_t x = Load32(a + k), y = Load32(b + k);
-    buf[0] = __sadd16(__sxtb16(x), offset2);
-    buf[1] = __sadd16(__sxtb16(y), offset2);
-    buf[2] = __sadd16(__sxtb16(Ror8(x)), offset2);
-    buf[3] = __sadd16(__sxtb16(Ror8(y)), offset2);
-  }
-  if (k < C) {
-    int16_t lanes[8] = {};  // [a0 a2 b0 b2 a1 a3 b1 b3]
-    static const int kLane[4] = {0, 4, 1, 5};
-    for (int j = 0; k + j < C; ++j) {
-      lanes[kLane[j]] = static_cast<int16_t>(a[k + j] + input_offset);
-      lanes[2 + kLane[j]] = static_cast<int16_t>(b[k + j] + input_offset);
-    }
-    std::memcpy(buf, lanes, sizeof(lanes));
-  }
-}
-
 // Accumulators [pixel a, pixel b] of channels c, c + 1, c + 2.
 struct Acc6 {
   int32_t a0, b0, a1, b1, a2, b2;
@@ -445,10 +425,10 @@ void PairsThroughBuffer(const ConvOptions& o, const ConvGeometry& g, const Pixel
   const int K = g.out_c;
   for (int p = 0; p + 2 <= stop; p += 2) {
     if (relaid != nullptr) {
-      WidenPairInterleaved(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
+      WidenPair<true>(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
       PixelPair3<Scale, kFull>(o, g, buf, relaid, out + p * K, out + (p + 1) * K);
     } else {
-      WidenPair(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
+      WidenPair<false>(walk.At(p), walk.At(p + 1), g.in_c, o.input_offset, buf);
       PixelPair<Scale, kFull>(o, g, buf, filter, bias, requant, out + p * K, out + (p + 1) * K);
     }
   }
@@ -467,7 +447,7 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
     int32_t pair[kPointwise16StackWords];
     for (int p = 0; p < n; p += 2) {
       const int a = p + 2 <= n ? p : n - 2;  // (an odd last pixel with the one before it, written again the same)
-      WidenPairInterleaved(walk.At(a), walk.At(a + 1), g.in_c, o.input_offset, pair);
+      WidenPair<true>(walk.At(a), walk.At(a + 1), g.in_c, o.input_offset, pair);
       PixelPair3<Scale, kFull>(o, g, pair, relaid, out + a * K, out + (a + 1) * K);
     }
     return;
