@@ -117,14 +117,9 @@ def evaluated_partition(problem: PartitionProblem, stages, n: int, strategy: str
 def baseline_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
                        problem: PartitionProblem | None = None) -> Partition:
     """Coral's parameter-count heuristic (libcoral) scored with the same cost model."""
-    problem = problem or PartitionProblem(graph, EdgeTpuCostModel(load_device(device)))
-    problem.check_n(n, graph.name or "model")
-    t0 = time.perf_counter()
+    problem, t0 = _posed(graph, n, device, problem), time.perf_counter()
     h = coral_heuristic(graph, n)
-    note = h.note
-    if not problem.is_valid(h.stages, n):
-        note = (note + "; " if note else "") + "violates Coral's segment rules for this graph"
-    return _make(problem, n, h.stages, "coral", {}, False, time.perf_counter() - t0, note)
+    return _make(problem, n, h.stages, "coral", {}, False, time.perf_counter() - t0, _ruled(problem, h, n))
 
 
 def profiled_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
@@ -132,15 +127,24 @@ def profiled_partition(graph: Graph, n: int, device: str | Device = "coral-usb",
     """libcoral's profiling-based partitioner, every profile simulated (tpu_pipeline/toolchain/partition/profiling.py)."""
     from tpu_pipeline.toolchain.partition.profiling import profiling_partition
 
+    problem, t0 = _posed(graph, n, device, problem), time.perf_counter()
+    r = profiling_partition(problem, n)
+    return _make(problem, n, r.stages, "coral-profiling", {"measurements": r.measurements}, False,
+                 time.perf_counter() - t0, _ruled(problem, r, n))
+
+
+def _posed(graph: Graph, n: int, device, problem: PartitionProblem | None) -> PartitionProblem:
+    """The problem a Coral partitioner is scored in (the device's cost model unless given), `n` checked."""
     problem = problem or PartitionProblem(graph, EdgeTpuCostModel(load_device(device)))
     problem.check_n(n, graph.name or "model")
-    t0 = time.perf_counter()
-    r = profiling_partition(problem, n)
-    note = r.note
-    if not problem.is_valid(r.stages, n):
-        note = (note + "; " if note else "") + "violates Coral's segment rules for this graph"
-    return _make(problem, n, r.stages, "coral-profiling", {"measurements": r.measurements}, False,
-                 time.perf_counter() - t0, note)
+    return problem
+
+
+def _ruled(problem: PartitionProblem, found, n: int) -> str:
+    """A Coral partitioner's note, and that its stages break Coral's segment rules where they do."""
+    if problem.is_valid(found.stages, n):
+        return found.note
+    return (found.note + "; " if found.note else "") + "violates Coral's segment rules for this graph"
 
 
 def _warm_starts(problem, graph, base, n: int, strategy: str, colocate: bool):
