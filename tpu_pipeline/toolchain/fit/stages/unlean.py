@@ -35,13 +35,15 @@ def unlean(state, deadline):
     tries = [swaps] + ([[k] for k in sorted(swaps, key=lambda k: sel.variants[k].latency_s - origins[k].latency_s,
                                               reverse=True)[:UNLEAN_SINGLES]] if len(swaps) > 1 else [])
     best, done, kept = sel, state.realised, []
+    built: dict = {}  # (the swaps change kernels: the patches are built once)
     for ks in tries:
         if state.deadline.expired() or (kept and ks == swaps):
             break
         chosen = tuple(origins[k] if k in ks or k in kept else v for k, v in enumerate(sel.variants))
         tail = sel.tail and sel.tail + sum(o.tail - v.tail for o, v in zip(chosen, sel.variants))
         alt = Selection(chosen, max(v.peak for v in chosen), sum(v.latency_s for v in chosen), sel.proven, tail)
-        tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0)
+        tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0,
+                        like=(done, best), built=built)
         if counted(tried[0], tried[2]) <= counted(*done[::2]) and alt.latency_s < best.latency_s:
             best, done, kept = alt, tried, kept + ks
             if ks == swaps:
