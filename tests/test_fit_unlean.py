@@ -20,12 +20,13 @@ UNLEAN = sys.modules["tpu_pipeline.toolchain.fit.stages.unlean"]  # (the package
 CHAIN = Path(__file__).parent / "fixtures" / "chain_int8.tflite"
 
 
-@pytest.fixture
-def recorded(monkeypatch):
+@pytest.fixture(params=["auto", "greedy"])
+def recorded(request, monkeypatch):
     """chain_int8's smallest whole arena (three lean twins there: unlean swaps them) with the
-    whole graph's search asked (`_settled` False: the method unlean's reuse applies to), every
-    scheduler call counted and every realise call unlean makes kept with its answer."""
-    monkeypatch.setattr(realise_mod, "_settled", lambda v: False)
+    whole graph's scheduler asked for its search ("auto": the variants at the peak not `_settled`)
+    or for its cheap orders ("greedy"), every scheduler call counted and every realise call
+    unlean makes kept with its answer."""
+    monkeypatch.setattr(realise_mod, "_settled", lambda v: request.param == "greedy")
     calls, tries, shaped = [], [], []
     real_schedule, real_realise, real_shaped = realise_mod.schedule, UNLEAN.realise, realise_mod._shaped
 

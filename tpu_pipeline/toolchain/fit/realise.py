@@ -47,7 +47,7 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
     whole = applied(graph, spans, sel, built)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     asked = _asks(whole, sel, sem, deadline)
-    sched = None if like is None else _same_answer(whole, asked, *like, sem, deadline)
+    sched = None if like is None else _same_answer(whole, asked, *like, sem, deadline, built)
     if sched is None:
         sched = schedule(whole, asked.method, time_limit=None, deadline=Deadline(asked.seconds), semantics=sem)
     whole = whole.reordered(sched.order)
@@ -86,25 +86,34 @@ def _asks(whole: Graph, sel: Selection, sem: Semantics, deadline: Deadline) -> A
     return Asked(method, max(1.0, share), share == REALISE_SCHEDULE_SECONDS)
 
 
-def _same_answer(whole: Graph, asked: Asked, realised, sel: Selection, sem: Semantics, deadline: Deadline):
+def _same_answer(whole: Graph, asked: Asked, realised, sel: Selection, sem: Semantics, deadline: Deadline,
+                 built: dict | None):
     """`like`'s schedule where `whole` poses its scheduler the same question: the same scheduling
     problem op for op in the same starting order (a lean twin swapped for its origin changes a
-    kernel and a constant, which the arena's head does not hold) and the same method and capped
-    seconds; else None. The search is a function of that question (up to where its time limit
-    cuts it), so asking again spends the seconds for the same order (TinyEngine's mcunetv2_large:
-    five swaps, 2 s each, each the realised 696,640 B head again)."""
+    kernel and a constant, which the arena's head does not hold) and the same method, with the
+    same capped seconds where the method searches; else None. The search is a function of that
+    question (greedy's cheap orders wholly; auto's up to where its time limit cuts it), so asking
+    again spends the seconds for the same order (TinyEngine's mcunetv2_large --budget: five swaps,
+    2 s each, each the realised 696,640 B head again)."""
     done, sched, _ = realised
-    if asked.method != "auto" or not asked.capped or len(done.ops) != len(whole.ops):
-        return None  # (greedy's cheap orders cost less to ask again than the problems to compare)
-    start = [0] * len(sched.order)  # `done` is its start order reordered by the schedule: undo that
-    for k, i in enumerate(sched.order):
-        start[i] = k
-    before = done.reordered(start)
-    mine, theirs = _problem(whole, sem), _problem(before, sem)
-    # (asked now, `sel`'s question has the same method, and capped seconds now were capped then)
-    if mine is None or mine != theirs or _asks(before, sel, sem, deadline) != asked:
+    if (asked.method == "auto" and not asked.capped) or len(done.ops) != len(whole.ops):
         return None
-    return sched
+    key = ("problem", id(done))  # (`like`'s problem, made once for all the swaps: `built` holds it)
+    hit = None if built is None else built.get(key)
+    if hit is None or hit[0] is not done:
+        start = [0] * len(sched.order)  # `done` is its start order reordered by the schedule: undo that
+        for k, i in enumerate(sched.order):
+            start[i] = k
+        before = done.reordered(start)
+        # (asked now, `sel`'s question has the same method, and capped seconds now were capped then)
+        hit = (done, _problem(before, sem), _asks(before, sel, sem, deadline))
+        if built is not None:
+            built[key] = hit
+    _, theirs, theirs_asked = hit
+    if theirs_asked.method != asked.method or (asked.method == "auto" and theirs_asked != asked):
+        return None
+    mine = _problem(whole, sem)
+    return sched if mine is not None and mine == theirs else None
 
 
 def _problem(whole: Graph, sem: Semantics):
