@@ -155,7 +155,8 @@ def apply_selection(graph: Graph, chosen, spans, built: dict | None = None) -> G
     key = tuple(_shape_key(v) for v in chosen if v.kind in ("rewrite", "patch"))
     hit = None if built is None else built.get(key)
     if hit is None:
-        hit = (_shaped(graph, chosen, spans), tuple(chosen))  # (the variants held: the graphs' ids in the key stay theirs)
+        # (the variants held too: the rewrites' graph ids in the key stay theirs)
+        hit = (_shaped(graph, chosen, spans), tuple(chosen))
         if built is not None:
             built[key] = hit
     graph = hit[0]

@@ -3,7 +3,9 @@ every allocation up: its 16 bytes can vanish in the real tail's alignment (chain
 4,004 B arena at twice the latency). Each chosen lean twin (or a twin of one) is swapped for the
 variant of the same spans that keeps the kernel variant and is faster at the least tail, within
 the selection's peak; where that selection, realised, takes no more arena, it is kept: the same
-bytes, faster."""
+bytes, faster. A try that poses the whole graph's scheduler the question the kept realisation
+answered (a kernel swapped, the head's buffers the same) takes that answer and plans its arena
+only (fit/realise.py `_same_answer`); the tries' patches are built once."""
 
 from __future__ import annotations
 
