@@ -38,12 +38,14 @@ def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None,
 
 
 def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadline, progress, t0, like=None,
-            built: dict | None = None):
+            built: dict | None = None, hopeless=None):
     """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
     semantics of the kernel set it will run with. `like`: (an earlier realisation (graph, schedule,
     plan), the selection it realised); where this one asks the scheduler the very same question,
     that schedule is its answer and only the arena is planned again (`_same_answer`). `built`:
-    apply_selection's."""
+    apply_selection's. `hopeless(graph, schedule)`: True where the caller cannot use the result
+    even at a head of the schedule's peak (no plan of that order goes below it): None is returned
+    then, unplanned."""
     whole = applied(graph, spans, sel, built)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
     asked = _asks(whole, sel, sem, deadline)
@@ -51,6 +53,8 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
     if sched is None:
         sched = schedule(whole, asked.method, time_limit=None, deadline=Deadline(asked.seconds), semantics=sem)
     whole = whole.reordered(sched.order)
+    if hopeless is not None and hopeless(whole, sched):
+        return None
     plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
                          deadline=Deadline(max(2.0, deadline.remaining())))
     return whole, sched, plan

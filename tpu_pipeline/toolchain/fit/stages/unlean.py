@@ -32,6 +32,9 @@ def unlean(state, deadline):
     def counted(g, plan) -> int:  # what the budget and the memory objective count
         return plan.head + ((target_tail(g, sem).bytes or 0) if p.arena == "whole" else 0)
 
+    def hopeless(g, sched) -> bool:  # above the kept arena even at a head of its order's peak (no plan is below it)
+        return sched.peak + ((target_tail(g, sem).bytes or 0) if p.arena == "whole" else 0) > counted(*done[::2])
+
     # all at once, then (where their 16 B each add up past the real tail's alignment, chain_int8:
     # three lean twins since the window variant) one at a time, the largest gain first
     tries = [swaps] + ([[k] for k in sorted(swaps, key=lambda k: sel.variants[k].latency_s - origins[k].latency_s,
@@ -45,8 +48,8 @@ def unlean(state, deadline):
         tail = sel.tail and sel.tail + sum(o.tail - v.tail for o, v in zip(chosen, sel.variants))
         alt = Selection(chosen, max(v.peak for v in chosen), sum(v.latency_s for v in chosen), sel.proven, tail)
         tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0,
-                        like=(done, best), built=built)
-        if counted(tried[0], tried[2]) <= counted(*done[::2]) and alt.latency_s < best.latency_s:
+                        like=(done, best), built=built, hopeless=hopeless)
+        if tried is not None and counted(tried[0], tried[2]) <= counted(*done[::2]) and alt.latency_s < best.latency_s:
             best, done, kept = alt, tried, kept + ks
             if ks == swaps:
                 break
