@@ -197,3 +197,59 @@ def test_a_new_fit_stage_is_one_module_plus_one_registration():
     assert coarse.fits and full.head <= coarse.head  # fewer candidates: never a smaller arena
     with pytest.raises(PassError, match="pass 'broken' left an invalid graph"):
         run_fit(graph, params, device, stages=[*STAGES[:at], Pass("broken", broken), *STAGES[at:]])
+
+
+def _span_by_span(variants, n_spans, budget, latency_bound, minimise, latency_cap, tail_fixed):
+    """The CP-SAT model of select's `_solve` as it was first written: cover lists span by span
+    over every variant, the sums term by term."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    x = [m.NewBoolVar(f"v{k}") for k in range(len(variants))]
+    for s in range(n_spans):
+        m.AddExactlyOne([x[k] for k, v in enumerate(variants) if v.first <= s <= v.last])
+    peak = m.NewIntVar(0, max(v.peak for v in variants), "peak")
+    for k, v in enumerate(variants):
+        m.Add(peak >= v.peak).OnlyEnforceIf(x[k])
+    memory = peak
+    if tail_fixed is not None:
+        memory = peak + sum(v.tail * x[k] for k, v in enumerate(variants)) + tail_fixed
+    if budget is not None:
+        m.Add(memory <= budget)
+    latency = sum(int(round(v.latency_s * 1e9)) * x[k] for k, v in enumerate(variants))
+    if latency_bound is not None:
+        m.Add(latency <= int(latency_bound * 1e9))
+    if latency_cap is not None:
+        m.Add(latency <= latency_cap)
+    m.Minimize(latency if minimise == "latency" else memory)
+    return m
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_selection_model_is_the_one_made_span_by_span(seed, monkeypatch):
+    """`_solve` makes its CP-SAT model with the cover lists in one pass and weighted sums (the
+    pareto sweep makes hundreds): the model, proto field for field, is the one made span by span
+    and term by term, so CP-SAT (one worker: deterministic) answers the same, ties included."""
+    from tpu_pipeline.toolchain.fit import select as select_mod
+
+    rng = random.Random(1300 + seed)
+    n = rng.randrange(2, 7)
+    variants = [dataclasses.replace(v, tail=rng.choice([0, 0, 16, rng.randrange(0, 400)]))
+                for v in _random_variants(rng, n)]
+    asked = []
+    real = select_mod.new_solver
+
+    def solver(seconds, workers):
+        s = real(seconds, workers)
+        solve = s.Solve
+        s.Solve = lambda model, *a, **k: asked.append(model) or solve(model, *a, **k)
+        return s
+
+    monkeypatch.setattr(select_mod, "new_solver", solver)
+    for args in ((None, None, "latency", None, None), (10, None, "latency", None, 100),
+                 (None, 0.5, "memory", None, 50), (None, None, "memory", 10 ** 9, None)):
+        asked.clear()
+        budget, bound, minimise, cap, fixed = args
+        select_mod._solve(variants, n, budget, bound, minimise, cap, None, fixed)
+        assert len(asked) == 1
+        assert str(asked[0].Proto()) == str(_span_by_span(variants, n, budget, bound, minimise, cap, fixed).Proto())

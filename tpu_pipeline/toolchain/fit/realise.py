@@ -3,7 +3,7 @@ the realised plan tells the selection it missed (overlapped ops' groups above th
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tpu_pipeline.toolchain.budget import Deadline, say
 from tpu_pipeline.toolchain.fit.select import Selection
@@ -17,6 +17,7 @@ from tpu_pipeline.toolchain.memory.tflm_target import ops_tail, tail_bound, targ
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, checked_region
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage
 from tpu_pipeline.toolchain.schedule.api import schedule
+from tpu_pipeline.toolchain.schedule.model import build_model
 
 REALISE_SCHEDULE_SECONDS = 2.0  # the whole graph's scheduler, when the variants' own orders keep the promised peak
 
@@ -36,13 +37,45 @@ def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None,
     return whole - ops, ""
 
 
-def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadline, progress, t0):
+def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadline, progress, t0, like=None,
+            built: dict | None = None, hopeless=None):
     """(graph, schedule, arena plan) of a selection applied to the whole graph, under the memory
-    semantics of the kernel set it will run with."""
-    whole = apply_selection(graph, sel.variants, spans)
+    semantics of the kernel set it will run with. `like`: (an earlier realisation (graph, schedule,
+    plan), the selection it realised); where this one asks the scheduler the very same question,
+    that schedule is its answer and only the arena is planned again (`_same_answer`). `built`:
+    apply_selection's. `hopeless(graph, schedule)`: True where the caller cannot use the result
+    even at a head of the schedule's peak (no plan of that order goes below it): None is returned
+    then, unplanned."""
+    whole = applied(graph, spans, sel, built)
     say(progress, t0, f"fit: chosen peak {sel.peak:,} B, {len(whole.ops)} ops; scheduling and planning")
-    # the variants' own orders reach the selection's peak; the scheduler may only improve on them
-    whole = whole.reordered(variant_order(whole, sel.variants))
+    asked = _asks(whole, sel, sem, deadline)
+    sched = None if like is None else _same_answer(whole, asked, *like, sem, deadline, built)
+    if sched is None:
+        sched = schedule(whole, asked.method, time_limit=None, deadline=Deadline(asked.seconds), semantics=sem)
+    whole = whole.reordered(sched.order)
+    if hopeless is not None and hopeless(whole, sched):
+        return None
+    plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
+                         deadline=Deadline(max(2.0, deadline.remaining())))
+    return whole, sched, plan
+
+
+def applied(graph: Graph, spans, sel: Selection, built: dict | None = None) -> Graph:
+    """The selection applied to the whole graph, its ops in the order the scheduler starts from:
+    the variants' own orders, which reach the selection's peak (the scheduler may only improve on them)."""
+    whole = apply_selection(graph, sel.variants, spans, built)
+    return whole.reordered(variant_order(whole, sel.variants))
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What realise asks the whole graph's scheduler: its method and seconds."""
+    method: str
+    seconds: float
+    capped: bool  # the seconds are REALISE_SCHEDULE_SECONDS (not a share of the time left)
+
+
+def _asks(whole: Graph, sel: Selection, sem: Semantics, deadline: Deadline) -> Asked:
     # (the spans are separated by cuts and each variant's order is its best: the scheduler rarely
     # gains here, while the planner needs its time to reach the peak on thousands of buffers; where
     # that order already holds the selection's promise, the scheduler gets a short look only)
@@ -54,11 +87,44 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
             # the whole graph's search meets the same pieces again (TinyEngine's mcunetv2_large:
             # 2 s spent, nothing gained); its cheap orders and bound only (never worse than this order)
             method = "greedy"
-    sched = schedule(whole, method, time_limit=None, deadline=Deadline(max(1.0, share)), semantics=sem)
-    whole = whole.reordered(sched.order)
-    plan = plan_for_tflm(whole, lifetimes(whole, None, sem), time_limit=None, n_tensors=len(whole.tensors),
-                         deadline=Deadline(max(2.0, deadline.remaining())))
-    return whole, sched, plan
+    return Asked(method, max(1.0, share), share == REALISE_SCHEDULE_SECONDS)
+
+
+def _same_answer(whole: Graph, asked: Asked, realised, sel: Selection, sem: Semantics, deadline: Deadline,
+                 built: dict | None):
+    """`like`'s schedule where `whole` poses its scheduler the same question: the same scheduling
+    problem op for op in the same starting order (a lean twin swapped for its origin changes a
+    kernel and a constant, which the arena's head does not hold) and the same method, with the
+    same capped seconds where the method searches; else None. The search is a function of that
+    question (greedy's cheap orders wholly; auto's up to where its time limit cuts it), so asking
+    again spends the seconds for the same order (TinyEngine's mcunetv2_large --budget: five swaps,
+    2 s each, each the realised 696,640 B head again)."""
+    done, sched, _ = realised
+    if (asked.method == "auto" and not asked.capped) or len(done.ops) != len(whole.ops):
+        return None
+    key = ("problem", id(done))  # (`like`'s problem, made once for all the swaps: `built` holds it)
+    hit = None if built is None else built.get(key)
+    if hit is None or hit[0] is not done:
+        start = [0] * len(sched.order)  # `done` is its start order reordered by the schedule: undo that
+        for k, i in enumerate(sched.order):
+            start[i] = k
+        before = done.reordered(start)
+        # (asked now, `sel`'s question has the same method, and capped seconds now were capped then)
+        hit = (done, _problem(before, sem), _asks(before, sel, sem, deadline))
+        if built is not None:
+            built[key] = hit
+    _, theirs, theirs_asked = hit
+    if theirs_asked.method != asked.method or (asked.method == "auto" and theirs_asked != asked):
+        return None
+    mine = _problem(whole, sem)
+    return sched if mine is not None and mine == theirs else None
+
+
+def _problem(whole: Graph, sem: Semantics):
+    """The scheduler's problem of `whole` without the graph's tensor numbering (constants come and
+    go with kernels); None where the runtime's sharing depends on the order (not the model alone)."""
+    m = build_model(whole, sem)
+    return replace(m, tensor_ids=()) if m.exact else None
 
 
 def _settled(v: Variant) -> bool:
@@ -84,10 +150,39 @@ def variant_order(whole: Graph, chosen) -> list[int]:
     return order
 
 
-def apply_selection(graph: Graph, chosen, spans) -> Graph:
+def apply_selection(graph: Graph, chosen, spans, built: dict | None = None) -> Graph:
+    """`graph` with the chosen variants applied: their rewrites and patches (`_shaped`), then their
+    kernel choices. `built`: a dict the caller keeps for selections of one graph and spans, the
+    shaped graph by what shapes it (unlean's swaps change kernels only: the patch stages, a third
+    of a second each on TinyEngine's mcunetv2_large, are built once)."""
+    read = {graph.tensors[t].name for op in graph.ops for t in op.inputs if t >= 0 and graph.tensors[t].is_constant}
+    key = tuple(_shape_key(v) for v in chosen if v.kind in ("rewrite", "patch"))
+    hit = None if built is None else built.get(key)
+    if hit is None:
+        # (the variants held too: the rewrites' graph ids in the key stay theirs)
+        hit = (_shaped(graph, chosen, spans), tuple(chosen))
+        if built is not None:
+            built[key] = hit
+    graph = hit[0]
+    moved = dict(kv for v in chosen for kv in v.kernels)
+    if moved:  # ops matched by their first output's name, unique in the graph (as _variant_order)
+        for i, op in enumerate(graph.ops):
+            kernel = moved.get(graph.tensors[op.outputs[0]].name)
+            if kernel is not None and op.kernel != kernel:
+                graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
+    return without_orphans(graph, {t.index for t in graph.tensors if t.name in read})  # (names: unique here)
+
+
+def _shape_key(v: Variant) -> tuple:
+    """What `_shaped` reads of a rewrite or patch variant."""
+    if v.kind == "rewrite":
+        return ("rewrite", v.first, v.last, id(v.graph))
+    return ("patch", v.form, v.region, v.grid, v.recompute)
+
+
+def _shaped(graph: Graph, chosen, spans) -> Graph:
     # rewrites first, spliced by position into the graph their spans index; then the patches,
     # which find their regions by tensor name
-    read = {graph.tensors[t].name for op in graph.ops for t in op.inputs if t >= 0 and graph.tensors[t].is_constant}
     for v in sorted((v for v in chosen if v.kind == "rewrite"), key=lambda v: -v.first):
         graph = splice(graph, v, spans)
     for v in chosen:
@@ -96,13 +191,7 @@ def apply_selection(graph: Graph, chosen, spans) -> Graph:
             graph = build_stage(graph, tin, tout, positions, v.grid, stream=not v.recompute)
         elif v.kind == "patch":
             graph = apply_patches(graph, v.region, v.grid)
-    moved = dict(kv for v in chosen for kv in v.kernels)
-    if moved:  # ops matched by their first output's name, unique in the graph (as _variant_order)
-        for i, op in enumerate(graph.ops):
-            kernel = moved.get(graph.tensors[op.outputs[0]].name)
-            if kernel is not None and op.kernel != kernel:
-                graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
-    return without_orphans(graph, {t.index for t in graph.tensors if t.name in read})  # (names: unique here)
+    return graph
 
 
 def without_orphans(graph: Graph, tensors) -> Graph:

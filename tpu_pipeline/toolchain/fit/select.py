@@ -524,20 +524,13 @@ def _ns(v: Variant) -> int:
 def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, deadline, tail_fixed=None):
     if not variants:
         return None
-    m = cp_model.CpModel()
-    x = [m.NewBoolVar(f"v{k}") for k in range(len(variants))]
-    for s in range(n_spans):  # every span covered exactly once
-        m.AddExactlyOne([x[k] for k, v in enumerate(variants) if v.first <= s <= v.last])
-    top = max(v.peak for v in variants)
-    peak = m.NewIntVar(0, top, "peak")
-    for k, v in enumerate(variants):
-        m.Add(peak >= v.peak).OnlyEnforceIf(x[k])
+    m, x, peak = _model(variants, n_spans)
     memory = peak
     if tail_fixed is not None:  # the whole arena: the head and the tail
-        memory = peak + sum(v.tail * x[k] for k, v in enumerate(variants)) + tail_fixed
+        memory = peak + cp_model.LinearExpr.weighted_sum(x, [v.tail for v in variants]) + tail_fixed
     if budget is not None:
         m.Add(memory <= budget)
-    latency = sum(_ns(v) * x[k] for k, v in enumerate(variants))
+    latency = cp_model.LinearExpr.weighted_sum(x, [_ns(v) for v in variants])
     if latency_bound is not None:
         m.Add(latency <= int(latency_bound * _NS))
     if latency_cap is not None:
@@ -550,6 +543,25 @@ def _solve(variants, n_spans, budget, latency_bound, minimise, latency_cap, dead
         return None
     chosen = [v for k, v in enumerate(variants) if solver.Value(x[k])]
     return sorted(chosen, key=lambda v: v.first), status == cp_model.OPTIMAL
+
+
+def _model(variants, n_spans: int):
+    """(model, x, peak): the CP-SAT model every selection shares, one literal per variant (x),
+    every span covered exactly once, `peak` at least each chosen variant's. (The same model,
+    constraint for constraint, as one made span by span over all the variants: the cover lists in
+    one pass; the pareto sweep makes hundreds of these.)"""
+    m = cp_model.CpModel()
+    x = [m.NewBoolVar(f"v{k}") for k in range(len(variants))]
+    cover: list[list] = [[] for _ in range(n_spans)]
+    for k, v in enumerate(variants):
+        for s in range(v.first, v.last + 1):
+            cover[s].append(x[k])
+    for s in range(n_spans):  # every span covered exactly once
+        m.AddExactlyOne(cover[s])
+    peak = m.NewIntVar(0, max(v.peak for v in variants), "peak")
+    for k, v in enumerate(variants):
+        m.Add(peak >= v.peak).OnlyEnforceIf(x[k])
+    return m, x, peak
 
 
 def _selection(chosen, proven, tail_fixed=None) -> Selection:

@@ -3,7 +3,9 @@ every allocation up: its 16 bytes can vanish in the real tail's alignment (chain
 4,004 B arena at twice the latency). Each chosen lean twin (or a twin of one) is swapped for the
 variant of the same spans that keeps the kernel variant and is faster at the least tail, within
 the selection's peak; where that selection, realised, takes no more arena, it is kept: the same
-bytes, faster."""
+bytes, faster. A try that poses the whole graph's scheduler the question the kept realisation
+answered (a kernel swapped, the head's buffers the same) takes that answer and plans its arena
+only (fit/realise.py `_same_answer`); the tries' patches are built once."""
 
 from __future__ import annotations
 
@@ -30,19 +32,24 @@ def unlean(state, deadline):
     def counted(g, plan) -> int:  # what the budget and the memory objective count
         return plan.head + ((target_tail(g, sem).bytes or 0) if p.arena == "whole" else 0)
 
+    def hopeless(g, sched) -> bool:  # above the kept arena even at a head of its order's peak (no plan is below it)
+        return sched.peak + ((target_tail(g, sem).bytes or 0) if p.arena == "whole" else 0) > counted(*done[::2])
+
     # all at once, then (where their 16 B each add up past the real tail's alignment, chain_int8:
     # three lean twins since the window variant) one at a time, the largest gain first
     tries = [swaps] + ([[k] for k in sorted(swaps, key=lambda k: sel.variants[k].latency_s - origins[k].latency_s,
                                               reverse=True)[:UNLEAN_SINGLES]] if len(swaps) > 1 else [])
     best, done, kept = sel, state.realised, []
+    built: dict = {}  # (the swaps change kernels: the patches are built once)
     for ks in tries:
         if state.deadline.expired() or (kept and ks == swaps):
             break
         chosen = tuple(origins[k] if k in ks or k in kept else v for k, v in enumerate(sel.variants))
         tail = sel.tail and sel.tail + sum(o.tail - v.tail for o, v in zip(chosen, sel.variants))
         alt = Selection(chosen, max(v.peak for v in chosen), sum(v.latency_s for v in chosen), sel.proven, tail)
-        tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0)
-        if counted(tried[0], tried[2]) <= counted(*done[::2]) and alt.latency_s < best.latency_s:
+        tried = realise(state.working, list(state.spans), alt, sem, state.deadline, state.progress, state.t0,
+                        like=(done, best), built=built, hopeless=hopeless)
+        if tried is not None and counted(tried[0], tried[2]) <= counted(*done[::2]) and alt.latency_s < best.latency_s:
             best, done, kept = alt, tried, kept + ks
             if ks == swaps:
                 break
