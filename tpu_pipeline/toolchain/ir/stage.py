@@ -54,6 +54,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
+from tpu_pipeline.toolchain.ir.kernel_variants import packed
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
 
@@ -217,6 +218,14 @@ def expand(graph: Graph, i: int) -> tuple[list[Op], list[Tensor]]:
     ops = [dataclasses.replace(o, inputs=tuple(where[t] if t >= 0 else t for t in o.inputs),
                                outputs=tuple(where[t] for t in o.outputs), source=None) for o in body.ops]
     return ops, new_tensors
+
+
+def setup_bytes(stage: PatchStage) -> int:
+    """The scratch bytes the firmware keeps its packed layers' set-ups in, after the tile buffers
+    (harness/tpup_stage.cc SetupsBefore): each packed layer's requantization set up once an invoke
+    (kernel_variants.packed.stage_setup_bytes), where each tile's call set it up again before."""
+    return sum(packed.stage_setup_bytes(stage.body.tensors[layer.outputs[0]].shape[3])
+               for layer in stage.body.ops if layer.opcode == "CONV_2D" and "packed" in (layer.kernel or "").split("+"))
 
 
 def stage_macs(op: Op) -> int:

@@ -8,7 +8,9 @@
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
 // output. A 2-D streamed stage also pastes boxes between the tile buffers and its halo caches
 // (PASTE). Persistent data: none (the options are read at every invoke); one
-// scratch buffer: the tile buffers, then the largest buffer a layer's kernel asks for.
+// scratch buffer: the tile buffers, then each packed layer's set-up (SetUpPacked: its
+// requantization, set up once an invoke instead of once a tile), then the largest buffer a
+// layer's kernel asks for.
 
 #include <cstdint>
 #include <cstring>
@@ -102,6 +104,23 @@ int KernelBuffer(const Stage& stage) {
     if (size > most) most = size;
   }
   return most;
+}
+
+bool IsPacked(const Stage& stage, int k) { return stage.layer(k, 0) == 1 && (stage.layer(k, 4) & kFlagPacked); }
+
+ConvGeometry WholeGeometry(const Stage& stage, int k) {
+  const int in = stage.layer(k, 1), out = stage.layer(k, 3);
+  return LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+}
+
+// The bytes of the packed layers' set-ups before layer k's (all of them: k = n_layers), each
+// PackedSetupBytes (ir/stage.py setup_bytes sizes the same).
+int SetupsBefore(const Stage& stage, int k) {
+  int bytes = 0;
+  for (int j = 0; j < k; ++j) {
+    if (IsPacked(stage, j)) bytes += PackedSetupBytes(WholeGeometry(stage, j));
+  }
+  return bytes;
 }
 
 // Whether the dw3 kernel's stack buffer holds a call (and, through a ring, each one-row band of it,
@@ -214,8 +233,7 @@ bool OwnConstantsFit(TfLiteContext* context, TfLiteNode* node, const Stage& stag
     if (flags == 0) continue;
     const int t = stage.layer(k, 21);
     if (t < 0 || t >= stage.n_tensors || stage.tensor(t, 0) != 1) return false;
-    const int in = stage.layer(k, 1), out = stage.layer(k, 3);
-    const ConvGeometry g = LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+    const ConvGeometry g = WholeGeometry(stage, k);
     TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, stage.tensor(t, 1));
     if (w == nullptr) return false;
     int words = 1;
@@ -237,7 +255,7 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   TF_LITE_ENSURE_MSG(context, ReadStage(node, &stage), "TPUP stage: invalid options");
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
   TF_LITE_ENSURE_MSG(context, OwnConstantsFit(context, node, stage), "TPUP stage: re-laid weights that do not fit their layer");
-  return RequestScratch(context, node, Align16(stage.scratch) + KernelBuffer(stage));
+  return RequestScratch(context, node, Align16(stage.scratch) + SetupsBefore(stage, stage.n_layers) + KernelBuffer(stage));
 }
 
 TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
@@ -250,7 +268,14 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int x_w = input->dims->data[2], x_c = input->dims->data[3];
   const int y_w = output->dims->data[2], y_c = output->dims->data[3];
   uint8_t* scratch = GetScratch(context, node);
-  uint8_t* kernel_buffer = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
+  uint8_t* setups = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
+  uint8_t* kernel_buffer = setups != nullptr ? setups + SetupsBefore(stage, stage.n_layers) : nullptr;
+  for (int k = 0; k < stage.n_layers && setups != nullptr; ++k) {  // (Prepare checked their re-laid weights)
+    if (!IsPacked(stage, k)) continue;
+    SetUpPacked(LayerOptions(stage, k, 0, 0), WholeGeometry(stage, k), Constant<int32_t>(context, node, stage, stage.layer(k, 21)),
+                Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
+                reinterpret_cast<int32_t*>(setups + SetupsBefore(stage, k)));
+  }
   int32_t step[15];
   for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
     const int code = stage.w[at];
@@ -270,6 +295,8 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
       // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
       const int32_t* own = (o.flags & kOwnConstant) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
+      const int32_t* setup = IsPacked(stage, k) && setups != nullptr
+                                 ? reinterpret_cast<const int32_t*>(setups + SetupsBefore(stage, k)) : nullptr;
       TF_LITE_ENSURE_MSG(context, own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
       TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || Dw3Fits(o, g, step[11] > 0), "TPUP stage: dw3 does not fit a call");
       TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
@@ -278,7 +305,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                                               reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
-                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own));
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own, setup));
     } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
       PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
                step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);
