@@ -24,7 +24,8 @@ Custom options on disk, little-endian int32 words:
              the firmware's parameters (see `_layer_words`; word 4: the flags, direct and the
              variants a stage runs with their derived bits, any other bit refused; word 21: the
              body tensor of the constant a variant reads of its own, packed's or pointwise16's
-             re-laid weights, read only with its flag),
+             re-laid weights, read only with its flag; word 22: 1 where a packed layer's
+             requantization is set up once an invoke in the stage's scratch, `setup_bytes`),
              then the IR's: activation, padding mode, pad top, pad left, version]
     program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
              COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
@@ -220,12 +221,19 @@ def expand(graph: Graph, i: int) -> tuple[list[Op], list[Tensor]]:
     return ops, new_tensors
 
 
+SETUP_WORD = 22  # a layer record's word: 1 where its packed layer is set up once an invoke
+
+
 def setup_bytes(stage: PatchStage) -> int:
     """The scratch bytes the firmware keeps its packed layers' set-ups in, after the tile buffers
-    (harness/tpup_stage.cc SetupsBefore): each packed layer's requantization set up once an invoke
-    (kernel_variants.packed.stage_setup_bytes), where each tile's call set it up again before."""
-    return sum(packed.stage_setup_bytes(stage.body.tensors[layer.outputs[0]].shape[3])
-               for layer in stage.body.ops if layer.opcode == "CONV_2D" and "packed" in (layer.kernel or "").split("+"))
+    (harness/tpup_stage.cc SetupsBefore): each packed layer whose record says so (SETUP_WORD) has
+    its requantization set up once an invoke (kernel_variants.packed.stage_setup_bytes), where
+    each tile's call would set it up again."""
+    total = 0
+    for k, layer in enumerate(stage.body.ops):
+        if stage.layer_words[k * LAYER_WORDS + SETUP_WORD] == 1:
+            total += packed.stage_setup_bytes(stage.body.tensors[layer.outputs[0]].shape[3])
+    return total
 
 
 def stage_macs(op: Op) -> int:

@@ -8,9 +8,9 @@
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
 // output. A 2-D streamed stage also pastes boxes between the tile buffers and its halo caches
 // (PASTE). Persistent data: none (the options are read at every invoke); one
-// scratch buffer: the tile buffers, then each packed layer's set-up (SetUpPacked: its
-// requantization, set up once an invoke instead of once a tile), then the largest buffer a
-// layer's kernel asks for.
+// scratch buffer: the tile buffers, then the set-up of each packed layer whose record asks for
+// one (SetUpPacked: its requantization, set up once an invoke instead of once a tile), then the
+// largest buffer a layer's kernel asks for.
 
 #include <cstdint>
 #include <cstring>
@@ -106,7 +106,10 @@ int KernelBuffer(const Stage& stage) {
   return most;
 }
 
-bool IsPacked(const Stage& stage, int k) { return stage.layer(k, 0) == 1 && (stage.layer(k, 4) & kFlagPacked); }
+// A packed layer whose record (word 22) asks for its requantization set up once an invoke.
+bool SetUpOnce(const Stage& stage, int k) {
+  return stage.layer(k, 0) == 1 && (stage.layer(k, 4) & kFlagPacked) && stage.layer(k, 22) == 1;
+}
 
 ConvGeometry WholeGeometry(const Stage& stage, int k) {
   const int in = stage.layer(k, 1), out = stage.layer(k, 3);
@@ -118,7 +121,7 @@ ConvGeometry WholeGeometry(const Stage& stage, int k) {
 int SetupsBefore(const Stage& stage, int k) {
   int bytes = 0;
   for (int j = 0; j < k; ++j) {
-    if (IsPacked(stage, j)) bytes += PackedSetupBytes(WholeGeometry(stage, j));
+    if (SetUpOnce(stage, j)) bytes += PackedSetupBytes(WholeGeometry(stage, j));
   }
   return bytes;
 }
@@ -307,7 +310,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   uint8_t* setups = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
   uint8_t* kernel_buffer = setups != nullptr ? setups + SetupsBefore(stage, stage.n_layers) : nullptr;
   for (int k = 0; k < stage.n_layers && setups != nullptr; ++k) {  // (Prepare checked their re-laid weights)
-    if (!IsPacked(stage, k)) continue;
+    if (!SetUpOnce(stage, k)) continue;
     SetUpPacked(LayerOptions(stage, k, 0, 0), WholeGeometry(stage, k), Constant<int32_t>(context, node, stage, stage.layer(k, 21)),
                 Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                 reinterpret_cast<int32_t*>(setups + SetupsBefore(stage, k)));
@@ -331,7 +334,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
       // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
       const int32_t* own = (o.flags & kOwnConstant) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
-      const int32_t* setup = IsPacked(stage, k) && setups != nullptr
+      const int32_t* setup = SetUpOnce(stage, k) && setups != nullptr
                                  ? reinterpret_cast<const int32_t*>(setups + SetupsBefore(stage, k)) : nullptr;
       TF_LITE_ENSURE_MSG(context, own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
       TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || Dw3Fits(o, g, step[11] > 0), "TPUP stage: dw3 does not fit a call");
