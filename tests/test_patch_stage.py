@@ -365,6 +365,65 @@ def test_stages_with_the_packed_kernel_run_in_qemu_bit_identical(tmp_path, kerne
         _in_qemu(tmp_path / f"packed_{k}.tflite", staged, src, kernels_set)
 
 
+# ---- a packed layer set up once an invoke ----------------------------------------------------------
+def _streamed_first(out_c: int):
+    """A stem whose first convolution (3x3 s2 over 3 channels, `out_c` channels, no activation: the
+    whole int8 range) runs the packed kernel's streamed path, then a depthwise and a 1x1. Its
+    2-D streamed 3x3 stage and its 3-stripe stage (9 and 3 calls of the packed layer: set up once
+    only where rewrite/patch_stage.py SETUP_MIN_CALLS allows)."""
+    b = CnnBuilder(seed=6, spread=True)
+    x = b.input((1, 24, 20, 3))
+    s = b.conv(x, out_c, k=3, stride=2)
+    out = b.conv(b.dw(s, k=3, act="RELU6"), 8, k=1)
+    head = b.pool(out, "AVERAGE_POOL_2D", k=3, stride=3)
+    src = b.model_bytes([head])
+    g = b.graph([head])
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")], kernel_name())
+    g = _packed_first(g)
+    tin, tout, positions = checked_region(g, _region(g))
+    return [(build_stage(g, tin, tout, positions, grid, stream=True), src) for grid in ((3, 3), (3, 1))]
+
+
+def test_a_stage_keeps_its_packed_layers_set_up_in_its_scratch(monkeypatch):
+    """A packed layer called on at least SETUP_MIN_CALLS tiles is marked (layer word 22) and the
+    stage asks for its tile buffers, then 16 + 12 x out_c bytes (16-aligned) per marked layer
+    (harness/tpup_stage.cc SetupsBefore), then its kernels' largest buffer; fewer calls: no set-up."""
+    from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+    from tpu_pipeline.toolchain.memory.semantics import get_semantics
+    from tpu_pipeline.toolchain.rewrite import patch_stage
+
+    for staged, _ in _streamed_first(8):  # (9 and 3 calls: below the default)
+        op = next(o for o in staged.ops if stage.is_stage(o))
+        assert stage.setup_bytes(op.options) == 0 and op.options.layer_words[stage.SETUP_WORD] == 0
+    monkeypatch.setattr(patch_stage, "SETUP_MIN_CALLS", 3)
+    for out_c, setup in ((8, 112), (7, 112), (16, 208)):
+        for staged, _ in _streamed_first(out_c):
+            (i,) = [k for k, o in enumerate(staged.ops) if stage.is_stage(o)]
+            op = staged.ops[i]
+            assert stage.setup_bytes(op.options) == setup
+            assert op.options.layer_words[stage.SETUP_WORD] == 1
+            assert not any(op.options.layer_words[k * stage.LAYER_WORDS + stage.SETUP_WORD] for k in (1, 2))
+            sem = get_semantics("tflm-cmsis-nn")
+            body = op.options.body
+            own = max((scratch_requests(body, j, sem) or [0])[0] for j in range(len(body.ops)))
+            assert scratch_requests(staged, i, sem) == [-(-op.options.scratch // 16) * 16 + setup + own]
+
+
+@needs_arm
+@needs_qemu
+@pytest.mark.parametrize("kernels_set", ["reference", "cmsis-nn"])
+def test_stages_with_a_packed_layer_set_up_once_run_in_qemu_bit_identical(tmp_path, kernels_set, monkeypatch):
+    """The packed first layer on its streamed path (the whole int8 range), set up once an invoke in
+    the stage's scratch (an even and an odd count of channels: the last pair marked, a lone last
+    channel): outputs equal the host's TFLite Micro's, the arena is the predicted one."""
+    from tpu_pipeline.toolchain.rewrite import patch_stage
+
+    monkeypatch.setattr(patch_stage, "SETUP_MIN_CALLS", 3)
+    for out_c in (8, 7):
+        for k, (staged, src) in enumerate(_streamed_first(out_c)):
+            _in_qemu(tmp_path / f"setup_{out_c}_{k}.tflite", staged, src, kernels_set)
+
+
 # ---- the fast depthwise kernel on streamed stripes ---------------------------------------------------
 def _fast(g):
     """`g` with its depthwise convolutions on the harness's own kernel (flag "fast") where it applies."""

@@ -24,7 +24,8 @@ Custom options on disk, little-endian int32 words:
              the firmware's parameters (see `_layer_words`; word 4: the flags, direct and the
              variants a stage runs with their derived bits, any other bit refused; word 21: the
              body tensor of the constant a variant reads of its own, packed's or pointwise16's
-             re-laid weights, read only with its flag),
+             re-laid weights, read only with its flag; word 22: 1 where a packed layer's
+             requantization is set up once an invoke in the stage's scratch, `setup_bytes`),
              then the IR's: activation, padding mode, pad top, pad left, version]
     program  steps, each [code, ...] (`STEP_WORDS`; offsets are bytes into the tile buffers):
              COPY_IN  [dst, y0, x0, h, w]: a box of the stage's input
@@ -54,6 +55,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir import kernel_variants
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
+from tpu_pipeline.toolchain.ir.kernel_variants import packed
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
 
@@ -217,6 +219,21 @@ def expand(graph: Graph, i: int) -> tuple[list[Op], list[Tensor]]:
     ops = [dataclasses.replace(o, inputs=tuple(where[t] if t >= 0 else t for t in o.inputs),
                                outputs=tuple(where[t] for t in o.outputs), source=None) for o in body.ops]
     return ops, new_tensors
+
+
+SETUP_WORD = 22  # a layer record's word: 1 where its packed layer is set up once an invoke
+
+
+def setup_bytes(stage: PatchStage) -> int:
+    """The scratch bytes the firmware keeps its packed layers' set-ups in, after the tile buffers
+    (harness/tpup_stage.cc SetupsBefore): each packed layer whose record says so (SETUP_WORD) has
+    its requantization set up once an invoke (kernel_variants.packed.stage_setup_bytes), where
+    each tile's call would set it up again."""
+    total = 0
+    for k, layer in enumerate(stage.body.ops):
+        if stage.layer_words[k * LAYER_WORDS + SETUP_WORD] == 1:
+            total += packed.stage_setup_bytes(stage.body.tensors[layer.outputs[0]].shape[3])
+    return total
 
 
 def stage_macs(op: Op) -> int:

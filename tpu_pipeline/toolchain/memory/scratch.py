@@ -67,11 +67,11 @@ def _harness(graph: Graph, op_pos: int, sem: Semantics) -> list[int]:
     op = graph.ops[op_pos]
     if op.opcode in kernels.MEAN_MUL:
         return []
-    if stage.is_stage(op):  # its tiles' buffers, then the largest buffer a layer's kernel asks for
+    if stage.is_stage(op):  # its tiles' buffers, its packed layers' set-ups, the largest buffer a layer's kernel asks for
         body = op.options.body
         own = max((_harness(body, j, sem)[0] if _harness(body, j, sem) else 0
                    for j, layer in enumerate(body.ops) if layer.opcode != "ADD"), default=0)
-        total = -(-op.options.scratch // 16) * 16 + own
+        total = -(-op.options.scratch // 16) * 16 + stage.setup_bytes(op.options) + own
         return [total] if total else []
     flags = kernels.flags(op)
     own, variant = 0, kernels.variant_of(op)

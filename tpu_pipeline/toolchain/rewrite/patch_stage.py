@@ -31,9 +31,9 @@ from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
-from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3
+from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3, packed
 from tpu_pipeline.toolchain.ir.stage import (ADD, CONV, COPY_IN, COPY_OUT, KINDS, LAYER_WORDS, OPCODE, SLICE,
-                                             STEP_WORDS, PatchStage, ACTIVATION_CODE, PADDING_CODE)
+                                             SETUP_WORD, STEP_WORDS, PatchStage, ACTIVATION_CODE, PADDING_CODE)
 from tpu_pipeline.toolchain.rewrite.stage_stream2d import stream2d_program
 from tpu_pipeline.toolchain.rewrite.stage_tiles import TileBuffers, aligned, overlap_extent
 
@@ -89,7 +89,7 @@ def build_stage(graph: Graph, tin: int, tout: int, positions: list[int], grid: t
     graph = staged
     region = [graph.ops[i] for i in positions]
     body, where = _body(graph, region, tin, tout)
-    layer_words = _layer_words(graph, region, where)
+    layer_words = _with_setups(_layer_words(graph, region, where), region, program)
     stage = PatchStage(body, tuple(grid), tuple(program), scratch, tuple(layer_words))
     consts = [t for t in where if graph.tensors[t].is_constant]
     consts.sort(key=lambda t: where[t])
@@ -268,6 +268,29 @@ def _variant_constant(op: Op, where: dict[int, int]) -> int:
     if v is not None and v.in_stages and v.constant_input is not None:
         return where[op.inputs[4]]
     return 0
+
+
+# A packed layer is set up once an invoke (its requantization kept in the stage's scratch,
+# ir/stage.py SETUP_WORD) where it runs on at least this many tiles: each call otherwise sets up
+# about 600 instructions a channel (9.5 k for 16), so fewer calls save under about 0.3 M while its
+# 16 + 12 x channels bytes may sit at the arena's peak (vww's 8 stripes at 32,000 B: fit then took
+# a slower point). fit does not weigh the choice itself (not done).
+SETUP_MIN_CALLS = 32
+
+
+def _with_setups(words: list[int], region: list[Op], program) -> list[int]:
+    """`words` with SETUP_WORD set on each packed layer `program` calls at least SETUP_MIN_CALLS times."""
+    calls = [0] * len(region)
+    at = 0
+    while at < len(program):
+        if program[at] == CONV:
+            calls[program[at + 1]] += 1
+        at += STEP_WORDS[program[at]]
+    words = list(words)
+    for k, op in enumerate(region):
+        if op.opcode == "CONV_2D" and kernels.variant_of(op) is packed.VARIANT and calls[k] >= SETUP_MIN_CALLS:
+            words[k * LAYER_WORDS + SETUP_WORD] = 1
+    return words
 
 
 def _layer_words(graph: Graph, region: list[Op], where: dict[int, int]) -> list[int]:

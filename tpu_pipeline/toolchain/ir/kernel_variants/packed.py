@@ -59,6 +59,13 @@ def packed_weights(graph: Graph, op: Op) -> np.ndarray:
     return words.astype("<u4").view("<i4")
 
 
+def stage_setup_bytes(out_c: int) -> int:
+    """The bytes of arena scratch a patch stage keeps a packed layer's set-up in, set up once an
+    invoke instead of once a tile (harness/tpup_first_conv.cc PackedSetupBytes: a 16-byte header,
+    then each channel's requantization, three int32 words; 16-aligned)."""
+    return -(-(16 + 12 * out_c) // 16) * 16
+
+
 def applies(graph: Graph, i: int) -> bool:
     """No dilation, window rows and pairs within the kernel's stack buffers, and a folded bias
     that fits int32."""

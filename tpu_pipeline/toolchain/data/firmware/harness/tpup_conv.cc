@@ -169,7 +169,7 @@ int OwnBufferSize(const Options& o, const Geometry& g, bool depthwise) {
 // Output rows [r0, r1) of the op into `out` (rows x out_w x out_c, contiguous), reading `in`.
 TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0, int r1, const int8_t* in,
                  const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer,
-                 const int32_t* packed) {
+                 const int32_t* packed, const int32_t* setup) {
   const Band band = BandFor(o, g, r0, r1);
   if (band.rows <= 0) {
     MicroPrintf("TPUP conv: output rows %d..%d read only padding", r0, r1 - 1);
@@ -208,7 +208,7 @@ TfLiteStatus RunConv(const Options& o, const Geometry& g, bool depthwise, int r0
   if ((o.flags & kFlagPacked) && packed != nullptr) {  // the packed kernel, in both builds (Prepare checked it)
     Geometry in_band = g;
     in_band.in_h = band.rows;
-    RunConvPacked(o, in_band, band.pad_top, r1 - r0, band_in, packed, requant, out);
+    RunConvPacked(o, in_band, band.pad_top, r1 - r0, band_in, packed, requant, out, setup);
     return kTfLiteOk;
   }
 #if defined(CMSIS_NN)
@@ -289,12 +289,13 @@ struct Overlap {
 
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
-                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed) {
+                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed,
+                               const int32_t* setup) {
   const size_t row_in = static_cast<size_t>(g.in_w) * g.in_c, row_out = static_cast<size_t>(g.out_w) * g.out_c;
   const uintptr_t in_lo = reinterpret_cast<uintptr_t>(in), in_hi = in_lo + g.in_h * row_in;
   const uintptr_t out_lo = reinterpret_cast<uintptr_t>(out), out_hi = out_lo + g.out_h * row_out;
   if (!(out_hi > in_lo && out_lo < in_hi)) {  // not overlapped: one call
-    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed);
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed, setup);
   }
   if (ring == nullptr || ring_rows < 1) {
     MicroPrintf("TPUP conv: output over the input without a ring");
@@ -304,7 +305,7 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
   // outputs, and writes no other byte: an output laid exactly over its input (the same start and
   // row bytes, so each output byte is its own pixel's and channel's input byte) is one call.
   if ((o.flags & kFlagDw3) && out_lo == in_lo && row_out == row_in) {
-    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed);
+    return RunConv(o, g, depthwise, 0, g.out_h, in, filter, bias, requant, out, buffer, packed, setup);
   }
   // Rows run in order (first to last, or last to first when the output reaches past the input's
   // end: a larger output sharing its start). With the ring empty, the longest run of next rows
@@ -323,7 +324,7 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
     if (n > 0) {
       const int r0 = v.backwards ? g.out_h - done - n : done;
       const TfLiteStatus status = RunConv(o, g, depthwise, r0, r0 + n, in, filter, bias, requant,
-                                          out + r0 * row_out, buffer, packed);
+                                          out + r0 * row_out, buffer, packed, setup);
       if (status != kTfLiteOk) return status;
       done += n, flushed += n;
       continue;
@@ -334,7 +335,8 @@ TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool
     }
     const int r = v.Row(done);
     int8_t* slot = reinterpret_cast<int8_t*>(ring + (r % ring_rows) * row_out);
-    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer, packed);
+    const TfLiteStatus status = RunConv(o, g, depthwise, r, r + 1, in, filter, bias, requant, slot, buffer, packed,
+                                        setup);
     if (status != kTfLiteOk) return status;
     ++done;
     for (int p = v.Row(flushed); flushed < done && v.Free(p, done); p = v.Row(++flushed)) {

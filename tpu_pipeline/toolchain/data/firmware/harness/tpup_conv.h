@@ -77,17 +77,19 @@ int ConvBufferSize(const ConvOptions& o, const ConvGeometry& g, bool depthwise);
 
 // Output rows [r0, r1) into `out` (rows x out_w x out_c, contiguous), reading `in`; `requant`
 // holds the multipliers then the shifts; `buffer` the kernel's own buffer; `packed` the packed
-// weights of a "packed" convolution (input 4).
+// weights of a "packed" convolution (input 4); `setup` its requantization set up once for many
+// calls (SetUpPacked; none: each call sets it up).
 TfLiteStatus RunConv(const ConvOptions& o, const ConvGeometry& g, bool depthwise, int r0, int r1, const int8_t* in,
                      const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out, void* buffer,
-                     const int32_t* packed = nullptr);
+                     const int32_t* packed = nullptr, const int32_t* setup = nullptr);
 
 // The whole call, with `out` possibly lying over `in`: then rows are computed one at a time into
 // `ring` (ring_rows x out_w x out_c bytes) and each written out once no later row reads the
 // input bytes under it (tpu_pipeline/toolchain/ir/kernels.py ring_rows_for sizes the ring).
 TfLiteStatus RunConvOverlapped(const ConvOptions& o, const ConvGeometry& g, bool depthwise, const int8_t* in,
                                const int8_t* filter, const int32_t* bias, const int32_t* requant, int8_t* out,
-                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed = nullptr);
+                               void* buffer, uint8_t* ring, int ring_rows, const int32_t* packed = nullptr,
+                               const int32_t* setup = nullptr);
 
 // The harness's own depthwise kernel (flag "fast", tpup_depthwise.cc): whether it runs a call of
 // these options and shapes, and output rows [0, out_rows) of a band whose top padding is `pad_top`.
@@ -109,7 +111,15 @@ void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, i
 int PackedPairs(int k_h, int k_w, int in_c);
 bool PackedFits(const ConvOptions& o, const ConvGeometry& g);
 void RunConvPacked(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-                   const int32_t* packed, const int32_t* requant, int8_t* out);
+                   const int32_t* packed, const int32_t* requant, int8_t* out, const int32_t* setup = nullptr);
+// What every call of a packed layer sets up again (each channel's bound, requantization and, on the
+// streamed path, its weight stream: about 9.5 k instructions for 16 channels), set up once in
+// `setup` (PackedSetupBytes, word-aligned) for the calls of a patch stage's tiles: each channel's
+// requantization, where every channel's sums fit the cheap one. 16 + 12 x out_c bytes, 16-aligned
+// (ir/kernel_variants/packed.py stage_setup_bytes).
+int PackedSetupBytes(const ConvGeometry& g);
+void SetUpPacked(const ConvOptions& o, const ConvGeometry& g, const int32_t* packed, const int32_t* requant,
+                 int32_t* setup);
 
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc): whether it runs a call of
 // these options and shapes (the filter's depth must equal the input's: Prepare checks it), and

@@ -327,12 +327,75 @@ void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, 
 #undef TPUP_STEP
 #undef TPUP_OUT
 }
+
+// The high bit of a set-up's last channel pair's right shift: where StreamPairsSetUp stops (ASR by
+// a register shifts by its low byte only, so the bit leaves the shift as it is).
+constexpr int32_t kLastPair = 0x100;
+
+// StreamPairs on a layer set up once (SetUpPacked): the weights straight from the packed constant
+// (per channel pair the two biases, then the 14 x 2 pairs; not doubled, so each sum is doubled
+// before Quick, four LSLs a channel pair) and each channel's Quick from `quick`, every channel pair
+// up to the one whose second right shift carries kLastPair.
+void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t* win, int8_t* p, int gap) {
+  register int32_t x asm("r0"), y asm("r1"), u asm("r2"), v asm("r3");
+  register int32_t a0 asm("r4"), a1 asm("r5"), b0 asm("r6"), b1 asm("r8");
+  register const int32_t* w asm("r9") = packed;
+  register const int32_t* wn asm("r10") = win;
+  register int8_t* out asm("r11") = p;
+  register int32_t gp asm("r12") = gap;
+  register const int32_t* q asm("lr") = quick;
+#define TPUP_STEP(K)                                 \
+  "ldrd %[x], %[y], [%[win], #" #K " * 8]\n\t"        \
+  "ldrd %[u], %[v], [%[w]], #8\n\t"                  \
+  "smlad %[a0], %[x], %[u], %[a0]\n\t"               \
+  "smlad %[a1], %[y], %[u], %[a1]\n\t"               \
+  "smlad %[b0], %[x], %[v], %[b0]\n\t"               \
+  "smlad %[b1], %[y], %[v], %[b1]\n\t"
+#define TPUP_OUT(S, T)                               \
+  "ldmia %[q]!, {%[x], %[y], %[u]}\n\t"              \
+  "lsl %[" #S "], %[" #S "], #1\n\t"                 \
+  "lsl %[" #T "], %[" #T "], #1\n\t"                 \
+  "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
+  "add %[v], %[v], %[" #S "], asr #31\n\t"           \
+  "asr %[v], %[v], %[u]\n\t"                         \
+  "ssat %[v], #8, %[v]\n\t"                          \
+  "smmlar %[" #S "], %[" #T "], %[x], %[y]\n\t"      \
+  "add %[" #S "], %[" #S "], %[" #T "], asr #31\n\t" \
+  "asr %[" #S "], %[" #S "], %[u]\n\t"               \
+  "ssat %[" #S "], #8, %[" #S "]\n\t"                \
+  "strb %[" #S "], [%[p], %[gap]]\n\t"               \
+  "strb %[v], [%[p]], #1\n\t"
+  __asm__ volatile(
+      "1:\n\t"
+      "ldrd %[a0], %[b0], [%[w]], #8\n\t"
+      "ldrd %[x], %[y], [%[win]]\n\t"
+      "ldrd %[u], %[v], [%[w]], #8\n\t"
+      "smlad %[a1], %[y], %[u], %[a0]\n\t"
+      "smlad %[a0], %[x], %[u], %[a0]\n\t"
+      "smlad %[b1], %[y], %[v], %[b0]\n\t"
+      "smlad %[b0], %[x], %[v], %[b0]\n\t"
+      TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7)
+      TPUP_STEP(8) TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
+      TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
+      "tst %[u], #256\n\t"  // (kLastPair)
+      "beq 1b\n\t"
+      : [x] "=&r"(x), [y] "=&r"(y), [u] "=&r"(u), [v] "=&r"(v), [a0] "=&r"(a0), [a1] "=&r"(a1), [b0] "=&r"(b0),
+        [b1] "=&r"(b1), [w] "+r"(w), [p] "+r"(out), [q] "+r"(q)
+      : [win] "r"(wn), [gap] "r"(gp)
+      : "memory", "cc");
+#undef TPUP_STEP
+#undef TPUP_OUT
+}
 #endif
 
+// How Chunk runs its channel pairs: Block and Q in C, StreamPairs on a stream built per call, or
+// StreamPairsSetUp on a layer's set-up.
+enum PairPath { kInC, kStream, kSetUp };
+
 // Output channels [c0, c1) (c0 even) of output rows [0, out_rows), requantized by `scale` (Exact
-// or Quick, indexed from c0), two pixels at a time; the channel pairs through StreamPairs from
-// `stream` when kStream.
-template <int P, bool kStream, class Q, class C>
+// or Quick, indexed from c0), two pixels at a time; the channel pairs as kPath says (kStream: from
+// `stream`; kSetUp: `scale` a set-up's Quicks, c0 = 0, its last pair marked).
+template <int P, PairPath kPath, class Q, class C>
 void Chunk(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
            const int32_t* packed, const int32_t* stream, const Q* scale, C clip, int c0, int c1, int8_t* out) {
   const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), stride = pairs + 1, OC = g.out_c;
@@ -360,8 +423,10 @@ void Chunk(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_row
       int8_t* p = out + (oy * g.out_w + ox) * OC + c0;
       const int gap = both ? OC : 0;  // B's outputs from A's (a lone last pixel: B = A, written twice)
 #if defined(TPUP_DSP)
-      if (kStream) {
+      if (kPath == kStream) {
         if (two > 0) StreamPairs(stream, stream + two / 2 * kStreamWords, win, p, gap);
+      } else if (kPath == kSetUp) {
+        if (two > 0) StreamPairsSetUp(packed, reinterpret_cast<const int32_t*>(scale), win, p, gap);
       } else  // NOLINT(readability/braces)
 #endif
       {
@@ -404,9 +469,9 @@ template <int P, class Q>
 void ChunkClipped(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
                   const int32_t* packed, const Q* scale, int c0, int c1, int8_t* out) {
   if (o.act_min == -128 && o.act_max == 127) {
-    Chunk<P, false>(o, g, pad_top, out_rows, in, packed, nullptr, scale, ClipInt8{}, c0, c1, out);
+    Chunk<P, kInC>(o, g, pad_top, out_rows, in, packed, nullptr, scale, ClipInt8{}, c0, c1, out);
   } else {
-    Chunk<P, false>(o, g, pad_top, out_rows, in, packed, nullptr, scale, Clip{o.act_min, o.act_max}, c0, c1, out);
+    Chunk<P, kInC>(o, g, pad_top, out_rows, in, packed, nullptr, scale, Clip{o.act_min, o.act_max}, c0, c1, out);
   }
 }
 
@@ -426,30 +491,53 @@ void ChunkStreamed(const ConvOptions& o, const ConvGeometry& g, int pad_top, int
     for (int k = 2; k < 2 * kStride; ++k) *s++ = Doubled(w[k]);
     for (const Quick& q : {quick[oc - c0], quick[oc - c0 + 1]}) *s++ = q.multiplier, *s++ = q.add, *s++ = q.right;
   }
-  Chunk<kPairs, true>(o, g, pad_top, out_rows, in, packed, stream, quick, ClipInt8{}, c0, c1, out);
+  Chunk<kPairs, kStream>(o, g, pad_top, out_rows, in, packed, stream, quick, ClipInt8{}, c0, c1, out);
 }
 #endif
+
+// A 3x3 over 3 channels clamped to the whole int8 range: on the DSP cores its channel pairs run
+// StreamPairs (or StreamPairsSetUp).
+bool Streamed(const ConvOptions& o, const ConvGeometry& g) {
+  return g.k_h == 3 && g.k_w * g.in_c == 9 && o.act_min == -128 && o.act_max == 127;
+}
+
+// Whether channel `oc`'s sums fit Quick (packed: the layer's weights, `pairs` a channel).
+bool QuickFits(const ConvOptions& o, const ConvGeometry& g, const int32_t* packed, const int32_t* requant, int oc) {
+  const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), C = g.out_c;
+  const bool pair = oc + 1 < C || oc % 2;
+  const int64_t bound = SumBound(packed + (oc - oc % 2) * (pairs + 1), pairs, pair, oc % 2);
+  return Quick::Fits(bound, requant[oc], requant[C + oc], o.output_offset);
+}
+
+// Every channel on the set-up's Quicks (SetUpPacked), in one chunk.
+template <int P>
+void RowsSetUp(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
+               const int32_t* packed, const Quick* quick, int8_t* out) {
+#if defined(TPUP_DSP)
+  if (P == 14 && Streamed(o, g)) {
+    Chunk<14, kSetUp>(o, g, pad_top, out_rows, in, packed, nullptr, quick, ClipInt8{}, 0, g.out_c, out);
+    return;
+  }
+#endif
+  ChunkClipped<P>(o, g, pad_top, out_rows, in, packed, quick, 0, g.out_c, out);
+}
 
 // Per chunk of output channels: Quick where every channel's sums fit it, Exact otherwise.
 template <int P>
 void Rows(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
           const int32_t* packed, const int32_t* requant, int8_t* out) {
-  const int pairs = PackedPairs(g.k_h, g.k_w, g.in_c), C = g.out_c, stride = pairs + 1;
+  const int C = g.out_c;
   const int32_t* multiplier = requant;
   const int32_t* shift = requant + C;
   for (int c0 = 0; c0 < C; c0 += kChannelChunk) {
     const int c1 = c0 + kChannelChunk < C ? c0 + kChannelChunk : C;
     bool fast = true;
-    for (int oc = c0; oc < c1 && fast; ++oc) {
-      const bool pair = oc + 1 < C || oc % 2;
-      const int64_t bound = SumBound(packed + (oc - oc % 2) * stride, pairs, pair, oc % 2);
-      fast = Quick::Fits(bound, multiplier[oc], shift[oc], o.output_offset);
-    }
+    for (int oc = c0; oc < c1 && fast; ++oc) fast = QuickFits(o, g, packed, requant, oc);
     if (fast) {
       Quick quick[kChannelChunk];
       for (int oc = c0; oc < c1; ++oc) quick[oc - c0] = Quick(multiplier[oc], shift[oc], o.output_offset);
 #if defined(TPUP_DSP)
-      if (P == 14 && g.k_h == 3 && g.k_w * g.in_c == 9 && o.act_min == -128 && o.act_max == 127) {
+      if (P == 14 && Streamed(o, g)) {
         ChunkStreamed(o, g, pad_top, out_rows, in, packed, quick, c0, c1, out);
         continue;
       }
@@ -465,8 +553,36 @@ void Rows(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows
 
 }  // namespace
 
+int PackedSetupBytes(const ConvGeometry& g) { return Align16(16 + static_cast<int>(sizeof(Quick)) * g.out_c); }
+
+// setup[0]: 1 where every channel's sums fit Quick, then (from word 4) each channel's Quick, the
+// streamed path's last pair marked; 0 (Quick not for all): calls set themselves up as without one.
+void SetUpPacked(const ConvOptions& o, const ConvGeometry& g, const int32_t* packed, const int32_t* requant,
+                 int32_t* setup) {
+  static_assert(sizeof(Quick) == 12, "a Quick is three words (StreamPairsSetUp loads it by LDM)");
+  setup[0] = 0;
+  for (int oc = 0; oc < g.out_c; ++oc) {
+    if (!QuickFits(o, g, packed, requant, oc)) return;
+  }
+  Quick* quick = reinterpret_cast<Quick*>(setup + 4);
+  for (int oc = 0; oc < g.out_c; ++oc) quick[oc] = Quick(requant[oc], requant[g.out_c + oc], o.output_offset);
+#if defined(TPUP_DSP)
+  if (PackedPairs(g.k_h, g.k_w, g.in_c) == 14 && Streamed(o, g) && g.out_c >= 2) quick[g.out_c / 2 * 2 - 1].right |= kLastPair;
+#endif
+  setup[0] = 1;
+}
+
 void RunConvPacked(const ConvOptions& o, const ConvGeometry& g, int pad_top, int out_rows, const int8_t* in,
-                   const int32_t* packed, const int32_t* requant, int8_t* out) {
+                   const int32_t* packed, const int32_t* requant, int8_t* out, const int32_t* setup) {
+  if (setup != nullptr && setup[0] == 1) {  // (SetUpPacked)
+    const Quick* quick = reinterpret_cast<const Quick*>(setup + 4);
+    if (PackedPairs(g.k_h, g.k_w, g.in_c) == 14) {
+      RowsSetUp<14>(o, g, pad_top, out_rows, in, packed, quick, out);
+    } else {
+      RowsSetUp<0>(o, g, pad_top, out_rows, in, packed, quick, out);
+    }
+    return;
+  }
   if (PackedPairs(g.k_h, g.k_w, g.in_c) == 14) {  // 3x3 over 3 channels: a first layer
     Rows<14>(o, g, pad_top, out_rows, in, packed, requant, out);
   } else {

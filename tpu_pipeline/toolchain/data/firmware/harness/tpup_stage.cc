@@ -8,7 +8,9 @@
 // by row through a ring, TFLite's int8 ADD arithmetic), and copies the finished tile into the
 // output. A 2-D streamed stage also pastes boxes between the tile buffers and its halo caches
 // (PASTE). Persistent data: none (the options are read at every invoke); one
-// scratch buffer: the tile buffers, then the largest buffer a layer's kernel asks for.
+// scratch buffer: the tile buffers, then the set-up of each packed layer whose record asks for
+// one (SetUpPacked: its requantization, set up once an invoke instead of once a tile), then the
+// largest buffer a layer's kernel asks for.
 
 #include <cstdint>
 #include <cstring>
@@ -104,6 +106,26 @@ int KernelBuffer(const Stage& stage) {
   return most;
 }
 
+// A packed layer whose record (word 22) asks for its requantization set up once an invoke.
+bool SetUpOnce(const Stage& stage, int k) {
+  return stage.layer(k, 0) == 1 && (stage.layer(k, 4) & kFlagPacked) && stage.layer(k, 22) == 1;
+}
+
+ConvGeometry WholeGeometry(const Stage& stage, int k) {
+  const int in = stage.layer(k, 1), out = stage.layer(k, 3);
+  return LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+}
+
+// The bytes of the packed layers' set-ups before layer k's (all of them: k = n_layers), each
+// PackedSetupBytes (ir/stage.py setup_bytes sizes the same).
+int SetupsBefore(const Stage& stage, int k) {
+  int bytes = 0;
+  for (int j = 0; j < k; ++j) {
+    if (SetUpOnce(stage, j)) bytes += PackedSetupBytes(WholeGeometry(stage, j));
+  }
+  return bytes;
+}
+
 // Whether the dw3 kernel's stack buffer holds a call (and, through a ring, each one-row band of it,
 // which the kernel may lay out the other way round): a call it does not hold is refused, never
 // overrun (rewrite/patch_stage.py keeps dw3 only on layers whose every call it holds).
@@ -121,21 +143,54 @@ const T* Constant(TfLiteContext* context, TfLiteNode* node, const Stage& stage, 
   return e != nullptr ? tflite::micro::GetTensorData<T>(e) : nullptr;
 }
 
-// n bytes from src to dst as memmove moves them (the two may overlap), sixteen at a time in
-// words: newlib's memmove moves a byte at a time where it runs backwards or a pointer is unaligned
-// (the input's 3-channel rows), and copies a box onto itself. The Cortex-M4/M7 load and store
-// words at any address. Each group of four words is loaded before it is stored, forwards when dst
-// is below src and backwards when above, so no store reaches a byte still to be loaded.
+#if defined(__ARM_ARCH_7EM__) || defined(__ARM_ARCH_7M__)
+// Both word-aligned: 32 bytes a pass by one LDM and one STM of eight registers (ascending, or
+// descending from the ends when `down`), each group loaded before it is stored; the bytes past the
+// last whole group are left to the caller. The pointers past what was moved.
+#define TPUP_MOVE32_LOOP(LOAD, STORE)                          \
+  __asm__ volatile("1:\n\t" LOAD " %[s]!, {r4, r5, r6, r8, r9, r10, r11, r12}\n\t" \
+                   STORE " %[d]!, {r4, r5, r6, r8, r9, r10, r11, r12}\n\t"          \
+                   "subs %[n], %[n], #1\n\t"                                         \
+                   "bne 1b\n\t"                                                      \
+                   : [s] "+r"(src), [d] "+r"(dst), [n] "+r"(groups)                   \
+                   :                                                                  \
+                   : "r4", "r5", "r6", "r8", "r9", "r10", "r11", "r12", "cc", "memory")
+template <bool kDown>
+__attribute__((always_inline)) inline void Move32(int8_t*& dst, const int8_t*& src, int groups) {
+  if (groups <= 0) return;
+  if (kDown) {
+    TPUP_MOVE32_LOOP("ldmdb", "stmdb");
+  } else {
+    TPUP_MOVE32_LOOP("ldmia", "stmia");
+  }
+}
+#undef TPUP_MOVE32_LOOP
+#define TPUP_MOVE32 1
+#endif
+
+// n bytes from src to dst as memmove moves them (the two may overlap): both word-aligned, 32 at a
+// time by LDM/STM (Move32), then sixteen at a time in words: newlib's memmove moves a byte at a
+// time where it runs backwards or a pointer is unaligned (the input's 3-channel rows), copies a box
+// onto itself, and its memcpy takes about 0.5 instructions a byte where LDM/STM take 0.125. The
+// Cortex-M4/M7 load and store words at any address (LDM/STM only at aligned ones). Each group of
+// words is loaded before it is stored, forwards when dst is below src and backwards when above, so
+// no store reaches a byte still to be loaded.
 __attribute__((optimize("no-tree-loop-distribute-patterns")))  // (not back into a memmove call)
 void Move(int8_t* dst, const int8_t* src, int n) {
   if (dst == src) return;
-  if (n >= 64 && (dst + n <= src || src + n <= dst) && ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 3) == 0) {
+  const bool aligned = ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 3) == 0;
+#if !defined(TPUP_MOVE32)
+  if (n >= 64 && (dst + n <= src || src + n <= dst) && aligned) {
     std::memcpy(dst, src, n);  // (apart and aligned: newlib's memcpy moves 64 bytes a loop)
     return;
   }
+#endif
   uint32_t a, b, c, d;
   if (dst < src) {
     const int8_t* end = src + n;
+#if defined(TPUP_MOVE32)
+    if (aligned) Move32<false>(dst, src, n / 32);  // (LDM/STM: one instruction a group of registers)
+#endif
     for (; end - src >= 16; src += 16, dst += 16) {
       __builtin_memcpy(&a, src, 4), __builtin_memcpy(&b, src + 4, 4);
       __builtin_memcpy(&c, src + 8, 4), __builtin_memcpy(&d, src + 12, 4);
@@ -148,6 +203,9 @@ void Move(int8_t* dst, const int8_t* src, int n) {
   }
   const int8_t* begin = src;
   src += n, dst += n;
+#if defined(TPUP_MOVE32)
+  if (aligned && (n & 3) == 0) Move32<true>(dst, src, n / 32);  // (from the ends: both stay aligned)
+#endif
   for (; src - begin >= 16; src -= 16, dst -= 16) {
     __builtin_memcpy(&a, src - 4, 4), __builtin_memcpy(&b, src - 8, 4);
     __builtin_memcpy(&c, src - 12, 4), __builtin_memcpy(&d, src - 16, 4);
@@ -214,8 +272,7 @@ bool OwnConstantsFit(TfLiteContext* context, TfLiteNode* node, const Stage& stag
     if (flags == 0) continue;
     const int t = stage.layer(k, 21);
     if (t < 0 || t >= stage.n_tensors || stage.tensor(t, 0) != 1) return false;
-    const int in = stage.layer(k, 1), out = stage.layer(k, 3);
-    const ConvGeometry g = LayerGeometry(stage, k, stage.tensor(in, 2), stage.tensor(in, 3), stage.tensor(out, 2), stage.tensor(out, 3));
+    const ConvGeometry g = WholeGeometry(stage, k);
     TfLiteTensor* w = micro_context->AllocateTempInputTensor(node, stage.tensor(t, 1));
     if (w == nullptr) return false;
     int words = 1;
@@ -237,7 +294,7 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   TF_LITE_ENSURE_MSG(context, ReadStage(node, &stage), "TPUP stage: invalid options");
   TF_LITE_ENSURE_EQ(context, node->outputs->size, 1);
   TF_LITE_ENSURE_MSG(context, OwnConstantsFit(context, node, stage), "TPUP stage: re-laid weights that do not fit their layer");
-  return RequestScratch(context, node, Align16(stage.scratch) + KernelBuffer(stage));
+  return RequestScratch(context, node, Align16(stage.scratch) + SetupsBefore(stage, stage.n_layers) + KernelBuffer(stage));
 }
 
 TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
@@ -250,7 +307,14 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
   const int x_w = input->dims->data[2], x_c = input->dims->data[3];
   const int y_w = output->dims->data[2], y_c = output->dims->data[3];
   uint8_t* scratch = GetScratch(context, node);
-  uint8_t* kernel_buffer = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
+  uint8_t* setups = scratch != nullptr ? scratch + Align16(stage.scratch) : nullptr;
+  uint8_t* kernel_buffer = setups != nullptr ? setups + SetupsBefore(stage, stage.n_layers) : nullptr;
+  for (int k = 0; k < stage.n_layers && setups != nullptr; ++k) {  // (Prepare checked their re-laid weights)
+    if (!SetUpOnce(stage, k)) continue;
+    SetUpPacked(LayerOptions(stage, k, 0, 0), WholeGeometry(stage, k), Constant<int32_t>(context, node, stage, stage.layer(k, 21)),
+                Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
+                reinterpret_cast<int32_t*>(setups + SetupsBefore(stage, k)));
+  }
   int32_t step[15];
   for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
     const int code = stage.w[at];
@@ -270,6 +334,8 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
       const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
       // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
       const int32_t* own = (o.flags & kOwnConstant) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
+      const int32_t* setup = SetUpOnce(stage, k) && setups != nullptr
+                                 ? reinterpret_cast<const int32_t*>(setups + SetupsBefore(stage, k)) : nullptr;
       TF_LITE_ENSURE_MSG(context, own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
       TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || Dw3Fits(o, g, step[11] > 0), "TPUP stage: dw3 does not fit a call");
       TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
@@ -278,7 +344,7 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
                                               Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                                               reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
-                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own));
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own, setup));
     } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
       PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
                step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);
