@@ -276,6 +276,26 @@ constexpr int kChannelChunk = 32;  // output channels whose requantization is se
 // Quick's x * 2, exact where Quick fits), then each channel's Quick (multiplier, add, right).
 constexpr int kStreamWords = 2 + 2 * 14 + 2 * 3;
 
+// A channel pair's sums over pixels A and B, the loop's head shared by StreamPairs and
+// StreamPairsSetUp: the two biases (from w), then the 14 pairs of taps (the first from the biases).
+#define TPUP_STEP(K)                                 \
+  "ldrd %[x], %[y], [%[win], #" #K " * 8]\n\t"        \
+  "ldrd %[u], %[v], [%[w]], #8\n\t"                  \
+  "smlad %[a0], %[x], %[u], %[a0]\n\t"               \
+  "smlad %[a1], %[y], %[u], %[a1]\n\t"               \
+  "smlad %[b0], %[x], %[v], %[b0]\n\t"               \
+  "smlad %[b1], %[y], %[v], %[b1]\n\t"
+#define TPUP_PAIR_SUMS                                                                            \
+  "ldrd %[a0], %[b0], [%[w]], #8\n\t"                                                             \
+  "ldrd %[x], %[y], [%[win]]\n\t"                                                                 \
+  "ldrd %[u], %[v], [%[w]], #8\n\t"                                                               \
+  "smlad %[a1], %[y], %[u], %[a0]\n\t"                                                            \
+  "smlad %[a0], %[x], %[u], %[a0]\n\t"                                                            \
+  "smlad %[b1], %[y], %[v], %[b0]\n\t"                                                            \
+  "smlad %[b0], %[x], %[v], %[b0]\n\t"                                                            \
+  TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7) TPUP_STEP(8) \
+  TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
+
 // The sums 2 x sum of every channel pair of `stream` (up to `end`) over pixels A and B (windows
 // `win`), requantized, out through `p` (A's) and p + gap (B's): per pair of taps 2 LDRD + 4 SMLAD,
 // per output SMMLAR + ADD + ASR + SSAT + STRB (registers fixed: LDM loads a Quick in order).
@@ -287,13 +307,6 @@ void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, 
   register int8_t* out asm("r11") = p;
   register int32_t gp asm("r12") = gap;
   register const int32_t* e asm("lr") = end;
-#define TPUP_STEP(K)                                 \
-  "ldrd %[x], %[y], [%[win], #" #K " * 8]\n\t"        \
-  "ldrd %[u], %[v], [%[w]], #8\n\t"                  \
-  "smlad %[a0], %[x], %[u], %[a0]\n\t"               \
-  "smlad %[a1], %[y], %[u], %[a1]\n\t"               \
-  "smlad %[b0], %[x], %[v], %[b0]\n\t"               \
-  "smlad %[b1], %[y], %[v], %[b1]\n\t"
 #define TPUP_OUT(S, T)                               \
   "ldmia %[w]!, {%[x], %[y], %[u]}\n\t"              \
   "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
@@ -307,16 +320,7 @@ void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, 
   "strb %[" #S "], [%[p], %[gap]]\n\t"               \
   "strb %[v], [%[p]], #1\n\t"
   __asm__ volatile(
-      "1:\n\t"
-      "ldrd %[a0], %[b0], [%[w]], #8\n\t"
-      "ldrd %[x], %[y], [%[win]]\n\t"
-      "ldrd %[u], %[v], [%[w]], #8\n\t"
-      "smlad %[a1], %[y], %[u], %[a0]\n\t"
-      "smlad %[a0], %[x], %[u], %[a0]\n\t"
-      "smlad %[b1], %[y], %[v], %[b0]\n\t"
-      "smlad %[b0], %[x], %[v], %[b0]\n\t"
-      TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7)
-      TPUP_STEP(8) TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
+      "1:\n\t" TPUP_PAIR_SUMS
       TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
       "cmp %[w], %[end]\n\t"
       "bne 1b\n\t"
@@ -324,7 +328,6 @@ void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, 
         [b1] "=&r"(b1), [w] "+r"(w), [p] "+r"(out)
       : [win] "r"(wn), [gap] "r"(gp), [end] "r"(e)
       : "memory", "cc");
-#undef TPUP_STEP
 #undef TPUP_OUT
 }
 
@@ -344,13 +347,6 @@ void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t
   register int8_t* out asm("r11") = p;
   register int32_t gp asm("r12") = gap;
   register const int32_t* q asm("lr") = quick;
-#define TPUP_STEP(K)                                 \
-  "ldrd %[x], %[y], [%[win], #" #K " * 8]\n\t"        \
-  "ldrd %[u], %[v], [%[w]], #8\n\t"                  \
-  "smlad %[a0], %[x], %[u], %[a0]\n\t"               \
-  "smlad %[a1], %[y], %[u], %[a1]\n\t"               \
-  "smlad %[b0], %[x], %[v], %[b0]\n\t"               \
-  "smlad %[b1], %[y], %[v], %[b1]\n\t"
 #define TPUP_OUT(S, T)                               \
   "ldmia %[q]!, {%[x], %[y], %[u]}\n\t"              \
   "lsl %[" #S "], %[" #S "], #1\n\t"                 \
@@ -366,16 +362,7 @@ void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t
   "strb %[" #S "], [%[p], %[gap]]\n\t"               \
   "strb %[v], [%[p]], #1\n\t"
   __asm__ volatile(
-      "1:\n\t"
-      "ldrd %[a0], %[b0], [%[w]], #8\n\t"
-      "ldrd %[x], %[y], [%[win]]\n\t"
-      "ldrd %[u], %[v], [%[w]], #8\n\t"
-      "smlad %[a1], %[y], %[u], %[a0]\n\t"
-      "smlad %[a0], %[x], %[u], %[a0]\n\t"
-      "smlad %[b1], %[y], %[v], %[b0]\n\t"
-      "smlad %[b0], %[x], %[v], %[b0]\n\t"
-      TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7)
-      TPUP_STEP(8) TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
+      "1:\n\t" TPUP_PAIR_SUMS
       TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
       "tst %[u], #256\n\t"  // (kLastPair)
       "beq 1b\n\t"
@@ -383,9 +370,10 @@ void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t
         [b1] "=&r"(b1), [w] "+r"(w), [p] "+r"(out), [q] "+r"(q)
       : [win] "r"(wn), [gap] "r"(gp)
       : "memory", "cc");
-#undef TPUP_STEP
 #undef TPUP_OUT
 }
+#undef TPUP_PAIR_SUMS
+#undef TPUP_STEP
 #endif
 
 // How Chunk runs its channel pairs: Block and Q in C, StreamPairs on a stream built per call, or
