@@ -146,6 +146,31 @@ def test_an_interrupt_at_startup_is_one_line(tmp_path):
     assert (proc.returncode, err) == (130, "interrupted\n")
 
 
+def test_an_interrupt_python_drops_still_ends_the_command_as_interrupted():
+    """An interrupt landing inside a `__del__` or a weakref callback (in CI: importlib's
+    module-lock callback during startup) is dropped by Python, which prints a traceback and goes
+    on; the command must still end as interrupted, in one line, not succeed."""
+    script = f"""
+import signal, sys
+import tpu_pipeline.commands.inspect as command
+from tpu_pipeline.cli import main
+from tpu_pipeline.toolchain import interrupts
+interrupts.install()
+class Dropped:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+        sum(range(3))  # the handler runs here, inside __del__
+real = command.run
+def run(args):
+    Dropped()
+    return real(args)
+command.run = run
+sys.exit(main(["inspect", {str(TINY)!r}]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "interrupted\n")
+
+
 @pytest.mark.timing
 def test_progress_is_one_line_per_pass_with_elapsed_time_when_not_a_terminal(tmp_path):
     # a limit no pass reaches on any machine: every pass runs (a short one skips passes when slow)

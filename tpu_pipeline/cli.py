@@ -105,7 +105,10 @@ def main(argv=None) -> int:
             return int(exc.code or 0)
         args._started = time.monotonic()
         resolve_format(args)
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        if interrupts.received():  # an interrupt Python dropped (it landed in a __del__): not a success
+            raise interrupts.Interrupted(interrupts.received())
+        return code
     except ToolchainError as exc:
         if getattr(args, "debug", False):
             raise

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import threading
 import weakref
 
@@ -121,8 +122,21 @@ def _watch(sock: socket.socket) -> None:
 
 def received() -> int:
     """The signal that interrupted this process (0: none). An `Interrupted` raised while a C
-    extension imports (numpy's, say) can come out as that extension's ImportError instead."""
+    extension imports (numpy's, say) can come out as that extension's ImportError instead, and
+    one raised inside a `__del__` or a weakref callback (importlib's module-lock callback, say)
+    is dropped by Python: the CLI checks this before it reports success."""
     return _state["received"]
+
+
+def _unraisable(hook):
+    """Python prints what a `__del__` or a weakref callback raises and carries on. An interrupt
+    landing there is not a bug to print a traceback for: it stays in `received()`."""
+
+    def quiet(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            hook(unraisable)
+
+    return quiet
 
 
 def _handler(signum, frame) -> None:
@@ -144,6 +158,7 @@ def install() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(sig) is not signal.SIG_IGN:  # as Python does: an ignored SIGINT stays ignored
             signal.signal(sig, _handler)
+    sys.unraisablehook = _unraisable(sys.unraisablehook)
     threading.Thread(target=_watch, args=(reader,), name="interrupt-watcher", daemon=True).start()
     _state["installed"] = True
     _state["_sockets"] = (reader, writer)  # keep both ends open for the life of the process
