@@ -3,6 +3,8 @@ each variant an arc from its first span to its last + 1, labelled by (tail, late
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -70,4 +72,68 @@ def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
             chosen.append(arcs.variants[label[3]])
             label = label[2]
         out.append((c[0], c[1], chosen[::-1]))
+    return out
+
+
+MAX_COUNT_LABELS = 4096  # labels of one span beyond which count_within gives up (None: ask CP-SAT)
+
+
+def count_within(variants, n_spans: int, max_arena: int, max_lat: int, ns: dict, tail_fixed: int | None,
+                 most: int = 2) -> int | None:
+    """How many coverings of the spans by `variants` (each an arc from `first` to `last` + 1) have
+    an arena (the peak, plus the tails and `tail_fixed` when counted) at most `max_arena` and a
+    latency (ns by id in `ns`) at most `max_lat`, counted up to `most`; None when the labels of a
+    span grow past MAX_COUNT_LABELS. Every covering is its own path, equal ones included (no label
+    is dominated away), so where the limits are an optimum's a count of 1 proves it the only
+    optimal covering: select.py then needs no CP-SAT solve to break ties. A label (peak, tail,
+    latency) that no way on (`_rest_fronts`) can end within the limits is dropped."""
+    tails = [0 if tail_fixed is None else v.tail for v in variants]
+    fixed = 0 if tail_fixed is None else tail_fixed
+    lats = [ns[id(v)] for v in variants]
+    ending: dict[int, list[int]] = {}
+    for k, v in enumerate(variants):
+        ending.setdefault(v.last + 1, []).append(k)
+    rest = _rest_fronts(variants, n_spans, tails, lats, max_arena - fixed, max_lat)
+    labels: list[dict] = [{} for _ in range(n_spans + 1)]
+    labels[0][(0, 0, 0)] = 1  # (peak, tail, latency) -> how many paths reach it, up to `most`
+    for s in range(1, n_spans + 1):
+        here, (rest_ns, rest_tail) = labels[s], rest[s]
+        if not rest_ns:
+            continue  # no way on from s within the limits
+        for k in ending.get(s, ()):
+            v = variants[k]
+            for (p, t, n), c in labels[v.first].items():
+                p2, t2, n2 = max(p, v.peak), t + tails[k], n + lats[k]
+                j = bisect.bisect_right(rest_ns, max_lat - n2) - 1  # the least tail on within the latency left
+                if j >= 0 and p2 + t2 + rest_tail[j] + fixed <= max_arena:
+                    here[(p2, t2, n2)] = min(most, here.get((p2, t2, n2), 0) + c)
+        if len(here) > MAX_COUNT_LABELS:
+            return None
+    return min(most, sum(labels[n_spans].values()))
+
+
+def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: int) -> list[tuple[list, list]]:
+    """Per span s, the ways on from s to the end within the limits as a staircase: latencies
+    ascending and the least tail of a way on at each (descending); a way on's arcs' peaks and
+    tails together stay within `max_memory`."""
+    starting: dict[int, list[int]] = {}
+    for k, v in enumerate(variants):
+        starting.setdefault(v.first, []).append(k)
+    out: list[tuple[list, list]] = [([], []) for _ in range(n_spans + 1)]
+    out[n_spans] = ([0], [0])
+    for s in sorted(starting, reverse=True):  # (later spans first: theirs are final)
+        points = []
+        for k in starting[s]:
+            v = variants[k]
+            on_ns, on_tail = out[v.last + 1]
+            for n, t in zip(on_ns, on_tail):
+                if n + lats[k] <= max_lat and t + tails[k] + v.peak <= max_memory:
+                    points.append((n + lats[k], t + tails[k]))
+        points.sort()
+        stair_ns, stair_tail = [], []
+        for n, t in points:
+            if not stair_tail or t < stair_tail[-1]:
+                stair_ns.append(n)
+                stair_tail.append(t)
+        out[s] = (stair_ns, stair_tail)
     return out
