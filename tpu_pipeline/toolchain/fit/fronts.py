@@ -115,19 +115,20 @@ def count_within(variants, n_spans: int, max_arena: int, max_lat: int, ns: dict,
 def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: int) -> list[tuple[list, list]]:
     """Per span s, the ways on from s to the end within the limits as a staircase: latencies
     ascending and the least tail of a way on at each (descending); a way on's arcs' peaks and
-    tails together stay within `max_memory`."""
+    tails, with the least tail and latency of any way to s, stay within the limits."""
     starting: dict[int, list[int]] = {}
     for k, v in enumerate(variants):
         starting.setdefault(v.first, []).append(k)
+    to_ns, to_tail = _ways_to(variants, n_spans, tails, lats)
     out: list[tuple[list, list]] = [([], []) for _ in range(n_spans + 1)]
     out[n_spans] = ([0], [0])
     for s in sorted(starting, reverse=True):  # (later spans first: theirs are final)
-        points = []
+        points, room_ns, room_tail = [], max_lat - to_ns[s], max_memory - to_tail[s]
         for k in starting[s]:
             v = variants[k]
             on_ns, on_tail = out[v.last + 1]
             for n, t in zip(on_ns, on_tail):
-                if n + lats[k] <= max_lat and t + tails[k] + v.peak <= max_memory:
+                if n + lats[k] <= room_ns and t + tails[k] + v.peak <= room_tail:
                     points.append((n + lats[k], t + tails[k]))
         points.sort()
         stair_ns, stair_tail = [], []
@@ -137,3 +138,16 @@ def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: 
                 stair_tail.append(t)
         out[s] = (stair_ns, stair_tail)
     return out
+
+
+def _ways_to(variants, n_spans: int, tails, lats) -> tuple[list, list]:
+    """Per span s, the least latency and the least tail of any way from the first span to s."""
+    most = float("inf")
+    to_ns, to_tail = [most] * (n_spans + 1), [most] * (n_spans + 1)
+    to_ns[0] = to_tail[0] = 0
+    for k in sorted(range(len(variants)), key=lambda k: variants[k].first):  # (earlier spans first: final)
+        v = variants[k]
+        e = v.last + 1
+        to_ns[e] = min(to_ns[e], to_ns[v.first] + lats[k])
+        to_tail[e] = min(to_tail[e], to_tail[v.first] + tails[k])
+    return to_ns, to_tail
