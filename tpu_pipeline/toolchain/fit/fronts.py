@@ -4,6 +4,7 @@ each variant an arc from its first span to its last + 1, labelled by (tail, late
 from __future__ import annotations
 
 import bisect
+import operator
 
 import numpy as np
 
@@ -49,19 +50,25 @@ def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
     rest_tail, rest_ns, ending = arcs.rest_tail, arcs.rest_ns, arcs.ending
     labels: list[list] = [[] for _ in range(n_spans + 1)]
     labels[0] = [(0, 0, None, None)]  # (tail, latency, the label before, the variant's index)
+    unlimited = float("inf")
+    by_tail_then_lat = operator.itemgetter(0, 1)
     for s in range(1, n_spans + 1):
         cands = []
-        room_t = None if max_tail is None else max_tail - rest_tail[s]
-        room_n = None if max_lat is None else max_lat - rest_ns[s]
+        room_t = unlimited if max_tail is None else max_tail - rest_tail[s]
+        room_n = unlimited if max_lat is None else max_lat - rest_ns[s]
         for k in ending.get(s, ()):
-            for label in labels[first[k]]:
-                t2, n2 = label[0] + tail[k], label[1] + lat[k]
-                if (room_t is None or t2 <= room_t) and (room_n is None or n2 <= room_n):
+            t, n = tail[k], lat[k]
+            for label in labels[first[k]]:  # (a span's labels: tails ascending, latencies descending)
+                t2 = label[0] + t
+                if t2 > room_t:
+                    break  # (the rest have larger tails)
+                n2 = label[1] + n
+                if n2 <= room_n:
                     cands.append((t2, n2, label, k))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        kept, best_lat = [], None
+        cands.sort(key=by_tail_then_lat)
+        kept, best_lat = [], unlimited
         for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
-            if best_lat is None or c[1] < best_lat:
+            if c[1] < best_lat:
                 kept.append(c)
                 best_lat = c[1]
         labels[s] = kept
