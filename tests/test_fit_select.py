@@ -309,11 +309,12 @@ def test_select_given_the_chain_dps_pick_answers_as_cpsat_alone_among_ties(seed)
 @pytest.mark.parametrize("name", ["chain_int8", "concat_conv_int8", "tiny_irregular_int8"])
 def test_a_regions_stage_layers_are_its_ops_staged_one_by_one(name):
     """fit.variants prices a patch stage from its ops each put on the stage's kernels alone, once
-    per fit (_staged_op), not from rewrite.patch_stage.stage_layers over the whole region, once per
+    per fit (fit.staged), not from rewrite.patch_stage.stage_layers over the whole region, once per
     region: the same kernels, scratch and rates, on every way, for every run of harness ops."""
     from tpu_pipeline.toolchain.device import CMSIS_NN, load_device
     from tpu_pipeline.toolchain.fit.estimate import StagePricing, pricing_table
-    from tpu_pipeline.toolchain.fit.variants import _WAYS, _staged_op, on_harness
+    from tpu_pipeline.toolchain.fit.staged import WAYS, staged_op
+    from tpu_pipeline.toolchain.fit.variants import on_harness
     from tpu_pipeline.toolchain.ir.kernels import CONVOLUTIONS, flags, is_harness
     from tpu_pipeline.toolchain.memory.scratch import scratch_requests
     from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
@@ -327,10 +328,10 @@ def test_a_regions_stage_layers_are_its_ops_staged_one_by_one(name):
     assert priced is not None and len(runs) >= 3
     memo: dict = {}
     for positions in runs:
-        for way, options in _WAYS.items():
+        for way, options in WAYS.items():
             whole = stage_layers(g, positions, **options(positions))
             for i in positions:
-                one = _staged_op(g, i, way, sem, priced, memo)
+                one = staged_op(g, i, way, sem, priced, memo)
                 op = whole.ops[i]
                 assert (one.kernel, one.flags) == (op.kernel, flags(op))
                 assert one.scratch == (None if op.opcode == "ADD" else sum(scratch_requests(whole, i, sem)))

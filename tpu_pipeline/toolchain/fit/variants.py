@@ -23,13 +23,14 @@ halo recompute, per-op overhead): a prediction, labelled so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, StagePricing, estimate_patches, pricing_table
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches
+from tpu_pipeline.toolchain.fit.staged import stage_geometry
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -46,7 +47,7 @@ from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
-from tpu_pipeline.toolchain.rewrite.patch_stage import DW3, build_stage, stage_layers, stage_refusal
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -453,19 +454,8 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     other = None if regions is None else regions.get((v.first, v.last, "copies" if v.form == "stage" else "stage"))
     axes = None if other is None else other.axes
     if v.form == "stage":
-        priced = pricing_table(device, sem.kernels)
         layers = {} if regions is None else regions.setdefault("layers", {})
-        body, striped = ([_staged_op(graph, i, way, sem, priced, layers) for i in positions] for way in ("body", "striped"))
-        scratch = {i: op.scratch for i, op in zip(positions, body) if op.scratch is not None}
-        # (other forms run a layer apart on the stripes' kernel where that costs no scratch; dw3 overflowing: its twin)
-        lean = [_staged_op(graph, i, "lean", sem, priced, layers) for i in positions] \
-            if any(DW3 in op.flags for op in striped) else striped
-        geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                             _pricing(priced, positions, body, striped, lean), axes)
-        if any(a.kernel != b.kernel for a, b in zip(striped, body)):
-            own = [op.scratch for op in striped if op.scratch is not None]
-            geo.stripes = (_pricing(priced, positions, striped, lean), max(own, default=0))
-        return geo
+        return stage_geometry(graph, tin, tout, positions, op_seconds, device, sem, layers, axes)
     # (a variant's own buffer, dw3's, shrinks with the tile's map: counted as none, the estimate stays a floor)
     scratch = {i: 0 if (k := variant_of(graph.ops[i])) is not None and k.scratch is not None
                else sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
@@ -473,40 +463,6 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     # (the ops without kernel variants that bring constants of their own: a floor for lean twins too)
     geo.copy_tail = copies_tail(lean_graph(span_graph(graph, spans[v.first:v.last + 1])), sem)
     return geo
-
-
-class _StagedOp(NamedTuple):
-    kernel: str
-    flags: frozenset
-    scratch: int | None  # the bytes its kernel asks for (None: an ADD, which asks nothing)
-    rate: tuple | None  # StagePricing.rate (None: no fitted stage pricing)
-
-
-# stage_layers' ways of putting a region's layers (`where`) on a stage's kernels (a stage is priced on each)
-_WAYS = {"body": lambda where: {}, "striped": lambda where: {"stripes": True},
-         "lean": lambda where: {"stripes": True, "without": {DW3: frozenset(where)}}}
-
-
-def _staged_op(graph: Graph, i: int, way: str, sem: Semantics, priced, memo: dict) -> _StagedOp:
-    """Op i as rewrite.patch_stage.stage_layers puts it on a stage's kernels `way` (_WAYS), what
-    the estimates ask of it. stage_layers chooses each layer's kernel from that op alone, so a
-    region's layers are its ops' (tests/test_fit_select.py checks it), each put once per fit
-    (`memo`, kept by the caller) rather than once per region that holds it."""
-    got = memo.get((i, way))
-    if got is None:
-        g = stage_layers(graph, [i], **_WAYS[way]((i,)))
-        op = g.ops[i]
-        got = memo[(i, way)] = _StagedOp(op.kernel, flags(op), None if op.opcode == "ADD"
-                                         else sum(scratch_requests(g, i, sem)),
-                                         None if priced is None else StagePricing.rate(g, i, priced[0]))
-    return got
-
-
-def _pricing(priced, positions, *ways: list[_StagedOp]) -> StagePricing | None:
-    """estimate.stage_pricing from the staged ops: a layer at the rates of each way it may run."""
-    if priced is None:
-        return None
-    return StagePricing({i: tuple(dict.fromkeys(w[k].rate for w in ways)) for k, i in enumerate(positions)}, *priced)
 
 
 def _patch_label(region, grid, form: str = "copies", recompute: bool = False) -> str:
