@@ -336,3 +336,20 @@ def test_a_regions_stage_layers_are_its_ops_staged_one_by_one(name):
                 assert (one.kernel, one.flags) == (op.kernel, flags(op))
                 assert one.scratch == (None if op.opcode == "ADD" else sum(scratch_requests(whole, i, sem)))
                 assert one.rate == StagePricing.rate(whole, i, priced[0])
+
+
+def test_a_count_past_its_work_cap_leaves_the_ties_to_cpsat(monkeypatch):
+    """Past MAX_COUNT_WORK steps count_within gives up (None) and `select` solves CP-SAT's second
+    level as before: the same answer, just not the shortcut."""
+    from tpu_pipeline.toolchain.fit import fronts
+
+    rng = random.Random(2024)
+    n = 5
+    variants = _random_variants(rng, n)
+    ns = {id(v): int(round(v.latency_s * 1e9)) for v in variants}
+    pick = chain_select(variants, n, objective="memory")
+    arena, lat = max(v.peak for v in pick), _ns(pick)
+    assert fronts.count_within(variants, n, arena, lat, ns, None) == 1
+    monkeypatch.setattr(fronts, "MAX_COUNT_WORK", 0)
+    assert fronts.count_within(variants, n, arena, lat, ns, None) is None
+    assert select(variants, n, objective="memory", known=pick) == select(variants, n, objective="memory")

@@ -82,16 +82,19 @@ def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
     return out
 
 
-MAX_COUNT_LABELS = 4096  # labels of one span beyond which count_within gives up (None: ask CP-SAT)
+# steps (label extensions, staircase points) beyond which count_within gives up (None: CP-SAT
+# breaks the ties as before), so a count never costs more than a few solves; the benchmark set's
+# counts stay under it, each under 5 ms (a solve: 6-9 ms)
+MAX_COUNT_WORK = 50_000
 
 
 def count_within(variants, n_spans: int, max_arena: int, max_lat: int, ns: dict, tail_fixed: int | None,
                  most: int = 2) -> int | None:
     """How many coverings of the spans by `variants` (each an arc from `first` to `last` + 1) have
     an arena (the peak, plus the tails and `tail_fixed` when counted) at most `max_arena` and a
-    latency (ns by id in `ns`) at most `max_lat`, counted up to `most`; None when the labels of a
-    span grow past MAX_COUNT_LABELS. Every covering is its own path, equal ones included (no label
-    is dominated away), so where the limits are an optimum's a count of 1 proves it the only
+    latency (ns by id in `ns`) at most `max_lat`, counted up to `most`; None where that would
+    take more than MAX_COUNT_WORK steps. Every covering is its own path, equal ones included (no
+    label is dominated away), so where the limits are an optimum's a count of 1 proves it the only
     optimal covering: select.py then needs no CP-SAT solve to break ties. A label (peak, tail,
     latency) that no way on (`_rest_fronts`) can end within the limits is dropped."""
     tails = [0 if tail_fixed is None else v.tail for v in variants]
@@ -101,34 +104,40 @@ def count_within(variants, n_spans: int, max_arena: int, max_lat: int, ns: dict,
     for k, v in enumerate(variants):
         ending.setdefault(v.last + 1, []).append(k)
     rest = _rest_fronts(variants, n_spans, tails, lats, max_arena - fixed, max_lat)
+    if rest is None:
+        return None
     labels: list[dict] = [{} for _ in range(n_spans + 1)]
     labels[0][(0, 0, 0)] = 1  # (peak, tail, latency) -> how many paths reach it, up to `most`
+    work = 0
     for s in range(1, n_spans + 1):
         here, (rest_ns, rest_tail) = labels[s], rest[s]
         if not rest_ns:
             continue  # no way on from s within the limits
         for k in ending.get(s, ()):
             v = variants[k]
+            work += len(labels[v.first])
+            if work > MAX_COUNT_WORK:
+                return None
             for (p, t, n), c in labels[v.first].items():
                 p2, t2, n2 = max(p, v.peak), t + tails[k], n + lats[k]
                 j = bisect.bisect_right(rest_ns, max_lat - n2) - 1  # the least tail on within the latency left
                 if j >= 0 and p2 + t2 + rest_tail[j] + fixed <= max_arena:
                     here[(p2, t2, n2)] = min(most, here.get((p2, t2, n2), 0) + c)
-        if len(here) > MAX_COUNT_LABELS:
-            return None
     return min(most, sum(labels[n_spans].values()))
 
 
-def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: int) -> list[tuple[list, list]]:
+def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: int) -> list[tuple] | None:
     """Per span s, the ways on from s to the end within the limits as a staircase: latencies
     ascending and the least tail of a way on at each (descending); a way on's arcs' peaks and
-    tails, with the least tail and latency of any way to s, stay within the limits."""
+    tails, with the least tail and latency of any way to s, stay within the limits. None past
+    MAX_COUNT_WORK points."""
     starting: dict[int, list[int]] = {}
     for k, v in enumerate(variants):
         starting.setdefault(v.first, []).append(k)
     to_ns, to_tail = _ways_to(variants, n_spans, tails, lats)
     out: list[tuple[list, list]] = [([], []) for _ in range(n_spans + 1)]
     out[n_spans] = ([0], [0])
+    work = 0
     for s in sorted(starting, reverse=True):  # (later spans first: theirs are final)
         points, room_ns, room_tail = [], max_lat - to_ns[s], max_memory - to_tail[s]
         for k in starting[s]:
@@ -137,6 +146,9 @@ def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: 
             for n, t in zip(on_ns, on_tail):
                 if n + lats[k] <= room_ns and t + tails[k] + v.peak <= room_tail:
                     points.append((n + lats[k], t + tails[k]))
+            work += len(on_ns)
+        if work > MAX_COUNT_WORK:
+            return None
         points.sort()
         stair_ns, stair_tail = [], []
         for n, t in points:
