@@ -253,3 +253,103 @@ def test_the_selection_model_is_the_one_made_span_by_span(seed, monkeypatch):
         select_mod._solve(variants, n, budget, bound, minimise, cap, None, fixed)
         assert len(asked) == 1
         assert str(asked[0].Proto()) == str(_span_by_span(variants, n, budget, bound, minimise, cap, fixed).Proto())
+
+
+def _tied_variants(rng: random.Random, n_spans: int) -> list[Variant]:
+    """Variants with few distinct figures and some repeated outright: many coverings tie."""
+    out = []
+    for s in range(n_spans):
+        for _ in range(rng.randrange(1, 3)):
+            out.append(Variant(s, s, "as-is", f"s{s}", rng.choice((100, 200, 300)), 0, rng.choice((1, 2)) * 1e-6, 0, 1,
+                               tail=rng.choice((0, 8, 16))))
+    for _ in range(rng.randrange(2, 7)):
+        a = rng.randrange(n_spans)
+        b = rng.randrange(a, n_spans)
+        out.append(Variant(a, b, "patch", f"p{a}-{b}", rng.choice((100, 200)), 0, rng.choice((1, 2, 3)) * 1e-6, 0, 1,
+                           tail=rng.choice((0, 8))))
+    return out + [dataclasses.replace(v) for v in out if rng.random() < 0.2]  # (equal, not the same)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_counting_coverings_within_limits_is_the_brute_force_count(seed):
+    """fronts.count_within counts every covering within an arena and a latency, equal ones too (its
+    count of 1 lets `select` skip CP-SAT's tie-breaking solve): the brute force count, capped."""
+    from tpu_pipeline.toolchain.fit.fronts import count_within
+
+    rng = random.Random(1300 + seed)
+    n = rng.randrange(2, 6)
+    variants = _tied_variants(rng, n)
+    cover = list(_coverings(variants, n))
+    ns = {id(v): int(round(v.latency_s * 1e9)) for v in variants}
+    for fixed in (None, rng.randrange(0, 50)):
+        def arena(c):
+            return max(v.peak for v in c) + (0 if fixed is None else sum(v.tail for v in c) + fixed)
+        limits = {(arena(c), _ns(c)) for c in cover} | {(arena(c) - 1, _ns(c) + 1000) for c in cover}
+        for max_arena, max_lat in sorted(limits):
+            want = sum(1 for c in cover if arena(c) <= max_arena and _ns(c) <= max_lat)
+            assert count_within(variants, n, max_arena, max_lat, ns, fixed, most=10 ** 6) == want
+            assert count_within(variants, n, max_arena, max_lat, ns, fixed) == min(2, want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_select_given_the_chain_dps_pick_answers_as_cpsat_alone_among_ties(seed):
+    """The same as above where many coverings tie: given the DP's pick, `select` skips CP-SAT's
+    second level only where that pick is the one optimal covering, and answers as CP-SAT alone."""
+    rng = random.Random(1700 + seed)
+    n = rng.randrange(2, 6)
+    variants = _tied_variants(rng, n)
+    for fixed in (None, rng.randrange(0, 50)):
+        for ask in (dict(), dict(objective="memory"), dict(budget=400), dict(budget=300)):
+            pick = chain_select(variants, n, tail_fixed=fixed, **ask)
+            alone = select(variants, n, tail_fixed=fixed, **ask)
+            given = select(variants, n, tail_fixed=fixed, known=pick, **ask)
+            assert given == alone
+
+
+@pytest.mark.parametrize("name", ["chain_int8", "concat_conv_int8", "tiny_irregular_int8"])
+def test_a_regions_stage_layers_are_its_ops_staged_one_by_one(name):
+    """fit.variants prices a patch stage from its ops each put on the stage's kernels alone, once
+    per fit (fit.staged), not from rewrite.patch_stage.stage_layers over the whole region, once per
+    region: the same kernels, scratch and rates, on every way, for every run of harness ops."""
+    from tpu_pipeline.toolchain.device import CMSIS_NN, load_device
+    from tpu_pipeline.toolchain.fit.estimate import StagePricing, pricing_table
+    from tpu_pipeline.toolchain.fit.staged import WAYS, staged_op
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+    from tpu_pipeline.toolchain.ir.kernels import CONVOLUTIONS, flags, is_harness
+    from tpu_pipeline.toolchain.memory.scratch import scratch_requests
+    from tpu_pipeline.toolchain.memory.semantics import tflm_semantics
+    from tpu_pipeline.toolchain.rewrite.patch_stage import stage_layers
+
+    g, _ = on_harness(load(FIXTURES / f"{name}.tflite")[1])
+    sem = tflm_semantics(CMSIS_NN)
+    priced = pricing_table(load_device("qemu-mps2-an386"), CMSIS_NN)
+    harness = [i for i, op in enumerate(g.ops) if is_harness(op) and op.opcode in CONVOLUTIONS]
+    runs = [harness[a:b] for a in range(len(harness)) for b in range(a + 1, len(harness) + 1)]
+    assert priced is not None and len(runs) >= 3
+    memo: dict = {}
+    for positions in runs:
+        for way, options in WAYS.items():
+            whole = stage_layers(g, positions, **options(positions))
+            for i in positions:
+                one = staged_op(g, i, way, sem, priced, memo)
+                op = whole.ops[i]
+                assert (one.kernel, one.flags) == (op.kernel, flags(op))
+                assert one.scratch == (None if op.opcode == "ADD" else sum(scratch_requests(whole, i, sem)))
+                assert one.rate == StagePricing.rate(whole, i, priced[0])
+
+
+def test_a_count_past_its_work_cap_leaves_the_ties_to_cpsat(monkeypatch):
+    """Past MAX_COUNT_WORK steps count_within gives up (None) and `select` solves CP-SAT's second
+    level as before: the same answer, just not the shortcut."""
+    from tpu_pipeline.toolchain.fit import fronts
+
+    rng = random.Random(2024)
+    n = 5
+    variants = _random_variants(rng, n)
+    ns = {id(v): int(round(v.latency_s * 1e9)) for v in variants}
+    pick = chain_select(variants, n, objective="memory")
+    arena, lat = max(v.peak for v in pick), _ns(pick)
+    assert fronts.count_within(variants, n, arena, lat, ns, None) == 1
+    monkeypatch.setattr(fronts, "MAX_COUNT_WORK", 0)
+    assert fronts.count_within(variants, n, arena, lat, ns, None) is None
+    assert select(variants, n, objective="memory", known=pick) == select(variants, n, objective="memory")

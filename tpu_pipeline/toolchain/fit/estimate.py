@@ -146,13 +146,12 @@ class StagePricing:
     row of a call and per element its tiles copy in and out. Left out (a floor): the slices
     between layers and overlapped calls' rings."""
 
-    def __init__(self, body: Graph, positions: list[int], table: dict, seconds_per_instruction: float,
-                 *others: Graph):
+    def __init__(self, layer: dict[int, tuple], table: dict, seconds_per_instruction: float):
         # op -> (kernel overhead, instructions per output pixel, per call) of each kernel the
-        # builder may run it on: `body`'s, and `others`' (rewrite.patch_stage runs a layer apart
-        # from its input on the stripes' kernel where that costs no scratch, and a dw3 layer whose
-        # tile overflows its buffer on its twin): a layer costs at least the cheapest of them
-        self.layer = {i: tuple(dict.fromkeys(self._rate(g, i, table) for g in (body, *others))) for i in positions}
+        # builder may run it on (stage_pricing: rewrite.patch_stage runs a layer apart from its
+        # input on the stripes' kernel where that costs no scratch, and a dw3 layer whose tile
+        # overflows its buffer on its twin): a layer costs at least the cheapest of them
+        self.layer = layer
         c = table["patch_stage"]
         self.per_call, self.per_row, self.per_copied = c["per_call"], c["per_row"], c["per_copied"]
         self.per_pasted = c.get("per_pasted", coefficients(table, "data_movement")["per_output"])
@@ -160,7 +159,7 @@ class StagePricing:
         self.seconds = seconds_per_instruction
 
     @staticmethod
-    def _rate(body: Graph, i: int, table: dict) -> tuple[float, float, float]:
+    def rate(body: Graph, i: int, table: dict) -> tuple[float, float, float]:
         """(kernel overhead, instructions per output pixel, set-up per call) of layer i of `body`."""
         f = op_features(body, i)
         c = coefficients(table, f.fit_class)
@@ -209,15 +208,15 @@ class StagePricing:
                 + pastes) * self.seconds
 
 
-def stage_pricing(body: Graph, positions: list[int], device, kernel_set, *others: Graph) -> StagePricing | None:
-    """The StagePricing of a region (`body`: the graph as rewrite.patch_stage.stage_layers puts
-    its layers on the stage's kernels) on `device` with `kernel_set` (None without a fitted
-    [K.patch_stage] table: the estimate then scales the ops' own predicted times)."""
+def pricing_table(device, kernel_set) -> tuple[dict, float] | None:
+    """(the fitted cost table, seconds per instruction) a patch stage is priced with on `device`
+    with `kernel_set` (None without a fitted [K.patch_stage] table: the estimate then scales the
+    ops' own predicted times)."""
     cpi = getattr(getattr(device, "compute", None), "cycles_per_instruction", None)
     table = fitted_table().get(kernel_set.cost_key) if cpi is not None else None
     if table is None or "patch_stage" not in table:
         return None
-    return StagePricing(body, positions, table, float(cpi) / device.compute.clock_hz, *others)
+    return table, float(cpi) / device.compute.clock_hz
 
 
 def _streamed(geo: RegionGeometry, rlo, rhi, hm, wm) -> tuple[int, int, float]:

@@ -3,6 +3,9 @@ each variant an arc from its first span to its last + 1, labelled by (tail, late
 
 from __future__ import annotations
 
+import bisect
+import operator
+
 import numpy as np
 
 
@@ -47,19 +50,25 @@ def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
     rest_tail, rest_ns, ending = arcs.rest_tail, arcs.rest_ns, arcs.ending
     labels: list[list] = [[] for _ in range(n_spans + 1)]
     labels[0] = [(0, 0, None, None)]  # (tail, latency, the label before, the variant's index)
+    unlimited = float("inf")
+    by_tail_then_lat = operator.itemgetter(0, 1)
     for s in range(1, n_spans + 1):
         cands = []
-        room_t = None if max_tail is None else max_tail - rest_tail[s]
-        room_n = None if max_lat is None else max_lat - rest_ns[s]
+        room_t = unlimited if max_tail is None else max_tail - rest_tail[s]
+        room_n = unlimited if max_lat is None else max_lat - rest_ns[s]
         for k in ending.get(s, ()):
-            for label in labels[first[k]]:
-                t2, n2 = label[0] + tail[k], label[1] + lat[k]
-                if (room_t is None or t2 <= room_t) and (room_n is None or n2 <= room_n):
+            t, n = tail[k], lat[k]
+            for label in labels[first[k]]:  # (a span's labels: tails ascending, latencies descending)
+                t2 = label[0] + t
+                if t2 > room_t:
+                    break  # (the rest have larger tails)
+                n2 = label[1] + n
+                if n2 <= room_n:
                     cands.append((t2, n2, label, k))
-        cands.sort(key=lambda c: (c[0], c[1]))
-        kept, best_lat = [], None
+        cands.sort(key=by_tail_then_lat)
+        kept, best_lat = [], unlimited
         for c in cands:  # ascending tail: keep each one faster than every smaller-tail label
-            if best_lat is None or c[1] < best_lat:
+            if c[1] < best_lat:
                 kept.append(c)
                 best_lat = c[1]
         labels[s] = kept
@@ -71,3 +80,93 @@ def front_of(arcs: Arcs, max_tail: int | None, max_lat: int | None = None):
             label = label[2]
         out.append((c[0], c[1], chosen[::-1]))
     return out
+
+
+# steps (label extensions, staircase points) beyond which count_within gives up (None: CP-SAT
+# breaks the ties as before), so a count never costs more than a few solves; the benchmark set's
+# counts stay under it, each under 5 ms (a solve: 6-9 ms)
+MAX_COUNT_WORK = 50_000
+
+
+def count_within(variants, n_spans: int, max_arena: int, max_lat: int, ns: dict, tail_fixed: int | None,
+                 most: int = 2) -> int | None:
+    """How many coverings of the spans by `variants` (each an arc from `first` to `last` + 1) have
+    an arena (the peak, plus the tails and `tail_fixed` when counted) at most `max_arena` and a
+    latency (ns by id in `ns`) at most `max_lat`, counted up to `most`; None where that would
+    take more than MAX_COUNT_WORK steps. Every covering is its own path, equal ones included (no
+    label is dominated away), so where the limits are an optimum's a count of 1 proves it the only
+    optimal covering: select.py then needs no CP-SAT solve to break ties. A label (peak, tail,
+    latency) that no way on (`_rest_fronts`) can end within the limits is dropped."""
+    tails = [0 if tail_fixed is None else v.tail for v in variants]
+    fixed = 0 if tail_fixed is None else tail_fixed
+    lats = [ns[id(v)] for v in variants]
+    ending: dict[int, list[int]] = {}
+    for k, v in enumerate(variants):
+        ending.setdefault(v.last + 1, []).append(k)
+    rest = _rest_fronts(variants, n_spans, tails, lats, max_arena - fixed, max_lat)
+    if rest is None:
+        return None
+    labels: list[dict] = [{} for _ in range(n_spans + 1)]
+    labels[0][(0, 0, 0)] = 1  # (peak, tail, latency) -> how many paths reach it, up to `most`
+    work = 0
+    for s in range(1, n_spans + 1):
+        here, (rest_ns, rest_tail) = labels[s], rest[s]
+        if not rest_ns:
+            continue  # no way on from s within the limits
+        for k in ending.get(s, ()):
+            v = variants[k]
+            work += len(labels[v.first])
+            if work > MAX_COUNT_WORK:
+                return None
+            for (p, t, n), c in labels[v.first].items():
+                p2, t2, n2 = max(p, v.peak), t + tails[k], n + lats[k]
+                j = bisect.bisect_right(rest_ns, max_lat - n2) - 1  # the least tail on within the latency left
+                if j >= 0 and p2 + t2 + rest_tail[j] + fixed <= max_arena:
+                    here[(p2, t2, n2)] = min(most, here.get((p2, t2, n2), 0) + c)
+    return min(most, sum(labels[n_spans].values()))
+
+
+def _rest_fronts(variants, n_spans: int, tails, lats, max_memory: int, max_lat: int) -> list[tuple] | None:
+    """Per span s, the ways on from s to the end within the limits as a staircase: latencies
+    ascending and the least tail of a way on at each (descending); a way on's arcs' peaks and
+    tails, with the least tail and latency of any way to s, stay within the limits. None past
+    MAX_COUNT_WORK points."""
+    starting: dict[int, list[int]] = {}
+    for k, v in enumerate(variants):
+        starting.setdefault(v.first, []).append(k)
+    to_ns, to_tail = _ways_to(variants, n_spans, tails, lats)
+    out: list[tuple[list, list]] = [([], []) for _ in range(n_spans + 1)]
+    out[n_spans] = ([0], [0])
+    work = 0
+    for s in sorted(starting, reverse=True):  # (later spans first: theirs are final)
+        points, room_ns, room_tail = [], max_lat - to_ns[s], max_memory - to_tail[s]
+        for k in starting[s]:
+            v = variants[k]
+            on_ns, on_tail = out[v.last + 1]
+            for n, t in zip(on_ns, on_tail):
+                if n + lats[k] <= room_ns and t + tails[k] + v.peak <= room_tail:
+                    points.append((n + lats[k], t + tails[k]))
+            work += len(on_ns)
+        if work > MAX_COUNT_WORK:
+            return None
+        points.sort()
+        stair_ns, stair_tail = [], []
+        for n, t in points:
+            if not stair_tail or t < stair_tail[-1]:
+                stair_ns.append(n)
+                stair_tail.append(t)
+        out[s] = (stair_ns, stair_tail)
+    return out
+
+
+def _ways_to(variants, n_spans: int, tails, lats) -> tuple[list, list]:
+    """Per span s, the least latency and the least tail of any way from the first span to s."""
+    most = float("inf")
+    to_ns, to_tail = [most] * (n_spans + 1), [most] * (n_spans + 1)
+    to_ns[0] = to_tail[0] = 0
+    for k in sorted(range(len(variants)), key=lambda k: variants[k].first):  # (earlier spans first: final)
+        v = variants[k]
+        e = v.last + 1
+        to_ns[e] = min(to_ns[e], to_ns[v.first] + lats[k])
+        to_tail[e] = min(to_tail[e], to_tail[v.first] + tails[k])
+    return to_ns, to_tail

@@ -24,7 +24,7 @@ from ortools.sat.python import cp_model
 
 from tpu_pipeline.toolchain.budget import Deadline
 from tpu_pipeline.toolchain.cpsat import new_solver
-from tpu_pipeline.toolchain.fit.fronts import Arcs, front_of
+from tpu_pipeline.toolchain.fit.fronts import Arcs, count_within, front_of
 from tpu_pipeline.toolchain.fit.variants import Variant
 
 _NS = 1e9  # latency is modelled in integer nanoseconds
@@ -69,6 +69,8 @@ def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, 
         chosen, proven1 = first
     lat = sum(_ns(v) for v in chosen)
     memory = _arena(chosen, tail_fixed)
+    if known is not None and _only_optimum(usable, n_spans, memory, lat, tail_fixed):
+        return _selection(sorted(known, key=lambda v: v.first), True, tail_fixed)
     if objective == "latency":  # second level: the least memory at that latency
         second = _solve(usable, n_spans, budget, None, "memory", lat, deadline, tail_fixed)
     else:  # the fastest at that memory
@@ -78,6 +80,14 @@ def select(variants: list[Variant], n_spans: int, *, budget: int | None = None, 
     else:
         proven2 = False
     return _selection(chosen, proven1 and proven2, tail_fixed)
+
+
+def _only_optimum(usable, n_spans: int, memory: int, lat: int, tail_fixed: int | None) -> bool:
+    """Whether the chain DP's optimum (`memory`, `lat` ns: optimal on both levels, either way round)
+    is the only covering of `usable` with no more of either: then the second level's CP-SAT solve,
+    whose answer is an optimal covering, could only find it (most solves of a frontier sweep; where
+    ties remain, CP-SAT decides them as it always has)."""
+    return count_within(usable, n_spans, memory, lat, {id(v): _ns(v) for v in usable}, tail_fixed) == 1
 
 
 def _arena(chosen, tail_fixed: int | None) -> int:

@@ -29,7 +29,8 @@ from tpu_pipeline.toolchain.budget import Deadline, Progress
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.cost.mcu import estimate_mcu
 from tpu_pipeline.toolchain.device import Device
-from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches, stage_pricing
+from tpu_pipeline.toolchain.fit.estimate import RegionGeometry, estimate_patches
+from tpu_pipeline.toolchain.fit.staged import stage_geometry
 from tpu_pipeline.toolchain.fit.spans import Span, span_graph
 from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
@@ -46,7 +47,7 @@ from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
 from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
-from tpu_pipeline.toolchain.rewrite.patch_stage import DW3, build_stage, stage_layers, stage_refusal
+from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -453,18 +454,8 @@ def _region_geometry(graph: Graph, spans: list[Span], v: Variant, positions, op_
     other = None if regions is None else regions.get((v.first, v.last, "copies" if v.form == "stage" else "stage"))
     axes = None if other is None else other.axes
     if v.form == "stage":
-        body = stage_layers(graph, positions)
-        scratch = {i: sum(scratch_requests(body, i, sem)) for i in positions if body.ops[i].opcode != "ADD"}
-        striped = stage_layers(graph, positions, stripes=True)  # (row stripes may run more variants)
-        # (other forms run a layer apart on the stripes' kernel where that costs no scratch; dw3 overflowing: its twin)
-        lean = stage_layers(graph, positions, stripes=True, without={DW3: frozenset(positions)}) \
-            if any(DW3 in flags(striped.ops[i]) for i in positions) else striped
-        geo = RegionGeometry(graph, tin, tout, positions, op_seconds, scratch,
-                             stage_pricing(body, positions, device, sem.kernels, striped, lean), axes)
-        if any(striped.ops[i].kernel != body.ops[i].kernel for i in positions):
-            own = [sum(scratch_requests(striped, i, sem)) for i in positions if striped.ops[i].opcode != "ADD"]
-            geo.stripes = (stage_pricing(striped, positions, device, sem.kernels, lean), max(own, default=0))
-        return geo
+        layers = {} if regions is None else regions.setdefault("layers", {})
+        return stage_geometry(graph, tin, tout, positions, op_seconds, device, sem, layers, axes)
     # (a variant's own buffer, dw3's, shrinks with the tile's map: counted as none, the estimate stays a floor)
     scratch = {i: 0 if (k := variant_of(graph.ops[i])) is not None and k.scratch is not None
                else sum(align(b, 16) for b in scratch_requests(graph, i, sem)) for i in positions}
