@@ -247,7 +247,8 @@ constexpr int kAddTableMin = 256;
 // term depends on its own byte only, so from kAddTableMin elements both are tabulated once a call
 // (256 int32s each, on the stack) and an element takes two loads, an add and the sum's
 // requantization: the same integers.
-TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
+// (not inlined: its tables would sit in Eval's frame, and the other steps' code changed with them)
+__attribute__((noinline)) TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
   tflite::ArithmeticParams p = {};
   p.left_shift = stage.layer(k, 4), p.input1_offset = stage.layer(k, 5), p.output_offset = stage.layer(k, 6);
   p.quantized_activation_min = stage.layer(k, 7), p.input2_offset = stage.layer(k, 8);
