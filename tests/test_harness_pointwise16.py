@@ -5,8 +5,8 @@ fit's fastest point takes it before "pointwise"; on the emulated board (both ker
 bit-identical to the host's TFLite Micro on 1x1 layers with odd sizes, channel counts not
 multiples of four or three, strides 1 and 2, relu / relu6 / none, per-channel and per-tensor
 scales, no bias, in place (rows through a ring), one-pixel outputs (a lone pixel paired with
-itself), 257 to 512 input channels (the widened pair on the stack) and more (its fallback) and cheap requantisation proven and refused; and on
-MLPerf Tiny's kws (TPUP_MLPERF_DIR)."""
+itself), 257 to 512 input channels (the widened pair on the stack) and more (its fallback) and
+cheap requantisation proven and refused; and on MLPerf Tiny's kws (TPUP_MLPERF_DIR)."""
 
 from __future__ import annotations
 
