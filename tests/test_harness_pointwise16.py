@@ -4,9 +4,9 @@ it (checked by replaying the pass's arithmetic on the words against the layer's 
 fit's fastest point takes it before "pointwise"; on the emulated board (both kernel sets)
 bit-identical to the host's TFLite Micro on 1x1 layers with odd sizes, channel counts not
 multiples of four or three, strides 1 and 2, relu / relu6 / none, per-channel and per-tensor
-scales, no bias, in place (rows through a ring), one-pixel outputs, more than 256 input channels
-(the widened pair in the output's bytes) and cheap requantisation proven and refused; and on
-MLPerf Tiny's kws (TPUP_MLPERF_DIR)."""
+scales, no bias, in place (rows through a ring), one-pixel outputs (a lone pixel paired with
+itself), 257 to 512 input channels (the widened pair on the stack) and more (its fallback) and
+cheap requantisation proven and refused; and on MLPerf Tiny's kws (TPUP_MLPERF_DIR)."""
 
 from __future__ import annotations
 
@@ -67,9 +67,13 @@ def _layers(seed=17):
     _per_tensor(b, len(b.ops) - 1)
     f = b.conv(e, 3, k=1, act="RELU6")  # exactly one triple
     b.ops[-1] = dataclasses.replace(b.ops[-1], inputs=(*b.ops[-1].inputs[:2], -1))  # no bias
-    wide = b.conv(f, 300, k=1, act="RELU")  # 300 output channels ...
-    deep = b.conv(wide, 7, k=1, stride=2)  # ... read by 300 input channels: the pair in the output's bytes
-    one = b.conv(b.pool(deep, k=2, stride=2), 9, k=1, act="RELU6")  # a 1 x 1 output: one pixel
+    wide = b.conv(f, 520, k=1, act="RELU")  # 520 output channels ...
+    deep = b.conv(wide, 7, k=1, stride=2)  # ... read by 520 input channels: past the stack's pair (512)
+    mid = b.conv(deep, 300, k=1, act="RELU")  # 300 channels ...
+    narrow = b.conv(mid, 7, k=1)  # ... read by 300: the pair on the stack (257 to 512 input channels)
+    lone = b.conv(b.pool(mid, k=2, stride=2), 5, k=1)  # one pixel of 300 channels: paired with itself
+    one = b.conv(b.pool(narrow, k=2, stride=2), 9, k=1, act="RELU6")  # a 1 x 1 output: one pixel
+    one = b.add(one, b.conv(lone, 9, k=1))
     return b, [one, halves]
 
 

@@ -663,3 +663,27 @@ def test_a_stage_program_is_generated_once_per_region_and_form(monkeypatch):
         if _ == 0:
             generated = len(patch_stage._PROGRAMS)
     assert generated == len(patch_stage._PROGRAMS) >= len(forms)
+
+
+def test_stage_profile_finds_a_stages_layers_run_whole_and_drops_one_kind_of_step():
+    """tools/stage_profile.py's bookkeeping (its QEMU runs are the measurement's): a stage's layers
+    in the model without it are the ops between its input and output, and a model without one kind
+    of step keeps every other step in order. (Match the producer by the stage's input instead of
+    its output and the first check fails.)"""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import stage_profile
+
+    g, src = _mbv2_like()
+    tin, tout, positions = checked_region(g, _region(g))
+    staged = _streamed2d(g, (2, 2))
+    i = next(k for k, o in enumerate(staged.ops) if stage.is_stage(o))
+    assert stage_profile.whole_layers(staged, i, g) == sorted(positions)
+    program = staged.ops[i].options.program
+    for kind in ("paste", "layer 1"):
+        back = from_model(read_model(stage_profile.without(read_model(_write(staged, src)), staged, i, kind)))
+        kept = list(stage.steps(back.ops[i].options))
+        assert kept == [s for s in stage.steps(staged.ops[i].options) if stage_profile.step_kind(s) != kind]
+        assert len(back.ops[i].options.program) < len(program)

@@ -5,9 +5,9 @@ than wide), the input offset folded into the bias and the padding holding the ze
 one flattened pass over the buffer's rows (a row's right padding the next row's left), two
 outputs side by side per step, a pair of taps per SMLAD against the window row's weights as int16
 pairs (w0, w1) and (w1, w2). Strides 1 and 2 (each direction), any padding; TFLite's
-DepthwiseConvPerChannel integers (SMMULR's requantisation where the channel's weights, bias and
-input offset bound every sum below 2^30 and the shift allows, checked per channel in the kernel,
-else TFLite's integers).
+DepthwiseConvPerChannel integers (SMMULR's requantisation where the channel's bias, the input
+offset and the window's size bound every sum below 2^30 and the shift allows, checked per channel
+in the kernel, else TFLite's integers).
 
 What it costs: flash, nothing of the model's (the int8 weights are read in place and paired per
 channel at run time; no constant input). Arena: one scratch buffer (`scratch`, asked for at

@@ -38,8 +38,9 @@ constexpr int32_t kFlagPointwise16 = 0x4000, kFlagPointwise16FastRequant = 0x800
 // The words of a channel triple's header in its input 4: biases, multipliers, right shifts, nudges.
 constexpr int kPointwise16Header = 12;
 // Its widened pixel pair lies on the stack up to this many words (16 bytes per four input
-// channels: up to 256 channels), else in the output's unwritten bytes as the pointwise kernel's.
-constexpr int kPointwise16StackWords = 256;
+// channels: up to 512 channels), else in the output's unwritten bytes as the pointwise kernel's
+// (where they hold it; else a 2x2 loop that sums each channel's weights again every call).
+constexpr int kPointwise16StackWords = 512;
 // The harness's own convolution reading windows in place (flag "window", tpup_window.cc), and
 // whether its cheap requantisation is proven exact (ir/kernel_variants/window.py requant_bits).
 constexpr int32_t kFlagWindow = 0x400, kFlagWindowFastRequant = 0x800;

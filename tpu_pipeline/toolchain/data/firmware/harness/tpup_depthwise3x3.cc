@@ -17,7 +17,7 @@
 // LDR), four dual or single multiplies (inline assembly: 21 instructions per two outputs at stride
 // 1, 24 at stride 2). The sums go to a small array, then are requantized, two a step:
 // RowScaleFast (SMMULR, the output offset in the rounding nudge; tpup_conv.h) where the channel's
-// weights, bias and input offset bound every sum below 2^30 and its shift lies in [-22, -1]
+// bias and the window's size bound every sum below 2^30 and its shift lies in [-22, -1]
 // (checked per channel), else Requant's integers; the clamp one SSAT where the
 // activation is the whole int8 range.
 //
@@ -100,7 +100,13 @@ inline int32_t Word(const int16_t* p) {
 }
 
 inline int32_t Pair(int32_t lo, int32_t hi) {
+#if defined(TPUP_DW3_ASM)
+  int32_t r;  // (one PKHBT, where GCC emits UXTH and ORR)
+  __asm__("pkhbt %0, %1, %2, lsl #16" : "=r"(r) : "r"(lo), "r"(hi));
+  return r;
+#else
   return static_cast<int32_t>((static_cast<uint32_t>(lo) & 0xFFFF) | (static_cast<uint32_t>(hi) << 16));
+#endif
 }
 
 // Channel c's input into the buffer's inner positions, as it is (int8 widened; the padding holds
@@ -203,42 +209,60 @@ void Outputs(const Plan& p, const int16_t* buf, int32_t* acc, const int32_t* w, 
   }
 }
 
+// What a call's channels share, set up once a call (a stage calls a layer once a tile, and each
+// call sets up every channel again): the Outputs for the cheap requantization and for TFLite's
+// integers (the stride along the buffer's rows and the clamp pick them), and the bias below which
+// every sum is below 2^30 whatever the weights (|x + offset| x 9 x 128 at most: a bound from the
+// window's size, as the fast depthwise kernel's, where a bound from the channel's weight
+// magnitudes cost a dozen instructions a channel; both requantizations are exact, so the outputs
+// are the same whichever the bound picks).
+using FastOutputs = void (*)(const Plan&, const int16_t*, int32_t*, const int32_t*, int32_t, const RowScaleFast,
+                             int32_t, int32_t, int8_t*);
+using ExactOutputs = void (*)(const Plan&, const int16_t*, int32_t*, const int32_t*, int32_t, const RowScaleExact,
+                              int32_t, int32_t, int8_t*);
+struct CallSetUp {
+  FastOutputs fast;
+  ExactOutputs exact;
+  uint32_t bias_limit;
+};
+
+CallSetUp SetUpCall(const ConvOptions& o, const Plan& p) {
+  const bool full = o.act_min <= -128 && o.act_max >= 127, s1 = p.stride_b == 1;
+  const int32_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
+  return {s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
+             : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>),
+          s1 ? (full ? Outputs<1, RowScaleExact, true> : Outputs<1, RowScaleExact, false>)
+             : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>),
+          static_cast<uint32_t>((int32_t{1} << 30) - in_max * 9 * 128)};
+}
+
 // Channel c: its weights as pairs in the buffer's orientation, its requantization, its buffer,
 // its outputs.
-void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const int8_t* in, const int8_t* filter,
-             const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int32_t* acc, int8_t* out) {
+void Channel(const ConvOptions& o, const ConvGeometry& g, const Plan& p, const CallSetUp& call, const int8_t* in,
+             const int8_t* filter, const int32_t* bias, const int32_t* requant, int c, int16_t* buf, int32_t* acc,
+             int8_t* out) {
   const int C = g.in_c;
   int32_t w[6];
   const int32_t b = bias != nullptr ? bias[c] : 0;
-  const int32_t in_max = o.input_offset >= 0 ? 127 + o.input_offset : 128 - o.input_offset;  // |x + offset|
-  const int tap_a = p.transposed ? 1 : 3, tap_b = p.transposed ? 3 : 1;  // tap steps across / along buffer rows
-  int32_t sum = 0, abs_sum = 0;  // (at most 9 x 128 each)
-  for (int ka = 0; ka < 3; ++ka) {
-    const int8_t* f = filter + ka * tap_a * C + c;
-    const int32_t f0 = f[0], f1 = f[tap_b * C], f2 = f[2 * tap_b * C];
+  const int step_a = (p.transposed ? 1 : 3) * C, step_b = (p.transposed ? 3 : 1) * C;  // tap steps across / along buffer rows
+  int32_t sum = 0;  // (at most 9 x 128)
+  const int8_t* f = filter + c;
+#pragma GCC unroll 3
+  for (int ka = 0; ka < 3; ++ka, f += step_a) {
+    const int32_t f0 = f[0], f1 = f[step_b], f2 = f[2 * step_b];
     w[2 * ka] = Pair(f0, f1), w[2 * ka + 1] = Pair(f1, f2);
     sum += f0 + f1 + f2;
-    abs_sum += (f0 < 0 ? -f0 : f0) + (f1 < 0 ? -f1 : f1) + (f2 < 0 ? -f2 : f2);
   }
   // bias + offset x the weights' sum (wrapping, as the sums do: the final sum is the same int32)
   const int32_t folded = static_cast<int32_t>(static_cast<uint32_t>(b) + static_cast<uint32_t>(o.input_offset * sum));
-  // every sum below 2^30 in magnitude: |bias| + max|x + offset| x sum|w| (at most 255 x 1152 < 2^19)
-  const bool small = (b < 0 ? -static_cast<int64_t>(b) : static_cast<int64_t>(b)) < (int64_t{1} << 30) - in_max * abs_sum;
+  const uint32_t magnitude = b < 0 ? 0u - static_cast<uint32_t>(b) : static_cast<uint32_t>(b);
   Fill(p, c, in, buf);
   const int32_t m = requant[c], shift = requant[g.out_c + c];
-  const bool full = o.act_min <= -128 && o.act_max >= 127;
-  const bool s1 = p.stride_b == 1;
   out += c;
-  if (small && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
-    const RowScaleFast q(m, shift, o.output_offset);
-    (s1 ? (full ? Outputs<1, RowScaleFast, true> : Outputs<1, RowScaleFast, false>)
-        : (full ? Outputs<2, RowScaleFast, true> : Outputs<2, RowScaleFast, false>))(p, buf, acc, w, folded, q,
-                                                                                      o.act_min, o.act_max, out);
+  if (magnitude < call.bias_limit && shift >= -22 && shift <= -1) {  // RowScaleFast is exact (tpup_conv.h)
+    call.fast(p, buf, acc, w, folded, RowScaleFast(m, shift, o.output_offset), o.act_min, o.act_max, out);
   } else {
-    const RowScaleExact q(m, shift, o.output_offset);
-    (s1 ? (full ? Outputs<1, RowScaleExact, true> : Outputs<1, RowScaleExact, false>)
-        : (full ? Outputs<2, RowScaleExact, true> : Outputs<2, RowScaleExact, false>))(p, buf, acc, w, folded, q,
-                                                                                        o.act_min, o.act_max, out);
+    call.exact(p, buf, acc, w, folded, RowScaleExact(m, shift, o.output_offset), o.act_min, o.act_max, out);
   }
 }
 
@@ -271,7 +295,8 @@ void RunDepthwise3x3(const ConvOptions& o, const ConvGeometry& g, int pad_top, i
   int16_t* buf = reinterpret_cast<int16_t*>(static_cast<uint8_t*>(buffer) + SumsBytes(p));
   const int32_t zp2 = static_cast<int32_t>((static_cast<uint32_t>(-o.input_offset) & 0xFFFF) * 0x10001u);
   for (int k = 0; k < p.s.elems; k += 2) __builtin_memcpy(buf + k, &zp2, 4);  // the padding, once
-  for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, in, filter, bias, requant, c, buf, acc, out);
+  const CallSetUp call = SetUpCall(o, p);
+  for (int c = 0; c < g.in_c; ++c) Channel(o, g, p, call, in, filter, bias, requant, c, buf, acc, out);
 }
 
 }  // namespace tpup

@@ -22,7 +22,8 @@
 // re-laid offline as int16 pairs (its input 4): no SXTB16 in the loop, three channels x two pixels
 // a pass (LDRD of both pixels' widened pair-word, LDM of three channels' weight words, six
 // SMLADs), each triple's bias and requantisation constants in its header; the widened pair on the
-// stack up to 256 input channels (every pixel a pass), else in the output's bytes as above.
+// stack up to 512 input channels (every pixel a pass, a lone pixel paired with itself), else in
+// the output's bytes as above.
 
 #include <cstdint>
 #include <cstring>
@@ -439,17 +440,19 @@ void Run(const ConvOptions& o, const ConvGeometry& g, int n, const int8_t* in, c
          const int32_t* bias, const int32_t* relaid, const int32_t* requant, int8_t* out) {
   const PixelWalk walk(o, g, in);
   const int K = g.out_c, bytes = 16 * ((g.in_c + 3) / 4);  // the widened pair
-  if (K < (relaid != nullptr ? 3 : 2) || n < 2) {  // (the passes' channel blocks need two, three; a pair two pixels)
-    for (int p = 0; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
-    return;
-  }
-  if (relaid != nullptr && bytes <= 4 * kPointwise16StackWords) {  // the pair on the stack: every pixel a pass
+  if (relaid != nullptr && K >= 3 && bytes <= 4 * kPointwise16StackWords) {  // the pair on the stack: every pixel a pass
+    // (an odd last pixel with the one before it, written again the same; a lone pixel with itself:
+    // a patch stage's one-pixel tiles, where OnePixel would sum every channel's weights again)
     int32_t pair[kPointwise16StackWords];
     for (int p = 0; p < n; p += 2) {
-      const int a = p + 2 <= n ? p : n - 2;  // (an odd last pixel with the one before it, written again the same)
-      WidenPair<true>(walk.At(a), walk.At(a + 1), g.in_c, o.input_offset, pair);
-      PixelPair3<Scale, kFull>(o, g, pair, relaid, out + a * K, out + (a + 1) * K);
+      const int a = p + 2 <= n ? p : (n >= 2 ? n - 2 : 0), b = n >= 2 ? a + 1 : a;
+      WidenPair<true>(walk.At(a), walk.At(b), g.in_c, o.input_offset, pair);
+      PixelPair3<Scale, kFull>(o, g, pair, relaid, out + a * K, out + b * K);
     }
+    return;
+  }
+  if (K < (relaid != nullptr ? 3 : 2) || n < 2) {  // (the passes' channel blocks need two, three; a pair two pixels)
+    for (int p = 0; p < n; ++p) OnePixel<Scale>(o, g, walk.At(p), filter, bias, requant, out + p * K);
     return;
   }
   // The pair lives in the output's last bytes (4-aligned); pixels [0, stop) are written before
