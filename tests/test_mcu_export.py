@@ -111,6 +111,33 @@ def test_export_replaces_a_padding_space_to_batch_by_an_explicit_pad(tmp_path, c
     assert gap_exported <= 1 < gap_as_given
 
 
+def test_a_dynamic_batch_model_on_harness_kernels_gets_its_real_shapes(tmp_path, capsys):
+    """A dynamic-batch model on harness kernels (MLPerf Tiny's kws and this darts_s2b as tests and
+    users write them): LiteRT prepares its builtin view, whose tensors are numbered apart; its
+    shapes go back to the model's own tensors (they once landed on the requantization constants,
+    and TFLite Micro refused the export). The export computes LiteRT's outputs."""
+    from helpers.firmware import written
+    from tpu_pipeline.toolchain.execute.litert import run_litert, runtime_shapes
+    from tpu_pipeline.toolchain.fit.variants import on_harness
+    from tpu_pipeline.toolchain.ir.kernels import kernel_choices
+
+    src = read_model((FIX / "darts_s2b_dynbatch_int8.tflite").read_bytes())
+    graph = on_harness(from_model(src))[0]
+    assert kernel_choices(graph)
+    model = tmp_path / "harness.tflite"
+    model.write_bytes(written(graph, src))
+    own, given = runtime_shapes(read_model(model.read_bytes())), runtime_shapes(src)
+    assert {i: own[i] for i in given} == given  # the model's own tensors: the source's shapes
+    for t in graph.tensors[len(src.subgraphs[0].tensors):]:  # the constants on_harness added: no other shape
+        assert own.get(t.index, tuple(t.shape)) == tuple(t.shape)
+    out = tmp_path / "fw"
+    assert main(["export-mcu", str(model), "--device", "qemu-mps2-an386", "-o", str(out)]) == 0, capsys.readouterr().err
+    host = TflmModel(data := (out / "model.tflite").read_bytes(), 8 << 20)
+    for x in host.input_sets(data, 2, 0):
+        want = run_litert(FIX / "darts_s2b_dynbatch_int8.tflite", x)[0][0].astype(int)
+        assert int(np.abs(host.run(x)[0].astype(int) - want).max()) <= 1
+
+
 def test_export_to_an_edgetpu_is_a_usage_error(tmp_path, capsys):
     assert main(["export-mcu", str(FIX / "chain_int8.tflite"), "--device", "coral-usb", "-o", str(tmp_path / "x")]) == 2
     assert "not an MCU" in capsys.readouterr().err

@@ -27,11 +27,17 @@ def host_view(data: bytes) -> bytes:
     """What a host runtime runs for `data`: the model itself, or, where it picks harness kernels
     per op or keeps inputs outside the arena, the same graph on the builtin kernels (which compute
     the same results) with the arena plan a stock runtime can follow."""
-    if HARNESS_KERNEL_MARK not in data and EXTERNAL_MARK not in data:
-        return data
-    from tpu_pipeline.toolchain.ir.convert import builtin_view_bytes
+    return host_view_numbered(data)[0]
 
-    return builtin_view_bytes(data)
+
+def host_view_numbered(data: bytes) -> tuple[bytes, dict[int, int] | None]:
+    """`host_view`, and where each of `data`'s tensors is in it (None: the view is `data`):
+    `tpu_pipeline.toolchain.ir.convert.builtin_view_numbered`."""
+    if HARNESS_KERNEL_MARK not in data and EXTERNAL_MARK not in data:
+        return data, None
+    from tpu_pipeline.toolchain.ir.convert import builtin_view_numbered
+
+    return builtin_view_numbered(data)
 
 
 # what LiteRT raises for a model it cannot build or prepare (its C++ errors surface as these)
@@ -154,9 +160,12 @@ def _state_checked():
 def run_litert(model: bytes | str | Path, inputs, tensors=()) -> tuple[list[np.ndarray], dict]:
     """Outputs (in the model's output order) and the values of `tensors` (indices) after one run
     with LiteRT's builtin kernels."""
+    where = None
+    if tensors:  # (indices of `model`'s tensors: a model on harness kernels runs as a view numbered apart)
+        model, where = host_view_numbered(model if isinstance(model, bytes) else Path(model).read_bytes())
     it = litert_interpreter(model, preserve=bool(tensors))
     outs = run_positional(it, inputs)
-    return outs, {t: it.get_tensor(t).copy() for t in tensors}
+    return outs, {t: it.get_tensor(t if where is None else where[t]).copy() for t in tensors}
 
 
 def seeded_outputs(model: bytes | str | Path, seed: int = 0) -> list[np.ndarray]:
@@ -203,8 +212,13 @@ def runtime_shapes(model) -> dict[int, tuple[int, ...]]:
 
 
 def _prepared_shapes(data: bytes) -> dict[int, tuple[int, ...]]:
-    it = new_interpreter(data)
-    return {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
+    """LiteRT's shapes, by `data`'s tensor indices: a model on harness kernels is prepared as its
+    builtin view, whose tensors are numbered apart (read as `data`'s, a dynamic-batch model's
+    requantization constants took activation shapes, and TFLite Micro refused the model)."""
+    view, where = host_view_numbered(data)
+    it = new_interpreter(view)
+    got = {int(d["index"]): tuple(int(x) for x in d["shape"]) for d in it.get_tensor_details()}
+    return got if where is None else {i: got[j] for i, j in where.items() if j in got}
 
 
 def _shapes_before_custom_ops(model) -> dict | None:

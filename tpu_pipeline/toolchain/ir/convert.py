@@ -434,13 +434,20 @@ def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
     the tensors into the view, except for what only the harness firmware can run: tensors planned
     over another's bytes (the in and out of an overlapped op) and tensors outside the arena are left
     to the runtime."""
+    return builtin_view_numbered(data, label)[0]
+
+
+def builtin_view_numbered(data: bytes, label: str = "model") -> tuple[bytes, dict[int, int] | None]:
+    """`builtin_view_bytes`, and where each of `data`'s tensors is in it (tensor index -> index in
+    the view; the harness-only constants absent): the view drops and adds tensors, so a tensor
+    index a runtime reports for the view is not `data`'s. None: the view is `data` itself."""
     from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
     from tpu_pipeline.toolchain.tflite.metadata import read_offline_plan, with_offline_plan
 
     model = read_model(data, name=label)
     graph = from_model(model)
     if not kernels.kernel_choices(graph) and not graph.external:
-        return data
+        return data, None
     view, remap = kernels.builtin_view_mapped(graph)
     plan = read_offline_plan(model)
     out = to_model(view, model)
@@ -451,4 +458,4 @@ def builtin_view_bytes(data: bytes, label: str = "model") -> bytes:
             if old < len(plan) and plan[old] >= 0 and old not in harness_only:
                 offsets[new] = plan[old]
         out = with_offline_plan(out, offsets, label)
-    return model_to_bytes(out)
+    return model_to_bytes(out), remap
