@@ -398,7 +398,8 @@ def upgrade(graph: Graph, spans: list[Span], v: Variant, op_seconds: dict[int, f
     achievable, the device model's latency of the built ops, MACs, ops). None when the variant
     does not exist after all (a grid too fine for the region's windows): the caller drops it.
     `regions`: a dict the caller keeps, (first, last, form) -> the RegionGeometry, which every
-    grid of the region shares."""
+    grid of the region shares (and "layers" -> fit.staged's memo of ops staged, which every region
+    shares)."""
     positions = [i for s in spans[v.first:v.last + 1] for i in s.ops]
     tin, tout = spans[v.first].inputs[0], spans[v.last].outputs[0]
     if v.stage == "bound":
