@@ -171,6 +171,37 @@ sys.exit(main(["inspect", {str(TINY)!r}]))
     assert (proc.returncode, proc.stderr) == (130, "interrupted\n")
 
 
+def test_the_hard_exit_and_the_main_thread_never_both_report_an_interrupt():
+    """The watcher's hard exit (GRACE_S after an interrupt the main thread has not answered) and a
+    main thread that answers it just then: one `interrupted`, not two. Here the hard exit starts
+    at once and lingers removing its temporaries while the command returns after a dropped
+    interrupt and the process then lingers too."""
+    script = f"""
+import signal, sys, time
+import tpu_pipeline.commands.inspect as command
+from tpu_pipeline.cli import main
+from tpu_pipeline.toolchain import interrupts
+interrupts.GRACE_S = 0.0
+remove = interrupts._remove_temps
+interrupts._remove_temps = lambda: (time.sleep(0.6), remove())
+interrupts.install()
+class Dropped:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+        sum(range(3))  # the handler runs here, inside __del__
+def run(args):
+    Dropped()
+    time.sleep(0.3)  # the hard exit has begun
+    return 0
+command.run = run
+code = main(["inspect", {str(TINY)!r}])
+time.sleep(1.0)
+sys.exit(code)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "interrupted\n")
+
+
 @pytest.mark.timing
 def test_progress_is_one_line_per_pass_with_elapsed_time_when_not_a_terminal(tmp_path):
     # a limit no pass reaches on any machine: every pass runs (a short one skips passes when slow)

@@ -29,6 +29,7 @@ GRACE_S = 1.5
 _temps: set[str] = set()
 _solvers: "weakref.WeakSet" = weakref.WeakSet()
 _swap_lock = threading.RLock()
+_end_lock = threading.Lock()  # who ends the process: the main thread (`finished`) or the hard exit, never both
 _state = {"installed": False, "finished": False, "pending": 0, "critical": 0, "hits": 0, "received": 0}
 
 
@@ -71,8 +72,10 @@ def critical():
 
 
 def finished() -> None:
-    """The main thread has handled the interrupt (or finished): the watcher must not exit for it."""
-    _state["finished"] = True
+    """The main thread has handled the interrupt (or finished): the watcher must not exit for it.
+    Where the hard exit has begun, this waits for it (the process ends there, with its one line)."""
+    with _end_lock:
+        _state["finished"] = True
 
 
 def _remove_temps() -> None:
@@ -87,12 +90,15 @@ def _remove_temps() -> None:
 
 def _hard_exit(signum: int) -> None:
     # Wait for a swap in progress (it takes milliseconds), then leave without unwinding.
-    _swap_lock.acquire(timeout=5.0)
-    if _state["finished"]:
-        return
-    _remove_temps()
-    os.write(2, b"interrupted\n")
-    os._exit(128 + signum)
+    swapping_done = _swap_lock.acquire(timeout=5.0)
+    with _end_lock:  # (a main thread ending now as well would print its own `interrupted`)
+        if _state["finished"]:
+            if swapping_done:
+                _swap_lock.release()
+            return
+        _remove_temps()
+        os.write(2, b"interrupted\n")
+        os._exit(128 + signum)
 
 
 def _stop_searches() -> None:
