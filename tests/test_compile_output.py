@@ -167,7 +167,8 @@ def run(args):
 command.run = run
 sys.exit(main(["inspect", {str(TINY)!r}]))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_as_from_a_terminal)
     assert (proc.returncode, proc.stderr) == (130, "interrupted\n")
 
 
@@ -198,7 +199,8 @@ code = main(["inspect", {str(TINY)!r}])
 time.sleep(1.0)
 sys.exit(code)
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_as_from_a_terminal)
     assert (proc.returncode, proc.stderr) == (130, "interrupted\n")
 
 
