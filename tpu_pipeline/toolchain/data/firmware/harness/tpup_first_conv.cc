@@ -296,6 +296,21 @@ constexpr int kStreamWords = 2 + 2 * 14 + 2 * 3;
   TPUP_STEP(1) TPUP_STEP(2) TPUP_STEP(3) TPUP_STEP(4) TPUP_STEP(5) TPUP_STEP(6) TPUP_STEP(7) TPUP_STEP(8) \
   TPUP_STEP(9) TPUP_STEP(10) TPUP_STEP(11) TPUP_STEP(12) TPUP_STEP(13)
 
+// One channel's sums over pixel A (S) and pixel B (T), requantized by its Quick's three words
+// (loaded into x, y, u) and stored: A's at p (p then steps on), B's at p + gap. StreamPairs and
+// StreamPairsSetUp differ only in where the Quick comes from and whether the sums are doubled first.
+#define TPUP_QUICK_OUT(S, T)                         \
+  "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
+  "add %[v], %[v], %[" #S "], asr #31\n\t"           \
+  "asr %[v], %[v], %[u]\n\t"                         \
+  "ssat %[v], #8, %[v]\n\t"                          \
+  "smmlar %[" #S "], %[" #T "], %[x], %[y]\n\t"      \
+  "add %[" #S "], %[" #S "], %[" #T "], asr #31\n\t" \
+  "asr %[" #S "], %[" #S "], %[u]\n\t"               \
+  "ssat %[" #S "], #8, %[" #S "]\n\t"                \
+  "strb %[" #S "], [%[p], %[gap]]\n\t"               \
+  "strb %[v], [%[p]], #1\n\t"
+
 // The sums 2 x sum of every channel pair of `stream` (up to `end`) over pixels A and B (windows
 // `win`), requantized, out through `p` (A's) and p + gap (B's): per pair of taps 2 LDRD + 4 SMLAD,
 // per output SMMLAR + ADD + ASR + SSAT + STRB (registers fixed: LDM loads a Quick in order).
@@ -307,18 +322,7 @@ void StreamPairs(const int32_t* stream, const int32_t* end, const int32_t* win, 
   register int8_t* out asm("r11") = p;
   register int32_t gp asm("r12") = gap;
   register const int32_t* e asm("lr") = end;
-#define TPUP_OUT(S, T)                               \
-  "ldmia %[w]!, {%[x], %[y], %[u]}\n\t"              \
-  "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
-  "add %[v], %[v], %[" #S "], asr #31\n\t"           \
-  "asr %[v], %[v], %[u]\n\t"                         \
-  "ssat %[v], #8, %[v]\n\t"                          \
-  "smmlar %[" #S "], %[" #T "], %[x], %[y]\n\t"      \
-  "add %[" #S "], %[" #S "], %[" #T "], asr #31\n\t" \
-  "asr %[" #S "], %[" #S "], %[u]\n\t"               \
-  "ssat %[" #S "], #8, %[" #S "]\n\t"                \
-  "strb %[" #S "], [%[p], %[gap]]\n\t"               \
-  "strb %[v], [%[p]], #1\n\t"
+#define TPUP_OUT(S, T) "ldmia %[w]!, {%[x], %[y], %[u]}\n\t" TPUP_QUICK_OUT(S, T)
   __asm__ volatile(
       "1:\n\t" TPUP_PAIR_SUMS
       TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
@@ -347,20 +351,10 @@ void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t
   register int8_t* out asm("r11") = p;
   register int32_t gp asm("r12") = gap;
   register const int32_t* q asm("lr") = quick;
-#define TPUP_OUT(S, T)                               \
-  "ldmia %[q]!, {%[x], %[y], %[u]}\n\t"              \
-  "lsl %[" #S "], %[" #S "], #1\n\t"                 \
-  "lsl %[" #T "], %[" #T "], #1\n\t"                 \
-  "smmlar %[v], %[" #S "], %[x], %[y]\n\t"           \
-  "add %[v], %[v], %[" #S "], asr #31\n\t"           \
-  "asr %[v], %[v], %[u]\n\t"                         \
-  "ssat %[v], #8, %[v]\n\t"                          \
-  "smmlar %[" #S "], %[" #T "], %[x], %[y]\n\t"      \
-  "add %[" #S "], %[" #S "], %[" #T "], asr #31\n\t" \
-  "asr %[" #S "], %[" #S "], %[u]\n\t"               \
-  "ssat %[" #S "], #8, %[" #S "]\n\t"                \
-  "strb %[" #S "], [%[p], %[gap]]\n\t"               \
-  "strb %[v], [%[p]], #1\n\t"
+#define TPUP_OUT(S, T)                  \
+  "ldmia %[q]!, {%[x], %[y], %[u]}\n\t" \
+  "lsl %[" #S "], %[" #S "], #1\n\t"    \
+  "lsl %[" #T "], %[" #T "], #1\n\t" TPUP_QUICK_OUT(S, T)
   __asm__ volatile(
       "1:\n\t" TPUP_PAIR_SUMS
       TPUP_OUT(a0, a1) TPUP_OUT(b0, b1)
@@ -372,6 +366,7 @@ void StreamPairsSetUp(const int32_t* packed, const int32_t* quick, const int32_t
       : "memory", "cc");
 #undef TPUP_OUT
 }
+#undef TPUP_QUICK_OUT
 #undef TPUP_PAIR_SUMS
 #undef TPUP_STEP
 #endif
