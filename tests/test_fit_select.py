@@ -353,3 +353,27 @@ def test_a_count_past_its_work_cap_leaves_the_ties_to_cpsat(monkeypatch):
     monkeypatch.setattr(fronts, "MAX_COUNT_WORK", 0)
     assert fronts.count_within(variants, n, arena, lat, ns, None) is None
     assert select(variants, n, objective="memory", known=pick) == select(variants, n, objective="memory")
+
+
+def test_realise_asks_the_whole_graph_a_question_the_clock_does_not_answer(monkeypatch):
+    """Where the variants' own orders keep the selection's peak, realise's look at the whole graph
+    is the short exact search bounded by its states (REALISE_SCHEDULE), not a share of a few
+    seconds: the same model and budget then realise the same order under any load (docs/fit.md)."""
+    from tpu_pipeline.toolchain.device import CMSIS_NN, load_device
+    from tpu_pipeline.toolchain.fit import FitParams, run_fit
+    from tpu_pipeline.toolchain.fit import realise as realise_mod
+
+    asked = []
+    real_schedule = realise_mod.schedule
+
+    def recording(graph, method, **kw):
+        asked.append((method, kw["params"]))
+        return real_schedule(graph, method, **kw)
+
+    monkeypatch.setattr(realise_mod, "schedule", recording)
+    graph = load(FIXTURES / "tiny_irregular_int8.tflite")[1]
+    result = run_fit(graph, FitParams(objective="memory", kernels=CMSIS_NN), load_device("qemu-mps2-an386"))
+    assert result.fits and any(method == "auto" for method, _ in asked), asked
+    assert all(params.timed is False and params.full_search is False for method, params in asked
+               if method == "auto"), asked
+    assert realise_mod.REALISE_SCHEDULE.try_states > 0

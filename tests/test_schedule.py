@@ -307,3 +307,44 @@ def test_cpsat_bound_just_under_an_integer_still_proves():
     ub_order = heuristics.stored(model)
     r = cpsat_piece(piece, ub_order, model.peak(ub_order) + 1, 0, time_limit=20)
     assert r.complete and r.peak == r.lower_bound == brute_force(g) == 752
+
+
+def _forty_adds(seed: int) -> Graph:
+    """A random chain-like DAG of 40 ADDs (each reads one or two of the last six tensors) whose
+    exact search takes more than a moment: seed 19 needs about 1,500 states."""
+    import random
+
+    rnd, tensors, ops = random.Random(seed), [], []
+
+    def new(size):
+        tensors.append(Tensor(len(tensors), f"t{len(tensors)}", "int8", (size,)))
+        return len(tensors) - 1
+
+    available = [new(64)]
+    for i in range(40):
+        ins = tuple(rnd.sample(available[-6:], min(len(available[-6:]), rnd.randint(1, 2))))
+        outs = (new(rnd.choice([16, 32, 48, 64, 100, 128, 256, 512])),)
+        ops.append(Op("ADD", ins, outs, source=i))
+        available.extend(outs)
+    consumed = {t for op in ops for t in op.inputs}
+    outputs = tuple(t for op in ops for t in op.outputs if t not in consumed)
+    return Graph(tuple(tensors), tuple(ops), (0,), outputs, "random")
+
+
+def test_a_short_search_bounded_by_states_does_not_depend_on_the_clock():
+    """fit's realise asks the scheduler for a short exact search bounded by its states alone
+    (`timed` off), so that the same question gets the same order on a fast or a loaded
+    machine. Given no share of the time at all, the untimed search still finishes with the full
+    search's proven peak, where the timed one is cut; a cap of one state cuts the untimed one."""
+    from tpu_pipeline.toolchain.schedule.params import ScheduleParams
+
+    graph = _forty_adds(19)
+    full = schedule(graph, time_limit=20)
+    only_short = ("branch_bound", "beams", "dives", "full_search")
+    no_share = ScheduleParams(try_share=1e-9)
+    untimed = schedule(graph, time_limit=20, params=no_share.without("timed", *only_short))
+    assert full.proven_optimal and untimed.proven_optimal and untimed.peak == full.peak
+    timed = schedule(graph, time_limit=20, params=no_share.without(*only_short))
+    assert not timed.proven_optimal and timed.peak > full.peak
+    one_state = ScheduleParams(try_states=1).without("timed", *only_short)
+    assert not schedule(graph, time_limit=20, params=one_state).proven_optimal

@@ -18,8 +18,16 @@ from tpu_pipeline.toolchain.rewrite.patch import apply_patches, checked_region
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage
 from tpu_pipeline.toolchain.schedule.api import schedule
 from tpu_pipeline.toolchain.schedule.model import build_model
+from tpu_pipeline.toolchain.schedule.params import ScheduleParams
 
-REALISE_SCHEDULE_SECONDS = 2.0  # the whole graph's scheduler, when the variants' own orders keep the promised peak
+# The whole graph's scheduler, when the variants' own orders keep the promised peak: the short
+# exact search and then dives, each bounded by its states, not by the clock, so that the same model
+# and budget give the same order on any machine under any load (a 2 s cut gave detection --budget
+# 308200 heads of 285,360 to 287,232 B run to run: its one hard piece needs 158,000 states, about
+# 0.4 s; mcunetv2_large's first dive finds its 696,640 B in 429 states, where a dive of 500,000
+# states that finds nothing takes 1.2 s). The seconds only cap it, above what those states take.
+REALISE_SCHEDULE = ScheduleParams(dive_states_c=50_000).without("timed", "branch_bound", "beams", "full_search")
+REALISE_SCHEDULE_SECONDS = 4.0
 
 
 def tail_fixed_of(graph: Graph, sem: Semantics, arena: str) -> tuple[int | None, str]:
@@ -51,7 +59,8 @@ def realise(graph: Graph, spans, sel: Selection, sem: Semantics, deadline: Deadl
     asked = _asks(whole, sel, sem, deadline)
     sched = None if like is None else _same_answer(whole, asked, *like, sem, deadline, built)
     if sched is None:
-        sched = schedule(whole, asked.method, time_limit=None, deadline=Deadline(asked.seconds), semantics=sem)
+        sched = schedule(whole, asked.method, time_limit=None, deadline=Deadline(asked.seconds), semantics=sem,
+                         params=REALISE_SCHEDULE if asked.short else ScheduleParams())
     whole = whole.reordered(sched.order)
     if hopeless is not None and hopeless(whole, sched):
         return None
@@ -69,10 +78,11 @@ def applied(graph: Graph, spans, sel: Selection, built: dict | None = None) -> G
 
 @dataclass(frozen=True)
 class Asked:
-    """What realise asks the whole graph's scheduler: its method and seconds."""
+    """What realise asks the whole graph's scheduler: its method and seconds, and whether its search
+    is the short one bounded by states (REALISE_SCHEDULE), whose answer the seconds only cap."""
     method: str
     seconds: float
-    capped: bool  # the seconds are REALISE_SCHEDULE_SECONDS (not a share of the time left)
+    short: bool
 
 
 def _asks(whole: Graph, sel: Selection, sem: Semantics, deadline: Deadline) -> Asked:
@@ -80,27 +90,27 @@ def _asks(whole: Graph, sel: Selection, sem: Semantics, deadline: Deadline) -> A
     # gains here, while the planner needs its time to reach the peak on thousands of buffers; where
     # that order already holds the selection's promise, the scheduler gets a short look only)
     share, method = 0.35 * deadline.remaining(), "auto"
-    if lifetimes(whole, None, sem).peak <= sel.peak:
-        share = min(share, REALISE_SCHEDULE_SECONDS)
-        if all(_settled(v) for v in sel.variants if v.peak >= sel.peak):
-            # the variants at the peak had the exact scheduler's search already, alone:
-            # the whole graph's search meets the same pieces again (TinyEngine's mcunetv2_large:
-            # 2 s spent, nothing gained); its cheap orders and bound only (never worse than this order)
-            method = "greedy"
-    return Asked(method, max(1.0, share), share == REALISE_SCHEDULE_SECONDS)
+    if lifetimes(whole, None, sem).peak > sel.peak:
+        return Asked(method, max(1.0, share), False)
+    if all(_settled(v) for v in sel.variants if v.peak >= sel.peak):
+        # the variants at the peak had the exact scheduler's search already, alone:
+        # the whole graph's search meets the same pieces again (TinyEngine's mcunetv2_large:
+        # 2 s spent, nothing gained); its cheap orders and bound only (never worse than this order)
+        method = "greedy"
+    return Asked(method, max(1.0, min(share, REALISE_SCHEDULE_SECONDS)), True)
 
 
 def _same_answer(whole: Graph, asked: Asked, realised, sel: Selection, sem: Semantics, deadline: Deadline,
                  built: dict | None):
     """`like`'s schedule where `whole` poses its scheduler the same question: the same scheduling
     problem op for op in the same starting order (a lean twin swapped for its origin changes a
-    kernel and a constant, which the arena's head does not hold) and the same method, with the
-    same capped seconds where the method searches; else None. The search is a function of that
-    question (greedy's cheap orders wholly; auto's up to where its time limit cuts it), so asking
+    kernel and a constant, which the arena's head does not hold) and the same method, where the
+    method's search is bounded by work (greedy's cheap orders, the short search's states); else
+    None. The search is then a function of that question, so asking
     again spends the seconds for the same order (TinyEngine's mcunetv2_large --budget: five swaps,
     2 s each, each the realised 696,640 B head again)."""
     done, sched, _ = realised
-    if (asked.method == "auto" and not asked.capped) or len(done.ops) != len(whole.ops):
+    if not asked.short or len(done.ops) != len(whole.ops):
         return None
     key = ("problem", id(done))  # (`like`'s problem, made once for all the swaps: `built` holds it)
     hit = None if built is None else built.get(key)
@@ -109,12 +119,12 @@ def _same_answer(whole: Graph, asked: Asked, realised, sel: Selection, sem: Sema
         for k, i in enumerate(sched.order):
             start[i] = k
         before = done.reordered(start)
-        # (asked now, `sel`'s question has the same method, and capped seconds now were capped then)
+        # (asked now, `sel`'s question has the same method and bound)
         hit = (done, _problem(before, sem), _asks(before, sel, sem, deadline))
         if built is not None:
             built[key] = hit
     _, theirs, theirs_asked = hit
-    if theirs_asked.method != asked.method or (asked.method == "auto" and theirs_asked != asked):
+    if (theirs_asked.method, theirs_asked.short) != (asked.method, asked.short):
         return None
     mine = _problem(whole, sem)
     return sched if mine is not None and mine == theirs else None

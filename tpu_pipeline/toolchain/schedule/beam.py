@@ -80,11 +80,12 @@ def beam_order(piece, width: int, deadline: float, ub: int | None = None,
 
 
 def widening_beams(piece: Piece, ub: int, until: float, floor: int, width: int = ScheduleParams.beam_width,
-                   native: bool = True) -> tuple[list[int], int] | None:
-    """Beams of doubling width, from `width`, while time is left: the best (order, peak) below
-    `ub` found, or None. `floor` is a proven bound: no order of the piece peaks below it."""
+                   native: bool = True, max_width: int | None = None) -> tuple[list[int], int] | None:
+    """Beams of doubling width, from `width`, while time is left (and up to `max_width`): the best
+    (order, peak) below `ub` found, or None. `floor` is a proven bound: no order of the piece
+    peaks below it."""
     best = None
-    while time.monotonic() < until:
+    while time.monotonic() < until and (max_width is None or width <= max_width):
         try:
             found = beam_order(piece, width, until, ub, native=native, floor=floor)
         except TooWide:  # the memory cap: wider beams fit even less
@@ -98,5 +99,6 @@ def widening_beams(piece: Piece, ub: int, until: float, floor: int, width: int =
 def beams(piece: Piece, known: Known, until: float, ctx: StageContext) -> Known:
     """The stage: better orders from widening beams (stages.py)."""
     p = ctx.params
-    found = widening_beams(piece, known.peak, until, known.floor if p.beam_floor else 0, p.beam_width, p.native)
+    found = widening_beams(piece, known.peak, until, known.floor if p.beam_floor else 0, p.beam_width, p.native,
+                           None if p.timed else p.untimed_beam_width)
     return known if found is None else known.better(*found)

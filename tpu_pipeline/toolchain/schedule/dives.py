@@ -24,7 +24,7 @@ def dive(piece: Piece, ub: int, floor: int, until: float,
     lo, best, proven = floor, None, floor
     while ub - lo > max(ub // params.dive_gap_divisor, 1) and time.monotonic() < until:
         B = (lo + ub) // 2
-        cap = min(until, time.monotonic() + params.dive_seconds)
+        cap = min(until, time.monotonic() + params.dive_seconds) if params.timed else until  # (untimed: its states)
         r = best_first(piece, ub, B, cap, max_states=max_states, free_moves=params.free_moves, native=native)
         proven = max(proven, min(r.lower_bound, ub))
         if r.order is not None and r.peak < ub:

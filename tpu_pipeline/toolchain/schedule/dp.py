@@ -164,9 +164,11 @@ def _reconstruct(piece: Piece, parent, U: int) -> list[int]:
 
 
 def short_search(piece: Piece, known: Known, until: float, ctx: StageContext) -> Known:
-    """The stage that settles most pieces: the exact search for a short while (stages.py)."""
+    """The stage that settles most pieces: the exact search for a short while (stages.py): its
+    share of the time, or `try_states` states where it is not timed."""
     p = ctx.params
-    r = best_first(piece, known.peak, known.floor, until, free_moves=p.free_moves, native=p.native)
+    cap = None if p.timed else min(p.try_states, state_cap(piece))
+    r = best_first(piece, known.peak, known.floor, until, max_states=cap, free_moves=p.free_moves, native=p.native)
     return known.searched(r, "dp")
 
 

@@ -30,6 +30,12 @@ class ScheduleParams:
     beam_floor: bool = True  # the beams rank partial orders under the proven floor alike (beam.py)
     dives: bool = True  # depth-first dives under trial budgets on hard pieces (dives.py)
     native: bool = True  # the exact search and the beams in C when a compiler is at hand (_best_first.c)
+    full_search: bool = True  # the full search (DP, then CP-SAT) until the deadline, after the other stages
+    # the short exact search, the beams and the dives stop at their shares of the time (a dive also
+    # after dive_seconds); off: the short search after `try_states` states, the beams at
+    # `untimed_beam_width`, each dive at its states: answers that do not depend on the machine's
+    # speed or load (the deadline still caps them)
+    timed: bool = True
 
     # ---- time shares -------------------------------------------------------------------------
     # of the whole budget:
@@ -51,6 +57,8 @@ class ScheduleParams:
     cpsat_cell_seconds: float = 1e-4  # seconds to build CP-SAT's model per (unit, step) pair (measured)
     cpsat_min_left: float = 0.2  # seconds that must be left for CP-SAT to start after the exact search
     cpsat_min_seconds: float = 0.5  # the least time CP-SAT is given once it starts
+    try_states: int = 400_000  # the short exact search's states when not timed: about 1 s of the C search
+    untimed_beam_width: int = 1536  # the widest beam when not timed
     beam_width: int = 48  # the first beam's width; each next beam is twice as wide
     dive_seconds: float = 0.5  # the most one dive may take
     # a dive that has kept this many states without an order stalls (about dive_seconds of either

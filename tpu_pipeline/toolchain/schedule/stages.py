@@ -6,7 +6,11 @@ ran, by `until` (monotonic seconds). `run_stages` runs a method's stages in orde
 is not settled by the bounds, and stops as soon as it is settled (a search finished, or the best
 order reached the floor). A stage's `share` names the ScheduleParams field with its share of the
 time left when the piece's stages began; a stage without one runs until the deadline (it decides
-itself how much of that it uses). A new stage is one module plus one `Stage` entry here
+itself how much of that it uses). With `timed` off the short exact search and the dives stop at
+counts of states and the beams at a width instead of their shares, and with `full_search` off
+nothing else searches: an answer that is a
+function of the question, not of the machine's speed (fit's realise asks so, fit/realise.py).
+A new stage is one module plus one `Stage` entry here
 (docs/schedule.md has the worked example).
 """
 
@@ -52,7 +56,8 @@ SHORT_SEARCH = Stage("short exact search", short_search, share="try_share")
 BRANCH_BOUND = Stage("branching bound", raise_floor(BRANCHING), switch=BRANCHING.switch, share="branch_bound_share")
 BEAMS = Stage("beams", beams, switch="beams", share="beam_share")
 DIVES = Stage("dives", dives, switch="dives", share="dive_share")
-FULL_SEARCH = Stage("full search", full_search)
+FULL_SEARCH = Stage("full search", full_search, switch="full_search")
+UNTIMED = (SHORT_SEARCH, BEAMS, DIVES)  # the stages that can stop at their work, not their time (`timed` off)
 
 # method -> the stages run on each piece the bounds leave open, in order
 STAGES: dict[str, tuple[Stage, ...]] = {
@@ -70,8 +75,8 @@ def run_stages(piece: Piece, known: Known, ctx: StageContext) -> Known:
             break
         if stage.switch is not None and not getattr(ctx.params, stage.switch):
             continue
-        if stage.share is None:
-            until = ctx.deadline
+        if stage.share is None or (stage in UNTIMED and not ctx.params.timed):
+            until = ctx.deadline  # (untimed, they stop at their work: dp.short_search, beam.beams)
         else:
             until = min(time.monotonic() + getattr(ctx.params, stage.share) * piece_time, ctx.deadline)
         known = stage.run(piece, known, until, ctx)
