@@ -107,6 +107,7 @@ def test_harness_kernels_run_in_qemu_as_the_host_runs_the_builtin_view(model, ke
     path, g, chosen = model
     r = _run(path, kernels_set)
     assert r.error is None and r.outputs_match is True, r.output_differences
+    assert 0 < r.stack_used_bytes < r.stack_bytes_reserved  # the firmware's high-water mark (startup.c)
     ran = {o["index"]: o["opcode"] for o in r.op_instructions}
     assert {i for i, code in ran.items() if code.startswith("TPUP_")} == set(chosen)
     exported = read_model(Path(r.elf).parents[2] / "model.tflite")  # the project's (offline plan inside)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tpu_pipeline.toolchain.device import load_device
 from tpu_pipeline.runtime import protocol as P
 from tpu_pipeline.runtime.fake_mcu import FakeMcu
-from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.runtime.serial_mcu import McuInference, McuRunAborted, SerialMcu, stack_high_water
 from tpu_pipeline.toolchain.execute.tflm import TflmModel
 from tpu_pipeline.toolchain.execute.tflm_arena import measure_tflm_arena
 from tpu_pipeline.cli import main
@@ -74,6 +74,21 @@ def test_protocol_round_trip_and_checksum():
     with pytest.raises(P.ProtocolError):
         P.parse(b"DONE 3 ticks=1")
     assert P.parse(P.encode("ERR", "invoke failed")).fields == ("invoke failed",)
+
+
+def test_the_stack_high_water_mark_is_the_deepest_and_named_past_the_reserve():
+    """DONE's stack_used (the harness firmware's; a board may not send it): the deepest over the
+    inferences, and a note where it passed the stack the device file reserves."""
+    done = P.parse(P.encode("DONE", 3, ticks=1234, arena_used=20576, stack_used=3864))
+    assert done.int("stack_used") == 3864
+
+    def ran(stack):
+        return McuInference(0, 1, 0.0, 0, (), (), 0.0, stack)
+
+    notes = []
+    assert stack_high_water([ran(None)], 1024, notes) is None and not notes
+    assert stack_high_water([ran(900), ran(1000), ran(None)], 1024, notes) == 1000 and not notes
+    assert stack_high_water([ran(2000)], 1024, notes) == 2000 and "past the 1,024 B" in notes[0]
 
 
 @settings(max_examples=60, deadline=None)

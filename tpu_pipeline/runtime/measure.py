@@ -66,6 +66,7 @@ class RunReport:
     max_abs_diff: float | None = None
     predicted: dict[str, Any] = field(default_factory=dict)  # latency_s, throughput_per_s, energy_j
     arena: dict[str, Any] | None = None  # MCU: configured, head, tail, used, fits
+    stack_bytes_measured: int | None = None  # MCU: the stack's high-water mark since boot (harness firmware)
     energy: dict[str, Any] | None = None  # measured: avg_power_w, energy_per_inference_j, samples
     ops: list[dict[str, Any]] = field(default_factory=list)  # per-op profile lines
     notes: list[str] = field(default_factory=list)

@@ -7,7 +7,7 @@ kind or fields do not parse is *garbled*; the host never guesses at it.
 Host -> device: `HELLO`, `SET <input> <offset> <hex>`, `RUN <seq>`, `RESET`.
 Device -> host: `BOOT <harness> <version> <board>`, `READY key=value ...`, `OK ...`,
 `PROF <seq> <op> <tag> <ticks>`, `OUT <seq> <output> <offset> <hex>`,
-`DONE <seq> ticks=<n> arena_used=<n>`, `ERR <message>`, `LOG <text>`.
+`DONE <seq> ticks=<n> arena_used=<n> [stack_used=<n>]`, `ERR <message>`, `LOG <text>`.
 """
 
 from __future__ import annotations

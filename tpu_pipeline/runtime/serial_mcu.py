@@ -29,6 +29,7 @@ class McuInference:
     ops: tuple[tuple[int, str, int], ...]  # (op index, tag, ticks) from PROF lines
     outputs: tuple[bytes, ...]
     host_s: float  # wall time on the host, link included
+    stack_used: int | None = None  # bytes of stack at the deepest since boot (the harness firmware's DONE)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,20 @@ class McuInfo:
     ticks_per_s: int
     model_crc: str
     simulated: bool = False  # READY said simulated=1: a stand-in (the fake MCU), not a board
+
+
+def stack_high_water(results: list[McuInference], reserve: int | None, notes: list[str]) -> int | None:
+    """The deepest the stack went over `results` (None where the firmware does not say), and a note
+    where it went past `reserve`, the stack the device file reserves (its firmware.stack_bytes):
+    a board linked with that reserve would have overflowed it."""
+    seen = [r.stack_used for r in results if r.stack_used is not None]
+    if not seen:
+        return None
+    deepest = max(seen)
+    if reserve is not None and deepest > reserve:
+        notes.append(f"the stack reached {deepest:,} B, past the {reserve:,} B the device file reserves "
+                     "(firmware stack_bytes): a board linked with that reserve would overflow it")
+    return deepest
 
 
 class McuRunAborted(DeviceError):
@@ -197,11 +212,12 @@ class SerialMcu:
             elif msg.kind == "DONE":
                 try:
                     ticks, used = msg.int("ticks"), msg.int("arena_used")
+                    stack = msg.int("stack_used") if "stack_used" in msg.kv else None  # (a board may not say)
                 except P.ProtocolError as exc:
                     raise DeviceError(f"{self.port}: bad DONE line ({exc})") from None
                 host_s = time.perf_counter() - t0
                 return McuInference(seq, ticks, ticks / max(1, self.info.ticks_per_s), used, tuple(ops),
-                                    tuple(bytes(o) for o in outs), host_s)
+                                    tuple(bytes(o) for o in outs), host_s, stack)
 
     def run_many(self, inputs: list[list[np.ndarray]], output_sizes: list[int], progress=None) -> list[McuInference]:
         """Run every input; on a fault raise McuRunAborted carrying the inferences done so far."""

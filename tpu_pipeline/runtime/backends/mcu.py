@@ -14,7 +14,7 @@ import numpy as np
 
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
 from tpu_pipeline.runtime.measure import LatencyStats, RunReport
-from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu, stack_high_water
 from tpu_pipeline.toolchain.device import Device
 from tpu_pipeline.toolchain.errors import UsageError
 
@@ -71,6 +71,8 @@ def run_mcu(model_path: Path, port: str, device: Device, iterations: int = 10, s
         report.device += " (simulated)"
     if results:
         report.arena["used"] = max(r.arena_used for r in results)
+        report.stack_bytes_measured = stack_high_water(
+            results, device.firmware.stack_bytes if device.firmware else None, report.notes)
     report.latency = LatencyStats.of([r.seconds for r in results])
     if report.latency:
         report.throughput_per_s = 1.0 / report.latency.median_s if report.latency.median_s else None

@@ -29,7 +29,7 @@ import numpy as np
 
 from tpu_pipeline.runtime.backends.common import Backend, RunRequest
 from tpu_pipeline.runtime.measure import RunReport
-from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu
+from tpu_pipeline.runtime.serial_mcu import McuRunAborted, SerialMcu, stack_high_water
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet, require_firmware
 from tpu_pipeline.toolchain.errors import DeviceError, UsageError
 
@@ -215,6 +215,8 @@ class QemuResult:
     # per RAM bank of the descriptor: [{name, bytes_predicted, bytes_measured}] (where export-mcu
     # put the arena: export.json's arena_banks, deploy/banks.harness_arena)
     banks: list = field(default_factory=list)
+    stack_used_bytes: int | None = None  # the stack's high-water mark since boot (DONE's stack_used)
+    stack_bytes_reserved: int | None = None  # the device file's firmware stack_bytes
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -311,7 +313,8 @@ def run_on_qemu(model_path: str | Path, device: Device, kernels: KernelSet,
         op_instructions=[{"index": i, "opcode": tag, "instructions": _instructions(int(np.median(t)), tps)}
                          for (i, tag), t in sorted(per_op.items())],
         flash_bytes=build.flash_bytes, ram_bytes=build.ram_bytes, elf=build.elf, error=error, notes=notes,
-        banks=_bank_use(device, exported.get("arena_banks"), predicted, kv, used))
+        banks=_bank_use(device, exported.get("arena_banks"), predicted, kv, used),
+        stack_used_bytes=stack_high_water(results, fw.stack_bytes, notes), stack_bytes_reserved=fw.stack_bytes)
 
 
 def _split(exported: dict) -> bool:
@@ -443,6 +446,7 @@ class QemuBackend(Backend):
         rep.arena_bytes_measured = r.arena_used_bytes
         rep.arena_bytes_predicted = r.arena_bytes_predicted
         rep.arena_head_measured = r.head_bytes
+        rep.stack_bytes_measured = r.stack_used_bytes
         rep.banks = r.banks
         rep.instructions = r.instructions
         rep.flash_bytes, rep.ram_bytes = r.flash_bytes, r.ram_bytes
@@ -459,7 +463,9 @@ class QemuBackend(Backend):
         rep.notes.append(f"{r.instructions:,} instructions per invoke (QEMU -icount shift={ICOUNT_SHIFT}); "
                          f"flash {r.flash_bytes:,} B, RAM {r.ram_bytes:,} B; arena used {r.arena_used_bytes:,} B "
                          f"(head {r.head_bytes}, predicted {r.arena_bytes_predicted} B: head {r.head_predicted} "
-                         f"+ tail {r.tail_predicted})")
+                         f"+ tail {r.tail_predicted})"
+                         + (f"; stack {r.stack_used_bytes:,} B at the deepest of the {r.stack_bytes_reserved:,} B "
+                            "reserved" if r.stack_used_bytes is not None else ""))
         top = sorted(r.op_instructions, key=lambda o: -o["instructions"])[:5]
         if top:
             rep.notes.append("most instructions: " + ", ".join(f"op {o['index']} {o['opcode']} {o['instructions']:,}"

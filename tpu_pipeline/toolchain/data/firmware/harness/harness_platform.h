@@ -11,3 +11,5 @@ uint32_t harness_platform_ticks();              // free-running counter at HARNE
 void harness_platform_tick_sync();              // optional (weak default: nothing): restart a coarse
                                                 // tick counter so its phase is the same every RUN
 void harness_platform_reset();                  // reboot (the firmware then prints BOOT and READY)
+// Bytes of stack at the deepest since reset (cortex-m/startup.c paints the reserve at reset).
+extern "C" uint32_t harness_stack_used(void);

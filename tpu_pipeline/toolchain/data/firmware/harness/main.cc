@@ -247,8 +247,8 @@ void handle_run(const char* seq) {
       send_line(line);
     }
   }
-  snprintf(line, sizeof line, "DONE %s ticks=%lu arena_used=%u", seq, static_cast<unsigned long>(ticks),
-           static_cast<unsigned>(g_interp->arena_used_bytes()));
+  snprintf(line, sizeof line, "DONE %s ticks=%lu arena_used=%u stack_used=%u", seq, static_cast<unsigned long>(ticks),
+           static_cast<unsigned>(g_interp->arena_used_bytes()), static_cast<unsigned>(harness_stack_used()));
   send_line(line);
 }
 
