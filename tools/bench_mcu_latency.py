@@ -338,12 +338,13 @@ def run_elf(elf: Path, core: str, timeout: float = 3600) -> dict:
         parts = ln.split()
         if ln.startswith("TE RUN"):
             runs[int(parts[2])] = round(int(parts[3].split("=")[1]) * per_instr)
+            stack = int(parts[4].split("=")[1])  # (the deepest since boot: the last run's is the most)
         elif ln.startswith("TE OUT"):
             outs.setdefault(int(parts[2]), []).append(bytes.fromhex(parts[4]) if len(parts) > 4 else b"")
         elif ln.startswith("TE LAYER"):
             layers.append({"instructions": round(int(parts[2]) * per_instr), "what": " ".join(parts[3:])})
     last = max(runs)
-    return {"instructions": runs[last], "runs": [runs[k] for k in sorted(runs)], "outputs": outs[last],
+    return {"instructions": runs[last], "runs": [runs[k] for k in sorted(runs)], "outputs": outs[last], "stack": stack,
             "layers": layers[len(layers) // TE_RUNS * (TE_RUNS - 1):] if layers else []}
 
 
@@ -405,6 +406,7 @@ def tinyengine_rows(te: Path, name: str, plan: dict, cores, work: Path, log) -> 
                 counts = TE_COUNTS.format(input=", the input image in the application's buffer" if n else "")
                 rows.append(row(name, "tinyengine", core, label, r["instructions"], info["peak_mem"], counts,
                                 cmp["identical"], cmd, activations_bytes=info["input_output"], match=cmp,
+                                stack_bytes=r["stack"],
                                 library_not_built=failed))
                 log(rows[-1])
     return rows, profile
@@ -419,7 +421,8 @@ def qemu_row(path: Path, name: str, engine: str, core: str, point: str, counts: 
     classes = our_classes(Path(q.model).read_bytes())
     layers = [{"class": classes.get(o["index"], o["opcode"].lower()), **o} for o in q.op_instructions]
     r = row(name, engine, core, point, q.instructions, q.arena_used_bytes, counts, q.outputs_match, command,
-            head_bytes=q.head_bytes, tail_bytes=q.tail_bytes, layers=layers, error=q.error)
+            head_bytes=q.head_bytes, tail_bytes=q.tail_bytes, stack_bytes=q.stack_used_bytes, layers=layers,
+            error=q.error)
     log({k: v for k, v in r.items() if k != "layers"})
     return r
 
@@ -569,9 +572,12 @@ def render(rows: list[dict]) -> str:
              "instructions / TinyEngine's whole-layer code as its GenerateSourceFilesFromTFlite writes it (float "
              "requantization, its fastest variant) on the same core. "
              "Outputs identical: int8 outputs equal, element for element, to host TFLite Micro's (the wheel) "
-             "on the same input (TinyEngine: the model with int8 I/O; ours: the model the firmware ran).", "",
+             "on the same input (TinyEngine: the model with int8 I/O; ours: the model the firmware ran). "
+             "Stack: the deepest the stack went in the run, measured the same way for every engine (the board "
+             "layer paints the stack at reset; the bytes from the top of RAM down to the deepest word written), "
+             "outside the arena on both sides.", "",
              "| model | engine | core | point | instructions | ratio vs TinyEngine | whole arena (B) "
-             "| what the arena counts | outputs identical |", "|---|---|---|---|---:|---:|---:|---|---|"]
+             "| what the arena counts | stack (B) | outputs identical |", "|---|---|---|---|---:|---:|---:|---|---:|---|"]
     base = {(r["model"], r["core"]): r["instructions"] for r in rows if r["engine"] == "tinyengine"
             and r["point"].startswith("whole layers, float") and r["instructions"]}
     conv = {(r["model"], r["core"]): r["instructions"] for r in rows if r["engine"] == "tflm-builtin"}
@@ -589,7 +595,7 @@ def render(rows: list[dict]) -> str:
         point = r["point"] + (f" (reused from run {r['reused_from']}: not measured beside ours)"
                               if r.get("reused_from") else "")
         lines.append(f"| {r['model']} | {r['engine']} | {r['core']} | {point} | {_n(r['instructions'])} | {ratio} "
-                     f"| {_n(r['arena_bytes'])} | {r['arena_counts']} | {ident} |")
+                     f"| {_n(r['arena_bytes'])} | {r['arena_counts']} | {_n(r.get('stack_bytes'))} | {ident} |")
     lines += ["", "TinyEngine build notes: " + NOTE_INCLUDE + ". Its patch plan is the smallest peak of "
               "tools/bench_tinyengine.py's search whose generated loop tiles the image exactly; plans whose "
               "tiles overrun the image (e.g. vww's 3x3 at split 14, the figure docs/bench/tinyengine.md quotes) "

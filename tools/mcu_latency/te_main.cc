@@ -68,6 +68,8 @@ int main() {
     put_u(k);
     put(" ticks=");
     put_u(ticks);
+    put(" stack_used=");  // (the high-water mark of the board layer's painted stack, startup.c)
+    put_u(harness_stack_used());
     put("\n");
     static const char hex[] = "0123456789abcdef";
     for (uint32_t j = 0; j < sizeof kOutputs / sizeof kOutputs[0]; ++j) {
