@@ -669,7 +669,8 @@ def test_the_semantics_name_is_spelled_only_where_it_is_parsed():
 # variant or harness op is its module plus one registration line, and every other room reads the
 # registries (ir/kernel_variants REGISTRY, ir/harness_ops.py REGISTRY).
 _HARNESS_DECLARERS = {"tpu_pipeline/toolchain/ir/harness_ops.py", "tpu_pipeline/toolchain/ir/stage.py",
-                      "tpu_pipeline/toolchain/ir/mean_mul.py", "tpu_pipeline/toolchain/ir/fully_connected.py"}
+                      "tpu_pipeline/toolchain/ir/mean_mul.py", "tpu_pipeline/toolchain/ir/fully_connected.py",
+                      "tpu_pipeline/toolchain/ir/add.py"}
 _HARNESS_SOURCES = frozenset(f.name for f in (PACKAGE / "toolchain" / "data" / "firmware" / "harness").iterdir()
                              if f.name.startswith("tpup_"))
 

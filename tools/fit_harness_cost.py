@@ -49,6 +49,8 @@ DW3_SIZES = [(25, 5, 64, 1), (12, 12, 64, 1), (6, 6, 128, 1), (3, 3, 256, 1), (9
              # small maps at stride 1, where a channel's set-up weighs: the crossover with CMSIS-NN's 3x3 kernel
              (4, 4, 128, 1), (5, 5, 96, 1), (3, 3, 64, 1), (7, 7, 64, 1), (8, 8, 24, 1)]
 SE_SIZES = [(28, 24), (14, 48), (7, 96), (20, 40), (10, 30)]  # (H = W, channels): TPUP_MEAN / TPUP_MUL
+# (H = W, channels): a residual ADD on TPUP_ADD against the kernel set's ADD (4 x 4 x 8: below the table)
+ADD_SIZES = [(28, 24), (14, 48), (20, 16), (10, 30), (6, 8), (4, 8)]
 # (H = W, input channels, output channels, window, stride): the packed convolution against the kernel set's
 FIRST_SIZES = [(64, 3, 16, 3, 2), (48, 3, 32, 3, 2), (40, 3, 8, 3, 1), (32, 1, 16, 3, 2), (30, 4, 16, 3, 2),
                (36, 3, 16, 5, 2),
@@ -110,6 +112,9 @@ def models():
             yield f"h{h}c{c}_s2d{grid[0]}", staged, model_to_bytes(to_model(staged, read_model(src)))
     for h, c in SE_SIZES:
         yield f"se_h{h}c{c}", *_se_model(h, c)
+    for h, c in ADD_SIZES:
+        for harness in (True, False):
+            yield f"add_h{h}c{c}_{'tpup' if harness else 'builtin'}", *_add_model(h, c, harness)
     for h, c, k, stride in DW_SIZES:
         for flags in (("fast",), ()):
             yield f"dw_h{h}c{c}k{k}s{stride}_{flags[0] if flags else 'cmsis'}", *_dw_model(h, c, k, stride, flags)
@@ -281,6 +286,24 @@ def _se_model(h: int, c: int):
     return g, model_to_bytes(to_model(g, read_model(src)))
 
 
+def _add_model(h: int, c: int, harness: bool):
+    """(graph, bytes): a residual ADD (RELU) of a 1x1 convolution's output and its input, the ADD
+    on TPUP_ADD or on the kernel set's (the convolutions on the harness either way)."""
+    from helpers.cnn_builder import CnnBuilder
+
+    from tpu_pipeline.toolchain.ir.convert import to_model
+    from tpu_pipeline.toolchain.ir.kernels import kernel_name, with_kernel
+    from tpu_pipeline.toolchain.tflite import model_to_bytes, read_model
+
+    b = CnnBuilder(seed=h * 1000 + c + 7, spread=True)
+    a = b.conv(b.input((1, h, h, c)), c, k=1, act="RELU6")
+    out = b.add(b.conv(a, c, k=1), a, act="RELU")
+    src = b.model_bytes([out])
+    g = b.graph([out])
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode == "CONV_2D" or harness], kernel_name())
+    return g, model_to_bytes(to_model(g, read_model(src)))
+
+
 def collect(out: Path, force: bool = False) -> dict:
     from tpu_pipeline.runtime.backends.qemu import run_on_qemu
     from tpu_pipeline.toolchain.device import kernel_set, load_device
@@ -398,7 +421,7 @@ def _fit_own_ops(data: dict, graphs: dict, kernels: str) -> dict:
     from tpu_pipeline.toolchain.cost.mcu import op_features
 
     rows: dict[str, tuple[list, list]] = {}
-    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_conv_packed_3x3c3",
+    OWN_CLASSES = ("tpup_mean", "tpup_mul", "tpup_add", "tpup_depthwise_fast", "tpup_conv_packed", "tpup_conv_packed_3x3c3",
                    "tpup_pointwise",
                    "tpup_pointwise16", "tpup_fully_connected", "tpup_conv_window", "tpup_depthwise_3x3")
     for name, g in graphs.items():
@@ -431,10 +454,10 @@ def merge(tables: dict) -> None:
     data = tomllib.loads(text)
     for kernels, classes in tables.items():
         data.setdefault(kernels, {}).update(classes)
-    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_depthwise_fast],\n"
+    note = ("# [K.overlap], [K.patch_stage], [K.tpup_mean], [K.tpup_mul], [K.tpup_add], [K.tpup_depthwise_fast],\n"
             "# [K.tpup_depthwise_3x3], [K.tpup_conv_packed], [K.tpup_pointwise], [K.tpup_pointwise16],\n"
             "# [K.tpup_conv_window] and [K.tpup_fully_connected] (the harness's overlapped convolutions, patch\n"
-            "# stages, MEAN, MUL, fast depthwise, depthwise 3x3, packed, 1x1, 1x1 on re-laid weights, window\n"
+            "# stages, MEAN, MUL, ADD, fast depthwise, depthwise 3x3, packed, 1x1, 1x1 on re-laid weights, window\n"
             "# and fully connected kernels) by\n"
             "#   python tools/fit_harness_cost.py (docs/bench/harness_ops.json)\n")
     if note not in header:
@@ -489,6 +512,7 @@ def report(data: dict) -> str:
             f = op_features(g, i)
             if code in ("TPUP_MEAN", "TPUP_MUL") and f.work >= 1000:
                 lines.append(f"| {code} ({h} x {h} x {c}) | {f.work:,} | {n:,} | {n / f.work:.1f} |")
+    lines += _add_report(runs, graphs)
     lines += ["", "TinyEngine's squeeze-and-excitation layers on mcunetv2_large (docs/bench/mcu_latency.md: "
               "se_element_mult_2d 0.56 M, average_pool_2d 0.075 M instructions) are not the same arithmetic: its "
               "element_mult_nx1 (TinyEngine/src/kernels/int_forward_op/element_mult.c) assigns the output offset "
@@ -521,6 +545,27 @@ def report(data: dict) -> str:
         lines.append(f"| h{h}c{c} | {whole:,} | " + " | ".join(
             "-" if n is None else f"{n:,} ({n / whole - 1:+.1%})" for n in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _add_report(runs: dict, graphs: dict) -> list[str]:
+    """TPUP_ADD against the kernel set's ADD on the same residual ADD, both kernel sets."""
+    lines = ["", "| ADD (H x W x C, RELU) | elements | kernel set | builtin ADD | TPUP_ADD | per element (builtin / "
+             "TPUP_ADD) | builtin / TPUP_ADD |", "|---|---:|---|---:|---:|---:|---:|"]
+    for h, c in ADD_SIZES:
+        for kernels in KERNEL_SETS:
+            found = []
+            for form in ("builtin", "tpup"):
+                name = f"add_h{h}c{c}_{form}"
+                g = graphs[name]
+                at = next(i for i, op in enumerate(g.ops) if op.opcode == "ADD")
+                found.append(next((n for i, _, n in runs.get(f"{name}/{kernels}", {}).get("ops") or [] if i == at),
+                                  None))
+            if None in found:
+                continue
+            n = h * h * c
+            lines.append(f"| {h} x {h} x {c} | {n:,} | {kernels} | {found[0]:,} | {found[1]:,} | "
+                         f"{found[0] / n:.1f} / {found[1] / n:.1f} | {found[0] / found[1]:.2f}x |")
+    return lines
 
 
 def _dw3_report(ops) -> list[str]:

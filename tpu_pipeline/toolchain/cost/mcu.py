@@ -24,7 +24,7 @@ from tpu_pipeline.toolchain.cost.classes import op_class
 from tpu_pipeline.toolchain.device import DEFAULT_KERNEL_SET, REFERENCE, Device, KernelSet
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir import harness_ops, kernels as harness
+from tpu_pipeline.toolchain.ir import add, harness_ops, kernels as harness
 from tpu_pipeline.toolchain.ir import stage
 from tpu_pipeline.toolchain.ir.geometry import leading_pads
 
@@ -67,6 +67,8 @@ def op_features(graph: Graph, i: int) -> OpFeatures:
         cls = _depthwise_path(graph, op)
     elif harness.is_harness(op) and harness_ops.by_code()[harness.custom_code(op)].cost_class:
         cls = harness_ops.by_code()[harness.custom_code(op)].cost_class  # TPUP_MEAN, ...: their own loops (tools/fit_harness_cost.py)
+        if op.opcode == add.OPCODE and outputs < add.TABLE_MIN:
+            cls = "add"  # (TPUP_ADD below its table: AddFunc per element, as the builtin)
     if cls in DATA_MOVEMENT:
         return OpFeatures(cls, _chunks(graph, op), int(outputs))
     m = macs(graph, i)

@@ -9,7 +9,7 @@ from tpu_pipeline.toolchain.budget import Deadline, say
 from tpu_pipeline.toolchain.fit.select import Selection
 from tpu_pipeline.toolchain.fit.variants import Variant, splice
 from tpu_pipeline.toolchain.ir import Graph
-from tpu_pipeline.toolchain.ir.kernels import IN_PLACE, with_in_place, with_kernel
+from tpu_pipeline.toolchain.ir.kernels import HARNESS_IN_PLACE, IN_PLACE, kernel_name, with_in_place, with_kernel
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes
 from tpu_pipeline.toolchain.memory.semantics import Semantics
 from tpu_pipeline.toolchain.memory.tflm import plan_for_tflm
@@ -179,8 +179,19 @@ def apply_selection(graph: Graph, chosen, spans, built: dict | None = None) -> G
         for i, op in enumerate(graph.ops):
             kernel = moved.get(graph.tensors[op.outputs[0]].name)
             if kernel is not None and op.kernel != kernel:
-                graph = with_in_place(graph, [i]) if kernel == IN_PLACE else with_kernel(graph, [i], kernel)
+                graph = _with_kernel(graph, i, kernel)
     return without_orphans(graph, {t.index for t in graph.tensors if t.name in read})  # (names: unique here)
+
+
+def _with_kernel(graph: Graph, i: int, kernel: str) -> Graph:
+    """`graph` with op i on `kernel`; in place on the builtin (IN_PLACE) or on the harness
+    (HARNESS_IN_PLACE: a TPUP_ADD) from whichever kernel it had."""
+    if kernel not in (IN_PLACE, HARNESS_IN_PLACE):
+        return with_kernel(graph, [i], kernel)
+    base = kernel_name() if kernel == HARNESS_IN_PLACE else ""
+    if graph.ops[i].kernel not in (base, kernel):
+        graph = with_kernel(graph, [i], base)
+    return with_in_place(graph, [i])
 
 
 def _shape_key(v: Variant) -> tuple:

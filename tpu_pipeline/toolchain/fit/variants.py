@@ -36,11 +36,12 @@ from tpu_pipeline.toolchain.ir import Graph, macs
 from tpu_pipeline.toolchain.memory.bounds import order_free_lower_bound
 from tpu_pipeline.toolchain.memory.lifetimes import lifetimes, overlap_legal
 from tpu_pipeline.toolchain.memory.planners import plan_arena
-from tpu_pipeline.toolchain.ir import kernel_variants
+from tpu_pipeline.toolchain.ir import add, kernel_variants
 from tpu_pipeline.toolchain.ir.fully_connected import OPCODE as FC_OPCODE
-from tpu_pipeline.toolchain.ir.kernels import (DIRECT, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
+from tpu_pipeline.toolchain.ir.kernels import (DIRECT, HARNESS_IN_PLACE, IN_PLACE, MEAN_MUL, OVERLAP, builtin_view, winning_variant, can_run_direct, can_run_harness,
                                                can_run_variant, flags, in_place_source, is_harness, kernel_name,
-                                               relaid_allowed, with_flag, variant_of, with_in_place, with_kernel)
+                                               relaid_allowed, runs_in_place, with_flag, variant_of, with_in_place,
+                                               with_kernel)
 from tpu_pipeline.toolchain.memory.scratch import scratch_requests
 from tpu_pipeline.toolchain.memory.semantics import Semantics, align
 from tpu_pipeline.toolchain.memory.tflm_target import copies_tail, ops_tail
@@ -126,15 +127,18 @@ def on_harness(graph: Graph, relaid: bool | frozenset[str] = True) -> tuple[Grap
     """The model on the MCU harness's kernels (tpu_pipeline.toolchain.ir.kernels): every PAD folded into the
     convolution it feeds, every int8 convolution on TPUP_CONV_2D / TPUP_DEPTHWISE_CONV_2D (the same
     kernels, their requantization in flash instead of the arena's tail; each on the harness's faster
-    variant where one wins, `winning_variant`), every int8 MEAN and MUL
-    it can run on TPUP_MEAN / TPUP_MUL (the same integers in a plain loop, no tail, no scratch).
+    variant where one wins, `winning_variant`), every int8 MEAN, MUL and ADD
+    it can run on TPUP_MEAN / TPUP_MUL / TPUP_ADD (the same integers in a plain loop, no tail, no
+    scratch; an ADD where it wins, `ir.add.wins`: from TABLE_MIN elements, about a third of the
+    builtin's instructions).
     Nothing gets slower or larger in RAM. `relaid=False`: no kernel whose weights are re-laid in
     flash larger than the model's (TPUP_FULLY_CONNECTED, the variants with a constant of their
     own), for a board whose flash cannot hold them; a set of names: only those ops
     (`relaid_allowed`)."""
     g, folded = fold_pads(graph, harness=True)
     moved = [i for i in range(len(g.ops)) if not g.ops[i].kernel and can_run_harness(g, i)
-             and (g.ops[i].opcode != FC_OPCODE or relaid_allowed(g, i, relaid))]
+             and (g.ops[i].opcode != FC_OPCODE or relaid_allowed(g, i, relaid))
+             and (g.ops[i].opcode != add.OPCODE or add.wins(g, g.ops[i]))]
     g = with_kernel(g, moved, kernel_name())
     for i in range(len(g.ops)):
         flag = winning_variant(g, i, relaid)
@@ -251,8 +255,9 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         tried = None
         overlap = {i for i in at_peak if is_harness(g.ops[i]) and OVERLAP not in flags(g.ops[i])
                    and overlap_legal(g, i)}
+        # (a TPUP_MUL goes back to the builtin, in place; a TPUP_ADD stays on the harness, in place)
         in_place = {i for i in at_peak if (not g.ops[i].kernel or g.ops[i].opcode in MEAN_MUL)
-                    and in_place_source(g, i) is not None}  # (a TPUP_MUL goes back to the builtin, in place)
+                    and not runs_in_place(g.ops[i]) and in_place_source(g, i) is not None}
         direct = {b.op for b in lt.buffers if b.tensor is None and not b.members and live[b.first] == peak
                   and DIRECT not in flags(g.ops[b.op]) and can_run_direct(g, b.op)}
         for ops, apply in ((overlap | in_place, lambda: with_in_place(with_flag(g, overlap, OVERLAP), in_place)),
@@ -269,7 +274,7 @@ def kernel_twins(v: Variant, device: Device, sem: Semantics) -> list[Variant]:
         moved.update({g.tensors[g.ops[i].outputs[0]].name: g.ops[i].kernel for i in ops})
         lat, work = _costed(g, device, sem)
         n_overlap = sum(OVERLAP in k for k in moved.values())
-        n_in_place = sum(k == IN_PLACE for k in moved.values())
+        n_in_place = sum(k in (IN_PLACE, HARNESS_IN_PLACE) for k in moved.values())
         n_direct = sum(DIRECT in k for k in moved.values())
         what = ", ".join(x for x in (f"{n_overlap} overlapped" if n_overlap else "",
                                      f"{n_in_place} in place" if n_in_place else "",

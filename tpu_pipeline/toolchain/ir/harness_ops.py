@@ -5,19 +5,20 @@ firmware project's objects (firmware/project.py) and the drop-in library's sourc
 
 Each op's module declares its `HarnessOp` (tpu_pipeline.toolchain.ir.kernel_variants.record): the
 patch stage (ir/stage.py), the MEAN and MUL loops (ir/mean_mul.py), the fully connected kernel
-(ir/fully_connected.py); the two convolutions are declared here, since the kernels module that
+(ir/fully_connected.py), the ADD (ir/add.py); the two convolutions are declared here, since the kernels module that
 writes them reads this one. Every op registers through tpup_conv.h, and tpup_conv.cc dispatches the
 faster variants (tpu_pipeline.toolchain.ir.kernel_variants), so any harness op brings those in.
 """
 
 from __future__ import annotations
 
-from tpu_pipeline.toolchain.ir import fully_connected, kernel_variants, mean_mul, stage
+from tpu_pipeline.toolchain.ir import add, fully_connected, kernel_variants, mean_mul, stage
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 
 CONV = HarnessOp("TPUP_CONV_2D", "CONV_2D", "tpup::Register_CONV_2D")
 DEPTHWISE = HarnessOp("TPUP_DEPTHWISE_CONV_2D", "DEPTHWISE_CONV_2D", "tpup::Register_DEPTHWISE_CONV_2D")
-COMMON_SOURCES = ("tpup_conv.h", "tpup_conv.cc")  # every harness op registers through them
+COMMON_SOURCES = ("tpup_conv.h", "tpup_add.h", "tpup_conv.cc")  # every harness op registers through them
+# (tpup_add.h: the ADD tables TPUP_ADD and the patch stage share)
 
 REGISTRY: tuple[HarnessOp, ...] = (
     CONV,
@@ -26,6 +27,7 @@ REGISTRY: tuple[HarnessOp, ...] = (
     mean_mul.MEAN_OP,
     mean_mul.MUL_OP,
     fully_connected.HARNESS_OP,
+    add.HARNESS_OP,
 )
 
 

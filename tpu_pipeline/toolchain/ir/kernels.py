@@ -8,9 +8,10 @@ tpup_conv.cc) registers two custom ops next to the kernel set's own:
     TPUP_CONV_2D            an int8 CONV_2D
     TPUP_DEPTHWISE_CONV_2D  an int8 DEPTHWISE_CONV_2D
 
-(and TPUP_MEAN / TPUP_MUL, see "means and products" below, and TPUP_FULLY_CONNECTED,
+(and TPUP_MEAN / TPUP_MUL, see "means and products" below, TPUP_FULLY_CONNECTED,
 tpu_pipeline.toolchain.ir.fully_connected: the harness's own faster int8 fully connected kernel, whose
-input 3 is its weights re-laid offline).
+input 3 is its weights re-laid offline, and TPUP_ADD, tpu_pipeline.toolchain.ir.add: an int8 ADD of
+equal shapes, each input's scaled term tabulated once a call).
 
 They compute exactly what the builtins compute (the same CMSIS-NN functions in a CMSIS-NN build,
 TFLite's reference kernels in a reference build: bit-identical outputs), and differ in what they
@@ -44,6 +45,8 @@ the output over an input of its shape that dies at the op (`in_place_source`). B
 read each element (CMSIS-NN: each group of four) before writing it, so the op runs in place with
 its own builtin kernel, and nothing marks it but the plan: a reader infers it where the plan puts
 the output at its source's offset (`infer_in_place`), which no plan of two live tensors can do.
+So does TPUP_ADD, which in place stays on the harness (`HARNESS_IN_PLACE`; its builtin view: the
+builtin in place).
 
 In the IR such an op is still a CONV_2D / DEPTHWISE_CONV_2D, with `kernel` = "tpup" plus its flags
 ("tpup+direct+overlap"), so every pass sees a convolution; only the memory model, the cost model
@@ -70,7 +73,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
-from tpu_pipeline.toolchain.ir import fully_connected as fc, harness_ops, kernel_variants, stage
+from tpu_pipeline.toolchain.ir import add, fully_connected as fc, harness_ops, kernel_variants, stage
 from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
                                                ReducerOptions)
@@ -78,12 +81,14 @@ from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOpt
 TPUP = "tpup"
 IN_PLACE = "in-place"  # a builtin elementwise op planned over a dying input (see the module docstring)
 IN_PLACE_OPS = frozenset({"ADD", "MUL"})
+HARNESS_IN_PLACE = "tpup+in-place"  # TPUP_ADD planned over a dying input (no bit on disk: the plan says it)
+HARNESS_IN_PLACE_OPS = frozenset({add.OPCODE})  # the harness ops that stay on the harness in place
 DIRECT, OVERLAP = "direct", "overlap"  # the memory flags (fit trades them against time)
 FAST = kernel_variants.fast_depthwise.VARIANT.flag  # (the depthwise variant, which tests and tools name)
 POINTWISE = kernel_variants.pointwise.VARIANT.flag  # (the 1x1 variant)
 # The schema's BuiltinOperator values (tests/test_kernel_choice.py checks them against the schema;
 # this module must not import the writer, which imports it).
-BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18, fc.OPCODE: fc.BUILTIN}
+BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "PAD": 34, "MEAN": 40, "MUL": 18, "ADD": 0, fc.OPCODE: fc.BUILTIN}
 CONVOLUTIONS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 FORMAT = 1
 _WORDS = 16
@@ -118,7 +123,7 @@ def flags(op: Op) -> frozenset[str]:
 
 
 def runs_in_place(op: Op) -> bool:
-    return op.kernel == IN_PLACE
+    return op.kernel in (IN_PLACE, HARNESS_IN_PLACE)
 
 
 def in_place_source(graph: Graph, i: int) -> int | None:
@@ -142,12 +147,13 @@ def in_place_source(graph: Graph, i: int) -> int | None:
 
 def with_in_place(graph: Graph, op_positions) -> Graph:
     """`graph` with the elementwise ops at `op_positions` run in place (ValueError where an op has
-    no input to run over)."""
+    no input to run over): a TPUP_ADD on the harness (`HARNESS_IN_PLACE`), any other on its builtin."""
     ops = list(graph.ops)
     for i in op_positions:
         if in_place_source(graph, i) is None:
             raise ValueError(f"op {i} ({graph.ops[i].opcode}) has no input its output can be laid over")
-        ops[i] = dataclasses.replace(ops[i], kernel=IN_PLACE)
+        harness = is_harness(ops[i]) and ops[i].opcode in HARNESS_IN_PLACE_OPS
+        ops[i] = dataclasses.replace(ops[i], kernel=HARNESS_IN_PLACE if harness else IN_PLACE)
     return dataclasses.replace(graph, ops=tuple(ops))
 
 
@@ -156,7 +162,7 @@ def infer_in_place(graph: Graph, plan: list[int]) -> Graph:
     at its source's offset."""
     chosen = []
     for i, op in enumerate(graph.ops):
-        if op.opcode in IN_PLACE_OPS and not op.kernel:
+        if op.opcode in IN_PLACE_OPS and (not op.kernel or (op.kernel == TPUP and op.opcode in HARNESS_IN_PLACE_OPS)):
             src, dst = in_place_source(graph, i), op.outputs[0]
             if src is not None and max(src, dst) < len(plan) and plan[src] >= 0 and plan[src] == plan[dst]:
                 chosen.append(i)
@@ -342,9 +348,10 @@ def builtin_view_mapped(graph: Graph) -> tuple[Graph, dict[int, int]]:
     requants = {t for op in graph.ops if is_harness(op) and (op.opcode not in MEAN_MUL or op.opcode == fc.OPCODE)
                 for t in op.inputs[3:] if t >= 0}
     for op in graph.ops:
-        if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean or product keeps its builtin operands)
+        if not is_harness(op) or op.opcode in MEAN_MUL:  # (a mean, product or sum keeps its builtin operands)
             kept = op.inputs[:3] if is_harness(op) and op.opcode == fc.OPCODE else op.inputs  # (FC: its constant goes)
-            ops.append(dataclasses.replace(op, inputs=kept, kernel="") if is_harness(op) else op)
+            kernel = IN_PLACE if op.kernel == HARNESS_IN_PLACE else ""  # (in place: so the builtin)
+            ops.append(dataclasses.replace(op, inputs=kept, kernel=kernel) if is_harness(op) else op)
             continue
         o, x = op.options, op.inputs[0]
         inputs = op.inputs[:3] if op.inputs[2:3] != (-1,) else op.inputs[:2]
@@ -524,16 +531,18 @@ def requant_tensor_ok(graph: Graph, op: Op) -> bool:
 #              point, multiplier, shift, keep_dims]
 #   TPUP_MUL  [format 1, builtin version, broadcast (0 none, 1 input 2, 2 input 1), input 1 offset,
 #              input 2 offset, output offset, multiplier, shift, activation min, max, activation]
-# (and FULLY_CONNECTED, tpu_pipeline.toolchain.ir.fully_connected: the harness's own loops, no requantization
+# (and FULLY_CONNECTED, ir.fully_connected, and ADD, ir.add: the harness's own loops, no requantization
 # input 3, no flags, no scratch, no tail; a FULLY_CONNECTED's input 3 is its packed constant)
-MEAN_MUL = ("MEAN", "MUL", fc.OPCODE)
+MEAN_MUL = ("MEAN", "MUL", fc.OPCODE, add.OPCODE)
 _MEAN_WORDS, _MUL_WORDS = 10, 11
 
 
 def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
-    """Why TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED cannot run `op` (None when it can)."""
+    """Why TPUP_MEAN / TPUP_MUL / TPUP_FULLY_CONNECTED / TPUP_ADD cannot run `op` (None when it can)."""
     if op.opcode == fc.OPCODE:
         return fc.refusal(graph, op)
+    if op.opcode == add.OPCODE:
+        return add.refusal(graph, op)
     if len(op.outputs) != 1 or len(op.inputs) != 2 or min(op.inputs) < 0:
         return "not two inputs and one output"
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
@@ -555,6 +564,8 @@ def mean_mul_refusal(graph: Graph, op: Op) -> str | None:
 def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
     if op.opcode == fc.OPCODE:
         return fc.encode(graph, op)
+    if op.opcode == add.OPCODE:
+        return add.encode(graph, op)
     x, y = graph.tensors[op.inputs[0]], graph.tensors[op.outputs[0]]
     zx, zy = int(x.quant.zero_point[0]), int(y.quant.zero_point[0])
     if op.opcode == "MEAN":
@@ -570,8 +581,8 @@ def _encode_mean_mul(graph: Graph, op: Op) -> bytes:
 
 
 def _decode_mean_mul(name: str, raw: bytes, where: str) -> tuple[str, object, int, str]:
-    if name == fc.OPCODE:
-        options, version = fc.decode(raw, where)
+    if name in (fc.OPCODE, add.OPCODE):
+        options, version = (fc if name == fc.OPCODE else add).decode(raw, where)
         return name, options, version, kernel_name()
     words = _MEAN_WORDS if name == "MEAN" else _MUL_WORDS
     code = custom_codes()[name]

@@ -27,6 +27,7 @@ const TFLMRegistration* Register_PATCH_STAGE();  // tpup_stage.cc
 const TFLMRegistration* Register_MEAN();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_MUL();  // tpup_mean_mul.cc
 const TFLMRegistration* Register_FULLY_CONNECTED();  // tpup_fully_connected.cc
+const TFLMRegistration* Register_ADD();  // tpup_add.cc
 
 constexpr int32_t kFlagDirect = 1, kFlagOverlap = 2, kFlagFast = 4, kFlagPacked = 8;
 // The harness's own 1x1 kernel (flag "pointwise", tpup_pointwise.cc), and whether its cheap

@@ -20,6 +20,7 @@
 #include "tensorflow/lite/micro/kernels/kernel_util.h"
 #include "tensorflow/lite/micro/micro_context.h"
 #include "tensorflow/lite/micro/micro_log.h"
+#include "tpup_add.h"
 #include "tpup_conv.h"
 
 namespace tpup {
@@ -238,15 +239,8 @@ void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w,
   }
 }
 
-// A call's elements from which tabulating pays: 512 requantizations (about 10 k instructions)
-// against about 55 saved an element.
-constexpr int kAddTableMin = 256;
-
-// TFLite's int8 ADD (reference_integer_ops::AddFunc's integers) on a call's boxes. AddFunc
-// requantizes both inputs and the sum per element (about 80 instructions); each input's scaled
-// term depends on its own byte only, so from kAddTableMin elements both are tabulated once a call
-// (256 int32s each, on the stack) and an element takes two loads, an add and the sum's
-// requantization: the same integers.
+// TFLite's int8 ADD (reference_integer_ops::AddFunc's integers) on a call's boxes: from
+// kAddTableMin elements from the tables of tpup_add.h.
 // (not inlined: its tables would sit in Eval's frame, and the other steps' code changed with them)
 __attribute__((noinline)) TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
   tflite::ArithmeticParams p = {};
@@ -264,12 +258,7 @@ __attribute__((noinline)) TfLiteStatus Add(const Stage& stage, int k, const int3
   const int h = step[13], w = step[14];
   const bool table = h * w * c >= kAddTableMin;
   int32_t t1[256], t2[256];
-  for (int v = 0; table && v < 256; ++v) {  // (index: the byte + 128)
-    t1[v] = tflite::MultiplyByQuantizedMultiplierSmallerThanOneExp((p.input1_offset + v - 128) * (1 << p.left_shift),
-                                                                   p.input1_multiplier, p.input1_shift);
-    t2[v] = tflite::MultiplyByQuantizedMultiplierSmallerThanOneExp((p.input2_offset + v - 128) * (1 << p.left_shift),
-                                                                   p.input2_multiplier, p.input2_shift);
-  }
+  AddTables(p, t1, t2, table);
   const int32_t lo = p.quantized_activation_min, hi = p.quantized_activation_max;
   for (int r = 0; r < h; ++r) {
     for (int x = 0; x < w; ++x) {
