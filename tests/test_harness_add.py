@@ -95,6 +95,23 @@ def test_every_add_of_equal_shapes_where_it_wins_runs_on_the_harness():
     assert "4 ADD on the harness's own kernels" in notes[0]
 
 
+def test_its_cost_rows_price_it_below_the_builtin_where_on_harness_takes_it():
+    """[K.tpup_add] (tools/fit_harness_cost.py, QEMU counts): from TABLE_MIN elements below the
+    builtin's rows under both kernel sets; below it TPUP_ADD is priced as the builtin (AddFunc)."""
+    from tpu_pipeline.toolchain.cost.mcu import estimate_mcu, op_features
+
+    b, outs = _adds()
+    g = b.graph(outs)
+    h = with_kernel(g, _add_ops(g), kernel_name())
+    for kset in (CMSIS_NN, REFERENCE):
+        builtin, harness = ({o.index: o.seconds for o in estimate_mcu(x, BOARD, kset).ops} for x in (g, h))
+        for i in _add_ops(g):
+            if g.tensors[g.ops[i].outputs[0]].num_elements >= add.TABLE_MIN:
+                assert op_features(h, i).fit_class == "tpup_add" and harness[i] < 0.6 * builtin[i]
+            else:
+                assert op_features(h, i).fit_class == "add" and harness[i] == builtin[i]
+
+
 def test_adds_the_harness_refuses():
     b = CnnBuilder(seed=2, spread=True)
     x = b.input((1, 6, 5, 8))
