@@ -73,8 +73,8 @@ def test_a_builtin_model_gets_its_ops_and_exact_arena_macros_and_no_kernels(tmp_
 def test_a_fitted_model_gets_only_the_kernels_it_uses(tmp_path, staged_model):
     r = export_library(staged_model, BOARD, tmp_path / "lib", names="stem")
     lib = Path(r.out_dir)
-    assert set(r.custom_ops) == {"TPUP_CONV_2D", "TPUP_DEPTHWISE_CONV_2D", "TPUP_PATCH_STAGE"}
-    for f in ("tpup_conv.h", "tpup_conv.cc", "tpup_stage.cc"):
+    assert set(r.custom_ops) == {"TPUP_ADD", "TPUP_CONV_2D", "TPUP_DEPTHWISE_CONV_2D", "TPUP_PATCH_STAGE"}
+    for f in ("tpup_conv.h", "tpup_add.h", "tpup_conv.cc", "tpup_stage.cc", "tpup_add.cc"):
         assert (lib / f).is_file(), f
     ops = (lib / "tpup_stem_ops.h").read_text()
     assert 'AddCustom("TPUP_PATCH_STAGE", tpup::Register_PATCH_STAGE())' in ops
@@ -85,7 +85,7 @@ def test_a_fitted_model_gets_only_the_kernels_it_uses(tmp_path, staged_model):
 def test_inspect_and_fit_name_the_custom_ops_and_the_library(tmp_path, staged_model, capsys):
     assert main(["inspect", str(staged_model), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["custom_ops"] == ["TPUP_CONV_2D", "TPUP_DEPTHWISE_CONV_2D", "TPUP_PATCH_STAGE"]
+    assert d["custom_ops"] == ["TPUP_ADD", "TPUP_CONV_2D", "TPUP_DEPTHWISE_CONV_2D", "TPUP_PATCH_STAGE"]
     assert "Failed to get registration from op code CUSTOM" in d["custom_ops_note"]
     assert "--library" in d["custom_ops_note"]
     assert main(["inspect", str(FIX / "chain_int8.tflite"), "--json"]) == 0
