@@ -68,6 +68,36 @@ def test_the_adds_cover_both_loops_and_both_requantizations():
     assert shifts[-1] == 0 and all(s <= -1 for s in shifts[:-1])  # (0: Requant, not FastRequant)
 
 
+def _tflite_term(x: int, m: int, shift: int) -> int:
+    """MultiplyByQuantizedMultiplierSmallerThanOneExp(x, m, shift) in gemmlowp's own steps."""
+    ab = x * m
+    nudge = (1 << 30) if ab >= 0 else 1 - (1 << 30)
+    n = ab + nudge
+    high = n >> 31 if n >= 0 else -((-n) >> 31)  # (C's division truncates toward zero)
+    e = -shift
+    mask = (1 << e) - 1
+    threshold = (mask >> 1) + (1 if high < 0 else 0)
+    return (high >> e) + (1 if (high & mask) > threshold else 0)
+
+
+def test_the_tables_fill_gives_tflites_terms():
+    """harness/tpup_add.h AddTable's arithmetic (SMMULR of the term doubled, then one shift with
+    half and the sign's -1 added), against gemmlowp's steps for every term an int8 ADD can tabulate
+    (|offset + byte| <= 256, left shift 20) at multipliers and shifts across their range (the
+    firmware's loop is checked against TFLite Micro in QEMU below; this checks the identity it
+    rests on where a tie in the int32 term would not show in an int8 output)."""
+    rng = np.random.default_rng(3)
+    ms = [1 << 30, (1 << 31) - 1, 1288490189, *rng.integers(1 << 30, 1 << 31, 40).tolist()]
+    for m in ms:
+        for shift in (0, -1, -2, -5, -13, -20, -31):
+            for k in range(-256, 257):
+                x = k << 20
+                h = (2 * x * m + (1 << 31)) >> 32  # SMMULR(2x, m)
+                e = -shift
+                mine = (h + ((1 << (e - 1)) if e else 0) + ((-1 if h < 0 else 0) if e else 0)) >> e
+                assert mine == _tflite_term(x, m, shift), (m, shift, k)
+
+
 def test_requantization_is_calculate_op_data_adds():
     """Equal scales: each input 1/2 (2^30, shift 0), the output 2s / (2^20 s) = 2^-19."""
     b = CnnBuilder(seed=1)
