@@ -65,19 +65,7 @@ TfLiteStatus Prepare(TfLiteContext* context, TfLiteNode* node) {
   return kTfLiteOk;
 }
 
-// The tabled loop with the sum's requantization `rq` (Requant or FastRequant).
-template <typename R>
-void AddLoop(const int32_t* t1, const int32_t* t2, const R& rq, int32_t offset, int32_t lo, int32_t hi,
-             const int8_t* a, const int8_t* b, int n, int8_t* out) {
-  for (int i = 0; i < n; ++i) {
-    const int32_t y = rq(t1[a[i]] + t2[b[i]]) + offset;  // (t1, t2: indexed by the signed byte)
-    out[i] = static_cast<int8_t>(y < lo ? lo : (y > hi ? hi : y));
-  }
-}
-
-// n elements; `out` may be `a` or `b` (each element is read, then written). The sum's
-// requantization is FastRequant's where it fits the sums' bound: each table is monotone in the
-// byte (a non-negative multiplier), so its largest magnitude is at one end.
+// n elements; `out` may be `a` or `b` (each element is read, then written).
 void Add(const tflite::ArithmeticParams& p, const int8_t* a, const int8_t* b, int n, int8_t* out) {
   if (n < kTableMin) {
     for (int i = 0; i < n; ++i) out[i] = tflite::reference_integer_ops::AddFunc(a[i], b[i], p);
@@ -85,18 +73,10 @@ void Add(const tflite::ArithmeticParams& p, const int8_t* a, const int8_t* b, in
   }
   int32_t t1[256], t2[256];
   AddTables(p, t1, t2);
-  auto magnitude = [](const int32_t* t) {
-    const int64_t lo = t[0] < 0 ? -int64_t{t[0]} : t[0], hi = t[255] < 0 ? -int64_t{t[255]} : t[255];
-    return lo > hi ? lo : hi;
-  };
-  const int64_t bound = magnitude(t1) + magnitude(t2);
-  const int32_t lo = p.quantized_activation_min, hi = p.quantized_activation_max;
-  if (FastRequant::Fits(bound, p.output_shift)) {
-    AddLoop(t1 + 128, t2 + 128, FastRequant(p.output_multiplier, p.output_shift), p.output_offset, lo, hi, a, b, n,
-            out);
+  if (AddFastFits(p, t1, t2)) {
+    AddLoop(p, t1, t2, FastRequant(p.output_multiplier, p.output_shift), a, b, n, out);
   } else {
-    AddLoop(t1 + 128, t2 + 128, Requant(p.output_multiplier, p.output_shift), p.output_offset, lo, hi, a, b, n,
-            out);
+    AddLoop(p, t1, t2, Requant(p.output_multiplier, p.output_shift), a, b, n, out);
   }
 }
 

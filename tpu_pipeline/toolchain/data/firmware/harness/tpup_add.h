@@ -59,4 +59,28 @@ __attribute__((always_inline)) inline void AddTables(const tflite::ArithmeticPar
   }
 }
 
+// Whether FastRequant (tpup_conv.h) requantizes every sum of the two tables exactly: each table is
+// monotone in the byte (a non-negative multiplier), so its largest magnitude is at one end.
+inline bool AddFastFits(const tflite::ArithmeticParams& p, const int32_t* t1, const int32_t* t2) {
+  auto magnitude = [](const int32_t* t) {
+    const int64_t lo = t[0] < 0 ? -int64_t{t[0]} : t[0], hi = t[255] < 0 ? -int64_t{t[255]} : t[255];
+    return lo > hi ? lo : hi;
+  };
+  return FastRequant::Fits(magnitude(t1) + magnitude(t2), p.output_shift);
+}
+
+// n elements of a and b added from their tables, the sum requantized by `rq` (Requant, or
+// FastRequant where AddFastFits), offset and clamped; `out` may be `a` or `b` (each element is
+// read, then written).
+template <typename R>
+inline void AddLoop(const tflite::ArithmeticParams& p, const int32_t* t1, const int32_t* t2, const R& rq,
+                    const int8_t* a, const int8_t* b, int n, int8_t* out) {
+  const int32_t offset = p.output_offset, lo = p.quantized_activation_min, hi = p.quantized_activation_max;
+  t1 += 128, t2 += 128;  // (indexed by the signed byte)
+  for (int i = 0; i < n; ++i) {
+    const int32_t y = rq(t1[a[i]] + t2[b[i]]) + offset;
+    out[i] = static_cast<int8_t>(y < lo ? lo : (y > hi ? hi : y));
+  }
+}
+
 }  // namespace tpup

@@ -240,7 +240,8 @@ void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w,
 }
 
 // TFLite's int8 ADD (reference_integer_ops::AddFunc's integers) on a call's boxes: from
-// kAddTableMin elements from the tables of tpup_add.h.
+// kAddTableMin elements from the tables of tpup_add.h, row by row, the sum requantized as TPUP_ADD
+// does it (FastRequant where the tables bound the sums).
 // (not inlined: its tables would sit in Eval's frame, and the other steps' code changed with them)
 __attribute__((noinline)) TfLiteStatus Add(const Stage& stage, int k, const int32_t* step, uint8_t* scratch) {
   tflite::ArithmeticParams p = {};
@@ -259,22 +260,18 @@ __attribute__((noinline)) TfLiteStatus Add(const Stage& stage, int k, const int3
   const bool table = h * w * c >= kAddTableMin;
   int32_t t1[256], t2[256];
   AddTables(p, t1, t2, table);
-  const int32_t lo = p.quantized_activation_min, hi = p.quantized_activation_max;
+  const bool fast = table && AddFastFits(p, t1, t2);
+  const int n = w * c;  // (a box's row is contiguous in each of the three)
   for (int r = 0; r < h; ++r) {
-    for (int x = 0; x < w; ++x) {
-      const int8_t* pa = a + ((a_y0 + r) * a_w + a_x0 + x) * c;
-      const int8_t* pb = b + ((b_y0 + r) * b_w + b_x0 + x) * c;
-      int8_t* po = out + (r * w + x) * c;
-      if (!table) {
-        for (int ch = 0; ch < c; ++ch) po[ch] = tflite::reference_integer_ops::AddFunc(pa[ch], pb[ch], p);
-        continue;
-      }
-      for (int ch = 0; ch < c; ++ch) {
-        const int32_t sum = t1[pa[ch] + 128] + t2[pb[ch] + 128];
-        const int32_t y = tflite::MultiplyByQuantizedMultiplierSmallerThanOneExp(sum, p.output_multiplier, p.output_shift) +
-                          p.output_offset;
-        po[ch] = static_cast<int8_t>(y < lo ? lo : (y > hi ? hi : y));
-      }
+    const int8_t* pa = a + ((a_y0 + r) * a_w + a_x0) * c;
+    const int8_t* pb = b + ((b_y0 + r) * b_w + b_x0) * c;
+    int8_t* po = out + r * n;
+    if (!table) {
+      for (int i = 0; i < n; ++i) po[i] = tflite::reference_integer_ops::AddFunc(pa[i], pb[i], p);
+    } else if (fast) {
+      AddLoop(p, t1, t2, FastRequant(p.output_multiplier, p.output_shift), pa, pb, n, po);
+    } else {
+      AddLoop(p, t1, t2, Requant(p.output_multiplier, p.output_shift), pa, pb, n, po);
     }
   }
   return kTfLiteOk;
