@@ -163,14 +163,15 @@ def stage_features(op, table: dict) -> StageFeatures:
     def priced(j: int, h: int, w: int) -> float:  # layer j on h x w of its output (the share of its work)
         whole = body.tensors[body.ops[j].outputs[0]].shape
         share = h * w / (whole[1] * whole[2])
-        c = coefficients(table, features[j].fit_class)
+        c = coefficients(table, _in_stage(features[j].fit_class, body.ops[j], h * w * whole[3]))
         return (c["per_unit"] * features[j].work * share + c.get("per_output", 0.0) * features[j].outputs * share
                 + c.get("per_channel", 0.0) * features[j].channels)  # (a kernel's set-up, each call)
 
     # each layer's kernel overhead once, as the layer run whole pays it: a stage is then never
     # priced below its layers run whole (it runs the same kernels on the same elements, or more,
     # plus calls and copies), so fit takes one for memory, never for a speed it does not have
-    layers = sum(coefficients(table, f.fit_class).get("overhead", 0.0) for f in features)
+    layers = sum(coefficients(table, _in_stage(f.fit_class, body.ops[j], f.outputs)).get("overhead", 0.0)
+                 for j, f in enumerate(features))
     for step in stage.steps(op.options):  # (the rows each call computes: a streamed stage computes each once)
         if step[0] == stage.CONV:
             layers += priced(step[1], step[8], step[9])
@@ -196,6 +197,13 @@ def stage_features(op, table: dict) -> StageFeatures:
         elif code == stage.COPY_OUT:
             copied += step[4] * step[5] * channels[-1]
     return StageFeatures(layers, calls, rows, copied, ring_rows, ring_copied, pasted, paste_rows)
+
+
+def _in_stage(cls: str, op, elements: int) -> str:
+    """The class a stage's layer is priced at on a call of `elements` outputs: its own, but an ADD
+    step runs TPUP_ADD's arithmetic from add.STAGE_TABLE_MIN elements (harness/tpup_add.h), whatever
+    kernel the layer had run whole."""
+    return "tpup_add" if op.opcode == add.OPCODE and elements >= add.STAGE_TABLE_MIN else cls
 
 
 def stage_instructions(op, table: dict) -> float:

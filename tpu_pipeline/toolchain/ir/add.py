@@ -32,6 +32,7 @@ from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multipl
 OPCODE = "ADD"
 HARNESS_OP = HarnessOp("TPUP_ADD", OPCODE, "tpup::Register_ADD", ("tpup_add.cc",), "tpup_add", "add")
 TABLE_MIN = 128  # elements from which the kernel tabulates (harness/tpup_add.cc kTableMin)
+STAGE_TABLE_MIN = 256  # elements of a call from which a patch stage's ADD step does (harness/tpup_add.h kAddTableMin)
 LEFT_SHIFT = 20  # CalculateOpDataAdd's for int8
 FORMAT = 1
 WORDS = 15
