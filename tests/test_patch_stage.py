@@ -271,7 +271,7 @@ def _streamed2d(g, grid):
     return build_stage(g, tin, tout, positions, grid, stream=True)
 
 
-@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (2, 3), (3, 3)])
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (2, 3), (3, 3), (6, 2)])
 def test_a_2d_streamed_stage_computes_every_element_once_and_is_an_identity(grid):
     g, src = _mbv2_like()
     staged = _streamed2d(g, grid)
@@ -290,6 +290,31 @@ def test_a_2d_streamed_stage_computes_every_element_once_and_is_an_identity(grid
     results = verify_models(src, data, runs=2)
     assert {r.runtime for r in results} == {"litert", "tflm"}
     assert all(o.ok and o.max_abs == 0 for r in results for o in r.outputs), [r.to_json() for r in results]
+
+
+def _wide(g) -> tuple[int, int]:
+    """The finest wide grid fit offers for `g`'s region from its input (one-row tiles)."""
+    from tpu_pipeline.toolchain.fit.variants import _wide_grids
+
+    oh, ow = g.tensors[checked_region(g, _region(g))[1]].shape[1:3]
+    return max(_wide_grids((oh, ow), min(16, ow)))
+
+
+def test_fit_offers_wide_grids_streamed():
+    """Besides squares and stripes, fit offers a stage short wide tiles (one or two output rows
+    high, at least four times as wide), streamed only: detection's 32x40 stage output gets 16x5
+    and 32x3 (both 20.96 M instructions in QEMU against 21.38 M on 10x10, in the same arena)."""
+    from tpu_pipeline.toolchain.fit.variants import _stage_grids, _wide_grids
+
+    wide = _wide_grids((32, 40), 16)
+    assert {(16, 5), (32, 3), (32, 10)} <= set(wide) and (16, 6) not in wide and (32, 11) not in wide
+    assert all(r > c and 40 // c >= 4 * (32 // r) for r, c in wide)
+    grids = _stage_grids((16, 16), (32, 40))
+    assert set(wide) <= {g for g, recompute in grids if not recompute}
+    assert not set(wide) & {g for g, recompute in grids if recompute}
+    assert len(grids) == len(set(grids))
+    assert _wide_grids((36, 36), 16) == [(18, 2), (18, 3), (18, 4)]  # (one-row tiles: past 32 rows)
+    assert _stage_grids((16, 16)) == [g for g in grids if g[0] not in set(wide)]  # (without the output's size)
 
 
 def _moves(staged) -> int:
@@ -318,8 +343,9 @@ def test_2d_streamed_stages_run_in_qemu_bit_identical(tmp_path, kernels_set):
     padding) on several grids, two with rows three tiles share, each one stage of one model:
     outputs equal the host's TFLite Micro's, and the arena is the predicted one (the caches
     inside the stage's scratch)."""
-    cases = [(_mbv2_like(), (4, 3))] + [(_random_block(seed), grid) for seed, grid in ((10, (3, 3)), (12, (3, 2)),
-                                                                                      (13, (2, 3)))]
+    cases = [(_mbv2_like(), (4, 3)), (_mbv2_like(), (6, 2))] + \
+        [(_random_block(seed), grid) for seed, grid in ((10, (3, 3)), (12, (3, 2)), (13, (2, 3)))] + \
+        [(_random_block(seed), _wide(_random_block(seed)[0])) for seed in (14, 15)]
     for (g, src), grid in cases:
         staged = _streamed2d(g, grid)
         _in_qemu(tmp_path / f"s2d_{grid[0]}x{grid[1]}_{len(g.ops)}.tflite", staged, src, kernels_set)
