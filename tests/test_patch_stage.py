@@ -317,6 +317,35 @@ def test_fit_offers_wide_grids_streamed():
     assert _stage_grids((16, 16)) == [g for g in grids if g[0] not in set(wide)]  # (without the output's size)
 
 
+def test_2d_streamed_columns_run_even_where_that_widens_no_tile():
+    """A 2-D streamed stage's columns (geometry.even_splits): they cover the axis in order, no run
+    wider than splits' widest, every run even where splits left an odd one and the widest stays
+    (40 columns in 3: 14, 14, 12, not 14, 13, 13: the kernels' pixel pairs leave no lone pixel);
+    the stage's tiles are those columns."""
+    from tpu_pipeline.toolchain.ir.geometry import even_splits, splits
+
+    assert even_splits(40, 3) == [(0, 14), (14, 28), (28, 40)] and even_splits(7, 2) == splits(7, 2)
+    for n in range(1, 60):
+        for k in range(1, min(n, 16) + 1):
+            runs, plain = even_splits(n, k), splits(n, k)
+            sizes = [b - a for a, b in runs]
+            assert runs[0][0] == 0 and runs[-1][1] == n and all(runs[i][1] == runs[i + 1][0] for i in range(k - 1))
+            assert max(sizes) <= max(b - a for a, b in plain) and min(sizes) > 0
+            if runs != plain:
+                assert all(w % 2 == 0 for w in sizes[1:]) and sizes[0] % 2 == n % 2
+    from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
+
+    b = CnnBuilder(seed=4, spread=True)
+    x = b.input((1, 6, 40, 4))
+    out = b.conv(b.dw(b.conv(x, 8, k=1, act="RELU6"), k=3, act="RELU6"), 8, k=1)
+    g, _ = fold_pads(b.graph([b.pool(out, "AVERAGE_POOL_2D", k=2, stride=2)]), harness=True)
+    g = with_kernel(g, [i for i, op in enumerate(g.ops) if op.opcode in ("CONV_2D", "DEPTHWISE_CONV_2D")], kernel_name())
+    staged = _streamed2d(g, (2, 3))
+    outs = {(s[3], s[3] + s[5]) for s in stage.steps(next(o for o in staged.ops if stage.is_stage(o)).options)
+            if s[0] == stage.COPY_OUT}
+    assert outs == {(0, 14), (14, 28), (28, 40)}
+
+
 def _moves(staged) -> int:
     """PASTE steps moving a box within one buffer (a cache: rows a third tile shares)."""
     op = next(o for o in staged.ops if stage.is_stage(o))
