@@ -209,9 +209,10 @@ def test_a_streamed_stage_runs_in_qemu_with_its_stream_buffers_predicted(tmp_pat
 
 
 def test_fit_offers_stages_on_row_stripes_and_they_stream():
-    from tpu_pipeline.toolchain.fit.variants import _patch_label, _stage_grids
+    from tpu_pipeline.toolchain.fit.grids import stage_grids
+    from tpu_pipeline.toolchain.fit.variants import _patch_label
 
-    grids = _stage_grids((4, 3))
+    grids = stage_grids((4, 3))
     streamed = [g for g, recompute in grids if not recompute]
     assert {(2, 1), (3, 1), (4, 1), (2, 2), (3, 3)} <= set(streamed) and len(streamed) == len(set(streamed))
     assert {g for g, recompute in grids if recompute} == {(2, 2), (3, 3), (4, 3)}  # square grids both ways
@@ -294,27 +295,27 @@ def test_a_2d_streamed_stage_computes_every_element_once_and_is_an_identity(grid
 
 def _wide(g) -> tuple[int, int]:
     """The finest wide grid fit offers for `g`'s region from its input (one-row tiles)."""
-    from tpu_pipeline.toolchain.fit.variants import _wide_grids
+    from tpu_pipeline.toolchain.fit.grids import wide_grids
 
     oh, ow = g.tensors[checked_region(g, _region(g))[1]].shape[1:3]
-    return max(_wide_grids((oh, ow), min(16, ow)))
+    return max(wide_grids((oh, ow), min(16, ow)))
 
 
 def test_fit_offers_wide_grids_streamed():
     """Besides squares and stripes, fit offers a stage short wide tiles (one or two output rows
     high, at least four times as wide), streamed only: detection's 32x40 stage output gets 16x5
     and 32x3 (both 20.96 M instructions in QEMU against 21.38 M on 10x10, in the same arena)."""
-    from tpu_pipeline.toolchain.fit.variants import _stage_grids, _wide_grids
+    from tpu_pipeline.toolchain.fit.grids import stage_grids, wide_grids
 
-    wide = _wide_grids((32, 40), 16)
+    wide = wide_grids((32, 40), 16)
     assert {(16, 5), (32, 3), (32, 10)} <= set(wide) and (16, 6) not in wide and (32, 11) not in wide
     assert all(r > c and 40 // c >= 4 * (32 // r) for r, c in wide)
-    grids = _stage_grids((16, 16), (32, 40))
+    grids = stage_grids((16, 16), (32, 40))
     assert set(wide) <= {g for g, recompute in grids if not recompute}
     assert not set(wide) & {g for g, recompute in grids if recompute}
     assert len(grids) == len(set(grids))
-    assert _wide_grids((36, 36), 16) == [(18, 2), (18, 3), (18, 4)]  # (one-row tiles: past 32 rows)
-    assert _stage_grids((16, 16)) == [g for g in grids if g[0] not in set(wide)]  # (without the output's size)
+    assert wide_grids((36, 36), 16) == [(18, 2), (18, 3), (18, 4)]  # (one-row tiles: past 32 rows)
+    assert stage_grids((16, 16)) == [g for g in grids if g[0] not in set(wide)]  # (without the output's size)
 
 
 def test_2d_streamed_columns_run_even_where_that_widens_no_tile():

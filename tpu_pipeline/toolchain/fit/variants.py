@@ -48,6 +48,7 @@ from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+from tpu_pipeline.toolchain.fit.grids import MAX_STAGE_GRID, square_grids, stage_grids
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -56,12 +57,6 @@ from tpu_pipeline.toolchain.schedule.api import schedule
 MAX_PATCH_OPS = 4096
 GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
 _NODE, _EVAL_TENSOR, _SCRATCH_HANDLE = 32, 12, 4  # NodeAndRegistration, TfLiteEvalTensor, ScratchBufferHandle (32-bit)
-MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
-# a wide grid's tiles: this many output rows high, at least WIDE_MIN_ASPECT times as wide (a 2-D
-# streamed stage's kernels then run long rows, its column caches are short and it pastes few rows:
-# detection's stage from the input at 40,320 B, 16x5 and 32x3 took 20.96 M instructions in QEMU
-# where its best square grid, 10x10, took 21.38 M, in the same arena)
-WIDE_TILE_ROWS, WIDE_MIN_ASPECT = (1, 2), 4
 
 
 @dataclass(frozen=True)
@@ -384,8 +379,8 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             # per-op overhead and a streamed one computes every row once, so it can beat the spans
             # as they are (the reference kernels' stripes do): its floor comes with its estimate
             floor_s = lat if form == "copies" else 0.0
-            grids = [(g, False) for g in _grids(region.max_grid)] if form == "copies" \
-                else _stage_grids(_stage_max_grid(graph, region), _stage_out_hw(graph, region))
+            grids = [(g, False) for g in square_grids(region.max_grid)] if form == "copies" \
+                else stage_grids(_stage_max_grid(graph, region), _stage_out_hw(graph, region))
             if floor >= covered:  # for its tail alone (no grid goes below the spans' peak): streamed
                 grids = [(g, r) for g, r in grids if not r]  # (recomputing ones are kept only where smaller)
             for grid, recompute in grids:
@@ -576,42 +571,3 @@ def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
     """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
     oh, ow = _stage_out_hw(graph, region)
     return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
-
-
-def _stage_grids(max_grid: tuple[int, int], out_hw: tuple[int, int] | None = None) -> list[tuple[tuple[int, int], bool]]:
-    """A stage's grids, each (grid, recompute): row stripes (n x 1), which a stage runs streamed
-    (the rows stripes share kept in stream buffers), and the square ones, streamed (the rows and
-    columns tiles share kept in halo caches) and recomputing their halos (no caches: smaller
-    where the caches cost more than the halos; `upgrade` keeps those only where they are);
-    with the output's size `out_hw`, the wide grids too, streamed (`_wide_grids`)
-    (rewrite/patch_stage.py)."""
-    squares = _grids(max_grid)
-    stripes = [(n, 1) for n in range(2, max_grid[0] + 1)]
-    wide = _wide_grids(out_hw, max_grid[1]) if out_hw else []
-    return [(g, False) for g in dict.fromkeys(squares + stripes + wide)] + [(g, True) for g in squares if g[1] > 1]
-
-
-def _wide_grids(out_hw: tuple[int, int], max_cols: int) -> list[tuple[int, int]]:
-    """Grids of short, wide tiles (rows x cols, more rows than columns): WIDE_TILE_ROWS output
-    rows high, at least WIDE_MIN_ASPECT times as wide, up to 2 x MAX_STAGE_GRID rows (one-row
-    tiles of a 32-row output)."""
-    oh, ow = out_hw
-    out = []
-    for h in WIDE_TILE_ROWS:
-        rows = -(-oh // h)
-        if rows > 2 * MAX_STAGE_GRID:
-            continue
-        out += [(rows, c) for c in range(2, max_cols + 1) if ow // c >= WIDE_MIN_ASPECT * h and rows > c]
-    return out
-
-
-def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """Square grids from 2x2 within the limit (a side capped by a small output keeps the other
-    side square), coarse first."""
-    rows, cols = max_grid
-    out = []
-    for p in range(2, max(rows, cols) + 1):
-        g = (min(p, rows), min(p, cols))
-        if g[0] * g[1] >= 2 and g not in out:
-            out.append(g)
-    return out
