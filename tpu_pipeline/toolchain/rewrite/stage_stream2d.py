@@ -1,4 +1,4 @@
-"""A patch stage on a square grid where no layer computes an element twice (StreamNet's 2-D halo
+"""A patch stage on a grid of several columns (square or wide) where no layer computes an element twice (StreamNet's 2-D halo
 caching): the program rewrite/patch_stage.py `build_stage` runs for `stream` on grids of more
 than one column (`stream2d_program`).
 
