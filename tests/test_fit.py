@@ -138,7 +138,7 @@ def test_fit_float_model_is_exact_too(tmp_path, dtype):
 def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_path):
     """Brute force over every (region from the input, grid): the tightest budget one region can
     meet; fit must meet it, and be at least as fast as the fastest single region that does."""
-    from tpu_pipeline.toolchain.fit.variants import _grids
+    from tpu_pipeline.toolchain.fit.grids import square_grids
     from tpu_pipeline.toolchain.fit.variants import _costed
     from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 
@@ -150,7 +150,7 @@ def test_fit_is_as_fast_as_the_best_single_region_that_fits_a_tight_budget(tmp_p
     for region in patch_regions(g):
         if region.input != first:
             continue
-        for grid in _grids(region.max_grid):
+        for grid in square_grids(region.max_grid):
             pg = apply_patches(g, region, grid)
             tried.append((schedule(pg, time_limit=10).peak, _costed(pg, load_device("qemu-mps2-an386"), tflm_semantics(CMSIS_NN))[0]))
     budget = min(p for p, _ in tried)

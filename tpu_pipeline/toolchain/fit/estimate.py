@@ -30,7 +30,7 @@ import numpy as np
 
 from tpu_pipeline.toolchain.cost.mcu import coefficients, fitted_table, op_features
 from tpu_pipeline.toolchain.ir import Graph, macs
-from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, hw, splits
+from tpu_pipeline.toolchain.ir.geometry import AxisNeeds, even_splits, hw, splits
 
 
 def _aligned(graph: Graph, t: int) -> int:
@@ -329,6 +329,8 @@ def _estimate(geo: RegionGeometry, grid, stage: bool, streamed: bool) -> tuple[i
     """estimate_patches on the region's geometry."""
     (oh, ow), tout = geo.shape, geo.tout
     rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
+    if stage and streamed and grid[1] > 1:  # (a 2-D streamed stage's columns: stage_stream2d.py)
+        cols = even_splits(ow, grid[1])
     # Every op maps rows and columns independently, so the box a tile needs of a tensor is the
     # rows its row of tiles needs by the columns its column needs.
     hm, wm = geo.needed(0, rows), geo.needed(1, cols)

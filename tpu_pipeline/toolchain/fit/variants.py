@@ -49,6 +49,7 @@ from tpu_pipeline.toolchain.rewrite.fold_pad import fold_pads
 from tpu_pipeline.toolchain.ir.geometry import hw
 from tpu_pipeline.toolchain.rewrite.patch import apply_patches, patch_regions
 from tpu_pipeline.toolchain.rewrite.patch_stage import build_stage, stage_refusal
+from tpu_pipeline.toolchain.fit.grids import MAX_STAGE_GRID, square_grids, stage_grids
 from tpu_pipeline.toolchain.schedule.api import schedule
 
 # Tiles x region ops above this are not offered: every copy of an op costs TFLite Micro a node, its
@@ -57,7 +58,6 @@ from tpu_pipeline.toolchain.schedule.api import schedule
 MAX_PATCH_OPS = 4096
 GROUP_PLAN_SECONDS = 1.0  # to plan a variant with overlapped ops (achievable_peak)
 _NODE, _EVAL_TENSOR, _SCRATCH_HANDLE = 32, 12, 4  # NodeAndRegistration, TfLiteEvalTensor, ScratchBufferHandle (32-bit)
-MAX_STAGE_GRID = 16  # a stage's tiles per side: past this the halos cost more than the memory they save
 
 
 @dataclass(frozen=True)
@@ -384,8 +384,8 @@ def patch_candidates(graph: Graph, spans: list[Span], as_is: list[Variant], harn
             # per-op overhead and a streamed one computes every row once, so it can beat the spans
             # as they are (the reference kernels' stripes do): its floor comes with its estimate
             floor_s = lat if form == "copies" else 0.0
-            grids = [(g, False) for g in _grids(region.max_grid)] if form == "copies" \
-                else _stage_grids(_stage_max_grid(graph, region))
+            grids = [(g, False) for g in square_grids(region.max_grid)] if form == "copies" \
+                else stage_grids(_stage_max_grid(graph, region), _stage_out_hw(graph, region))
             if floor >= covered:  # for its tail alone (no grid goes below the spans' peak): streamed
                 grids = [(g, r) for g, r in grids if not r]  # (recomputing ones are kept only where smaller)
             for grid, recompute in grids:
@@ -568,30 +568,11 @@ def _stage_tail_floor(graph: Graph, positions) -> int:
     return _NODE + _EVAL_TENSOR * (1 + len(consts)) + _SCRATCH_HANDLE
 
 
+def _stage_out_hw(graph: Graph, region) -> tuple[int, int]:
+    return hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
+
+
 def _stage_max_grid(graph: Graph, region) -> tuple[int, int]:
     """A stage joins nothing: its grid is limited by the output's size only (up to MAX_STAGE_GRID)."""
-    oh, ow = hw(graph, {t.name: t.index for t in graph.tensors}[region.output])
+    oh, ow = _stage_out_hw(graph, region)
     return min(MAX_STAGE_GRID, oh), min(MAX_STAGE_GRID, ow)
-
-
-def _stage_grids(max_grid: tuple[int, int]) -> list[tuple[tuple[int, int], bool]]:
-    """A stage's grids, each (grid, recompute): row stripes (n x 1), which a stage runs streamed
-    (the rows stripes share kept in stream buffers), and the square ones, streamed (the rows and
-    columns tiles share kept in halo caches) and recomputing their halos (no caches: smaller
-    where the caches cost more than the halos; `upgrade` keeps those only where they are)
-    (rewrite/patch_stage.py)."""
-    squares = _grids(max_grid)
-    stripes = [(n, 1) for n in range(2, max_grid[0] + 1)]
-    return [(g, False) for g in dict.fromkeys(squares + stripes)] + [(g, True) for g in squares if g[1] > 1]
-
-
-def _grids(max_grid: tuple[int, int]) -> list[tuple[int, int]]:
-    """Square grids from 2x2 within the limit (a side capped by a small output keeps the other
-    side square), coarse first."""
-    rows, cols = max_grid
-    out = []
-    for p in range(2, max(rows, cols) + 1):
-        g = (min(p, rows), min(p, cols))
-        if g[0] * g[1] >= 2 and g not in out:
-            out.append(g)
-    return out

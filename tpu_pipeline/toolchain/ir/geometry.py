@@ -107,6 +107,19 @@ def splits(n: int, k: int) -> list[tuple[int, int]]:
     return [(i * q + min(i, r), (i + 1) * q + min(i + 1, r)) for i in range(k)]
 
 
+def even_splits(n: int, k: int) -> list[tuple[int, int]]:
+    """`n` columns in `k` runs of an even width, the longer ones first (an odd `n`'s extra column
+    on the first), where `n` holds two a run: the harness kernels compute pixel pairs, and a run
+    of odd width computes its lone last pixel as a pair (detection's 32x3 stage: 13-wide tiles
+    left one a row). Where that would widen the widest run, `splits(n, k)`."""
+    plain = splits(n, k)
+    if n < 2 * k:
+        return plain
+    extra = n % 2
+    even = [(0 if i == 0 else 2 * a + extra, 2 * b + extra) for i, (a, b) in enumerate(splits(n // 2, k))]
+    return even if max(b - a for a, b in even) <= max(b - a for a, b in plain) else plain
+
+
 def region_needs(graph: Graph, region_ops, out_tensor: int, box: Box) -> dict[int, Box] | None:
     """Tensor -> the box of it a tile of `out_tensor` with box `box` needs, for the region's ops
     (`region_ops`: Op objects in execution order), walking backwards: each op maps its output's box

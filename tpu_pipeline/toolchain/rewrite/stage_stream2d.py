@@ -1,4 +1,4 @@
-"""A patch stage on a square grid where no layer computes an element twice (StreamNet's 2-D halo
+"""A patch stage on a grid of several columns (square or wide) where no layer computes an element twice (StreamNet's 2-D halo
 caching): the program rewrite/patch_stage.py `build_stage` runs for `stream` on grids of more
 than one column (`stream2d_program`).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from tpu_pipeline.toolchain.errors import UsageError
 from tpu_pipeline.toolchain.ir import Graph, Op, kernels
-from tpu_pipeline.toolchain.ir.geometry import clip, hw, reads, region_needs, splits, window
+from tpu_pipeline.toolchain.ir.geometry import clip, even_splits, hw, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.stage import ADD, CONV, COPY_IN, COPY_OUT, PASTE
 from tpu_pipeline.toolchain.rewrite.stage_tiles import ALIGN, TileBuffers, aligned, overlap_extent
 
@@ -63,7 +63,7 @@ def stream2d_program(graph: Graph, region: list[Op], tin: int, tout: int, grid,
     buffers, then every cache). `in_place`: a layer's output may be written over its dying input
     (a ring of rows: less memory, a kernel call per row where input is still to be read), except layers `apart` (by position)."""
     (oh, ow), name = hw(graph, tout), graph.tensors[tout].name
-    rows, cols = splits(oh, grid[0]), splits(ow, grid[1])
+    rows, cols = splits(oh, grid[0]), even_splits(ow, grid[1])  # (kernels compute pixel pairs)
     by_row = [region_needs(graph, region, tout, (h0, h1, 0, ow)) for h0, h1 in rows]
     by_col = [region_needs(graph, region, tout, (0, oh, w0, w1)) for w0, w1 in cols]
     if any(need is None for need in by_row + by_col):

@@ -36,14 +36,17 @@ constexpr int32_t kLayerFlags = kFlagDirect | kFlagPointwise | kFlagFastRequant 
 // The variants that read a constant of their own, the one layer word 21 names.
 constexpr int32_t kOwnConstant = kFlagPacked | kFlagPointwise16;
 
-// A view of the options: little-endian int32 words (read one by one: the buffer may be unaligned).
+// A view of the options: little-endian int32 words (the buffer may be unaligned). The targets are
+// little-endian and load a word at any address (Cortex-M3/M4/M7): one LDR a word (detection's
+// 10x10 stage read its layer words byte by byte for about 10 k more instructions).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "stage options are little-endian words");
 struct Words {
   const uint8_t* data;
   int size;
   int32_t operator[](int i) const {
-    const uint8_t* b = data + 4 * i;
-    return static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
-                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
+    int32_t v;
+    __builtin_memcpy(&v, data + 4 * i, 4);
+    return v;
   }
 };
 
@@ -144,6 +147,27 @@ const T* Constant(TfLiteContext* context, TfLiteNode* node, const Stage& stage, 
   return e != nullptr ? tflite::micro::GetTensorData<T>(e) : nullptr;
 }
 
+// A conv layer's constants and set-up, found once an invoke for the first kKnownLayers layers (each
+// Constant is a call into TFLite Micro; a layer past them finds its own per call, as before):
+// detection's stage from the input calls each of its six layers 96 times.
+constexpr int kKnownLayers = 12;
+struct LayerConstants {
+  const int8_t* filter;
+  const int32_t *bias, *requant, *own, *setup;
+  ConvOptions o;   // its options, pads 0 (a call sets its own)
+  ConvGeometry g;  // its whole geometry (a call sets its boxes' sizes)
+};
+
+LayerConstants FindConstants(TfLiteContext* context, TfLiteNode* node, const Stage& stage, int k, const uint8_t* setups) {
+  // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
+  const bool own = (stage.layer(k, 4) & kLayerFlags & kOwnConstant) != 0;
+  return {Constant<int8_t>(context, node, stage, stage.layer(k, 13)), Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
+          Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
+          own ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr,
+          SetUpOnce(stage, k) && setups != nullptr ? reinterpret_cast<const int32_t*>(setups + SetupsBefore(stage, k)) : nullptr,
+          LayerOptions(stage, k, 0, 0), WholeGeometry(stage, k)};
+}
+
 #if defined(__ARM_ARCH_7EM__) || defined(__ARM_ARCH_7M__)
 // Both word-aligned: 32 bytes a pass by one LDM and one STM of eight registers (ascending, or
 // descending from the ends when `down`), each group loaded before it is stored; the bytes past the
@@ -166,6 +190,7 @@ __attribute__((always_inline)) inline void Move32(int8_t*& dst, const int8_t*& s
   }
 }
 #undef TPUP_MOVE32_LOOP
+
 #define TPUP_MOVE32 1
 #endif
 
@@ -223,15 +248,51 @@ void CopyBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, 
   for (int r = 0; r < h; ++r) Move(dst + r * w * c, src + ((y0 + r) * src_w + x0) * c, w * c);
 }
 
+// A box into another buffer's box where neither overlaps the other and every row starts on a word
+// (a halo cache's rows into a tile's box and back: most of a 2-D streamed stage's pastes): its
+// rows moved inline, 32 bytes a pass by LDM/STM then a word at a time, without Move's call, its
+// checks and its 16-byte loop (a 16-byte row, a column cache's pixel of 16 channels, took about
+// 40 instructions through Move).
+__attribute__((optimize("no-tree-loop-distribute-patterns")))  // (not back into a memcpy call)
+void PasteApart(const int8_t* from, int from_stride, int8_t* to, int to_stride, int h, int n) {
+  for (int r = 0; r < h; ++r, from += from_stride, to += to_stride) {
+    const int8_t* s = from;
+    int8_t* d = to;
+#if defined(TPUP_MOVE32)
+    Move32<false>(d, s, n >> 5);
+    const int rest = n & 31;
+#else
+    const int rest = n;
+#endif
+    uint32_t a, b, c, e;
+    for (int k = rest >> 4; k > 0; --k, s += 16, d += 16) {
+      __builtin_memcpy(&a, s, 4), __builtin_memcpy(&b, s + 4, 4);
+      __builtin_memcpy(&c, s + 8, 4), __builtin_memcpy(&e, s + 12, 4);
+      __builtin_memcpy(d, &a, 4), __builtin_memcpy(d + 4, &b, 4);
+      __builtin_memcpy(d + 8, &c, 4), __builtin_memcpy(d + 12, &e, 4);
+    }
+    for (int k = (rest & 15) >> 2; k > 0; --k, s += 4, d += 4) __builtin_memcpy(&a, s, 4), __builtin_memcpy(d, &a, 4);
+  }
+}
+
 // A box into a box of another buffer (rows of dst_w elements): a 2-D streamed stage's halo
 // caches and the input boxes it assembles from them. A box may move within its own bytes, as
 // memmove moves: rows last to first when the destination starts after the source, or at it
 // with wider rows (a tile's rows moved apart in place), else first to last (a cache's box moving
-// to a lower index).
+// to a lower index); apart and word-aligned, by PasteApart.
 void PasteBox(const int8_t* src, int src_w, int c, int y0, int x0, int h, int w, int8_t* dst, int dst_w, int dy0,
               int dx0) {
   const int8_t* from = src + (y0 * src_w + x0) * c;
   int8_t* to = dst + (dy0 * dst_w + dx0) * c;
+  const int n = w * c, from_stride = src_w * c, to_stride = dst_w * c;
+  if (h <= 0 || n <= 0) return;
+  const int8_t* from_end = from + (h - 1) * from_stride + n;
+  const int8_t* to_end = to + (h - 1) * to_stride + n;
+  if (((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) | n | from_stride | to_stride) & 3) == 0 &&
+      (to_end <= from || from_end <= to)) {
+    PasteApart(from, from_stride, to, to_stride, h, n);
+    return;
+  }
   const bool backwards = to > from || (to == from && dst_w > src_w);
   for (int k = 0; k < h; ++k) {
     const int r = backwards ? h - 1 - k : k;
@@ -329,12 +390,23 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
                 Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
                 reinterpret_cast<int32_t*>(setups + SetupsBefore(stage, k)));
   }
-  int32_t step[15];
+  LayerConstants known[kKnownLayers];
+  for (int k = 0; k < stage.n_layers && k < kKnownLayers; ++k) {
+    const int kind = stage.layer(k, 0);
+    if (kind == 1 || kind == 2) known[k] = FindConstants(context, node, stage, k, setups);  // (an ADD has none)
+  }
+  int32_t copy[15];
+  // word-aligned options (the usual case): each step read where it lies, not copied word by word
+  const int32_t* words = (reinterpret_cast<uintptr_t>(stage.w.data) & 3) == 0
+                             ? reinterpret_cast<const int32_t*>(stage.w.data) : nullptr;
   for (int at = stage.program_at(), end = stage.program_at() + stage.program_words; at < end;) {
     const int code = stage.w[at];
     TF_LITE_ENSURE_MSG(context, code >= kCopyIn && code <= kPaste && at + kStepWords[code] <= end,
                        "TPUP stage: malformed program");
-    for (int i = 0; i < kStepWords[code]; ++i) step[i] = stage.w[at + i];
+    const int32_t* step = words != nullptr ? words + at : copy;
+    if (words == nullptr) {
+      for (int i = 0; i < kStepWords[code]; ++i) copy[i] = stage.w[at + i];
+    }
     at += kStepWords[code];
     if (code == kCopyIn) {  // [code, dst, y0, x0, h, w]
       CopyBox(x, x_w, x_c, step[2], step[3], step[4], step[5], reinterpret_cast<int8_t*>(scratch + step[1]));
@@ -344,21 +416,17 @@ TfLiteStatus Eval(TfLiteContext* context, TfLiteNode* node) {
     } else if (code == kConv) {
       // [code, layer, in, in_h, in_w, pad_top, pad_left, out, out_h, out_w, ring, ring_rows]
       const int k = step[1];
-      const ConvOptions o = LayerOptions(stage, k, step[5], step[6]);
-      const ConvGeometry g = LayerGeometry(stage, k, step[3], step[4], step[8], step[9]);
-      // a packed or pointwise16 layer's re-laid weights: the constant layer word 21 names (none: no such flag)
-      const int32_t* own = (o.flags & kOwnConstant) ? Constant<int32_t>(context, node, stage, stage.layer(k, 21)) : nullptr;
-      const int32_t* setup = SetUpOnce(stage, k) && setups != nullptr
-                                 ? reinterpret_cast<const int32_t*>(setups + SetupsBefore(stage, k)) : nullptr;
-      TF_LITE_ENSURE_MSG(context, own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
+      const LayerConstants c = k < kKnownLayers ? known[k] : FindConstants(context, node, stage, k, setups);
+      ConvOptions o = c.o;
+      o.pad_top = step[5], o.pad_left = step[6];
+      ConvGeometry g = c.g;
+      g.in_h = step[3], g.in_w = step[4], g.out_h = step[8], g.out_w = step[9];
+      TF_LITE_ENSURE_MSG(context, c.own != nullptr || !(o.flags & kOwnConstant), "TPUP stage: a layer without its re-laid weights");
       TF_LITE_ENSURE_MSG(context, !(o.flags & kFlagDw3) || Dw3Fits(o, g, step[11] > 0), "TPUP stage: dw3 does not fit a call");
       TF_LITE_ENSURE_STATUS(RunConvOverlapped(o, g, stage.layer(k, 0) == 2,
-                                              reinterpret_cast<const int8_t*>(scratch + step[2]),
-                                              Constant<int8_t>(context, node, stage, stage.layer(k, 13)),
-                                              Constant<int32_t>(context, node, stage, stage.layer(k, 14)),
-                                              Constant<int32_t>(context, node, stage, stage.layer(k, 15)),
-                                              reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
-                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], own, setup));
+                                              reinterpret_cast<const int8_t*>(scratch + step[2]), c.filter, c.bias,
+                                              c.requant, reinterpret_cast<int8_t*>(scratch + step[7]), kernel_buffer,
+                                              step[11] > 0 ? scratch + step[10] : nullptr, step[11], c.own, c.setup));
     } else if (code == kPaste) {  // [code, src, src_w, c, y0, x0, h, w, dst, dst_w, dst_y0, dst_x0]
       PasteBox(reinterpret_cast<const int8_t*>(scratch + step[1]), step[2], step[3], step[4], step[5], step[6],
                step[7], reinterpret_cast<int8_t*>(scratch + step[8]), step[9], step[10], step[11]);
