@@ -35,13 +35,7 @@ struct AddOptions {
 static_assert(sizeof(AddOptions) == kAddWords * 4, "word layout");
 
 bool ReadAdd(const TfLiteNode* node, AddOptions* o) {
-  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != kAddWords * 4) return false;
-  int32_t* w = reinterpret_cast<int32_t*>(o);
-  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
-  for (int i = 0; i < kAddWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
-    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
-                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
-  }
+  if (!ReadOptionWords(node, kAddWords, reinterpret_cast<int32_t*>(o))) return false;
   // (AddFunc's shifts: each at most 0, as QuantizeMultiplierSmallerThanOneExp gives them)
   return o->format == 1 && o->left_shift >= 0 && o->left_shift <= 20 && o->act_min <= o->act_max &&
          o->input1_shift <= 0 && o->input1_shift >= -31 && o->input2_shift <= 0 && o->input2_shift >= -31 &&

@@ -29,13 +29,7 @@ using Geometry = ConvGeometry;
 static_assert(sizeof(Options) == kWords * sizeof(int32_t), "Options is the options' word layout");
 
 bool ReadOptions(const TfLiteNode* node, Options* o) {
-  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != sizeof(Options)) return false;
-  int32_t* w = reinterpret_cast<int32_t*>(o);
-  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
-  for (int i = 0; i < kWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
-    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
-                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
-  }
+  if (!ReadOptionWords(node, kWords, reinterpret_cast<int32_t*>(o))) return false;
   const bool flags_ok = (o->flags & ~0xEF3F) == 0 && (!(o->flags & kFlagFastRequant) || (o->flags & kFlagPointwise)) &&
                         (!(o->flags & kFlagPointwise16FastRequant) || (o->flags & kFlagPointwise16)) &&
                         (!(o->flags & kFlagWindowFastRequant) || (o->flags & kFlagWindow));

@@ -293,4 +293,16 @@ inline int8_t Narrow8(int32_t v, int32_t lo, int32_t hi) {
   return Clamp(v, lo, hi);
 }
 
+// A custom op's options: its `n` little-endian int32 words into `w`, whatever the buffer's
+// alignment; false where the op carries another number of bytes.
+inline bool ReadOptionWords(const TfLiteNode* node, int n, int32_t* w) {
+  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != static_cast<size_t>(n) * 4) return false;
+  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
+  for (int i = 0; i < n; ++i, b += 4) {
+    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
+                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
+  }
+  return true;
+}
+
 }  // namespace tpup

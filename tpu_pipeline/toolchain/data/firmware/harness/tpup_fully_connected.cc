@@ -36,13 +36,7 @@ struct FcOptions {
 static_assert(sizeof(FcOptions) == kFcWords * 4, "the options' word layout");
 
 bool ReadFc(const TfLiteNode* node, FcOptions* o) {
-  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != kFcWords * 4) return false;
-  int32_t* w = reinterpret_cast<int32_t*>(o);
-  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
-  for (int i = 0; i < kFcWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
-    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
-                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
-  }
+  if (!ReadOptionWords(node, kFcWords, reinterpret_cast<int32_t*>(o))) return false;
   return o->format == 1 && (o->flags & ~(kFcFastRequant | kFcOneScale)) == 0 && o->act_min <= o->act_max;
 }
 

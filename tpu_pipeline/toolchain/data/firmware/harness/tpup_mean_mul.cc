@@ -36,14 +36,7 @@ static_assert(sizeof(MeanOptions) == kMeanWords * 4 && sizeof(MulOptions) == kMu
 
 template <typename T, int kWords>
 bool ReadWords(const TfLiteNode* node, T* o) {
-  if (node->custom_initial_data == nullptr || node->custom_initial_data_size != kWords * 4) return false;
-  int32_t* w = reinterpret_cast<int32_t*>(o);
-  const uint8_t* b = static_cast<const uint8_t*>(node->custom_initial_data);
-  for (int i = 0; i < kWords; ++i, b += 4) {  // little-endian, whatever the buffer's alignment
-    w[i] = static_cast<int32_t>(static_cast<uint32_t>(b[0]) | static_cast<uint32_t>(b[1]) << 8 |
-                                static_cast<uint32_t>(b[2]) << 16 | static_cast<uint32_t>(b[3]) << 24);
-  }
-  return w[0] == 1;
+  return ReadOptionWords(node, kWords, reinterpret_cast<int32_t*>(o)) && o->format == 1;
 }
 
 bool ReadMean(const TfLiteNode* node, MeanOptions* o) {
