@@ -8,8 +8,8 @@ order reached the floor). A stage's `share` names the ScheduleParams field with 
 time left when the piece's stages began; a stage without one runs until the deadline (it decides
 itself how much of that it uses). With `timed` off the short exact search and the dives stop at
 counts of states and the beams at a width instead of their shares, and with `full_search` off
-nothing else searches: an answer that is a
-function of the question, not of the machine's speed (fit's realise asks so, fit/realise.py).
+nothing else searches: an answer that is a function of the question, not of the machine's speed
+(fit's realise asks so, fit/realise.py).
 A new stage is one module plus one `Stage` entry here
 (docs/schedule.md has the worked example).
 """
@@ -76,7 +76,7 @@ def run_stages(piece: Piece, known: Known, ctx: StageContext) -> Known:
         if stage.switch is not None and not getattr(ctx.params, stage.switch):
             continue
         if stage.share is None or (stage in UNTIMED and not ctx.params.timed):
-            until = ctx.deadline  # (untimed, they stop at their work: dp.short_search, beam.beams)
+            until = ctx.deadline  # (untimed, they stop at their work: dp.short_search, beam.beams, dives.dive)
         else:
             until = min(time.monotonic() + getattr(ctx.params, stage.share) * piece_time, ctx.deadline)
         known = stage.run(piece, known, until, ctx)
