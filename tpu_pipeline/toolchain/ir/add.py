@@ -27,7 +27,7 @@ from tpu_pipeline.toolchain.ir.graph import Graph, Op
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8
 from tpu_pipeline.toolchain.ir.options import AddOptions
-from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier
+from tpu_pipeline.toolchain.ir.requant import ACTIVATION_CODE, activation_range, quantize_multiplier
 
 OPCODE = "ADD"
 HARNESS_OP = HarnessOp("TPUP_ADD", OPCODE, "tpup::Register_ADD", ("tpup_add.cc",), "tpup_add", "add")
@@ -36,7 +36,6 @@ STAGE_TABLE_MIN = 256  # elements of a call from which a patch stage's ADD step 
 LEFT_SHIFT = 20  # CalculateOpDataAdd's for int8
 FORMAT = 1
 WORDS = 15
-ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 
 def add_params(graph: Graph, op: Op) -> list[int]:

@@ -32,7 +32,7 @@ from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import FullyConnectedOptions
-from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant_within, weights_bias
+from tpu_pipeline.toolchain.ir.requant import ACTIVATION_CODE, activation_range, quantize_multiplier, requant_within, weights_bias
 
 OPCODE = "FULLY_CONNECTED"
 CUSTOM_CODE = "TPUP_FULLY_CONNECTED"
@@ -43,7 +43,6 @@ FORMAT = 1
 FAST_REQUANT, ONE_SCALE = 1, 2  # (harness/tpup_fully_connected.cc kFcFastRequant, kFcOneScale)
 ROWS, INPUTS = 4, 4  # a pass's output rows; the inputs one word widens to two int16 pairs
 _WORDS = 9
-_ACTIVATIONS = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 
 def _per_tensor(t) -> bool:
@@ -53,7 +52,7 @@ def _per_tensor(t) -> bool:
 def refusal(graph: Graph, op: Op) -> str | None:
     """Why TPUP_FULLY_CONNECTED cannot run `op` (None when it can)."""
     o = op.options
-    if not isinstance(o, FullyConnectedOptions) or o.fused_activation not in _ACTIVATIONS \
+    if not isinstance(o, FullyConnectedOptions) or o.fused_activation not in ACTIVATION_CODE \
             or o.weights_format != "DEFAULT" or o.asymmetric_quantize_inputs:
         return "not a plain FULLY_CONNECTED (its weights format, activation or hybrid quantization)"
     if len(op.outputs) != 1 or len(op.inputs) not in (2, 3) or min(op.inputs[:2]) < 0:
@@ -127,7 +126,7 @@ def encode(graph: Graph, op: Op) -> bytes:
     one = len(set(mult.tolist())) == 1 and len(set(shift.tolist())) == 1
     flags = (FAST_REQUANT if requant_proven(graph, op) else 0) | (ONE_SCALE if one else 0)
     return struct.pack(f"<{_WORDS}i", FORMAT, op.version, flags, -int(x.quant.zero_point[0]),
-                       int(y.quant.zero_point[0]), lo, hi, _ACTIVATIONS[op.options.fused_activation],
+                       int(y.quant.zero_point[0]), lo, hi, ACTIVATION_CODE[op.options.fused_activation],
                        int(op.options.keep_num_dims))
 
 
@@ -136,7 +135,7 @@ def decode(raw: bytes, where: str) -> tuple[FullyConnectedOptions, int]:
     if len(raw) != 4 * _WORDS:
         raise ModelError(f"{where}: {CUSTOM_CODE} has {len(raw)} bytes of options, expected {4 * _WORDS}")
     w = struct.unpack(f"<{_WORDS}i", raw)
-    activation = {v: k for k, v in _ACTIVATIONS.items()}.get(w[7])
+    activation = {v: k for k, v in ACTIVATION_CODE.items()}.get(w[7])
     if w[0] != FORMAT or w[1] < 1 or w[2] & ~(FAST_REQUANT | ONE_SCALE) or w[5] > w[6] or activation is None or w[8] not in (0, 1):
         raise ModelError(f"{where}: {CUSTOM_CODE} has invalid options {list(w)}")
     return FullyConnectedOptions(fused_activation=activation, keep_num_dims=bool(w[8])), w[1]

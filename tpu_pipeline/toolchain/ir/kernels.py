@@ -72,7 +72,7 @@ import numpy as np
 from tpu_pipeline.toolchain.errors import ModelError
 from tpu_pipeline.toolchain.ir.geometry import leading_pads, window
 from tpu_pipeline.toolchain.ir.graph import Graph, Op, Tensor
-from tpu_pipeline.toolchain.ir.requant import activation_range, quantize_multiplier, requant
+from tpu_pipeline.toolchain.ir.requant import ACTIVATION_CODE, activation_range, quantize_multiplier, requant
 from tpu_pipeline.toolchain.ir import add, fully_connected as fc, harness_ops, kernel_variants, stage
 from tpu_pipeline.toolchain.ir.mean_mul import per_tensor_int8, mean_axes, mean_requant, mul_broadcast, mul_requant
 from tpu_pipeline.toolchain.ir.options import (Conv2DOptions, DepthwiseConv2DOptions, FieldlessOptions, MulOptions,
@@ -95,7 +95,6 @@ _WORDS = 16
 _MEMORY_FLAG_BITS = {DIRECT: 1, OVERLAP: 2}
 _PADDING_BITS = 0x30  # (the padding mode, << 4)
 _PADDING_MODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
-ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
 
 
 # ---- kernel names ---------------------------------------------------------------------------------

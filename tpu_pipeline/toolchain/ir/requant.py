@@ -11,6 +11,10 @@ import numpy as np
 
 from tpu_pipeline.toolchain.ir.graph import Graph, Op
 
+# A fused activation's code in the harness's options on disk (every TPUP_* op and the patch stage's
+# layers): the firmware maps it back (harness/tpup_conv.h and its kin).
+ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
+
 
 def _round_half_away(x: float) -> int:
     return int(math.copysign(math.floor(abs(x) + 0.5), x))

@@ -58,6 +58,7 @@ from tpu_pipeline.toolchain.ir.graph import Graph, Op, Quantization, Tensor
 from tpu_pipeline.toolchain.ir.kernel_variants import packed
 from tpu_pipeline.toolchain.ir.kernel_variants.record import HarnessOp
 from tpu_pipeline.toolchain.ir.options import AddOptions, Conv2DOptions, DepthwiseConv2DOptions
+from tpu_pipeline.toolchain.ir.requant import ACTIVATION_CODE
 
 OPCODE = "TPUP_PATCH_STAGE"
 HARNESS_OP = HarnessOp(OPCODE, OPCODE, "tpup::Register_PATCH_STAGE", ("tpup_stage.cc",))  # (its layers: tpup_conv.cc)
@@ -68,8 +69,7 @@ STEP_WORDS = {COPY_IN: 6, SLICE: 10, CONV: 12, ADD: 15, COPY_OUT: 6, PASTE: 12}
 LAYER_WORDS = 28
 _HEADER = 9
 _TENSOR_WORDS = 7
-# a layer record's codes for its fused activation and its padding
-ACTIVATION_CODE = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
+# a layer record's codes for its padding (its fused activation's: requant.ACTIVATION_CODE)
 PADDING_CODE = {"EXPLICIT": 0, "SAME": 1, "VALID": 2}
 DIRECT_BIT = 1  # the direct kernel's bit (harness/tpup_conv.h kFlagDirect; ir/kernels.py imports this module)
 BUILTIN_CODE = {"CONV_2D": 3, "DEPTHWISE_CONV_2D": 4, "ADD": 0}

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from tpu_pipeline.toolchain.errors import UsageError
-from tpu_pipeline.toolchain.ir import Graph, Op, kernel_variants, kernels, requant
+from tpu_pipeline.toolchain.ir import Graph, Op, add, kernel_variants, kernels, requant
 from tpu_pipeline.toolchain.ir.geometry import Box, clip, hw, leading_pads, reads, region_needs, splits, window
 from tpu_pipeline.toolchain.ir.options import AddOptions
 from tpu_pipeline.toolchain.ir.kernel_variants import depthwise3x3, packed
@@ -238,17 +236,11 @@ def _body(graph: Graph, region: list[Op], tin: int, tout: int) -> tuple[Graph, d
 
 
 def _add_params(graph: Graph, op: Op) -> list[int]:
-    """TFLite Micro's CalculateOpDataAdd for int8: offsets, left shift, multipliers and shifts."""
-    a, b, y = (graph.tensors[t] for t in (*op.inputs, op.outputs[0]))
-    sa, sb, sy = (float(np.float32(t.quant.scale[0])) for t in (a, b, y))
-    left_shift = 20
-    twice = 2 * max(sa, sb)
-    m1, s1 = requant.quantize_multiplier(sa / twice)
-    m2, s2 = requant.quantize_multiplier(sb / twice)
-    mo, so = requant.quantize_multiplier(twice / ((1 << left_shift) * sy))
+    """An ADD layer's words 4-16 (ir/stage.py): TFLite Micro's CalculateOpDataAdd for int8, as
+    TPUP_ADD takes it (ir.add.add_params), in the stage's order, with the activation range."""
+    left_shift, o1, m1, s1, o2, m2, s2, zy, mo, so = add.add_params(graph, op)
     lo, hi = requant.activation_range(graph, op)
-    return [left_shift, -int(a.quant.zero_point[0]), int(y.quant.zero_point[0]), lo, -int(b.quant.zero_point[0]),
-            m1, s1, m2, s2, mo, so, -1, hi]
+    return [left_shift, o1, zy, lo, o2, m1, s1, m2, s2, mo, so, -1, hi]
 
 
 def _stage_flag_bits(graph: Graph, op: Op) -> int:
